@@ -1,0 +1,42 @@
+"""Crash-safe file writes: write a temporary sibling, fsync, then rename over the target.
+
+A reader (or a resumed run after kill -9) therefore sees either the old file or the new one,
+never a half-written file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+
+def write_atomic(path: str | Path, write: Callable[[str], None]) -> None:
+    """Call `write(tmp_path)` to produce the file, then atomically move it to `path`."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        write(tmp)
+        with open(tmp, "rb") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    def write(tmp: str) -> None:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(text)
+
+    write_atomic(path, write)
+
+
+def write_json_atomic(path: str | Path, obj: Any) -> None:
+    write_text_atomic(path, json.dumps(obj, indent=2, allow_nan=False) + "\n")

@@ -1,0 +1,176 @@
+"""The network IR every later stage uses: dense affine layers with ReLU between them.
+
+A `NetworkStack` holds K networks of one architecture, stacked along a leading axis
+(weights[i] has shape [K, out, in], biases[i] shape [K, out]); ReLU follows every layer but
+the last. CNN runs are lowered here to the same form: a valid 1-D convolution is a linear map,
+so it becomes a dense (Toeplitz) matrix acting on the channel-major flattened signal, exactly
+as torch's `flatten(1)` of a [batch, channels, length] tensor orders it.
+
+Values are float64 copies of the float32 trained parameters (exact), so verification and
+witness replay never lose precision relative to the trained networks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from lucid.errors import LucidError
+
+NETWORKS_FILE = "networks.safetensors"
+
+
+@dataclass
+class NetworkStack:
+    weights: list[np.ndarray]  # each [K, out, in]
+    biases: list[np.ndarray]  # each [K, out]
+    removed: np.ndarray  # [K] int64; -1 is N (trained on all rows), else the left-out row
+
+    def __post_init__(self) -> None:
+        if len(self.weights) != len(self.biases) or not self.weights:
+            raise ValueError("a network needs at least one affine layer, with one bias per weight")
+        k = len(self.removed)
+        for w, b in zip(self.weights, self.biases):
+            if w.ndim != 3 or b.ndim != 2 or w.shape[0] != k or b.shape[0] != k or w.shape[1] != b.shape[1]:
+                raise ValueError(f"inconsistent layer shapes {w.shape} / {b.shape} for {k} networks")
+
+    def __len__(self) -> int:
+        return len(self.removed)
+
+    @property
+    def input_dim(self) -> int:
+        return self.weights[0].shape[2]
+
+    @property
+    def num_classes(self) -> int:
+        return self.weights[-1].shape[1]
+
+    @property
+    def layer_sizes(self) -> list[int]:
+        """[input, hidden..., output] widths."""
+        return [self.input_dim] + [w.shape[1] for w in self.weights]
+
+    def select(self, index: Sequence[int] | np.ndarray | slice) -> "NetworkStack":
+        """The sub-stack of the given network positions (not row ids: use `positions_of`)."""
+        idx = np.arange(len(self))[index] if isinstance(index, slice) else np.asarray(index, dtype=np.int64)
+        return NetworkStack(
+            [w[idx] for w in self.weights], [b[idx] for b in self.biases], self.removed[idx]
+        )
+
+    def positions_of(self, removed_rows: Sequence[int] | np.ndarray) -> np.ndarray:
+        """Positions in this stack of the networks trained without the given rows (-1 = N)."""
+        lookup = {int(r): p for p, r in enumerate(self.removed)}
+        try:
+            return np.array([lookup[int(r)] for r in removed_rows], dtype=np.int64)
+        except KeyError as exc:
+            raise LucidError(f"no network trained without row {exc.args[0]} in this run") from None
+
+    def forward(self, x: np.ndarray) -> np.ndarray:
+        """Scores of every network on every input: x [B, d] -> [K, B, C] (float64)."""
+        h = np.broadcast_to(np.asarray(x, dtype=np.float64), (len(self),) + np.shape(x))
+        last = len(self.weights) - 1
+        for i, (w, b) in enumerate(zip(self.weights, self.biases)):
+            h = np.einsum("koi,kbi->kbo", w, h) + b[:, None, :]
+            if i < last:
+                h = np.maximum(h, 0.0)
+        return h
+
+    def flat_parameters(self) -> np.ndarray:
+        """One row per network with all its (lowered) parameters: used for k-means splitting."""
+        parts = []
+        for w, b in zip(self.weights, self.biases):
+            parts.append(w.reshape(len(self), -1))
+            parts.append(b)
+        return np.concatenate(parts, axis=1)
+
+
+def confidence(scores: np.ndarray, cls: int | np.ndarray | None = None) -> np.ndarray:
+    """score_c - max_{c' != c} score_c' along the last axis; c = argmax when not given."""
+    scores = np.asarray(scores, dtype=np.float64)
+    if cls is None:
+        cls = scores.argmax(axis=-1)
+    cls = np.broadcast_to(np.asarray(cls), scores.shape[:-1])
+    own = np.take_along_axis(scores, cls[..., None], axis=-1)[..., 0]
+    others = scores.copy()
+    np.put_along_axis(others, cls[..., None], -np.inf, axis=-1)
+    return own - others.max(axis=-1)
+
+
+def conv1d_to_dense(weight: np.ndarray, bias: np.ndarray, length: int) -> tuple[np.ndarray, np.ndarray]:
+    """Lower a valid, stride-1 1-D convolution to a dense layer.
+
+    weight [K, c_out, c_in, k], bias [K, c_out]; the input is channel-major flattened
+    [c_in * length]; the output is channel-major flattened [c_out * (length - k + 1)].
+    """
+    n_k, c_out, c_in, ksize = weight.shape
+    out_len = length - ksize + 1
+    if out_len < 1:
+        raise LucidError(f"convolution with kernel {ksize} needs inputs of length >= {ksize}, got {length}")
+    dense = np.zeros((n_k, c_out, out_len, c_in, length), dtype=np.float64)
+    for p in range(out_len):
+        dense[:, :, p, :, p : p + ksize] = weight
+    dense_bias = np.repeat(bias.astype(np.float64)[:, :, None], out_len, axis=2)
+    return dense.reshape(n_k, c_out * out_len, c_in * length), dense_bias.reshape(n_k, c_out * out_len)
+
+
+def stack_from_tensors(tensors: dict[str, np.ndarray], architecture: dict, input_dim: int) -> NetworkStack:
+    """Build the dense IR from the tensors of `networks.safetensors` (see README, run format).
+
+    CNN runs store `conv.{j}.weight` [K, c_out, c_in, kernel] and `conv.{j}.bias` [K, c_out]
+    for the convolutions (input = 1 channel of length d), followed by the usual `layers.{i}.*`
+    dense layers acting on the channel-major flattened output of the last convolution.
+    """
+    if "removed" not in tensors:
+        raise LucidError(f"{NETWORKS_FILE} has no 'removed' tensor")
+    weights: list[np.ndarray] = []
+    biases: list[np.ndarray] = []
+    length, channels = input_dim, 1
+    j = 0
+    while f"conv.{j}.weight" in tensors:
+        w = tensors[f"conv.{j}.weight"]
+        if w.ndim != 4 or w.shape[2] != channels:
+            raise LucidError(f"conv.{j}.weight has shape {tuple(w.shape)}, expected [K, out, {channels}, kernel]")
+        dw, db = conv1d_to_dense(w, tensors[f"conv.{j}.bias"], length)
+        weights.append(dw)
+        biases.append(db)
+        channels, length = w.shape[1], length - w.shape[3] + 1
+        j += 1
+    i = 0
+    while f"layers.{i}.weight" in tensors:
+        weights.append(tensors[f"layers.{i}.weight"].astype(np.float64))
+        biases.append(tensors[f"layers.{i}.bias"].astype(np.float64))
+        i += 1
+    if i == 0:
+        raise LucidError(f"{NETWORKS_FILE} has no 'layers.0.weight' tensor")
+    kind = architecture.get("type", "mlp")
+    if kind == "cnn" and j == 0:
+        raise LucidError("run.json says the architecture is a CNN but the networks have no conv tensors")
+    try:
+        return NetworkStack(weights, biases, tensors["removed"].astype(np.int64))
+    except ValueError as exc:
+        raise LucidError(f"{NETWORKS_FILE} is inconsistent: {exc}") from None
+
+
+def load_networks(run_dir: str | Path, meta: dict | None = None) -> NetworkStack:
+    """Load (and for a CNN, lower) every network of a run directory. Never executes code."""
+    import json
+
+    from safetensors.numpy import load_file
+
+    run_dir = Path(run_dir)
+    path = run_dir / NETWORKS_FILE
+    if meta is None:
+        try:
+            meta = json.loads((run_dir / "run.json").read_text())
+        except (OSError, ValueError) as exc:
+            raise LucidError(f"cannot read {run_dir / 'run.json'}: {exc}") from None
+    try:
+        tensors = load_file(str(path))
+    except FileNotFoundError:
+        raise LucidError(f"{path} does not exist (is {run_dir} a LUCID run directory?)") from None
+    except Exception as exc:  # safetensors raises its own error types for corrupt files
+        raise LucidError(f"cannot read {path}: {exc}") from None
+    return stack_from_tensors(tensors, meta.get("architecture", {}), int(meta["input_dim"]))

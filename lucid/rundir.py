@@ -1,0 +1,85 @@
+"""Reading a run directory (format `lucid-run/1`, documented in README.md).
+
+RUN/
+  run.json               metadata: classes, input dim, domain (network input space), scaler, ...
+  networks.safetensors   N and every leave-one-out network (see lucid.network)
+  data.npz               scaled splits: X_train, y_train, X_test, y_test (y as 0..C-1)
+  bounds.json            written by `lucid verify` (format `lucid-bounds/1`)
+  cache/                 derived, recomputable data (e.g. N's pre-activation bounds)
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from lucid.errors import LucidError
+
+RUN_FORMAT = "lucid-run/1"
+BOUNDS_FORMAT = "lucid-bounds/1"
+
+
+@dataclass
+class Run:
+    path: Path
+    meta: dict
+
+    @property
+    def num_classes(self) -> int:
+        return int(self.meta["num_classes"])
+
+    @property
+    def input_dim(self) -> int:
+        return int(self.meta["input_dim"])
+
+    @property
+    def train_size(self) -> int:
+        return int(self.meta["train_size"])
+
+    @property
+    def domain(self) -> tuple[np.ndarray, np.ndarray]:
+        """(lower, upper) of the verified input box, in the networks' input space."""
+        d = self.meta["domain"]
+        return np.asarray(d["lower"], dtype=np.float64), np.asarray(d["upper"], dtype=np.float64)
+
+    @property
+    def cache_dir(self) -> Path:
+        return self.path / "cache"
+
+    def networks(self):
+        from lucid.network import load_networks
+
+        return load_networks(self.path, self.meta)
+
+    def data(self) -> dict[str, np.ndarray]:
+        path = self.path / "data.npz"
+        try:
+            with np.load(path, allow_pickle=False) as npz:
+                return {k: npz[k] for k in npz.files}
+        except FileNotFoundError:
+            raise LucidError(f"{path} does not exist") from None
+        except Exception as exc:
+            raise LucidError(f"cannot read {path}: {exc}") from None
+
+
+def open_run(path: str | Path) -> Run:
+    """Open and validate a run directory's metadata (tensors are loaded on demand)."""
+    path = Path(path)
+    if not path.is_dir():
+        raise LucidError(f"run directory {path} does not exist")
+    meta_path = path / "run.json"
+    try:
+        meta = json.loads(meta_path.read_text())
+    except FileNotFoundError:
+        raise LucidError(f"{path} is not a LUCID run directory (no run.json)") from None
+    except (OSError, ValueError) as exc:
+        raise LucidError(f"{meta_path} is corrupt: {exc}") from None
+    if not isinstance(meta, dict) or meta.get("format") != RUN_FORMAT:
+        raise LucidError(f"{meta_path} is not a {RUN_FORMAT} file")
+    for key in ("num_classes", "input_dim", "train_size", "domain", "architecture", "labels"):
+        if key not in meta:
+            raise LucidError(f"{meta_path} lacks the '{key}' field")
+    return Run(path, meta)

@@ -1,0 +1,62 @@
+"""One interface for every MILP backend.
+
+A backend solves a `MilpModel` (maximisation) and reports the *proved* bound: the dual bound
+of the branch-and-bound, which is an upper bound on the true optimum whatever the status.
+The incumbent is only a candidate; callers replay its witness before using it as a lower bound.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+OPTIMAL = "optimal"
+TIME_LIMIT = "time_limit"
+INFEASIBLE = "infeasible"
+ERROR = "error"
+
+
+@dataclass
+class SolverOptions:
+    time_limit: float | None = None  # seconds; None = no limit
+    threads: int = 1
+    mip_rel_gap: float = 0.0
+    mip_abs_gap: float = 0.0
+    verbose: bool = False
+
+
+@dataclass
+class SolveResult:
+    status: str  # OPTIMAL | TIME_LIMIT | INFEASIBLE | ERROR
+    upper_bound: float  # proved dual bound (max problem); -inf when infeasible; +inf if unknown
+    incumbent: float | None = None  # objective of the best solution found, if any
+    solution: np.ndarray | None = None  # full primal vector of the incumbent
+    gap: float | None = None
+    nodes: int = 0
+    seconds: float = 0.0
+    solver: str = ""
+    message: str = ""
+    stats: dict = field(default_factory=dict)
+
+    @property
+    def proved(self) -> bool:
+        return self.status in (OPTIMAL, INFEASIBLE)
+
+    def to_json(self) -> dict:
+        def num(v: float | None) -> float | str | None:
+            if v is None or math.isfinite(v):
+                return v
+            return "inf" if v > 0 else "-inf"
+
+        return {
+            "status": self.status,
+            "upper_bound": num(self.upper_bound),
+            "incumbent": num(self.incumbent),
+            "gap": num(self.gap),
+            "nodes": self.nodes,
+            "seconds": round(self.seconds, 4),
+            "solver": self.solver,
+            "message": self.message,
+        }
