@@ -1,0 +1,3 @@
+from lucid.cli import main
+
+main()
