@@ -1,0 +1,34 @@
+"""MILP backends: one `solve()` for HiGHS, Gurobi, CBC (PuLP) and SCIP, all reporting proved bounds."""
+
+from lucid.encodings.mps import read_mps, write_mps
+from lucid.solvers.base import (
+    ERROR,
+    INFEASIBLE,
+    OPTIMAL,
+    TIME_LIMIT,
+    SolveResult,
+    SolverOptions,
+)
+from lucid.solvers.registry import (
+    SOLVER_NAMES,
+    available_solvers,
+    check_result,
+    resolve_solver,
+    solve,
+)
+
+__all__ = [
+    "ERROR",
+    "INFEASIBLE",
+    "OPTIMAL",
+    "SOLVER_NAMES",
+    "TIME_LIMIT",
+    "SolveResult",
+    "SolverOptions",
+    "available_solvers",
+    "check_result",
+    "read_mps",
+    "resolve_solver",
+    "solve",
+    "write_mps",
+]

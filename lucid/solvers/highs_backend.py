@@ -1,0 +1,87 @@
+"""HiGHS backend (highspy), shipped in a configuration that is sound on our regression fixture.
+
+Why presolve is off: HiGHS 1.15.1 with MIP presolve on reports status Optimal with a bound
+below the true optimum on `singleton-crypto-2x50.mps` (see ../shared/fixtures/README.md and
+tests/test_solvers_fixture.py). With presolve off HiGHS only ever returned bounds above the
+true value. `SOUND_OPTIONS` is the single place where this is decided.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+
+from lucid.encodings.model import MilpModel
+from lucid.solvers.base import ERROR, INFEASIBLE, OPTIMAL, TIME_LIMIT, SolveResult, SolverOptions
+
+# Options that keep HiGHS sound on our fixture; callers may add more via `extra`, never remove.
+SOUND_OPTIONS: dict[str, object] = {"presolve": "off"}
+
+
+def solve_highs(
+    model: MilpModel, options: SolverOptions, extra: dict[str, object] | None = None
+) -> SolveResult:
+    import highspy
+
+    from lucid.encodings.mps import to_highs_lp
+
+    t0 = time.perf_counter()
+    h = highspy.Highs()
+    h.setOptionValue("output_flag", bool(options.verbose))
+    for key, value in {**SOUND_OPTIONS, **(extra or {})}.items():
+        h.setOptionValue(key, value)
+    if options.time_limit is not None:
+        h.setOptionValue("time_limit", float(max(options.time_limit, 0.0)))
+    h.setOptionValue("threads", int(options.threads))
+    h.setOptionValue("mip_rel_gap", float(options.mip_rel_gap))
+    h.setOptionValue("mip_abs_gap", float(options.mip_abs_gap))
+    h.passModel(to_highs_lp(model))
+    build_seconds = time.perf_counter() - t0
+    h.run()
+    seconds = time.perf_counter() - t0
+
+    MS = highspy.HighsModelStatus
+    status = h.getModelStatus()
+    info = h.getInfo()
+    is_mip = bool(model.integrality.any())
+    has_solution = info.primal_solution_status == highspy.kSolutionStatusFeasible
+    solution = np.asarray(h.getSolution().col_value, dtype=np.float64) if has_solution else None
+    incumbent = float(info.objective_function_value) if has_solution else None
+    nodes = int(info.mip_node_count) if is_mip else 0
+    dual = float(info.mip_dual_bound) if is_mip else math.inf
+    if not math.isfinite(dual) and is_mip and status == MS.kOptimal and incumbent is not None:
+        dual = incumbent  # MIP solved without branching: the bound is the optimum itself
+    message = h.modelStatusToString(status)
+
+    if status == MS.kOptimal:
+        code = OPTIMAL
+        upper = dual if is_mip else float(info.objective_function_value)
+    elif status == MS.kInfeasible:
+        code, upper, solution, incumbent = INFEASIBLE, -math.inf, None, None
+    elif status == MS.kTimeLimit:
+        code = TIME_LIMIT
+        # A MIP's B&B dual bound is valid whenever HiGHS reports one; an LP's is not tracked.
+        upper = dual if is_mip and math.isfinite(dual) else math.inf
+    else:
+        # Unbounded, unbounded-or-infeasible, interrupt, solution/iteration limit, numerical
+        # trouble, unknown: nothing is proved, whatever HiGHS's bound field holds.
+        code, upper = ERROR, math.inf
+    if code == OPTIMAL and (upper is None or math.isnan(upper)):
+        code, upper = ERROR, math.inf
+    gap = None
+    if incumbent is not None and math.isfinite(upper):
+        gap = (upper - incumbent) / max(abs(upper), 1e-10)
+    return SolveResult(
+        status=code,
+        upper_bound=upper,
+        incumbent=incumbent,
+        solution=solution,
+        gap=gap,
+        nodes=nodes,
+        seconds=seconds,
+        solver="highs",
+        message=message,
+        stats={"build_seconds": build_seconds, "highs_status": message},
+    )
