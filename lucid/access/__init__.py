@@ -1,0 +1,14 @@
+"""Label-only, iDP-protected access to a trained run (paper Algorithm 2, LUCID-Inference)."""
+
+from lucid.access.classifier import LabelOnlyClassifier, load_upper_bounds
+from lucid.access.mechanism import RandomSource, exponential_mechanism, true_label_probability
+from lucid.access.memo import Memo
+
+__all__ = [
+    "LabelOnlyClassifier",
+    "Memo",
+    "RandomSource",
+    "exponential_mechanism",
+    "load_upper_bounds",
+    "true_label_probability",
+]

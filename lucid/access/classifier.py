@@ -1,0 +1,243 @@
+"""`LabelOnlyClassifier`: the deployable, label-only, iDP-protected view of a trained run.
+
+    clf = LabelOnlyClassifier.from_run("runs/crypto", epsilon=1.0, memo="memo.sqlite")
+    clf.predict(X)          # X in the data's original units -> labels in original label values
+
+Only N (position 0 of the run's network stack) is loaded, in float64 - the same arithmetic
+the verifier used - and kept as plain numpy matrices so a query costs a few small matmuls.
+
+Inputs are validated (2-D, numeric, finite, right width), scaled with the run's affine scaler
+(x_net = (x - offset) * scale) and must lie in the verified domain, which run.json states in
+network space: the bounds say nothing outside it. With `clip=True` they are clipped into the
+box instead (sound: the answer is then the answer for a verified point).
+
+Memo key (documented choice): the canonical float64 bytes of the point N is evaluated at, i.e.
+after scaling and clipping. The mechanism's output distribution is a function of that point
+only, so every input that reaches it must share one stored draw; keying on the raw input would
+let an attacker collect fresh draws for one network input by sending many raw inputs that clip
+(or, through float rounding or a zero scale, scale) to the same point, and average them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lucid.access.mechanism import RandomSource, check_epsilon, exponential_mechanism, needs_noise
+from lucid.access.memo import DEFAULT_MEMO_SIZE, Memo
+from lucid.errors import LucidError
+from lucid.rundir import BOUNDS_FORMAT, Run, open_run
+
+BOUNDS_FILE = "bounds.json"
+# Inputs this close (relative) outside the box are rounding noise from scaling: clip them in.
+_DOMAIN_TOLERANCE = 1e-9
+
+
+def load_upper_bounds(run: Run) -> np.ndarray:
+    """beta_c per class from RUN/bounds.json; +inf where nothing is proved (every input noised)."""
+    path = run.path / BOUNDS_FILE
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise LucidError(f"{path} does not exist: run `lucid verify {run.path}` first") from None
+    except (OSError, ValueError) as exc:
+        raise LucidError(f"{path} is corrupt: {exc}") from None
+    if not isinstance(doc, dict) or doc.get("format") != BOUNDS_FORMAT or not isinstance(doc.get("bounds"), dict):
+        raise LucidError(f"{path} is not a {BOUNDS_FORMAT} file")
+    upper = np.full(run.num_classes, np.inf)
+    for key, entry in doc["bounds"].items():
+        try:
+            cls = int(key)
+        except ValueError:
+            raise LucidError(f"{path}: class key {key!r} is not an integer") from None
+        if not 0 <= cls < run.num_classes:
+            raise LucidError(f"{path}: class {cls} is out of range for {run.num_classes} classes")
+        value = entry.get("upper") if isinstance(entry, dict) else None
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise LucidError(f"{path}: the upper bound of class {cls} must be a finite number or null")
+        upper[cls] = float(value)
+    return upper
+
+
+def _load_n(run: Run) -> tuple[list[np.ndarray], list[np.ndarray], str]:
+    """N's dense layers (W^T, b) in float64 and a fingerprint of N, reading only N's slices."""
+    from safetensors import safe_open
+
+    from lucid.network import NETWORKS_FILE, stack_from_tensors
+
+    path = run.path / NETWORKS_FILE
+    digest = hashlib.sha256(json.dumps(run.meta, sort_keys=True).encode())
+    tensors: dict[str, np.ndarray] = {}
+    try:
+        with safe_open(str(path), framework="numpy") as fh:
+            for name in sorted(fh.keys()):
+                tensors[name] = np.ascontiguousarray(fh.get_slice(name)[0:1])
+                digest.update(name.encode())
+                digest.update(tensors[name].tobytes())
+    except FileNotFoundError:
+        raise LucidError(f"{path} does not exist (is {run.path} a LUCID run directory?)") from None
+    except Exception as exc:  # safetensors raises its own error types for corrupt files
+        raise LucidError(f"cannot read {path}: {exc}") from None
+    if "removed" in tensors and int(tensors["removed"][0]) != -1:
+        raise LucidError(f"{path}: position 0 is not N (removed[0] must be -1)")
+    stack = stack_from_tensors(tensors, run.meta.get("architecture", {}), run.input_dim)
+    weights = [np.ascontiguousarray(w[0].T) for w in stack.weights]
+    biases = [np.ascontiguousarray(b[0]) for b in stack.biases]
+    return weights, biases, digest.hexdigest()
+
+
+def _scaler(run: Run) -> tuple[np.ndarray, np.ndarray]:
+    d = run.input_dim
+    scaler = run.meta.get("scaler") or {"type": "affine", "offset": [0.0] * d, "scale": [1.0] * d}
+    if scaler.get("type", "affine") != "affine":
+        raise LucidError(f"run.json: unsupported scaler type {scaler.get('type')!r}")
+    try:
+        offset = np.asarray(scaler["offset"], dtype=np.float64).reshape(d)
+        scale = np.asarray(scaler["scale"], dtype=np.float64).reshape(d)
+    except (KeyError, ValueError, TypeError):
+        raise LucidError(f"run.json: the scaler needs 'offset' and 'scale' lists of length {d}") from None
+    if not (np.isfinite(offset).all() and np.isfinite(scale).all()):
+        raise LucidError("run.json: the scaler has non-finite values")
+    return offset, scale
+
+
+class LabelOnlyClassifier:
+    """Label-only access to N with iDP protection (see the module docstring)."""
+
+    def __init__(
+        self,
+        run: Run,
+        epsilon: float,
+        memo: str | Path | Memo | None = None,
+        clip: bool = False,
+        seed: int | None = None,
+        memo_size: int = DEFAULT_MEMO_SIZE,
+    ) -> None:
+        self.run = run
+        self.epsilon = check_epsilon(epsilon)
+        self.clip = bool(clip)
+        self.rng = RandomSource(seed)
+        self.num_classes = run.num_classes
+        self.input_dim = run.input_dim
+        self.labels: list[Any] = list(run.meta["labels"])
+        if len(self.labels) != self.num_classes:
+            raise LucidError(f"run.json lists {len(self.labels)} labels for {self.num_classes} classes")
+        self.classes_ = np.asarray(self.labels)
+        self.bounds = load_upper_bounds(run)
+        self._weights, self._biases, self.fingerprint = _load_n(run)
+        if self._weights[0].shape[0] != self.input_dim or self._weights[-1].shape[1] != self.num_classes:
+            raise LucidError("networks.safetensors does not match run.json's input_dim / num_classes")
+        self.offset, self.scale = _scaler(run)
+        lower, upper = run.domain
+        if lower.shape != (self.input_dim,) or upper.shape != (self.input_dim,) or (lower > upper).any():
+            raise LucidError("run.json: the domain must have lower <= upper, one entry per feature")
+        self.domain_lower, self.domain_upper = lower, upper
+        slack = _DOMAIN_TOLERANCE * np.maximum(1.0, np.maximum(np.abs(lower), np.abs(upper)))
+        self._lower_tol, self._upper_tol = lower - slack, upper + slack
+        self.memo = memo if isinstance(memo, Memo) else Memo(memo, max_size=memo_size, fingerprint=self.fingerprint)
+
+    @classmethod
+    def from_run(
+        cls,
+        path: str | Path,
+        epsilon: float,
+        memo: str | Path | Memo | None = None,
+        clip: bool = False,
+        seed: int | None = None,
+        memo_size: int = DEFAULT_MEMO_SIZE,
+    ) -> "LabelOnlyClassifier":
+        """Open a run directory. `memo`: a SQLite file path (persistent; use one in production),
+        an existing `Memo`, or None for an in-memory memo that is lost when the process exits."""
+        return cls(open_run(path), epsilon, memo, clip=clip, seed=seed, memo_size=memo_size)
+
+    # -- validation -------------------------------------------------------------------------
+    def validate(self, X: Any) -> np.ndarray:
+        """Raw queries -> float64 [B, d] in original units, or a LucidError saying what is wrong."""
+        if isinstance(X, np.ndarray) and X.dtype.kind in "iuf":
+            arr = X
+        else:
+            try:
+                arr = np.asarray(X)
+            except (ValueError, TypeError, OverflowError):
+                raise LucidError("inputs must be a rectangular list of rows of numbers") from None
+            if arr.dtype.kind not in "iuf":
+                raise LucidError("inputs must contain only numbers")
+        if arr.ndim != 2:
+            raise LucidError(f"inputs must be a 2-D array [queries, {self.input_dim}], got {arr.ndim}-D")
+        if arr.shape[1] != self.input_dim:
+            raise LucidError(f"each input must have {self.input_dim} features, got {arr.shape[1]}")
+        arr = arr.astype(np.float64, copy=False)
+        if not np.isfinite(arr).all():
+            raise LucidError("inputs must be finite numbers (no NaN or infinity)")
+        return arr
+
+    def to_network_space(self, X: np.ndarray) -> np.ndarray:
+        """Scale validated inputs and enforce the verified domain (refuse, or clip with clip=True)."""
+        xn = (X - self.offset) * self.scale
+        if not self.clip:
+            bad = (xn < self._lower_tol) | (xn > self._upper_tol)
+            if bad.any():
+                row, col = np.argwhere(bad)[0]
+                raise LucidError(
+                    f"input {row} is outside the verified domain (feature {col}); the service only "
+                    "answers inside it"
+                )
+        # Also pulls in-tolerance rounding noise into the box; + 0.0 turns -0.0 into 0.0 so the
+        # memo key of a point is unique.
+        return np.minimum(np.maximum(xn, self.domain_lower), self.domain_upper) + 0.0
+
+    # -- the mechanism ----------------------------------------------------------------------
+    def scores(self, xn: np.ndarray) -> np.ndarray:
+        """N's output scores on network-space inputs [B, d] -> [B, C] (float64)."""
+        h = xn
+        last = len(self._weights) - 1
+        for i, (w, b) in enumerate(zip(self._weights, self._biases)):
+            h = h @ w
+            h += b
+            if i < last:
+                np.maximum(h, 0.0, out=h)
+        return h
+
+    def decide(self, xn: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(N's class, must-noise mask) for in-domain network-space inputs."""
+        s = self.scores(xn)
+        if self.num_classes == 2:
+            cls = (s[:, 1] > s[:, 0]).astype(np.int64)  # argmax's tie rule: first index wins
+            conf = np.abs(s[:, 1] - s[:, 0])
+        else:
+            cls = s.argmax(axis=1)
+            top2 = np.partition(s, -2, axis=1)[:, -2:]
+            conf = top2[:, 1] - top2[:, 0]  # = score_c - runner-up (0 on ties)
+        return cls, needs_noise(conf, cls, self.bounds)
+
+    def predict_network_space(self, xn: np.ndarray, return_noised: bool = False):
+        """Class ids for in-domain network-space inputs (evaluate uses this on the test split)."""
+        cls, noised = self.decide(xn)
+        out = cls
+        if noised.any():
+            out = cls.copy()
+            rows = np.ascontiguousarray(xn[noised], dtype=np.float64)
+            width = rows.shape[1] * 8
+            buf = rows.tobytes()
+            keys = [buf[i : i + width] for i in range(0, len(buf), width)]
+            proposals = exponential_mechanism(cls[noised], self.num_classes, self.epsilon, self.rng)
+            out[noised] = self.memo.get_or_put(keys, proposals)
+        return (out, noised) if return_noised else out
+
+    def predict_index(self, X: Any) -> np.ndarray:
+        """Class ids (0..C-1) for raw queries."""
+        return self.predict_network_space(self.to_network_space(self.validate(X)))
+
+    def predict(self, X: Any) -> np.ndarray:
+        """Labels in the data's original label values for a batch of raw queries [B, d]."""
+        return self.classes_[self.predict_index(X)]
+
+    def close(self) -> None:
+        self.memo.close()
