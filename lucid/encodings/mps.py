@@ -25,8 +25,12 @@ def _highs():
     return h
 
 
-def to_highs_lp(model: MilpModel):
-    """The model as a `highspy.HighsLp` (row-wise matrix, maximise) — built without Python loops."""
+def to_highs_lp(model: MilpModel, minimise: bool = False):
+    """The model as a `highspy.HighsLp` (row-wise matrix) — built without Python loops.
+
+    Maximises the objective, or with `minimise` minimises its negation (for file-based solvers
+    whose MPS readers ignore OBJSENSE).
+    """
     import highspy
 
     A = sp.csr_matrix(model.A)
@@ -34,9 +38,10 @@ def to_highs_lp(model: MilpModel):
     lp = highspy.HighsLp()
     lp.num_col_ = model.num_cols
     lp.num_row_ = model.num_rows
-    lp.sense_ = highspy.ObjSense.kMaximize
-    lp.offset_ = float(model.objective_offset)
-    lp.col_cost_ = np.asarray(model.objective, dtype=np.float64)
+    sign = -1.0 if minimise else 1.0
+    lp.sense_ = highspy.ObjSense.kMinimize if minimise else highspy.ObjSense.kMaximize
+    lp.offset_ = sign * float(model.objective_offset)
+    lp.col_cost_ = sign * np.asarray(model.objective, dtype=np.float64)
     lp.col_lower_ = np.asarray(model.col_lower, dtype=np.float64)
     lp.col_upper_ = np.asarray(model.col_upper, dtype=np.float64)
     lp.row_lower_ = np.asarray(model.row_lower, dtype=np.float64)
@@ -59,13 +64,16 @@ def to_highs_lp(model: MilpModel):
     return lp
 
 
-def write_mps(model: MilpModel, path: str | os.PathLike) -> None:
-    """Write `model` as free MPS (OBJSENSE MAX), atomically."""
+def write_mps(model: MilpModel, path: str | os.PathLike, *, minimise: bool = False) -> None:
+    """Write `model` as free MPS (OBJSENSE MAX; with `minimise`, min of -objective), atomically.
+
+    Column names are the model's, or c0..c{n-1} when it has none (HiGHS's default).
+    """
     path = Path(path)
     if path.suffix.lower() != ".mps":
         raise LucidError(f"write_mps: {path} must end in .mps")
     h = _highs()
-    h.passModel(to_highs_lp(model))
+    h.passModel(to_highs_lp(model, minimise))
 
     def write(tmp: str) -> None:
         # HiGHS picks the format from the extension, so write via a .mps-named temporary.

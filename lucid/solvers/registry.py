@@ -123,7 +123,7 @@ def check_result(model: MilpModel, result: SolveResult) -> SolveResult:
             report.max_integrality_violation,
         )
         result.stats["dropped_incumbent"] = result.incumbent
-        result.solution, result.incumbent = None, None
+        result.solution, result.incumbent, result.gap = None, None, None
         return result
     result.incumbent = report.objective
     slack = REPLAY_TOLERANCE * max(1.0, abs(report.objective))

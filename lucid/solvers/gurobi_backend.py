@@ -1,0 +1,136 @@
+"""Gurobi backend (gurobipy matrix API: one addMVar + one addMConstr per row sense)."""
+
+from __future__ import annotations
+
+import functools
+import math
+import time
+
+import numpy as np
+import scipy.sparse as sp
+
+from lucid.encodings.model import MilpModel
+from lucid.errors import SolverError
+from lucid.solvers.base import ERROR, INFEASIBLE, OPTIMAL, TIME_LIMIT, SolveResult, SolverOptions
+
+SIZE_LIMIT_ERRNO = 10010  # "Model too large for size-limited license"
+
+
+def _env(verbose: bool):
+    import gurobipy as gp
+
+    try:
+        env = gp.Env(empty=True)
+        env.setParam("OutputFlag", 1 if verbose else 0)
+        env.start()
+    except gp.GurobiError as exc:
+        raise SolverError(f"gurobi: no usable licence ({exc}); use --solver highs") from exc
+    return env
+
+
+@functools.lru_cache(maxsize=64)
+def licence_covers(num_cols: int, num_rows: int) -> bool:
+    """Whether this machine's Gurobi licence can solve a model of this size (tried, not guessed)."""
+    import gurobipy as gp
+
+    try:
+        with _env(False) as env, gp.Model(env=env) as m:
+            x = m.addMVar(num_cols, ub=0.0)
+            if num_rows:
+                m.addMConstr(sp.csr_matrix((num_rows, num_cols)), x, "<", np.zeros(num_rows))
+            m.optimize()
+            return True
+    except (gp.GurobiError, SolverError):
+        return False
+
+
+def _add_rows(m, x, A: sp.csr_matrix, lower: np.ndarray, upper: np.ndarray) -> None:
+    equal = np.isfinite(lower) & (lower == upper)
+    for sense, rows, rhs in (
+        ("=", equal, lower),
+        ("<", ~equal & np.isfinite(upper), upper),
+        (">", ~equal & np.isfinite(lower), lower),
+    ):
+        idx = np.flatnonzero(rows)
+        if idx.size:
+            m.addMConstr(A[idx], x, sense, rhs[idx])
+
+
+def solve_gurobi(
+    model: MilpModel, options: SolverOptions, extra: dict[str, object] | None = None
+) -> SolveResult:
+    import gurobipy as gp
+    from gurobipy import GRB
+
+    t0 = time.perf_counter()
+    env = _env(options.verbose)
+    try:
+        m = gp.Model(env=env)
+        vtype = np.where(model.integrality, GRB.INTEGER, GRB.CONTINUOUS)
+        x = m.addMVar(
+            model.num_cols,
+            lb=np.where(np.isfinite(model.col_lower), model.col_lower, -GRB.INFINITY),
+            ub=np.where(np.isfinite(model.col_upper), model.col_upper, GRB.INFINITY),
+            vtype=vtype,
+        )
+        _add_rows(m, x, sp.csr_matrix(model.A), model.row_lower, model.row_upper)
+        m.setObjective(model.objective @ x + float(model.objective_offset), GRB.MAXIMIZE)
+        m.Params.Threads = int(options.threads)
+        m.Params.MIPGap = float(options.mip_rel_gap)
+        m.Params.MIPGapAbs = float(options.mip_abs_gap)
+        if options.time_limit is not None:
+            m.Params.TimeLimit = float(max(options.time_limit, 0.0))
+        for key, value in (extra or {}).items():
+            m.setParam(key, value)
+        build_seconds = time.perf_counter() - t0
+        try:
+            m.optimize()
+        except gp.GurobiError as exc:
+            if exc.errno == SIZE_LIMIT_ERRNO:
+                raise SolverError(
+                    f"gurobi: model too large for the size-limited licence "
+                    f"({model.num_cols} columns, {model.num_rows} rows); use --solver highs"
+                ) from exc
+            raise SolverError(f"gurobi failed: {exc}") from exc
+        return _result(m, model, time.perf_counter() - t0, build_seconds)
+    finally:
+        env.dispose()
+
+
+def _result(m, model: MilpModel, seconds: float, build_seconds: float) -> SolveResult:
+    from gurobipy import GRB
+
+    status = m.Status
+    is_mip = bool(model.integrality.any())
+    solution = np.array(m.getAttr("X", m.getVars())) if m.SolCount > 0 else None
+    incumbent = float(m.ObjVal) if m.SolCount > 0 else None
+    nodes = int(m.NodeCount) if is_mip else 0
+
+    def dual_bound() -> float:
+        if not is_mip:
+            return float(m.ObjVal) if status == GRB.OPTIMAL else math.inf
+        bound = float(m.ObjBound)
+        return bound if math.isfinite(bound) and abs(bound) < GRB.INFINITY else math.inf
+
+    names = {GRB.OPTIMAL: "optimal", GRB.INFEASIBLE: "infeasible", GRB.TIME_LIMIT: "time limit",
+             GRB.INF_OR_UNBD: "infeasible or unbounded", GRB.UNBOUNDED: "unbounded",
+             GRB.NODE_LIMIT: "node limit", GRB.SOLUTION_LIMIT: "solution limit",
+             GRB.INTERRUPTED: "interrupted", GRB.NUMERIC: "numerical trouble",
+             GRB.SUBOPTIMAL: "suboptimal"}
+    message = names.get(status, f"gurobi status {status}")
+    if status == GRB.OPTIMAL:
+        code, upper = OPTIMAL, dual_bound()
+    elif status == GRB.INFEASIBLE:
+        code, upper, solution, incumbent = INFEASIBLE, -math.inf, None, None
+    elif status == GRB.TIME_LIMIT:
+        code, upper = TIME_LIMIT, dual_bound() if is_mip else math.inf
+    else:
+        code, upper = ERROR, math.inf
+    gap = None
+    if incumbent is not None and math.isfinite(upper):
+        gap = (upper - incumbent) / max(abs(upper), 1e-10)
+    return SolveResult(
+        status=code, upper_bound=upper, incumbent=incumbent, solution=solution, gap=gap,
+        nodes=nodes, seconds=seconds, solver="gurobi", message=message,
+        stats={"build_seconds": build_seconds, "gurobi_status": int(status)},
+    )
