@@ -1,0 +1,431 @@
+"""LUCID-Compute (paper Algorithm 1) with anytime lower bounds, pruning and parallel workers.
+
+Per class c the engine keeps a max-priority queue of solved nodes (network sets S with a proved
+upper bound on max_{i in S} beta*_{c,{i}}) and repeatedly pops the largest:
+  * a singleton with a proved bound on top of everything (queued and in flight) is beta_c: stop;
+  * otherwise S is split by k-means and the children are analysed; an unsolved child carries its
+    parent's bound, so the anytime upper bound max(queued, in flight) never rises.
+Beyond the paper, every replayed witness (NodeOutcome.lower) is a real leaking input, so the best one
+is a lower bound on beta_c; a node whose upper bound is <= it cannot change beta_c and is closed.
+The class stops when upper - lower <= gap, when nothing is left open, or at the time limit; the
+reported upper is then max(best lower, max open upper) — sound in every case.
+
+A node that hits its time limit keeps its (proved) dual bound and is branched like any other; an
+unproved singleton cannot be branched, so it is retried with twice the node time limit (up to
+`MAX_SINGLETON_ATTEMPTS` solves) and otherwise stays open with its sound bound.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from lucid.bab.node import CLOSED, FINAL, OPEN, PENDING, RUNNING, SPLIT, Node, decode_float, encode_float
+from lucid.bab.split import split_positions
+from lucid.errors import LucidError
+
+MAX_SINGLETON_ATTEMPTS = 3
+INF = math.inf
+
+
+@dataclass
+class EngineConfig:
+    bab: bool = True  # False: one hyper-network of all networks, no branching (paper's H/HM)
+    naive: bool = False  # one MILP per network, no hyper-networks, no pruning (paper's Naive)
+    gap: float = 0.0
+    time_limit: float | None = None  # total, seconds (including time before a resume)
+    node_time_limit: float | None = None
+    random_state: int = 0
+
+
+@dataclass
+class ClassState:
+    cls: int
+    nodes: dict[int, Node] = field(default_factory=dict)  # active nodes: pending, running, open
+    next_id: int = 0
+    lower: float | None = None  # best replayed witness confidence
+    lower_row: int | None = None  # the leaking network's removed-row id
+    lower_witness: list | None = None
+    upper: float = INF  # anytime, never rises
+    solved: int = 0  # node MILPs completed
+    done: bool = False
+    complete: bool = False
+    reason: str = ""
+    seconds: float = 0.0
+    screen: np.ndarray | None = None  # per position: sound upper bound on beta*_{c,{i}}
+    open_heap: list = field(default_factory=list)  # (-upper, id) of OPEN nodes (lazy deletion)
+    pending_heap: list = field(default_factory=list)  # (-upper, id) of PENDING nodes
+    logged: tuple = ()  # (upper, lower) of the last anytime event
+
+    # --- bookkeeping ---------------------------------------------------------------------------
+    def active_max(self) -> float:
+        return max((n.upper for n in self.nodes.values()), default=-INF)
+
+    def count(self, state: str) -> int:
+        return sum(1 for n in self.nodes.values() if n.state == state)
+
+    def to_json(self) -> dict:
+        return {
+            "next_id": self.next_id,
+            "lower": encode_float(self.lower),
+            "lower_row": self.lower_row,
+            "lower_witness": self.lower_witness,
+            "upper": encode_float(self.upper),
+            "solved": self.solved,
+            "done": self.done,
+            "complete": self.complete,
+            "reason": self.reason,
+            "seconds": self.seconds,
+            "nodes": [n.to_json() for n in self.nodes.values()],
+        }
+
+    @classmethod
+    def from_json(cls, c: int, obj: dict) -> "ClassState":
+        cs = cls(
+            cls=c,
+            next_id=int(obj["next_id"]),
+            lower=decode_float(obj["lower"]),
+            lower_row=obj["lower_row"],
+            lower_witness=obj["lower_witness"],
+            upper=decode_float(obj["upper"]),
+            solved=int(obj["solved"]),
+            done=bool(obj["done"]),
+            complete=bool(obj["complete"]),
+            reason=str(obj.get("reason", "")),
+            seconds=float(obj["seconds"]),
+        )
+        for raw in obj["nodes"]:
+            node = Node.from_json(raw)
+            if node.state == RUNNING:  # its MILP was lost with the killed process: redo it
+                node.state = PENDING
+            cs.nodes[node.id] = node
+        cs.rebuild_heaps()
+        return cs
+
+    def rebuild_heaps(self) -> None:
+        self.open_heap = [(-n.upper, n.id) for n in self.nodes.values() if n.state == OPEN]
+        self.pending_heap = [(-n.upper, n.id) for n in self.nodes.values() if n.state == PENDING]
+        heapq.heapify(self.open_heap)
+        heapq.heapify(self.pending_heap)
+
+
+class Engine:
+    """Runs the branch-and-bound of several classes on one shared executor."""
+
+    def __init__(
+        self,
+        executor: Any,
+        classes: list[int],
+        num_networks: int,
+        config: EngineConfig,
+        *,
+        params: np.ndarray | Callable[[], np.ndarray] | None = None,
+        screen: Callable[[int, np.ndarray], np.ndarray] | None = None,
+        log: Any = None,
+        on_progress: Callable[["Engine"], None] | None = None,
+        on_checkpoint: Callable[["Engine"], None] | None = None,
+        states: dict[int, ClassState] | None = None,
+    ) -> None:
+        self.executor = executor
+        self.config = config
+        self.num_networks = num_networks  # stack size; positions 1..num_networks-1
+        self._params = params
+        self._screen_fn = screen
+        self.log = log
+        self.on_progress = on_progress
+        self.on_checkpoint = on_checkpoint
+        self.states = states if states is not None else {c: self._fresh_state(c) for c in classes}
+        if screen is not None and not config.naive:
+            for c, cs in self.states.items():
+                if cs.screen is None:
+                    cs.screen = self._screen(c)
+        self._running: dict[tuple[int, int], float] = {}
+
+    # --- setup -------------------------------------------------------------------------------------
+    def elapsed(self) -> float:
+        return self.log.elapsed() if self.log is not None else time.monotonic() - self._t0
+
+    def _emit(self, event: str, cls: int | None = None, **fields: Any) -> None:
+        if self.log is not None:
+            self.log.emit(event, cls, **fields)
+
+    def _screen(self, c: int) -> np.ndarray:
+        positions = np.arange(1, self.num_networks, dtype=np.int64)
+        values = np.full(self.num_networks, -INF)
+        values[positions] = np.asarray(self._screen_fn(c, positions), dtype=np.float64)
+        return values
+
+    def _fresh_state(self, c: int) -> ClassState:
+        return ClassState(cls=c)
+
+    def params(self) -> np.ndarray:
+        if callable(self._params):
+            self._params = self._params()
+        return self._params
+
+    def _new_node(self, cs: ClassState, positions: np.ndarray, upper: float, parent: Node | None) -> Node:
+        node = Node(
+            id=cs.next_id,
+            parent=None if parent is None else parent.id,
+            positions=np.asarray(positions, dtype=np.int64),
+            upper=upper,
+            depth=0 if parent is None else parent.depth + 1,
+        )
+        cs.next_id += 1
+        cs.nodes[node.id] = node
+        self._emit("queued", cs.cls, node=node.id, parent=node.parent, size=node.size, upper=upper)
+        if self._can_close(cs, node):
+            self._close(cs, node, "bound <= best lower")
+        else:
+            heapq.heappush(cs.pending_heap, (-node.upper, node.id))
+        return node
+
+    def _screened_upper(self, cs: ClassState, positions: np.ndarray) -> float:
+        if cs.screen is None or len(positions) == 0:
+            return INF if len(positions) else -INF
+        return float(cs.screen[positions].max())
+
+    def _seed(self, cs: ClassState) -> None:
+        """The root node(s) of a fresh class."""
+        positions = np.arange(1, self.num_networks, dtype=np.int64)
+        self._emit("class_started", cs.cls, networks=len(positions))
+        if self.config.naive:
+            for p in positions:
+                self._new_node(cs, np.array([p]), INF, None)
+        else:
+            if cs.screen is not None:
+                keep = cs.screen[positions] > -INF  # screened: no input can make it leak
+                if not keep.all():
+                    self._emit("screened", cs.cls, dropped=int((~keep).sum()), kept=int(keep.sum()))
+                positions = positions[keep]
+            if len(positions):
+                self._new_node(cs, positions, self._screened_upper(cs, positions), None)
+        self._update_anytime(cs)
+
+    # --- node life cycle ---------------------------------------------------------------------------
+    def _can_close(self, cs: ClassState, node: Node) -> bool:
+        if self.config.naive:
+            return node.upper == -INF
+        return node.upper == -INF or (cs.lower is not None and node.upper <= cs.lower)
+
+    def _close(self, cs: ClassState, node: Node, why: str) -> None:
+        node.state = CLOSED
+        cs.nodes.pop(node.id, None)
+        self._emit("closed", cs.cls, node=node.id, parent=node.parent, size=node.size, upper=node.upper, reason=why)
+
+    def _node_time_limit(self, node: Node) -> float | None:
+        limit = self.config.node_time_limit
+        if limit is not None:
+            limit = limit * (2 ** max(0, node.attempts))
+        if self.config.time_limit is not None:
+            remaining = max(0.05, self.config.time_limit - self.elapsed())
+            limit = remaining if limit is None else min(limit, remaining)
+        return limit
+
+    def _submit_ready(self) -> None:
+        """Fill free worker slots, one class after another (least busy class first)."""
+        while self.executor.in_flight < self.executor.capacity:
+            candidates = []
+            for c, cs in self.states.items():
+                if cs.done:
+                    continue
+                while cs.pending_heap and (
+                    cs.pending_heap[0][1] not in cs.nodes or cs.nodes[cs.pending_heap[0][1]].state != PENDING
+                ):
+                    heapq.heappop(cs.pending_heap)
+                if cs.pending_heap:
+                    busy = sum(1 for (k, _) in self._running if k == c)
+                    candidates.append((busy, cs.pending_heap[0][0], c))
+            if not candidates:
+                return
+            _, _, c = min(candidates)
+            cs = self.states[c]
+            _, node_id = heapq.heappop(cs.pending_heap)
+            node = cs.nodes[node_id]
+            if self._can_close(cs, node):
+                self._close(cs, node, "bound <= best lower")
+                continue
+            node.state = RUNNING
+            limit = self._node_time_limit(node)
+            self._running[(c, node.id)] = self.elapsed()
+            self._emit("started", c, node=node.id, parent=node.parent, size=node.size, upper=node.upper,
+                       time_limit=limit, attempt=node.attempts + 1)
+            self.executor.submit((c, node.id), c, node.positions, limit)
+
+    def _on_result(self, key: tuple[int, int], outcome: Any) -> None:
+        c, node_id = key
+        self._running.pop(key, None)
+        cs = self.states[c]
+        node = cs.nodes.get(node_id)
+        if node is None or cs.done or node.state != RUNNING:
+            return  # a result for a node closed meanwhile, or after the class finished
+        if isinstance(outcome, BaseException):
+            if isinstance(outcome, LucidError):
+                raise outcome
+            raise RuntimeError(f"analysing node {node_id} of class {c} failed: {outcome!r}") from outcome
+        node.attempts += 1
+        cs.solved += 1
+        own = float(outcome.upper)
+        screened = self._screened_upper(cs, node.positions)
+        node.upper = min(node.upper, own, screened)
+        node.status = outcome.status
+        node.stats = dict(getattr(outcome, "stats", {}) or {})
+        if outcome.lower is not None and math.isfinite(outcome.lower):
+            node.lower = float(outcome.lower)
+            if cs.lower is None or node.lower > cs.lower:
+                cs.lower = node.lower
+                cs.lower_row = None if outcome.leaking_row is None else int(outcome.leaking_row)
+                w = getattr(outcome, "witness", None)
+                cs.lower_witness = None if w is None else [float(v) for v in np.ravel(w)]
+        self._emit(
+            "solved", c, node=node.id, parent=node.parent, size=node.size, upper=node.upper, milp_upper=own,
+            lower=node.lower, status=node.status, seconds=float(getattr(outcome, "seconds", 0.0)),
+            leaking_row=outcome.leaking_row, stats=node.stats,
+        )
+        if self._can_close(cs, node):
+            self._close(cs, node, "infeasible" if node.upper == -INF else "bound <= best lower")
+        else:
+            node.state = OPEN
+            heapq.heappush(cs.open_heap, (-node.upper, node.id))
+        self._update_anytime(cs)
+
+    def _split(self, cs: ClassState, node: Node) -> None:
+        node.state = SPLIT
+        cs.nodes.pop(node.id, None)
+        positions = node.positions
+        if cs.screen is not None and cs.lower is not None:
+            keep = cs.screen[positions] > cs.lower  # a network screened below the best lower cannot matter
+            positions = positions[keep]
+        if len(positions) == 0:
+            self._emit("closed", cs.cls, node=node.id, parent=node.parent, size=node.size, upper=node.upper,
+                       reason="all networks screened below best lower")
+            return
+        groups = [positions] if len(positions) == 1 else split_positions(
+            self.params(), positions, random_state=self.config.random_state)
+        self._emit("split", cs.cls, node=node.id, parent=node.parent, size=node.size, upper=node.upper,
+                   children=[len(g) for g in groups], dropped=int(node.size - len(positions)))
+        for g in groups:
+            self._new_node(cs, g, min(node.upper, self._screened_upper(cs, g)), node)
+
+    def _update_anytime(self, cs: ClassState) -> None:
+        """Anytime upper = max(best lower, every active node's bound); it only ever decreases."""
+        if cs.nodes:
+            current = cs.active_max()
+            if cs.lower is not None:
+                current = max(current, cs.lower)
+        else:
+            current = cs.lower if cs.lower is not None else -INF
+        cs.upper = min(cs.upper, current)
+        state = (cs.upper, cs.lower)
+        if state != cs.logged:
+            cs.logged = state
+            self._emit("anytime", cs.cls, upper=cs.upper, lower=cs.lower, open=len(cs.nodes), solved=cs.solved)
+
+    def _finish(self, cs: ClassState, complete: bool, reason: str) -> None:
+        cs.done = True
+        cs.complete = complete
+        cs.reason = reason
+        cs.seconds = self.elapsed()
+        self._emit("class_done", cs.cls, upper=cs.upper, lower=cs.lower, complete=complete, reason=reason,
+                   solved=cs.solved, open=len(cs.nodes))
+
+    def _advance(self, cs: ClassState) -> None:
+        """Apply the stopping and closing rules, then branch open nodes while workers would idle."""
+        cfg = self.config
+        while not cs.done:
+            if not cs.nodes:
+                # Everything closed: no network can leak above the best lower bound.
+                self._update_anytime(cs)
+                self._finish(cs, True, "all nodes closed")
+                return
+            if cs.lower is not None and cs.upper - cs.lower <= cfg.gap:
+                self._finish(cs, True, f"gap <= {cfg.gap}")
+                return
+            while cs.open_heap and (
+                cs.open_heap[0][1] not in cs.nodes or cs.nodes[cs.open_heap[0][1]].state != OPEN
+            ):
+                heapq.heappop(cs.open_heap)
+            if not cs.open_heap:
+                return  # waiting for pending / running nodes
+            top = cs.nodes[cs.open_heap[0][1]]
+            if self._can_close(cs, top):
+                heapq.heappop(cs.open_heap)
+                self._close(cs, top, "bound <= best lower")
+                self._update_anytime(cs)
+                continue
+            others = max((n.upper for n in cs.nodes.values() if n.state != OPEN), default=-INF)
+            if top.is_singleton or (not cfg.bab and not cfg.naive):
+                if top.upper < others:
+                    return  # an unsolved node may still be larger: wait for it
+                if top.proved:
+                    heapq.heappop(cs.open_heap)
+                    top.state = FINAL
+                    self._emit("final", cs.cls, node=top.id, parent=top.parent, size=top.size, upper=top.upper)
+                    self._update_anytime(cs)
+                    self._finish(cs, True, "proved singleton on top" if top.is_singleton else "hyper-network solved")
+                    return
+                if top.is_singleton and cfg.node_time_limit is not None and top.attempts < MAX_SINGLETON_ATTEMPTS:
+                    heapq.heappop(cs.open_heap)
+                    top.state = PENDING  # retry with a longer node time limit; keeps its bound
+                    heapq.heappush(cs.pending_heap, (-top.upper, top.id))
+                    self._emit("retry", cs.cls, node=top.id, parent=top.parent, size=top.size, upper=top.upper,
+                               attempt=top.attempts + 1)
+                    return
+                if not any(n.state in (PENDING, RUNNING) for n in cs.nodes.values()):
+                    # Nothing left that could improve the bound: the unproved bound stands.
+                    self._finish(cs, False, "unproved node on top (node time limit)")
+                return
+            # Branch only while workers would otherwise idle: later nodes may be closed by a better
+            # lower bound before they are ever solved.
+            pending = sum(1 for n in cs.nodes.values() if n.state == PENDING)
+            if pending >= self.executor.capacity:
+                return
+            heapq.heappop(cs.open_heap)
+            self._split(cs, top)
+            self._update_anytime(cs)
+
+    # --- main loop ---------------------------------------------------------------------------------
+    def run(self, poll: float = 0.25) -> dict[int, ClassState]:
+        self._t0 = time.monotonic()
+        for cs in self.states.values():
+            if not cs.done and not cs.nodes and cs.solved == 0 and cs.next_id == 0:
+                self._seed(cs)
+        try:
+            while True:
+                for cs in self.states.values():
+                    if not cs.done:
+                        self._advance(cs)
+                if all(cs.done for cs in self.states.values()):
+                    break
+                if self.config.time_limit is not None and self.elapsed() >= self.config.time_limit:
+                    for cs in self.states.values():
+                        if not cs.done:
+                            self._finish(cs, False, "time limit")
+                    break
+                self._submit_ready()
+                if self.executor.in_flight == 0 and not any(
+                    cs.pending_heap for cs in self.states.values() if not cs.done
+                ):
+                    # No work anywhere and no class finished: should not happen; fail loudly.
+                    raise RuntimeError("branch-and-bound stalled with open classes and no work")
+                wait = poll
+                if self.config.time_limit is not None:
+                    wait = max(0.01, min(poll, self.config.time_limit - self.elapsed()))
+                results = self.executor.completed(wait)
+                for key, outcome in results:
+                    self._on_result(key, outcome)
+                if results and self.on_checkpoint is not None:
+                    self.on_checkpoint(self)
+                if self.on_progress is not None:
+                    self.on_progress(self)
+        finally:
+            if self.on_progress is not None:
+                self.on_progress(self)
+        if self.on_checkpoint is not None:
+            self.on_checkpoint(self)
+        return self.states

@@ -1,0 +1,77 @@
+"""Splitting a node's network set: k-means on the flattened parameter vectors.
+
+Networks with similar parameters give a tight hyper-network, so clustering them keeps the
+children's MILPs close to their members' true bounds. k is picked at the elbow (knee) of the
+distortion (inertia) curve over k in {2, 4, 8}: the k whose inertia lies furthest below the chord
+from k=1 (the set's total scatter) to the largest candidate. A fixed random_state keeps splits —
+and hence logs, checkpoints and resumed runs — reproducible.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+
+CANDIDATE_KS = (2, 4, 8)
+
+
+def _kmeans(x: np.ndarray, k: int, random_state: int) -> tuple[np.ndarray, float]:
+    from sklearn.cluster import KMeans
+
+    with warnings.catch_warnings():
+        # Identical networks (e.g. a duplicated training row) make k-means find fewer distinct
+        # clusters than asked; that is handled below, not an error.
+        warnings.simplefilter("ignore")
+        km = KMeans(n_clusters=k, n_init=1, random_state=random_state, max_iter=100).fit(x)
+    return km.labels_, float(km.inertia_)
+
+
+def choose_k(inertia: dict[int, float]) -> int:
+    """The knee of a decreasing distortion curve {k: inertia} (k=1 included)."""
+    ks = sorted(inertia)
+    first, last = ks[0], ks[-1]
+    if len(ks) <= 2:
+        return last
+    span_y = inertia[first] - inertia[last]
+    if span_y <= 0:
+        return ks[1]
+    best_k, best_gain = ks[1], -np.inf
+    for k in ks[1:-1]:
+        chord = inertia[first] - span_y * (k - first) / (last - first)
+        gain = chord - inertia[k]  # how far below the straight line: the bend of the elbow
+        if gain > best_gain + 1e-12 * abs(span_y):
+            best_k, best_gain = k, gain
+    # A curve with no bend (gain <= 0) still splits: the smallest k keeps the children large.
+    return best_k if best_gain > 0 else ks[1]
+
+
+def split_positions(
+    params: np.ndarray, positions: np.ndarray, *, random_state: int = 0, ks: tuple[int, ...] = CANDIDATE_KS
+) -> list[np.ndarray]:
+    """Partition `positions` (rows of `params` are the networks' flat parameters, indexed by position)
+    into >= 2 non-empty, sorted groups. A set of two or three networks is split into singletons/pairs."""
+    positions = np.sort(np.asarray(positions, dtype=np.int64))
+    n = len(positions)
+    if n < 2:
+        raise ValueError("cannot split a set of fewer than two networks")
+    if n == 2:
+        return [positions[:1], positions[1:]]
+    x = np.asarray(params[positions], dtype=np.float64)
+    x = x - x.mean(axis=0)
+    inertia = {1: float((x**2).sum())}
+    labels_by_k: dict[int, np.ndarray] = {}
+    for k in ks:
+        if k >= n:
+            break
+        labels_by_k[k], inertia[k] = _kmeans(x, k, random_state)
+    if not labels_by_k:  # n <= smallest k: every network alone
+        return [positions[i : i + 1] for i in range(n)]
+    labels = labels_by_k[choose_k(inertia)]
+    groups = [positions[labels == g] for g in np.unique(labels)]
+    groups = [g for g in groups if len(g)]
+    if len(groups) < 2:  # all parameter vectors identical: any partition is as good
+        half = n // 2
+        groups = [positions[:half], positions[half:]]
+    # Deterministic order: by the smallest position of each group.
+    return sorted(groups, key=lambda g: int(g[0]))

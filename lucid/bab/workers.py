@@ -1,0 +1,174 @@
+"""Where node MILPs run: in-process threads, a local process pool, or a Dask cluster.
+
+The branch-and-bound queue always stays in the driver; an executor only answers
+"analyse (class, network positions) within this time limit". Every MILP is solved with one thread,
+so N workers solve N nodes at once. The verification problem (all networks, the domain, N's bounds)
+is shipped to each worker once — via the pool initializer, or scattered to every Dask worker — not
+with every task.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import multiprocessing
+import queue
+from typing import Any, Callable
+
+import numpy as np
+
+from lucid.errors import LucidError
+
+# analyse(cls, positions, time_limit) -> NodeOutcome-like object
+AnalyseFn = Callable[[int, np.ndarray, float | None], Any]
+
+
+class Executor:
+    """Submit node analyses; collect (key, outcome-or-exception) pairs as they finish."""
+
+    capacity: int = 1
+
+    def __init__(self) -> None:
+        self._done: queue.Queue = queue.Queue()
+        self._futures: dict[Any, Any] = {}
+
+    def _watch(self, key: Any, future: Any) -> None:
+        self._futures[key] = future
+        future.add_done_callback(lambda f, key=key: self._done.put((key, f)))
+
+    def submit(self, key: Any, cls: int, positions: np.ndarray, time_limit: float | None) -> None:
+        raise NotImplementedError
+
+    def completed(self, timeout: float) -> list[tuple[Any, Any]]:
+        """Results finished so far, waiting up to `timeout` seconds for the first one."""
+        out = []
+        try:
+            item = self._done.get(timeout=timeout)
+        except queue.Empty:
+            return out
+        while True:
+            key, future = item
+            self._futures.pop(key, None)
+            try:
+                out.append((key, future.result()))
+            except BaseException as exc:  # reported to the engine, which decides
+                out.append((key, exc))
+            try:
+                item = self._done.get_nowait()
+            except queue.Empty:
+                return out
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._futures)
+
+    def close(self) -> None:
+        pass
+
+
+class ThreadExecutor(Executor):
+    """Runs `analyse` in threads of this process (one worker, tests, or a custom analyser)."""
+
+    def __init__(self, analyse: AnalyseFn, workers: int = 1) -> None:
+        super().__init__()
+        self.capacity = workers
+        self._analyse = analyse
+        self._pool = cf.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="lucid-node")
+
+    def submit(self, key, cls, positions, time_limit):
+        self._watch(key, self._pool.submit(self._analyse, cls, positions, time_limit))
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+# --- process pool ------------------------------------------------------------------------------
+_WORKER_STATE: dict = {}
+
+
+def _init_worker(problem: Any, settings: dict) -> None:
+    _WORKER_STATE["problem"] = problem
+    _WORKER_STATE["settings"] = settings
+
+
+def analyse_with(problem: Any, settings: dict, cls: int, positions: np.ndarray, time_limit: float | None):
+    """One node MILP with single-threaded solver options (runs in a worker)."""
+    from lucid.solvers.base import SolverOptions
+    from lucid.verifier import EncodingOptions, analyse_node
+
+    options = SolverOptions(
+        time_limit=time_limit,
+        threads=1,
+        mip_rel_gap=settings.get("mip_rel_gap", 0.0),
+        mip_abs_gap=settings.get("mip_abs_gap", 0.0),
+    )
+    encoding = EncodingOptions(**settings["encoding"])
+    return analyse_node(problem, cls, positions, solver=settings["solver"], solver_options=options, encoding=encoding)
+
+
+def _analyse_in_process(cls: int, positions: np.ndarray, time_limit: float | None):
+    return analyse_with(_WORKER_STATE["problem"], _WORKER_STATE["settings"], cls, positions, time_limit)
+
+
+class ProcessExecutor(Executor):
+    def __init__(self, problem: Any, settings: dict, workers: int) -> None:
+        super().__init__()
+        self.capacity = workers
+        # spawn, not fork: the driver runs threads (rich display, pool feeders) that fork would copy
+        # in an arbitrary state.
+        self._pool = cf.ProcessPoolExecutor(
+            max_workers=workers,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=_init_worker,
+            initargs=(problem, settings),
+        )
+
+    def submit(self, key, cls, positions, time_limit):
+        self._watch(key, self._pool.submit(_analyse_in_process, cls, positions, time_limit))
+
+    def close(self) -> None:
+        # Running MILPs cannot be cancelled through the pool API; their time limits are capped by
+        # the remaining total time, but a stop (time limit reached, gap closed) should not wait.
+        processes = list(getattr(self._pool, "_processes", {}) .values())
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        for p in processes:
+            try:
+                p.terminate()
+            except Exception:
+                pass
+
+
+class DaskExecutor(Executor):
+    """Node MILPs on an existing Dask distributed cluster; the queue stays here."""
+
+    def __init__(self, problem: Any, settings: dict, scheduler: Any, workers: int | None) -> None:
+        super().__init__()
+        try:
+            from distributed import Client
+        except ImportError:
+            raise LucidError("--scheduler needs dask[distributed] installed") from None
+        try:
+            self._client = scheduler if isinstance(scheduler, Client) else Client(scheduler, timeout=10)
+        except Exception as exc:
+            raise LucidError(f"cannot connect to the Dask scheduler at {scheduler}: {exc}") from None
+        self._owns_client = not isinstance(scheduler, Client)
+        if workers is None:
+            cores = sum(self._client.nthreads().values())
+            workers = max(1, cores)
+        self.capacity = workers
+        self._problem = self._client.scatter(problem, broadcast=True)
+        self._settings = settings
+
+    def submit(self, key, cls, positions, time_limit):
+        fut = self._client.submit(
+            analyse_with, self._problem, self._settings, cls, np.asarray(positions), time_limit, pure=False
+        )
+        self._watch(key, fut)
+
+    def close(self) -> None:
+        for fut in list(self._futures.values()):
+            try:
+                fut.cancel()
+            except Exception:
+                pass
+        if self._owns_client:
+            self._client.close()

@@ -1,0 +1,191 @@
+"""Queue logic of the branch-and-bound engine, with a deterministic in-test analyser.
+
+`FakeAnalyser` is a TEST DOUBLE for lucid.verifier.analyse_node: every network i has a known true
+bound v[i]; a node's "MILP" returns max(v[S]) + slack * (|S| - 1) (a sound, set-monotone over-
+approximation, exact for singletons) and, as the replayed witness, v of the set's smallest member
+(a true lower bound). The real analyser is exercised in test_verify_cli.py.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+
+from lucid.bab.engine import Engine, EngineConfig
+from lucid.bab.events import EventLog, read_events
+from lucid.bab.split import choose_k, split_positions
+from lucid.bab.workers import ThreadExecutor
+
+
+@dataclass
+class Outcome:
+    upper: float
+    lower: float | None
+    status: str = "optimal"
+    leaking_row: int | None = None
+    witness: np.ndarray | None = None
+    seconds: float = 0.0
+    stats: dict = field(default_factory=dict)
+
+
+class FakeAnalyser:
+    def __init__(self, values: np.ndarray, slack: float = 0.05, timeout_above: int | None = None):
+        self.values = values  # indexed by position; position 0 (N) unused
+        self.slack = slack
+        self.timeout_above = timeout_above
+        self.calls: list[tuple[int, ...]] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, cls: int, positions: np.ndarray, time_limit):
+        with self.lock:
+            self.calls.append(tuple(int(p) for p in positions))
+        v = self.values[positions]
+        upper = float(v.max() + self.slack * (len(positions) - 1))
+        status = "optimal"
+        if self.timeout_above is not None and len(positions) > self.timeout_above:
+            status, upper = "time_limit", upper + 1.0  # a weaker dual bound, still sound
+        leaks = v > -math.inf
+        lower = float(v[leaks][0]) if leaks.any() else None
+        return Outcome(upper=upper if leaks.any() else -math.inf, lower=lower, status=status,
+                       leaking_row=int(positions[0]))
+
+
+def make_engine(tmp_path, values, *, workers=2, params=None, screen=None, analyser=None, **cfg):
+    analyser = analyser or FakeAnalyser(values)
+    if params is None:
+        params = np.random.default_rng(0).normal(size=(len(values), 5))
+    log = EventLog(tmp_path / "log.jsonl")
+    engine = Engine(ThreadExecutor(analyser, workers), [0], len(values), EngineConfig(**cfg), params=params,
+                    screen=screen, log=log)
+    return engine, analyser, log
+
+
+def anytime(events, cls=0):
+    return [(e["upper"], e["lower"]) for e in events if e["event"] == "anytime" and e["class"] == cls]
+
+
+def as_float(v):
+    return None if v is None else float(v)
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_bab_finds_exact_max_and_log_is_monotone(tmp_path, workers):
+    rng = np.random.default_rng(1)
+    values = np.concatenate([[0.0], rng.uniform(0, 1, size=40)])
+    engine, analyser, log = make_engine(tmp_path, values, workers=workers)
+    cs = engine.run()[0]
+    log.close()
+    assert cs.done and cs.complete
+    assert cs.upper == pytest.approx(values[1:].max(), abs=1e-12)
+    assert cs.lower is not None and cs.lower <= cs.upper + 1e-12
+    trace = anytime(read_events(tmp_path / "log.jsonl"))
+    uppers = [as_float(u) for u, _ in trace]
+    assert all(b <= a for a, b in zip(uppers, uppers[1:])), uppers
+    for u, lo in trace:
+        assert lo is None or as_float(lo) <= as_float(u) + 1e-12
+    # pruning by the lower bound: far fewer than one MILP per network + the whole tree
+    assert len(analyser.calls) < 2 * 40
+
+
+def test_closing_rule_skips_dominated_nodes(tmp_path):
+    # One network far above the rest: once its witness is seen, everything else closes.
+    values = np.concatenate([[0.0], np.full(30, 0.1), [5.0]])
+    engine, analyser, _ = make_engine(tmp_path, values, workers=1)
+    cs = engine.run()[0]
+    assert cs.complete and cs.upper == pytest.approx(5.0)
+    sizes = [len(c) for c in analyser.calls]
+    assert sizes.count(1) <= 2  # never solves the 30 dominated singletons
+
+
+def test_naive_solves_every_network(tmp_path):
+    values = np.concatenate([[0.0], np.linspace(0, 1, 12)])
+    engine, analyser, _ = make_engine(tmp_path, values, naive=True)
+    cs = engine.run()[0]
+    assert sorted(analyser.calls) == [(p,) for p in range(1, 13)]
+    assert cs.upper == pytest.approx(1.0) and cs.complete
+
+
+def test_no_bab_reports_the_hyper_network_bound(tmp_path):
+    values = np.concatenate([[0.0], np.linspace(0, 1, 9)])
+    engine, analyser, _ = make_engine(tmp_path, values, bab=False)
+    cs = engine.run()[0]
+    assert analyser.calls == [tuple(range(1, 10))]
+    assert cs.upper == pytest.approx(1.0 + 0.05 * 8)
+
+
+def test_timed_out_node_keeps_dual_bound_and_is_branched(tmp_path):
+    values = np.concatenate([[0.0], np.linspace(0, 1, 16)])
+    analyser = FakeAnalyser(values, timeout_above=4)
+    engine, analyser, _ = make_engine(tmp_path, values, analyser=analyser, node_time_limit=1.0)
+    cs = engine.run()[0]
+    assert cs.complete and cs.upper == pytest.approx(1.0)
+    assert any(len(c) > 4 for c in analyser.calls) and any(len(c) == 1 for c in analyser.calls)
+
+
+def test_infeasible_everywhere_gives_minus_inf(tmp_path):
+    values = np.concatenate([[0.0], np.full(6, -math.inf)])
+    engine, _, _ = make_engine(tmp_path, values)
+    cs = engine.run()[0]
+    assert cs.complete and cs.upper == -math.inf and cs.lower is None
+
+
+def test_screening_drops_networks_that_cannot_leak(tmp_path):
+    values = np.concatenate([[0.0], np.linspace(0, 1, 10), np.full(10, -math.inf)])
+    screen_calls = []
+
+    def screen(cls, positions):
+        screen_calls.append(len(positions))
+        return values[positions] + 0.3  # sound: above every true value; -inf stays -inf
+
+    engine, analyser, _ = make_engine(tmp_path, values, screen=screen)
+    cs = engine.run()[0]
+    assert cs.complete and cs.upper == pytest.approx(1.0)
+    assert screen_calls == [20]
+    assert all(max(c) <= 10 for c in analyser.calls)  # the infeasible networks never reached the MILP
+
+
+def test_gap_stops_early_with_sound_bounds(tmp_path):
+    rng = np.random.default_rng(3)
+    values = np.concatenate([[0.0], rng.uniform(0, 1, size=60)])
+    engine, _, _ = make_engine(tmp_path, values, gap=0.5)
+    cs = engine.run()[0]
+    assert cs.complete and cs.upper - cs.lower <= 0.5
+    assert cs.upper >= values[1:].max() - 1e-12 and cs.lower <= values[1:].max() + 1e-12
+
+
+def test_time_limit_returns_sound_anytime_bound(tmp_path):
+    values = np.concatenate([[0.0], np.linspace(0, 1, 30)])
+
+    class Slow(FakeAnalyser):
+        def __call__(self, cls, positions, time_limit):
+            import time
+            time.sleep(0.05)
+            return super().__call__(cls, positions, time_limit)
+
+    engine, _, _ = make_engine(tmp_path, values, analyser=Slow(values), time_limit=0.3)
+    cs = engine.run()[0]
+    assert cs.done and not cs.complete
+    assert cs.upper >= 1.0 - 1e-12
+
+
+def test_split_is_a_deterministic_partition():
+    rng = np.random.default_rng(0)
+    centres = rng.normal(size=(4, 6)) * 10
+    params = np.concatenate([np.zeros((1, 6)), np.repeat(centres, 5, axis=0) + rng.normal(size=(20, 6)) * 0.01])
+    positions = np.arange(1, 21)
+    groups = split_positions(params, positions)
+    assert len(groups) == 4  # the elbow of the distortion curve is at the 4 true clusters
+    assert sorted(np.concatenate(groups).tolist()) == positions.tolist()
+    assert [g.tolist() for g in groups] == [g.tolist() for g in split_positions(params, positions)]
+    same = np.zeros((10, 3))
+    halves = split_positions(same, np.arange(1, 10))
+    assert len(halves) >= 2 and sorted(np.concatenate(halves).tolist()) == list(range(1, 10))
+
+
+def test_choose_k_picks_the_elbow():
+    assert choose_k({1: 100.0, 2: 60.0, 4: 10.0, 8: 8.0}) == 4
+    assert choose_k({1: 100.0, 2: 20.0, 4: 15.0, 8: 10.0}) == 2
