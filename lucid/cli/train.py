@@ -1,0 +1,52 @@
+"""`lucid train DATA --out RUN`: train N and every leave-one-out network into a run directory."""
+
+from __future__ import annotations
+
+import click
+
+from lucid.errors import LucidError
+
+
+@click.command(name="train")
+@click.argument("data")
+@click.option("--out", "out", required=True, type=click.Path(), help="Run directory to write (created atomically).")
+@click.option("--arch", default="2x50", show_default=True, help="MLP as DEPTHxWIDTH (2x50) or widths (50,20), or 'cnn'.")
+@click.option("--epochs", default=50, show_default=True, type=int)
+@click.option("--lr", default=0.1, show_default=True, type=float, help="SGD learning rate.")
+@click.option("--weight-decay", default=1e-5, show_default=True, type=float)
+@click.option("--batch-size", default=1024, show_default=True, type=int)
+@click.option("--seed", default=0, show_default=True, type=int, help="Seeds the initialisation, batch order and split.")
+@click.option("--test-fraction", default=0.2, show_default=True, type=float, help="Stratified test split (0 allowed).")
+@click.option("--test-data", default=None, help="Use this file as the test split instead of splitting DATA.")
+@click.option("--label", default=None, help="Label column of a CSV (default: the last column).")
+@click.option("--domain", default=None, type=click.Path(), help='JSON {"lower": [...], "upper": [...]} in original units.')
+@click.option("--device", default="cpu", show_default=True, help="cpu or cuda.")
+@click.option("--chunk-size", default=None, type=int, help="Networks trained at once (default: from a 3 GiB budget).")
+@click.option("--progress/--no-progress", default=True, show_default=True)
+def command(data: str, out: str, **options) -> None:
+    """Train N and every leave-one-out network N_-i on DATA (CSV with header, .npz with X and y,
+    or sklearn:NAME for breast_cancer, wine, digits, iris) into the run directory OUT."""
+    from lucid.training import train_run
+
+    run_dir = train_run(data, out, **options)
+    click.echo(_summary(run_dir), err=True)
+
+
+def _summary(run_dir) -> str:
+    import numpy as np
+
+    from lucid.rundir import open_run
+
+    try:
+        run = open_run(run_dir)
+        arrays = run.data()
+        full = run.networks().select([0])
+    except LucidError as exc:  # the run was written; a summary problem must not fail the command
+        return f"wrote {run_dir} ({exc})"
+    parts = [f"wrote {run_dir}: {run.train_size + 1} networks"]
+    for split in ("train", "test"):
+        X, y = arrays[f"X_{split}"], arrays[f"y_{split}"]
+        if len(y):
+            acc = float((full.forward(X)[0].argmax(axis=1) == y).mean())
+            parts.append(f"N {split} accuracy {100 * acc:.1f}%")
+    return ", ".join(parts)

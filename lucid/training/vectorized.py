@@ -1,0 +1,162 @@
+"""Algorithm T, vectorised: K networks (N and/or leave-one-out networks) trained in lock-step.
+
+Every network starts from the same initial parameters and walks the same batches; network k
+only differs by the per-row sample weights w[k, b] = [row b != removed_k] / (rows kept in the
+batch), which make its loss exactly the mean cross-entropy over the rows it keeps. The sum of the
+K per-network losses has, for each network's parameters, exactly that network's gradient, so the
+K SGD steps are independent even though they run as one batched computation.
+
+Two implementations of the same step:
+- `mlp`: hand-written forward/backward with batched matmuls in a [K, features, batch] layout.
+  The first layer sees the same input rows for every network, so its forward and weight
+  gradient are single large GEMMs over all K networks at once.
+- `autograd`: torch autograd on [K, ...] parameter tensors (used for CNNs, and as a cross-check).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+
+def batch_orders(n: int, epochs: int, seed: int) -> torch.Tensor:
+    """[epochs, n] int64: the row order of each epoch (one generator seeded once, randperm per epoch)."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.stack([torch.randperm(n, generator=g) for _ in range(epochs)])
+
+
+def sample_weights(removed: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """[K, B] weights: 1/(kept rows) for kept rows, 0 for network k's removed row.
+
+    A batch that consists only of the removed row gets all-zero weights: zero loss gradient
+    (the SGD step then only applies weight decay).
+    """
+    keep = removed[:, None] != rows[None, :]
+    kept = keep.sum(dim=1, keepdim=True).clamp(min=1)
+    return keep.to(torch.float32) / kept.to(torch.float32)
+
+
+def train_networks(
+    init: dict[str, torch.Tensor],
+    spec: dict,
+    X: torch.Tensor,
+    y: torch.Tensor,
+    removed: torch.Tensor,
+    orders: torch.Tensor,
+    *,
+    lr: float,
+    weight_decay: float,
+    batch_size: int,
+    num_classes: int,
+    method: str = "auto",
+    on_epoch: Callable[[int], None] | None = None,
+) -> dict[str, torch.Tensor]:
+    """Train len(removed) networks (removed[k] = row left out, -1 = none) and return their
+    parameters stacked along a new leading axis, on X's device, by safetensors name."""
+    device = X.device
+    k = len(removed)
+    params = {name: p.to(device).unsqueeze(0).repeat((k,) + (1,) * p.ndim).contiguous() for name, p in init.items()}
+    removed = removed.to(device)
+    if method == "auto":
+        method = "mlp" if spec["type"] == "mlp" else "autograd"
+    step = {"mlp": _MlpStep, "autograd": _AutogradStep}[method](params, spec, num_classes)
+    n = X.shape[0]
+    onehot_all = F.one_hot(y, num_classes).to(torch.float32)  # [n, C]
+    orders = orders.to(device)
+    for epoch in range(orders.shape[0]):
+        order = orders[epoch]
+        for start in range(0, n, batch_size):
+            rows = order[start : start + batch_size]
+            w = sample_weights(removed, rows)
+            grads = step.gradients(X[rows], y[rows], onehot_all[rows], w)
+            _sgd_update(step.parameters, grads, lr, weight_decay)
+        if on_epoch is not None:
+            on_epoch(epoch)
+    return {name: p.detach() for name, p in params.items()}
+
+
+@torch.no_grad()
+def _sgd_update(params: list[torch.Tensor], grads: list[torch.Tensor], lr: float, weight_decay: float) -> None:
+    # Same arithmetic, in the same order, as torch.optim.SGD without momentum:
+    # d = g + wd * p; p = p - lr * d.
+    if weight_decay != 0:
+        torch._foreach_add_(grads, params, alpha=weight_decay)
+    torch._foreach_add_(params, grads, alpha=-lr)
+
+
+class _MlpStep:
+    """Hand-written batched forward/backward of an MLP; activations are [K, features, B]."""
+
+    def __init__(self, params: dict[str, torch.Tensor], spec: dict, num_classes: int) -> None:
+        n_layers = len(spec["hidden"]) + 1
+        self.weights = [params[f"layers.{i}.weight"] for i in range(n_layers)]
+        self.biases = [params[f"layers.{i}.bias"] for i in range(n_layers)]
+        self.parameters = [t for pair in zip(self.weights, self.biases) for t in pair]
+
+    @torch.no_grad()
+    def gradients(self, xb: torch.Tensor, yb: torch.Tensor, onehot: torch.Tensor, w: torch.Tensor) -> list[torch.Tensor]:
+        W, b = self.weights, self.biases
+        k, h0, d = W[0].shape
+        # Layer 0: one GEMM for all K networks, the batch is shared.
+        z = torch.addmm(b[0].reshape(k * h0, 1), W[0].reshape(k * h0, d), xb.t()).view(k, h0, -1)
+        acts = []  # post-ReLU activations feeding layers 1..L-1
+        for i in range(1, len(W)):
+            a = z.clamp_(min=0)
+            acts.append(a)
+            z = torch.baddbmm(b[i].unsqueeze(2), W[i], a)
+        # d(sum_k sum_b w_kb * CE) / d logits = w_kb * (softmax - onehot)
+        dz = torch.softmax(z, dim=1).sub_(onehot.t()).mul_(w.unsqueeze(1))
+        grads: list[torch.Tensor] = [None] * (2 * len(W))  # type: ignore[list-item]
+        for i in range(len(W) - 1, 0, -1):
+            a = acts[i - 1]
+            grads[2 * i] = torch.bmm(dz, a.transpose(1, 2))
+            grads[2 * i + 1] = dz.sum(dim=2)
+            dz = torch.bmm(W[i].transpose(1, 2), dz).masked_fill_(a <= 0, 0.0)
+        grads[0] = torch.mm(dz.reshape(k * h0, -1), xb).view(k, h0, d)
+        grads[1] = dz.sum(dim=2)
+        return grads
+
+
+class _AutogradStep:
+    """Autograd on [K, ...] parameter tensors; supports the 1-D CNN (convs as unfold + einsum)."""
+
+    def __init__(self, params: dict[str, torch.Tensor], spec: dict, num_classes: int) -> None:
+        self.n_conv = len(spec.get("conv_channels", [])) if spec["type"] == "cnn" else 0
+        self.n_dense = len(spec["hidden"]) + 1
+        self.names = [f"conv.{j}.{t}" for j in range(self.n_conv) for t in ("weight", "bias")]
+        self.names += [f"layers.{i}.{t}" for i in range(self.n_dense) for t in ("weight", "bias")]
+        self.parameters = [params[name] for name in self.names]
+        self.num_classes = num_classes
+
+    def _scores(self, xb: torch.Tensor) -> torch.Tensor:
+        p = dict(zip(self.names, self.parameters))
+        k = self.parameters[0].shape[0]
+        batch = xb.shape[0]
+        if self.n_conv:
+            h = xb.reshape(1, batch, 1, -1).expand(k, batch, 1, xb.shape[1])  # [K, B, c, L]
+            for j in range(self.n_conv):
+                weight, bias = p[f"conv.{j}.weight"], p[f"conv.{j}.bias"]
+                patches = h.unfold(3, weight.shape[3], 1)  # [K, B, c_in, L', ksize]
+                h = torch.relu(torch.einsum("kbcpj,kocj->kbop", patches, weight) + bias[:, None, :, None])
+            h = h.reshape(k, batch, -1)  # channel-major, as torch's flatten(1)
+        else:
+            h = xb.unsqueeze(0).expand(k, batch, xb.shape[1])
+        for i in range(self.n_dense):
+            h = torch.baddbmm(p[f"layers.{i}.bias"].unsqueeze(1), h, p[f"layers.{i}.weight"].transpose(1, 2))
+            if i < self.n_dense - 1:
+                h = torch.relu(h)
+        return h  # [K, B, C]
+
+    def gradients(self, xb: torch.Tensor, yb: torch.Tensor, onehot: torch.Tensor, w: torch.Tensor) -> list[torch.Tensor]:
+        with torch.enable_grad():
+            for t in self.parameters:
+                t.requires_grad_(True)
+            scores = self._scores(xb)
+            k, batch, c = scores.shape
+            ce = F.cross_entropy(scores.reshape(k * batch, c), yb.repeat(k), reduction="none").view(k, batch)
+            grads = torch.autograd.grad((ce * w).sum(), self.parameters)
+            for t in self.parameters:
+                t.requires_grad_(False)
+        return list(grads)
