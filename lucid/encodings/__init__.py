@@ -1,5 +1,29 @@
 """MILP encodings of the iDP decision-bound problem (paper Eq. 3)."""
 
+from dataclasses import dataclass
+
 from lucid.encodings.model import MilpModel
 
-__all__ = ["MilpModel"]
+
+@dataclass
+class EncodingOptions:
+    """Switches of the encoder (every technique can be turned off for the ablation).
+
+    md / md_pre: matching dependencies z + dl <= z# <= z + du after / before the ReLU.
+    ris / tau: relax-if-similar: an unstable hyper neuron whose pre-activation difference
+      interval is at most tau wide gets the triangle relaxation instead of a binary (never for a
+      singleton, which stays exact).
+    bounds: how N's pre-activation bounds are computed ("interval" or "lp").
+    disjunction: the output disjunction "some class t beats c in N#" for C > 2: "bigm" (one
+      binary per target class, paper 3c) or "split" (one sub-problem per target, max of bounds).
+    """
+
+    md: bool = True
+    md_pre: bool = True
+    ris: bool = True
+    tau: float = 0.01
+    bounds: str = "lp"
+    disjunction: str = "split"
+
+
+__all__ = ["EncodingOptions", "MilpModel"]

@@ -1,0 +1,150 @@
+"""The iDP decision-bound MILP (paper Eq. 3) for class c and a hyper-network N#_S.
+
+    max beta  s.t.  x in domain,  N(x) exactly (big-M ReLU, 3d/3f),
+                    N#(x) relaxed over the weight intervals (3e/3g),
+                    s_c - s_t >= beta for all t != c                 (N is confident by beta)
+                    s#_t >= s#_c for some t != c                     (N# does not predict c, 3c)
+
+Inputs are shifted to x' = x - lo >= 0 when the domain has negative lower bounds, so that the
+interval-weight sums of 3e (two inequalities, W_lo z <= W z <= W_hi z) are valid: they need
+non-negative inputs, which ReLU outputs are anyway. The shift's constant W lo is folded into
+the bias (an interval for N#).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from lucid.bounds.difference import DifferenceBounds
+from lucid.bounds.interval import LayerBounds, widen
+from lucid.encodings import EncodingOptions
+from lucid.encodings.builder import ModelBuilder
+from lucid.encodings.matching import add_matching
+from lucid.encodings.model import MilpModel
+from lucid.encodings.relax import relax_if_similar
+from lucid.encodings.relu import encode_relu
+from lucid.hyper import HyperNetwork
+
+
+def _affine_rows(b: ModelBuilder, out_cols: np.ndarray, in_cols: np.ndarray, w: np.ndarray, lo, hi, name: str) -> None:
+    """Rows lo <= out - w @ in <= hi."""
+    n = len(out_cols)
+    cols = np.concatenate([out_cols[:, None], np.broadcast_to(in_cols, (n, len(in_cols)))], 1)
+    b.add_rows(cols, np.concatenate([np.ones((n, 1)), -w], 1), lo, hi, name)
+
+
+def possible_targets(cls: int, hyper_bounds: LayerBounds) -> list[int]:
+    """Classes t that N# could rank at least as high as c somewhere in the domain."""
+    lo, hi = hyper_bounds.lower[-1], hyper_bounds.upper[-1]
+    return [t for t in range(len(lo)) if t != cls and hi[t] - lo[cls] >= 0]
+
+
+def encode_idp(
+    weights: list[np.ndarray],
+    biases: list[np.ndarray],
+    n_bounds: LayerBounds,
+    hyper: HyperNetwork,
+    diff: DifferenceBounds,
+    lower: np.ndarray,
+    upper: np.ndarray,
+    cls: int,
+    options: EncodingOptions,
+    targets: list[int] | None = None,
+    margin_upper: np.ndarray | None = None,
+) -> MilpModel | None:
+    """The MILP of Eq. 3, or None when no target class is possible (beta* = -inf).
+
+    `targets` restricts the disjunction to these classes of N# (one sub-problem per target when
+    the caller splits); `margin_upper[c, t]` are optional sound upper bounds of s_c - s_t for N.
+    """
+    L = len(weights)
+    exact = hyper.exact
+    targets = possible_targets(cls, diff.hyper) if targets is None else list(targets)
+    if not targets:
+        return None
+    b = ModelBuilder()
+    lower = np.asarray(lower, dtype=np.float64)
+    upper = np.asarray(upper, dtype=np.float64)
+    shift = bool(np.any(lower < 0))
+    offset = lower if shift else np.zeros_like(lower)
+    x = b.add_vars(len(lower), lower - offset, upper - offset, "x")
+    stats = {"exact_hyper": exact, "shifted": shift, "binaries_n": 0, "binaries_hyper": 0, "relaxed": 0, "md_rows": 0}
+
+    # layer-0 biases after the shift x = offset + x'
+    n_b0 = biases[0] + weights[0] @ offset
+    if exact:
+        h_b0_lo = h_b0_hi = hyper.b_lo[0] + hyper.w_lo[0] @ offset
+    else:
+        prods = np.stack([hyper.w_lo[0] * offset, hyper.w_hi[0] * offset])
+        h_b0_lo, h_b0_hi = widen(
+            hyper.b_lo[0] + prods.min(0).sum(1),
+            hyper.b_hi[0] + prods.max(0).sum(1),
+            np.abs(prods).max(0).sum(1) + np.maximum(np.abs(hyper.b_lo[0]), np.abs(hyper.b_hi[0])),
+        )
+
+    z, zh = x, x  # N's and N#'s current layer outputs
+    for k in range(L):
+        nl, nu = n_bounds.lower[k], n_bounds.upper[k]
+        hl, hu = diff.hyper.lower[k], diff.hyper.upper[k]
+        n_out = len(nl)
+        zhat = b.add_vars(n_out, nl, nu, f"n{k}.zhat")
+        bias = n_b0 if k == 0 else biases[k]
+        _affine_rows(b, zhat, z, weights[k], bias, bias, f"n{k}.aff")
+        zhat_h = b.add_vars(n_out, hl, hu, f"h{k}.zhat")
+        if exact:
+            hb = h_b0_lo if k == 0 else hyper.b_lo[k]
+            _affine_rows(b, zhat_h, zh, hyper.w_lo[k], hb, hb, f"h{k}.aff")
+        else:
+            blo = h_b0_lo if k == 0 else hyper.b_lo[k]
+            bhi = h_b0_hi if k == 0 else hyper.b_hi[k]
+            _affine_rows(b, zhat_h, zh, hyper.w_lo[k], blo, np.inf, f"h{k}.lo")
+            _affine_rows(b, zhat_h, zh, hyper.w_hi[k], -np.inf, bhi, f"h{k}.hi")
+        if options.md_pre:
+            stats["md_rows"] += add_matching(b, zhat, zhat_h, diff.pre.lower[k], diff.pre.upper[k], f"md{k}.pre")
+        if k == L - 1:
+            z, zh = zhat, zhat_h
+            break
+        z, s_n = encode_relu(b, zhat, nl, nu, f"n{k}")
+        relax = relax_if_similar(diff.pre.lower[k], diff.pre.upper[k], options.ris, options.tau, exact)
+        zh, s_h = encode_relu(b, zhat_h, hl, hu, f"h{k}", relax=relax)
+        stats["binaries_n"] += s_n["binaries"]
+        stats["binaries_hyper"] += s_h["binaries"]
+        stats["relaxed"] += s_h["relaxed"]
+        if options.md:
+            stats["md_rows"] += add_matching(b, z, zh, diff.post.lower[k], diff.post.upper[k], f"md{k}.post")
+
+    s, sh = z, zh
+    nl, nu = n_bounds.lower[-1], n_bounds.upper[-1]
+    others = [t for t in range(len(nl)) if t != cls]
+    def margin(t: int) -> float:
+        interval = nu[cls] - nl[t] + 1e-12 * (abs(nu[cls]) + abs(nl[t]))
+        return min(interval, margin_upper[cls, t]) if margin_upper is not None else interval
+
+    beta_ub = min(margin(t) for t in others)
+    beta = b.add_vars(1, -np.inf, beta_ub, "beta")
+    b.objective[int(beta[0])] = 1.0
+    # beta - s_c + s_t <= 0
+    b.add_rows(
+        np.stack([np.full(len(others), beta[0]), np.full(len(others), s[cls]), s[others]], 1),
+        [1.0, -1.0, 1.0],
+        -np.inf,
+        0.0,
+        "conf",
+    )
+    hl, hu = diff.hyper.lower[-1], diff.hyper.upper[-1]
+    if len(targets) == 1:
+        t = targets[0]
+        b.add_rows(np.array([[sh[t], sh[cls]]]), [1.0, -1.0], 0.0, np.inf, "leak")
+    else:
+        gaps = np.array([hl[t] - hu[cls] for t in targets])  # lower bounds of s#_t - s#_c
+        if np.all(gaps < 0):
+            q = b.add_vars(len(targets), 0.0, 1.0, "q", integer=True)
+            stats["binaries_out"] = len(targets)
+            b.add_rows(q[None, :], np.ones((1, len(targets))), 1.0, np.inf, "leak.any")
+            # s#_t - s#_c >= gap_t (1 - q_t)
+            tcols = sh[targets]
+            b.add_rows(np.stack([tcols, np.full(len(targets), sh[cls]), q], 1), np.stack([np.ones(len(targets)), -np.ones(len(targets)), gaps], 1), gaps, np.inf, "leak")
+        # else some target always beats c in N#: the disjunction holds everywhere
+    stats["targets"] = targets
+    stats["binaries"] = stats["binaries_n"] + stats["binaries_hyper"] + stats.get("binaries_out", 0)
+    return b.build(x, offset if shift else np.zeros(0), stats)

@@ -1,0 +1,126 @@
+"""Witness replay: turn a solver's candidate input into a *true* lower bound on beta*_{c,S}, or drop it.
+
+A MILP witness x is re-checked in float64 with the concrete networks: the lower bound
+C_N^c(x) is claimed only if some network N' of S strictly disagrees, C_{N'}^c(x) < -tol. Raw
+witnesses usually sit exactly on N's boundary (C_{N'}^c(x) = 0 up to solver tolerance), so a
+failed witness is *repaired* first: the activation patterns of N and of a candidate N' at x are
+fixed, which makes both networks affine, and one small LP maximises N's confidence subject to
+N' preferring another class by a margin. The repaired point is replayed like any other; a point
+that still fails is dropped and logged, never used.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+
+from lucid.network import NetworkStack, confidence
+
+log = logging.getLogger(__name__)
+
+DISAGREE_TOL = 1e-9  # |float64 forward error| on these networks is ~1e-13; a strict margin
+REPAIR_MARGIN = 1e-7  # the margin the repair LP asks for, comfortably above DISAGREE_TOL
+CLAIM_PAD = 1e-12  # a claimed lower bound is rounded down by this (times the score scale)
+
+
+@dataclass
+class LeakWitness:
+    x: np.ndarray  # in the domain, float64
+    confidence: float  # a true lower bound on beta*_{c,S}: N's confidence at x, rounded down
+    position: int  # stack position of a network of S that strictly disagrees at x
+    leaking_row: int
+    repaired: bool
+
+
+def _confidences(stack: NetworkStack, positions: np.ndarray, x: np.ndarray, cls: int) -> tuple[float, np.ndarray, float]:
+    sub = stack.select(np.concatenate([[0], positions]))
+    scores = sub.forward(x[None, :])[:, 0, :]  # [1 + |S|, C]
+    conf = confidence(scores, cls)
+    return float(conf[0]), conf[1:], float(np.abs(scores).max())
+
+
+def replay(stack: NetworkStack, positions: np.ndarray, x: np.ndarray, cls: int, lower: np.ndarray, upper: np.ndarray, repaired: bool = False) -> LeakWitness | None:
+    """The witness if x (clipped to the domain) truly leaks for some network of S, else None."""
+    x = np.clip(np.asarray(x, dtype=np.float64), lower, upper)
+    conf_n, conf_s, scale = _confidences(stack, positions, x, cls)
+    j = int(np.argmin(conf_s))
+    if not conf_s[j] < -DISAGREE_TOL * (1 + scale):
+        return None
+    pos = int(positions[j])
+    return LeakWitness(x, conf_n - CLAIM_PAD * (1 + scale), pos, int(stack.removed[pos]), repaired)
+
+
+def _affine_pieces(weights: list[np.ndarray], biases: list[np.ndarray], x: np.ndarray):
+    """Fix the activation pattern at x: returns (G, h) pattern rows G y <= h, and the scores map (M, m)."""
+    M = np.eye(len(x))
+    m = np.zeros(len(x))
+    G, h = [], []
+    for k, (w, b) in enumerate(zip(weights, biases)):
+        A, a = w @ M, w @ m + b
+        if k == len(weights) - 1:
+            return (np.concatenate(G) if G else np.zeros((0, len(x)))), (np.concatenate(h) if h else np.zeros(0)), A, a
+        pre = A @ x + a
+        on = pre > 0
+        # active: pre >= 0  <=>  -A y <= a ; inactive: pre <= 0  <=>  A y <= -a
+        sign = np.where(on, -1.0, 1.0)
+        G.append(sign[:, None] * A)
+        h.append(np.where(on, a, -a))
+        M, m = A * on[:, None], a * on
+
+
+def repair(stack: NetworkStack, positions: np.ndarray, x: np.ndarray, cls: int, lower: np.ndarray, upper: np.ndarray, candidates: int = 3) -> LeakWitness | None:
+    """Search near x, inside the linear regions of N and of the most promising networks of S."""
+    from scipy.optimize import linprog
+
+    x = np.clip(np.asarray(x, dtype=np.float64), lower, upper)
+    _, conf_s, _ = _confidences(stack, positions, x, cls)
+    n_w = [w[0] for w in stack.weights]
+    n_b = [b[0] for b in stack.biases]
+    Gn, hn, Sn, sn = _affine_pieces(n_w, n_b, x)
+    C = stack.num_classes
+    others = [t for t in range(C) if t != cls]
+    d = len(x)
+    for j in np.argsort(conf_s)[:candidates]:
+        pos = int(positions[j])
+        p_w = [w[pos] for w in stack.weights]
+        p_b = [b[pos] for b in stack.biases]
+        Gp, hp, Sp, sp_ = _affine_pieces(p_w, p_b, x)
+        scores_p = Sp @ x + sp_
+        t = max(others, key=lambda c: scores_p[c])
+        # variables (y, beta); maximise beta
+        rows, rhs = [], []
+        for G, h in ((Gn, hn), (Gp, hp)):
+            rows.append(np.hstack([G, np.zeros((len(G), 1))]))
+            rhs.append(h)
+        for u in others:  # beta <= s_c - s_u  for N
+            rows.append(np.hstack([-(Sn[cls] - Sn[u])[None, :], [[1.0]]]))
+            rhs.append([sn[cls] - sn[u]])
+        # N' prefers t: s'_t - s'_c >= margin
+        rows.append(np.hstack([-(Sp[t] - Sp[cls])[None, :], [[0.0]]]))
+        rhs.append([(sp_[t] - sp_[cls]) - REPAIR_MARGIN])
+        A_ub, b_ub = np.vstack(rows), np.concatenate([np.ravel(r) for r in rhs])
+        c = np.zeros(d + 1)
+        c[-1] = -1.0
+        bounds = list(zip(lower, upper)) + [(None, None)]
+        res = linprog(c, A_ub=A_ub, b_ub=b_ub, bounds=bounds, method="highs")
+        if res.status != 0:
+            continue
+        found = replay(stack, positions, res.x[:d], cls, lower, upper, repaired=True)
+        if found is not None:
+            return found
+    return None
+
+
+def find_leak(stack: NetworkStack, positions: np.ndarray, x: np.ndarray | None, cls: int, lower: np.ndarray, upper: np.ndarray) -> LeakWitness | None:
+    """Replay x; repair it if it does not strictly leak; None (logged) if neither works."""
+    if x is None or not np.all(np.isfinite(x)):
+        return None
+    positions = np.asarray(positions, dtype=np.int64)
+    found = replay(stack, positions, x, cls, lower, upper)
+    if found is None:
+        found = repair(stack, positions, x, cls, lower, upper)
+    if found is None:
+        log.info("witness for class %d dropped: no network of S strictly disagrees at it, even after repair", cls)
+    return found

@@ -1,0 +1,318 @@
+"""The node-analysis API: a sound upper bound (and a replayed lower bound) on beta*_{c,S}.
+
+beta*_{c,S} = max beta  s.t.  exists x in the domain with C_N^c(x) >= beta and C_{N#_S}^c(x) <= 0,
+C^c(x) = score_c - max_{c' != c} score_c'. `analyse_node` encodes Eq. 3 for the hyper-network
+of S, solves it, adds the floating-point safety margin to the solver's dual bound, and replays
+the solver's witness with the concrete networks to get a true lower bound. `screen_upper_bounds`
+bounds every singleton at once by bound propagation, so most nodes never reach a solver.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from lucid.bounds.difference import DifferenceBounds, difference_bounds
+from lucid.bounds.interval import FP_REL, LayerBounds, interval_bounds
+from lucid.encodings import EncodingOptions
+from lucid.encodings.idp import encode_idp, possible_targets
+from lucid.encodings.model import MilpModel
+from lucid.errors import LucidError, UnsoundSolverResult
+from lucid.hyper import HyperNetwork, hyper_network
+from lucid.network import NetworkStack
+from lucid.replay import LeakWitness, find_leak
+from lucid.solvers.base import ERROR, INFEASIBLE, OPTIMAL, TIME_LIMIT, SolveResult, SolverOptions
+
+log = logging.getLogger(__name__)
+
+BOUND_METHODS = ("interval", "lp")
+
+# Safety margin added to every solver dual bound (see `safety_margin`).
+MARGIN_ABS = 1e-6
+MARGIN_REL = 1e-6
+MARGIN_FEAS = 1e-7  # times the largest big-M constant of the model
+
+
+def safety_margin(bound: float, model: MilpModel) -> float:
+    """What the user-visible bound adds to a solver's dual bound, and why it suffices.
+
+    The dual bound comes from LPs solved in floating point with primal/dual feasibility
+    tolerances of ~1e-7 (HiGHS, Gurobi, SCIP defaults on our scaled models). A violation of
+    size eps in a big-M row lets a neuron move by eps, and a neuron moves the objective by at
+    most its (bounded) weight path, so the error is of order eps * (largest big-M); the
+    absolute and relative terms cover rounding of the objective itself. The margin only ever
+    loosens the bound (it is a few 1e-6 on bounds of order 1e-3..1).
+    """
+    finite = np.concatenate([model.col_lower, model.col_upper])
+    finite = finite[np.isfinite(finite)]
+    big_m = float(np.abs(finite).max()) if finite.size else 0.0
+    return MARGIN_ABS + MARGIN_REL * abs(bound) + MARGIN_FEAS * big_m
+
+
+@dataclass
+class VerificationProblem:
+    """Everything a worker needs for any node: picklable (numpy only)."""
+
+    stack: NetworkStack
+    lower: np.ndarray
+    upper: np.ndarray
+    n_bounds: LayerBounds  # N's pre-activation bounds over the domain
+    margin_upper: np.ndarray  # [C, C] sound upper bounds of s_c - s_t for N
+    bounds_method: str = "lp"
+
+    @property
+    def num_classes(self) -> int:
+        return self.stack.num_classes
+
+    @property
+    def n_weights(self) -> list[np.ndarray]:
+        return [w[0] for w in self.stack.weights]
+
+    @property
+    def n_biases(self) -> list[np.ndarray]:
+        return [b[0] for b in self.stack.biases]
+
+    @classmethod
+    def from_stack(cls, stack: NetworkStack, lower: np.ndarray, upper: np.ndarray, bounds: str = "lp") -> "VerificationProblem":
+        lower, upper = _check_domain(stack, lower, upper)
+        n_bounds, margin = compute_n_bounds(stack, lower, upper, bounds)
+        return cls(stack, lower, upper, n_bounds, margin, bounds)
+
+    @classmethod
+    def from_run(cls, run, bounds: str = "lp") -> "VerificationProblem":
+        """Load the run's networks and N's bounds (cached in RUN/cache/, keyed by content)."""
+        stack = run.networks()
+        lower, upper = _check_domain(stack, *run.domain)
+        key = _cache_key(stack, lower, upper, bounds)
+        path = Path(run.cache_dir) / f"n-bounds-{bounds}-{key}.npz"
+        L = len(stack.weights)
+        if path.exists():
+            try:
+                with np.load(path, allow_pickle=False) as npz:
+                    arrays = {k: npz[k] for k in npz.files}
+                return cls(stack, lower, upper, LayerBounds.from_arrays(arrays, L), arrays["margin_upper"], bounds)
+            except Exception:  # a corrupt cache is recomputed, never trusted
+                log.warning("ignoring unreadable cache file %s", path)
+        n_bounds, margin = compute_n_bounds(stack, lower, upper, bounds)
+        try:
+            from lucid.atomic import write_atomic
+
+            def write(tmp: str) -> None:
+                with open(tmp, "wb") as fh:
+                    np.savez(fh, margin_upper=margin, **n_bounds.to_arrays())
+
+            write_atomic(path, write)
+        except OSError as exc:
+            log.warning("cannot cache N's bounds in %s: %s", path, exc)
+        return cls(stack, lower, upper, n_bounds, margin, bounds)
+
+
+def _check_domain(stack: NetworkStack, lower, upper) -> tuple[np.ndarray, np.ndarray]:
+    lower = np.asarray(lower, dtype=np.float64)
+    upper = np.asarray(upper, dtype=np.float64)
+    d = stack.input_dim
+    if lower.shape != (d,) or upper.shape != (d,):
+        raise LucidError(f"the domain has {lower.size}/{upper.size} bounds but the networks take {d} inputs")
+    if not (np.all(np.isfinite(lower)) and np.all(np.isfinite(upper))) or np.any(lower > upper):
+        raise LucidError("the domain must be a finite box with lower <= upper")
+    return lower, upper
+
+
+def _cache_key(stack: NetworkStack, lower: np.ndarray, upper: np.ndarray, bounds: str) -> str:
+    h = hashlib.sha256(bounds.encode())
+    for arr in [*(w[0] for w in stack.weights), *(b[0] for b in stack.biases), lower, upper]:
+        h.update(np.ascontiguousarray(arr, dtype=np.float64).tobytes())
+    return h.hexdigest()[:16]
+
+
+def compute_n_bounds(stack: NetworkStack, lower: np.ndarray, upper: np.ndarray, method: str = "lp") -> tuple[LayerBounds, np.ndarray]:
+    """N's pre-activation bounds and the [C, C] margin bounds by `method` ("interval" | "lp")."""
+    if method not in BOUND_METHODS:
+        raise LucidError(f"unknown bound method {method!r}; valid: {', '.join(BOUND_METHODS)}")
+    w = [x[0] for x in stack.weights]
+    b = [x[0] for x in stack.biases]
+    if method == "interval":
+        nb = interval_bounds(w, b, lower, upper)
+        C = stack.num_classes
+        margin = nb.upper[-1][:, None] - nb.lower[-1][None, :]
+        margin = margin + FP_REL * (np.abs(nb.upper[-1][:, None]) + np.abs(nb.lower[-1][None, :]))
+        np.fill_diagonal(margin, 0.0)
+        return nb, margin
+    from lucid.bounds.lp import lp_bounds, lp_margin_upper
+
+    nb = lp_bounds(w, b, lower, upper)
+    return nb, lp_margin_upper(w, b, lower, upper, nb)
+
+
+@dataclass
+class NodeOutcome:
+    upper: float  # sound upper bound on beta*_{c,S} (-inf: no input can leak)
+    lower: float | None  # N's confidence at a replayed, truly leaking witness
+    witness: np.ndarray | None
+    leaking_row: int | None
+    status: str
+    seconds: float
+    stats: dict = field(default_factory=dict)
+
+
+def node_difference_bounds(problem: VerificationProblem, hyper: HyperNetwork) -> DifferenceBounds:
+    return difference_bounds(
+        problem.n_weights, problem.n_biases, hyper.w_lo, hyper.w_hi, hyper.b_lo, hyper.b_hi,
+        problem.n_bounds, problem.lower, problem.upper,
+    )
+
+
+def _fallback_solvers(solver: str) -> list[str]:
+    from lucid.solvers import available_solvers
+
+    avail = available_solvers()
+    order = [s for s in ("scip", "gurobi", "highs") if s != solver and avail.get(s)]
+    return order
+
+
+def _solve_checked(model: MilpModel, solver: str, options: SolverOptions) -> SolveResult:
+    """Solve; a result the solver layer proves unsound is retried with other backends."""
+    from lucid.solvers import solve
+
+    try:
+        return solve(model, solver, options)
+    except UnsoundSolverResult as exc:
+        log.error("UNSOUND solver result, falling back: %s", exc)
+    for other in _fallback_solvers(solver):
+        try:
+            return solve(model, other, options)
+        except UnsoundSolverResult as exc:
+            log.error("UNSOUND solver result from fallback %s: %s", other, exc)
+        except Exception as exc:  # e.g. licence too small: try the next one
+            log.warning("fallback solver %s failed: %s", other, exc)
+    return SolveResult(status=ERROR, upper_bound=math.inf, solver=solver, message="every solver was unsound")
+
+
+def analyse_node(
+    problem: VerificationProblem,
+    cls: int,
+    positions: np.ndarray,
+    *,
+    solver: str = "highs",
+    solver_options: SolverOptions | None = None,
+    encoding: EncodingOptions | None = None,
+) -> NodeOutcome:
+    """Sound bounds on beta*_{cls,S} for the networks S at `positions` (>= 1) of the stack."""
+    t0 = time.perf_counter()
+    encoding = encoding or EncodingOptions()
+    solver_options = solver_options or SolverOptions()
+    positions = np.asarray(positions, dtype=np.int64)
+    if positions.size == 0 or positions.min() < 1 or positions.max() >= len(problem.stack):
+        raise ValueError(f"positions must index leave-one-out networks 1..{len(problem.stack) - 1}")
+    hyper = hyper_network(problem.stack, positions)
+    diff = node_difference_bounds(problem, hyper)
+    targets = possible_targets(cls, diff.hyper)
+    stats: dict = {"networks": int(positions.size), "bounds_seconds": time.perf_counter() - t0, "targets": targets}
+    if not targets:
+        return NodeOutcome(-math.inf, None, None, None, INFEASIBLE, time.perf_counter() - t0, stats)
+    groups = [[t] for t in targets] if (encoding.disjunction == "split" and len(targets) > 1) else [targets]
+
+    upper, statuses, best = -math.inf, [], None
+    deadline = None if solver_options.time_limit is None else t0 + solver_options.time_limit
+    stats["solves"] = []
+    for group in groups:
+        t_enc = time.perf_counter()
+        model = encode_idp(
+            problem.n_weights, problem.n_biases, problem.n_bounds, hyper, diff, problem.lower, problem.upper,
+            cls, encoding, targets=group, margin_upper=problem.margin_upper,
+        )
+        enc_seconds = time.perf_counter() - t_enc
+        if model is None:
+            continue
+        opts = SolverOptions(**vars(solver_options))
+        if deadline is not None:
+            opts.time_limit = max(deadline - time.perf_counter(), 0.1)
+        result = _solve_checked(model, solver, opts)
+        bound = result.upper_bound + safety_margin(result.upper_bound, model) if math.isfinite(result.upper_bound) else result.upper_bound
+        if result.status == ERROR:
+            bound = math.inf
+        witness = None
+        if result.solution is not None:
+            witness = find_leak(problem.stack, positions, model.witness_input(result.solution), cls, problem.lower, problem.upper)
+        if witness is not None and witness.confidence > bound:
+            log.error(
+                "UNSOUND: %s proved %.9g for class %d but a replayed witness reaches %.9g; retrying with other solvers",
+                result.solver, bound, cls, witness.confidence,
+            )
+            result = _retry_other(model, solver, opts, witness)
+            bound = result.upper_bound + safety_margin(result.upper_bound, model) if math.isfinite(result.upper_bound) else math.inf
+        upper = max(upper, bound)
+        statuses.append(result.status)
+        if witness is not None and (best is None or witness.confidence > best.confidence):
+            best = witness
+        stats["solves"].append({
+            "targets": group, "encode_seconds": enc_seconds, **result.to_json(),
+            "cols": model.num_cols, "rows": model.num_rows, **{k: v for k, v in model.meta.items() if k != "targets"},
+        })
+    if not statuses:
+        return NodeOutcome(-math.inf, None, None, None, INFEASIBLE, time.perf_counter() - t0, stats)
+    status = ERROR if ERROR in statuses else TIME_LIMIT if TIME_LIMIT in statuses else OPTIMAL if OPTIMAL in statuses else INFEASIBLE
+    if best is not None and best.confidence > upper:
+        # every retry failed to produce a consistent bound: claim nothing for this node
+        upper, status = math.inf, ERROR
+    for key in ("binaries", "relaxed", "binaries_n", "binaries_hyper", "md_rows"):
+        stats[key] = sum(s.get(key, 0) for s in stats["solves"])
+    return NodeOutcome(
+        upper=upper,
+        lower=None if best is None else best.confidence,
+        witness=None if best is None else best.x,
+        leaking_row=None if best is None else best.leaking_row,
+        status=status,
+        seconds=time.perf_counter() - t0,
+        stats=stats,
+    )
+
+
+def _retry_other(model: MilpModel, solver: str, options: SolverOptions, witness: LeakWitness) -> SolveResult:
+    from lucid.solvers import solve
+
+    for other in _fallback_solvers(solver):
+        try:
+            result = solve(model, other, options)
+        except Exception as exc:
+            log.warning("fallback solver %s failed: %s", other, exc)
+            continue
+        if result.status != ERROR and result.upper_bound + safety_margin(result.upper_bound, model) >= witness.confidence:
+            return result
+        log.error("fallback solver %s is also below the replayed witness", other)
+    return SolveResult(status=ERROR, upper_bound=math.inf, solver=solver, message="bound below a replayed witness")
+
+
+def screen_upper_bounds(problem: VerificationProblem, cls: int, positions: np.ndarray, chunk: int = 128) -> np.ndarray:
+    """Cheap sound upper bounds on beta*_{cls,{i}} for each single network (bound propagation).
+
+    If N' prefers t over c somewhere, then beta <= s_c - s_t = (s#_c - s#_t) + (d_t - d_c)
+    <= du_t - dl_c with d = s# - s, and also beta <= max(s_c - s_t) over the domain; a class t
+    that N' can never rank above c contributes nothing, and no such t at all means -inf.
+    """
+    positions = np.asarray(positions, dtype=np.int64)
+    out = np.empty(len(positions))
+    C = problem.num_classes
+    others = [t for t in range(C) if t != cls]
+    for start in range(0, len(positions), chunk):
+        pos = positions[start : start + chunk]
+        ws = [w[pos] for w in problem.stack.weights]
+        bs = [b[pos] for b in problem.stack.biases]
+        diff = difference_bounds(problem.n_weights, problem.n_biases, ws, ws, bs, bs, problem.n_bounds, problem.lower, problem.upper)
+        dl, du = diff.pre.lower[-1], diff.pre.upper[-1]  # [k, C]
+        hl, hu = diff.hyper.lower[-1], diff.hyper.upper[-1]
+        best = np.full(len(pos), -np.inf)
+        for t in others:
+            feasible = hu[:, t] - hl[:, cls] >= 0
+            via_diff = du[:, t] - dl[:, cls]
+            via_diff = via_diff + FP_REL * (np.abs(du[:, t]) + np.abs(dl[:, cls])) + 1e-300
+            cand = np.minimum(via_diff, problem.margin_upper[cls, t])
+            best = np.where(feasible, np.maximum(best, cand), best)
+        out[start : start + len(pos)] = best
+    return out
