@@ -40,6 +40,10 @@ CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value);
 """
 
 
+class MemoError(LucidError):
+    """The memo database failed while answering (disk full, locked too long, corrupt)."""
+
+
 class Memo:
     """`Memo(path)`; `path=None` keeps it in memory (lost on exit: fine for evaluation only)."""
 
@@ -159,7 +163,7 @@ class Memo:
                     count = int(db.execute("SELECT value FROM meta WHERE name = 'count'").fetchone()[0])
                     count = self._evict(db, count + len(inserts), always_store=True)
         except sqlite3.DatabaseError as exc:
-            raise LucidError(f"the memo database failed: {exc}") from None
+            raise MemoError(f"the memo database failed: {exc}") from None
         return out
 
     def lookup(self, key: bytes) -> int | None:

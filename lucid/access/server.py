@@ -1,0 +1,141 @@
+"""HTTP front end of the label-only classifier (FastAPI; `lucid serve` runs it under uvicorn).
+
+    POST /v1/predict  {"inputs": [[...], ...]}  ->  {"labels": [...]}   (original label values)
+    GET  /healthz                                ->  {"status": "ok"}
+
+What a client can learn is limited to the labels: no scores, confidences, bounds or which
+branch (released / noised) was taken appear in bodies, headers or errors. Input errors are
+detected before N is evaluated, so their messages depend only on the input and the public
+domain. If answering fails after that point (e.g. the memo database breaks) the error could
+depend on the branch, so the service fails closed: it answers 503 to every later prediction
+until restarted, with one fixed message.
+
+Known residual channel: a noised answer touches the memo and takes measurably longer than a
+released one; an attacker timing many requests can tell the branches apart (the paper's
+mechanism has the same property). Deploy behind a proxy that pads response times if this matters.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import threading
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from lucid.access.classifier import LabelOnlyClassifier
+from lucid.errors import LucidError
+
+DEFAULT_MAX_BODY = 4 * 1024 * 1024
+DEFAULT_MAX_BATCH = 10_000
+
+log = logging.getLogger("lucid.serve")
+
+
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status, headers=headers)
+
+
+def _parse_inputs(body: bytes, max_batch: int) -> list[list[float]]:
+    """The request's rows, or a LucidError naming what is wrong with the request's shape."""
+    try:
+        doc = json.loads(body)
+    except (ValueError, RecursionError):
+        raise _BadJson("the request body is not valid JSON") from None
+    if not isinstance(doc, dict) or "inputs" not in doc:
+        raise LucidError('the request body must be a JSON object {"inputs": [[...], ...]}')
+    if set(doc) != {"inputs"}:
+        raise LucidError(f"unknown field(s) in the request: {sorted(set(doc) - {'inputs'})}")
+    inputs = doc["inputs"]
+    if not isinstance(inputs, list):
+        raise LucidError('"inputs" must be a list of rows')
+    if len(inputs) > max_batch:
+        raise _TooLarge(f"at most {max_batch} inputs per request")
+    for i, row in enumerate(inputs):
+        if not isinstance(row, list):
+            raise LucidError(f"input {i} must be a list of numbers")
+        for value in row:
+            kind = type(value)
+            # bool is an int subclass in Python; JSON true/false is not a feature value.
+            if kind is not float and kind is not int:
+                raise LucidError(f"input {i} contains a non-numeric value")
+    return inputs
+
+
+class _TooLarge(LucidError):
+    pass
+
+
+class _BadJson(LucidError):
+    pass
+
+
+def create_app(
+    clf: LabelOnlyClassifier,
+    api_key: str | None = None,
+    max_body: int = DEFAULT_MAX_BODY,
+    max_batch: int = DEFAULT_MAX_BATCH,
+) -> FastAPI:
+    app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None, title="LUCID")
+    labels: list[Any] = clf.labels
+    expected_auth = None if api_key is None else f"Bearer {api_key}".encode()
+    state = {"failed": False}
+    lock = threading.Lock()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        messages = {404: "not found", 405: "method not allowed"}
+        return _error(exc.status_code, messages.get(exc.status_code, "bad request"))
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, exc: Exception) -> JSONResponse:
+        return _error(500, "internal error")
+
+    @app.get("/healthz")
+    async def healthz() -> JSONResponse:
+        if state["failed"]:
+            return _error(503, "service unavailable")
+        return JSONResponse({"status": "ok"})
+
+    @app.post("/v1/predict")
+    async def predict(request: Request) -> Response:
+        if expected_auth is not None:
+            given = request.headers.get("authorization", "").encode()
+            if not hmac.compare_digest(given, expected_auth):
+                return _error(401, "missing or invalid bearer token", {"WWW-Authenticate": "Bearer"})
+        declared = request.headers.get("content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > max_body):
+            return _error(413, f"the request body must be at most {max_body} bytes")
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > max_body:
+                return _error(413, f"the request body must be at most {max_body} bytes")
+        if state["failed"]:
+            return _error(503, "service unavailable")
+        try:
+            rows = _parse_inputs(bytes(body), max_batch)
+            xn = clf.to_network_space(clf.validate(rows)) if rows else None
+        except _TooLarge as exc:
+            return _error(413, str(exc))
+        except _BadJson as exc:
+            return _error(400, str(exc))
+        except LucidError as exc:
+            return _error(422, str(exc))
+        if xn is None:
+            return JSONResponse({"labels": []})
+        try:
+            with lock:  # one decision at a time: the classifier's memo and RNG are shared
+                idx = clf.predict_network_space(xn)
+        except Exception:
+            state["failed"] = True
+            log.exception("prediction failed; refusing further predictions until restarted")
+            return _error(503, "service unavailable")
+        payload = json.dumps({"labels": [labels[i] for i in idx.tolist()]}, separators=(",", ":"))
+        return Response(payload, media_type="application/json")
+
+    return app

@@ -1,0 +1,237 @@
+"""`lucid serve`: a real server process on a free loopback port, spoken to over HTTP."""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from lucid.access import Memo
+from lucid.access.synthetic import write_bounds, write_synthetic_run
+from lucid.network import confidence, load_networks
+
+OFFSET = np.array([10.0, -5.0])
+SCALE = np.array([0.5, 2.0])
+LABELS = ["low", "mid", "high"]
+ALLOWED_HEADERS = {"content-type", "content-length", "date", "www-authenticate"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def server(run_dir: Path, *args: str, env: dict | None = None):
+    port = free_port()
+    cmd = [sys.executable, "-m", "lucid", "serve", str(run_dir), "--port", str(port), *args]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            if proc.poll() is not None:
+                raise AssertionError(f"server exited early: {proc.stderr.read()}")
+            try:
+                if httpx.get(url + "/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise AssertionError("server did not start")
+            time.sleep(0.1)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        proc.stderr.close()
+
+
+@pytest.fixture()
+def run_dir(tmp_path):
+    return write_synthetic_run(
+        tmp_path / "run", labels=LABELS, offset=OFFSET, scale=SCALE, bounds={0: 0.3, 1: None, 2: -1.0}
+    )
+
+
+def to_orig(xn):
+    return (np.asarray(xn) / SCALE + OFFSET).tolist()
+
+
+def test_labels_only_auth_and_every_bad_request(run_dir, tmp_path):
+    """One server (starting one costs seconds): answers, bearer auth, and every bad input."""
+    xn = np.random.default_rng(0).random((200, 2))
+    scores = load_networks(run_dir).forward(xn)[0]
+    cls, conf = scores.argmax(1), confidence(scores)
+    released = conf > np.array([0.3, np.inf, -1.0])[cls]
+    assert 0 < released.sum() < len(xn)
+    bad_bodies = [
+        (b"not json", 400),
+        (b'{"inputs": [[10.5, NaN]]}', 422),
+        (b'{"inputs": [[10.5, Infinity]]}', 422),
+        (b'{"inputs": [[10.5, 1e999]]}', 422),
+        (b"[1, 2]", 422),
+        (b'{"rows": [[10.5, -4.8]]}', 422),
+        (b'{"inputs": [[10.5, -4.8]], "debug": true}', 422),
+        (b'{"inputs": "10.5,-4.8"}', 422),
+        (b'{"inputs": [10.5, -4.8]}', 422),
+        (b'{"inputs": [[10.5]]}', 422),
+        (b'{"inputs": [[10.5, -4.8, 3]]}', 422),
+        (b'{"inputs": [[10.5, -4.8], [10.5]]}', 422),
+        (b'{"inputs": [["10.5", "-4.8"]]}', 422),
+        (b'{"inputs": [[true, -4.8]]}', 422),
+        (b'{"inputs": [[null, -4.8]]}', 422),
+        (b'{"inputs": [[[10.5], -4.8]]}', 422),
+        (b'{"inputs": [[9.0, -4.8]]}', 422),  # outside the verified domain
+        (b'{"inputs": [[10.5, 100]]}', 422),
+        (b'{"inputs": [[10.5, -4.8]' + b", [10.5, -4.8]" * 300 + b"]}", 413),  # > --max-batch 300
+        (b'{"inputs": [[' + b"1" * 25000 + b"]]}", 413),  # > --max-body 20000
+        (b"[" * 1500 + b"]" * 1500, 400),  # deep nesting
+    ]
+    args = ["--epsilon", "1", "--memo", str(tmp_path / "m.sqlite"), "--max-batch", "300", "--max-body", "20000",
+            "--api-key-env", "LUCID_TEST_KEY"]
+    auth = {"authorization": "Bearer s3cret"}
+    with server(run_dir, *args, env={"LUCID_TEST_KEY": "s3cret"}) as url:
+        assert httpx.get(url + "/healthz").json() == {"status": "ok"}  # health needs no token
+        r = httpx.post(url + "/v1/predict", json={"inputs": to_orig(xn)}, headers=auth)
+        assert r.status_code == 200
+        assert set(r.json()) == {"labels"}
+        assert set(r.headers) <= ALLOWED_HEADERS
+        labels = np.asarray(r.json()["labels"])
+        assert (labels[released] == np.asarray(LABELS)[cls[released]]).all()
+        assert set(labels.tolist()) <= set(LABELS)
+        assert httpx.post(url + "/v1/predict", json={"inputs": []}, headers=auth).json() == {"labels": []}
+
+        body = {"inputs": to_orig([[0.5, 0.5]])}
+        assert httpx.post(url + "/v1/predict", json=body).status_code == 401
+        wrong = httpx.post(url + "/v1/predict", json=body, headers={"authorization": "Bearer nope"})
+        assert wrong.status_code == 401 and set(wrong.json()) == {"error"}
+
+        for body, status in bad_bodies:
+            headers = {"content-type": "application/json", **auth}
+            r = httpx.post(url + "/v1/predict", content=body, headers=headers)
+            assert r.status_code == status, body[:60]
+            assert set(r.json()) == {"error"} and r.json()["error"], body[:60]
+            text = r.text.lower()
+            assert "confidence" not in text and "bound" not in text and "score" not in text
+            assert set(r.headers) <= ALLOWED_HEADERS
+        assert httpx.get(url + "/v1/predict", headers=auth).status_code == 405
+        assert httpx.get(url + "/nope").json() == {"error": "not found"}
+        # The server still answers normally afterwards, identically for repeated inputs.
+        again = httpx.post(url + "/v1/predict", json={"inputs": to_orig(xn)}, headers=auth).json()["labels"]
+        assert again == labels.tolist()
+
+
+def test_restart_with_the_same_memo_gives_identical_answers(run_dir, tmp_path):
+    write_bounds(run_dir, {0: None, 1: None, 2: None})  # all noised; eps 0 = uniform draws
+    memo = tmp_path / "m.sqlite"
+    inputs = to_orig(np.random.default_rng(1).random((100, 2)))
+    with server(run_dir, "--epsilon", "0", "--memo", str(memo)) as url:
+        first = httpx.post(url + "/v1/predict", json={"inputs": inputs}).json()["labels"]
+    assert len(set(first)) == 3
+    # Restarted with --clip: in-domain inputs keep their stored answers, outside ones are clipped.
+    outside = [[9.0, -4.8], [100.0, 100.0]]
+    with server(run_dir, "--epsilon", "0", "--memo", str(memo), "--clip") as url:
+        second = httpx.post(url + "/v1/predict", json={"inputs": inputs[::-1] + outside}).json()["labels"]
+    assert second[:100][::-1] == first and len(second) == 102
+
+
+def test_concurrent_clients(run_dir, tmp_path):
+    """8 clients x 500 requests on a shared pool of inputs: no errors, one answer per input."""
+    write_bounds(run_dir, {0: 0.3, 1: None, 2: None})
+    memo = tmp_path / "m.sqlite"
+    pool = to_orig(np.random.default_rng(2).random((300, 2)))
+    answers: list[dict[int, str]] = [dict() for _ in range(8)]
+    errors: list[str] = []
+
+    def client(t: int, url: str) -> None:
+        # http.client on a keep-alive connection: far less client CPU than httpx, so the
+        # 4000 requests stay fast on a 2-core CI machine.
+        rng = np.random.default_rng(100 + t)
+        conn = http.client.HTTPConnection("127.0.0.1", int(url.rsplit(":", 1)[1]), timeout=30)
+        try:
+            for _ in range(500):
+                picks = rng.integers(0, len(pool), size=int(rng.integers(1, 4)))
+                conn.request("POST", "/v1/predict", json.dumps({"inputs": [pool[i] for i in picks]}),
+                             {"content-type": "application/json"})
+                r = conn.getresponse()
+                body = r.read()
+                if r.status != 200:
+                    errors.append(body.decode())
+                    continue
+                for i, label in zip(picks.tolist(), json.loads(body)["labels"]):
+                    if answers[t].setdefault(i, label) != label:
+                        errors.append(f"input {i} changed its answer")
+        except Exception as exc:  # surfaced by the assertion below
+            errors.append(repr(exc))
+        finally:
+            conn.close()
+
+    started = time.monotonic()
+    with server(run_dir, "--epsilon", "0", "--memo", str(memo)) as url:
+        threads = [threading.Thread(target=client, args=(t, url)) for t in range(8)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(timeout=120)
+        assert not any(th.is_alive() for th in threads)
+    assert time.monotonic() - started < 120
+    assert not errors, errors[:3]
+    merged: dict[int, str] = {}
+    for a in answers:
+        for i, label in a.items():
+            assert merged.setdefault(i, label) == label
+    # Every noised input that was asked is in the memo (none lost), nothing else is.
+    from lucid.access import LabelOnlyClassifier
+
+    clf = LabelOnlyClassifier.from_run(run_dir, epsilon=0.0, memo=memo)
+    xn = clf.to_network_space(np.asarray(pool))
+    noised = clf.decide(xn)[1]
+    asked = sorted(merged)
+    assert len(clf.memo) == int(noised[asked].sum()) > 0
+    # ... and the memo holds exactly the answers the clients saw.
+    assert [LABELS[c] for c in clf.predict_index(np.asarray(pool)[asked])] == [merged[i] for i in asked]
+
+
+def test_serve_refuses_bad_setup_with_one_line(run_dir, tmp_path, capsys, monkeypatch):
+    from lucid.cli import main
+
+    def serve(*args, env=None):
+        for k, v in (env or {}).items():
+            monkeypatch.setenv(k, v)
+        with pytest.raises(SystemExit) as exit_info:
+            main(["serve", *args])
+        captured = capsys.readouterr()
+        return subprocess.CompletedProcess(args, exit_info.value.code, captured.out, captured.err)
+
+    r = serve(str(run_dir), "--epsilon", "1", "--api-key-env", "LUCID_UNSET_VAR_XYZ")
+    assert r.returncode == 2 and "LUCID_UNSET_VAR_XYZ" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    (run_dir / "bounds.json").unlink()
+    r = serve(str(run_dir), "--epsilon", "1")
+    assert r.returncode == 2 and "bounds.json" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    r = serve(str(tmp_path / "nowhere"), "--epsilon", "1")
+    assert r.returncode == 2 and "does not exist" in r.stderr
+    write_bounds(run_dir, {0: 0.1})
+    r = serve(str(run_dir), "--epsilon", "-1")
+    assert r.returncode == 2 and "epsilon" in r.stderr
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        r = serve(str(run_dir), "--epsilon", "1", "--port", str(busy.getsockname()[1]))
+    assert r.returncode == 2 and "cannot listen" in r.stderr
