@@ -13,14 +13,14 @@ import numpy as np
 
 
 def write_tiny_run(path: Path, *, networks: int = 8, classes: int = 2, hidden=(4, 4), seed: int = 0,
-                   input_dim: int = 2) -> Path:
+                   input_dim: int = 2, spread=(0.05, 0.15, 0.4)) -> Path:
     from safetensors.numpy import save_file
 
     rng = np.random.default_rng(seed)
     sizes = [input_dim, *hidden, classes]
     base = [(rng.normal(size=(o, i)) / np.sqrt(i), rng.normal(size=o) * 0.3) for i, o in zip(sizes, sizes[1:])]
     k = networks + 1
-    scales = np.concatenate([[0.0], rng.choice([0.02, 0.06, 0.15], size=networks)])
+    scales = np.concatenate([[0.0], rng.choice(list(spread), size=networks)])
     tensors = {}
     for li, (w, b) in enumerate(base):
         tensors[f"layers.{li}.weight"] = (w[None] + scales[:, None, None] * rng.normal(size=(k, *w.shape))).astype(np.float32)

@@ -211,4 +211,6 @@ def verify_run(
         log.close()
     result = bounds_json(engine)
     write_json_atomic(run_path / BOUNDS_FILE, result)
+    with EventLog(run_path / LOG_FILE, elapsed_before=engine.elapsed(), append=True) as tail:
+        tail.emit("finished", None, bounds=result["bounds"])
     return result

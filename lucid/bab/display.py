@@ -21,6 +21,7 @@ class LiveDisplay:
         self._live = None
         self._last = 0.0
         self.title = title
+        self._engine = None
 
     def __enter__(self) -> "LiveDisplay":
         if self.enabled:
@@ -33,12 +34,15 @@ class LiveDisplay:
 
     def __exit__(self, *exc: Any) -> None:
         if self._live is not None:
+            if self._engine is not None:
+                self._live.update(render(self._engine, self.title))
             self._live.__exit__(*exc)
             self._live = None
 
     def update(self, engine: Any) -> None:
         if self._live is None:
             return
+        self._engine = engine
         now = time.monotonic()
         if now - self._last < 0.2:
             return

@@ -114,6 +114,13 @@ class ClassState:
         heapq.heapify(self.pending_heap)
 
 
+def _preload_kmeans() -> None:
+    try:
+        import sklearn.cluster  # noqa: F401
+    except Exception:
+        pass
+
+
 class Engine:
     """Runs the branch-and-bound of several classes on one shared executor."""
 
@@ -392,6 +399,11 @@ class Engine:
     # --- main loop ---------------------------------------------------------------------------------
     def run(self, poll: float = 0.25) -> dict[int, ClassState]:
         self._t0 = time.monotonic()
+        if self.config.bab and not self.config.naive:
+            # scikit-learn takes seconds to import: overlap it with the root MILPs, not the first split.
+            import threading
+
+            threading.Thread(target=_preload_kmeans, daemon=True).start()
         for cs in self.states.values():
             if not cs.done and not cs.nodes and cs.solved == 0 and cs.next_id == 0:
                 self._seed(cs)

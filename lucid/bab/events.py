@@ -52,6 +52,12 @@ class EventLog:
         self._fh.flush()
         return record
 
+    def __enter__(self) -> "EventLog":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
     def close(self) -> None:
         if not self._fh.closed:
             self._fh.flush()

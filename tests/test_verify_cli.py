@@ -1,0 +1,199 @@
+"""`lucid verify` end to end with the real node analyser (lucid.verifier.analyse_node) on tiny runs."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bab_fixtures import write_tiny_run
+from lucid.bab import verify_run
+from lucid.bab.events import read_events
+
+pytest.importorskip("lucid.verifier")
+
+# Safety margins differ between the MILPs of different node sets (the margin grows with the model's
+# big-M constants, see lucid.verifier.safety_margin), so two exact runs may differ by a few 1e-6.
+MARGIN_SLACK = 1e-5
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory) -> Path:
+    return write_tiny_run(tmp_path_factory.mktemp("run") / "run", networks=12, seed=2)
+
+
+def bounds_of(result: dict) -> dict[str, tuple]:
+    return {c: (b["upper"], b["lower"]) for c, b in result["bounds"].items()}
+
+
+@pytest.fixture(scope="module")
+def naive_no_ris(tiny_run) -> dict:
+    """The reference: one MILP per network, no pruning (paper's Naive), exact encoding."""
+    return verify_run(tiny_run, workers=1, ris=False, naive=True, progress=False)
+
+
+def test_bab_equals_naive_max_without_ris(tiny_run, naive_no_ris):
+    result = verify_run(tiny_run, workers=1, ris=False, progress=False)
+    for c, b in result["bounds"].items():
+        ref = naive_no_ris["bounds"][c]
+        assert b["complete"] and ref["complete"]
+        assert abs(b["upper"] - ref["upper"]) <= max(1e-6, MARGIN_SLACK), (c, b, ref)
+        # sound against every replayed witness, and lower bounds only from witnesses
+        assert b["lower"] is not None and b["lower"] <= b["upper"]
+        assert ref["lower"] <= b["upper"] + 1e-12
+    saved = json.loads((tiny_run / "bounds.json").read_text())
+    assert saved["format"] == "lucid-bounds/1" and saved["bounds"] == result["bounds"]
+    events = read_events(tiny_run / "verify.log.jsonl")
+    for c in result["bounds"]:
+        ups = [float(e["upper"]) for e in events if e["event"] == "anytime" and e["class"] == int(c)]
+        assert ups and all(b <= a for a, b in zip(ups, ups[1:])), ups
+        for e in events:
+            if e["event"] == "anytime" and e["lower"] is not None:
+                assert float(e["lower"]) <= float(e["upper"])
+    solved = [e for e in events if e["event"] == "solved"]
+    assert solved and all({"node", "parent", "size", "upper", "status", "stats", "t", "class"} <= set(e) for e in solved)
+
+
+def test_ris_bound_is_at_least_the_exact_max(tiny_run, naive_no_ris):
+    result = verify_run(tiny_run, workers=1, ris=True, progress=False)
+    for c, b in result["bounds"].items():
+        exact = naive_no_ris["bounds"][c]["upper"]
+        assert b["upper"] >= exact - MARGIN_SLACK
+        print(f"class {c}: RiS excess over the exact bound = {b['upper'] - exact:.3g}")
+
+
+def test_no_bab_hyper_network_bound_dominates(tiny_run, naive_no_ris):
+    result = verify_run(tiny_run, workers=1, bab=False, ris=False, screen=False, progress=False)
+    for c, b in result["bounds"].items():
+        assert b["nodes"] == 1
+        assert b["upper"] >= naive_no_ris["bounds"][c]["upper"] - MARGIN_SLACK
+
+
+def test_dask_local_cluster_equals_local(tiny_run, naive_no_ris):
+    distributed = pytest.importorskip("distributed")
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
+                                  dashboard_address=None) as cluster:
+        result = verify_run(tiny_run, scheduler=cluster.scheduler_address, ris=False, progress=False)
+    assert result["options"]["scheduler"] == cluster.scheduler_address
+    for c, b in result["bounds"].items():
+        assert b["complete"]
+        assert abs(b["upper"] - naive_no_ris["bounds"][c]["upper"]) <= MARGIN_SLACK
+
+
+def _lucid(*args, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "lucid", *args], capture_output=True, text=True, **kw)
+
+
+def test_kill_and_resume_gives_the_same_bounds(tmp_path):
+    run = write_tiny_run(tmp_path / "run", networks=16, seed=5)
+    args = ["verify", str(run), "--workers", "1", "--no-ris", "--no-screen", "--quiet"]
+    proc = subprocess.Popen([sys.executable, "-m", "lucid", *args], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    ckpt = run / "verify.checkpoint.json"
+    deadline = time.monotonic() + 90
+    solved = 0
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            state = json.loads(ckpt.read_text())
+            solved = sum(c["solved"] for c in state["classes"].values())
+        except (OSError, ValueError):
+            pass
+        if solved >= 4:
+            break
+        time.sleep(0.02)
+    assert proc.poll() is None, "verification finished before it could be killed: enlarge the fixture"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    killed_at = json.loads(ckpt.read_text())
+    assert not all(c["done"] for c in killed_at["classes"].values())
+
+    resumed = _lucid(*args, "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    after = json.loads((run / "bounds.json").read_text())
+    events = read_events(run / "verify.log.jsonl")
+    assert any(e["event"] == "resumed" for e in events)
+    assert sum(e["event"] == "solved" for e in events) >= solved
+
+    reference = verify_run(run, workers=1, ris=False, screen=False, progress=False)
+    for c, b in reference["bounds"].items():
+        assert after["bounds"][c]["complete"]
+        assert abs(after["bounds"][c]["upper"] - b["upper"]) <= 1e-9 or (
+            after["bounds"][c]["upper"] == b["upper"])
+        assert after["bounds"][c]["lower"] == pytest.approx(b["lower"], abs=1e-9) if b["lower"] is not None \
+            else after["bounds"][c]["lower"] is None
+
+
+# --- bad input -------------------------------------------------------------------------------------
+def run_main(args, capsys) -> tuple[int, str]:
+    from lucid.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(args)
+    err = capsys.readouterr().err
+    return exc.value.code, err
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--classes", "7"], "unknown class 7"),
+        (["--classes", "x"], "not an integer"),
+        (["--solver", "nosuch"], "unknown solver"),
+        (["--time-limit", "0"], "--time-limit must be a positive"),
+        (["--node-time-limit", "-1"], "--node-time-limit must be a positive"),
+        (["--workers", "0"], "--workers must be a positive"),
+    ],
+)
+def test_bad_options_are_one_line_errors(tiny_run, capsys, extra, message):
+    code, err = run_main(["verify", str(tiny_run), "--quiet", *extra], capsys)
+    assert code == 2 and message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_missing_or_corrupt_run_dir(tmp_path, capsys):
+    code, err = run_main(["verify", str(tmp_path / "nope"), "--quiet"], capsys)
+    assert code == 2 and "does not exist" in err
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "run.json").write_text("{not json")
+    code, err = run_main(["verify", str(bad), "--quiet"], capsys)
+    assert code == 2 and "corrupt" in err and err.count("\n") == 1
+    assert not (bad / "bounds.json").exists()
+
+
+def test_solver_not_installed(tiny_run, capsys, monkeypatch):
+    import lucid.solvers
+
+    monkeypatch.setattr(lucid.solvers, "available_solvers", lambda: {"highs": True, "gurobi": False})
+    code, err = run_main(["verify", str(tiny_run), "--solver", "gurobi", "--quiet"], capsys)
+    assert code == 2 and "not installed" in err
+
+
+def test_corrupt_foreign_or_mismatched_checkpoint(tmp_path, capsys):
+    run = write_tiny_run(tmp_path / "run", networks=4, seed=1)
+    code, err = run_main(["verify", str(run), "--resume", "--quiet"], capsys)
+    assert code == 2 and "nothing to resume" in err
+    verify_run(run, workers=1, progress=False, classes="0")
+    ckpt = run / "verify.checkpoint.json"
+    good = ckpt.read_text()
+    code, err = run_main(["verify", str(run), "--resume", "--classes", "0", "--tau", "0.5", "--quiet"], capsys)
+    assert code == 2 and "different options" in err and "tau" in err
+    ckpt.write_text(good[: len(good) // 2])
+    code, err = run_main(["verify", str(run), "--resume", "--classes", "0", "--quiet"], capsys)
+    assert code == 2 and "corrupt" in err
+    other = write_tiny_run(tmp_path / "other", networks=4, seed=9)
+    (other / "verify.checkpoint.json").write_text(good)
+    code, err = run_main(["verify", str(other), "--resume", "--classes", "0", "--quiet"], capsys)
+    assert code == 2 and "different networks" in err
+    # a finished checkpoint resumes to the same bounds without solving anything
+    ckpt.write_text(good)
+    before = json.loads((run / "bounds.json").read_text())["bounds"]
+    again = verify_run(run, workers=1, progress=False, classes="0", resume=True)
+    assert again["bounds"]["0"]["upper"] == before["0"]["upper"]
