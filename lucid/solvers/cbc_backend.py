@@ -9,11 +9,16 @@ goes in as one MPS file written by HiGHS — no per-row Python) and read the bou
   hence gap <= abs + rel*max(|U|,1)/(1-rel);
 * LP (no integers): the optimal objective of the solution file.
 
-CBC minimises -objective here, so the reported upper bound is -L. Printed numbers are rounded,
-so every bound is widened by one unit in its last printed digit. Anything else (no bound line,
-unbounded, stopped for another reason) gives +inf. CBC's solution file is replayed by `solve()`
-like every incumbent: after CBC's preprocessing it can be infeasible ("Postprocessed model is
-infeasible - possible tolerance issue"), and is then dropped.
+Pitfalls handled (each found by tests/test_solvers.py):
+* CBC's preprocessing (Cgl) drops objective constants from the objective it logs (a model with
+  optimum -7.9 logs "best objective -6.9"), so it runs with `-preprocess off -presolve off`
+  and the model's objective offset never goes to CBC (we add it back ourselves);
+* as a guard, a replayed incumbent's objective must match the logged U, else the log is not in
+  the model's space and nothing is claimed (+inf);
+* CBC minimises -objective here, so the reported upper bound is -L; printed numbers are rounded
+  (`%.8g`), so every bound is widened by one unit in its last significant digit.
+Anything else (no bound line, unbounded, stopped for another reason) gives +inf. CBC's solution
+file is replayed by `solve()` like every incumbent and dropped when infeasible.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import re
 import subprocess
 import tempfile
 import time
+from dataclasses import replace
 from decimal import Decimal
 from pathlib import Path
 
@@ -30,10 +36,12 @@ import numpy as np
 
 from lucid.encodings.model import MilpModel
 from lucid.errors import SolverError
+from lucid.solvers.replay import REPLAY_TOLERANCE, replay_solution
 from lucid.solvers.base import ERROR, INFEASIBLE, OPTIMAL, TIME_LIMIT, SolveResult, SolverOptions
 
 _NUM = r"([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)"
 _PARTIAL = re.compile(r"Partial search - best objective \S+ \(best possible " + _NUM + r"\)")
+_PARTIAL_BEST = re.compile(r"Partial search - best objective " + _NUM)
 _COMPLETED = re.compile(r"Search completed - best objective " + _NUM)
 _RESULT = re.compile(r"^Result - (.*)$", re.M)
 _NODES = re.compile(r"Enumerated nodes:\s+(\d+)")
@@ -95,8 +103,9 @@ def solve_cbc(
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="lucid-cbc-") as tmp:
         mps, sol = Path(tmp) / "model.mps", Path(tmp) / "solution.txt"
-        write_mps(model, mps, minimise=True)
-        args = [cbc_path(), str(mps), "-threads", str(int(options.threads)),
+        write_mps(replace(model, objective_offset=0.0), mps, minimise=True)
+        args = [cbc_path(), str(mps), "-preprocess", "off", "-presolve", "off",
+                "-threads", str(int(options.threads)),
                 "-ratioGap", repr(float(options.mip_rel_gap)),
                 "-allowableGap", repr(float(options.mip_abs_gap)), "-timeMode", "elapsed"]
         if options.time_limit is not None:
@@ -121,11 +130,17 @@ def solve_cbc(
 
 
 def _result(model, options, log, sol_text, solution, seconds, build_seconds) -> SolveResult:
+    """Status and sound bound from CBC's log; CBC saw the model without its objective offset."""
     is_mip = bool(model.integrality.any())
+    offset = float(model.objective_offset)
     result_line = _RESULT.search(log)
-    message = result_line.group(1).strip() if result_line else "no result line in CBC log"
+    header = sol_text.splitlines()[0].strip() if sol_text.strip() else "no CBC solution file"
+    # The branch-and-bound ends with a "Result - ..." line; a pure LP (solved by Clp) or a MIP
+    # whose first LP is already infeasible only reports in the solution file's first line.
+    message = result_line.group(1).strip() if (is_mip and result_line) else header
     nodes = int(m.group(1)) if (m := _NODES.search(log)) else 0
     partial, completed = _PARTIAL.search(log), _COMPLETED.search(log)
+    logged_best = None  # CBC's incumbent objective as logged (min of -objective)
     upper, code = math.inf, ERROR
     if message.startswith("Optimal"):
         code = OPTIMAL
@@ -133,26 +148,33 @@ def _result(model, options, log, sol_text, solution, seconds, build_seconds) -> 
             m = _SOL_HEADER.search(sol_text)
             upper = upper_from_min_bound(m.group(1)) if m else math.inf
         elif completed:
-            best = completed.group(1)
-            upper = upper_from_min_bound(best, LOG_DIGITS)
+            logged_best = completed.group(1)
+            upper = upper_from_min_bound(logged_best, LOG_DIGITS)
             r, a = float(options.mip_rel_gap), float(options.mip_abs_gap)
             if r > 0 or a > 0:
-                upper = upper + a + r * max(abs(float(best)), 1.0) / max(1.0 - r, 1e-12) + 1e-9
-                upper = upper if r < 1 else math.inf
+                widen = a + r * max(abs(float(logged_best)), 1.0) / max(1.0 - r, 1e-12) + 1e-9
+                upper = upper + widen if r < 1 else math.inf
         if not math.isfinite(upper):
             code = ERROR
     elif "infeasible" in message.lower():
         code, upper, solution = INFEASIBLE, -math.inf, None
     elif message.startswith("Stopped on time"):
         code = TIME_LIMIT
-        upper = upper_from_min_bound(partial.group(1), LOG_DIGITS) if (is_mip and partial) else math.inf
-    if code in (ERROR, INFEASIBLE) and not message.startswith("Optimal"):
-        solution = solution if code == ERROR else None
+        if is_mip and partial:
+            logged_best = _PARTIAL_BEST.search(log).group(1)
+            upper = upper_from_min_bound(partial.group(1), LOG_DIGITS)
     incumbent = None
     if solution is not None and code != INFEASIBLE:
-        incumbent = float(model.objective @ solution + model.objective_offset)
+        incumbent = float(model.objective @ solution) + offset
     else:
         solution = None
+    replays = solution is not None and replay_solution(model, solution).ok(REPLAY_TOLERANCE)
+    if logged_best is not None and replays and _log_space_mismatch(
+        logged_best, float(model.objective @ solution)
+    ):
+        message += " (CBC's logged objective does not match its solution: bound discarded)"
+        code, upper = ERROR, math.inf
+    upper += offset
     gap = None
     if incumbent is not None and math.isfinite(upper):
         gap = (upper - incumbent) / max(abs(upper), 1e-10)
@@ -161,3 +183,9 @@ def _result(model, options, log, sol_text, solution, seconds, build_seconds) -> 
         nodes=nodes, seconds=seconds, solver="cbc", message=message,
         stats={"build_seconds": build_seconds},
     )
+
+
+def _log_space_mismatch(logged_best: str, solution_objective: float) -> bool:
+    """Whether CBC's logged incumbent (min of -objective) differs from the solution's objective."""
+    tolerance = _unit(logged_best, LOG_DIGITS) + 1e-6 * max(1.0, abs(solution_objective))
+    return abs(-float(logged_best) - solution_objective) > tolerance

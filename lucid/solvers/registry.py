@@ -11,13 +11,9 @@ from typing import Callable
 from lucid.encodings.model import MilpModel
 from lucid.errors import LucidError, SolverError, UnsoundSolverResult
 from lucid.solvers.base import SolveResult, SolverOptions
-from lucid.solvers.replay import replay_solution
+from lucid.solvers.replay import REPLAY_TOLERANCE, replay_solution
 
 log = logging.getLogger("lucid.solvers")
-
-# A solver's primal solution must satisfy every row/bound/integrality to this absolute tolerance
-# (solvers use 1e-6 feasibility tolerances on scaled models; big-M rows can amplify that).
-REPLAY_TOLERANCE = 1e-5
 
 
 @dataclass(frozen=True)

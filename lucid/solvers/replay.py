@@ -12,6 +12,10 @@ import numpy as np
 
 from lucid.encodings.model import MilpModel
 
+# A solver's primal solution must satisfy every row/bound/integrality to this absolute tolerance
+# (solvers use 1e-6 feasibility tolerances on scaled models; big-M rows can amplify that).
+REPLAY_TOLERANCE = 1e-5
+
 
 @dataclass
 class ReplayReport:

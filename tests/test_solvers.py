@@ -1,0 +1,283 @@
+"""Every installed MILP backend on small hand-made models with independently known optima."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from scipy.optimize import linprog
+
+from lucid.encodings.model import MilpModel
+from lucid.errors import LucidError, SolverError, UnsoundSolverResult
+from lucid.solvers import (
+    ERROR,
+    INFEASIBLE,
+    OPTIMAL,
+    TIME_LIMIT,
+    SolveResult,
+    SolverOptions,
+    available_solvers,
+    check_result,
+    resolve_solver,
+    solve,
+)
+from lucid.solvers.replay import replay_solution
+
+INF = np.inf
+INSTALLED = [name for name, ok in available_solvers().items() if ok]
+
+
+def model(A, rl, ru, cl, cu, integ, obj, offset=0.0) -> MilpModel:
+    return MilpModel(
+        A=sp.csr_matrix(np.asarray(A, dtype=float)),
+        row_lower=np.asarray(rl, dtype=float),
+        row_upper=np.asarray(ru, dtype=float),
+        col_lower=np.asarray(cl, dtype=float),
+        col_upper=np.asarray(cu, dtype=float),
+        integrality=np.asarray(integ, dtype=bool),
+        objective=np.asarray(obj, dtype=float),
+        objective_offset=offset,
+    )
+
+
+def knapsack() -> MilpModel:
+    # max 5a + 4b + 3c, 2a + 3b + c <= 5, binary: a = b = 1 gives 9 (a + c gives 8).
+    return model([[2, 3, 1]], [-INF], [5], [0, 0, 0], [1, 1, 1], [1, 1, 1], [5, 4, 3])
+
+
+def mixed() -> MilpModel:
+    # x in Z[-3,3], y in [0,2.5], z free; x + y <= 3.7; -1 <= x - y <= 1 (ranged); z - 2x = 1.
+    # max x + 2y + 0.5z + 3 = 2x + 2y + 3.5: x=3 infeasible (y>=2, y<=0.7); x=2, y=1.7 -> 10.9.
+    return model(
+        [[1, 1, 0], [1, -1, 0], [-2, 0, 1]],
+        [-INF, -1, 1],
+        [3.7, 1, 1],
+        [-3, 0, -INF],
+        [3, 2.5, INF],
+        [1, 0, 0],
+        [1, 2, 0.5],
+        offset=3.0,
+    )
+
+
+def random_milp(seed: int, n_int: int = 7, n_cont: int = 3, m: int = 6) -> MilpModel:
+    rng = np.random.default_rng(seed)
+    n = n_int + n_cont
+    A = np.round(rng.uniform(-2, 3, size=(m, n)), 2)
+    A[rng.random((m, n)) < 0.3] = 0.0
+    x0 = np.concatenate([rng.integers(0, 2, n_int), rng.uniform(0, 1, n_cont)])
+    act = A @ x0  # planted feasible point, so the model is feasible
+    return model(
+        A,
+        np.where(rng.random(m) < 0.3, act - rng.uniform(0, 1, m), -INF),
+        act + rng.uniform(0, 1, m),
+        np.zeros(n),
+        np.concatenate([np.ones(n_int), np.full(n_cont, 2.0)]),
+        np.arange(n) < n_int,
+        np.round(rng.normal(size=n), 2),
+    )
+
+
+def brute_force(m: MilpModel) -> float:
+    """Exact optimum: enumerate the binaries, one LP (scipy) over the continuous rest each."""
+    ints = np.flatnonzero(m.integrality)
+    conts = np.flatnonzero(~m.integrality)
+    A = m.A.toarray()
+    best = -math.inf
+    for values in itertools.product([0, 1], repeat=len(ints)):
+        fixed = A[:, ints] @ np.array(values, dtype=float)
+        Ac = A[:, conts]
+        ub_rows = np.isfinite(m.row_upper)
+        lb_rows = np.isfinite(m.row_lower)
+        A_ub = np.vstack([Ac[ub_rows], -Ac[lb_rows]])
+        b_ub = np.concatenate([m.row_upper[ub_rows] - fixed[ub_rows],
+                               -(m.row_lower[lb_rows] - fixed[lb_rows])])
+        res = linprog(-m.objective[conts], A_ub=A_ub, b_ub=b_ub,
+                      bounds=list(zip(m.col_lower[conts], m.col_upper[conts])), method="highs")
+        if res.status == 0:
+            best = max(best, -res.fun + m.objective[ints] @ np.array(values) + m.objective_offset)
+    return best
+
+
+@pytest.fixture(params=INSTALLED)
+def backend(request) -> str:
+    return request.param
+
+
+def test_knapsack_and_mixed_known_optima(backend):
+    for mdl, expected in ((knapsack(), 9.0), (mixed(), 10.9)):
+        r = solve(mdl, backend, SolverOptions(time_limit=20))
+        assert r.status == OPTIMAL, (backend, r.message)
+        assert r.upper_bound == pytest.approx(expected, abs=1e-6)
+        assert r.incumbent == pytest.approx(expected, abs=1e-6)
+        assert replay_solution(mdl, r.solution).ok(1e-6)
+        assert r.solver == backend
+
+
+def test_mixed_solution_is_the_unique_optimum(backend):
+    r = solve(mixed(), backend, SolverOptions(time_limit=20))
+    np.testing.assert_allclose(r.solution, [2.0, 1.7, 5.0], atol=1e-6)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_random_milps_match_brute_force_and_agree(seed):
+    mdl = random_milp(seed)
+    exact = brute_force(mdl)
+    bounds = {}
+    for name in INSTALLED:
+        r = solve(mdl, name, SolverOptions(time_limit=20))
+        assert r.status == OPTIMAL, (name, r.message)
+        assert r.upper_bound >= exact - 1e-6, name  # soundness
+        bounds[name] = r.upper_bound
+    for name, ub in bounds.items():
+        assert ub == pytest.approx(exact, abs=1e-6), (name, bounds, exact)
+
+
+def test_pure_lp(backend):
+    # max x + y, x + 2y <= 4, 3x + y <= 6, x, y >= 0: vertex (1.6, 1.2) -> 2.8
+    mdl = model([[1, 2], [3, 1]], [-INF, -INF], [4, 6], [0, 0], [INF, INF], [0, 0], [1, 1])
+    r = solve(mdl, backend, SolverOptions(time_limit=20))
+    assert r.status == OPTIMAL
+    assert r.upper_bound == pytest.approx(2.8, abs=1e-6)
+    assert r.upper_bound >= 2.8 - 1e-9
+
+
+def test_infeasible_gives_minus_infinity(backend):
+    mdl = model([[1, 1]], [3], [INF], [0, 0], [1, 1], [1, 1], [1, 1])
+    r = solve(mdl, backend, SolverOptions(time_limit=20))
+    assert r.status == INFEASIBLE, r.message
+    assert r.upper_bound == -math.inf
+    assert r.solution is None and r.incumbent is None
+
+
+def test_lp_unbounded_but_mip_infeasible_never_gets_a_finite_bound(backend):
+    # 2x = 1 has no integer solution; y is unbounded above, so the LP relaxation is unbounded.
+    mdl = model([[2, 0], [0, 1]], [1, 0], [1, INF], [0, -INF], [10, INF], [1, 0], [0, 1])
+    r = solve(mdl, backend, SolverOptions(time_limit=20))
+    assert (r.status, r.upper_bound) in ((INFEASIBLE, -math.inf), (ERROR, math.inf)), r
+    assert r.solution is None or not replay_solution(mdl, r.solution).ok(1e-6)
+
+
+def test_unbounded_mip_reports_nothing_proved(backend):
+    mdl = model([[-1, 1]], [0], [INF], [0, 0], [1, INF], [1, 0], [0, 1])  # max y, y - x >= 0
+    r = solve(mdl, backend, SolverOptions(time_limit=20))
+    assert r.status == ERROR, r
+    assert r.upper_bound == math.inf
+
+
+def market_split(seed: int, m: int = 4, n: int = 30) -> MilpModel:
+    """Cornuejols-Dawande market split with a planted solution: optimum 0, hard for B&B."""
+    rng = np.random.default_rng(seed)
+    a = rng.integers(0, 100, size=(m, n)).astype(float)
+    planted = rng.integers(0, 2, size=n).astype(float)
+    d = a @ planted
+    # a x + s+ - s- = d; maximise -(s+ + s-)
+    A = np.hstack([a, np.eye(m), -np.eye(m)])
+    return model(A, d, d, np.zeros(n + 2 * m), np.concatenate([np.ones(n), np.full(2 * m, INF)]),
+                 np.arange(n + 2 * m) < n, np.concatenate([np.zeros(n), -np.ones(2 * m)]))
+
+
+def test_time_limit_keeps_a_sound_dual_bound(backend):
+    mdl = market_split(3)
+    r = solve(mdl, backend, SolverOptions(time_limit=0.5))
+    assert r.status in (TIME_LIMIT, OPTIMAL), r
+    assert r.upper_bound >= 0.0 - 1e-9  # the planted solution has objective 0
+    if r.status == TIME_LIMIT:
+        assert r.seconds < 15
+    if r.incumbent is not None:
+        assert r.upper_bound >= r.incumbent
+
+
+NODE_LIMIT = {
+    "highs": {"mip_max_nodes": 1},
+    "gurobi": {"NodeLimit": 1},
+    "scip": {"limits/nodes": 1},
+    "cbc": {"maxNodes": 1},
+}
+
+
+def test_other_limits_prove_nothing(backend):
+    r = solve(market_split(4), backend, SolverOptions(time_limit=20), **NODE_LIMIT[backend])
+    assert r.status == ERROR, r
+    assert r.upper_bound == math.inf
+
+
+def test_unknown_solver_lists_valid_names():
+    with pytest.raises(LucidError, match="valid solvers: auto, highs, gurobi, cbc, scip"):
+        solve(knapsack(), "cplex")
+
+
+def test_missing_backend_names_pip_package(monkeypatch):
+    import lucid.solvers.registry as registry
+
+    monkeypatch.setattr(registry, "available_solvers",
+                        lambda: {"highs": True, "gurobi": False, "cbc": True, "scip": True})
+    with pytest.raises(SolverError, match="pip install gurobipy"):
+        solve(knapsack(), "gurobi")
+
+
+def test_bound_below_replayed_incumbent_is_refused():
+    mdl = knapsack()
+    lying = SolveResult(status=OPTIMAL, upper_bound=8.0, incumbent=9.0,
+                        solution=np.array([1.0, 1.0, 0.0]), solver="fake")
+    with pytest.raises(UnsoundSolverResult):
+        check_result(mdl, lying)
+
+
+def test_infeasible_incumbent_is_dropped():
+    mdl = knapsack()
+    bad = SolveResult(status=TIME_LIMIT, upper_bound=20.0, incumbent=12.0,
+                      solution=np.array([1.0, 1.0, 1.0]), solver="fake")  # 2+3+1 > 5
+    r = check_result(mdl, bad)
+    assert r.solution is None and r.incumbent is None and r.upper_bound == 20.0
+
+
+def test_incumbent_objective_is_recomputed_not_trusted():
+    mdl = knapsack()
+    r = check_result(mdl, SolveResult(status=TIME_LIMIT, upper_bound=9.5, incumbent=9.4,
+                                      solution=np.array([1.0, 1.0, 0.0]), solver="fake"))
+    assert r.incumbent == 9.0
+
+
+def test_highs_model_build_is_vectorised():
+    rng = np.random.default_rng(0)
+    n, m = 5000, 10000
+    A = sp.random(m, n, density=5 / n, format="csr", random_state=rng)
+    big = MilpModel(A=A, row_lower=np.full(m, -INF), row_upper=np.ones(m),
+                    col_lower=np.zeros(n), col_upper=np.ones(n),
+                    integrality=np.arange(n) < 1000, objective=rng.normal(size=n))
+    r = solve(big, "highs", SolverOptions(time_limit=0.01))
+    assert r.stats["build_seconds"] < 1.0
+    assert r.upper_bound >= (r.incumbent if r.incumbent is not None else -INF)
+
+
+def test_auto_prefers_highs_when_gurobi_licence_is_too_small():
+    n = 2500  # the pip licence stops at 2000 variables
+    big = MilpModel(A=sp.csr_matrix((1, n)), row_lower=np.zeros(1), row_upper=np.ones(1),
+                    col_lower=np.zeros(n), col_upper=np.ones(n), integrality=np.zeros(n, bool),
+                    objective=np.ones(n))
+    from lucid.solvers.gurobi_backend import licence_covers
+
+    if available_solvers()["gurobi"] and licence_covers(n, 1):
+        pytest.skip("this Gurobi licence is not size-limited")
+    assert resolve_solver("auto", big) == "highs"
+    if available_solvers()["gurobi"]:
+        with pytest.raises(SolverError, match="--solver highs"):
+            solve(big, "gurobi")
+
+
+@pytest.mark.skipif(not available_solvers()["gurobi"], reason="gurobipy not installed")
+def test_auto_picks_gurobi_for_a_small_model():
+    assert resolve_solver("auto", knapsack()) == "gurobi"
+    assert solve(knapsack(), "auto").solver == "gurobi"
+
+
+def test_auto_without_gurobi_is_highs(monkeypatch):
+    import lucid.solvers.registry as registry
+
+    monkeypatch.setattr(registry, "available_solvers",
+                        lambda: {"highs": True, "gurobi": False, "cbc": True, "scip": True})
+    assert resolve_solver("auto", knapsack()) == "highs"
