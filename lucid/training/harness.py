@@ -15,6 +15,8 @@ import json
 import math
 import os
 import shutil
+import threading
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +33,7 @@ from lucid.training.vectorized import batch_orders, train_networks
 
 ALGORITHM = "lucid-loo-sgd/1"  # docs/training.md defines it; bump if T ever changes
 MEMORY_BUDGET = 3 * 2**30  # bytes of working memory per chunk (stays under ~4 GiB with overheads)
-MAX_CHUNK = 512  # larger chunks gain little throughput and make resume coarser
+MAX_CHUNK = 64  # cache-friendly (measured), and a fine resume granularity
 STOP_AFTER_ENV = "LUCID_TRAIN_STOP_AFTER_CHUNKS"  # test hook: simulate Ctrl-C after N new chunks
 
 
@@ -90,30 +92,56 @@ def train_run(
     removed_all = torch.arange(-1, n, dtype=torch.int64)  # position 0 = N, position j = without row j-1
     bounds = [(s, min(s + chunk_size, n + 1)) for s in range(0, n + 1, chunk_size)]
 
-    _set_threads()
     init = initial_parameters(spec, ds.input_dim, ds.num_classes, seed)
     orders = batch_orders(n, epochs, seed)
     X = torch.from_numpy(ds.X_train).to(dev)
     y = torch.from_numpy(ds.y_train).to(dev)
+    todo = [c for c in range(len(bounds)) if not (partial / _chunk_name(c)).exists()]
+    stop = threading.Event()
     stop_after = int(os.environ.get(STOP_AFTER_ENV, "0") or 0)
-    new_chunks = 0
+
+    def train_chunk(c: int, bar: TrainingProgress) -> None:
+        # One torch thread per chunk: chunks run in parallel worker threads (the GIL is released
+        # inside torch ops), which scales better than intra-op threads on a busy machine and makes
+        # every chunk's arithmetic independent of the core count, hence bit-reproducible.
+        torch.set_num_threads(1)
+        lo, hi = bounds[c]
+        per_epoch = (hi - lo) / epochs
+
+        def on_epoch(_epoch: int) -> None:
+            if stop.is_set():
+                raise _Stopped
+            bar.advance(per_epoch)
+
+        trained = train_networks(
+            init, spec, X, y, removed_all[lo:hi], orders,
+            lr=lr, weight_decay=weight_decay, batch_size=batch_size, num_classes=ds.num_classes,
+            on_epoch=on_epoch,
+        )
+        trained["removed"] = removed_all[lo:hi]
+        _save_tensors(partial / _chunk_name(c), trained)
+
+    workers = 1 if dev.type == "cuda" else max(1, min(_cores(), len(todo), MEMORY_BUDGET // _chunk_bytes(spec, ds, chunk_size, batch_size)))
+    threads_before = torch.get_num_threads()
     with TrainingProgress(total=n + 1, enabled=progress) as bar:
-        for c, (lo, hi) in enumerate(bounds):
-            path = partial / _chunk_name(c)
-            if path.exists():
-                bar.advance(hi - lo)
-                continue
-            per_epoch = (hi - lo) / epochs
-            trained = train_networks(
-                init, spec, X, y, removed_all[lo:hi], orders,
-                lr=lr, weight_decay=weight_decay, batch_size=batch_size, num_classes=ds.num_classes,
-                on_epoch=lambda _e: bar.advance(per_epoch),
-            )
-            trained["removed"] = removed_all[lo:hi]
-            _save_tensors(path, trained)
-            new_chunks += 1
-            if stop_after and new_chunks >= stop_after and hi <= n:
-                raise KeyboardInterrupt  # test hook: behave exactly like Ctrl-C after a saved chunk
+        bar.advance(n + 1 - sum(bounds[c][1] - bounds[c][0] for c in todo))
+        pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="lucid-train")
+        try:
+            pending = {pool.submit(train_chunk, c, bar) for c in todo}
+            finished = 0
+            while pending:
+                done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
+                for future in done:
+                    future.result()  # re-raise a worker's error here
+                    finished += 1
+                if stop_after and finished >= stop_after and pending:
+                    raise KeyboardInterrupt  # test hook: behave exactly like Ctrl-C
+        except BaseException:
+            stop.set()  # unfinished chunks stop at their next epoch; finished ones stay saved
+            raise
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+            torch.set_num_threads(threads_before)
     _publish(partial, out, meta, ds, len(bounds))
     return out
 
@@ -146,20 +174,19 @@ def _device(device: str) -> torch.device:
     return dev
 
 
-def _set_threads() -> None:
+class _Stopped(Exception):
+    """Raised inside a worker to abandon its chunk after an interrupt."""
+
+
+def _cores() -> int:
     try:
-        cores = len(os.sched_getaffinity(0))
+        return len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
-        cores = os.cpu_count() or 1
-    torch.set_num_threads(max(1, cores))
+        return os.cpu_count() or 1
 
 
-def default_chunk_size(spec: dict, input_dim: int, num_classes: int, n: int, batch_size: int) -> int:
-    """Networks per chunk: as many as fit MEMORY_BUDGET (capped), balanced across chunks.
-
-    Depends only on the run's shapes, never on the machine, so a resumed run (which must use
-    the same chunks to be bit-identical) recomputes the same value.
-    """
+def _bytes_per_network(spec: dict, input_dim: int, num_classes: int, n: int, batch_size: int) -> int:
+    """Rough working memory of one network in a chunk (float32 parameters, gradients, activations)."""
     widths = [input_dim]
     n_params = 0
     if spec["type"] == "cnn":
@@ -178,6 +205,21 @@ def default_chunk_size(spec: dict, input_dim: int, num_classes: int, n: int, bat
     widths += sizes[1:]
     rows = min(batch_size, n)
     per_network = 4 * (4 * n_params + 6 * rows * sum(widths))  # float32: params/grads/copies, acts
+    return per_network
+
+
+def _chunk_bytes(spec: dict, ds: Dataset, chunk_size: int, batch_size: int) -> int:
+    per = _bytes_per_network(spec, ds.input_dim, ds.num_classes, len(ds.y_train), batch_size)
+    return max(1, per * chunk_size)
+
+
+def default_chunk_size(spec: dict, input_dim: int, num_classes: int, n: int, batch_size: int) -> int:
+    """Networks per chunk: as many as fit MEMORY_BUDGET (capped), balanced across chunks.
+
+    Depends only on the run's shapes, never on the machine, so a resumed run (which must use
+    the same chunks to be bit-identical) recomputes the same value.
+    """
+    per_network = _bytes_per_network(spec, input_dim, num_classes, n, batch_size)
     total = n + 1
     cap = max(1, min(MAX_CHUNK, MEMORY_BUDGET // per_network))
     chunks = math.ceil(total / cap)

@@ -113,8 +113,10 @@ class _MlpStep:
             a = acts[i - 1]
             grads[2 * i] = torch.bmm(dz, a.transpose(1, 2))
             grads[2 * i + 1] = dz.sum(dim=2)
-            dz = torch.bmm(W[i].transpose(1, 2), dz).masked_fill_(a <= 0, 0.0)
-        grads[0] = torch.mm(dz.reshape(k * h0, -1), xb).view(k, h0, d)
+            # ReLU backward; aten's fused kernel is ~20x faster here than masked_fill with a bool mask.
+            dz = torch.ops.aten.threshold_backward(torch.bmm(W[i].transpose(1, 2), dz), a, 0.0)
+        # Computed as (x^T dz^T)^T: MKL is far slower on the tall-skinny [K*h0, B] @ [B, d] form.
+        grads[0] = torch.mm(xb.t(), dz.reshape(k * h0, -1).t()).t().view(k, h0, d)
         grads[1] = dz.sum(dim=2)
         return grads
 
