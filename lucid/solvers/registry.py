@@ -89,19 +89,31 @@ def solve(
     model: MilpModel,
     solver: str = "highs",
     options: SolverOptions | None = None,
+    *,
+    unsafe: bool = False,
     **backend_options: object,
 ) -> SolveResult:
     """Maximise `model` with `solver`; the result's `upper_bound` is a proved dual bound.
 
     The incumbent is replayed against the model; one that fails is dropped (and logged). A
     proved bound below a replayed incumbent raises `UnsoundSolverResult` — never returned.
-    `backend_options` go to the backend verbatim (e.g. HiGHS option names), for experiments.
+    `backend_options` go to the backend verbatim (e.g. HiGHS option names), for experiments;
+    overriding a backend's soundness settings (HiGHS presolve) also needs `unsafe=True`.
     """
     options = options or SolverOptions()
     name = resolve_solver(solver, model)
     backend = BACKENDS[name]
     if not available_solvers()[name]:
         raise SolverError(f"solver {name!r} is not installed: pip install {backend.pip}")
+    if name == "highs" and not unsafe:
+        from lucid.solvers.highs_backend import SOUND_OPTIONS
+
+        for key, value in backend_options.items():
+            if key in SOUND_OPTIONS and value != SOUND_OPTIONS[key]:
+                raise LucidError(
+                    f"highs option {key}={value!r} is known to give unsound bounds "
+                    f"(pass unsafe=True only for experiments)"
+                )
     result = backend.load()(model, options, backend_options or None)
     return check_result(model, result)
 
