@@ -187,3 +187,31 @@ def exact_singleton_bound_2d(net_n, net_p, cls, lower, upper, tol: float = 1e-12
                     i = np.flatnonzero(ok)[np.argmax(conf_n[ok])]
                     best, arg = float(conf_n[i]), r[i]
     return best, arg
+
+
+def tiny_stack(seed: int, hidden=(4, 4), classes: int = 2, k: int = 5, noise: float = 0.15, d: int = 2):
+    """N (position 0) and k-1 perturbed copies standing in for leave-one-out networks.
+
+    Parameters are float32-representable, like trained networks.
+    """
+    from lucid.network import NetworkStack
+
+    rng = np.random.default_rng(seed)
+    sizes = [d, *hidden, classes]
+    weights, biases = [], []
+    for i in range(len(sizes) - 1):
+        w0 = rng.normal(size=(sizes[i + 1], sizes[i]))
+        b0 = rng.normal(size=sizes[i + 1]) * 0.3
+        w = np.stack([w0] + [w0 + noise * rng.normal(size=w0.shape) for _ in range(k - 1)])
+        b = np.stack([b0] + [b0 + noise * rng.normal(size=b0.shape) for _ in range(k - 1)])
+        weights.append(w.astype(np.float32).astype(np.float64))
+        biases.append(b.astype(np.float32).astype(np.float64))
+    return NetworkStack(weights, biases, np.arange(-1, k - 1))
+
+
+def network(stack, position: int):
+    return [w[position] for w in stack.weights], [b[position] for b in stack.biases]
+
+
+def exact_for(stack, position: int, cls: int, lower, upper) -> float:
+    return exact_singleton_bound(network(stack, 0), network(stack, position), cls, lower, upper)[0]

@@ -97,8 +97,8 @@ def encode_idp(
         else:
             blo = h_b0_lo if k == 0 else hyper.b_lo[k]
             bhi = h_b0_hi if k == 0 else hyper.b_hi[k]
-            _affine_rows(b, zhat_h, zh, hyper.w_lo[k], blo, np.inf, f"h{k}.lo")
-            _affine_rows(b, zhat_h, zh, hyper.w_hi[k], -np.inf, bhi, f"h{k}.hi")
+            _affine_rows(b, zhat_h, zh, hyper.w_lo[k], blo, np.inf, f"h{k}.wlo")
+            _affine_rows(b, zhat_h, zh, hyper.w_hi[k], -np.inf, bhi, f"h{k}.whi")
         if options.md_pre:
             stats["md_rows"] += add_matching(b, zhat, zhat_h, diff.pre.lower[k], diff.pre.upper[k], f"md{k}.pre")
         if k == L - 1:

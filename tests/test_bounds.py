@@ -1,0 +1,91 @@
+"""Bounds: interval, LP-tightened and difference intervals contain every sampled value."""
+
+import numpy as np
+import pytest
+from bruteforce import network, tiny_stack
+from scipy.optimize import linprog
+
+from lucid.bounds.difference import difference_bounds
+from lucid.bounds.interval import interval_bounds
+from lucid.bounds.lp import LpBoundSolver, lp_bounds, rigorous_max
+from lucid.encodings.model import MilpModel
+from lucid.hyper import hyper_network
+
+
+def sample_layers(weights, biases, x):
+    pre, h = [], x
+    for k, (w, b) in enumerate(zip(weights, biases)):
+        p = h @ w.T + b
+        pre.append(p)
+        h = np.maximum(p, 0)
+    return pre
+
+
+@pytest.mark.parametrize("lo", [-1.0, 0.0])
+def test_lp_bounds_contain_samples_and_are_tighter_than_intervals(lo):
+    stack = tiny_stack(3, hidden=(8, 8), d=3)
+    w, b = network(stack, 0)
+    lower, upper = np.full(3, lo), np.ones(3)
+    ib = interval_bounds(w, b, lower, upper)
+    lb = lp_bounds(w, b, lower, upper)
+    x = np.random.default_rng(0).uniform(lo, 1, size=(20000, 3))
+    x[:8] = np.array(np.meshgrid(*[[lo, 1.0]] * 3)).reshape(3, -1).T  # the corners
+    tighter = 0
+    for k, p in enumerate(sample_layers(w, b, x)):
+        assert np.all(p >= lb.lower[k]) and np.all(p <= lb.upper[k])
+        assert np.all(lb.lower[k] >= ib.lower[k]) and np.all(lb.upper[k] <= ib.upper[k])
+        tighter += np.sum(lb.upper[k] < ib.upper[k] - 1e-6)
+    assert tighter > 0  # LP tightening must actually tighten something on a 2-hidden-layer net
+
+
+def test_rigorous_dual_bound_is_above_the_lp_optimum_and_close():
+    rng = np.random.default_rng(1)
+    A = rng.normal(size=(6, 4))
+    model = MilpModel(
+        A=A, row_lower=np.full(6, -np.inf), row_upper=rng.uniform(1, 2, 6), col_lower=-np.ones(4),
+        col_upper=np.ones(4), integrality=np.zeros(4, bool), objective=np.zeros(4),
+    )
+    solver = LpBoundSolver(model)
+    for _ in range(5):
+        c = rng.normal(size=4)
+        ref = -linprog(-c, A_ub=A, b_ub=model.row_upper, bounds=[(-1, 1)] * 4, method="highs").fun
+        got = solver.maximise(c)
+        assert ref <= got <= ref + 1e-7
+    # any dual vector gives a valid (if loose) bound; zero duals give the box bound
+    c = rng.normal(size=4)
+    assert rigorous_max(model, c, np.zeros(6)) >= np.abs(c).sum() - 1e-12
+
+
+@pytest.mark.parametrize("lo", [-1.0, 0.0])
+def test_difference_intervals_and_hyper_bounds_contain_every_network_of_s(lo):
+    stack = tiny_stack(4, hidden=(6, 6), classes=3, k=6, d=2)
+    lower, upper = np.full(2, lo), np.ones(2)
+    wn, bn = network(stack, 0)
+    nb = lp_bounds(wn, bn, lower, upper)
+    positions = np.arange(1, 6)
+    hyper = hyper_network(stack, positions)
+    diff = difference_bounds(wn, bn, hyper.w_lo, hyper.w_hi, hyper.b_lo, hyper.b_hi, nb, lower, upper)
+    x = np.random.default_rng(2).uniform(lo, 1, size=(20000, 2))
+    ref = sample_layers(wn, bn, x)
+    for p in positions:
+        got = sample_layers(*network(stack, p), x)
+        for k in range(len(got)):
+            d = got[k] - ref[k]
+            assert np.all(d >= diff.pre.lower[k]) and np.all(d <= diff.pre.upper[k])
+            assert np.all(got[k] >= diff.hyper.lower[k]) and np.all(got[k] <= diff.hyper.upper[k])
+            if k < len(got) - 1:
+                dz = np.maximum(got[k], 0) - np.maximum(ref[k], 0)
+                assert np.all(dz >= diff.post.lower[k]) and np.all(dz <= diff.post.upper[k])
+
+
+def test_hyper_network_of_a_singleton_is_exact_and_of_a_set_contains_each_member():
+    stack = tiny_stack(5, k=4)
+    single = hyper_network(stack, [2])
+    assert single.exact
+    for w_lo, w in zip(single.w_lo, stack.weights):
+        assert np.array_equal(w_lo, w[2])
+    hyper = hyper_network(stack, [1, 2, 3])
+    assert not hyper.exact
+    for lo, hi, w in zip(hyper.w_lo, hyper.w_hi, stack.weights):
+        assert np.all(lo <= w[1:4]) and np.all(w[1:4] <= hi)
+        assert np.all(lo == w[1:4].min(0)) and np.all(hi == w[1:4].max(0))

@@ -1,0 +1,185 @@
+"""analyse_node / screen_upper_bounds against the independent exact reference (tests/bruteforce.py)."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+from bruteforce import exact_for, exact_singleton_bound, grid_leak_max, network, tiny_stack
+
+import lucid.solvers
+from lucid.encodings import EncodingOptions
+from lucid.network import confidence, stack_from_tensors
+from lucid.replay import find_leak
+from lucid.solvers import SolverOptions, available_solvers
+from lucid.verifier import VerificationProblem, analyse_node, screen_upper_bounds
+
+CASES = [(0, -1.0, 2), (2, 0.0, 2), (1, -1.0, 3)]
+
+
+def make(seed, lo, classes):
+    stack = tiny_stack(seed, hidden=(4, 6) if classes == 3 else (4, 4), classes=classes)
+    lower, upper = np.full(2, lo), np.ones(2)
+    return stack, lower, upper, VerificationProblem.from_stack(stack, lower, upper)
+
+
+def check_lower(stack, out, positions, cls):
+    """A claimed lower bound must be N's confidence at a point where some network of S truly disagrees."""
+    if out.lower is None:
+        return
+    scores = stack.forward(out.witness[None, :])[:, 0, :]
+    assert out.lower <= confidence(scores[0], cls)
+    assert stack.removed[positions].tolist().count(out.leaking_row) == 1
+    assert confidence(scores[stack.positions_of([out.leaking_row])[0]], cls) < 0
+
+
+@pytest.mark.parametrize("seed,lo,classes", CASES)
+def test_singleton_nodes_match_the_exact_bound(seed, lo, classes):
+    stack, lower, upper, problem = make(seed, lo, classes)
+    for cls in range(classes):
+        screen = screen_upper_bounds(problem, cls, np.arange(1, 5))
+        for p in range(1, 4 if classes == 2 else 3):
+            exact = exact_for(stack, p, cls, lower, upper)
+            out = analyse_node(problem, cls, [p])
+            assert screen[p - 1] >= out.upper - 1e-6 or screen[p - 1] >= exact
+            if exact == -np.inf:
+                assert out.upper == -np.inf and out.lower is None
+                continue
+            assert out.status == "optimal"
+            assert exact <= out.upper <= exact + 1e-5  # dual bound + safety margin
+            assert out.upper >= grid_leak_max(stack, [p], cls, lower, upper, n=101)
+            assert out.lower is not None and exact - 1e-6 <= out.lower <= exact  # repaired witness
+            check_lower(stack, out, np.array([p]), cls)
+
+
+@pytest.mark.parametrize("seed,lo,classes", CASES)
+def test_hyper_nodes_are_monotone_and_cover_their_singletons(seed, lo, classes):
+    stack, lower, upper, problem = make(seed, lo, classes)
+    for cls in range(classes):
+        singles = [exact_for(stack, p, cls, lower, upper) for p in range(1, 5)]
+        small = analyse_node(problem, cls, [1, 2])
+        large = analyse_node(problem, cls, [1, 2, 3, 4])
+        assert small.upper >= max(singles[:2])
+        assert large.upper >= max(singles)
+        assert large.upper >= small.upper - 1e-6
+        if large.lower is not None:
+            assert large.lower <= max(singles) + 1e-9
+            check_lower(stack, large, np.arange(1, 5), cls)
+
+
+@pytest.mark.parametrize("md,md_pre,ris,tau", [
+    (False, False, False, 0.01), (True, False, False, 0.01), (True, True, False, 0.01),
+    (True, True, True, 0.01), (True, True, True, 100.0), (False, False, True, 100.0),
+])
+def test_every_technique_stays_above_the_exact_singleton_maximum(md, md_pre, ris, tau):
+    stack, lower, upper, problem = make(0, -1.0, 2)
+    options = EncodingOptions(md=md, md_pre=md_pre, ris=ris, tau=tau)
+    for cls in range(2):
+        best = max(exact_for(stack, p, cls, lower, upper) for p in range(1, 5))
+        out = analyse_node(problem, cls, np.arange(1, 5), encoding=options)
+        assert out.upper >= best
+        if ris and tau >= 100:
+            assert out.stats["relaxed"] > 0
+
+
+def test_interval_bounds_give_the_same_singleton_answer():
+    stack, lower, upper, _ = make(2, 0.0, 2)
+    problem = VerificationProblem.from_stack(stack, lower, upper, bounds="interval")
+    exact = exact_for(stack, 1, 0, lower, upper)
+    out = analyse_node(problem, 0, [1])
+    assert exact <= out.upper <= exact + 1e-5
+
+
+def test_cnn_lowered_network_matches_torch_and_its_bound_is_exact():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(7)
+    k, d = 2, 4
+    conv_w = rng.normal(size=(1, 2, 1, 3)) * 0.8
+    dense_w = [rng.normal(size=(2, 4)), rng.normal(size=(2, 2))]
+    tensors = {"removed": np.arange(-1, k - 1)}
+    tensors["conv.0.weight"] = np.concatenate([conv_w] + [conv_w + 0.1 * rng.normal(size=conv_w.shape) for _ in range(k - 1)]).astype(np.float32)
+    tensors["conv.0.bias"] = (0.2 * rng.normal(size=(k, 2))).astype(np.float32)
+    for i, w in enumerate(dense_w):
+        tensors[f"layers.{i}.weight"] = np.stack([w] + [w + 0.1 * rng.normal(size=w.shape) for _ in range(k - 1)]).astype(np.float32)
+        tensors[f"layers.{i}.bias"] = (0.2 * rng.normal(size=(k, w.shape[0]))).astype(np.float32)
+    stack = stack_from_tensors(tensors, {"type": "cnn"}, d)
+    x = rng.uniform(0, 1, size=(50, d))
+    with torch.no_grad():
+        for p in range(k):
+            h = torch.nn.functional.conv1d(torch.tensor(x)[:, None, :], torch.tensor(tensors["conv.0.weight"][p], dtype=torch.float64),
+                                           torch.tensor(tensors["conv.0.bias"][p], dtype=torch.float64))
+            h = torch.relu(h).flatten(1)
+            h = torch.relu(h @ torch.tensor(tensors["layers.0.weight"][p], dtype=torch.float64).T + torch.tensor(tensors["layers.0.bias"][p], dtype=torch.float64))
+            h = h @ torch.tensor(tensors["layers.1.weight"][p], dtype=torch.float64).T + torch.tensor(tensors["layers.1.bias"][p], dtype=torch.float64)
+            assert np.allclose(stack.forward(x)[p], h.numpy(), atol=1e-9)
+    lower, upper = np.zeros(d), np.ones(d)
+    problem = VerificationProblem.from_stack(stack, lower, upper)
+    for cls in range(2):
+        for p in (1,):
+            exact, _ = exact_singleton_bound(network(stack, 0), network(stack, p), cls, lower, upper)
+            out = analyse_node(problem, cls, [p])
+            if exact == -np.inf:
+                assert out.upper == -np.inf
+            else:
+                assert exact <= out.upper <= exact + 1e-5
+
+
+def test_replay_drops_a_witness_that_does_not_leak():
+    stack, lower, upper, _ = make(1, 0.0, 2)
+    # class 1: no network of S can ever disagree (exact beta* = -inf), so nothing may be claimed
+    for x in np.random.default_rng(0).uniform(0, 1, size=(20, 2)):
+        assert find_leak(stack, np.arange(1, 5), x, 1, lower, upper) is None
+
+
+def test_a_solver_bound_below_a_replayed_witness_is_never_output(monkeypatch):
+    stack, lower, upper, problem = make(0, 0.0, 2)
+    exact = exact_for(stack, 1, 0, lower, upper)
+    real = lucid.solvers.solve
+
+    def lying_solve(model, solver="highs", options=None, **kw):
+        result = real(model, "highs", options)
+        if solver == "highs":
+            result.upper_bound = result.upper_bound - 0.5  # a "proved" bound below the truth
+        return result
+
+    monkeypatch.setattr(lucid.solvers, "solve", lying_solve)
+    out = analyse_node(problem, 0, [1])
+    assert out.upper >= exact or (math.isinf(out.upper) and out.status == "error")
+
+
+@pytest.mark.parametrize("solver", ["gurobi", "scip", "cbc"])
+def test_backends_agree_on_a_tiny_node(solver):
+    if not available_solvers().get(solver):
+        pytest.skip(f"{solver} not installed")
+    stack, lower, upper, problem = make(0, -1.0, 2)
+    ref = analyse_node(problem, 0, [1, 2, 3])
+    try:
+        got = analyse_node(problem, 0, [1, 2, 3], solver=solver, solver_options=SolverOptions(time_limit=30))
+    except lucid.solvers.SolverError as exc:  # pragma: no cover - licence problems
+        pytest.skip(str(exc))
+    assert got.status == "optimal"
+    assert abs(got.upper - ref.upper) <= 1e-5
+
+
+def test_from_run_caches_n_bounds(tmp_path):
+    from safetensors.numpy import save_file
+
+    stack = tiny_stack(2)
+    tensors = {"removed": stack.removed}
+    for i, (w, b) in enumerate(zip(stack.weights, stack.biases)):
+        tensors[f"layers.{i}.weight"] = w.astype(np.float32)
+        tensors[f"layers.{i}.bias"] = b.astype(np.float32)
+    save_file(tensors, str(tmp_path / "networks.safetensors"))
+    meta = {"format": "lucid-run/1", "num_classes": 2, "input_dim": 2, "train_size": 4, "test_size": 0,
+            "domain": {"lower": [0, 0], "upper": [1, 1]}, "architecture": {"type": "mlp", "hidden": [4, 4]},
+            "labels": [0, 1]}
+    (tmp_path / "run.json").write_text(json.dumps(meta))
+    from lucid.rundir import open_run
+
+    first = VerificationProblem.from_run(open_run(tmp_path))
+    cached = list((tmp_path / "cache").glob("n-bounds-lp-*.npz"))
+    assert len(cached) == 1
+    second = VerificationProblem.from_run(open_run(tmp_path))
+    for a, b in zip(first.n_bounds.upper, second.n_bounds.upper):
+        assert np.array_equal(a, b)
+    assert np.array_equal(first.margin_upper, second.margin_upper)
