@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +29,9 @@ def solve_scip(
         mps = Path(tmp) / "model.mps"
         # SCIP's MPS reader would rename columns without names; HiGHS writes c0..c{n-1}.
         named = model if len(model.names) == model.num_cols else _with_default_names(model)
-        write_mps(named, mps, minimise=True)
+        # The offset stays out of the file (MPS readers disagree on the sign of an objective
+        # RHS; CBC even drops it) and is added back below.
+        write_mps(replace(named, objective_offset=0.0), mps, minimise=True)
         m.readProblem(str(mps))
     columns = {v.name: j for j, v in enumerate(m.getVars())}
     order = np.array([columns[name] for name in named.names], dtype=np.int64)
@@ -45,17 +48,18 @@ def solve_scip(
     seconds = time.perf_counter() - t0
 
     status = m.getStatus()
+    offset = float(model.objective_offset)
     variables = m.getVars()
     solution = incumbent = None
     if m.getNSols() > 0:
         best = m.getBestSol()
         values = np.array([m.getSolVal(best, v) for v in variables])
         solution = values[order]
-        incumbent = -float(m.getSolObjVal(best))  # minimised -objective
+        incumbent = -float(m.getSolObjVal(best)) + offset  # SCIP minimised -objective
 
     def dual_bound() -> float:
         bound = -float(m.getDualbound())
-        return bound if math.isfinite(bound) and abs(bound) < m.infinity() else math.inf
+        return bound + offset if math.isfinite(bound) and abs(bound) < m.infinity() else math.inf
 
     if status in ("optimal", "gaplimit"):
         code, upper = OPTIMAL, dual_bound()
@@ -79,7 +83,5 @@ def solve_scip(
 
 
 def _with_default_names(model: MilpModel) -> MilpModel:
-    from dataclasses import replace
-
     return replace(model, names=[f"c{j}" for j in range(model.num_cols)],
                    row_names=[f"r{i}" for i in range(model.num_rows)])
