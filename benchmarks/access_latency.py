@@ -1,0 +1,218 @@
+"""Latency of label-only access: in-process (single and batched) and over HTTP (`lucid serve`).
+
+    python benchmarks/access_latency.py [--run /tmp/crypto-run] [--requests 2000] [--clients 8]
+
+The run defaults to a Crypto 2x50 run; if it does not exist it is trained first, as with
+    lucid train ../shared/data/crypto/train.npz --test-data ../shared/data/crypto/test.npz \
+        --arch 2x50 --batch-size 100 --out /tmp/crypto-run
+If the run has no bounds.json (not verified yet), a PLACEHOLDER bound is used for timing only:
+per class, the 10th percentile of N's test-set confidence (so ~10 % of queries take the noised,
+memo-writing path). It is written to a temporary copy of the run, never into the run itself.
+
+Targets (issue 4): <= 0.05 ms/query batched, <= 0.2 ms single query in-process, HTTP p99 <= 10 ms
+with 8 concurrent clients. Queries are the run's test inputs, in original units.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED = ROOT.parent / "shared" / "data" / "crypto"
+
+
+def ensure_run(run: Path) -> None:
+    if (run / "run.json").exists():
+        return
+    if not (SHARED / "train.npz").exists():
+        sys.exit(f"{run} does not exist and {SHARED} is missing: train a run first")
+    print(f"training {run} (Crypto 2x50; once) ...", file=sys.stderr)
+    from lucid.training import train_run
+
+    train_run(str(SHARED / "train.npz"), run, test_data=str(SHARED / "test.npz"), arch="2x50", batch_size=100)
+
+
+def with_bounds(run: Path, scratch: Path) -> tuple[Path, str]:
+    """The run itself if verified, else a scratch copy (links) with a placeholder bounds.json."""
+    if (run / "bounds.json").exists():
+        return run, "bounds.json of the run (verified)"
+    from lucid.access.synthetic import write_bounds
+    from lucid.network import confidence
+    from lucid.rundir import open_run
+
+    copy = scratch / "run"
+    copy.mkdir()
+    for name in ("run.json", "networks.safetensors", "data.npz"):
+        os.symlink((run / name).resolve(), copy / name)
+    r = open_run(run)
+    stack = r.networks().select([0])
+    x = r.data()["X_test"].astype(np.float64)
+    scores = stack.forward(x)[0]
+    cls, conf = scores.argmax(1), confidence(scores)
+    bounds = {c: (float(np.quantile(conf[cls == c], 0.10)) if (cls == c).any() else None)
+              for c in range(r.num_classes)}
+    write_bounds(copy, bounds, complete=False)
+    return copy, f"PLACEHOLDER bounds (10th percentile of test confidence per class, timing only): {bounds}"
+
+
+def original_units(run: Path) -> np.ndarray:
+    from lucid.rundir import open_run
+
+    r = open_run(run)
+    x = r.data()["X_test"].astype(np.float64)
+    scaler = r.meta.get("scaler") or {}
+    offset = np.asarray(scaler.get("offset", np.zeros(x.shape[1])), dtype=np.float64)
+    scale = np.asarray(scaler.get("scale", np.ones(x.shape[1])), dtype=np.float64)
+    lo, hi = r.domain
+    x = np.clip(x, lo, hi)
+    safe = np.where(scale != 0, scale, 1.0)
+    return x / safe + offset
+
+
+def in_process(run: Path, x: np.ndarray, memo: Path, repeats: int) -> dict:
+    from lucid.access import LabelOnlyClassifier
+
+    clf = LabelOnlyClassifier.from_run(run, epsilon=1.0, memo=memo)
+    noised = clf.decide(clf.to_network_space(x))[1]
+    clf.predict(x)  # warm-up; also fills the memo, as in a long-running service
+    single = []
+    for _ in range(repeats):
+        for i in range(len(x)):
+            t0 = time.perf_counter()
+            clf.predict(x[i : i + 1])
+            single.append(time.perf_counter() - t0)
+    single_ms = np.asarray(single) * 1e3
+    branch = np.tile(noised, repeats)
+    big = x[np.random.default_rng(0).integers(0, len(x), size=100_000)]
+    t0 = time.perf_counter()
+    clf.predict(big)
+    batched_big = (time.perf_counter() - t0) * 1e3 / len(big)
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        clf.predict(x)
+    batched_split = (time.perf_counter() - t0) * 1e3 / (len(x) * repeats)
+    clf.close()
+    return {
+        "queries": len(x),
+        "noised_fraction": float(noised.mean()),
+        "single_ms_mean": float(single_ms.mean()),
+        "single_ms_p50": float(np.percentile(single_ms, 50)),
+        "single_ms_p99": float(np.percentile(single_ms, 99)),
+        "single_ms_mean_released": float(single_ms[~branch].mean()) if (~branch).any() else None,
+        "single_ms_mean_noised": float(single_ms[branch].mean()) if branch.any() else None,
+        "batched_ms_per_query_test_split": batched_split,
+        "batched_ms_per_query_100k": batched_big,
+    }
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def over_http(run: Path, x: np.ndarray, memo: Path, clients: int, requests: int) -> dict:
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "lucid", "serve", str(run), "--epsilon", "1", "--port", str(port),
+                             "--memo", str(memo)], cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+                conn.request("GET", "/healthz")
+                if conn.getresponse().status == 200:
+                    conn.close()
+                    break
+            except OSError:
+                pass
+            if time.monotonic() > deadline or proc.poll() is not None:
+                raise SystemExit("the server did not start")
+            time.sleep(0.2)
+        rows = x.tolist()
+        latencies: list[list[float]] = [[] for _ in range(clients)]
+        failures = [0] * clients
+
+        def client(t: int) -> None:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+            for j in range(requests // clients):
+                body = json.dumps({"inputs": [rows[(t * 7919 + j) % len(rows)]]})
+                t0 = time.perf_counter()
+                conn.request("POST", "/v1/predict", body, {"content-type": "application/json"})
+                resp = conn.getresponse()
+                resp.read()
+                latencies[t].append(time.perf_counter() - t0)
+                failures[t] += resp.status != 200
+            conn.close()
+
+        threads = [threading.Thread(target=client, args=(t,)) for t in range(clients)]
+        t0 = time.perf_counter()
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        wall = time.perf_counter() - t0
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    lat = np.concatenate([np.asarray(l) for l in latencies]) * 1e3
+    return {
+        "clients": clients,
+        "requests": int(lat.size),
+        "failures": int(sum(failures)),
+        "throughput_rps": float(lat.size / wall),
+        "p50_ms": float(np.percentile(lat, 50)),
+        "p99_ms": float(np.percentile(lat, 99)),
+        "mean_ms": float(statistics.fmean(lat)),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--run", type=Path, default=Path("/tmp/crypto-run"))
+    ap.add_argument("--repeats", type=int, default=3, help="passes over the test split (in-process)")
+    ap.add_argument("--clients", type=int, default=8)
+    ap.add_argument("--requests", type=int, default=4000, help="HTTP requests in total (one input each)")
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args()
+
+    ensure_run(args.run)
+    scratch = Path(tempfile.mkdtemp(prefix="lucid-latency-"))
+    try:
+        run, note = with_bounds(args.run, scratch)
+        print(note)
+        x = original_units(run)
+        results = {"run": str(args.run), "bounds": note, "cpu_count": os.cpu_count(),
+                   "in_process": in_process(run, x, scratch / "memo-inproc.sqlite", args.repeats),
+                   "http": over_http(run, x, scratch / "memo-http.sqlite", args.clients, args.requests)}
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    ip, h = results["in_process"], results["http"]
+    print(f"in-process, {ip['queries']} test queries ({100 * ip['noised_fraction']:.1f} % noised):")
+    print(f"  single query: mean {ip['single_ms_mean']:.4f} ms, p50 {ip['single_ms_p50']:.4f} ms, "
+          f"p99 {ip['single_ms_p99']:.4f} ms (released {ip['single_ms_mean_released']}, "
+          f"noised {ip['single_ms_mean_noised']})   target <= 0.2 ms")
+    print(f"  batched: {ip['batched_ms_per_query_test_split']:.5f} ms/query (test split), "
+          f"{ip['batched_ms_per_query_100k']:.5f} ms/query (100k batch)   target <= 0.05 ms")
+    print(f"HTTP, {h['clients']} clients x {h['requests'] // h['clients']} requests: {h['throughput_rps']:.0f} req/s, "
+          f"p50 {h['p50_ms']:.2f} ms, p99 {h['p99_ms']:.2f} ms, failures {h['failures']}   target p99 <= 10 ms")
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
