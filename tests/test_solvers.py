@@ -281,3 +281,20 @@ def test_auto_without_gurobi_is_highs(monkeypatch):
     monkeypatch.setattr(registry, "available_solvers",
                         lambda: {"highs": True, "gurobi": False, "cbc": True, "scip": True})
     assert resolve_solver("auto", knapsack()) == "highs"
+
+
+def test_highs_thread_count_changes_and_concurrent_solves():
+    """HiGHS's global scheduler would fail a solve asking for a new thread count ('Not Set')."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    for threads in (1, 2, 1):
+        assert solve(knapsack(), "highs", SolverOptions(threads=threads)).upper_bound == 9.0
+    expected = {seed: brute_force(random_milp(seed)) for seed in range(2)}
+
+    def run(i: int) -> tuple[int, float]:
+        r = solve(random_milp(i % 2), "highs", SolverOptions(threads=1 + i % 2))
+        return i % 2, r.upper_bound
+
+    with ThreadPoolExecutor(4) as pool:
+        for seed, upper in pool.map(run, range(8)):
+            assert upper == pytest.approx(expected[seed], abs=1e-6)

@@ -9,6 +9,7 @@ true value. `SOUND_OPTIONS` is the single place where this is decided.
 from __future__ import annotations
 
 import math
+import threading
 import time
 
 import numpy as np
@@ -18,6 +19,21 @@ from lucid.solvers.base import ERROR, INFEASIBLE, OPTIMAL, TIME_LIMIT, SolveResu
 
 # Options that keep HiGHS sound on our fixture; callers may add more via `extra`, never remove.
 SOUND_OPTIONS: dict[str, object] = {"presolve": "off"}
+
+# HiGHS runs every solve of the process on one global task scheduler whose thread count is
+# fixed by the first solve; a later solve asking for another count fails ("Not Set"), and
+# resetting the scheduler is not safe while other Python threads solve. So the first request
+# fixes the count for the process and later ones reuse it (threads only affect speed).
+_scheduler_lock = threading.Lock()
+_scheduler_threads: int | None = None
+
+
+def _process_threads(requested: int) -> int:
+    global _scheduler_threads
+    with _scheduler_lock:
+        if _scheduler_threads is None:
+            _scheduler_threads = requested
+        return _scheduler_threads
 
 
 def solve_highs(
@@ -34,7 +50,8 @@ def solve_highs(
         h.setOptionValue(key, value)
     if options.time_limit is not None:
         h.setOptionValue("time_limit", float(max(options.time_limit, 0.0)))
-    h.setOptionValue("threads", int(options.threads))
+    threads = _process_threads(int(options.threads))
+    h.setOptionValue("threads", threads)
     h.setOptionValue("mip_rel_gap", float(options.mip_rel_gap))
     h.setOptionValue("mip_abs_gap", float(options.mip_abs_gap))
     h.passModel(to_highs_lp(model))
@@ -49,7 +66,7 @@ def solve_highs(
     has_solution = info.primal_solution_status == highspy.kSolutionStatusFeasible
     solution = np.asarray(h.getSolution().col_value, dtype=np.float64) if has_solution else None
     incumbent = float(info.objective_function_value) if has_solution else None
-    nodes = int(info.mip_node_count) if is_mip else 0
+    nodes = max(int(info.mip_node_count), 0) if is_mip else 0
     dual = float(info.mip_dual_bound) if is_mip else math.inf
     if not math.isfinite(dual) and is_mip and status == MS.kOptimal and incumbent is not None:
         dual = incumbent  # MIP solved without branching: the bound is the optimum itself
@@ -83,5 +100,5 @@ def solve_highs(
         seconds=seconds,
         solver="highs",
         message=message,
-        stats={"build_seconds": build_seconds, "highs_status": message},
+        stats={"build_seconds": build_seconds, "highs_status": message, "threads": threads},
     )
