@@ -28,7 +28,11 @@ def command(data: str, out: str, **options) -> None:
     or sklearn:NAME for breast_cancer, wine, digits, iris) into the run directory OUT."""
     from lucid.training import train_run
 
-    run_dir = train_run(data, out, **options)
+    try:
+        run_dir = train_run(data, out, **options)
+    except KeyboardInterrupt:
+        click.echo(f"lucid: finished chunks are kept in {out}.partial; re-run the same command to resume", err=True)
+        raise
     click.echo(_summary(run_dir), err=True)
 
 
