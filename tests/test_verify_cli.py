@@ -197,3 +197,10 @@ def test_corrupt_foreign_or_mismatched_checkpoint(tmp_path, capsys):
     before = json.loads((run / "bounds.json").read_text())["bounds"]
     again = verify_run(run, workers=1, progress=False, classes="0", resume=True)
     assert again["bounds"]["0"]["upper"] == before["0"]["upper"]
+
+
+def test_process_pool_equals_in_process(tiny_run, naive_no_ris):
+    result = verify_run(tiny_run, workers=2, ris=False, classes="1", progress=False)
+    assert list(result["bounds"]) == ["1"] and result["options"]["workers"] == 2
+    b = result["bounds"]["1"]
+    assert b["complete"] and abs(b["upper"] - naive_no_ris["bounds"]["1"]["upper"]) <= MARGIN_SLACK

@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from lucid.bab.node import CLOSED, FINAL, OPEN, PENDING, RUNNING, SPLIT, Node, decode_float, encode_float
+from lucid.bab.node import CLOSED, FINAL, OPEN, PENDING, RUNNING, SETTLED, SPLIT, STUCK, Node, decode_float, encode_float
 from lucid.bab.split import split_positions
 from lucid.errors import LucidError
 
@@ -341,17 +341,40 @@ class Engine:
         self._emit("class_done", cs.cls, upper=cs.upper, lower=cs.lower, complete=complete, reason=reason,
                    solved=cs.solved, open=len(cs.nodes))
 
+    def _close_dominated(self, cs: ClassState) -> None:
+        """Close every waiting node the best lower bound makes irrelevant (not running ones)."""
+        for node in list(cs.nodes.values()):
+            if node.state in (OPEN, PENDING, SETTLED, STUCK) and self._can_close(cs, node):
+                self._close(cs, node, "bound <= best lower")
+
     def _advance(self, cs: ClassState) -> None:
-        """Apply the stopping and closing rules, then branch open nodes while workers would idle."""
+        """Apply the stopping and closing rules, then branch open nodes while workers would idle.
+
+        A node that cannot be branched (a singleton, or the root with --no-bab) leaves the queue
+        once solved: SETTLED if its bound is proved, STUCK if not (after the retries). Both stay
+        active, so their bounds still count in the anytime upper bound; the class is exact once
+        the largest active node is SETTLED — the paper's "proved singleton on top" rule.
+        """
         cfg = self.config
         while not cs.done:
+            self._close_dominated(cs)
+            self._update_anytime(cs)
             if not cs.nodes:
                 # Everything closed: no network can leak above the best lower bound.
-                self._update_anytime(cs)
                 self._finish(cs, True, "all nodes closed")
                 return
             if cs.lower is not None and cs.upper - cs.lower <= cfg.gap:
                 self._finish(cs, True, f"gap <= {cfg.gap}")
+                return
+            best = max(cs.nodes.values(), key=lambda n: (n.upper, n.state == SETTLED))
+            if best.state == SETTLED:
+                best.state = FINAL
+                self._emit("final", cs.cls, node=best.id, parent=best.parent, size=best.size, upper=best.upper)
+                self._finish(cs, True, "proved singleton on top" if best.is_singleton else "hyper-network solved")
+                return
+            if best.state == STUCK and not any(n.state in (OPEN, PENDING, RUNNING) for n in cs.nodes.values()):
+                # Nothing left that could improve the bound: the unproved bound stands (sound).
+                self._finish(cs, False, "unproved node on top (node time limit)")
                 return
             while cs.open_heap and (
                 cs.open_heap[0][1] not in cs.nodes or cs.nodes[cs.open_heap[0][1]].state != OPEN
@@ -360,33 +383,18 @@ class Engine:
             if not cs.open_heap:
                 return  # waiting for pending / running nodes
             top = cs.nodes[cs.open_heap[0][1]]
-            if self._can_close(cs, top):
+            if top.is_singleton or not (cfg.bab or cfg.naive):
                 heapq.heappop(cs.open_heap)
-                self._close(cs, top, "bound <= best lower")
-                self._update_anytime(cs)
-                continue
-            others = max((n.upper for n in cs.nodes.values() if n.state != OPEN), default=-INF)
-            if top.is_singleton or (not cfg.bab and not cfg.naive):
-                if top.upper < others:
-                    return  # an unsolved node may still be larger: wait for it
                 if top.proved:
-                    heapq.heappop(cs.open_heap)
-                    top.state = FINAL
-                    self._emit("final", cs.cls, node=top.id, parent=top.parent, size=top.size, upper=top.upper)
-                    self._update_anytime(cs)
-                    self._finish(cs, True, "proved singleton on top" if top.is_singleton else "hyper-network solved")
-                    return
-                if top.is_singleton and cfg.node_time_limit is not None and top.attempts < MAX_SINGLETON_ATTEMPTS:
-                    heapq.heappop(cs.open_heap)
+                    top.state = SETTLED
+                elif top.is_singleton and cfg.node_time_limit is not None and top.attempts < MAX_SINGLETON_ATTEMPTS:
                     top.state = PENDING  # retry with a longer node time limit; keeps its bound
                     heapq.heappush(cs.pending_heap, (-top.upper, top.id))
                     self._emit("retry", cs.cls, node=top.id, parent=top.parent, size=top.size, upper=top.upper,
                                attempt=top.attempts + 1)
-                    return
-                if not any(n.state in (PENDING, RUNNING) for n in cs.nodes.values()):
-                    # Nothing left that could improve the bound: the unproved bound stands.
-                    self._finish(cs, False, "unproved node on top (node time limit)")
-                return
+                else:
+                    top.state = STUCK
+                continue
             # Branch only while workers would otherwise idle: later nodes may be closed by a better
             # lower bound before they are ever solved.
             pending = sum(1 for n in cs.nodes.values() if n.state == PENDING)
@@ -394,7 +402,6 @@ class Engine:
                 return
             heapq.heappop(cs.open_heap)
             self._split(cs, top)
-            self._update_anytime(cs)
 
     # --- main loop ---------------------------------------------------------------------------------
     def run(self, poll: float = 0.25) -> dict[int, ClassState]:

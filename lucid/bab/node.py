@@ -17,6 +17,8 @@ RUNNING = "running"  # submitted to a worker
 OPEN = "open"  # solved, in the priority queue
 SPLIT = "split"  # branched into children
 CLOSED = "closed"  # cannot raise beta_c (upper <= best lower, or infeasible)
+SETTLED = "settled"  # solved, cannot be branched, bound proved (a singleton): waits to be on top
+STUCK = "stuck"  # solved, cannot be branched, bound not proved even after retries: keeps its bound
 FINAL = "final"  # a proved singleton on top of the queue: its bound is beta_c
 
 PROVED_STATUSES = ("optimal", "infeasible")
