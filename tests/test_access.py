@@ -270,3 +270,17 @@ def test_memo_is_consistent_under_concurrent_writers(tmp_path):
     assert not errors
     assert all(a == answers[0] for a in answers)
     assert len(memos[0]) == 50
+
+
+def test_no_noise_is_drawn_for_memo_hits():
+    memo = Memo(None)
+    calls = []
+
+    def propose(missing):
+        calls.append(missing.tolist())
+        return np.full(len(missing), 2)
+
+    assert memo.get_or_put([b"a", b"b"], propose).tolist() == [2, 2]
+    assert memo.get_or_put([b"a", b"c", b"a"], propose).tolist() == [2, 2, 2]
+    assert memo.get_or_put([b"c", b"b"], propose).tolist() == [2, 2]  # all hits: no call
+    assert calls == [[0, 1], [1]]

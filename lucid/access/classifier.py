@@ -227,8 +227,12 @@ class LabelOnlyClassifier:
             width = rows.shape[1] * 8
             buf = rows.tobytes()
             keys = [buf[i : i + width] for i in range(0, len(buf), width)]
-            proposals = exponential_mechanism(cls[noised], self.num_classes, self.epsilon, self.rng)
-            out[noised] = self.memo.get_or_put(keys, proposals)
+            centre = cls[noised]
+
+            def propose(missing: np.ndarray) -> np.ndarray:
+                return exponential_mechanism(centre[missing], self.num_classes, self.epsilon, self.rng)
+
+            out[noised] = self.memo.get_or_put(keys, propose)
         return (out, noised) if return_noised else out
 
     def predict_index(self, X: Any) -> np.ndarray:

@@ -22,7 +22,7 @@ import sqlite3
 import threading
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -31,6 +31,7 @@ from lucid.errors import LucidError
 MEMO_FORMAT = "lucid-memo/1"
 DEFAULT_MEMO_SIZE = 1_000_000
 _CHUNK = 500  # keys per SELECT ... IN (...), well under SQLite's bound-parameter limit
+_MAX_PENDING_TOUCHES = 10_000  # LRU updates of memo hits kept in memory before a write
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS memo (key BLOB PRIMARY KEY, label INTEGER NOT NULL, used INTEGER NOT NULL)
@@ -59,6 +60,7 @@ class Memo:
         self.max_size = int(max_size)
         self.path = None if path is None else Path(path)
         self._lock = threading.Lock()
+        self._pending_touches: dict[bytes, int] = {}
         target = ":memory:" if self.path is None else str(self.path)
         if self.path is not None and not self.path.parent.is_dir():
             raise LucidError(f"cannot create the memo {self.path}: {self.path.parent} is not a directory")
@@ -126,9 +128,22 @@ class Memo:
             db.execute("UPDATE meta SET value = ? WHERE name = 'count'", (count,))
         return count
 
-    def get_or_put(self, keys: Sequence[bytes], proposals: np.ndarray) -> np.ndarray:
+    def _select(self, db: sqlite3.Connection, keys: Sequence[bytes]) -> dict[bytes, int]:
+        stored: dict[bytes, int] = {}
+        unique = list(dict.fromkeys(keys))
+        for start in range(0, len(unique), _CHUNK):
+            part = unique[start : start + _CHUNK]
+            marks = ",".join("?" * len(part))
+            stored.update(db.execute(f"SELECT key, label FROM memo WHERE key IN ({marks})", part).fetchall())
+        return stored
+
+    def get_or_put(
+        self, keys: Sequence[bytes], proposals: np.ndarray | Callable[[np.ndarray], np.ndarray]
+    ) -> np.ndarray:
         """The stored label of each key; keys not stored yet get (and keep) their proposal.
 
+        `proposals` is one label per key, or a function from the positions of the keys not
+        stored yet to their proposals (so no noise is drawn for memo hits).
         Duplicate keys within one call share the first one's answer. Returns int64 labels.
         """
         out = np.empty(len(keys), dtype=np.int64)
@@ -138,14 +153,25 @@ class Memo:
         # sharing one file need no shared counter; skew only changes which old entry goes first.
         now = time.time_ns()
         try:
+            # Fast path, no write transaction: a stored label never changes, so if every key is
+            # already stored the answer is final. Their LRU positions are updated lazily, with the
+            # next write (losing them in a crash only changes which entry is evicted first).
+            with self._lock:
+                stored = self._select(self._db, keys)
+                if len(stored) == len(set(keys)):
+                    for i, key in enumerate(keys):
+                        out[i] = stored[key]
+                        self._pending_touches[key] = now + i
+                    if len(self._pending_touches) < _MAX_PENDING_TOUCHES:
+                        return out
             with self._transaction() as db:
-                unique = list(dict.fromkeys(keys))
-                stored: dict[bytes, int] = {}
-                for start in range(0, len(unique), _CHUNK):
-                    part = unique[start : start + _CHUNK]
-                    marks = ",".join("?" * len(part))
-                    stored.update(db.execute(f"SELECT key, label FROM memo WHERE key IN ({marks})", part).fetchall())
-                inserts, touches = [], []
+                stored = self._select(db, keys)  # again: another process may have written since
+                if callable(proposals):
+                    missing = np.array([i for i, key in enumerate(keys) if key not in stored], dtype=np.int64)
+                    drawn = np.asarray(proposals(missing), dtype=np.int64)
+                    proposals = np.zeros(len(keys), dtype=np.int64)
+                    proposals[missing] = drawn
+                inserts = []
                 for i, (key, proposal) in enumerate(zip(keys, proposals)):
                     label = stored.get(key)
                     if label is None:
@@ -153,15 +179,17 @@ class Memo:
                         stored[key] = label
                         inserts.append((key, label, now + i))
                     else:
-                        touches.append((now + i, key))
+                        self._pending_touches[key] = now + i
                     out[i] = label
                 if inserts:
                     db.executemany("INSERT INTO memo (key, label, used) VALUES (?, ?, ?)", inserts)
-                if touches:
-                    db.executemany("UPDATE memo SET used = ? WHERE key = ?", touches)
+                if self._pending_touches:
+                    db.executemany("UPDATE memo SET used = ? WHERE key = ?",
+                                   [(t, k) for k, t in self._pending_touches.items()])
+                    self._pending_touches.clear()
                 if inserts:
                     count = int(db.execute("SELECT value FROM meta WHERE name = 'count'").fetchone()[0])
-                    count = self._evict(db, count + len(inserts), always_store=True)
+                    self._evict(db, count + len(inserts), always_store=True)
         except sqlite3.DatabaseError as exc:
             raise MemoError(f"the memo database failed: {exc}") from None
         return out
@@ -177,5 +205,14 @@ class Memo:
             return int(self._db.execute("SELECT COUNT(*) FROM memo").fetchone()[0])
 
     def close(self) -> None:
+        """Close the database, saving the LRU positions of recent hits first (best effort)."""
+        if self._pending_touches:
+            try:
+                with self._transaction() as db:
+                    db.executemany("UPDATE memo SET used = ? WHERE key = ?",
+                                   [(t, k) for k, t in self._pending_touches.items()])
+                    self._pending_touches.clear()
+            except sqlite3.DatabaseError:
+                pass
         with self._lock:
             self._db.close()
