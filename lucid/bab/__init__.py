@@ -75,6 +75,32 @@ def _bound_out(v: float | None, *, upper: bool) -> float | None:
     return float(v)
 
 
+def _reconcile_with_log(states: dict, log_path: Path, result_options: dict) -> None:
+    """Carry over anytime upper bounds logged after the last checkpoint (a kill -9 can fall between
+    a solved node's log event and the next checkpoint). Those bounds were proved by MILPs of this
+    same verification (the log's last start/resume has the checkpoint's options), so they are
+    sound, and the resumed log's anytime upper keeps never rising."""
+    from lucid.bab.events import read_events
+
+    if not log_path.exists():
+        return
+    try:
+        events = read_events(log_path)
+    except (OSError, UnicodeDecodeError):
+        return
+    starts = [e for e in events if e.get("event") in ("started", "resumed") and e.get("class") is None]
+    if not starts:
+        return
+    for start in starts:
+        opts = start.get("options") or {}
+        if any(opts.get(k) != v for k, v in result_options.items()):
+            return
+    for e in events:
+        if e.get("event") == "anytime" and e.get("class") in states and e.get("upper") is not None:
+            cs = states[e["class"]]
+            cs.upper = min(cs.upper, float(e["upper"]))
+
+
 def verify_run(
     run_dir: str | Path,
     *,
@@ -119,13 +145,6 @@ def verify_run(
     run = open_run(run_dir)
     cls_list = parse_classes(classes, run.num_classes)
 
-    from lucid import verifier
-
-    problem = verifier.VerificationProblem.from_run(run, bounds=bounds)
-    stack = problem.stack
-    num_networks = len(stack)
-    if num_networks < 2:
-        raise LucidError(f"{run.path} has no leave-one-out networks to verify")
     settings = {
         "solver": solver,
         "encoding": {"md": md, "md_pre": md, "ris": ris, "tau": float(tau), "bounds": bounds},
@@ -140,7 +159,10 @@ def verify_run(
     }
     run_path = Path(run.path)
     ckpt_path = run_path / CHECKPOINT_FILE
-    fingerprint = run_fingerprint(run_path)
+    try:
+        fingerprint = run_fingerprint(run_path)
+    except OSError as exc:
+        raise LucidError(f"cannot read the networks of {run_path}: {exc}") from None
     states = None
     elapsed_before = 0.0
     if resume:
@@ -152,7 +174,16 @@ def verify_run(
         if sorted(states) != cls_list:
             raise LucidError(f"checkpoint {ckpt_path} is corrupt (its classes do not match)")
         elapsed_before = float(saved["elapsed"])
+        _reconcile_with_log(states, run_path / LOG_FILE, result_options)
 
+    # Only now the expensive part (loading every network, N's bounds): bad input has failed fast.
+    from lucid import verifier
+
+    problem = verifier.VerificationProblem.from_run(run, bounds=bounds)
+    stack = problem.stack
+    num_networks = len(stack)
+    if num_networks < 2:
+        raise LucidError(f"{run.path} has no leave-one-out networks to verify")
     screen_fn = None
     if screen and hasattr(verifier, "screen_upper_bounds"):
         screen_fn = partial(verifier.screen_upper_bounds, problem)

@@ -414,11 +414,17 @@ class Engine:
         for cs in self.states.values():
             if not cs.done and not cs.nodes and cs.solved == 0 and cs.next_id == 0:
                 self._seed(cs)
+        dirty = True
         try:
             while True:
                 for cs in self.states.values():
                     if not cs.done:
                         self._advance(cs)
+                if dirty and self.on_checkpoint is not None:
+                    # After the results *and* the splits/closures they caused, so a resumed run
+                    # continues from a state at least as advanced as every event already logged.
+                    self.on_checkpoint(self)
+                    dirty = False
                 if all(cs.done for cs in self.states.values()):
                     break
                 if self.config.time_limit is not None and self.elapsed() >= self.config.time_limit:
@@ -438,8 +444,7 @@ class Engine:
                 results = self.executor.completed(wait)
                 for key, outcome in results:
                     self._on_result(key, outcome)
-                if results and self.on_checkpoint is not None:
-                    self.on_checkpoint(self)
+                dirty = dirty or bool(results)
                 if self.on_progress is not None:
                     self.on_progress(self)
         finally:

@@ -86,6 +86,11 @@ _WORKER_STATE: dict = {}
 
 
 def _init_worker(problem: Any, settings: dict) -> None:
+    import signal
+
+    # Ctrl-C is handled by the driver (it checkpoints and stops the pool); workers must not print
+    # their own KeyboardInterrupt tracebacks.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     _WORKER_STATE["problem"] = problem
     _WORKER_STATE["settings"] = settings
 
