@@ -153,12 +153,20 @@ def test_negative_zero_and_rounding_at_the_domain_edge(run_dir):
         ([[10.5, -4.8], [10.5]], "rectangular"),
         ([[9.0, -4.8]], "outside the verified domain"),
         ([[10.5, -4.0]], "outside the verified domain"),
+        ([[1.7e308, -4.8]], "outside the verified domain"),
     ],
 )
 def test_bad_inputs_are_refused_with_a_clear_message(run_dir, bad, message):
     clf = LabelOnlyClassifier.from_run(run_dir, epsilon=1.0, seed=0)
     with pytest.raises(LucidError, match=message):
         clf.predict(bad)
+
+
+def test_clip_still_refuses_values_that_overflow_when_scaled(run_dir):
+    clf = LabelOnlyClassifier.from_run(run_dir, epsilon=1.0, clip=True)
+    assert clf.predict([[1e300, -4.8]]).shape == (1,)  # clipped
+    with pytest.raises(LucidError, match="outside the verified domain"):
+        clf.predict([[-1.7e308, 1.7e308]])  # (x - offset) * scale overflows to inf
 
 
 def test_empty_batch(run_dir):

@@ -180,7 +180,11 @@ class LabelOnlyClassifier:
 
     def to_network_space(self, X: np.ndarray) -> np.ndarray:
         """Scale validated inputs and enforce the verified domain (refuse, or clip with clip=True)."""
-        xn = (X - self.offset) * self.scale
+        with np.errstate(over="ignore", invalid="ignore"):
+            xn = (X - self.offset) * self.scale
+        if not np.isfinite(xn).all():  # overflow while scaling (|x| near the float limit)
+            row = int(np.argwhere(~np.isfinite(xn))[0][0])
+            raise LucidError(f"input {row} is far outside the verified domain; the service only answers inside it")
         if not self.clip:
             bad = (xn < self._lower_tol) | (xn > self._upper_tol)
             if bad.any():
