@@ -222,12 +222,16 @@ class LabelOnlyClassifier:
         return cls, needs_noise(conf, cls, self.bounds)
 
     def predict_network_space(self, xn: np.ndarray, return_noised: bool = False):
-        """Class ids for in-domain network-space inputs (evaluate uses this on the test split)."""
+        """Class ids for in-domain network-space inputs (evaluate uses this on the test split).
+
+        Bounds are read once, at construction: a later, tighter bounds.json (anytime verification
+        continuing) takes effect on restart; the older, larger bound stays sound meanwhile.
+        """
         cls, noised = self.decide(xn)
         out = cls
         if noised.any():
             out = cls.copy()
-            rows = np.ascontiguousarray(xn[noised], dtype=np.float64)
+            rows = np.ascontiguousarray(xn[noised], dtype=np.float64) + 0.0  # -0.0 -> 0.0: one key per point
             width = rows.shape[1] * 8
             buf = rows.tobytes()
             keys = [buf[i : i + width] for i in range(0, len(buf), width)]
