@@ -101,7 +101,15 @@ def read_mps(path: str | os.PathLike) -> MilpModel:
     status = h.readModel(str(path))
     if status == highspy.HighsStatus.kError:
         raise LucidError(f"read_mps: HiGHS could not parse {path}")
-    lp = h.getLp()
+    model = from_highs_lp(h.getLp())
+    model.meta["source"] = str(path)
+    return model
+
+
+def from_highs_lp(lp) -> MilpModel:
+    """A `highspy.HighsLp` as a `MilpModel`; a minimisation is negated into a maximisation."""
+    import highspy
+
     n, m = lp.num_col_, lp.num_row_
     mat = lp.a_matrix_
     start = np.asarray(mat.start_, dtype=np.int64)
@@ -128,5 +136,4 @@ def read_mps(path: str | os.PathLike) -> MilpModel:
         objective_offset=sign * float(lp.offset_),
         names=list(lp.col_names_),
         row_names=list(lp.row_names_),
-        meta={"source": str(path)},
     )
