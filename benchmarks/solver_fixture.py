@@ -45,9 +45,9 @@ CONFIGS: list[tuple[str, str, dict, bool]] = [
 # beta*, HiGHS with presolve off does not — the wrong bound comes from HiGHS's branch-and-bound
 # on that reduced model, not from an invalid reduction.
 PRESOLVED_CONFIGS: list[tuple[str, str, dict, bool]] = [
-    ("[presolved] highs (shipped)", "highs", {}, False),
-    ("[presolved] gurobi", "gurobi", {}, False),
-    ("[presolved] scip", "scip", {}, False),
+    ("presolved: highs (shipped)", "highs", {}, False),
+    ("presolved: gurobi", "gurobi", {}, False),
+    ("presolved: scip", "scip", {}, False),
 ]
 
 
