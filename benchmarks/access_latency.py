@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import multiprocessing
 import os
 import shutil
 import socket
@@ -25,7 +26,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -125,6 +125,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _client(port: int, rows: list, t: int, count: int) -> tuple[list[float], int, float, float]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    latencies, failures = [], 0
+    started = time.time()
+    for j in range(count):
+        body = json.dumps({"inputs": [rows[(t * 7919 + j) % len(rows)]]})
+        t0 = time.perf_counter()
+        conn.request("POST", "/v1/predict", body, {"content-type": "application/json"})
+        resp = conn.getresponse()
+        resp.read()
+        latencies.append(time.perf_counter() - t0)
+        failures += resp.status != 200
+    conn.close()
+    return latencies, failures, started, time.time()
+
+
 def over_http(run: Path, x: np.ndarray, memo: Path, clients: int, requests: int) -> dict:
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "lucid", "serve", str(run), "--epsilon", "1", "--port", str(port),
@@ -144,36 +160,20 @@ def over_http(run: Path, x: np.ndarray, memo: Path, clients: int, requests: int)
                 raise SystemExit("the server did not start")
             time.sleep(0.2)
         rows = x.tolist()
-        latencies: list[list[float]] = [[] for _ in range(clients)]
-        failures = [0] * clients
-
-        def client(t: int) -> None:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-            for j in range(requests // clients):
-                body = json.dumps({"inputs": [rows[(t * 7919 + j) % len(rows)]]})
-                t0 = time.perf_counter()
-                conn.request("POST", "/v1/predict", body, {"content-type": "application/json"})
-                resp = conn.getresponse()
-                resp.read()
-                latencies[t].append(time.perf_counter() - t0)
-                failures[t] += resp.status != 200
-            conn.close()
-
-        threads = [threading.Thread(target=client, args=(t,)) for t in range(clients)]
-        t0 = time.perf_counter()
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join()
-        wall = time.perf_counter() - t0
+        per_client = requests // clients
+        # One process per client: client threads would share a GIL and inflate the latencies.
+        with multiprocessing.get_context("spawn").Pool(clients) as pool:
+            outcomes = pool.starmap(_client, [(port, rows, t, per_client) for t in range(clients)])
+        # Wall time of the load itself (from the first client's start), not of spawning clients.
+        wall = max(o[3] for o in outcomes) - min(o[2] for o in outcomes)
     finally:
         proc.terminate()
         proc.wait(timeout=10)
-    lat = np.concatenate([np.asarray(l) for l in latencies]) * 1e3
+    lat = np.concatenate([np.asarray(o[0]) for o in outcomes]) * 1e3
     return {
         "clients": clients,
         "requests": int(lat.size),
-        "failures": int(sum(failures)),
+        "failures": int(sum(o[1] for o in outcomes)),
         "throughput_rps": float(lat.size / wall),
         "p50_ms": float(np.percentile(lat, 50)),
         "p99_ms": float(np.percentile(lat, 99)),
