@@ -298,3 +298,27 @@ def test_highs_thread_count_changes_and_concurrent_solves():
     with ThreadPoolExecutor(4) as pool:
         for seed, upper in pool.map(run, range(8)):
             assert upper == pytest.approx(expected[seed], abs=1e-6)
+
+
+def test_highs_runs_on_a_scheduler_started_elsewhere_with_other_threads():
+    """Another module calling highspy first (threads=3) must not make our solves fail."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent("""
+        import highspy, numpy as np, scipy.sparse as sp
+        from lucid.encodings.model import MilpModel
+        from lucid.encodings.mps import to_highs_lp
+        from lucid.solvers import SolverOptions, solve
+        m = MilpModel(A=sp.csr_matrix([[2.0, 3.0, 1.0]]), row_lower=np.array([-np.inf]),
+                      row_upper=np.array([5.0]), col_lower=np.zeros(3), col_upper=np.ones(3),
+                      integrality=np.ones(3, bool), objective=np.array([5.0, 4.0, 3.0]))
+        h = highspy.Highs(); h.silent(); h.setOptionValue("threads", 3)
+        h.passModel(to_highs_lp(m)); h.run()
+        print(solve(m, "highs", SolverOptions(threads=1)).upper_bound)
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert float(out.stdout.strip().splitlines()[-1]) == 9.0

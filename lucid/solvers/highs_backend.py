@@ -23,15 +23,16 @@ SOUND_OPTIONS: dict[str, object] = {"presolve": "off"}
 # HiGHS runs every solve of the process on one global task scheduler whose thread count is
 # fixed by the first solve; a later solve asking for another count fails ("Not Set"), and
 # resetting the scheduler is not safe while other Python threads solve. So the first request
-# fixes the count for the process and later ones reuse it (threads only affect speed).
+# fixes the count for the process and later ones reuse it (threads only affect speed); if
+# code outside LUCID started the scheduler first, we fall back to threads=0 ("use it").
 _scheduler_lock = threading.Lock()
 _scheduler_threads: int | None = None
 
 
-def _process_threads(requested: int) -> int:
+def _process_threads(requested: int, force: bool = False) -> int:
     global _scheduler_threads
     with _scheduler_lock:
-        if _scheduler_threads is None:
+        if _scheduler_threads is None or force:
             _scheduler_threads = requested
         return _scheduler_threads
 
@@ -56,7 +57,14 @@ def solve_highs(
     h.setOptionValue("mip_abs_gap", float(options.mip_abs_gap))
     h.passModel(to_highs_lp(model))
     build_seconds = time.perf_counter() - t0
-    h.run()
+    run_status = h.run()
+    if (run_status == highspy.HighsStatus.kError and threads != 0
+            and h.getModelStatus() == highspy.HighsModelStatus.kNotset):
+        # Someone else (e.g. an LP bound tightener calling highspy directly) started the
+        # scheduler with another thread count; threads=0 runs on whatever scheduler exists.
+        threads = _process_threads(0, force=True)
+        h.setOptionValue("threads", threads)
+        h.run()
     seconds = time.perf_counter() - t0
 
     MS = highspy.HighsModelStatus
