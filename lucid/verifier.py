@@ -222,39 +222,18 @@ def analyse_node(
     deadline = None if solver_options.time_limit is None else t0 + solver_options.time_limit
     stats["solves"] = []
     for group in groups:
-        t_enc = time.perf_counter()
-        model = encode_idp(
-            problem.n_weights, problem.n_biases, problem.n_bounds, hyper, diff, problem.lower, problem.upper,
-            cls, encoding, targets=group, margin_upper=problem.margin_upper,
-        )
-        enc_seconds = time.perf_counter() - t_enc
-        if model is None:
-            continue
         opts = SolverOptions(**vars(solver_options))
         if deadline is not None:
             opts.time_limit = max(deadline - time.perf_counter(), 0.1)
-        result = _solve_checked(model, solver, opts)
-        bound = result.upper_bound + safety_margin(result.upper_bound, model) if math.isfinite(result.upper_bound) else result.upper_bound
-        if result.status == ERROR:
-            bound = math.inf
-        witness = None
-        if result.solution is not None:
-            witness = find_leak(problem.stack, positions, model.witness_input(result.solution), cls, problem.lower, problem.upper)
-        if witness is not None and witness.confidence > bound:
-            log.error(
-                "UNSOUND: %s proved %.9g for class %d but a replayed witness reaches %.9g; retrying with other solvers",
-                result.solver, bound, cls, witness.confidence,
-            )
-            result = _retry_other(model, solver, opts, witness)
-            bound = result.upper_bound + safety_margin(result.upper_bound, model) if math.isfinite(result.upper_bound) else math.inf
+        solved = _solve_group(problem, hyper, diff, cls, group, encoding, solver, opts, positions)
+        if solved is None:
+            continue
+        bound, result, witness, info = solved
         upper = max(upper, bound)
         statuses.append(result.status)
         if witness is not None and (best is None or witness.confidence > best.confidence):
             best = witness
-        stats["solves"].append({
-            "targets": group, "encode_seconds": enc_seconds, **result.to_json(),
-            "cols": model.num_cols, "rows": model.num_rows, **{k: v for k, v in model.meta.items() if k != "targets"},
-        })
+        stats["solves"].append({"targets": group, **result.to_json(), **info})
     if not statuses:
         return NodeOutcome(-math.inf, None, None, None, INFEASIBLE, time.perf_counter() - t0, stats)
     status = ERROR if ERROR in statuses else TIME_LIMIT if TIME_LIMIT in statuses else OPTIMAL if OPTIMAL in statuses else INFEASIBLE
@@ -272,6 +251,99 @@ def analyse_node(
         seconds=time.perf_counter() - t0,
         stats=stats,
     )
+
+
+def _encode(problem: VerificationProblem, hyper: HyperNetwork, cls: int, group: list[int], encoding: EncodingOptions,
+            n_bounds: LayerBounds, diff: DifferenceBounds, relax_all: bool = False, beta_lower: float = -math.inf):
+    return encode_idp(
+        problem.n_weights, problem.n_biases, n_bounds, hyper, diff, problem.lower, problem.upper, cls, encoding,
+        targets=group, margin_upper=problem.margin_upper, relax_all=relax_all, beta_lower=beta_lower,
+    )
+
+
+def _solve_once(problem, model: MilpModel, cls: int, solver: str, opts: SolverOptions, positions: np.ndarray):
+    """Solve, add the safety margin, replay the witness; a contradiction triggers a fallback."""
+    result = _solve_checked(model, solver, opts)
+    bound = result.upper_bound + safety_margin(result.upper_bound, model) if math.isfinite(result.upper_bound) else result.upper_bound
+    if result.status == ERROR:
+        bound = math.inf
+    witness = None
+    if result.solution is not None:
+        witness = find_leak(problem.stack, positions, model.witness_input(result.solution), cls, problem.lower, problem.upper)
+    if witness is not None and witness.confidence > bound:
+        log.error(
+            "UNSOUND: %s proved %.9g for class %d but a replayed witness reaches %.9g; retrying with other solvers",
+            result.solver, bound, cls, witness.confidence,
+        )
+        result = _retry_other(model, solver, opts, witness)
+        bound = result.upper_bound + safety_margin(result.upper_bound, model) if math.isfinite(result.upper_bound) else math.inf
+    return bound, result, witness
+
+
+def _json_num(v: float) -> float | str:
+    v = float(v)
+    return v if math.isfinite(v) else ("inf" if v > 0 else "-inf")
+
+
+def _solve_group(problem, hyper, diff, cls, group, encoding: EncodingOptions, solver, opts: SolverOptions, positions):
+    """One MILP for the targets `group`; with `encoding.obbt`, a second, tightened one.
+
+    OBBT phase: a short first solve gives a replayed witness (a true lower bound LB); the node's
+    bounds are then tightened over its LP relaxation restricted to beta >= LB, which keeps the
+    optimum, and the tightened MILP gets the remaining time. Every phase's bound is sound, so the
+    node reports the smallest; the tightened output-difference interval is itself a bound
+    (beta <= s_c - s_t <= du_t - dl_c when N# prefers t).
+    """
+    t_enc = time.perf_counter()
+    model = _encode(problem, hyper, cls, group, encoding, problem.n_bounds, diff)
+    info: dict = {"encode_seconds": time.perf_counter() - t_enc}
+    if model is None:
+        return None
+    info.update(cols=model.num_cols, rows=model.num_rows, **{k: v for k, v in model.meta.items() if k != "targets" and not k.startswith("_")})
+    if not encoding.obbt:
+        bound, result, witness = _solve_once(problem, model, cls, solver, opts, positions)
+        return bound, result, witness, info
+    from lucid.bounds.obbt import tighten_node_bounds
+
+    t_start = time.perf_counter()
+    first = SolverOptions(**vars(opts))
+    first.time_limit = encoding.obbt_probe if opts.time_limit is None else min(encoding.obbt_probe, opts.time_limit / 4)
+    bound, result, witness = _solve_once(problem, model, cls, solver, first, positions)
+    info["probe_bound"] = _json_num(bound)
+    if result.status in (OPTIMAL, INFEASIBLE):
+        return bound, result, witness, info
+    lb = witness.confidence if witness is not None else -math.inf
+    t_obbt = time.perf_counter()
+    tightened = tighten_node_bounds(
+        lambda nb, df: _encode(problem, hyper, cls, group, encoding, nb, df, relax_all=True, beta_lower=lb),
+        problem.n_bounds, diff,
+    )
+    info["obbt_seconds"] = time.perf_counter() - t_obbt
+    if tightened is None:  # the relaxation restricted to beta >= LB is empty: only possible if LB = -inf
+        if witness is None:
+            result.status, result.upper_bound = INFEASIBLE, -math.inf
+            return -math.inf, result, None, info
+        return bound, result, witness, info
+    n_b, df = tightened
+    out_bound = max(df.pre.upper[-1][t] - df.pre.lower[-1][cls] for t in group)
+    out_bound += FP_REL * 4 * (1 + abs(out_bound))
+    info["obbt_output_bound"] = _json_num(out_bound)
+    model2 = _encode(problem, hyper, cls, group, encoding, n_b, df, beta_lower=lb)
+    if model2 is None:
+        return bound, result, witness, info
+    info["binaries_after_obbt"] = model2.num_integers
+    second = SolverOptions(**vars(opts))
+    if opts.time_limit is not None:
+        second.time_limit = max(opts.time_limit - (time.perf_counter() - t_start), 0.1)
+    bound2, result2, witness2 = _solve_once(problem, model2, cls, solver, second, positions)
+    if witness2 is not None and (witness is None or witness2.confidence > witness.confidence):
+        witness = witness2
+    best_bound = min(bound, bound2, out_bound)
+    if witness is not None and best_bound < witness.confidence:
+        log.error("UNSOUND: tightened bound %.9g is below a replayed witness %.9g; using the probe's bound", best_bound, witness.confidence)
+        best_bound = bound
+    result2.upper_bound = best_bound
+    return best_bound, result2, witness, info
 
 
 def _retry_other(model: MilpModel, solver: str, options: SolverOptions, witness: LeakWitness) -> SolveResult:

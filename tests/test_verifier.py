@@ -183,3 +183,16 @@ def test_from_run_caches_n_bounds(tmp_path):
     for a, b in zip(first.n_bounds.upper, second.n_bounds.upper):
         assert np.array_equal(a, b)
     assert np.array_equal(first.margin_upper, second.margin_upper)
+
+
+@pytest.mark.parametrize("seed,lo,classes", [(0, -1.0, 2), (1, -1.0, 3)])
+def test_node_bound_tightening_stays_sound(seed, lo, classes):
+    stack, lower, upper, problem = make(seed, lo, classes)
+    # a zero-second probe forces the tightening path even on problems HiGHS would close at once
+    options = EncodingOptions(obbt=True, obbt_probe=0.0)
+    for cls in range(classes):
+        exact = max(exact_for(stack, p, cls, lower, upper) for p in (1, 2))
+        out = analyse_node(problem, cls, [1, 2], encoding=options, solver_options=SolverOptions(time_limit=20))
+        assert out.upper >= exact
+        single = analyse_node(problem, cls, [1], encoding=options, solver_options=SolverOptions(time_limit=20))
+        assert single.upper >= exact_for(stack, 1, cls, lower, upper)

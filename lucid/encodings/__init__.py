@@ -16,6 +16,8 @@ class EncodingOptions:
     bounds: how N's pre-activation bounds are computed ("interval" or "lp").
     disjunction: the output disjunction "some class t beats c in N#" for C > 2: "bigm" (one
       binary per target class, paper 3c) or "split" (one sub-problem per target, max of bounds).
+    obbt: node-specific bound tightening over the node's own LP relaxation (lucid.bounds.obbt),
+      after a probe solve of `obbt_probe` seconds that supplies a replayed lower bound.
     """
 
     md: bool = True
@@ -24,6 +26,8 @@ class EncodingOptions:
     tau: float = 0.01
     bounds: str = "lp"
     disjunction: str = "split"
+    obbt: bool = False
+    obbt_probe: float = 5.0
 
 
 __all__ = ["EncodingOptions", "MilpModel"]

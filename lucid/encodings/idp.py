@@ -51,11 +51,15 @@ def encode_idp(
     options: EncodingOptions,
     targets: list[int] | None = None,
     margin_upper: np.ndarray | None = None,
+    relax_all: bool = False,
+    beta_lower: float = -np.inf,
 ) -> MilpModel | None:
     """The MILP of Eq. 3, or None when no target class is possible (beta* = -inf).
 
     `targets` restricts the disjunction to these classes of N# (one sub-problem per target when
     the caller splits); `margin_upper[c, t]` are optional sound upper bounds of s_c - s_t for N.
+    `relax_all` gives every ReLU the triangle relaxation (the LP used for bound tightening);
+    `beta_lower` restricts beta to a known true lower bound of beta* (the optimum is unchanged).
     """
     L = len(weights)
     exact = hyper.exact
@@ -82,6 +86,7 @@ def encode_idp(
             np.abs(prods).max(0).sum(1) + np.maximum(np.abs(hyper.b_lo[0]), np.abs(hyper.b_hi[0])),
         )
 
+    cols: dict = {"n_pre": [], "h_pre": [], "n_post": [], "h_post": []}  # for bound tightening
     z, zh = x, x  # N's and N#'s current layer outputs
     for k in range(L):
         nl, nu = n_bounds.lower[k], n_bounds.upper[k]
@@ -91,6 +96,8 @@ def encode_idp(
         bias = n_b0 if k == 0 else biases[k]
         _affine_rows(b, zhat, z, weights[k], bias, bias, f"n{k}.aff")
         zhat_h = b.add_vars(n_out, hl, hu, f"h{k}.zhat")
+        cols["n_pre"].append(zhat)
+        cols["h_pre"].append(zhat_h)
         if exact:
             hb = h_b0_lo if k == 0 else hyper.b_lo[k]
             _affine_rows(b, zhat_h, zh, hyper.w_lo[k], hb, hb, f"h{k}.aff")
@@ -104,9 +111,11 @@ def encode_idp(
         if k == L - 1:
             z, zh = zhat, zhat_h
             break
-        z, s_n = encode_relu(b, zhat, nl, nu, f"n{k}")
-        relax = relax_if_similar(diff.pre.lower[k], diff.pre.upper[k], options.ris, options.tau, exact)
+        z, s_n = encode_relu(b, zhat, nl, nu, f"n{k}", relax=np.full(n_out, relax_all))
+        relax = relax_if_similar(diff.pre.lower[k], diff.pre.upper[k], options.ris, options.tau, exact) | relax_all
         zh, s_h = encode_relu(b, zhat_h, hl, hu, f"h{k}", relax=relax)
+        cols["n_post"].append(z)
+        cols["h_post"].append(zh)
         stats["binaries_n"] += s_n["binaries"]
         stats["binaries_hyper"] += s_h["binaries"]
         stats["relaxed"] += s_h["relaxed"]
@@ -121,7 +130,13 @@ def encode_idp(
         return min(interval, margin_upper[cls, t]) if margin_upper is not None else interval
 
     beta_ub = min(margin(t) for t in others)
-    beta = b.add_vars(1, -np.inf, beta_ub, "beta")
+    # beta* >= min over the domain of C_N^c whenever the node is feasible, so this finite
+    # lower bound never cuts off the optimum (and keeps every column bounded for rigorous duals)
+    floor = min(nl[cls] - nu[t] for t in others)
+    floor -= 1e-9 * (1 + abs(floor))
+    beta = b.add_vars(1, min(max(beta_lower, floor), beta_ub), beta_ub, "beta")
+    cols["beta"] = int(beta[0])
+    stats["_columns"] = cols  # not JSON: dropped from reported statistics
     b.objective[int(beta[0])] = 1.0
     # beta - s_c + s_t <= 0
     b.add_rows(
