@@ -1,6 +1,7 @@
 """MILP backends: one `solve()` for HiGHS, Gurobi, CBC (PuLP) and SCIP, all reporting proved bounds."""
 
 from lucid.encodings.mps import read_mps, write_mps
+from lucid.errors import SolverError, UnsoundSolverResult
 from lucid.solvers.base import (
     ERROR,
     INFEASIBLE,
@@ -24,7 +25,9 @@ __all__ = [
     "SOLVER_NAMES",
     "TIME_LIMIT",
     "SolveResult",
+    "SolverError",
     "SolverOptions",
+    "UnsoundSolverResult",
     "available_solvers",
     "check_result",
     "read_mps",
