@@ -33,12 +33,12 @@ DATA = REPO.parent / "shared" / "data" / "crypto"
 
 VARIANTS = {
     # name: verify_run keyword arguments (paper Table 4 naming)
-    "naive": dict(naive=True, md=False, ris=False, screen=False),
-    "H": dict(bab=False, md=False, ris=False, screen=False),
-    "HM": dict(bab=False, md=True, ris=False, screen=False),
-    "HMRiS": dict(bab=False, md=True, ris=True, screen=False),
-    "HMB": dict(bab=True, md=True, ris=False, screen=False),
-    "full": dict(bab=True, md=True, ris=True, screen=True),
+    "naive": dict(naive=True, md=False, ris=False, screen=False, search=False),
+    "H": dict(bab=False, md=False, ris=False, screen=False, search=False),
+    "HM": dict(bab=False, md=True, ris=False, screen=False, search=False),
+    "HMRiS": dict(bab=False, md=True, ris=True, screen=False, search=False),
+    "HMB": dict(bab=True, md=True, ris=False, screen=False, search=False),
+    "full": dict(bab=True, md=True, ris=True, screen=True, search=True),
 }
 
 

@@ -119,6 +119,7 @@ def verify_run(
     scheduler: Any = None,
     progress: bool = True,
     screen: bool = True,
+    search: bool = True,
     bounds: str = "lp",
 ) -> dict:
     """Compute per-class iDP decision bounds of a run; writes and returns the bounds.json content."""
@@ -154,7 +155,7 @@ def verify_run(
     # The options that determine the result: a resume must use the same ones.
     result_options = {
         "solver": solver, "tau": float(tau), "gap": float(gap), "md": md, "ris": ris, "bab": bab,
-        "naive": naive, "screen": screen, "bounds": bounds, "node_time_limit": node_time_limit,
+        "naive": naive, "screen": screen, "search": search, "bounds": bounds, "node_time_limit": node_time_limit,
         "classes": cls_list,
     }
     run_path = Path(run.path)
@@ -187,6 +188,16 @@ def verify_run(
     screen_fn = None
     if screen and hasattr(verifier, "screen_upper_bounds"):
         screen_fn = partial(verifier.screen_upper_bounds, problem)
+
+    search_fn = None
+    if search:
+        from lucid.bab.witness import search_witness
+
+        try:
+            points = run.data().get("X_train")
+        except LucidError:
+            points = None  # the search then samples the domain only
+        search_fn = partial(search_witness, problem, points=points)
 
     if workers is None and scheduler is None:
         workers = os.cpu_count() or 1
@@ -229,7 +240,7 @@ def verify_run(
         with LiveDisplay(title, enabled=progress) as display:
             engine = Engine(
                 executor, cls_list, num_networks, config,
-                params=stack.flat_parameters, screen=screen_fn, log=log,
+                params=stack.flat_parameters, screen=screen_fn, search=search_fn, log=log,
                 on_progress=display.update, on_checkpoint=checkpoint, states=states,
             )
             engine.run()

@@ -133,6 +133,7 @@ class Engine:
         *,
         params: np.ndarray | Callable[[], np.ndarray] | None = None,
         screen: Callable[[int, np.ndarray], np.ndarray] | None = None,
+        search: Callable[[int, np.ndarray], Any] | None = None,
         log: Any = None,
         on_progress: Callable[["Engine"], None] | None = None,
         on_checkpoint: Callable[["Engine"], None] | None = None,
@@ -143,6 +144,7 @@ class Engine:
         self.num_networks = num_networks  # stack size; positions 1..num_networks-1
         self._params = params
         self._screen_fn = screen
+        self._search_fn = None if config.naive else search
         self.log = log
         self.on_progress = on_progress
         self.on_checkpoint = on_checkpoint
@@ -210,6 +212,15 @@ class Engine:
                 if not keep.all():
                     self._emit("screened", cs.cls, dropped=int((~keep).sum()), kept=int(keep.sum()))
                 positions = positions[keep]
+            if self._search_fn is not None and len(positions):
+                # A cheap witness first: with a good lower bound, the screen removes most networks
+                # before the root hyper-network is even built (its MILP is then far tighter).
+                t0 = self.elapsed()
+                found = self._search_fn(cs.cls, positions)
+                if found is not None:
+                    self._apply_lower(cs, float(found.confidence), found.leaking_row, found.x, "search",
+                                      update=False, seconds=self.elapsed() - t0)
+                positions = self._prune(cs, positions)
             if len(positions):
                 self._new_node(cs, positions, self._screened_upper(cs, positions), None)
         self._update_anytime(cs)
@@ -254,6 +265,11 @@ class Engine:
             cs = self.states[c]
             _, node_id = heapq.heappop(cs.pending_heap)
             node = cs.nodes[node_id]
+            kept = self._prune(cs, node.positions)
+            if len(kept) < node.size:
+                self._emit("pruned", c, node=node.id, parent=node.parent, size=node.size, kept=len(kept))
+                node.positions = kept
+                node.upper = min(node.upper, self._screened_upper(cs, kept)) if len(kept) else -INF
             if self._can_close(cs, node):
                 self._close(cs, node, "bound <= best lower")
                 continue
@@ -263,6 +279,25 @@ class Engine:
             self._emit("started", c, node=node.id, parent=node.parent, size=node.size, upper=node.upper,
                        time_limit=limit, attempt=node.attempts + 1)
             self.executor.submit((c, node.id), c, node.positions, limit)
+
+    def _apply_lower(self, cs: ClassState, value: float, row: int | None, x: Any, source: str, *,
+                     update: bool = True, **extra: Any) -> None:
+        """A replayed witness: a true lower bound on beta_c. (`update=False` while the root is not
+        queued yet: an empty queue would otherwise read as "everything closed".)"""
+        if not math.isfinite(value) or (cs.lower is not None and value <= cs.lower):
+            return
+        cs.lower = value
+        cs.lower_row = None if row is None else int(row)
+        cs.lower_witness = None if x is None else [float(v) for v in np.ravel(x)]
+        self._emit("witness", cs.cls, lower=value, leaking_row=cs.lower_row, source=source, **extra)
+        if update:
+            self._update_anytime(cs)
+
+    def _prune(self, cs: ClassState, positions: np.ndarray) -> np.ndarray:
+        """Drop networks whose screened bound is <= the best lower bound: they cannot raise beta_c."""
+        if cs.screen is None or cs.lower is None or self.config.naive:
+            return positions
+        return positions[cs.screen[positions] > cs.lower]
 
     def _on_result(self, key: tuple[int, int], outcome: Any) -> None:
         c, node_id = key
@@ -284,16 +319,14 @@ class Engine:
         node.stats = dict(getattr(outcome, "stats", {}) or {})
         if outcome.lower is not None and math.isfinite(outcome.lower):
             node.lower = float(outcome.lower)
-            if cs.lower is None or node.lower > cs.lower:
-                cs.lower = node.lower
-                cs.lower_row = None if outcome.leaking_row is None else int(outcome.leaking_row)
-                w = getattr(outcome, "witness", None)
-                cs.lower_witness = None if w is None else [float(v) for v in np.ravel(w)]
         self._emit(
             "solved", c, node=node.id, parent=node.parent, size=node.size, upper=node.upper, milp_upper=own,
             lower=node.lower, status=node.status, seconds=float(getattr(outcome, "seconds", 0.0)),
             leaking_row=outcome.leaking_row, stats=node.stats,
         )
+        if node.lower is not None:
+            self._apply_lower(cs, node.lower, outcome.leaking_row, getattr(outcome, "witness", None), "milp",
+                              node=node.id)
         if self._can_close(cs, node):
             self._close(cs, node, "infeasible" if node.upper == -INF else "bound <= best lower")
         else:
@@ -304,10 +337,7 @@ class Engine:
     def _split(self, cs: ClassState, node: Node) -> None:
         node.state = SPLIT
         cs.nodes.pop(node.id, None)
-        positions = node.positions
-        if cs.screen is not None and cs.lower is not None:
-            keep = cs.screen[positions] > cs.lower  # a network screened below the best lower cannot matter
-            positions = positions[keep]
+        positions = self._prune(cs, node.positions)
         if len(positions) == 0:
             self._emit("closed", cs.cls, node=node.id, parent=node.parent, size=node.size, upper=node.upper,
                        reason="all networks screened below best lower")

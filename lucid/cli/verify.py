@@ -31,16 +31,17 @@ def _print_summary(result: dict) -> None:
 @click.option("--no-bab", is_flag=True, help="Ablation: one hyper-network of all networks (paper's H/HM).")
 @click.option("--naive", is_flag=True, help="Ablation: one MILP per network (paper's Naive).")
 @click.option("--no-screen", is_flag=True, help="Ablation: no bound-propagation pre-screening.")
+@click.option("--no-search", is_flag=True, help="Ablation: no heuristic witness search for the lower bound.")
 @click.option("--bounds", type=click.Choice(["lp", "interval"]), default="lp", show_default=True,
               help="How N's pre-activation bounds are computed.")
 @click.option("--quiet", is_flag=True, help="No live progress display.")
 def command(run_dir, solver, workers, time_limit, node_time_limit, classes, tau, gap, resume, scheduler,
-            no_md, no_ris, no_bab, naive, no_screen, bounds, quiet) -> None:
+            no_md, no_ris, no_bab, naive, no_screen, no_search, bounds, quiet) -> None:
     from lucid.bab import verify_run
 
     result = verify_run(
         run_dir, solver=solver, workers=workers, time_limit=time_limit, node_time_limit=node_time_limit,
         classes=classes, tau=tau, gap=gap, md=not no_md, ris=not no_ris, bab=not no_bab, naive=naive,
-        resume=resume, scheduler=scheduler, progress=not quiet, screen=not no_screen, bounds=bounds,
+        resume=resume, scheduler=scheduler, progress=not quiet, screen=not no_screen, search=not no_search, bounds=bounds,
     )
     _print_summary(result)
