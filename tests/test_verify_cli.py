@@ -121,6 +121,9 @@ def test_kill_and_resume_gives_the_same_bounds(tmp_path):
     after = json.loads((run / "bounds.json").read_text())
     events = read_events(run / "verify.log.jsonl")
     assert any(e["event"] == "resumed" for e in events)
+    for c in after["bounds"]:  # across the kill and the resume, the anytime upper never rises
+        ups = [float(e["upper"]) for e in events if e["event"] == "anytime" and e["class"] == int(c)]
+        assert all(b <= a for a, b in zip(ups, ups[1:])), ups
     assert sum(e["event"] == "solved" for e in events) >= solved
 
     reference = verify_run(run, workers=1, ris=False, screen=False, search=False, progress=False)

@@ -75,7 +75,7 @@ def _bound_out(v: float | None, *, upper: bool) -> float | None:
     return float(v)
 
 
-def _reconcile_with_log(states: dict, log_path: Path, result_options: dict) -> None:
+def _reconcile_with_log(states: dict, log_path: Path, result_options: dict, fingerprint: str) -> None:
     """Carry over anytime upper bounds logged after the last checkpoint (a kill -9 can fall between
     a solved node's log event and the next checkpoint). Those bounds were proved by MILPs of this
     same verification (the log's last start/resume has the checkpoint's options), so they are
@@ -93,7 +93,7 @@ def _reconcile_with_log(states: dict, log_path: Path, result_options: dict) -> N
         return
     for start in starts:
         opts = start.get("options") or {}
-        if any(opts.get(k) != v for k, v in result_options.items()):
+        if start.get("run_fingerprint") != fingerprint or any(opts.get(k) != v for k, v in result_options.items()):
             return
     for e in events:
         if e.get("event") == "anytime" and e.get("class") in states and e.get("upper") is not None:
@@ -175,7 +175,7 @@ def verify_run(
         if sorted(states) != cls_list:
             raise LucidError(f"checkpoint {ckpt_path} is corrupt (its classes do not match)")
         elapsed_before = float(saved["elapsed"])
-        _reconcile_with_log(states, run_path / LOG_FILE, result_options)
+        _reconcile_with_log(states, run_path / LOG_FILE, result_options, fingerprint)
 
     # Only now the expensive part (loading every network, N's bounds): bad input has failed fast.
     from lucid import verifier
@@ -214,7 +214,8 @@ def verify_run(
     log = EventLog(run_path / LOG_FILE, elapsed_before=elapsed_before, append=resume)
     all_options = dict(result_options, workers=executor.capacity, time_limit=time_limit,
                        scheduler=None if scheduler is None else str(scheduler))
-    log.emit("resumed" if resume else "started", None, options=all_options, networks=num_networks - 1)
+    log.emit("resumed" if resume else "started", None, options=all_options, networks=num_networks - 1,
+             run_fingerprint=fingerprint)
 
     def checkpoint(engine: Engine) -> None:
         save_checkpoint(ckpt_path, fingerprint=fingerprint, options=result_options, elapsed=engine.elapsed(),
