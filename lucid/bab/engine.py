@@ -38,7 +38,7 @@ class EngineConfig:
     bab: bool = True  # False: one hyper-network of all networks, no branching (paper's H/HM)
     naive: bool = False  # one MILP per network, no hyper-networks, no pruning (paper's Naive)
     gap: float = 0.0
-    time_limit: float | None = None  # total, seconds (including time before a resume)
+    time_limit: float | None = None  # seconds for this invocation (a resume gets it again)
     node_time_limit: float | None = None
     random_state: int = 0
 
@@ -156,6 +156,11 @@ class Engine:
         self._running: dict[tuple[int, int], float] = {}
 
     # --- setup -------------------------------------------------------------------------------------
+    def session_elapsed(self) -> float:
+        """Seconds since this invocation started: --time-limit applies per invocation, so a resumed
+        run gets the full limit again (elapsed() continues across resumes, for the log)."""
+        return time.monotonic() - self._session_t0
+
     def elapsed(self) -> float:
         return self.log.elapsed() if self.log is not None else time.monotonic() - self._t0
 
@@ -241,7 +246,7 @@ class Engine:
         if limit is not None:
             limit = limit * (2 ** max(0, node.attempts))
         if self.config.time_limit is not None:
-            remaining = max(0.05, self.config.time_limit - self.elapsed())
+            remaining = max(0.05, self.config.time_limit - self.session_elapsed())
             limit = remaining if limit is None else min(limit, remaining)
         return limit
 
@@ -435,7 +440,12 @@ class Engine:
 
     # --- main loop ---------------------------------------------------------------------------------
     def run(self, poll: float = 0.25) -> dict[int, ClassState]:
-        self._t0 = time.monotonic()
+        self._t0 = self._session_t0 = time.monotonic()
+        for cs in self.states.values():
+            if cs.done and cs.reason == "time limit" and cs.nodes:
+                # A resumed run continues what the last time limit cut short.
+                cs.done, cs.complete, cs.reason = False, False, ""
+                self._emit("class_reopened", cs.cls, upper=cs.upper, lower=cs.lower, open=len(cs.nodes))
         if self.config.bab and not self.config.naive:
             # scikit-learn takes seconds to import: overlap it with the root MILPs, not the first split.
             import threading
@@ -457,7 +467,7 @@ class Engine:
                     dirty = False
                 if all(cs.done for cs in self.states.values()):
                     break
-                if self.config.time_limit is not None and self.elapsed() >= self.config.time_limit:
+                if self.config.time_limit is not None and self.session_elapsed() >= self.config.time_limit:
                     for cs in self.states.values():
                         if not cs.done:
                             self._finish(cs, False, "time limit")
@@ -470,7 +480,7 @@ class Engine:
                     raise RuntimeError("branch-and-bound stalled with open classes and no work")
                 wait = poll
                 if self.config.time_limit is not None:
-                    wait = max(0.01, min(poll, self.config.time_limit - self.elapsed()))
+                    wait = max(0.01, min(poll, self.config.time_limit - self.session_elapsed()))
                 results = self.executor.completed(wait)
                 for key, outcome in results:
                     self._on_result(key, outcome)
