@@ -2,8 +2,15 @@
 
 Why presolve is off: HiGHS 1.15.1 with MIP presolve on reports status Optimal with a bound
 below the true optimum on `singleton-crypto-2x50.mps` (see ../shared/fixtures/README.md and
-tests/test_solvers_fixture.py). With presolve off HiGHS only ever returned bounds above the
-true value. `SOUND_OPTIONS` is the single place where this is decided.
+tests/test_solvers_fixture.py); turning off restarts, symmetry detection or any single presolve
+rule group does not fix it (benchmarks/solver_fixture.py). With presolve off HiGHS stays above
+the true value on that model. `SOUND_OPTIONS` is the single place where this is decided.
+
+Caveat, measured: the wrong bound comes from HiGHS's branch-and-bound, not from an invalid
+presolve reduction — on the model HiGHS's presolve produces, Gurobi still proves beta* while
+HiGHS *with presolve off* again drops below it (`--presolved` in the benchmark). So presolve off
+avoids the known trigger, it does not make HiGHS trustworthy; callers keep replaying witnesses
+and cross-checking with another backend where it matters.
 """
 
 from __future__ import annotations
