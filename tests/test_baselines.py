@@ -163,7 +163,7 @@ def test_dpsgd_reports_unreachable_targets_and_trains_reachable_ones():
         train_dpsgd(data, config, 1.0, delta=2.0)
 
 
-def test_load_run_data_reads_the_run_contract(tmp_path):
+def test_load_run_data_reads_the_run_contract(tmp_path):  # noqa: D103
     X, y = blobs(12)
     meta = {"format": "lucid-run/1", "num_classes": 2, "input_dim": 5, "train_size": 8, "test_size": 4,
             "domain": {"lower": [0] * 5, "upper": [1] * 5}, "architecture": {"type": "mlp", "hidden": [4]},
@@ -177,3 +177,34 @@ def test_load_run_data_reads_the_run_contract(tmp_path):
     assert data.X_train.shape == (8, 5) and data.num_classes == 2
     with pytest.raises(LucidError):
         load_run_data(tmp_path / "missing")
+
+
+def _fake_run(path, n_train=40):
+    X, y = blobs(n_train + 30, 3)
+    meta = {"format": "lucid-run/1", "num_classes": 2, "input_dim": 5, "train_size": n_train, "test_size": 30,
+            "domain": {"lower": [0] * 5, "upper": [1] * 5}, "architecture": {"type": "mlp", "hidden": [6]},
+            "training": {"epochs": 4, "lr": 0.5, "weight_decay": 0.0, "batch_size": 10, "seed": 1},
+            "labels": [0, 1]}
+    path.mkdir()
+    (path / "run.json").write_text(json.dumps(meta))
+    np.savez(path / "data.npz", X_train=X[:n_train], y_train=y[:n_train], X_test=X[n_train:], y_test=y[n_train:])
+    return path
+
+
+def test_module_cli_runs_baselines_on_a_run(tmp_path, capsys):
+    from lucid.baselines.__main__ import main
+
+    run = _fake_run(tmp_path / "run")
+    out = tmp_path / "res.json"
+    main([str(run), "--epsilon", "0,1", "--methods", "dpsgd,alibi,sa", "--teachers", "4", "--json", str(out)])
+    results = json.loads(out.read_text())["results"]
+    assert [(r["method"], r["epsilon"]) for r in results] == [
+        ("dpsgd", 0.0), ("dpsgd", 1.0), ("alibi", 0.0), ("alibi", 1.0),
+        ("subsample_aggregate[T=4]", 0.0), ("subsample_aggregate[T=4]", 1.0)]
+    assert results[0]["status"] == "unreachable" and "| dpsgd | 0 |" in capsys.readouterr().out
+    for args in ([str(run), "--methods", "foo"], [str(run), "--epsilon", "x"], [str(run), "--epsilon", "-1"],
+                 [str(tmp_path / "nope")]):
+        with pytest.raises(SystemExit) as exit_info:
+            main(args)
+        err = capsys.readouterr().err
+        assert exit_info.value.code == 2 and err.count("\n") == 1 and err.startswith("lucid: error:")
