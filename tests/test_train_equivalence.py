@@ -58,7 +58,7 @@ def toy(n=21, d=5, c=3, seed=1):
     return X, y
 
 
-@pytest.mark.parametrize("arch,method", [("2x8", "mlp"), ("2x8", "autograd"), ("3,4", "mlp"), ("cnn", "autograd")])
+@pytest.mark.parametrize("arch,method", [("2x8", "mlp"), ("2x8", "autograd"), ("3,4", "mlp"), ("cnn", "cnn"), ("cnn", "autograd")])
 def test_vectorised_equals_plain_loop(arch, method):
     X, y = toy()
     spec = parse_arch(arch)

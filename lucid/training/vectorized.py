@@ -6,11 +6,12 @@ batch), which make its loss exactly the mean cross-entropy over the rows it keep
 K per-network losses has, for each network's parameters, exactly that network's gradient, so the
 K SGD steps are independent even though they run as one batched computation.
 
-Two implementations of the same step:
+Three implementations of the same step:
 - `mlp`: hand-written forward/backward with batched matmuls in a [K, features, batch] layout.
   The first layer sees the same input rows for every network, so its forward and weight
   gradient are single large GEMMs over all K networks at once.
-- `autograd`: torch autograd on [K, ...] parameter tensors (used for CNNs, and as a cross-check).
+- `cnn`: the same kernels on the CNN's dense (Toeplitz) lowering, gradients folded onto the kernels.
+- `autograd`: torch autograd on [K, ...] parameter tensors (MLP and CNN; a cross-check).
 """
 
 from __future__ import annotations
@@ -60,8 +61,8 @@ def train_networks(
     params = {name: p.to(device).unsqueeze(0).repeat((k,) + (1,) * p.ndim).contiguous() for name, p in init.items()}
     removed = removed.to(device)
     if method == "auto":
-        method = "mlp" if spec["type"] == "mlp" else "autograd"
-    step = {"mlp": _MlpStep, "autograd": _AutogradStep}[method](params, spec, num_classes)
+        method = "mlp" if spec["type"] == "mlp" else "cnn"
+    step = {"mlp": _MlpStep, "cnn": _CnnStep, "autograd": _AutogradStep}[method](params, spec, num_classes)
     n = X.shape[0]
     onehot_all = F.one_hot(y, num_classes).to(torch.float32)  # [n, C]
     orders = orders.to(device)
@@ -97,28 +98,99 @@ class _MlpStep:
 
     @torch.no_grad()
     def gradients(self, xb: torch.Tensor, yb: torch.Tensor, onehot: torch.Tensor, w: torch.Tensor) -> list[torch.Tensor]:
-        W, b = self.weights, self.biases
-        k, h0, d = W[0].shape
-        # Layer 0: one GEMM for all K networks, the batch is shared.
-        z = torch.addmm(b[0].reshape(k * h0, 1), W[0].reshape(k * h0, d), xb.t()).view(k, h0, -1)
-        acts = []  # post-ReLU activations feeding layers 1..L-1
-        for i in range(1, len(W)):
-            a = z.clamp_(min=0)
-            acts.append(a)
-            z = torch.baddbmm(b[i].unsqueeze(2), W[i], a)
-        # d(sum_k sum_b w_kb * CE) / d logits = w_kb * (softmax - onehot)
-        dz = torch.softmax(z, dim=1).sub_(onehot.t()).mul_(w.unsqueeze(1))
-        grads: list[torch.Tensor] = [None] * (2 * len(W))  # type: ignore[list-item]
-        for i in range(len(W) - 1, 0, -1):
-            a = acts[i - 1]
-            grads[2 * i] = torch.bmm(dz, a.transpose(1, 2))
-            grads[2 * i + 1] = dz.sum(dim=2)
-            # ReLU backward; aten's fused kernel is ~20x faster here than masked_fill with a bool mask.
-            dz = torch.ops.aten.threshold_backward(torch.bmm(W[i].transpose(1, 2), dz), a, 0.0)
-        # Computed as (x^T dz^T)^T: MKL is far slower on the tall-skinny [K*h0, B] @ [B, d] form.
-        grads[0] = torch.mm(xb.t(), dz.reshape(k * h0, -1).t()).t().view(k, h0, d)
-        grads[1] = dz.sum(dim=2)
-        return grads
+        return dense_gradients(self.weights, self.biases, xb, onehot, w)
+
+
+class _CnnStep:
+    """The 1-D CNN trained through its dense (Toeplitz) lowering, with tied gradients.
+
+    A valid convolution is the linear map D(kernel); forward and backward run on the dense
+    stack with the MLP kernels, then each conv's dense gradient is folded back onto its kernel
+    (dL/dkernel[o,c,j] = sum_p dL/dD[(o,p), (c,p+j)], dL/dbias[o] = sum_p dL/dbias_D[(o,p)]),
+    which is exactly the convolution's gradient. SGD updates the kernels; D is rebuilt from them.
+    """
+
+    def __init__(self, params: dict[str, torch.Tensor], spec: dict, num_classes: int) -> None:
+        k = next(iter(params.values())).shape[0]
+        n_conv = len(spec["conv_channels"])
+        self.conv_w = [params[f"conv.{j}.weight"] for j in range(n_conv)]
+        self.conv_b = [params[f"conv.{j}.bias"] for j in range(n_conv)]
+        self.flat: list[torch.Tensor] = []  # built on the first step, when the input length is known
+        self.dense_w: list[torch.Tensor] = []
+        self.dense_b: list[torch.Tensor] = []
+        n_dense = len(spec["hidden"]) + 1
+        self.tail_w = [params[f"layers.{i}.weight"] for i in range(n_dense)]
+        self.tail_b = [params[f"layers.{i}.bias"] for i in range(n_dense)]
+        self.parameters = [t for pair in zip(self.conv_w, self.conv_b) for t in pair]
+        self.parameters += [t for pair in zip(self.tail_w, self.tail_b) for t in pair]
+        self._k = k
+        self._built = False
+
+    def _build(self, input_dim: int, device: torch.device) -> None:
+        length = input_dim
+        for kernel in self.conv_w:
+            _, c_out, c_in, ksize = kernel.shape
+            out_len = length - ksize + 1
+            o, c, j, p = torch.meshgrid(
+                torch.arange(c_out), torch.arange(c_in), torch.arange(ksize), torch.arange(out_len), indexing="ij"
+            )
+            # flat position of kernel[o, c, j] at output position p inside D [c_out*out_len, c_in*length]
+            self.flat.append(((o * out_len + p) * (c_in * length) + c * length + p + j).reshape(-1).to(device))
+            self.dense_w.append(torch.zeros(self._k, c_out * out_len, c_in * length, device=device))
+            self.dense_b.append(torch.zeros(self._k, c_out * out_len, device=device))
+            length = out_len
+        self._built = True
+        self._refresh()
+
+    @torch.no_grad()
+    def _refresh(self) -> None:
+        for kernel, bias, flat, dw, db in zip(self.conv_w, self.conv_b, self.flat, self.dense_w, self.dense_b):
+            out_len = dw.shape[1] // kernel.shape[1]
+            dw.view(self._k, -1)[:, flat] = kernel.unsqueeze(-1).expand(*kernel.shape, out_len).reshape(self._k, -1)
+            db.copy_(bias.unsqueeze(-1).expand(*bias.shape, out_len).reshape(self._k, -1))
+
+    @torch.no_grad()
+    def gradients(self, xb: torch.Tensor, yb: torch.Tensor, onehot: torch.Tensor, w: torch.Tensor) -> list[torch.Tensor]:
+        if not self._built:
+            self._build(xb.shape[1], xb.device)
+        else:
+            self._refresh()  # the kernels were updated since the last step
+        grads = dense_gradients(self.dense_w + self.tail_w, self.dense_b + self.tail_b, xb, onehot, w)
+        folded: list[torch.Tensor] = []
+        for i, (kernel, flat) in enumerate(zip(self.conv_w, self.flat)):
+            g_dense, g_bias = grads[2 * i], grads[2 * i + 1]
+            out_len = g_dense.shape[1] // kernel.shape[1]
+            folded.append(g_dense.reshape(self._k, -1)[:, flat].view(*kernel.shape, out_len).sum(-1))
+            folded.append(g_bias.view(self._k, kernel.shape[1], out_len).sum(-1))
+        return folded + grads[2 * len(self.conv_w) :]
+
+
+@torch.no_grad()
+def dense_gradients(
+    W: list[torch.Tensor], b: list[torch.Tensor], xb: torch.Tensor, onehot: torch.Tensor, w: torch.Tensor
+) -> list[torch.Tensor]:
+    """Per-network gradients [dW0, db0, dW1, ...] of sum_b w[k,b] * CE for a stack of dense ReLU layers."""
+    k, h0, d = W[0].shape
+    # Layer 0: one GEMM for all K networks, the batch is shared.
+    z = torch.addmm(b[0].reshape(k * h0, 1), W[0].reshape(k * h0, d), xb.t()).view(k, h0, -1)
+    acts = []  # post-ReLU activations feeding layers 1..L-1
+    for i in range(1, len(W)):
+        a = z.clamp_(min=0)
+        acts.append(a)
+        z = torch.baddbmm(b[i].unsqueeze(2), W[i], a)
+    # d(sum_k sum_b w_kb * CE) / d logits = w_kb * (softmax - onehot)
+    dz = torch.softmax(z, dim=1).sub_(onehot.t()).mul_(w.unsqueeze(1))
+    grads: list[torch.Tensor] = [None] * (2 * len(W))  # type: ignore[list-item]
+    for i in range(len(W) - 1, 0, -1):
+        a = acts[i - 1]
+        grads[2 * i] = torch.bmm(dz, a.transpose(1, 2))
+        grads[2 * i + 1] = dz.sum(dim=2)
+        # ReLU backward; aten's fused kernel is ~20x faster here than masked_fill with a bool mask.
+        dz = torch.ops.aten.threshold_backward(torch.bmm(W[i].transpose(1, 2), dz), a, 0.0)
+    # Computed as (x^T dz^T)^T: MKL is far slower on the tall-skinny [K*h0, B] @ [B, d] form.
+    grads[0] = torch.mm(xb.t(), dz.reshape(k * h0, -1).t()).t().view(k, h0, d)
+    grads[1] = dz.sum(dim=2)
+    return grads
 
 
 class _AutogradStep:
