@@ -11,7 +11,6 @@ from __future__ import annotations
 import time
 import warnings
 
-import numpy as np
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
