@@ -82,7 +82,8 @@ def test_dask_local_cluster_equals_local(tiny_run, naive_no_ris):
     distributed = pytest.importorskip("distributed")
     with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
                                   dashboard_address=None) as cluster:
-        result = verify_run(tiny_run, scheduler=cluster.scheduler_address, ris=False, progress=False)
+        result = verify_run(tiny_run, scheduler=cluster.scheduler_address, ris=False, search=False,
+                            progress=False)
     assert result["options"]["scheduler"] == cluster.scheduler_address
     for c, b in result["bounds"].items():
         assert b["complete"]
@@ -204,7 +205,7 @@ def test_corrupt_foreign_or_mismatched_checkpoint(tmp_path, capsys):
 
 
 def test_process_pool_equals_in_process(tiny_run, naive_no_ris):
-    result = verify_run(tiny_run, workers=2, ris=False, classes="1", progress=False)
+    result = verify_run(tiny_run, workers=2, ris=False, classes="1", search=False, progress=False)
     assert list(result["bounds"]) == ["1"] and result["options"]["workers"] == 2
     b = result["bounds"]["1"]
     assert b["complete"] and abs(b["upper"] - naive_no_ris["bounds"]["1"]["upper"]) <= MARGIN_SLACK

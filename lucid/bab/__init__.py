@@ -198,6 +198,8 @@ def verify_run(
         except LucidError:
             points = None  # the search then samples the domain only
         search_fn = partial(search_witness, problem, points=points)
+        settings["search"] = not naive
+        settings["points"] = points
 
     if workers is None and scheduler is None:
         workers = os.cpu_count() or 1

@@ -107,7 +107,45 @@ def analyse_with(problem: Any, settings: dict, cls: int, positions: np.ndarray, 
         mip_abs_gap=settings.get("mip_abs_gap", 0.0),
     )
     encoding = EncodingOptions(**settings["encoding"])
-    return analyse_node(problem, cls, positions, solver=settings["solver"], solver_options=options, encoding=encoding)
+    outcome = analyse_node(problem, cls, positions, solver=settings["solver"], solver_options=options, encoding=encoding)
+    if (settings.get("search") and len(positions) <= SEARCH_MAX_NETWORKS and outcome.upper > -float("inf")
+            and (outcome.status != "optimal" or outcome.lower is None)):  # an optimal witness is as good
+        outcome = _with_targeted_search(problem, settings, cls, positions, outcome)
+    return outcome
+
+
+# A small node's MILP often ends at its time limit without an incumbent; a search aimed at just its
+# networks (a few seconds) then still gives the node a replayed witness.
+SEARCH_MAX_NETWORKS = 8
+
+
+def _with_targeted_search(problem: Any, settings: dict, cls: int, positions: np.ndarray, outcome: Any) -> Any:
+    import dataclasses
+    import time
+
+    from lucid.bab.witness import search_witness
+
+    t0 = time.perf_counter()
+    found = search_witness(problem, cls, np.asarray(positions), points=settings.get("points"), samples=1024,
+                           starts=8, steps=10)
+    stats = dict(outcome.stats or {})
+    stats["search_seconds"] = time.perf_counter() - t0
+    stats["search_lower"] = None if found is None else float(found.confidence)
+    if found is not None and (outcome.lower is None or found.confidence > outcome.lower):
+        upper, status = outcome.upper, outcome.status
+        if found.confidence > upper:
+            # A true leak above a "proved" bound: the solver failed. Never use that bound; the node
+            # keeps its parent's (inherited) bound instead.
+            import logging
+
+            logging.getLogger(__name__).error(
+                "UNSOUND node bound for class %d: %.9g < replayed witness %.9g; bound dropped",
+                cls, upper, found.confidence)
+            stats["unsound_bound"] = float(upper)
+            upper, status = float("inf"), "error"
+        return dataclasses.replace(outcome, upper=upper, status=status, lower=float(found.confidence),
+                                   witness=found.x, leaking_row=found.leaking_row, stats=stats)
+    return dataclasses.replace(outcome, stats=stats)
 
 
 def _analyse_in_process(cls: int, positions: np.ndarray, time_limit: float | None):
