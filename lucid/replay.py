@@ -124,3 +124,56 @@ def find_leak(stack: NetworkStack, positions: np.ndarray, x: np.ndarray | None, 
     if found is None:
         log.info("witness for class %d dropped: no network of S strictly disagrees at it, even after repair", cls)
     return found
+
+
+def search_witness(
+    stack: NetworkStack,
+    positions: np.ndarray,
+    cls: int,
+    lower: np.ndarray,
+    upper: np.ndarray,
+    samples: int = 2048,
+    starts: int = 8,
+    steps: int = 3,
+    seed: int = 0,
+) -> LeakWitness | None:
+    """A solver-free primal heuristic for a leaking input (a true lower bound once replayed).
+
+    Leaks live where N and a network of S disagree, i.e. near N's decision boundary: random
+    pairs of points that N labels c and not-c are bisected onto the boundary, the networks of S
+    are evaluated there all at once, and the most promising starts are improved by the
+    pattern-fixed LP of `repair`, re-linearised at each new point (a walk across linear
+    regions). Every returned witness has passed `replay`.
+    """
+    positions = np.asarray(positions, dtype=np.int64)
+    rng = np.random.default_rng(seed)
+    d = len(lower)
+    x = lower + (upper - lower) * rng.random((samples, d))
+    n_sub = stack.select([0])
+    conf_n = confidence(n_sub.forward(x)[0], cls)
+    inside, outside = x[conf_n > 0], x[conf_n <= 0]
+    if len(inside) == 0 or len(outside) == 0:
+        return None
+    m = min(len(inside), len(outside), 4 * starts)
+    a, b = inside[:m].copy(), outside[:m].copy()
+    for _ in range(30):  # bisection onto C_N = 0, vectorised over all pairs
+        mid = (a + b) / 2
+        pos = confidence(n_sub.forward(mid)[0], cls) > 0
+        a[pos], b[~pos] = mid[pos], mid[~pos]
+    sub = stack.select(positions)
+    conf_s = confidence(sub.forward(a), cls)  # [|S|, m]
+    order = np.argsort(conf_s.min(axis=0))[:starts]
+    best: LeakWitness | None = None
+    for i in order:
+        point = a[i]
+        for _ in range(steps):
+            found = repair(stack, positions, point, cls, lower, upper, candidates=2)
+            if found is None:
+                break
+            if best is None or found.confidence > best.confidence:
+                best = found
+            if np.allclose(found.x, point, atol=1e-12):
+                break
+            # step slightly past the new point so the next linearisation sees the next region
+            point = np.clip(found.x + 1e-7 * (found.x - point), lower, upper)
+    return best

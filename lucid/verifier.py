@@ -26,7 +26,7 @@ from lucid.encodings.model import MilpModel
 from lucid.errors import LucidError, UnsoundSolverResult
 from lucid.hyper import HyperNetwork, hyper_network
 from lucid.network import NetworkStack
-from lucid.replay import LeakWitness, find_leak
+from lucid.replay import LeakWitness, find_leak, search_witness
 from lucid.solvers.base import ERROR, INFEASIBLE, OPTIMAL, TIME_LIMIT, SolveResult, SolverOptions
 
 log = logging.getLogger(__name__)
@@ -217,6 +217,12 @@ def analyse_node(
     if not targets:
         return NodeOutcome(-math.inf, None, None, None, INFEASIBLE, time.perf_counter() - t0, stats)
     groups = [[t] for t in targets] if (encoding.disjunction == "split" and len(targets) > 1) else [targets]
+    known = None
+    if encoding.search:
+        t_search = time.perf_counter()
+        known = search_witness(problem.stack, positions, cls, problem.lower, problem.upper)
+        stats["search_seconds"] = time.perf_counter() - t_search
+        stats["search_lower"] = None if known is None else known.confidence
 
     upper, statuses, best = -math.inf, [], None
     deadline = None if solver_options.time_limit is None else t0 + solver_options.time_limit
@@ -225,7 +231,9 @@ def analyse_node(
         opts = SolverOptions(**vars(solver_options))
         if deadline is not None:
             opts.time_limit = max(deadline - time.perf_counter(), 0.1)
-        solved = _solve_group(problem, hyper, diff, cls, group, encoding, solver, opts, positions)
+        # a witness found for all targets may not leak towards this group's targets
+        usable = known if known is not None and len(groups) == 1 else None
+        solved = _solve_group(problem, hyper, diff, cls, group, encoding, solver, opts, positions, usable)
         if solved is None:
             continue
         bound, result, witness, info = solved
@@ -285,65 +293,87 @@ def _json_num(v: float) -> float | str:
     return v if math.isfinite(v) else ("inf" if v > 0 else "-inf")
 
 
-def _solve_group(problem, hyper, diff, cls, group, encoding: EncodingOptions, solver, opts: SolverOptions, positions):
-    """One MILP for the targets `group`; with `encoding.obbt`, a second, tightened one.
+def _solve_group(problem, hyper, diff, cls, group, encoding: EncodingOptions, solver, opts: SolverOptions, positions,
+                 known: LeakWitness | None = None):
+    """Bound the node for the targets `group`, using a known replayed witness when there is one.
 
-    OBBT phase: a short first solve gives a replayed witness (a true lower bound LB); the node's
-    bounds are then tightened over its LP relaxation restricted to beta >= LB, which keeps the
-    optimum, and the tightened MILP gets the remaining time. Every phase's bound is sound, so the
-    node reports the smallest; the tightened output-difference interval is itself a bound
-    (beta <= s_c - s_t <= du_t - dl_c when N# prefers t).
+    A known witness gives a true lower bound LB, so the MILP may be restricted to beta >= LB
+    (minus a slack, so solver tolerances can never make it look infeasible) without changing
+    its optimum. With `encoding.obbt` the node's bounds are first tightened over its LP
+    relaxation restricted the same way (a short probe solve supplies LB when none is known),
+    and the tightened output-difference interval is itself a bound: beta <= s_c - s_t <=
+    du_t - dl_c when N# prefers t. Every bound computed is sound, so the smallest is reported.
     """
-    t_enc = time.perf_counter()
-    model = _encode(problem, hyper, cls, group, encoding, problem.n_bounds, diff)
-    info: dict = {"encode_seconds": time.perf_counter() - t_enc}
-    if model is None:
-        return None
-    info.update(cols=model.num_cols, rows=model.num_rows, **{k: v for k, v in model.meta.items() if k != "targets" and not k.startswith("_")})
-    if not encoding.obbt:
-        bound, result, witness = _solve_once(problem, model, cls, solver, opts, positions)
-        return bound, result, witness, info
-    from lucid.bounds.obbt import tighten_node_bounds
-
     t_start = time.perf_counter()
-    first = SolverOptions(**vars(opts))
-    first.time_limit = encoding.obbt_probe if opts.time_limit is None else min(encoding.obbt_probe, opts.time_limit / 4)
-    bound, result, witness = _solve_once(problem, model, cls, solver, first, positions)
-    info["probe_bound"] = _json_num(bound)
-    if result.status in (OPTIMAL, INFEASIBLE):
-        return bound, result, witness, info
+    info: dict = {}
+    witness = known
     lb = witness.confidence if witness is not None else -math.inf
-    t_obbt = time.perf_counter()
-    tightened = tighten_node_bounds(
-        lambda nb, df: _encode(problem, hyper, cls, group, encoding, nb, df, relax_all=True, beta_lower=lb),
-        problem.n_bounds, diff,
-    )
-    info["obbt_seconds"] = time.perf_counter() - t_obbt
-    if tightened is None:  # the relaxation restricted to beta >= LB is empty: only possible if LB = -inf
+    bound = math.inf
+    result = None
+    n_b, df = problem.n_bounds, diff
+    if encoding.obbt:
+        from lucid.bounds.obbt import tighten_node_bounds
+
         if witness is None:
-            result.status, result.upper_bound = INFEASIBLE, -math.inf
-            return -math.inf, result, None, info
-        return bound, result, witness, info
-    n_b, df = tightened
-    out_bound = max(df.pre.upper[-1][t] - df.pre.lower[-1][cls] for t in group)
-    out_bound += FP_REL * 4 * (1 + abs(out_bound))
-    info["obbt_output_bound"] = _json_num(out_bound)
-    model2 = _encode(problem, hyper, cls, group, encoding, n_b, df, beta_lower=lb)
-    if model2 is None:
-        return bound, result, witness, info
-    info["binaries_after_obbt"] = model2.num_integers
-    second = SolverOptions(**vars(opts))
+            probe_model = _encode(problem, hyper, cls, group, encoding, n_b, df)
+            if probe_model is None:
+                return None
+            first = SolverOptions(**vars(opts))
+            first.time_limit = encoding.obbt_probe if opts.time_limit is None else min(encoding.obbt_probe, opts.time_limit / 4)
+            bound, result, witness = _solve_once(problem, probe_model, cls, solver, first, positions)
+            info["probe_bound"] = _json_num(bound)
+            if result.status in (OPTIMAL, INFEASIBLE):
+                info.update(_model_info(probe_model))
+                return bound, result, witness, info
+            lb = witness.confidence if witness is not None else -math.inf
+        t_obbt = time.perf_counter()
+        tightened = tighten_node_bounds(
+            lambda nb, d: _encode(problem, hyper, cls, group, encoding, nb, d, relax_all=True, beta_lower=_slack(lb)),
+            n_b, df,
+            deadline=None if opts.time_limit is None else t_start + opts.time_limit * encoding.obbt_share,
+        )
+        info["obbt_seconds"] = time.perf_counter() - t_obbt
+        if tightened is None:  # empty relaxation: impossible when a true witness exists
+            if witness is None:
+                return -math.inf, SolveResult(status=INFEASIBLE, upper_bound=-math.inf, solver="obbt"), None, info
+            log.error("UNSOUND: bound tightening found no point although a witness replays; ignoring it")
+        else:
+            n_b, df = tightened
+            out_bound = max(df.pre.upper[-1][t] - df.pre.lower[-1][cls] for t in group)
+            out_bound += FP_REL * 4 * (1 + abs(out_bound))
+            info["obbt_output_bound"] = _json_num(out_bound)
+            bound = min(bound, out_bound)
+    t_enc = time.perf_counter()
+    model = _encode(problem, hyper, cls, group, encoding, n_b, df, beta_lower=_slack(lb))
+    info["encode_seconds"] = time.perf_counter() - t_enc
+    if model is None:
+        if witness is None:
+            return None
+        log.error("UNSOUND: the encoder found no target class although a witness replays")
+        return math.inf, SolveResult(status=ERROR, upper_bound=math.inf, solver=solver), witness, info
+    info.update(_model_info(model))
+    rest = SolverOptions(**vars(opts))
     if opts.time_limit is not None:
-        second.time_limit = max(opts.time_limit - (time.perf_counter() - t_start), 0.1)
-    bound2, result2, witness2 = _solve_once(problem, model2, cls, solver, second, positions)
+        rest.time_limit = max(opts.time_limit - (time.perf_counter() - t_start), 0.1)
+    bound2, result2, witness2 = _solve_once(problem, model, cls, solver, rest, positions)
     if witness2 is not None and (witness is None or witness2.confidence > witness.confidence):
         witness = witness2
-    best_bound = min(bound, bound2, out_bound)
+    best_bound = min(bound, bound2)
     if witness is not None and best_bound < witness.confidence:
-        log.error("UNSOUND: tightened bound %.9g is below a replayed witness %.9g; using the probe's bound", best_bound, witness.confidence)
-        best_bound = bound
+        log.error("UNSOUND: bound %.9g is below a replayed witness %.9g; claiming nothing for this node", best_bound, witness.confidence)
+        result2.status, best_bound = ERROR, math.inf
     result2.upper_bound = best_bound
     return best_bound, result2, witness, info
+
+
+def _slack(lb: float) -> float:
+    """LB loosened so that solver tolerances never turn beta >= LB into a false infeasibility."""
+    return lb - 1e-5 * (1 + abs(lb)) if math.isfinite(lb) else -math.inf
+
+
+def _model_info(model: MilpModel) -> dict:
+    return {"cols": model.num_cols, "rows": model.num_rows,
+            **{k: v for k, v in model.meta.items() if k != "targets" and not k.startswith("_")}}
 
 
 def _retry_other(model: MilpModel, solver: str, options: SolverOptions, witness: LeakWitness) -> SolveResult:

@@ -196,3 +196,23 @@ def test_node_bound_tightening_stays_sound(seed, lo, classes):
         assert out.upper >= exact
         single = analyse_node(problem, cls, [1], encoding=options, solver_options=SolverOptions(time_limit=20))
         assert single.upper >= exact_for(stack, 1, cls, lower, upper)
+
+
+def test_witness_search_finds_only_true_leaks_and_never_beats_the_exact_bound():
+    from lucid.replay import search_witness
+
+    found_any = False
+    for seed, lo in ((0, -1.0), (2, 0.0)):
+        stack, lower, upper, _ = make(seed, lo, 2)
+        for cls in range(2):
+            for p in (1, 2):
+                exact = exact_for(stack, p, cls, lower, upper)
+                w = search_witness(stack, np.array([p]), cls, lower, upper, samples=512, starts=4)
+                if w is None:
+                    continue
+                found_any = True
+                assert w.confidence <= exact
+                scores = stack.forward(w.x[None, :])[:, 0, :]
+                assert confidence(scores[p], cls) < 0 and w.confidence <= confidence(scores[0], cls)
+                assert np.all(w.x >= lower) and np.all(w.x <= upper)
+    assert found_any

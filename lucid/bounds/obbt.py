@@ -21,11 +21,16 @@ def _copy(b: LayerBounds) -> LayerBounds:
     return LayerBounds([x.copy() for x in b.lower], [x.copy() for x in b.upper])
 
 
-def tighten_node_bounds(encode, n_bounds: LayerBounds, diff: DifferenceBounds, rounds: int = 1, diff_lp: bool = True):
+def tighten_node_bounds(encode, n_bounds: LayerBounds, diff: DifferenceBounds, rounds: int = 1, diff_lp: bool = True,
+                        deadline: float | None = None):
     """Tighten layer by layer; `encode(n_bounds, diff, relax_all=True)` builds the relaxation.
 
     Returns new (n_bounds, diff) or None when the relaxation is infeasible (the node is empty).
+    Stops early at `deadline` (time.perf_counter()); bounds tightened so far stay valid.
+    Layer 0's differences are skipped: they are affine in x there, so intervals are already tight.
     """
+    import time
+
     n_b, pre, post, hyp = _copy(n_bounds), _copy(diff.pre), _copy(diff.post), _copy(diff.hyper)
     L = len(n_b.lower)
     for _ in range(rounds):
@@ -37,7 +42,9 @@ def tighten_node_bounds(encode, n_bounds: LayerBounds, diff: DifferenceBounds, r
             solver = LpBoundSolver(model)
             nc, hc = cols["n_pre"][k], cols["h_pre"][k]
             for j in range(len(nc)):
-                targets = [(pre.lower[k], pre.upper[k], [hc[j], nc[j]], [1.0, -1.0])] if diff_lp else []
+                if deadline is not None and time.perf_counter() > deadline:
+                    return n_b, DifferenceBounds(pre, post, hyp)
+                targets = [(pre.lower[k], pre.upper[k], [hc[j], nc[j]], [1.0, -1.0])] if diff_lp and k > 0 else []
                 # a stable neuron has no binary: tightening it only shrinks a constant
                 if n_b.lower[k][j] < 0 < n_b.upper[k][j] or k == L - 1:
                     targets.append((n_b.lower[k], n_b.upper[k], [nc[j]], [1.0]))
