@@ -89,13 +89,17 @@ def in_process(run: Path, x: np.ndarray, memo: Path, repeats: int) -> dict:
     clf = LabelOnlyClassifier.from_run(run, epsilon=1.0, memo=memo)
     noised = clf.decide(clf.to_network_space(x))[1]
     clf.predict(x)  # warm-up; also fills the memo, as in a long-running service
-    single = []
+    single, cpu = [], []
     for _ in range(repeats):
         for i in range(len(x)):
-            t0 = time.perf_counter()
+            c0, t0 = time.thread_time_ns(), time.perf_counter()
             clf.predict(x[i : i + 1])
             single.append(time.perf_counter() - t0)
+            cpu.append(time.thread_time_ns() - c0)
     single_ms = np.asarray(single) * 1e3
+    # CPU time of the query's thread: what a query costs on an idle machine (wall time on a
+    # shared machine also counts waiting for a core).
+    cpu_ms = np.asarray(cpu) * 1e-6
     branch = np.tile(noised, repeats)
     big = x[np.random.default_rng(0).integers(0, len(x), size=100_000)]
     t0 = time.perf_counter()
@@ -112,6 +116,8 @@ def in_process(run: Path, x: np.ndarray, memo: Path, repeats: int) -> dict:
         "single_ms_mean": float(single_ms.mean()),
         "single_ms_p50": float(np.percentile(single_ms, 50)),
         "single_ms_p99": float(np.percentile(single_ms, 99)),
+        "single_cpu_ms_mean": float(cpu_ms.mean()),
+        "single_cpu_ms_p50": float(np.percentile(cpu_ms, 50)),
         "single_ms_mean_released": float(single_ms[~branch].mean()) if (~branch).any() else None,
         "single_ms_mean_noised": float(single_ms[branch].mean()) if branch.any() else None,
         "batched_ms_per_query_test_split": batched_split,
@@ -197,15 +203,18 @@ def main() -> None:
         print(note)
         x = original_units(run)
         results = {"run": str(args.run), "bounds": note, "cpu_count": os.cpu_count(),
+                   "load_average": os.getloadavg(),
                    "in_process": in_process(run, x, scratch / "memo-inproc.sqlite", args.repeats),
                    "http": over_http(run, x, scratch / "memo-http.sqlite", args.clients, args.requests)}
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     ip, h = results["in_process"], results["http"]
+    print(f"{results['cpu_count']} cores, load average {results['load_average'][0]:.1f} at the start")
     print(f"in-process, {ip['queries']} test queries ({100 * ip['noised_fraction']:.1f} % noised):")
     print(f"  single query: mean {ip['single_ms_mean']:.4f} ms, p50 {ip['single_ms_p50']:.4f} ms, "
           f"p99 {ip['single_ms_p99']:.4f} ms (released {ip['single_ms_mean_released']}, "
           f"noised {ip['single_ms_mean_noised']})   target <= 0.2 ms")
+    print(f"  single query CPU time: mean {ip['single_cpu_ms_mean']:.4f} ms, p50 {ip['single_cpu_ms_p50']:.4f} ms")
     print(f"  batched: {ip['batched_ms_per_query_test_split']:.5f} ms/query (test split), "
           f"{ip['batched_ms_per_query_100k']:.5f} ms/query (100k batch)   target <= 0.05 ms")
     print(f"HTTP, {h['clients']} clients x {h['requests'] // h['clients']} requests: {h['throughput_rps']:.0f} req/s, "
