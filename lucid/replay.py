@@ -34,11 +34,30 @@ class LeakWitness:
     repaired: bool
 
 
+def _take(arr: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """arr[positions], as a view when the positions are one contiguous run (the common root node)."""
+    if len(positions) and np.all(np.diff(positions) == 1):
+        return arr[positions[0] : positions[-1] + 1]
+    return arr[positions]
+
+
+def _forward(stack: NetworkStack, positions: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """Scores [len(positions), B, C] without copying the parameters of a contiguous range."""
+    h = np.broadcast_to(x, (len(positions),) + x.shape)
+    last = len(stack.weights) - 1
+    for i, (w, b) in enumerate(zip(stack.weights, stack.biases)):
+        h = np.einsum("koi,kbi->kbo", _take(w, positions), h) + _take(b, positions)[:, None, :]
+        if i < last:
+            h = np.maximum(h, 0.0)
+    return h
+
+
 def _confidences(stack: NetworkStack, positions: np.ndarray, x: np.ndarray, cls: int) -> tuple[float, np.ndarray, float]:
-    sub = stack.select(np.concatenate([[0], positions]))
-    scores = sub.forward(x[None, :])[:, 0, :]  # [1 + |S|, C]
-    conf = confidence(scores, cls)
-    return float(conf[0]), conf[1:], float(np.abs(scores).max())
+    scores_n = _forward(stack, np.array([0]), x[None, :])[0, 0]
+    scores_s = _forward(stack, positions, x[None, :])[:, 0, :]  # [|S|, C]
+    conf_n = float(confidence(scores_n, cls))
+    scale = float(max(np.abs(scores_n).max(), np.abs(scores_s).max()))
+    return conf_n, confidence(scores_s, cls), scale
 
 
 def replay(stack: NetworkStack, positions: np.ndarray, x: np.ndarray, cls: int, lower: np.ndarray, upper: np.ndarray, repaired: bool = False) -> LeakWitness | None:
@@ -149,8 +168,8 @@ def search_witness(
     rng = np.random.default_rng(seed)
     d = len(lower)
     x = lower + (upper - lower) * rng.random((samples, d))
-    n_sub = stack.select([0])
-    conf_n = confidence(n_sub.forward(x)[0], cls)
+    zero = np.array([0])
+    conf_n = confidence(_forward(stack, zero, x)[0], cls)
     inside, outside = x[conf_n > 0], x[conf_n <= 0]
     if len(inside) == 0 or len(outside) == 0:
         return None
@@ -158,10 +177,9 @@ def search_witness(
     a, b = inside[:m].copy(), outside[:m].copy()
     for _ in range(30):  # bisection onto C_N = 0, vectorised over all pairs
         mid = (a + b) / 2
-        pos = confidence(n_sub.forward(mid)[0], cls) > 0
+        pos = confidence(_forward(stack, zero, mid)[0], cls) > 0
         a[pos], b[~pos] = mid[pos], mid[~pos]
-    sub = stack.select(positions)
-    conf_s = confidence(sub.forward(a), cls)  # [|S|, m]
+    conf_s = confidence(_forward(stack, positions, a), cls)  # [|S|, m]
     order = np.argsort(conf_s.min(axis=0))[:starts]
     best: LeakWitness | None = None
     for i in order:

@@ -139,7 +139,6 @@ def compute_n_bounds(stack: NetworkStack, lower: np.ndarray, upper: np.ndarray, 
     b = [x[0] for x in stack.biases]
     if method == "interval":
         nb = interval_bounds(w, b, lower, upper)
-        C = stack.num_classes
         margin = nb.upper[-1][:, None] - nb.lower[-1][None, :]
         margin = margin + FP_REL * (np.abs(nb.upper[-1][:, None]) + np.abs(nb.lower[-1][None, :]))
         np.fill_diagonal(margin, 0.0)
