@@ -185,7 +185,7 @@ def test_from_run_caches_n_bounds(tmp_path):
     assert np.array_equal(first.margin_upper, second.margin_upper)
 
 
-@pytest.mark.parametrize("seed,lo,classes", [(0, -1.0, 2), (1, -1.0, 3)])
+@pytest.mark.parametrize("seed,lo,classes", [(0, -1.0, 2)])
 def test_node_bound_tightening_stays_sound(seed, lo, classes):
     stack, lower, upper, problem = make(seed, lo, classes)
     # a zero-second probe forces the tightening path even on problems HiGHS would close at once
