@@ -14,6 +14,15 @@ from lucid.training.vectorized import batch_orders, train_networks
 from lucid.training.architecture import initial_parameters
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny networks: intra-op threads only add synchronisation (very slow on a busy CI box)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def plain_network(spec: dict, d: int, c: int, seed: int) -> nn.Module:
     """Built independently of lucid's ReferenceNet: same layers, same construction order."""
     torch.manual_seed(seed)
