@@ -95,6 +95,14 @@ def test_results_match_an_independent_computation(run_dir):
     assert again["accuracy"] == acc
 
 
+@pytest.mark.parametrize("use_torch", [False, True])
+def test_both_forward_paths_match_the_ir(run_dir, use_torch):
+    stack = load_networks(run_dir)
+    x = np.random.default_rng(0).random((40, 2))
+    got = evaluate._stacked_scores(stack, x, use_torch=use_torch)
+    assert np.allclose(got, stack.forward(x), rtol=0, atol=1e-12)
+
+
 @pytest.mark.parametrize("text", ["", "0,,1", "a", "-1", "nan", "1,1", "inf"])
 def test_bad_epsilon_lists(text):
     with pytest.raises(LucidError, match="epsilon"):
