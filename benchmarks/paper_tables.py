@@ -256,7 +256,7 @@ def render_report(results: dict, workloads: list[Workload], args, argv: list[str
         paper = PAPER_TABLE1.get(wl.name)
         lucid = entry.get("lucid")
         plain = plain_accuracy(entry)
-        plain_s = pct(plain) + (f" [{paper['plain']}]" if paper else "")
+        plain_s = pct(plain) + ("" if lucid or plain is None else "†") + (f" [{paper['plain']}]" if paper else "")
         if not lucid:
             lines.append(f"| {wl.name} | {plain_s} | not run | | | | | | | | |")
             continue
@@ -272,7 +272,9 @@ def render_report(results: dict, workloads: list[Workload], args, argv: list[str
         limits = f"{st['time_limit_per_class']:g}, {st['solver']}, {lucid.get('workers', '?')}"
         lines.append(f"| {wl.name} | {plain_s} | {betas[0]} | {betas[1]} | {times} | {limits} | {' | '.join(accs)} | "
                      f"{ev['access_ms']['lucid']:.4f} | {100 * ev['noised_fraction']['lucid']:.1f} % |")
-    lines += ["", "`*` = time limit reached: the class's bound is the anytime (sound, possibly loose) upper bound.", ""]
+    lines += ["", "`*` = time limit reached: the class's bound is the anytime (sound, possibly loose) upper bound. "
+              "plain = N's accuracy; `†` = the baselines' own non-private SGD model (same settings, own batch order) "
+              "where N has not been trained yet.", ""]
     # Table 2
     lines += ["## Table 2 — Naive-Noise and Naive-iDP", "",
               "| workload | Naive-Noise ε=0 | ε=0.2 | ε=1 | Naive-iDP ε=0 | ε=0.2 | ε=1 | Naive-iDP ms/query | LUCID ms/query |",
@@ -328,7 +330,22 @@ def render_report(results: dict, workloads: list[Workload], args, argv: list[str
         lines.append(f"| {label} | {' | '.join(row)} | {count} |")
     lines += ["", "Unreachable targets (e.g. DP-SGD at ε = 0.02 when Opacus' noise search gives up) count as missing, "
               "not as a loss.", "", f"![accuracy vs epsilon]({plot_name})", ""]
+    lines += ["## Cached steps (wall seconds)", "", "| workload | " + " | ".join(k for k in _all_keys(results)) + " |",
+              "|---|" + "---|" * len(_all_keys(results))]
+    for wl in workloads:
+        entry = results.get(wl.name, {})
+        lines.append(f"| {wl.name} | " + " | ".join(
+            f"{entry[k]['wall_seconds']:.0f}" if k in entry else "–" for k in _all_keys(results)) + " |")
+    if args.note:
+        lines += ["", "## Notes", "", args.note]
+    lines.append("")
     return "\n".join(lines)
+
+
+def _all_keys(results: dict) -> list[str]:
+    order = ["plain", "lucid", "dpsgd", "alibi"]
+    keys = {k for entry in results.values() for k in entry}
+    return [k for k in order if k in keys] + sorted((k for k in keys if k not in order), key=lambda k: (len(k), k))
 
 
 def _method_accuracy(entry: dict, key: str, eps: float) -> float | None:
@@ -355,12 +372,12 @@ def render_plot(results: dict, workloads: list[Workload], teachers: list[int], p
               ("dpsgd", "DP-SGD", "^-"), ("alibi", "ALIBI", "v-")] + [(f"sa{t}", f"S&A T={t}", "d-") for t in teachers]
     for ax, wl in zip(axes.flat, shown):
         entry = results[wl.name]
-        for key, label, style in series:
+        for i, (key, label, style) in enumerate(series):
             eps_list = LUCID_EPS if key in ("lucid", "naive_idp", "naive_noise") else BASELINE_EPS
             pts = [(e, _method_accuracy(entry, key, e)) for e in eps_list]
             pts = [(e, 100 * a) for e, a in pts if a is not None]
             if pts:
-                ax.plot(*zip(*pts), style, label=label, markersize=4)
+                ax.plot(*zip(*pts), style, label=label, markersize=4, color=f"C{i}")  # same colour in every panel
         plain = plain_accuracy(entry)
         if plain is not None:
             ax.axhline(100 * plain, color="k", lw=0.8, label="no privacy")
@@ -374,8 +391,9 @@ def render_plot(results: dict, workloads: list[Workload], teachers: list[int], p
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(shown):]:
         ax.axis("off")
-    axes.flat[0].legend(fontsize=7)
-    fig.tight_layout()
+    handles = {h.get_label(): h for ax in axes.flat for h in ax.get_lines()}
+    fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=min(9, len(handles)), fontsize=7)
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
     path.parent.mkdir(parents=True, exist_ok=True)
     from lucid.atomic import write_atomic
 
@@ -410,6 +428,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1, help="torch threads for baseline training (tiny nets: 1 is fastest)")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--report-only", action="store_true", help="only rewrite the report from the cache")
+    p.add_argument("--note", default="", help="markdown appended to the report (e.g. how a partial run was made)")
     args = p.parse_args(argv)
     q = args.quick
     args.time_limit = args.time_limit if args.time_limit is not None else (2.0 if q else 3600.0)
@@ -456,7 +475,9 @@ def main(argv: list[str] | None = None) -> int:
     keys = [m for m in methods if m != "sa"] + ([f"sa{t}" for t in args.teachers] if "sa" in methods else [])
     cache = Cache(args.out / "cache")
     plot_path = args.report.with_suffix(".png")
-    cmd = ["python", "benchmarks/paper_tables.py"] + argv
+    # The note is printed in full at the end of the report; keep the command line readable.
+    visible_argv = [("…" if i and argv[i - 1] == "--note" else a) for i, a in enumerate(argv)]
+    cmd = ["python", "benchmarks/paper_tables.py"] + visible_argv
 
     bases: dict[str, dict] = {}
 
