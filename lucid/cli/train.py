@@ -34,6 +34,20 @@ def command(data: str, out: str, **options) -> None:
         click.echo(f"lucid: finished chunks are kept in {out}.partial; re-run the same command to resume", err=True)
         raise
     click.echo(_summary(run_dir), err=True)
+    if options.get("domain") is None and _scaled_from_data(run_dir):
+        click.echo(
+            "lucid: note: features outside [0, 1] were min-max scaled over the data, so the verified domain "
+            "(which `lucid serve` enforces) reveals their extremes; pass --domain with public bounds for a deployment",
+            err=True,
+        )
+
+
+def _scaled_from_data(run_dir) -> bool:
+    import json
+    from pathlib import Path
+
+    scaler = json.loads((Path(run_dir) / "run.json").read_text())["scaler"]
+    return any(o != 0.0 for o in scaler["offset"]) or any(s != 1.0 for s in scaler["scale"])
 
 
 def _summary(run_dir) -> str:
