@@ -11,8 +11,8 @@ The class stops when upper - lower <= gap, when nothing is left open, or at the 
 reported upper is then max(best lower, max open upper) — sound in every case.
 
 A node that hits its time limit keeps its (proved) dual bound and is branched like any other; an
-unproved singleton cannot be branched, so it is retried with twice the node time limit (up to
-`MAX_SINGLETON_ATTEMPTS` solves) and otherwise stays open with its sound bound.
+unproved singleton cannot be branched, so it is retried with twice the node time limit (until the
+total time limit, or `MAX_SINGLETON_ATTEMPTS` solves without one) and otherwise keeps its sound bound.
 """
 
 from __future__ import annotations
@@ -422,7 +422,9 @@ class Engine:
                 heapq.heappop(cs.open_heap)
                 if top.proved:
                     top.state = SETTLED
-                elif top.is_singleton and cfg.node_time_limit is not None and top.attempts < MAX_SINGLETON_ATTEMPTS:
+                elif top.is_singleton and cfg.node_time_limit is not None and (
+                    top.attempts < MAX_SINGLETON_ATTEMPTS or cfg.time_limit is not None
+                ):  # with a total time limit, keep doubling until it ends; else give up after a few
                     top.state = PENDING  # retry with a longer node time limit; keeps its bound
                     heapq.heappush(cs.pending_heap, (-top.upper, top.id))
                     self._emit("retry", cs.cls, node=top.id, parent=top.parent, size=top.size, upper=top.upper,
