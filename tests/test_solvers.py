@@ -322,3 +322,25 @@ def test_highs_runs_on_a_scheduler_started_elsewhere_with_other_threads():
                          timeout=120)
     assert out.returncode == 0, out.stderr
     assert float(out.stdout.strip().splitlines()[-1]) == 9.0
+
+
+def test_cross_check_keeps_the_largest_proved_bound(monkeypatch):
+    """A lying backend (bound below the optimum, no incumbent) is caught by a '+' cross-check."""
+    from lucid.solvers import registry
+
+    def liar(model, options, backend_options):
+        return SolveResult(status=OPTIMAL, upper_bound=7.0, solver="cbc")  # true optimum is 9
+
+    monkeypatch.setitem(registry.BACKENDS, "cbc", registry.Backend("pulp", "pulp", lambda: liar))
+    assert solve(knapsack(), "cbc").upper_bound == 7.0  # the lie alone goes through unnoticed
+    checked = solve(knapsack(), "cbc+highs")
+    assert checked.upper_bound == pytest.approx(9.0, abs=1e-6)
+    assert checked.incumbent == pytest.approx(9.0, abs=1e-6)
+    assert checked.solver == "cbc+highs" and set(checked.stats["cross_check"]) == {"cbc", "highs"}
+
+
+def test_cross_check_spec_errors():
+    with pytest.raises(LucidError, match="unknown solver 'nosuch'"):
+        solve(knapsack(), "highs+nosuch")
+    with pytest.raises(LucidError, match="invalid solver"):
+        solve(knapsack(), "highs+")

@@ -147,9 +147,9 @@ def test_a_solver_bound_below_a_replayed_witness_is_never_output(monkeypatch):
     assert out.upper >= exact or (math.isinf(out.upper) and out.status == "error")
 
 
-@pytest.mark.parametrize("solver", ["gurobi", "scip", "cbc"])
+@pytest.mark.parametrize("solver", ["gurobi", "scip", "cbc", "highs+scip"])
 def test_backends_agree_on_a_tiny_node(solver):
-    if not available_solvers().get(solver):
+    if not all(available_solvers().get(name) for name in solver.split("+")):
         pytest.skip(f"{solver} not installed")
     stack, lower, upper, problem = make(0, -1.0, 2)
     ref = analyse_node(problem, 0, [1, 2, 3])

@@ -174,9 +174,10 @@ def test_missing_or_corrupt_run_dir(tmp_path, capsys):
 
 
 def test_solver_not_installed(tiny_run, capsys, monkeypatch):
-    import lucid.solvers
+    import lucid.solvers.registry
 
-    monkeypatch.setattr(lucid.solvers, "available_solvers", lambda: {"highs": True, "gurobi": False})
+    monkeypatch.setattr(lucid.solvers.registry, "available_solvers",
+                        lambda: {"highs": True, "gurobi": False, "cbc": True, "scip": True})
     code, err = run_main(["verify", str(tiny_run), "--solver", "gurobi", "--quiet"], capsys)
     assert code == 2 and "not installed" in err
 

@@ -15,10 +15,9 @@ from typing import Any
 
 from lucid.errors import LucidError
 
-KNOWN_SOLVERS = ("highs", "gurobi", "cbc", "scip", "auto")
 BOUNDS_FILE = "bounds.json"
 
-__all__ = ["verify_run", "KNOWN_SOLVERS"]
+__all__ = ["verify_run"]
 
 
 def _check_positive(name: str, value: float | int | None) -> None:
@@ -29,17 +28,10 @@ def _check_positive(name: str, value: float | int | None) -> None:
 
 
 def check_solver(solver: str) -> None:
-    if solver not in KNOWN_SOLVERS:
-        raise LucidError(f"unknown solver {solver!r} (choose from {', '.join(KNOWN_SOLVERS)})")
-    try:
-        from lucid.solvers import available_solvers
-    except ImportError:
-        return
-    avail = available_solvers()
-    avail = avail if isinstance(avail, dict) else {name: True for name in avail}
-    if solver != "auto" and not avail.get(solver):
-        installed = ", ".join(name for name, ok in avail.items() if ok) or "none"
-        raise LucidError(f"solver {solver!r} is not installed (installed: {installed})")
+    """A name (or a '+'-joined cross-check) of installed backends; one-line error otherwise."""
+    from lucid.solvers import check_solver_spec
+
+    check_solver_spec(solver)
 
 
 def parse_classes(classes: Any, num_classes: int) -> list[int]:

@@ -17,7 +17,7 @@ def _print_summary(result: dict) -> None:
 
 @click.command("verify", help="Compute per-class iDP decision bounds (branch-and-bound over hyper-networks).")
 @click.argument("run_dir", type=click.Path(file_okay=False, path_type=str))
-@click.option("--solver", default="highs", show_default=True, help="MILP backend: highs, gurobi, cbc, scip or auto.")
+@click.option("--solver", default="highs", show_default=True, help="MILP backend: highs, gurobi, cbc, scip or auto; A+B cross-checks every node with both and keeps the larger proved bound.")
 @click.option("--workers", type=int, default=None, help="Parallel node MILPs (default: number of cores).")
 @click.option("--time-limit", type=float, default=None, help="Total seconds (anytime bounds are reported when it ends).")
 @click.option("--node-time-limit", type=float, default=None, help="Seconds per node MILP.")

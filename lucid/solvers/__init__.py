@@ -14,6 +14,7 @@ from lucid.solvers.registry import (
     SOLVER_NAMES,
     available_solvers,
     check_result,
+    check_solver_spec,
     resolve_solver,
     solve,
 )
@@ -30,6 +31,7 @@ __all__ = [
     "UnsoundSolverResult",
     "available_solvers",
     "check_result",
+    "check_solver_spec",
     "read_mps",
     "resolve_solver",
     "solve",

@@ -10,7 +10,7 @@ from typing import Callable
 
 from lucid.encodings.model import MilpModel
 from lucid.errors import LucidError, SolverError, UnsoundSolverResult
-from lucid.solvers.base import SolveResult, SolverOptions
+from lucid.solvers.base import ERROR, INFEASIBLE, OPTIMAL, TIME_LIMIT, SolveResult, SolverOptions
 from lucid.solvers.replay import REPLAY_TOLERANCE, replay_solution
 
 log = logging.getLogger("lucid.solvers")
@@ -66,6 +66,70 @@ def _check_name(name: str) -> None:
         raise LucidError(f"unknown solver {name!r}; valid solvers: {', '.join(SOLVER_NAMES)}")
 
 
+def check_solver_spec(spec: str) -> list[str]:
+    """Validate a solver spec — a name, or names joined by '+' for a cross-check — and return its parts.
+
+    Unknown names raise LucidError; a backend that is not installed raises SolverError naming
+    the package to install.
+    """
+    parts = [p.strip() for p in str(spec).split("+")]
+    if not all(parts):
+        raise LucidError(f"invalid solver {spec!r}; use a name ({', '.join(SOLVER_NAMES)}) or names joined by '+'")
+    avail = available_solvers()
+    for name in parts:
+        _check_name(name)
+        if name != "auto" and not avail[name]:
+            raise SolverError(f"solver {name!r} is not installed: pip install {BACKENDS[name].pip}")
+    return parts
+
+
+def _cross_check(model: MilpModel, names: list[str], options: SolverOptions, unsafe: bool,
+                 backend_options: dict) -> SolveResult:
+    """Solve with every backend of a cross-check and keep the *largest* proved bound.
+
+    Why: one backend's branch-and-bound can be wrong (HiGHS has proved a bound below the true
+    optimum on a model of ours even with presolve off), and two independent implementations
+    are unlikely to be wrong the same way. The maximum of the bounds is sound as soon as one
+    backend is; a backend that fails contributes +inf (nothing proved), never a number.
+    """
+    results: list[SolveResult] = []
+    for name in names:
+        try:
+            results.append(solve(model, name, options, unsafe=unsafe, **backend_options))
+        except UnsoundSolverResult:
+            raise
+        except LucidError as exc:  # e.g. a licence too small for this model
+            results.append(SolveResult(status=ERROR, upper_bound=math.inf, solver=name, message=str(exc)))
+    with_solution = [r for r in results if r.solution is not None]
+    best = max(with_solution, key=lambda r: r.incumbent) if with_solution else None
+    bounds = [r.upper_bound for r in results]
+    upper = max(bounds)
+    if all(r.status == INFEASIBLE for r in results):
+        status = INFEASIBLE
+    elif any(r.status == ERROR for r in results):
+        status = ERROR
+    elif all(r.status in (OPTIMAL, INFEASIBLE) for r in results):
+        status = OPTIMAL
+    else:
+        status = TIME_LIMIT
+    combined = SolveResult(
+        status=status,
+        upper_bound=upper,
+        incumbent=None if best is None else best.incumbent,
+        solution=None if best is None else best.solution,
+        nodes=sum(r.nodes for r in results),
+        seconds=sum(r.seconds for r in results),
+        solver="+".join(names),
+        message="; ".join(f"{r.solver}: {r.message}" for r in results if r.message),
+        stats={"cross_check": {r.solver: r.to_json() for r in results}},
+    )
+    spread = upper - min(bounds) if all(math.isfinite(b) for b in bounds) else None
+    if spread is not None and spread > 1e-6 * max(1.0, abs(upper)) and status == OPTIMAL:
+        log.warning("cross-check: proved bounds disagree (%s); keeping the largest",
+                    ", ".join(f"{r.solver}={r.upper_bound:.9g}" for r in results))
+    return combined
+
+
 def resolve_solver(name: str, model: MilpModel) -> str:
     """The concrete backend for `name`; `auto` = gurobi when its licence covers `model`, else highs."""
     _check_name(name)
@@ -101,6 +165,8 @@ def solve(
     overriding a backend's soundness settings (HiGHS presolve) also needs `unsafe=True`.
     """
     options = options or SolverOptions()
+    if "+" in solver:
+        return _cross_check(model, check_solver_spec(solver), options, unsafe, backend_options)
     name = resolve_solver(solver, model)
     backend = BACKENDS[name]
     if not available_solvers()[name]:
