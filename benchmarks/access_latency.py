@@ -46,6 +46,13 @@ def ensure_run(run: Path) -> None:
     train_run(str(SHARED / "train.npz"), run, test_data=str(SHARED / "test.npz"), arch="2x50", batch_size=100)
 
 
+def query_rows(r) -> np.ndarray:
+    """The queries: the run's test split, or its training rows when it was trained without one."""
+    data = r.data()
+    x = data["X_test"] if len(data["X_test"]) else data["X_train"]
+    return x.astype(np.float64)
+
+
 def with_bounds(run: Path, scratch: Path) -> tuple[Path, str]:
     """The run itself if verified, else a scratch copy (links) with a placeholder bounds.json."""
     if (run / "bounds.json").exists():
@@ -60,7 +67,7 @@ def with_bounds(run: Path, scratch: Path) -> tuple[Path, str]:
         os.symlink((run / name).resolve(), copy / name)
     r = open_run(run)
     stack = r.networks().select([0])
-    x = r.data()["X_test"].astype(np.float64)
+    x = query_rows(r)
     scores = stack.forward(x)[0]
     cls, conf = scores.argmax(1), confidence(scores)
     bounds = {c: (float(np.quantile(conf[cls == c], 0.10)) if (cls == c).any() else None)
@@ -73,7 +80,7 @@ def original_units(run: Path) -> np.ndarray:
     from lucid.rundir import open_run
 
     r = open_run(run)
-    x = r.data()["X_test"].astype(np.float64)
+    x = query_rows(r)
     scaler = r.meta.get("scaler") or {}
     offset = np.asarray(scaler.get("offset", np.zeros(x.shape[1])), dtype=np.float64)
     scale = np.asarray(scaler.get("scale", np.ones(x.shape[1])), dtype=np.float64)
