@@ -1,7 +1,8 @@
-"""Crash-safe file writes: write a temporary sibling, fsync, then rename over the target.
+"""JSON and file I/O with the project's guarantees.
 
-A reader (or a resumed run after kill -9) therefore sees either the old file or the new one,
-never a half-written file.
+Writes are crash-safe: write a temporary sibling, fsync, then rename over the target, so a
+reader (or a resumed run after kill -9) sees either the old file or the new one, never a
+half-written file. Reads of user-supplied JSON fail with one-line `LucidError`s.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import os
 import tempfile
 from pathlib import Path
 from typing import Any, Callable
+
+from lucid.errors import LucidError
 
 
 def write_atomic(path: str | Path, write: Callable[[str], None]) -> None:
@@ -40,3 +43,14 @@ def write_text_atomic(path: str | Path, text: str) -> None:
 
 def write_json_atomic(path: str | Path, obj: Any) -> None:
     write_text_atomic(path, json.dumps(obj, indent=2, allow_nan=False) + "\n")
+
+
+def read_json(path: str | Path, *, missing: str, unreadable: str) -> Any:
+    """Parse a JSON file; a missing file raises LucidError(missing), an unreadable or
+    malformed one LucidError(f"{unreadable}: {reason}")."""
+    try:
+        return json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise LucidError(missing) from None
+    except (OSError, ValueError) as exc:
+        raise LucidError(f"{unreadable}: {exc}") from None

@@ -14,13 +14,13 @@ x_net = (x_orig - offset) * scale.
 from __future__ import annotations
 
 import csv
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from lucid.atomic import read_json
 from lucid.errors import LucidError
 
 SKLEARN_SETS = ("breast_cancer", "wine", "digits", "iris")
@@ -183,12 +183,8 @@ def _check_finite(table: Table, what: str) -> None:
 def load_domain(path: str | Path, d: int) -> tuple[np.ndarray, np.ndarray]:
     """A --domain file: JSON {"lower": [d numbers], "upper": [d numbers]} in original units."""
     path = Path(path)
-    try:
-        obj = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise LucidError(f"domain file {path} does not exist") from None
-    except (OSError, ValueError) as exc:
-        raise LucidError(f"cannot read domain file {path} as JSON: {exc}") from None
+    obj = read_json(path, missing=f"domain file {path} does not exist",
+                    unreadable=f"cannot read domain file {path} as JSON")
     if not isinstance(obj, dict) or "lower" not in obj or "upper" not in obj:
         raise LucidError(f"domain file {path} must be a JSON object with 'lower' and 'upper' lists")
     try:

@@ -10,12 +10,12 @@ RUN/
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from lucid.atomic import read_json
 from lucid.errors import LucidError
 
 RUN_FORMAT = "lucid-run/1"
@@ -71,12 +71,8 @@ def open_run(path: str | Path) -> Run:
     if not path.is_dir():
         raise LucidError(f"run directory {path} does not exist")
     meta_path = path / "run.json"
-    try:
-        meta = json.loads(meta_path.read_text())
-    except FileNotFoundError:
-        raise LucidError(f"{path} is not a LUCID run directory (no run.json)") from None
-    except (OSError, ValueError) as exc:
-        raise LucidError(f"{meta_path} is corrupt: {exc}") from None
+    meta = read_json(meta_path, missing=f"{path} is not a LUCID run directory (no run.json)",
+                     unreadable=f"{meta_path} is corrupt")
     if not isinstance(meta, dict) or meta.get("format") != RUN_FORMAT:
         raise LucidError(f"{meta_path} is not a {RUN_FORMAT} file")
     for key in ("num_classes", "input_dim", "train_size", "domain", "architecture", "labels"):

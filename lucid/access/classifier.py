@@ -30,6 +30,7 @@ import numpy as np
 
 from lucid.access.mechanism import RandomSource, check_epsilon, exponential_mechanism, needs_noise
 from lucid.access.memo import DEFAULT_MEMO_SIZE, Memo
+from lucid.atomic import read_json
 from lucid.errors import LucidError
 from lucid.rundir import BOUNDS_FORMAT, Run, open_run
 
@@ -41,12 +42,8 @@ _DOMAIN_TOLERANCE = 1e-9
 def load_upper_bounds(run: Run) -> np.ndarray:
     """beta_c per class from RUN/bounds.json; +inf where nothing is proved (every input noised)."""
     path = run.path / BOUNDS_FILE
-    try:
-        doc = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise LucidError(f"{path} does not exist: run `lucid verify {run.path}` first") from None
-    except (OSError, ValueError) as exc:
-        raise LucidError(f"{path} is corrupt: {exc}") from None
+    doc = read_json(path, missing=f"{path} does not exist: run `lucid verify {run.path}` first",
+                    unreadable=f"{path} is corrupt")
     if not isinstance(doc, dict) or doc.get("format") != BOUNDS_FORMAT or not isinstance(doc.get("bounds"), dict):
         raise LucidError(f"{path} is not a {BOUNDS_FORMAT} file")
     upper = np.full(run.num_classes, np.inf)
