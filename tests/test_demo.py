@@ -6,7 +6,6 @@ import json
 import subprocess
 import sys
 
-import pytest
 
 import lucid.bab
 import lucid.training

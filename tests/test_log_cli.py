@@ -9,7 +9,6 @@ from bab_fixtures import write_tiny_run
 from lucid.bab.events import read_events
 from lucid.cli import cli
 
-pytest.importorskip("lucid.verifier")
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,6 @@ import httpx
 import numpy as np
 import pytest
 
-from lucid.access import Memo
 from lucid.access.synthetic import write_bounds, write_synthetic_run
 from lucid.network import confidence, load_networks
 

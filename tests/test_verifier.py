@@ -91,7 +91,8 @@ def test_interval_bounds_give_the_same_singleton_answer():
 
 
 def test_cnn_lowered_network_matches_torch_and_its_bound_is_exact():
-    torch = pytest.importorskip("torch")
+    import torch
+
     rng = np.random.default_rng(7)
     k, d = 2, 4
     conv_w = rng.normal(size=(1, 2, 1, 3)) * 0.8

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 import signal
 import subprocess
@@ -11,14 +10,12 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from bab_fixtures import write_tiny_run
 from lucid.bab import verify_run
 from lucid.bab.events import read_events
 
-pytest.importorskip("lucid.verifier")
 
 # Safety margins differ between the MILPs of different node sets (the margin grows with the model's
 # big-M constants, see lucid.verifier.safety_margin), so two exact runs may differ by a few 1e-6.

@@ -51,8 +51,6 @@ def _scaled_from_data(run_dir) -> bool:
 
 
 def _summary(run_dir) -> str:
-    import numpy as np
-
     from lucid.rundir import open_run
 
     try:
