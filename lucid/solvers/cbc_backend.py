@@ -175,11 +175,8 @@ def _result(model, options, log, sol_text, solution, seconds, build_seconds) -> 
         message += " (CBC's logged objective does not match its solution: bound discarded)"
         code, upper = ERROR, math.inf
     upper += offset
-    gap = None
-    if incumbent is not None and math.isfinite(upper):
-        gap = (upper - incumbent) / max(abs(upper), 1e-10)
     return SolveResult(
-        status=code, upper_bound=upper, incumbent=incumbent, solution=solution, gap=gap,
+        status=code, upper_bound=upper, incumbent=incumbent, solution=solution,
         nodes=nodes, seconds=seconds, solver="cbc", message=message,
         stats={"build_seconds": build_seconds},
     )

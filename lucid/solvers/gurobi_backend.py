@@ -126,11 +126,8 @@ def _result(m, model: MilpModel, seconds: float, build_seconds: float) -> SolveR
         code, upper = TIME_LIMIT, dual_bound() if is_mip else math.inf
     else:
         code, upper = ERROR, math.inf
-    gap = None
-    if incumbent is not None and math.isfinite(upper):
-        gap = (upper - incumbent) / max(abs(upper), 1e-10)
     return SolveResult(
-        status=code, upper_bound=upper, incumbent=incumbent, solution=solution, gap=gap,
+        status=code, upper_bound=upper, incumbent=incumbent, solution=solution,
         nodes=nodes, seconds=seconds, solver="gurobi", message=message,
         stats={"build_seconds": build_seconds, "gurobi_status": int(status)},
     )

@@ -102,15 +102,11 @@ def solve_highs(
         code, upper = ERROR, math.inf
     if code == OPTIMAL and (upper is None or math.isnan(upper)):
         code, upper = ERROR, math.inf
-    gap = None
-    if incumbent is not None and math.isfinite(upper):
-        gap = (upper - incumbent) / max(abs(upper), 1e-10)
     return SolveResult(
         status=code,
         upper_bound=upper,
         incumbent=incumbent,
         solution=solution,
-        gap=gap,
         nodes=nodes,
         seconds=seconds,
         solver="highs",

@@ -185,9 +185,12 @@ def solve(
 
 
 def check_result(model: MilpModel, result: SolveResult) -> SolveResult:
-    """Replay the incumbent; reconcile it with the proved bound (see `solve`)."""
+    """Replay the incumbent; reconcile it with the proved bound (see `solve`) and set the gap.
+
+    The gap is computed here, once for every backend, from the *replayed* objective.
+    """
     if result.solution is None:
-        result.incumbent = None
+        result.incumbent, result.gap = None, None
         return result
     report = replay_solution(model, result.solution)
     if not report.ok(REPLAY_TOLERANCE):

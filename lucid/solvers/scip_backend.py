@@ -72,11 +72,8 @@ def solve_scip(
         code, upper = ERROR, math.inf
     if code == OPTIMAL and not math.isfinite(upper):
         code = ERROR
-    gap = None
-    if incumbent is not None and math.isfinite(upper):
-        gap = (upper - incumbent) / max(abs(upper), 1e-10)
     return SolveResult(
-        status=code, upper_bound=upper, incumbent=incumbent, solution=solution, gap=gap,
+        status=code, upper_bound=upper, incumbent=incumbent, solution=solution,
         nodes=int(m.getNNodes()), seconds=seconds, solver="scip", message=status,
         stats={"build_seconds": build_seconds},
     )
