@@ -8,7 +8,8 @@ is solved by `lucid.verifier.analyse_node` with a time limit. Make a run first, 
         --arch 2x50 --batch-size 100 --out /tmp/crypto-run
     python benchmarks/milp_core.py /tmp/crypto-run --time-limit 30 --solvers highs,gurobi
 
-Selecting the grid: --bounds interval,lp --md off,post,prepost --ris off,on --obbt off,on.
+Selecting the grid: --bounds interval,lp --md off,post,prepost --ris off,on --obbt off,on
+--coupling off,on (relational md: the ReLU difference coupling; "+rc" in the md column).
 The singleton defaults to the network with the median screening bound for class 0.
 Results go to --out (JSON lines) and a table on stdout. Not a test: it takes minutes.
 """
@@ -40,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--md", default="off,post,prepost")
     ap.add_argument("--ris", default="off,on")
     ap.add_argument("--obbt", default="off")
+    ap.add_argument("--coupling", default="on", help="relational md (ReLU difference coupling): off,on")
     ap.add_argument("--classes", default="all")
     ap.add_argument("--nodes", default="singleton,hyper", help="singleton and/or hyper")
     ap.add_argument("--singleton", type=int, default=None, help="stack position of N' (default: median screen)")
@@ -62,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     avail = available_solvers()
     solvers = [s for s in args.solvers.split(",") if avail.get(s)]
     out = open(args.out, "a") if args.out else None
-    print(f"{'node':>10} {'cls':>3} {'solver':>7} {'bounds':>8} {'md':>7} {'ris':>3} {'obbt':>4} "
+    print(f"{'node':>10} {'cls':>3} {'solver':>7} {'bounds':>8} {'md':>10} {'ris':>3} {'obbt':>4} "
           f"{'upper':>11} {'lower':>11} {'status':>10} {'sec':>7} {'bins':>5}", flush=True)
     for cls in classes:
         nodes = {}
@@ -75,18 +77,21 @@ def main(argv: list[str] | None = None) -> int:
             nodes[f"single{pos}"] = np.array([pos])
         if "hyper" in args.nodes:
             nodes[f"hyper{min(args.hyper_size, n_nets)}"] = np.arange(1, min(args.hyper_size, n_nets) + 1)
-        for (name, positions), solver, b, md, ris, obbt in itertools.product(
-            nodes.items(), solvers, args.bounds.split(","), args.md.split(","), args.ris.split(","), args.obbt.split(",")
+        for (name, positions), solver, b, md, ris, obbt, cpl in itertools.product(
+            nodes.items(), solvers, args.bounds.split(","), args.md.split(","), args.ris.split(","), args.obbt.split(","),
+            args.coupling.split(","),
         ):
-            enc = EncodingOptions(md=MD[md][0], md_pre=MD[md][1], ris=ris == "on", tau=args.tau, bounds=b, obbt=obbt == "on")
+            enc = EncodingOptions(md=MD[md][0], md_pre=MD[md][1], ris=ris == "on", tau=args.tau, bounds=b,
+                                  obbt=obbt == "on", coupling=cpl == "on")
+            md = md + ("+rc" if cpl == "on" else "")
             opts = SolverOptions(time_limit=args.time_limit, threads=args.threads)
             try:
                 res = analyse_node(problems[b], cls, positions, solver=solver, solver_options=opts, encoding=enc)
             except Exception as exc:  # e.g. a licence too small for the model: record and go on
-                print(f"{name:>10} {cls:>3} {solver:>7} {b:>8} {md:>7} {ris:>3} {obbt:>4}  failed: {exc}", flush=True)
+                print(f"{name:>10} {cls:>3} {solver:>7} {b:>8} {md:>10} {ris:>3} {obbt:>4}  failed: {exc}", flush=True)
                 continue
             low = "-" if res.lower is None else f"{res.lower:.6g}"
-            print(f"{name:>10} {cls:>3} {solver:>7} {b:>8} {md:>7} {ris:>3} {obbt:>4} {res.upper:>11.6g} {low:>11} "
+            print(f"{name:>10} {cls:>3} {solver:>7} {b:>8} {md:>10} {ris:>3} {obbt:>4} {res.upper:>11.6g} {low:>11} "
                   f"{res.status:>10} {res.seconds:>7.1f} {res.stats.get('binaries', 0):>5}", flush=True)
             if out:
                 row = {"node": name, "class": cls, "solver": solver, "bounds": b, "md": md, "ris": ris, "obbt": obbt,

@@ -29,12 +29,16 @@ exact_value: list[float] = []  # last incumbent seen (the MILP's primal optimum)
 
 
 @pytest.mark.parametrize("seed,lo", [(0, -1.0), (2, 0.0)])
-@pytest.mark.parametrize("md,md_pre,bounds", [(False, False, "interval"), (True, False, "lp"), (True, True, "lp")])
-def test_singleton_encoding_is_exact(seed, lo, md, md_pre, bounds):
+@pytest.mark.parametrize("md,md_pre,coupling,bounds", [
+    (False, False, False, "interval"), (False, False, True, "interval"), (True, False, False, "lp"),
+    (True, True, False, "lp"), (True, True, True, "lp"),
+])
+def test_singleton_encoding_is_exact(seed, lo, md, md_pre, coupling, bounds):
     stack = tiny_stack(seed)
     lower, upper = np.full(2, lo), np.ones(2)
     problem = VerificationProblem.from_stack(stack, lower, upper, bounds=bounds)
-    options = EncodingOptions(md=md, md_pre=md_pre, ris=True, bounds=bounds)  # ris never touches singletons
+    # ris never touches singletons
+    options = EncodingOptions(md=md, md_pre=md_pre, coupling=coupling, ris=True, bounds=bounds)
     for cls in range(2):
         for p in (1, 2):
             exact = exact_for(stack, p, cls, lower, upper)
@@ -71,3 +75,46 @@ def test_stable_neurons_get_no_binary():
     unstable = sum(int(np.sum((lo < 0) & (hi > 0))) for lo, hi in zip(problem.n_bounds.lower[:-1], problem.n_bounds.upper[:-1]))
     assert model.meta["binaries_n"] == unstable
     assert model.num_integers == model.meta["binaries"]
+
+
+def test_relu_coupling_rows_hold_for_every_real_pair_and_tighten_the_relaxation():
+    from lucid.encodings.builder import ModelBuilder
+    from lucid.encodings.matching import add_relu_coupling
+
+    rng = np.random.default_rng(5)
+    # dhat intervals of every kind: non-negative, non-positive, mixed, degenerate
+    a = np.array([0.0, 0.2, -0.3, -0.5, -1e-3, -0.4, 0.0])
+    b_ = np.array([0.3, 0.6, -0.1, 0.0, 2e-3, 0.7, 0.0])
+    n = len(a)
+    b = ModelBuilder()
+    zh, zhh, z, zz = (b.add_vars(n, -10, 10, name) for name in ("zhat", "zhat_h", "z", "z_h"))
+    rows = add_relu_coupling(b, zh, zhh, z, zz, a, b_, "rc")
+    model = b.build(zh, np.zeros(0), {})
+    assert rows == model.num_rows > 0
+    for _ in range(2000):
+        pre = rng.uniform(-1, 1, n)
+        pre_h = pre + rng.uniform(a, b_)
+        x = np.zeros(model.num_cols)
+        x[zh], x[zhh], x[z], x[zz] = pre, pre_h, np.maximum(pre, 0), np.maximum(pre_h, 0)
+        act = model.A @ x
+        assert np.all(act >= model.row_lower - 1e-12) and np.all(act <= model.row_upper + 1e-12)
+    # and it cuts: with dhat >= 0 the post-activation difference cannot be negative
+    x = np.zeros(model.num_cols)
+    x[zh[0]], x[zhh[0]], x[z[0]], x[zz[0]] = 0.5, 0.6, 0.5, 0.4
+    act = model.A @ x
+    assert np.any((act < model.row_lower - 1e-9) | (act > model.row_upper + 1e-9))
+
+
+def test_relu_coupling_never_loosens_the_lp_relaxation():
+    stack = tiny_stack(3, hidden=(6, 6))
+    lower, upper = np.zeros(2), np.ones(2)
+    problem = VerificationProblem.from_stack(stack, lower, upper)
+    hyper = hyper_network(problem.stack, [1])
+    diff = node_difference_bounds(problem, hyper)
+    bounds = {}
+    for coupling in (False, True):
+        options = EncodingOptions(coupling=coupling)
+        model = encode_idp(problem.n_weights, problem.n_biases, problem.n_bounds, hyper, diff, lower, upper, 0,
+                           options, margin_upper=problem.margin_upper, relax_all=True)
+        bounds[coupling] = solve(model, "highs", SolverOptions(time_limit=30)).upper_bound
+    assert bounds[True] <= bounds[False] + 1e-9

@@ -67,13 +67,14 @@ def test_hyper_nodes_are_monotone_and_cover_their_singletons(seed, lo, classes):
             check_lower(stack, large, np.arange(1, 5), cls)
 
 
-@pytest.mark.parametrize("md,md_pre,ris,tau", [
-    (False, False, False, 0.01), (True, False, False, 0.01), (True, True, False, 0.01),
-    (True, True, True, 0.01), (True, True, True, 100.0), (False, False, True, 100.0),
+@pytest.mark.parametrize("md,md_pre,coupling,ris,tau", [
+    (False, False, False, False, 0.01), (True, False, False, False, 0.01), (True, True, False, False, 0.01),
+    (False, False, True, False, 0.01), (True, True, True, True, 0.01), (True, True, True, True, 100.0),
+    (False, False, True, True, 100.0), (False, False, False, True, 100.0),
 ])
-def test_every_technique_stays_above_the_exact_singleton_maximum(md, md_pre, ris, tau):
+def test_every_technique_stays_above_the_exact_singleton_maximum(md, md_pre, coupling, ris, tau):
     stack, lower, upper, problem = make(0, -1.0, 2)
-    options = EncodingOptions(md=md, md_pre=md_pre, ris=ris, tau=tau)
+    options = EncodingOptions(md=md, md_pre=md_pre, coupling=coupling, ris=ris, tau=tau)
     for cls in range(2):
         best = max(exact_for(stack, p, cls, lower, upper) for p in range(1, 5))
         out = analyse_node(problem, cls, np.arange(1, 5), encoding=options)

@@ -10,6 +10,8 @@ class EncodingOptions:
     """Switches of the encoder (every technique can be turned off for the ablation).
 
     md / md_pre: matching dependencies z + dl <= z# <= z + du after / before the ReLU.
+    coupling: relational matching dependencies: z# - z tied to zhat# - zhat through ReLU's
+      monotonicity and 1-Lipschitz continuity (lucid.encodings.matching.add_relu_coupling).
     ris / tau: relax-if-similar: an unstable hyper neuron whose pre-activation difference
       interval is at most tau wide gets the triangle relaxation instead of a binary (never for a
       singleton, which stays exact).
@@ -24,6 +26,7 @@ class EncodingOptions:
 
     md: bool = True
     md_pre: bool = True
+    coupling: bool = True
     ris: bool = True
     tau: float = 0.01
     bounds: str = "lp"

@@ -19,7 +19,7 @@ from lucid.bounds.difference import DifferenceBounds
 from lucid.bounds.interval import LayerBounds, widen
 from lucid.encodings import EncodingOptions
 from lucid.encodings.builder import ModelBuilder
-from lucid.encodings.matching import add_matching
+from lucid.encodings.matching import add_matching, add_relu_coupling
 from lucid.encodings.model import MilpModel
 from lucid.encodings.relax import relax_if_similar
 from lucid.encodings.relu import encode_relu
@@ -121,6 +121,10 @@ def encode_idp(
         stats["relaxed"] += s_h["relaxed"]
         if options.md:
             stats["md_rows"] += add_matching(b, z, zh, diff.post.lower[k], diff.post.upper[k], f"md{k}.post")
+        if options.coupling:
+            stats["md_rows"] += add_relu_coupling(
+                b, zhat, zhat_h, z, zh, diff.pre.lower[k], diff.pre.upper[k], f"md{k}.relu"
+            )
 
     s, sh = z, zh
     nl, nu = n_bounds.lower[-1], n_bounds.upper[-1]
