@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bounds", default="interval,lp")
     ap.add_argument("--md", default="off,post,prepost")
     ap.add_argument("--ris", default="off,on")
-    ap.add_argument("--obbt", default="off")
+    ap.add_argument("--obbt", default="singletons", help="off,on,singletons (the default: singleton nodes only)")
     ap.add_argument("--coupling", default="on", help="relational md (ReLU difference coupling): off,on")
     ap.add_argument("--classes", default="all")
     ap.add_argument("--nodes", default="singleton,hyper", help="singleton and/or hyper")
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     avail = available_solvers()
     solvers = [s for s in args.solvers.split(",") if avail.get(s)]
     out = open(args.out, "a") if args.out else None
-    print(f"{'node':>10} {'cls':>3} {'solver':>7} {'bounds':>8} {'md':>10} {'ris':>3} {'obbt':>4} "
+    print(f"{'node':>10} {'cls':>3} {'solver':>7} {'bounds':>8} {'md':>10} {'ris':>3} {'obbt':>10} "
           f"{'upper':>11} {'lower':>11} {'status':>10} {'sec':>7} {'bins':>5}", flush=True)
     for cls in classes:
         nodes = {}
@@ -82,16 +82,16 @@ def main(argv: list[str] | None = None) -> int:
             args.coupling.split(","),
         ):
             enc = EncodingOptions(md=MD[md][0], md_pre=MD[md][1], ris=ris == "on", tau=args.tau, bounds=b,
-                                  obbt=obbt == "on", coupling=cpl == "on")
+                                  obbt={"on": True, "off": False}.get(obbt, obbt), coupling=cpl == "on")
             md = md + ("+rc" if cpl == "on" else "")
             opts = SolverOptions(time_limit=args.time_limit, threads=args.threads)
             try:
                 res = analyse_node(problems[b], cls, positions, solver=solver, solver_options=opts, encoding=enc)
             except Exception as exc:  # e.g. a licence too small for the model: record and go on
-                print(f"{name:>10} {cls:>3} {solver:>7} {b:>8} {md:>10} {ris:>3} {obbt:>4}  failed: {exc}", flush=True)
+                print(f"{name:>10} {cls:>3} {solver:>7} {b:>8} {md:>10} {ris:>3} {obbt:>10}  failed: {exc}", flush=True)
                 continue
             low = "-" if res.lower is None else f"{res.lower:.6g}"
-            print(f"{name:>10} {cls:>3} {solver:>7} {b:>8} {md:>10} {ris:>3} {obbt:>4} {res.upper:>11.6g} {low:>11} "
+            print(f"{name:>10} {cls:>3} {solver:>7} {b:>8} {md:>10} {ris:>3} {obbt:>10} {res.upper:>11.6g} {low:>11} "
                   f"{res.status:>10} {res.seconds:>7.1f} {res.stats.get('binaries', 0):>5}", flush=True)
             if out:
                 row = {"node": name, "class": cls, "solver": solver, "bounds": b, "md": md, "ris": ris, "obbt": obbt,

@@ -310,7 +310,7 @@ def _solve_group(problem, hyper, diff, cls, group, encoding: EncodingOptions, so
     bound = math.inf
     result = None
     n_b, df = problem.n_bounds, diff
-    if encoding.obbt:
+    if encoding.obbt is True or (encoding.obbt == "singletons" and hyper.exact):
         from lucid.bounds.obbt import tighten_node_bounds
 
         if witness is None:
@@ -330,6 +330,7 @@ def _solve_group(problem, hyper, diff, cls, group, encoding: EncodingOptions, so
             lambda nb, d: _encode(problem, hyper, cls, group, encoding, nb, d, relax_all=True, beta_lower=_slack(lb)),
             n_b, df,
             deadline=None if opts.time_limit is None else t_start + opts.time_limit * encoding.obbt_share,
+            hyper_lp=not hyper.exact,
         )
         info["obbt_seconds"] = time.perf_counter() - t_obbt
         if tightened is None:  # empty relaxation: impossible when a true witness exists

@@ -140,7 +140,7 @@ def verify_run(
 
     settings = {
         "solver": solver,
-        "encoding": {"md": md, "md_pre": md, "ris": ris, "tau": float(tau), "bounds": bounds},
+        "encoding": {"md": md, "md_pre": md, "coupling": md, "ris": ris, "tau": float(tau), "bounds": bounds},
         "mip_rel_gap": 0.0,
         "mip_abs_gap": 0.0,
     }

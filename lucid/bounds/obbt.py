@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from lucid.bounds.difference import DifferenceBounds
-from lucid.bounds.interval import LayerBounds
+from lucid.bounds.interval import FP_REL, LayerBounds
 from lucid.bounds.lp import LpBoundSolver
 
 
@@ -22,9 +22,14 @@ def _copy(b: LayerBounds) -> LayerBounds:
 
 
 def tighten_node_bounds(encode, n_bounds: LayerBounds, diff: DifferenceBounds, rounds: int = 1, diff_lp: bool = True,
-                        deadline: float | None = None):
+                        deadline: float | None = None, hyper_lp: bool = True):
     """Tighten layer by layer; `encode(n_bounds, diff, relax_all=True)` builds the relaxation.
 
+    Each layer tightens N's unstable neurons, the pre-activation differences and (with
+    `hyper_lp`) N#'s unstable neurons; N#'s bounds are then also intersected with
+    N's + the difference's (zhat# = zhat + dhat). For a singleton that sum is as tight as N#'s own
+    LPs (measured: skipping them halves the time and loses nothing), so callers pass
+    hyper_lp=False there.
     Returns new (n_bounds, diff) or None when the relaxation is infeasible (the node is empty).
     Stops early at `deadline` (time.perf_counter()); bounds tightened so far stay valid.
     Layer 0's differences are skipped: they are affine in x there, so intervals are already tight.
@@ -48,7 +53,7 @@ def tighten_node_bounds(encode, n_bounds: LayerBounds, diff: DifferenceBounds, r
                 # a stable neuron has no binary: tightening it only shrinks a constant
                 if n_b.lower[k][j] < 0 < n_b.upper[k][j] or k == L - 1:
                     targets.append((n_b.lower[k], n_b.upper[k], [nc[j]], [1.0]))
-                if hyp.lower[k][j] < 0 < hyp.upper[k][j] or k == L - 1:
+                if hyper_lp and (hyp.lower[k][j] < 0 < hyp.upper[k][j] or k == L - 1):
                     targets.append((hyp.lower[k], hyp.upper[k], [hc[j]], [1.0]))
                 for lo, hi, idx, sign in targets:
                     c = np.zeros(model.num_cols)
@@ -61,6 +66,7 @@ def tighten_node_bounds(encode, n_bounds: LayerBounds, diff: DifferenceBounds, r
                         return None
                     hi[j] = min(hi[j], up)
                     lo[j] = max(lo[j], down)
+            _hyper_from_difference(n_b, pre, hyp, k)
             if k < L - 1:
                 # post-activation differences follow from the tightened pre-activation ones
                 l, u, hl, hu = n_b.lower[k], n_b.upper[k], hyp.lower[k], hyp.upper[k]
@@ -71,3 +77,13 @@ def tighten_node_bounds(encode, n_bounds: LayerBounds, diff: DifferenceBounds, r
                 post.lower[k] = np.maximum(post.lower[k], np.where((u <= 0) & (hu <= 0), 0.0, pl))
                 post.upper[k] = np.minimum(post.upper[k], np.where((u <= 0) & (hu <= 0), 0.0, pu))
     return n_b, DifferenceBounds(pre, post, hyp)
+
+
+def _hyper_from_difference(n_b: LayerBounds, pre: LayerBounds, hyp: LayerBounds, k: int) -> None:
+    """zhat# = zhat + dhat, so [l + dl, u + du] (rounded outward) also bounds N#'s layer k."""
+    lo = n_b.lower[k] + pre.lower[k]
+    hi = n_b.upper[k] + pre.upper[k]
+    pad = 4 * FP_REL * (np.abs(n_b.lower[k]) + np.abs(n_b.upper[k]) + np.abs(pre.lower[k]) + np.abs(pre.upper[k])) + 1e-300
+    ok = np.isfinite(lo) & np.isfinite(hi)
+    hyp.lower[k] = np.where(ok, np.maximum(hyp.lower[k], lo - pad), hyp.lower[k])
+    hyp.upper[k] = np.where(ok, np.minimum(hyp.upper[k], hi + pad), hyp.upper[k])
