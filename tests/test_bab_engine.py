@@ -215,3 +215,33 @@ def test_search_witness_is_a_replayed_leak(tmp_path):
         exact = max(analyse_node(problem, cls, np.array([p])).upper for p in positions)
         assert w.confidence <= exact
     assert found  # this fixture leaks for at least one class
+
+
+def test_nodes_stop_before_the_session_deadline_so_their_bounds_count(tmp_path):
+    """A node MILP that uses its whole time limit must still report before the session ends."""
+    import time
+
+    values = np.concatenate([[0.0], np.linspace(0, 1, 8)])
+    seen_limits = []
+
+    class UsesItsLimit(FakeAnalyser):
+        def __call__(self, cls, positions, time_limit):
+            seen_limits.append(time_limit)
+            time.sleep(time_limit)  # a solver that runs to its limit, then returns its dual bound
+            out = super().__call__(cls, positions, time_limit)
+            out.status = "time_limit"
+            return out
+
+    engine, _, _ = make_engine(tmp_path, values, analyser=UsesItsLimit(values), workers=1, time_limit=2.0)
+    cs = engine.run()[0]
+    assert seen_limits and seen_limits[0] < 2.0
+    assert cs.solved >= 1  # the root's bound was collected, not lost at the deadline
+    assert cs.upper >= 1.0 - 1e-12
+
+
+def test_default_node_time_limit_is_a_share_of_the_total():
+    from lucid.bab.engine import default_node_time_limit
+
+    assert default_node_time_limit(None) is None
+    assert default_node_time_limit(60) == 20.0
+    assert default_node_time_limit(3600) == 450.0

@@ -118,7 +118,7 @@ def verify_run(
     from lucid.atomic import write_json_atomic
     from lucid.bab.checkpoint import CHECKPOINT_FILE, load_checkpoint, run_fingerprint, save_checkpoint
     from lucid.bab.display import LiveDisplay
-    from lucid.bab.engine import ClassState, Engine, EngineConfig
+    from lucid.bab.engine import ClassState, Engine, EngineConfig, default_node_time_limit
     from lucid.bab.events import LOG_FILE, EventLog
     from lucid.bab.workers import DaskExecutor, ProcessExecutor, ThreadExecutor, analyse_with
     from lucid.rundir import BOUNDS_FORMAT, open_run
@@ -203,8 +203,10 @@ def verify_run(
     else:
         executor = ProcessExecutor(problem, settings, workers)
 
+    # The default node limit derives from this invocation's --time-limit (a resume may give
+    # another), so it is not part of result_options.
     config = EngineConfig(bab=bab, naive=naive, gap=float(gap), time_limit=time_limit,
-                          node_time_limit=node_time_limit)
+                          node_time_limit=node_time_limit if node_time_limit is not None else default_node_time_limit(time_limit))
     log = EventLog(run_path / LOG_FILE, elapsed_before=elapsed_before, append=resume)
     all_options = dict(result_options, workers=executor.capacity, time_limit=time_limit,
                        scheduler=None if scheduler is None else str(scheduler))

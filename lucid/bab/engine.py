@@ -33,6 +33,23 @@ MAX_SINGLETON_ATTEMPTS = 3
 INF = math.inf
 
 
+def default_node_time_limit(time_limit: float | None) -> float | None:
+    """Per-node MILP limit when only a total limit is given: an eighth of it, at least 20 s.
+
+    Without one the root MILP gets the whole budget, and a root that does not finish leaves only
+    the screening bound (measured on Crypto 2x100: no node solved in 900 s). A node that hits its
+    limit still returns its proved dual bound, and a hyper-network node is then split.
+    """
+    if time_limit is None:
+        return None
+    return max(20.0, time_limit / 8)
+
+
+def deadline_margin(time_limit: float) -> float:
+    """Node MILPs stop this long before the session's deadline, so their bounds are collected."""
+    return min(3.0, 0.02 * time_limit)
+
+
 @dataclass
 class EngineConfig:
     bab: bool = True  # False: one hyper-network of all networks, no branching (paper's H/HM)
@@ -246,7 +263,8 @@ class Engine:
         if limit is not None:
             limit = limit * (2 ** max(0, node.attempts))
         if self.config.time_limit is not None:
-            remaining = max(0.05, self.config.time_limit - self.session_elapsed())
+            total = self.config.time_limit
+            remaining = max(0.05, total - self.session_elapsed() - deadline_margin(total))
             limit = remaining if limit is None else min(limit, remaining)
         return limit
 

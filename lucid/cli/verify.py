@@ -20,7 +20,7 @@ def _print_summary(result: dict) -> None:
 @click.option("--solver", default="highs", show_default=True, help="MILP backend: highs, gurobi, cbc, scip or auto; A+B cross-checks every node with both and keeps the larger proved bound.")
 @click.option("--workers", type=int, default=None, help="Parallel node MILPs (default: number of cores).")
 @click.option("--time-limit", type=float, default=None, help="Total seconds (anytime bounds are reported when it ends).")
-@click.option("--node-time-limit", type=float, default=None, help="Seconds per node MILP.")
+@click.option("--node-time-limit", type=float, default=None, help="Seconds per node MILP (default with --time-limit: an eighth of it, at least 20 s; without: none). A node that hits it keeps its proved bound and is split.")
 @click.option("--classes", default=None, help="Comma-separated class ids, e.g. 0,1 (default: all).")
 @click.option("--tau", type=float, default=0.01, show_default=True, help="Relax-if-similar threshold.")
 @click.option("--gap", type=float, default=0.0, show_default=True, help="Stop when upper - lower <= GAP.")
