@@ -39,6 +39,9 @@ def rigorous_max(model: MilpModel, c: np.ndarray, y: np.ndarray) -> float:
     return float(col.sum() + row.sum() + FP_REL * mag + 1e-300)
 
 
+LP_TIME_CAP = 10.0  # seconds for one bound LP; a stalled one only costs that bound (+inf)
+
+
 class LpBoundSolver:
     """Solves max/min c^T x over one LP (a `MilpModel` with integrality ignored) with HiGHS."""
 
@@ -67,11 +70,16 @@ class LpBoundSolver:
         self._all = np.arange(model.num_cols, dtype=np.int32)
         self._ok = highspy.HighsModelStatus.kOptimal
 
-    def maximise(self, c: np.ndarray) -> float:
-        """Sound upper bound on max c^T x (+inf if the LP could not be solved)."""
+    def maximise(self, c: np.ndarray, time_limit: float | None = None) -> float:
+        """Sound upper bound on max c^T x (+inf if the LP could not be solved in time)."""
+        cap = LP_TIME_CAP if time_limit is None else max(0.01, min(LP_TIME_CAP, time_limit))
+        self.h.setOptionValue("time_limit", float(cap))
         self.h.changeColsCost(len(self._all), self._all, np.asarray(c, dtype=np.float64))
         self.h.run()
         if self.h.getModelStatus() != self._ok:
+            # Measured: primal simplex can stall for minutes on a bound LP of a Crypto 2x100 node.
+            # Drop the basis it left so the next LP starts clean.
+            self.h.clearSolver()
             return np.inf
         y = np.asarray(self.h.getSolution().row_dual)
         return min(rigorous_max(self.model, c, y), rigorous_max(self.model, c, -y))

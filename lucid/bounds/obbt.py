@@ -58,10 +58,12 @@ def tighten_node_bounds(encode, n_bounds: LayerBounds, diff: DifferenceBounds, r
                 for lo, hi, idx, sign in targets:
                     c = np.zeros(model.num_cols)
                     c[idx] = sign
-                    up = solver.maximise(c)
+                    left = None if deadline is None else deadline - time.perf_counter()
+                    up = solver.maximise(c, time_limit=left)
                     if up == np.inf:
                         continue
-                    down = -solver.maximise(-c)
+                    left = None if deadline is None else deadline - time.perf_counter()
+                    down = -solver.maximise(-c, time_limit=left)
                     if down > up:  # empty relaxation: the node has no feasible point
                         return None
                     hi[j] = min(hi[j], up)
