@@ -7,8 +7,6 @@ markdown table (and JSON with --json). Bad input: one line on stderr, exit statu
 
 from __future__ import annotations
 
-import sys
-
 import click
 
 from lucid.errors import LucidError
@@ -34,11 +32,9 @@ def _floats(text: str, what: str) -> list[float]:
 def command(run_dir, epsilon, methods, teachers, delta, max_grad_norm, json_path) -> None:
     from lucid.atomic import write_json_atomic
     from lucid.baselines.alibi import train_alibi
-    from lucid.baselines.common import load_run_data, train_plain
+    from lucid.baselines.common import check_epsilon, load_run_data, train_plain
     from lucid.baselines.dpsgd import train_dpsgd
     from lucid.baselines.subsample_aggregate import run_subsample_aggregate
-
-    from lucid.baselines.common import check_epsilon
 
     eps = [check_epsilon(e) for e in _floats(epsilon, "--epsilon")]
     chosen = [m.strip() for m in methods.split(",") if m.strip()]
@@ -68,14 +64,14 @@ def command(run_dir, epsilon, methods, teachers, delta, max_grad_norm, json_path
 
 
 def main(argv: list[str] | None = None) -> None:
+    from lucid.cli import fail
+
     try:
         command.main(args=argv, prog_name="python -m lucid.baselines", standalone_mode=False)
     except LucidError as exc:
-        click.echo(f"lucid: error: {exc}", err=True)
-        sys.exit(LucidError.exit_code)
+        fail(str(exc))
     except click.ClickException as exc:
-        click.echo(f"lucid: error: {exc.format_message()}", err=True)
-        sys.exit(LucidError.exit_code)
+        fail(exc.format_message())
 
 
 if __name__ == "__main__":

@@ -10,6 +10,8 @@ The bounds are specific to this node, class and target set, never cached or shar
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from lucid.bounds.difference import DifferenceBounds
@@ -34,8 +36,6 @@ def tighten_node_bounds(encode, n_bounds: LayerBounds, diff: DifferenceBounds, r
     Stops early at `deadline` (time.perf_counter()); bounds tightened so far stay valid.
     Layer 0's differences are skipped: they are affine in x there, so intervals are already tight.
     """
-    import time
-
     n_b, pre, post, hyp = _copy(n_bounds), _copy(diff.pre), _copy(diff.post), _copy(diff.hyper)
     L = len(n_b.lower)
     for _ in range(rounds):

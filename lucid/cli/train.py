@@ -43,10 +43,9 @@ def command(data: str, out: str, **options) -> None:
 
 
 def _scaled_from_data(run_dir) -> bool:
-    import json
-    from pathlib import Path
+    from lucid.rundir import open_run
 
-    scaler = json.loads((Path(run_dir) / "run.json").read_text())["scaler"]
+    scaler = open_run(run_dir).meta["scaler"]
     return any(o != 0.0 for o in scaler["offset"]) or any(s != 1.0 for s in scaler["scale"])
 
 
