@@ -153,7 +153,7 @@ def search_witness(
     upper: np.ndarray,
     samples: int = 2048,
     starts: int = 8,
-    steps: int = 3,
+    steps: int = 20,
     seed: int = 0,
 ) -> LeakWitness | None:
     """A solver-free primal heuristic for a leaking input (a true lower bound once replayed).

@@ -353,11 +353,23 @@ def _solve_group(problem, hyper, diff, cls, group, encoding: EncodingOptions, so
         return math.inf, SolveResult(status=ERROR, upper_bound=math.inf, solver=solver), witness, info
     info.update(_model_info(model))
     rest = SolverOptions(**vars(opts))
+    if witness is not None:
+        rest.focus = "bound"  # the lower bound is the witness's: spend the time on the dual bound
     if opts.time_limit is not None:
         rest.time_limit = max(opts.time_limit - (time.perf_counter() - t_start), 0.1)
     bound2, result2, witness2 = _solve_once(problem, model, cls, solver, rest, positions)
     if witness2 is not None and (witness is None or witness2.confidence > witness.confidence):
         witness = witness2
+    if witness is not None and bound2 < witness.confidence:
+        # Seen with HiGHS (presolve off): after root cuts its dual bound fell to the row
+        # beta >= LB - slack, 1.3e-5 below a witness that replays. Another backend decides.
+        log.error("UNSOUND: %s bounded the node by %.9g below a replayed witness %.9g; retrying with other solvers",
+                  result2.solver, bound2, witness.confidence)
+        retry = SolverOptions(**vars(rest))
+        if opts.time_limit is not None:
+            retry.time_limit = max(opts.time_limit - (time.perf_counter() - t_start), 1.0)
+        result2 = _retry_other(model, solver, retry, witness)
+        bound2 = result2.upper_bound + safety_margin(result2.upper_bound, model) if math.isfinite(result2.upper_bound) else math.inf
     best_bound = min(bound, bound2)
     if witness is not None and best_bound < witness.confidence:
         log.error("UNSOUND: bound %.9g is below a replayed witness %.9g; claiming nothing for this node", best_bound, witness.confidence)
@@ -367,8 +379,11 @@ def _solve_group(problem, hyper, diff, cls, group, encoding: EncodingOptions, so
 
 
 def _slack(lb: float) -> float:
-    """LB loosened so that solver tolerances never turn beta >= LB into a false infeasibility."""
-    return lb - 1e-5 * (1 + abs(lb)) if math.isfinite(lb) else -math.inf
+    """LB loosened so that solver tolerances never turn beta >= LB into a false infeasibility.
+
+    The relative part keeps the slab beta in [LB - slack, beta*] from being numerically thin:
+    HiGHS once cut a slab 1.3e-5 thick away at the root (see `_solve_group`)."""
+    return lb - 1e-5 * (1 + abs(lb)) - 1e-2 * abs(lb) if math.isfinite(lb) else -math.inf
 
 
 def _model_info(model: MilpModel) -> dict:

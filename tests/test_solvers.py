@@ -117,6 +117,20 @@ def test_knapsack_and_mixed_known_optima(backend):
         assert r.solver == backend
 
 
+def test_bound_focus_changes_the_search_not_the_optimum(backend):
+    for seed in (0, 1):
+        mdl = random_milp(seed)
+        exact = brute_force(mdl)
+        r = solve(mdl, backend, SolverOptions(time_limit=20, focus="bound"))
+        assert r.status == OPTIMAL, (backend, r.message)
+        assert r.upper_bound == pytest.approx(exact, abs=1e-6)
+
+
+def test_unknown_focus_is_refused():
+    with pytest.raises(ValueError, match="focus"):
+        SolverOptions(focus="fast")
+
+
 def test_mixed_solution_is_the_unique_optimum(backend):
     r = solve(mixed(), backend, SolverOptions(time_limit=20))
     np.testing.assert_allclose(r.solution, [2.0, 1.7, 5.0], atol=1e-6)

@@ -50,9 +50,10 @@ def test_read_mps_of_fixture(fixture_model):
 
 @needs_fixture
 @pytest.mark.parametrize("backend", [b for b, ok in available_solvers().items() if ok])
-def test_every_backend_is_sound_on_fixture(fixture_model, backend):
+@pytest.mark.parametrize("focus", ["balanced", "bound"])
+def test_every_backend_is_sound_on_fixture(fixture_model, backend, focus):
     """For highs this runs it as shipped: HiGHS defaults would say 'Optimal, -0.006772'."""
-    r = solve(fixture_model, backend, SolverOptions(time_limit=TIME_LIMIT_S))
+    r = solve(fixture_model, backend, SolverOptions(time_limit=TIME_LIMIT_S, focus=focus))
     assert r.status in (OPTIMAL, TIME_LIMIT), r.message
     assert r.upper_bound >= BETA_STAR, (backend, r.upper_bound)
     if r.solution is not None:  # solve() already replayed it; check independently again

@@ -149,6 +149,31 @@ def test_a_solver_bound_below_a_replayed_witness_is_never_output(monkeypatch):
     assert out.upper >= exact or (math.isinf(out.upper) and out.status == "error")
 
 
+def test_a_bound_below_the_searched_witness_goes_to_another_backend(monkeypatch):
+    """HiGHS once returned, without an incumbent, a dual bound below a witness found by search."""
+    if not any(available_solvers().get(name) for name in ("scip", "gurobi")):
+        pytest.skip("needs a second backend")
+    stack, lower, upper, problem = make(0, 0.0, 2)
+    exact = exact_for(stack, 1, 0, lower, upper)
+    assert np.isfinite(exact)
+    real = lucid.solvers.solve
+    lied = []
+
+    def lying_solve(model, solver="highs", options=None, **kw):
+        result = real(model, solver, options)
+        if solver == "highs":
+            result.upper_bound -= 0.5  # below the truth, with no incumbent to contradict it
+            result.solution, result.incumbent = None, None
+            lied.append(result)
+        return result
+
+    monkeypatch.setattr(lucid.solvers, "solve", lying_solve)
+    out = analyse_node(problem, 0, [1], encoding=EncodingOptions(obbt=False))
+    assert lied and out.stats["search_lower"] is not None
+    assert out.status == "optimal" and exact <= out.upper <= exact + 1e-5
+    assert out.stats["solves"][0]["solver"] != "highs"
+
+
 @pytest.mark.parametrize("solver", ["gurobi", "scip", "cbc", "highs+scip"])
 def test_backends_agree_on_a_tiny_node(solver):
     if not all(available_solvers().get(name) for name in solver.split("+")):

@@ -80,6 +80,8 @@ def solve_gurobi(
         m.Params.MIPGapAbs = float(options.mip_abs_gap)
         if options.time_limit is not None:
             m.Params.TimeLimit = float(max(options.time_limit, 0.0))
+        if options.focus == "bound":
+            m.Params.MIPFocus = 3  # work on the dual bound
         for key, value in (extra or {}).items():
             m.setParam(key, value)
         build_seconds = time.perf_counter() - t0

@@ -27,6 +27,16 @@ from lucid.solvers.base import ERROR, INFEASIBLE, OPTIMAL, TIME_LIMIT, SolveResu
 # Options that keep HiGHS sound on our fixture; callers may add more via `extra`, never remove.
 SOUND_OPTIONS: dict[str, object] = {"presolve": "off"}
 
+# focus="bound": no primal heuristics (they find incumbents; LUCID gets its lower bounds from
+# replayed witnesses). Only the search for solutions changes, not what is proved.
+BOUND_FOCUS_OPTIONS: dict[str, object] = {
+    "mip_heuristic_effort": 0.0,
+    "mip_heuristic_run_rins": False,
+    "mip_heuristic_run_rens": False,
+    "mip_heuristic_run_feasibility_jump": False,
+    "mip_heuristic_run_root_reduced_cost": False,
+}
+
 # HiGHS runs every solve of the process on one global task scheduler whose thread count is
 # fixed by the first solve; a later solve asking for another count fails ("Not Set"), and
 # resetting the scheduler is not safe while other Python threads solve. So the first request
@@ -54,7 +64,8 @@ def solve_highs(
     t0 = time.perf_counter()
     h = highspy.Highs()
     h.setOptionValue("output_flag", bool(options.verbose))
-    for key, value in {**SOUND_OPTIONS, **(extra or {})}.items():
+    focus = BOUND_FOCUS_OPTIONS if options.focus == "bound" else {}
+    for key, value in {**focus, **SOUND_OPTIONS, **(extra or {})}.items():
         h.setOptionValue(key, value)
     if options.time_limit is not None:
         h.setOptionValue("time_limit", float(max(options.time_limit, 0.0)))

@@ -41,6 +41,8 @@ def solve_scip(
     m.setParam("limits/absgap", float(options.mip_abs_gap))
     m.setParam("parallel/maxnthreads", int(options.threads))
     m.setParam("lp/threads", int(options.threads))
+    if options.focus == "bound":
+        m.setHeuristics(pyscipopt.SCIP_PARAMSETTING.OFF)
     for key, value in (extra or {}).items():
         m.setParam(key, value)
     build_seconds = time.perf_counter() - t0
