@@ -183,15 +183,28 @@ def search_witness(
     order = np.argsort(conf_s.min(axis=0))[:starts]
     best: LeakWitness | None = None
     for i in order:
-        point = a[i]
-        for _ in range(steps):
-            found = repair(stack, positions, point, cls, lower, upper, candidates=2)
-            if found is None:
-                break
-            if best is None or found.confidence > best.confidence:
-                best = found
-            if np.allclose(found.x, point, atol=1e-12):
-                break
-            # step slightly past the new point so the next linearisation sees the next region
-            point = np.clip(found.x + 1e-7 * (found.x - point), lower, upper)
+        found = climb(stack, positions, a[i], cls, lower, upper, steps)
+        if found is not None and (best is None or found.confidence > best.confidence):
+            best = found
+    return best
+
+
+def climb(stack: NetworkStack, positions: np.ndarray, x: np.ndarray, cls: int, lower: np.ndarray, upper: np.ndarray,
+          steps: int = 20) -> LeakWitness | None:
+    """The best leak met on a walk from x across linear regions, one `repair` LP per region.
+
+    Each LP's optimum lies on a region boundary; stepping slightly past it (along the move just
+    made) lets the next linearisation see the neighbouring region."""
+    x = np.clip(np.asarray(x, dtype=np.float64), lower, upper)
+    best: LeakWitness | None = None
+    point = x
+    for _ in range(steps):
+        found = repair(stack, positions, point, cls, lower, upper, candidates=2)
+        if found is None:
+            break
+        if best is None or found.confidence > best.confidence:
+            best = found
+        if np.allclose(found.x, point, atol=1e-12):
+            break
+        point = np.clip(found.x + 1e-7 * (found.x - point), lower, upper)
     return best
