@@ -81,7 +81,9 @@ def solve_gurobi(
         if options.time_limit is not None:
             m.Params.TimeLimit = float(max(options.time_limit, 0.0))
         if options.focus == "bound":
-            m.Params.MIPFocus = 3  # work on the dual bound
+            # no primal heuristics: 9.6 s instead of 18 s on the fixture's singleton after OBBT
+            # (MIPFocus=3 was worse: 0.011 at 30 s)
+            m.Params.Heuristics = 0
         for key, value in (extra or {}).items():
             m.setParam(key, value)
         build_seconds = time.perf_counter() - t0
