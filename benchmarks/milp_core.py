@@ -10,7 +10,9 @@ is solved by `lucid.verifier.analyse_node` with a time limit. Make a run first, 
 
 Selecting the grid: --bounds interval,lp --md off,post,prepost --ris off,on --obbt off,on
 --coupling off,on (relational md: the ReLU difference coupling; "+rc" in the md column).
-The singleton defaults to the network with the median screening bound for class 0.
+The singleton defaults to the network with the median screening bound for each class;
+`--singleton 1 --classes 0` on a run made with the command above is the problem behind
+../shared/fixtures/singleton-crypto-2x50.mps (the issue's reference points; beta* = 0.0041206).
 Results go to --out (JSON lines) and a table on stdout. Not a test: it takes minutes.
 """
 
