@@ -56,6 +56,8 @@ class NetworkStack:
     def select(self, index: Sequence[int] | np.ndarray | slice) -> "NetworkStack":
         """The sub-stack of the given network positions (not row ids: use `positions_of`)."""
         idx = np.arange(len(self))[index] if isinstance(index, slice) else np.asarray(index, dtype=np.int64)
+        if idx.ndim == 1 and len(idx) > 0 and np.all(np.diff(idx) == 1):
+            idx = slice(int(idx[0]), int(idx[-1]) + 1)  # one contiguous run (e.g. a BaB root): views, no copy
         return NetworkStack(
             [w[idx] for w in self.weights], [b[idx] for b in self.biases], self.removed[idx]
         )

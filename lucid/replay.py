@@ -34,22 +34,9 @@ class LeakWitness:
     repaired: bool
 
 
-def _take(arr: np.ndarray, positions: np.ndarray) -> np.ndarray:
-    """arr[positions], as a view when the positions are one contiguous run (the common root node)."""
-    if len(positions) and np.all(np.diff(positions) == 1):
-        return arr[positions[0] : positions[-1] + 1]
-    return arr[positions]
-
-
 def _forward(stack: NetworkStack, positions: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """Scores [len(positions), B, C] without copying the parameters of a contiguous range."""
-    h = np.broadcast_to(x, (len(positions),) + x.shape)
-    last = len(stack.weights) - 1
-    for i, (w, b) in enumerate(zip(stack.weights, stack.biases)):
-        h = np.einsum("koi,kbi->kbo", _take(w, positions), h) + _take(b, positions)[:, None, :]
-        if i < last:
-            h = np.maximum(h, 0.0)
-    return h
+    """Scores [len(positions), B, C] (float64) of the networks at `positions`."""
+    return stack.select(positions).forward(x)
 
 
 def _confidences(stack: NetworkStack, positions: np.ndarray, x: np.ndarray, cls: int) -> tuple[float, np.ndarray, float]:
@@ -145,7 +132,7 @@ def find_leak(stack: NetworkStack, positions: np.ndarray, x: np.ndarray | None, 
     return found
 
 
-def search_witness(
+def search_node_witness(
     stack: NetworkStack,
     positions: np.ndarray,
     cls: int,

@@ -26,7 +26,7 @@ from lucid.encodings.model import MilpModel
 from lucid.errors import LucidError, UnsoundSolverResult
 from lucid.hyper import HyperNetwork, hyper_network
 from lucid.network import NetworkStack
-from lucid.replay import LeakWitness, find_leak, search_witness
+from lucid.replay import LeakWitness, find_leak, search_node_witness
 from lucid.solvers.base import ERROR, INFEASIBLE, OPTIMAL, TIME_LIMIT, SolveResult, SolverOptions
 
 log = logging.getLogger(__name__)
@@ -219,7 +219,7 @@ def analyse_node(
     known = None
     if encoding.search:
         t_search = time.perf_counter()
-        known = search_witness(problem.stack, positions, cls, problem.lower, problem.upper)
+        known = search_node_witness(problem.stack, positions, cls, problem.lower, problem.upper)
         stats["search_seconds"] = time.perf_counter() - t_search
         stats["search_lower"] = None if known is None else known.confidence
 

@@ -193,7 +193,7 @@ def test_choose_k_picks_the_elbow():
 
 def test_search_witness_is_a_replayed_leak(tmp_path):
     from bab_fixtures import write_tiny_run
-    from lucid.bab.witness import search_witness
+    from lucid.bab.witness import search_class_witness
     from lucid.network import confidence
     from lucid.rundir import open_run
     from lucid.verifier import VerificationProblem, analyse_node
@@ -203,7 +203,7 @@ def test_search_witness_is_a_replayed_leak(tmp_path):
     positions = np.arange(1, 7)
     found = 0
     for cls in (0, 1):
-        w = search_witness(problem, cls, positions, samples=64)
+        w = search_class_witness(problem, cls, positions, samples=64)
         if w is None:
             continue
         found += 1

@@ -226,7 +226,7 @@ def test_node_bound_tightening_stays_sound(seed, lo, classes):
 
 
 def test_witness_search_finds_only_true_leaks_and_never_beats_the_exact_bound():
-    from lucid.replay import search_witness
+    from lucid.replay import search_node_witness
 
     found_any = False
     for seed, lo in ((0, -1.0), (2, 0.0)):
@@ -234,7 +234,7 @@ def test_witness_search_finds_only_true_leaks_and_never_beats_the_exact_bound():
         for cls in range(2):
             for p in (1, 2):
                 exact = exact_for(stack, p, cls, lower, upper)
-                w = search_witness(stack, np.array([p]), cls, lower, upper, samples=512, starts=4)
+                w = search_node_witness(stack, np.array([p]), cls, lower, upper, samples=512, starts=4)
                 if w is None:
                     continue
                 found_any = True

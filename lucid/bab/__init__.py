@@ -183,13 +183,13 @@ def verify_run(
 
     search_fn = None
     if search:
-        from lucid.bab.witness import search_witness
+        from lucid.bab.witness import search_class_witness
 
         try:
             points = run.data().get("X_train")
         except LucidError:
             points = None  # the search then samples the domain only
-        search_fn = partial(search_witness, problem, points=points)
+        search_fn = partial(search_class_witness, problem, points=points)
         settings["search"] = not naive
         settings["points"] = points
 

@@ -6,7 +6,7 @@ hyper-network's MILP often ends at its time limit without an incumbent), so the 
 this search once per class at the start: evaluate every network at many candidate inputs (the
 training points and seeded uniform samples of the domain) at once, keep the leaking points where N
 is most confident, and climb from each with lucid.replay.repair — an LP over the linear regions of
-N and the disagreeing N' at the point — while it improves. Every result is checked by
+N and the disagreeing N' at the point — across neighbouring regions (lucid.replay.climb). Every result is checked by
 lucid.replay.replay (float64, strict disagreement), exactly like a MILP witness, so it is a true
 lower bound; nothing here can make an upper bound smaller.
 """
@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from lucid.network import confidence
-from lucid.replay import LeakWitness, repair, replay
+from lucid.replay import LeakWitness, climb, replay
 
 
 def _min_confidence(stack, positions: np.ndarray, x: np.ndarray, cls: int, chunk: int = 512) -> np.ndarray:
@@ -47,7 +47,7 @@ def _min_confidence(stack, positions: np.ndarray, x: np.ndarray, cls: int, chunk
     return best.numpy().astype(np.float64)
 
 
-def search_witness(
+def search_class_witness(
     problem,
     cls: int,
     positions: np.ndarray,
@@ -79,12 +79,10 @@ def search_witness(
     chosen = [i for i in order[:starts] if leaking[i]] or list(np.argsort(-conf_n)[:starts])
     best: LeakWitness | None = None
     for i in chosen:
-        w = replay(stack, positions, x[i], cls, lo, hi) or repair(stack, positions, x[i], cls, lo, hi)
-        for _ in range(steps if w is not None else 0):
-            nxt = repair(stack, positions, w.x, cls, lo, hi)
-            if nxt is None or nxt.confidence <= w.confidence + 1e-12:
-                break
-            w = nxt
+        w = replay(stack, positions, x[i], cls, lo, hi)
+        climbed = climb(stack, positions, x[i], cls, lo, hi, steps)
+        if w is None or (climbed is not None and climbed.confidence > w.confidence):
+            w = climbed
         if w is not None and (best is None or w.confidence > best.confidence):
             best = w
     return best

@@ -123,10 +123,10 @@ def _with_targeted_search(problem: Any, settings: dict, cls: int, positions: np.
     import dataclasses
     import time
 
-    from lucid.bab.witness import search_witness
+    from lucid.bab.witness import search_class_witness
 
     t0 = time.perf_counter()
-    found = search_witness(problem, cls, np.asarray(positions), points=settings.get("points"), samples=1024,
+    found = search_class_witness(problem, cls, np.asarray(positions), points=settings.get("points"), samples=1024,
                            starts=8, steps=10)
     stats = dict(outcome.stats or {})
     stats["search_seconds"] = time.perf_counter() - t0
