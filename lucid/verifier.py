@@ -314,7 +314,8 @@ def _solve_group(problem, hyper, diff, cls, group, encoding: EncodingOptions, so
 
     def climb_from_relaxation(n_b: LayerBounds, df: DifferenceBounds) -> None:
         nonlocal witness, lb
-        found = _relaxation_witness(problem, hyper, cls, group, encoding, n_b, df, lb, positions)
+        cap = 5.0 if opts.time_limit is None else min(5.0, 0.05 * opts.time_limit)
+        found = _relaxation_witness(problem, hyper, cls, group, encoding, n_b, df, lb, positions, cap)
         if found is not None and (witness is None or found.confidence > witness.confidence):
             witness, lb = found, found.confidence
             info["relaxation_lower"] = found.confidence
@@ -391,7 +392,8 @@ def _solve_group(problem, hyper, diff, cls, group, encoding: EncodingOptions, so
     return best_bound, result2, witness, info
 
 
-def _relaxation_witness(problem, hyper, cls, group, encoding, n_b, df, lb: float, positions) -> LeakWitness | None:
+def _relaxation_witness(problem, hyper, cls, group, encoding, n_b, df, lb: float, positions,
+                        time_limit: float = 5.0) -> LeakWitness | None:
     """A leak found by climbing from the optimum of the node's LP relaxation.
 
     The relaxation's maximiser of beta is a cheap, well-aimed start: on a Crypto 2x50 singleton
@@ -407,7 +409,7 @@ def _relaxation_witness(problem, hyper, cls, group, encoding, n_b, df, lb: float
         return None
     relaxed = replace(model, integrality=np.zeros_like(model.integrality))
     try:
-        result = solve(relaxed, "highs", SolverOptions(time_limit=5.0))
+        result = solve(relaxed, "highs", SolverOptions(time_limit=time_limit))
     except Exception as exc:  # only a heuristic: never let it fail the node
         log.info("relaxation witness skipped: %s", exc)
         return None
