@@ -269,22 +269,32 @@ def _encode(problem: VerificationProblem, hyper: HyperNetwork, cls: int, group: 
     )
 
 
-def _solve_once(problem, model: MilpModel, cls: int, solver: str, opts: SolverOptions, positions: np.ndarray):
-    """Solve, add the safety margin, replay the witness; a contradiction triggers a fallback."""
-    result = _solve_checked(model, solver, opts)
-    bound = result.upper_bound + safety_margin(result.upper_bound, model) if math.isfinite(result.upper_bound) else result.upper_bound
+def _user_bound(result: SolveResult, model: MilpModel) -> float:
+    """The solver's dual bound plus the safety margin; +inf when the solve proved nothing."""
     if result.status == ERROR:
-        bound = math.inf
+        return math.inf
+    ub = result.upper_bound
+    return ub + safety_margin(ub, model) if math.isfinite(ub) else ub
+
+
+def _solve_once(problem, model: MilpModel, cls: int, solver: str, opts: SolverOptions, positions: np.ndarray,
+                known: LeakWitness | None = None):
+    """Solve, add the safety margin, replay the witness; a bound below the replayed witness or a
+    `known` one (HiGHS once fell 1.3e-5 below a searched witness after root cuts, with no
+    incumbent of its own) is a solver failure and the model goes to another backend."""
+    result = _solve_checked(model, solver, opts)
+    bound = _user_bound(result, model)
     witness = None
     if result.solution is not None:
         witness = find_leak(problem.stack, positions, model.witness_input(result.solution), cls, problem.lower, problem.upper)
-    if witness is not None and witness.confidence > bound:
+    strongest = max((w for w in (witness, known) if w is not None), key=lambda w: w.confidence, default=None)
+    if strongest is not None and strongest.confidence > bound:
         log.error(
             "UNSOUND: %s proved %.9g for class %d but a replayed witness reaches %.9g; retrying with other solvers",
-            result.solver, bound, cls, witness.confidence,
+            result.solver, bound, cls, strongest.confidence,
         )
-        result = _retry_other(model, solver, opts, witness)
-        bound = result.upper_bound + safety_margin(result.upper_bound, model) if math.isfinite(result.upper_bound) else math.inf
+        result = _retry_other(model, solver, opts, strongest)
+        bound = _user_bound(result, model)
     return bound, result, witness
 
 
@@ -371,19 +381,9 @@ def _solve_group(problem, hyper, diff, cls, group, encoding: EncodingOptions, so
         rest.focus = "bound"  # the lower bound is the witness's: spend the time on the dual bound
     if opts.time_limit is not None:
         rest.time_limit = max(opts.time_limit - (time.perf_counter() - t_start), 0.1)
-    bound2, result2, witness2 = _solve_once(problem, model, cls, solver, rest, positions)
+    bound2, result2, witness2 = _solve_once(problem, model, cls, solver, rest, positions, known=witness)
     if witness2 is not None and (witness is None or witness2.confidence > witness.confidence):
         witness = witness2
-    if witness is not None and bound2 < witness.confidence:
-        # Seen with HiGHS (presolve off): after root cuts its dual bound fell to the row
-        # beta >= LB - slack, 1.3e-5 below a witness that replays. Another backend decides.
-        log.error("UNSOUND: %s bounded the node by %.9g below a replayed witness %.9g; retrying with other solvers",
-                  result2.solver, bound2, witness.confidence)
-        retry = SolverOptions(**vars(rest))
-        if opts.time_limit is not None:
-            retry.time_limit = max(opts.time_limit - (time.perf_counter() - t_start), 1.0)
-        result2 = _retry_other(model, solver, retry, witness)
-        bound2 = result2.upper_bound + safety_margin(result2.upper_bound, model) if math.isfinite(result2.upper_bound) else math.inf
     best_bound = min(bound, bound2)
     if witness is not None and best_bound < witness.confidence:
         log.error("UNSOUND: bound %.9g is below a replayed witness %.9g; claiming nothing for this node", best_bound, witness.confidence)
@@ -422,7 +422,7 @@ def _slack(lb: float) -> float:
     """LB loosened so that solver tolerances never turn beta >= LB into a false infeasibility.
 
     The relative part keeps the slab beta in [LB - slack, beta*] from being numerically thin:
-    HiGHS once cut a slab 1.3e-5 thick away at the root (see `_solve_group`)."""
+    HiGHS once cut a slab 1.3e-5 thick away at the root (see `_solve_once`)."""
     return lb - 1e-5 * (1 + abs(lb)) - 1e-2 * abs(lb) if math.isfinite(lb) else -math.inf
 
 
@@ -440,7 +440,7 @@ def _retry_other(model: MilpModel, solver: str, options: SolverOptions, witness:
         except Exception as exc:
             log.warning("fallback solver %s failed: %s", other, exc)
             continue
-        if result.status != ERROR and result.upper_bound + safety_margin(result.upper_bound, model) >= witness.confidence:
+        if _user_bound(result, model) >= witness.confidence:
             return result
         log.error("fallback solver %s is also below the replayed witness", other)
     return SolveResult(status=ERROR, upper_bound=math.inf, solver=solver, message="bound below a replayed witness")

@@ -24,7 +24,7 @@ def _copy(b: LayerBounds) -> LayerBounds:
 
 
 def tighten_node_bounds(encode, n_bounds: LayerBounds, diff: DifferenceBounds, rounds: int = 1, diff_lp: bool = True,
-                        deadline: float | None = None, hyper_lp: bool = True, n_lp: bool = True):
+                        deadline: float | None = None, hyper_lp: bool = True):
     """Tighten layer by layer; `encode(n_bounds, diff, relax_all=True)` builds the relaxation.
 
     Each layer tightens N's unstable neurons, the pre-activation differences and (with
@@ -51,7 +51,7 @@ def tighten_node_bounds(encode, n_bounds: LayerBounds, diff: DifferenceBounds, r
                     return n_b, DifferenceBounds(pre, post, hyp)
                 targets = [(pre.lower[k], pre.upper[k], [hc[j], nc[j]], [1.0, -1.0])] if diff_lp and k > 0 else []
                 # a stable neuron has no binary: tightening it only shrinks a constant
-                if n_lp and (n_b.lower[k][j] < 0 < n_b.upper[k][j] or k == L - 1):
+                if n_b.lower[k][j] < 0 < n_b.upper[k][j] or k == L - 1:
                     targets.append((n_b.lower[k], n_b.upper[k], [nc[j]], [1.0]))
                 if hyper_lp and (hyp.lower[k][j] < 0 < hyp.upper[k][j] or k == L - 1):
                     targets.append((hyp.lower[k], hyp.upper[k], [hc[j]], [1.0]))
