@@ -29,6 +29,13 @@ def test_quick_benchmark_reports_every_method_and_resumes(tmp_path):
     for method in ("DP-SGD", "ALIBI", "S&A T=4", "Naive-iDP"):
         assert method in text
     assert "--quick" in text and "highs" in text  # command line and solver are recorded
+    # Table 1 shows how far each class is from done: sound bounds never put the upper below a replayed leak.
+    header, _, *rows = [ln for ln in text.split("## Table 1")[1].split("## Table 2")[0].splitlines() if ln.startswith("|")]
+    column = [c.strip() for c in header.strip("|").split("|")].index("upper / lower")
+    for row in rows:
+        for ratio in row.strip("|").split("|")[column].split(","):
+            ratio = ratio.strip()
+            assert ratio in ("done", "–") or float(ratio) >= 1.0, row
 
     caches = sorted((tmp_path / "work" / "cache").glob("*/*.json"))
     workloads = {p.parent.name for p in caches}
