@@ -186,6 +186,21 @@ def test_split_is_a_deterministic_partition():
     assert len(halves) >= 2 and sorted(np.concatenate(halves).tolist()) == list(range(1, 10))
 
 
+def test_small_unfinished_sets_go_to_singletons():
+    from lucid.bab.split import UNPROVED_SINGLETONS_AT, split_node
+
+    rng = np.random.default_rng(1)
+    # one outlier among near-identical networks: k-means would peel it off and keep the rest together
+    params = np.concatenate([np.zeros((1, 5)), rng.normal(size=(7, 5)) * 0.01, np.full((1, 5), 10.0)])
+    positions = np.arange(1, 9)
+    assert [len(g) for g in split_node(params, positions, proved=True)] == [7, 1]
+    assert [g.tolist() for g in split_node(params, positions[::-1], proved=False)] == [[p] for p in positions]
+    big = np.concatenate([np.zeros((1, 5)), rng.normal(size=(UNPROVED_SINGLETONS_AT + 1, 5))])
+    groups = split_node(big, np.arange(1, UNPROVED_SINGLETONS_AT + 2), proved=False)
+    assert 2 <= len(groups) < UNPROVED_SINGLETONS_AT + 1  # larger sets still cluster
+    assert sorted(np.concatenate(groups).tolist()) == list(range(1, UNPROVED_SINGLETONS_AT + 2))
+
+
 def test_choose_k_picks_the_elbow():
     assert choose_k({1: 100.0, 2: 60.0, 4: 10.0, 8: 8.0}) == 4
     assert choose_k({1: 100.0, 2: 20.0, 4: 15.0, 8: 10.0}) == 2

@@ -3,7 +3,8 @@
 Per class c the engine keeps a max-priority queue of solved nodes (network sets S with a proved
 upper bound on max_{i in S} beta*_{c,{i}}) and repeatedly pops the largest:
   * a singleton with a proved bound on top of everything (queued and in flight) is beta_c: stop;
-  * otherwise S is split by k-means and the children are analysed; an unsolved child carries its
+  * otherwise S is split by k-means (a set of <= 8 whose MILP timed out: into singletons) and the
+    children are analysed; an unsolved child carries its
     parent's bound, so the anytime upper bound max(queued, in flight) never rises.
 Beyond the paper, every replayed witness (NodeOutcome.lower) is a real leaking input, so the best one
 is a lower bound on beta_c; a node whose upper bound is <= it cannot change beta_c and is closed.
@@ -26,7 +27,7 @@ from typing import Any, Callable
 import numpy as np
 
 from lucid.bab.node import CLOSED, FINAL, OPEN, PENDING, RUNNING, SETTLED, SPLIT, STUCK, Node, decode_float, encode_float
-from lucid.bab.split import split_positions
+from lucid.bab.split import split_node
 from lucid.errors import LucidError
 
 MAX_SINGLETON_ATTEMPTS = 3
@@ -365,8 +366,8 @@ class Engine:
             self._emit("closed", cs.cls, node=node.id, parent=node.parent, size=node.size, upper=node.upper,
                        reason="all networks screened below best lower")
             return
-        groups = [positions] if len(positions) == 1 else split_positions(
-            self.params(), positions, random_state=self.config.random_state)
+        groups = [positions] if len(positions) == 1 else split_node(
+            self.params(), positions, proved=node.proved, random_state=self.config.random_state)
         self._emit("split", cs.cls, node=node.id, parent=node.parent, size=node.size, upper=node.upper,
                    children=[len(g) for g in groups], dropped=int(node.size - len(positions)))
         for g in groups:
