@@ -201,8 +201,15 @@ def analyse_node(
     solver: str = "highs",
     solver_options: SolverOptions | None = None,
     encoding: EncodingOptions | None = None,
+    cutoff: float = -math.inf,
 ) -> NodeOutcome:
-    """Sound bounds on beta*_{cls,S} for the networks S at `positions` (>= 1) of the stack."""
+    """Sound bounds on beta*_{cls,S} for the networks S at `positions` (>= 1) of the stack.
+
+    `cutoff`: the caller only needs to know whether beta*_{cls,S} exceeds this level (the
+    class's best replayed leak, plus the gap it tolerates). The MILP is then restricted to
+    beta >= cutoff (minus a slack), which proves most nodes below it at the root; such a node
+    is returned INFEASIBLE with `upper` = the slackened cutoff, still a sound bound on
+    beta*_{cls,S}. Without it the bound is as tight as the solver gets it."""
     t0 = time.perf_counter()
     encoding = encoding or EncodingOptions()
     solver_options = solver_options or SolverOptions()
@@ -233,7 +240,7 @@ def analyse_node(
         # a witness found for all targets may not leak towards this group's targets
         usable = known if known is not None and len(groups) == 1 else None
         solved = _solve_group(problem, hyper, diff, cls, group, encoding, solver, opts, positions, usable,
-                              search=encoding.search and len(groups) == 1)
+                              search=encoding.search and len(groups) == 1, cutoff=cutoff)
         if solved is None:
             continue
         bound, result, witness, info = solved
@@ -278,12 +285,13 @@ def _user_bound(result: SolveResult, model: MilpModel) -> float:
 
 
 def _solve_once(problem, model: MilpModel, cls: int, solver: str, opts: SolverOptions, positions: np.ndarray,
-                known: LeakWitness | None = None):
+                known: LeakWitness | None = None, floor: float = -math.inf):
     """Solve, add the safety margin, replay the witness; a bound below the replayed witness or a
     `known` one (HiGHS once fell 1.3e-5 below a searched witness after root cuts, with no
-    incumbent of its own) is a solver failure and the model goes to another backend."""
+    incumbent of its own) is a solver failure and the model goes to another backend.
+    `floor`: the model only has the points with beta >= floor, so its bound is max(dual, floor)."""
     result = _solve_checked(model, solver, opts)
-    bound = _user_bound(result, model)
+    bound = max(_user_bound(result, model), floor)
     witness = None
     if result.solution is not None:
         witness = find_leak(problem.stack, positions, model.witness_input(result.solution), cls, problem.lower, problem.upper)
@@ -294,7 +302,7 @@ def _solve_once(problem, model: MilpModel, cls: int, solver: str, opts: SolverOp
             result.solver, bound, cls, strongest.confidence,
         )
         result = _retry_other(model, solver, opts, strongest)
-        bound = _user_bound(result, model)
+        bound = max(_user_bound(result, model), floor)
     return bound, result, witness
 
 
@@ -304,7 +312,7 @@ def _json_num(v: float) -> float | str:
 
 
 def _solve_group(problem, hyper, diff, cls, group, encoding: EncodingOptions, solver, opts: SolverOptions, positions,
-                 known: LeakWitness | None = None, search: bool = False):
+                 known: LeakWitness | None = None, search: bool = False, cutoff: float = -math.inf):
     """Bound the node for the targets `group`, using a known replayed witness when there is one.
 
     A known witness gives a true lower bound LB, so the MILP may be restricted to beta >= LB
@@ -313,6 +321,12 @@ def _solve_group(problem, hyper, diff, cls, group, encoding: EncodingOptions, so
     relaxation restricted the same way (a short probe solve supplies LB when none is known),
     and the tightened output-difference interval is itself a bound: beta <= s_c - s_t <=
     du_t - dl_c when N# prefers t. Every bound computed is sound, so the smallest is reported.
+
+    A `cutoff` above the witness raises that restriction to beta >= cutoff (slackened): every
+    model then only describes the points above it, so "infeasible" or a dual bound d means
+    beta* <= max(d, floor) with floor the slackened level — never -inf while a floor applies.
+    Such a model is first tried briefly without tightening: below the cutoff most singletons are
+    proved at the root in well under a second, while tightening costs seconds per node.
     """
     t_start = time.perf_counter()
     info: dict = {}
@@ -321,11 +335,21 @@ def _solve_group(problem, hyper, diff, cls, group, encoding: EncodingOptions, so
     bound = math.inf
     result = None
     n_b, df = problem.n_bounds, diff
+    if math.isfinite(cutoff):
+        info["cutoff"] = float(cutoff)
+
+    def level() -> float:
+        """The beta floor every model of this node is restricted to (slackened, so sound)."""
+        return _slack(max(lb, cutoff))
+
+    def floored(b: float) -> float:
+        """A bound from a model restricted to beta >= level(): beta* <= max(b, level())."""
+        return max(b, level())
 
     def climb_from_relaxation(n_b: LayerBounds, df: DifferenceBounds) -> None:
         nonlocal witness, lb
         cap = 5.0 if opts.time_limit is None else min(5.0, 0.05 * opts.time_limit)
-        found = _relaxation_witness(problem, hyper, cls, group, encoding, n_b, df, lb, positions, cap)
+        found = _relaxation_witness(problem, hyper, cls, group, encoding, n_b, df, max(lb, cutoff), positions, cap)
         if found is not None and (witness is None or found.confidence > witness.confidence):
             witness, lb = found, found.confidence
             info["relaxation_lower"] = found.confidence
@@ -335,29 +359,33 @@ def _solve_group(problem, hyper, diff, cls, group, encoding: EncodingOptions, so
     if encoding.obbt is True or (encoding.obbt == "singletons" and hyper.exact):
         from lucid.bounds.obbt import tighten_node_bounds
 
-        if witness is None:
-            probe_model = _encode(problem, hyper, cls, group, encoding, n_b, df)
+        if witness is None or cutoff > lb:
+            probe_model = _encode(problem, hyper, cls, group, encoding, n_b, df, beta_lower=level())
             if probe_model is None:
-                return None
+                return _empty(witness, info)
             first = SolverOptions(**vars(opts))
             first.time_limit = encoding.obbt_probe if opts.time_limit is None else min(encoding.obbt_probe, opts.time_limit / 4)
-            bound, result, witness = _solve_once(problem, probe_model, cls, solver, first, positions)
+            bound, result, found = _solve_once(problem, probe_model, cls, solver, first, positions, known=witness,
+                                               floor=level())
+            if found is not None and (witness is None or found.confidence > witness.confidence):
+                witness = found
             info["probe_bound"] = _json_num(bound)
             if result.status in (OPTIMAL, INFEASIBLE):
                 info.update(_model_info(probe_model))
+                result.upper_bound = bound
                 return bound, result, witness, info
             lb = witness.confidence if witness is not None else -math.inf
         t_obbt = time.perf_counter()
         tightened = tighten_node_bounds(
-            lambda nb, d: _encode(problem, hyper, cls, group, encoding, nb, d, relax_all=True, beta_lower=_slack(lb)),
+            lambda nb, d: _encode(problem, hyper, cls, group, encoding, nb, d, relax_all=True, beta_lower=level()),
             n_b, df,
             deadline=None if opts.time_limit is None else t_start + opts.time_limit * encoding.obbt_share,
             hyper_lp=not hyper.exact,
         )
         info["obbt_seconds"] = time.perf_counter() - t_obbt
-        if tightened is None:  # empty relaxation: impossible when a true witness exists
-            if witness is None:
-                return -math.inf, SolveResult(status=INFEASIBLE, upper_bound=-math.inf, solver="obbt"), None, info
+        if tightened is None:  # empty relaxation: nothing above level(); impossible if a witness is
+            if witness is None or witness.confidence < level():
+                return level(), SolveResult(status=INFEASIBLE, upper_bound=level(), solver="obbt"), witness, info
             log.error("UNSOUND: bound tightening found no point although a witness replays; ignoring it")
         else:
             n_b, df = tightened
@@ -366,22 +394,20 @@ def _solve_group(problem, hyper, diff, cls, group, encoding: EncodingOptions, so
             out_bound = max(df.pre.upper[-1][t] - df.pre.lower[-1][cls] for t in group)
             out_bound += FP_REL * 4 * (1 + abs(out_bound))
             info["obbt_output_bound"] = _json_num(out_bound)
-            bound = min(bound, out_bound)
+            bound = min(bound, floored(out_bound))
     t_enc = time.perf_counter()
-    model = _encode(problem, hyper, cls, group, encoding, n_b, df, beta_lower=_slack(lb))
+    model = _encode(problem, hyper, cls, group, encoding, n_b, df, beta_lower=level())
     info["encode_seconds"] = time.perf_counter() - t_enc
     if model is None:
-        if witness is None:
-            return None
-        log.error("UNSOUND: the encoder found no target class although a witness replays")
-        return math.inf, SolveResult(status=ERROR, upper_bound=math.inf, solver=solver), witness, info
+        return _empty(witness, info)
     info.update(_model_info(model))
     rest = SolverOptions(**vars(opts))
-    if witness is not None:
+    if witness is not None and witness.confidence >= cutoff:
         rest.focus = "bound"  # the lower bound is the witness's: spend the time on the dual bound
     if opts.time_limit is not None:
         rest.time_limit = max(opts.time_limit - (time.perf_counter() - t_start), 0.1)
-    bound2, result2, witness2 = _solve_once(problem, model, cls, solver, rest, positions, known=witness)
+    bound2, result2, witness2 = _solve_once(problem, model, cls, solver, rest, positions, known=witness,
+                                            floor=level())
     if witness2 is not None and (witness is None or witness2.confidence > witness.confidence):
         witness = witness2
     best_bound = min(bound, bound2)
@@ -390,6 +416,14 @@ def _solve_group(problem, hyper, diff, cls, group, encoding: EncodingOptions, so
         result2.status, best_bound = ERROR, math.inf
     result2.upper_bound = best_bound
     return best_bound, result2, witness, info
+
+
+def _empty(witness: LeakWitness | None, info: dict):
+    """The encoder found no target class N# can reach: the node cannot leak at all."""
+    if witness is not None:
+        log.error("UNSOUND: the encoder found no target class although a witness replays")
+        return math.inf, SolveResult(status=ERROR, upper_bound=math.inf, solver="encoder"), witness, info
+    return None
 
 
 def _relaxation_witness(problem, hyper, cls, group, encoding, n_b, df, lb: float, positions,

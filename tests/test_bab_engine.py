@@ -38,11 +38,13 @@ class FakeAnalyser:
         self.slack = slack
         self.timeout_above = timeout_above
         self.calls: list[tuple[int, ...]] = []
+        self.cutoffs: list[float] = []
         self.lock = threading.Lock()
 
-    def __call__(self, cls: int, positions: np.ndarray, time_limit):
+    def __call__(self, cls: int, positions: np.ndarray, time_limit, cutoff=-math.inf):
         with self.lock:
             self.calls.append(tuple(int(p) for p in positions))
+            self.cutoffs.append(cutoff)
         v = self.values[positions]
         upper = float(v.max() + self.slack * (len(positions) - 1))
         status = "optimal"
@@ -50,6 +52,9 @@ class FakeAnalyser:
             status, upper = "time_limit", upper + 1.0  # a weaker dual bound, still sound
         leaks = v > -math.inf
         lower = float(v[leaks][0]) if leaks.any() else None
+        if leaks.any() and v.max() < cutoff:
+            # like the real analyser: nothing above the cutoff is proved; the cutoff is the bound
+            status, upper = "infeasible", min(upper, cutoff)
         return Outcome(upper=upper if leaks.any() else -math.inf, lower=lower, status=status,
                        leaking_row=int(positions[0]))
 
@@ -157,14 +162,48 @@ def test_gap_stops_early_with_sound_bounds(tmp_path):
     assert cs.upper >= values[1:].max() - 1e-12 and cs.lower <= values[1:].max() + 1e-12
 
 
+@pytest.mark.parametrize("rel_gap", [0.0, 0.25])
+def test_relative_gap_closes_nodes_below_the_cutoff_and_keeps_their_bound(tmp_path, rel_gap):
+    rng = np.random.default_rng(4)
+    values = np.concatenate([[0.0], rng.uniform(0.5, 1.0, size=50)])
+    analyser = FakeAnalyser(values, slack=0.2)
+    engine, analyser, log = make_engine(tmp_path, values, analyser=analyser, rel_gap=rel_gap)
+    cs = engine.run()[0]
+    log.close()
+    true_max = values[1:].max()
+    assert cs.complete
+    assert cs.lower <= true_max + 1e-12 <= cs.upper + 2e-12  # sound on both sides
+    assert cs.upper <= cs.lower * (1 + rel_gap) + 1e-12  # and within the requested gap
+    # every MILP after the first witness was told the level it must get below: lower * (1 + rel_gap)
+    finite = [c for c in analyser.cutoffs if math.isfinite(c)]
+    assert finite and all(c >= 0.5 for c in finite)
+    events = read_events(tmp_path / "log.jsonl")
+    closed_in_gap = [e for e in events if e["event"] == "closed" and "gap" in e["reason"]]
+    if rel_gap == 0:
+        assert cs.upper == pytest.approx(true_max) and not closed_in_gap
+    else:
+        # nodes closed within the gap keep their bounds in the reported upper bound
+        assert closed_in_gap and cs.upper >= max(e["upper"] for e in closed_in_gap) - 1e-12
+
+
+def test_relative_gap_costs_fewer_solves_than_exact(tmp_path):
+    rng = np.random.default_rng(5)
+    values = np.concatenate([[0.0], rng.uniform(0.9, 1.0, size=60)])
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    exact, a_exact, _ = make_engine(tmp_path / "a", values, analyser=FakeAnalyser(values, slack=0.05))
+    loose, a_loose, _ = make_engine(tmp_path / "b", values, analyser=FakeAnalyser(values, slack=0.05), rel_gap=0.1)
+    exact.run(), loose.run()
+    assert len(a_loose.calls) < len(a_exact.calls)
+
+
 def test_time_limit_returns_sound_anytime_bound(tmp_path):
     values = np.concatenate([[0.0], np.linspace(0, 1, 30)])
 
     class Slow(FakeAnalyser):
-        def __call__(self, cls, positions, time_limit):
+        def __call__(self, cls, positions, time_limit, cutoff=-math.inf):
             import time
             time.sleep(0.05)
-            return super().__call__(cls, positions, time_limit)
+            return super().__call__(cls, positions, time_limit, cutoff)
 
     engine, _, _ = make_engine(tmp_path, values, analyser=Slow(values), time_limit=0.3)
     cs = engine.run()[0]
@@ -199,6 +238,38 @@ def test_small_unfinished_sets_go_to_singletons():
     groups = split_node(big, np.arange(1, UNPROVED_SINGLETONS_AT + 2), proved=False)
     assert 2 <= len(groups) < UNPROVED_SINGLETONS_AT + 1  # larger sets still cluster
     assert sorted(np.concatenate(groups).tolist()) == list(range(1, UNPROVED_SINGLETONS_AT + 2))
+
+
+@pytest.mark.parametrize("rel_gap", [0.0, 0.1])
+def test_a_useless_hyper_network_milp_makes_the_node_peel_its_top_screened_networks(tmp_path, rel_gap):
+    rng = np.random.default_rng(6)
+    values = np.concatenate([[0.0], rng.uniform(0.2, 1.0, size=40)])
+    screen_values = values + rng.uniform(0.05, 0.3, size=41)  # sound, and in another order than values
+
+    def screen(cls, positions):
+        return screen_values[positions]
+
+    # a hyper-network "MILP" far above the screen, as on Adult 2x50
+    analyser = FakeAnalyser(values, slack=5.0)
+    engine, analyser, log = make_engine(tmp_path, values, workers=1, screen=screen, analyser=analyser, rel_gap=rel_gap)
+    cs = engine.run()[0]
+    log.close()
+    assert cs.complete and cs.upper >= values[1:].max() - 1e-12
+    assert cs.upper <= cs.lower * (1 + rel_gap) + 1e-12
+    assert len(analyser.calls[0]) > 1 and all(len(c) == 1 for c in analyser.calls[1:])  # no second hyper MILP
+    singles = [c[0] for c in analyser.calls[1:]]
+    assert singles == sorted(singles, key=lambda p: -screen_values[p])  # best-first by screened bound
+    events = read_events(tmp_path / "log.jsonl")
+    assert any(e["event"] == "split" and e.get("peel") for e in events)
+
+
+def test_peel_top_partitions_by_screened_bound():
+    from lucid.bab.split import peel_top
+
+    screen = np.array([0.0, 0.3, 0.9, 0.1, 0.5])
+    groups = peel_top(np.array([1, 2, 3, 4]), screen, 2)
+    assert [g.tolist() for g in groups] == [[2], [4], [1, 3]]
+    assert [g.tolist() for g in peel_top(np.array([3, 4]), screen, 2)] == [[4], [3]]
 
 
 def test_choose_k_picks_the_elbow():
@@ -240,10 +311,10 @@ def test_nodes_stop_before_the_session_deadline_so_their_bounds_count(tmp_path):
     seen_limits = []
 
     class UsesItsLimit(FakeAnalyser):
-        def __call__(self, cls, positions, time_limit):
+        def __call__(self, cls, positions, time_limit, cutoff=-math.inf):
             seen_limits.append(time_limit)
             time.sleep(time_limit)  # a solver that runs to its limit, then returns its dual bound
-            out = super().__call__(cls, positions, time_limit)
+            out = super().__call__(cls, positions, time_limit, cutoff)
             out.status = "time_limit"
             return out
 

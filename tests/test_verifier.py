@@ -243,3 +243,26 @@ def test_witness_search_finds_only_true_leaks_and_never_beats_the_exact_bound():
                 assert confidence(scores[p], cls) < 0 and w.confidence <= confidence(scores[0], cls)
                 assert np.all(w.x >= lower) and np.all(w.x <= upper)
     assert found_any
+
+
+@pytest.mark.parametrize("seed,lo,classes", CASES)
+@pytest.mark.parametrize("obbt", ["singletons", True])
+def test_a_cutoff_proves_nodes_below_it_and_leaves_nodes_above_it_exact(seed, lo, classes, obbt):
+    stack, lower, upper, problem = make(seed, lo, classes)
+    encoding = EncodingOptions(obbt=obbt)
+    for cls in range(classes):
+        for positions in ([1], [2], [1, 2]):
+            exact = max(exact_for(stack, p, cls, lower, upper) for p in positions)
+            if exact == -np.inf:
+                continue
+            plain = analyse_node(problem, cls, positions, encoding=encoding)
+            above = analyse_node(problem, cls, positions, encoding=encoding, cutoff=exact + 0.05)
+            assert exact <= above.upper <= max(plain.upper, exact + 0.05) + 1e-5
+            if len(positions) == 1:
+                # nothing reaches the cutoff: proved so, the bound reported is (about) the cutoff
+                assert above.status == "infeasible" and above.upper <= exact + 0.05
+            below = analyse_node(problem, cls, positions, encoding=encoding, cutoff=exact - 0.05)
+            assert below.upper >= exact
+            if len(positions) == 1:  # a singleton's bound is exact with or without the cutoff
+                assert below.upper == pytest.approx(plain.upper, abs=1e-5)
+            check_lower(stack, below, np.array(positions), cls)

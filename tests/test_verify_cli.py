@@ -152,6 +152,7 @@ def run_main(args, capsys) -> tuple[int, str]:
         (["--time-limit", "0"], "--time-limit must be a positive"),
         (["--node-time-limit", "-1"], "--node-time-limit must be a positive"),
         (["--workers", "0"], "--workers must be a positive"),
+        (["--rel-gap", "-0.1"], "--rel-gap must be a non-negative"),
     ],
 )
 def test_bad_options_are_one_line_errors(tiny_run, capsys, extra, message):
@@ -219,3 +220,14 @@ def test_resume_continues_a_run_cut_by_its_time_limit(tmp_path, naive_no_ris):
     second = verify_run(run, resume=True, **opts)
     for c, b in second["bounds"].items():
         assert b["complete"] and abs(b["upper"] - naive_no_ris["bounds"][c]["upper"]) <= MARGIN_SLACK
+
+
+@pytest.mark.parametrize("rel_gap", [0.3, 2.0])
+def test_relative_gap_is_sound_and_within_the_gap(tiny_run, naive_no_ris, rel_gap):
+    result = verify_run(tiny_run, workers=1, rel_gap=rel_gap, progress=False)
+    for c, b in result["bounds"].items():
+        exact = naive_no_ris["bounds"][c]["upper"]
+        assert b["complete"]
+        assert b["upper"] >= exact - MARGIN_SLACK  # never below the true bound
+        assert b["lower"] <= exact + 1e-12
+        assert b["upper"] <= b["lower"] + rel_gap * abs(b["lower"]) + 1e-9

@@ -103,6 +103,7 @@ def verify_run(
     classes: Any = None,
     tau: float = 0.01,
     gap: float = 0.0,
+    rel_gap: float = 0.0,
     md: bool = True,
     ris: bool = True,
     bab: bool = True,
@@ -132,6 +133,8 @@ def verify_run(
         raise LucidError(f"--tau must be a non-negative number, got {tau!r}")
     if not (isinstance(gap, (int, float)) and math.isfinite(gap) and gap >= 0):
         raise LucidError(f"--gap must be a non-negative number, got {gap!r}")
+    if not (isinstance(rel_gap, (int, float)) and math.isfinite(rel_gap) and rel_gap >= 0):
+        raise LucidError(f"--rel-gap must be a non-negative number, got {rel_gap!r}")
     if naive and not bab:
         raise LucidError("--naive and --no-bab are different variants; give at most one")
     check_solver(solver)
@@ -146,7 +149,7 @@ def verify_run(
     }
     # The options that determine the result: a resume must use the same ones.
     result_options = {
-        "solver": solver, "tau": float(tau), "gap": float(gap), "md": md, "ris": ris, "bab": bab,
+        "solver": solver, "tau": float(tau), "gap": float(gap), "rel_gap": float(rel_gap), "md": md, "ris": ris, "bab": bab,
         "naive": naive, "screen": screen, "search": search, "bounds": bounds, "node_time_limit": node_time_limit,
         "classes": cls_list,
     }
@@ -205,7 +208,7 @@ def verify_run(
 
     # The default node limit derives from this invocation's --time-limit (a resume may give
     # another), so it is not part of result_options.
-    config = EngineConfig(bab=bab, naive=naive, gap=float(gap), time_limit=time_limit,
+    config = EngineConfig(bab=bab, naive=naive, gap=float(gap), rel_gap=float(rel_gap), time_limit=time_limit,
                           node_time_limit=node_time_limit if node_time_limit is not None else default_node_time_limit(time_limit))
     log = EventLog(run_path / LOG_FILE, elapsed_before=elapsed_before, append=resume)
     all_options = dict(result_options, workers=executor.capacity, time_limit=time_limit,

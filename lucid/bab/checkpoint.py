@@ -18,6 +18,8 @@ from lucid.errors import LucidError
 
 CHECKPOINT_FILE = "verify.checkpoint.json"
 CHECKPOINT_FORMAT = "lucid-bab-checkpoint/1"
+# Options added after the format was fixed: a checkpoint without them was made with these values.
+OPTION_DEFAULTS = {"rel_gap": 0.0}
 
 
 def run_fingerprint(run_dir: Path) -> str:
@@ -59,6 +61,8 @@ def load_checkpoint(path: Path, *, fingerprint: str, options: dict) -> dict:
             "delete it and run without --resume"
         )
     saved = obj.get("options")
+    if isinstance(saved, dict):
+        saved = {**{k: v for k, v in OPTION_DEFAULTS.items() if k in options}, **saved}
     if saved != options:
         diff = sorted(k for k in set(saved or {}) | set(options) if (saved or {}).get(k) != options.get(k))
         detail = ", ".join(f"{k}: checkpoint {(saved or {}).get(k)!r} vs now {options.get(k)!r}" for k in diff)

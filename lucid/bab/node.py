@@ -36,6 +36,9 @@ class Node:
     attempts: int = 0  # solves so far (an unproved singleton is retried with more time)
     depth: int = 0
     stats: dict = field(default_factory=dict)
+    # a hyper-network MILP over (a superset of) these networks did not beat their screened bounds:
+    # split by peeling off the top-screened networks as singletons instead (lucid.bab.split.peel_top)
+    peel: bool = False
 
     @property
     def size(self) -> int:
@@ -60,6 +63,7 @@ class Node:
             "lower": encode_float(self.lower),
             "attempts": self.attempts,
             "depth": self.depth,
+            "peel": self.peel,
         }
 
     @classmethod
@@ -74,6 +78,7 @@ class Node:
             lower=decode_float(obj["lower"]),
             attempts=int(obj["attempts"]),
             depth=int(obj["depth"]),
+            peel=bool(obj.get("peel", False)),
         )
 
 

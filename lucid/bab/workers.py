@@ -18,8 +18,9 @@ import numpy as np
 
 from lucid.errors import LucidError
 
-# analyse(cls, positions, time_limit) -> NodeOutcome-like object
-AnalyseFn = Callable[[int, np.ndarray, float | None], Any]
+# analyse(cls, positions, time_limit, cutoff) -> NodeOutcome-like object; cutoff: the level below
+# which the engine does not need the node's bound (see lucid.verifier.analyse_node)
+AnalyseFn = Callable[[int, np.ndarray, float | None, float], Any]
 
 
 class Executor:
@@ -35,7 +36,7 @@ class Executor:
         self._futures[key] = future
         future.add_done_callback(lambda f, key=key: self._done.put((key, f)))
 
-    def submit(self, key: Any, cls: int, positions: np.ndarray, time_limit: float | None) -> None:
+    def submit(self, key: Any, cls: int, positions: np.ndarray, time_limit: float | None, cutoff: float) -> None:
         raise NotImplementedError
 
     def completed(self, timeout: float) -> list[tuple[Any, Any]]:
@@ -74,8 +75,8 @@ class ThreadExecutor(Executor):
         self._analyse = analyse
         self._pool = cf.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="lucid-node")
 
-    def submit(self, key, cls, positions, time_limit):
-        self._watch(key, self._pool.submit(self._analyse, cls, positions, time_limit))
+    def submit(self, key, cls, positions, time_limit, cutoff):
+        self._watch(key, self._pool.submit(self._analyse, cls, positions, time_limit, cutoff))
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -95,7 +96,8 @@ def _init_worker(problem: Any, settings: dict) -> None:
     _WORKER_STATE["settings"] = settings
 
 
-def analyse_with(problem: Any, settings: dict, cls: int, positions: np.ndarray, time_limit: float | None):
+def analyse_with(problem: Any, settings: dict, cls: int, positions: np.ndarray, time_limit: float | None,
+                 cutoff: float = -float("inf")):
     """One node MILP with single-threaded solver options (runs in a worker)."""
     from lucid.solvers.base import SolverOptions
     from lucid.verifier import EncodingOptions, analyse_node
@@ -107,9 +109,11 @@ def analyse_with(problem: Any, settings: dict, cls: int, positions: np.ndarray, 
         mip_abs_gap=settings.get("mip_abs_gap", 0.0),
     )
     encoding = EncodingOptions(**settings["encoding"])
-    outcome = analyse_node(problem, cls, positions, solver=settings["solver"], solver_options=options, encoding=encoding)
+    outcome = analyse_node(problem, cls, positions, solver=settings["solver"], solver_options=options, encoding=encoding,
+                           cutoff=cutoff)
+    # An optimal witness is as good as any search; an infeasible node has nothing above the cutoff.
     if (settings.get("search") and len(positions) <= SEARCH_MAX_NETWORKS and outcome.upper > -float("inf")
-            and (outcome.status != "optimal" or outcome.lower is None)):  # an optimal witness is as good
+            and outcome.status != "infeasible" and (outcome.status != "optimal" or outcome.lower is None)):
         outcome = _with_targeted_search(problem, settings, cls, positions, outcome)
     return outcome
 
@@ -148,8 +152,8 @@ def _with_targeted_search(problem: Any, settings: dict, cls: int, positions: np.
     return dataclasses.replace(outcome, stats=stats)
 
 
-def _analyse_in_process(cls: int, positions: np.ndarray, time_limit: float | None):
-    return analyse_with(_WORKER_STATE["problem"], _WORKER_STATE["settings"], cls, positions, time_limit)
+def _analyse_in_process(cls: int, positions: np.ndarray, time_limit: float | None, cutoff: float):
+    return analyse_with(_WORKER_STATE["problem"], _WORKER_STATE["settings"], cls, positions, time_limit, cutoff)
 
 
 class ProcessExecutor(Executor):
@@ -165,8 +169,8 @@ class ProcessExecutor(Executor):
             initargs=(problem, settings),
         )
 
-    def submit(self, key, cls, positions, time_limit):
-        self._watch(key, self._pool.submit(_analyse_in_process, cls, positions, time_limit))
+    def submit(self, key, cls, positions, time_limit, cutoff):
+        self._watch(key, self._pool.submit(_analyse_in_process, cls, positions, time_limit, cutoff))
 
     def close(self) -> None:
         # Running MILPs cannot be cancelled through the pool API; their time limits are capped by
@@ -201,9 +205,9 @@ class DaskExecutor(Executor):
         self._problem = self._client.scatter(problem, broadcast=True)
         self._settings = settings
 
-    def submit(self, key, cls, positions, time_limit):
+    def submit(self, key, cls, positions, time_limit, cutoff):
         fut = self._client.submit(
-            analyse_with, self._problem, self._settings, cls, np.asarray(positions), time_limit, pure=False
+            analyse_with, self._problem, self._settings, cls, np.asarray(positions), time_limit, cutoff, pure=False
         )
         self._watch(key, fut)
 

@@ -24,6 +24,9 @@ def _print_summary(result: dict) -> None:
 @click.option("--classes", default=None, help="Comma-separated class ids, e.g. 0,1 (default: all).")
 @click.option("--tau", type=float, default=0.01, show_default=True, help="Relax-if-similar threshold.")
 @click.option("--gap", type=float, default=0.0, show_default=True, help="Stop when upper - lower <= GAP.")
+@click.option("--rel-gap", type=float, default=0.0, show_default=True,
+              help="Stop when upper <= lower + REL_GAP * |lower| (0.1: within 10 %%). Nodes then only have to be "
+                   "proved below that level, which is far cheaper than exact bounds.")
 @click.option("--resume", is_flag=True, help="Continue from RUN/verify.checkpoint.json.")
 @click.option("--scheduler", default=None, help="Dask scheduler address (tcp://host:8786) to solve nodes on.")
 @click.option("--no-md", is_flag=True, help="Ablation: no matching dependencies.")
@@ -35,13 +38,13 @@ def _print_summary(result: dict) -> None:
 @click.option("--bounds", type=click.Choice(["lp", "interval"]), default="lp", show_default=True,
               help="How N's pre-activation bounds are computed.")
 @click.option("--quiet", is_flag=True, help="No live progress display.")
-def command(run_dir, solver, workers, time_limit, node_time_limit, classes, tau, gap, resume, scheduler,
+def command(run_dir, solver, workers, time_limit, node_time_limit, classes, tau, gap, rel_gap, resume, scheduler,
             no_md, no_ris, no_bab, naive, no_screen, no_search, bounds, quiet) -> None:
     from lucid.bab import verify_run
 
     result = verify_run(
         run_dir, solver=solver, workers=workers, time_limit=time_limit, node_time_limit=node_time_limit,
-        classes=classes, tau=tau, gap=gap, md=not no_md, ris=not no_ris, bab=not no_bab, naive=naive,
+        classes=classes, tau=tau, gap=gap, rel_gap=rel_gap, md=not no_md, ris=not no_ris, bab=not no_bab, naive=naive,
         resume=resume, scheduler=scheduler, progress=not quiet, screen=not no_screen, search=not no_search, bounds=bounds,
     )
     _print_summary(result)
