@@ -331,3 +331,19 @@ def test_default_node_time_limit_is_a_share_of_the_total():
     assert default_node_time_limit(None) is None
     assert default_node_time_limit(60) == 20.0
     assert default_node_time_limit(3600) == 450.0
+
+
+def test_checkpoint_state_keeps_the_gap_floor_and_peel_flags(tmp_path):
+    from lucid.bab.engine import ClassState
+    from lucid.bab.node import OPEN, Node
+
+    cs = ClassState(cls=0, lower=0.5, upper=0.6, gap_floor=0.54)
+    cs.nodes[3] = Node(id=3, parent=0, positions=np.array([4, 5]), upper=0.58, state=OPEN, peel=True)
+    back = ClassState.from_json(0, cs.to_json())
+    assert back.gap_floor == 0.54 and back.nodes[3].peel and back.open_heap == [(-0.58, 3)]
+    old = cs.to_json()
+    del old["gap_floor"]
+    for n in old["nodes"]:
+        del n["peel"]
+    legacy = ClassState.from_json(0, old)  # a checkpoint written before these fields existed
+    assert legacy.gap_floor == -math.inf and not legacy.nodes[3].peel
