@@ -39,13 +39,6 @@ MARGIN_REL = 1e-6
 MARGIN_FEAS = 1e-7  # times the largest big-M constant of the model
 
 
-# Under a cutoff the probe solve is the whole job for most nodes: on Adult 2x50 (class 0, Gurobi)
-# singletons ranked 150-450 by their screen were proved below 1.1x the best leak by the plain MILP
-# in 0.4-7.8 s (17 s for six), against 10-21 s each (80 s) with bound tightening first; a 5 s
-# probe gave up on many of them just above the cutoff and paid for the tightening anyway.
-CUTOFF_PROBE_FACTOR = 3
-
-
 def safety_margin(bound: float, model: MilpModel) -> float:
     """What the user-visible bound adds to a solver's dual bound, and why it suffices.
 
@@ -371,8 +364,7 @@ def _solve_group(problem, hyper, diff, cls, group, encoding: EncodingOptions, so
             if probe_model is None:
                 return _empty(witness, info)
             first = SolverOptions(**vars(opts))
-            probe = encoding.obbt_probe * (CUTOFF_PROBE_FACTOR if cutoff > lb else 1)
-            first.time_limit = probe if opts.time_limit is None else min(probe, opts.time_limit / 4)
+            first.time_limit = encoding.obbt_probe if opts.time_limit is None else min(encoding.obbt_probe, opts.time_limit / 4)
             bound, result, found = _solve_once(problem, probe_model, cls, solver, first, positions, known=witness,
                                                floor=level())
             if found is not None and (witness is None or found.confidence > witness.confidence):
