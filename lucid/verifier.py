@@ -342,10 +342,6 @@ def _solve_group(problem, hyper, diff, cls, group, encoding: EncodingOptions, so
         """The beta floor every model of this node is restricted to (slackened, so sound)."""
         return _slack(max(lb, cutoff))
 
-    def floored(b: float) -> float:
-        """A bound from a model restricted to beta >= level(): beta* <= max(b, level())."""
-        return max(b, level())
-
     def climb_from_relaxation(n_b: LayerBounds, df: DifferenceBounds) -> None:
         nonlocal witness, lb
         cap = 5.0 if opts.time_limit is None else min(5.0, 0.05 * opts.time_limit)
@@ -394,7 +390,7 @@ def _solve_group(problem, hyper, diff, cls, group, encoding: EncodingOptions, so
             out_bound = max(df.pre.upper[-1][t] - df.pre.lower[-1][cls] for t in group)
             out_bound += FP_REL * 4 * (1 + abs(out_bound))
             info["obbt_output_bound"] = _json_num(out_bound)
-            bound = min(bound, floored(out_bound))
+            bound = min(bound, max(out_bound, level()))  # valid only above the relaxation's floor
     t_enc = time.perf_counter()
     model = _encode(problem, hyper, cls, group, encoding, n_b, df, beta_lower=level())
     info["encode_seconds"] = time.perf_counter() - t_enc
