@@ -39,12 +39,14 @@ class FakeAnalyser:
         self.timeout_above = timeout_above
         self.calls: list[tuple[int, ...]] = []
         self.cutoffs: list[float] = []
+        self.attempts: list[tuple[tuple[int, ...], int, float | None]] = []  # (positions, attempt, time limit)
         self.lock = threading.Lock()
 
-    def __call__(self, cls: int, positions: np.ndarray, time_limit, cutoff=-math.inf):
+    def __call__(self, cls: int, positions: np.ndarray, time_limit, cutoff=-math.inf, attempt=1):
         with self.lock:
             self.calls.append(tuple(int(p) for p in positions))
             self.cutoffs.append(cutoff)
+            self.attempts.append((self.calls[-1], attempt, time_limit))
         v = self.values[positions]
         upper = float(v.max() + self.slack * (len(positions) - 1))
         status = "optimal"
@@ -200,10 +202,10 @@ def test_time_limit_returns_sound_anytime_bound(tmp_path):
     values = np.concatenate([[0.0], np.linspace(0, 1, 30)])
 
     class Slow(FakeAnalyser):
-        def __call__(self, cls, positions, time_limit, cutoff=-math.inf):
+        def __call__(self, cls, positions, time_limit, cutoff=-math.inf, attempt=1):
             import time
             time.sleep(0.05)
-            return super().__call__(cls, positions, time_limit, cutoff)
+            return super().__call__(cls, positions, time_limit, cutoff, attempt)
 
     engine, _, _ = make_engine(tmp_path, values, analyser=Slow(values), time_limit=0.3)
     cs = engine.run()[0]
@@ -311,10 +313,10 @@ def test_nodes_stop_before_the_session_deadline_so_their_bounds_count(tmp_path):
     seen_limits = []
 
     class UsesItsLimit(FakeAnalyser):
-        def __call__(self, cls, positions, time_limit, cutoff=-math.inf):
+        def __call__(self, cls, positions, time_limit, cutoff=-math.inf, attempt=1):
             seen_limits.append(time_limit)
             time.sleep(time_limit)  # a solver that runs to its limit, then returns its dual bound
-            out = super().__call__(cls, positions, time_limit, cutoff)
+            out = super().__call__(cls, positions, time_limit, cutoff, attempt)
             out.status = "time_limit"
             return out
 
@@ -323,6 +325,25 @@ def test_nodes_stop_before_the_session_deadline_so_their_bounds_count(tmp_path):
     assert seen_limits and seen_limits[0] < 2.0
     assert cs.solved >= 1  # the root's bound was collected, not lost at the deadline
     assert cs.upper >= 1.0 - 1e-12
+
+
+def test_an_unproved_singleton_is_retried_with_its_attempt_number_and_a_doubled_limit(tmp_path):
+    """The analyser is told which attempt it serves (the verifier tightens bounds only on retries)."""
+    values = np.concatenate([[0.0], np.linspace(0, 1, 6)])
+
+    class FirstTryTimesOut(FakeAnalyser):
+        def __call__(self, cls, positions, time_limit, cutoff=-math.inf, attempt=1):
+            out = super().__call__(cls, positions, time_limit, cutoff, attempt)
+            if len(positions) == 1 and attempt == 1 and out.status == "optimal":
+                out.status, out.upper = "time_limit", out.upper + 0.5  # sound but weak
+            return out
+
+    analyser = FirstTryTimesOut(values)
+    engine, _, _ = make_engine(tmp_path, values, analyser=analyser, workers=1, node_time_limit=3.0)
+    cs = engine.run()[0]
+    assert cs.complete and cs.upper == pytest.approx(1.0)
+    top = [(a, limit) for pos, a, limit in analyser.attempts if pos == (6,)]
+    assert top[0] == (1, 3.0) and (2, 6.0) in top
 
 
 def test_default_node_time_limit_is_a_share_of_the_total():

@@ -246,8 +246,9 @@ def test_witness_search_finds_only_true_leaks_and_never_beats_the_exact_bound():
 
 
 @pytest.mark.parametrize("seed,lo,classes", CASES)
-@pytest.mark.parametrize("obbt", ["singletons", True])
-def test_a_cutoff_proves_nodes_below_it_and_leaves_nodes_above_it_exact(seed, lo, classes, obbt):
+@pytest.mark.parametrize("obbt,attempt", [("singletons", 1), ("singletons", 2), (True, 2)])
+def test_a_cutoff_proves_nodes_below_it_and_leaves_nodes_above_it_exact(seed, lo, classes, obbt, attempt):
+    """attempt 1 is the plain bound-focused MILP, later attempts tighten bounds first."""
     stack, lower, upper, problem = make(seed, lo, classes)
     encoding = EncodingOptions(obbt=obbt)
     for cls in range(classes):
@@ -256,12 +257,14 @@ def test_a_cutoff_proves_nodes_below_it_and_leaves_nodes_above_it_exact(seed, lo
             if exact == -np.inf:
                 continue
             plain = analyse_node(problem, cls, positions, encoding=encoding)
-            above = analyse_node(problem, cls, positions, encoding=encoding, cutoff=exact + 0.05)
+            above = analyse_node(problem, cls, positions, encoding=encoding, cutoff=exact + 0.05, attempt=attempt)
+            if len(positions) == 1:
+                assert bool(above.stats["solves"][0].get("plain")) == (attempt == 1)
             assert exact <= above.upper <= max(plain.upper, exact + 0.05) + 1e-5
             if len(positions) == 1:
                 # nothing reaches the cutoff: proved so, the bound reported is (about) the cutoff
                 assert above.status == "infeasible" and above.upper <= exact + 0.05
-            below = analyse_node(problem, cls, positions, encoding=encoding, cutoff=exact - 0.05)
+            below = analyse_node(problem, cls, positions, encoding=encoding, cutoff=exact - 0.05, attempt=attempt)
             assert below.upper >= exact
             if len(positions) == 1:  # a singleton's bound is exact with or without the cutoff
                 assert below.upper == pytest.approx(plain.upper, abs=1e-5)

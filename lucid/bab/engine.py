@@ -333,7 +333,7 @@ class Engine:
             self._running[(c, node.id)] = self.elapsed()
             self._emit("started", c, node=node.id, parent=node.parent, size=node.size, upper=node.upper,
                        time_limit=limit, attempt=node.attempts + 1)
-            self.executor.submit((c, node.id), c, node.positions, limit, self.cutoff(cs))
+            self.executor.submit((c, node.id), c, node.positions, limit, self.cutoff(cs), node.attempts + 1)
 
     def _apply_lower(self, cs: ClassState, value: float, row: int | None, x: Any, source: str, *,
                      update: bool = True, **extra: Any) -> None:

@@ -18,9 +18,10 @@ import numpy as np
 
 from lucid.errors import LucidError
 
-# analyse(cls, positions, time_limit, cutoff) -> NodeOutcome-like object; cutoff: the level below
-# which the engine does not need the node's bound (see lucid.verifier.analyse_node)
-AnalyseFn = Callable[[int, np.ndarray, float | None, float], Any]
+# analyse(cls, positions, time_limit, cutoff, attempt) -> NodeOutcome-like object; cutoff: the level
+# below which the engine does not need the node's bound; attempt: 1 the first time a node is
+# analysed, then 2, 3, ... (see lucid.verifier.analyse_node)
+AnalyseFn = Callable[[int, np.ndarray, float | None, float, int], Any]
 
 
 class Executor:
@@ -36,7 +37,8 @@ class Executor:
         self._futures[key] = future
         future.add_done_callback(lambda f, key=key: self._done.put((key, f)))
 
-    def submit(self, key: Any, cls: int, positions: np.ndarray, time_limit: float | None, cutoff: float) -> None:
+    def submit(self, key: Any, cls: int, positions: np.ndarray, time_limit: float | None, cutoff: float,
+               attempt: int = 1) -> None:
         raise NotImplementedError
 
     def completed(self, timeout: float) -> list[tuple[Any, Any]]:
@@ -75,8 +77,8 @@ class ThreadExecutor(Executor):
         self._analyse = analyse
         self._pool = cf.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="lucid-node")
 
-    def submit(self, key, cls, positions, time_limit, cutoff):
-        self._watch(key, self._pool.submit(self._analyse, cls, positions, time_limit, cutoff))
+    def submit(self, key, cls, positions, time_limit, cutoff, attempt=1):
+        self._watch(key, self._pool.submit(self._analyse, cls, positions, time_limit, cutoff, attempt))
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -97,7 +99,7 @@ def _init_worker(problem: Any, settings: dict) -> None:
 
 
 def analyse_with(problem: Any, settings: dict, cls: int, positions: np.ndarray, time_limit: float | None,
-                 cutoff: float = -float("inf")):
+                 cutoff: float = -float("inf"), attempt: int = 1):
     """One node MILP with single-threaded solver options (runs in a worker)."""
     from lucid.solvers.base import SolverOptions
     from lucid.verifier import EncodingOptions, analyse_node
@@ -110,7 +112,7 @@ def analyse_with(problem: Any, settings: dict, cls: int, positions: np.ndarray, 
     )
     encoding = EncodingOptions(**settings["encoding"])
     outcome = analyse_node(problem, cls, positions, solver=settings["solver"], solver_options=options, encoding=encoding,
-                           cutoff=cutoff)
+                           cutoff=cutoff, attempt=attempt)
     # An optimal witness is as good as any search; an infeasible node has nothing above the cutoff.
     if (settings.get("search") and len(positions) <= SEARCH_MAX_NETWORKS and outcome.upper > -float("inf")
             and outcome.status != "infeasible" and (outcome.status != "optimal" or outcome.lower is None)):
@@ -152,8 +154,9 @@ def _with_targeted_search(problem: Any, settings: dict, cls: int, positions: np.
     return dataclasses.replace(outcome, stats=stats)
 
 
-def _analyse_in_process(cls: int, positions: np.ndarray, time_limit: float | None, cutoff: float):
-    return analyse_with(_WORKER_STATE["problem"], _WORKER_STATE["settings"], cls, positions, time_limit, cutoff)
+def _analyse_in_process(cls: int, positions: np.ndarray, time_limit: float | None, cutoff: float, attempt: int):
+    return analyse_with(_WORKER_STATE["problem"], _WORKER_STATE["settings"], cls, positions, time_limit, cutoff,
+                        attempt)
 
 
 class ProcessExecutor(Executor):
@@ -169,8 +172,8 @@ class ProcessExecutor(Executor):
             initargs=(problem, settings),
         )
 
-    def submit(self, key, cls, positions, time_limit, cutoff):
-        self._watch(key, self._pool.submit(_analyse_in_process, cls, positions, time_limit, cutoff))
+    def submit(self, key, cls, positions, time_limit, cutoff, attempt=1):
+        self._watch(key, self._pool.submit(_analyse_in_process, cls, positions, time_limit, cutoff, attempt))
 
     def close(self) -> None:
         # Running MILPs cannot be cancelled through the pool API; their time limits are capped by
@@ -205,9 +208,10 @@ class DaskExecutor(Executor):
         self._problem = self._client.scatter(problem, broadcast=True)
         self._settings = settings
 
-    def submit(self, key, cls, positions, time_limit, cutoff):
+    def submit(self, key, cls, positions, time_limit, cutoff, attempt=1):
         fut = self._client.submit(
-            analyse_with, self._problem, self._settings, cls, np.asarray(positions), time_limit, cutoff, pure=False
+            analyse_with, self._problem, self._settings, cls, np.asarray(positions), time_limit, cutoff, attempt,
+            pure=False,
         )
         self._watch(key, fut)
 
