@@ -219,7 +219,9 @@ def plain_accuracy(entry: dict) -> float | None:
 def bound_ratio(b: dict) -> str:
     """How far a class's proved upper bound is from its best replayed leak."""
     upper, lower = b.get("upper"), b.get("lower")
-    if b.get("complete") and "gap" not in str(b.get("reason", "")):
+    # results cached before bounds.json had "exact" only tell a gap finish by its reason
+    exact = b.get("exact", b.get("complete") and "gap" not in str(b.get("reason", "")))
+    if exact:
         return "done"
     if upper is None or lower is None or lower <= 0:
         return "–"

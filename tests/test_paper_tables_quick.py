@@ -61,3 +61,25 @@ def test_quick_benchmark_reports_every_method_and_resumes(tmp_path):
     assert second.returncode == 0, second.stderr[-3000:]
     assert "running" not in second.stdout and second.stdout.count("cached") == len(caches)
     assert report.read_text().split("## Table 1")[1] == text.split("## Table 1")[1]
+
+
+def test_bound_ratio_says_done_only_for_an_exact_finish():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("paper_tables", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["paper_tables"] = module  # its dataclasses look themselves up there
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        del sys.modules["paper_tables"]
+    ratio = module.bound_ratio
+    assert ratio({"upper": 0.5, "lower": 0.5, "complete": True, "exact": True}) == "done"
+    # finished because every node closed, some within --rel-gap: not exact, so not "done"
+    assert ratio({"upper": 0.55, "lower": 0.5, "complete": True, "exact": False,
+                  "reason": "all nodes closed, some within the gap"}) == "1.10 (gap)"
+    assert ratio({"upper": 0.6, "lower": 0.5, "complete": False, "exact": False}) == "1.20"
+    # results cached before bounds.json had "exact"
+    assert ratio({"upper": 0.5, "lower": 0.5, "complete": True, "reason": "upper = lower"}) == "done"
+    assert ratio({"upper": 0.52, "lower": 0.5, "complete": True,
+                  "reason": "upper within the gap of the lower bound"}) == "1.04 (gap)"

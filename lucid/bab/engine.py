@@ -460,8 +460,10 @@ class Engine:
             self._close_dominated(cs)
             self._update_anytime(cs)
             if not cs.nodes:
-                # Everything closed: no network can leak above the best lower bound.
-                self._finish(cs, True, "all nodes closed")
+                # Everything closed: no network can leak above the best lower bound, or above the
+                # bound of a node closed within the gap (then upper > lower and the reason says so).
+                exact = cs.lower is None or cs.upper <= cs.lower
+                self._finish(cs, True, "all nodes closed" if exact else "all nodes closed, some within the gap")
                 return
             if cs.lower is not None and cs.upper - cs.lower <= self.tolerance(cs):
                 exact = cs.upper <= cs.lower
