@@ -219,8 +219,10 @@ def plain_accuracy(entry: dict) -> float | None:
 def bound_ratio(b: dict) -> str:
     """How far a class's proved upper bound is from its best replayed leak."""
     upper, lower = b.get("upper"), b.get("lower")
-    # results cached before bounds.json had "exact" only tell a gap finish by its reason
-    exact = b.get("exact", b.get("complete") and "gap" not in str(b.get("reason", "")))
+    exact = b.get("exact")
+    if exact is None:  # cached before bounds.json had "exact": a gap finish leaves upper above lower
+        exact = b.get("complete") and (lower is None or upper is None
+                                       or upper <= lower + 1e-4 * abs(lower) + 1e-6)  # > safety margin
     if exact:
         return "done"
     if upper is None or lower is None or lower <= 0:

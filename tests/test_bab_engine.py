@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from lucid.bab.engine import Engine, EngineConfig
+from lucid.bab.engine import ClassState, Engine, EngineConfig
 from lucid.bab.events import EventLog, read_events
 from lucid.bab.split import choose_k, split_positions
 from lucid.bab.workers import ThreadExecutor
@@ -182,7 +182,8 @@ def test_relative_gap_closes_nodes_below_the_cutoff_and_keeps_their_bound(tmp_pa
     events = read_events(tmp_path / "log.jsonl")
     closed_in_gap = [e for e in events if e["event"] == "closed" and "gap" in e["reason"]]
     # a finish that used the tolerance says so (reports must not call it exact)
-    assert ("gap" in cs.reason) == (cs.upper > cs.lower)
+    assert cs.within_gap == ("gap" in cs.reason) == (cs.upper > cs.lower)
+    assert ClassState.from_json(0, cs.to_json()).within_gap == cs.within_gap
     if rel_gap == 0:
         assert cs.upper == pytest.approx(true_max) and not closed_in_gap
     else:

@@ -79,7 +79,9 @@ def test_bound_ratio_says_done_only_for_an_exact_finish():
     assert ratio({"upper": 0.55, "lower": 0.5, "complete": True, "exact": False,
                   "reason": "all nodes closed, some within the gap"}) == "1.10 (gap)"
     assert ratio({"upper": 0.6, "lower": 0.5, "complete": False, "exact": False}) == "1.20"
-    # results cached before bounds.json had "exact"
-    assert ratio({"upper": 0.5, "lower": 0.5, "complete": True, "reason": "upper = lower"}) == "done"
+    # results cached before bounds.json had "exact": told apart by upper vs lower (plus margins)
+    assert ratio({"upper": 0.5000023, "lower": 0.5, "complete": True, "reason": "proved singleton on top"}) == "done"
     assert ratio({"upper": 0.52, "lower": 0.5, "complete": True,
                   "reason": "upper within the gap of the lower bound"}) == "1.04 (gap)"
+    assert ratio({"upper": 0.548, "lower": 0.5, "complete": True, "reason": "all nodes closed"}) == "1.10 (gap)"
+    assert ratio({"upper": -1.0, "lower": None, "complete": True, "reason": "all nodes closed"}) == "done"

@@ -227,8 +227,8 @@ def verify_run(
                 "upper": _bound_out(cs.upper, upper=True),
                 "lower": _bound_out(cs.lower, upper=False),
                 "complete": bool(cs.complete),
-                # complete and upper = lower: finished without using --gap / --rel-gap
-                "exact": bool(cs.complete and (cs.lower is None or cs.upper <= cs.lower)),
+                # finished without using --gap / --rel-gap (upper = the largest proved node bound)
+                "exact": bool(cs.complete and not cs.within_gap),
                 "seconds": round(cs.seconds if cs.done else engine.elapsed(), 3),
                 "nodes": cs.solved,
                 "reason": cs.reason,

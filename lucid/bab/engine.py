@@ -81,6 +81,8 @@ class ClassState:
     done: bool = False
     complete: bool = False
     reason: str = ""
+    # finished by the --gap / --rel-gap tolerance: upper may exceed the exact bound by up to it
+    within_gap: bool = False
     seconds: float = 0.0
     screen: np.ndarray | None = None  # per position: sound upper bound on beta*_{c,{i}}
     open_heap: list = field(default_factory=list)  # (-upper, id) of OPEN nodes (lazy deletion)
@@ -106,6 +108,7 @@ class ClassState:
             "done": self.done,
             "complete": self.complete,
             "reason": self.reason,
+            "within_gap": self.within_gap,
             "seconds": self.seconds,
             "nodes": [n.to_json() for n in self.nodes.values()],
         }
@@ -124,6 +127,7 @@ class ClassState:
             done=bool(obj["done"]),
             complete=bool(obj["complete"]),
             reason=str(obj.get("reason", "")),
+            within_gap=bool(obj.get("within_gap", False)),
             seconds=float(obj["seconds"]),
         )
         for raw in obj["nodes"]:
@@ -433,13 +437,18 @@ class Engine:
             cs.logged = state
             self._emit("anytime", cs.cls, upper=cs.upper, lower=cs.lower, open=len(cs.nodes), solved=cs.solved)
 
-    def _finish(self, cs: ClassState, complete: bool, reason: str) -> None:
+    def _finish(self, cs: ClassState, complete: bool, reason: str, within_gap: bool = False) -> None:
+        # a node closed within the gap keeps its bound in upper: the finish is then not exact either
+        kept = complete and cs.lower is not None and cs.gap_floor > cs.lower
+        if kept and not within_gap:
+            reason += ", some nodes closed within the gap"
         cs.done = True
         cs.complete = complete
         cs.reason = reason
+        cs.within_gap = complete and (within_gap or kept)
         cs.seconds = self.elapsed()
         self._emit("class_done", cs.cls, upper=cs.upper, lower=cs.lower, complete=complete, reason=reason,
-                   solved=cs.solved, open=len(cs.nodes))
+                   within_gap=cs.within_gap, solved=cs.solved, open=len(cs.nodes))
 
     def _close_dominated(self, cs: ClassState) -> None:
         """Close every waiting node the best lower bound makes irrelevant (not running ones)."""
@@ -461,13 +470,13 @@ class Engine:
             self._update_anytime(cs)
             if not cs.nodes:
                 # Everything closed: no network can leak above the best lower bound, or above the
-                # bound of a node closed within the gap (then upper > lower and the reason says so).
-                exact = cs.lower is None or cs.upper <= cs.lower
-                self._finish(cs, True, "all nodes closed" if exact else "all nodes closed, some within the gap")
+                # bound of a node closed within the gap (then `_finish` says so).
+                self._finish(cs, True, "all nodes closed")
                 return
             if cs.lower is not None and cs.upper - cs.lower <= self.tolerance(cs):
                 exact = cs.upper <= cs.lower
-                self._finish(cs, True, "upper = lower" if exact else "upper within the gap of the lower bound")
+                self._finish(cs, True, "upper = lower" if exact else "upper within the gap of the lower bound",
+                             within_gap=not exact)
                 return
             best = max(cs.nodes.values(), key=lambda n: (n.upper, n.state == SETTLED))
             if best.state == SETTLED:
