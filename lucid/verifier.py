@@ -338,10 +338,11 @@ def _solve_group(problem, hyper, diff, cls, group, encoding: EncodingOptions, so
     beta* <= max(d, floor) with floor the slackened level — never -inf while a floor applies.
     Such a model is first tried briefly without tightening: below the cutoff most singletons are
     proved at the root in well under a second, while tightening costs seconds per node.
-    `plain` (a node's first attempt under a cutoff) makes that try a bound-focused MILP for the
-    whole time limit, with no tightening after it: on Adult 2x50 singletons ranked 5-250 it proved
-    the cutoff in 57 s where probe + tightening + MILP took 107 s; the 2-3 hardest singletons need
-    tightening, and get it on their retry (benchmarks/results/idle_machine.md, session 6).
+    `plain` (a singleton's first attempt under a cutoff) makes that try a bound-focused MILP for
+    the whole time limit, with no tightening after it: on 16 Adult 2x50 singletons ranked 0-900
+    the first attempts took 267 s where search + probe + tightening + MILP took 408 s; the few
+    hardest singletons need tightening and get it on their retry
+    (benchmarks/results/idle_machine.md, session 6).
     """
     t_start = time.perf_counter()
     info: dict = {}
