@@ -376,9 +376,9 @@ def _solve_group(problem, hyper, diff, cls, group, encoding: EncodingOptions, so
             if probe_model is None:
                 return _empty(witness, info)
             first = SolverOptions(**vars(opts))
-            plain = plain and cutoff > lb
-            if plain:
-                first.focus = "bound"  # nothing above the cutoff is known: only the dual bound counts
+            if plain:  # no search ran, so nothing above the cutoff is known: only the dual bound counts
+                first.focus = "bound"
+                info["plain"] = True
             else:
                 first.time_limit = encoding.obbt_probe if opts.time_limit is None else min(encoding.obbt_probe, opts.time_limit / 4)
             bound, result, found = _solve_once(problem, probe_model, cls, solver, first, positions, known=witness,
@@ -386,8 +386,6 @@ def _solve_group(problem, hyper, diff, cls, group, encoding: EncodingOptions, so
             if found is not None and (witness is None or found.confidence > witness.confidence):
                 witness = found
             info["probe_bound"] = _json_num(bound)
-            if plain:
-                info["plain"] = True
             if result.status in (OPTIMAL, INFEASIBLE) or plain:
                 info.update(_model_info(probe_model))
                 result.upper_bound = bound
