@@ -289,6 +289,42 @@ def test_auto_picks_gurobi_for_a_small_model():
     assert solve(knapsack(), "auto").solver == "gurobi"
 
 
+def _ranged_chain(n: int, m: int, ranged: int) -> MilpModel:
+    """max sum x, x in [0, 1]^n, m two-entry rows x_i - x_{i+1}; the first `ranged` are two-sided."""
+    rows = np.arange(m)
+    A = sp.csr_matrix((np.tile([1.0, -1.0], m), (np.repeat(rows, 2), np.stack([rows % (n - 1), rows % (n - 1) + 1], 1).ravel())),
+                      shape=(m, n))
+    lower = np.where(rows < ranged, -0.25, -np.inf)
+    upper = np.full(m, 0.25)
+    return MilpModel(A=A, row_lower=lower, row_upper=upper, col_lower=np.zeros(n), col_upper=np.ones(n),
+                     integrality=np.arange(n) < 5, objective=-np.linspace(1.0, 2.0, n))
+
+
+@pytest.mark.skipif(not available_solvers()["gurobi"], reason="gurobipy not installed")
+def test_gurobi_ranged_rows_keep_both_sides_and_count_once():
+    # 900 columns and 1500 rows, 1000 of them ranged: one constraint each (plus a slack column),
+    # so the model is (1900, 1500) for Gurobi and fits a 2000 x 2000 licence; as two
+    # inequalities per ranged row it would have 2500 constraints and not.
+    from lucid.solvers.gurobi_backend import gurobi_size
+
+    model = _ranged_chain(900, 1500, 1000)
+    assert gurobi_size(model) == (1900, 1500)
+    g, h = solve(model, "gurobi"), solve(model, "highs")
+    assert g.status == h.status == "optimal"
+    assert g.upper_bound == pytest.approx(h.upper_bound, abs=1e-6)
+    assert g.solution.shape == (900,)
+    act = model.A @ g.solution
+    assert np.all(act >= model.row_lower - 1e-6) and np.all(act <= model.row_upper + 1e-6)
+    # alternate signs push x_i - x_{i+1} down: the ranged rows' lower sides must bind
+    flip = MilpModel(A=model.A, row_lower=model.row_lower, row_upper=model.row_upper, col_lower=model.col_lower,
+                     col_upper=model.col_upper, integrality=model.integrality,
+                     objective=np.where(np.arange(900) % 2 == 0, -1.0, 1.0))
+    gf, hf = solve(flip, "gurobi"), solve(flip, "highs")
+    assert gf.upper_bound == pytest.approx(hf.upper_bound, abs=1e-6)
+    act = flip.A @ gf.solution
+    assert act[:1000].min() == pytest.approx(-0.25, abs=1e-6)
+
+
 def test_auto_without_gurobi_is_highs(monkeypatch):
     import lucid.solvers.registry as registry
 

@@ -1,4 +1,4 @@
-"""Gurobi backend (gurobipy matrix API: one addMVar + one addMConstr per row sense)."""
+"""Gurobi backend (gurobipy matrix API: one addMVar + one addMConstr per row sense; ranged rows via slacks)."""
 
 from __future__ import annotations
 
@@ -44,16 +44,35 @@ def licence_covers(num_cols: int, num_rows: int) -> bool:
         return False
 
 
+def _ranged(lower: np.ndarray, upper: np.ndarray) -> np.ndarray:
+    return np.isfinite(lower) & np.isfinite(upper) & (lower != upper)
+
+
+def gurobi_size(model: MilpModel) -> tuple[int, int]:
+    """(variables, constraints) of the model as this backend hands it to Gurobi.
+
+    A ranged row lo <= a x <= hi becomes one equality a x - s = 0 with a slack s in [lo, hi]
+    (what Gurobi's own range constraints do), not two inequalities: the matching dependencies
+    are ranged, and splitting them pushed 1756-row models past the size-limited licence."""
+    return model.num_cols + int(_ranged(model.row_lower, model.row_upper).sum()), model.num_rows
+
+
 def _add_rows(m, x, A: sp.csr_matrix, lower: np.ndarray, upper: np.ndarray) -> None:
     equal = np.isfinite(lower) & (lower == upper)
+    ranged = _ranged(lower, upper)
     for sense, rows, rhs in (
         ("=", equal, lower),
-        ("<", ~equal & np.isfinite(upper), upper),
-        (">", ~equal & np.isfinite(lower), lower),
+        ("<", ~equal & ~ranged & np.isfinite(upper), upper),
+        (">", ~equal & ~ranged & np.isfinite(lower), lower),
     ):
         idx = np.flatnonzero(rows)
         if idx.size:
             m.addMConstr(A[idx], x, sense, rhs[idx])
+    idx = np.flatnonzero(ranged)
+    if idx.size:
+        m.addMVar(idx.size, lb=lower[idx], ub=upper[idx])  # the slacks, after every model column
+        m.addMConstr(sp.hstack([A[idx], -sp.identity(idx.size, format="csr")], format="csr"),
+                     None, "=", np.zeros(idx.size))
 
 
 def solve_gurobi(
@@ -93,20 +112,20 @@ def solve_gurobi(
             if exc.errno == SIZE_LIMIT_ERRNO:
                 raise SolverError(
                     f"gurobi: model too large for the size-limited licence "
-                    f"({model.num_cols} columns, {model.num_rows} rows); use --solver highs"
+                    "({} variables, {} constraints); use --solver highs".format(*gurobi_size(model))
                 ) from exc
             raise SolverError(f"gurobi failed: {exc}") from exc
-        return _result(m, model, time.perf_counter() - t0, build_seconds)
+        return _result(m, x, model, time.perf_counter() - t0, build_seconds)
     finally:
         env.dispose()
 
 
-def _result(m, model: MilpModel, seconds: float, build_seconds: float) -> SolveResult:
+def _result(m, x, model: MilpModel, seconds: float, build_seconds: float) -> SolveResult:
     from gurobipy import GRB
 
     status = m.Status
     is_mip = bool(model.integrality.any())
-    solution = np.array(m.getAttr("X", m.getVars())) if m.SolCount > 0 else None
+    solution = np.array(x.X, dtype=np.float64) if m.SolCount > 0 else None  # the model's columns, not the slacks
     incumbent = float(m.ObjVal) if m.SolCount > 0 else None
     nodes = int(m.NodeCount) if is_mip else 0
 

@@ -136,9 +136,9 @@ def resolve_solver(name: str, model: MilpModel) -> str:
     if name != "auto":
         return name
     if available_solvers()["gurobi"]:
-        from lucid.solvers.gurobi_backend import licence_covers
+        from lucid.solvers.gurobi_backend import gurobi_size, licence_covers
 
-        if licence_covers(model.num_cols, model.num_rows):
+        if licence_covers(*gurobi_size(model)):
             log.info("solver auto -> gurobi (licence covers %d cols, %d rows)",
                      model.num_cols, model.num_rows)
             return "gurobi"
