@@ -89,3 +89,33 @@ def test_hyper_network_of_a_singleton_is_exact_and_of_a_set_contains_each_member
     for lo, hi, w in zip(hyper.w_lo, hyper.w_hi, stack.weights):
         assert np.all(lo <= w[1:4]) and np.all(w[1:4] <= hi)
         assert np.all(lo == w[1:4].min(0)) and np.all(hi == w[1:4].max(0))
+
+
+def test_the_per_lp_time_cap_is_per_lp_not_per_solver_object(monkeypatch):
+    # HiGHS measures time_limit against the run time summed over all run() calls of one object;
+    # a fixed cap once ended every LP after the first few seconds of OBBT with "time limit".
+    import time
+
+    import lucid.bounds.lp as lp
+    import scipy.sparse as sp
+
+    rng = np.random.default_rng(0)
+    n, m = 300, 200
+    model = MilpModel(A=sp.csr_matrix(rng.normal(size=(m, n))), row_lower=np.full(m, -np.inf), row_upper=np.ones(m),
+                      col_lower=np.zeros(n), col_upper=np.ones(n), integrality=np.zeros(n, bool), objective=np.zeros(n))
+    solver = LpBoundSolver(model)
+    t0 = time.perf_counter()
+    assert np.isfinite(solver.maximise(rng.normal(size=n)))
+    cap = 3 * max(time.perf_counter() - t0, 1e-3)
+    monkeypatch.setattr(lp, "LP_TIME_CAP", cap)
+    monkeypatch.setattr(lp, "PRIMAL_CAP", cap)
+    spent, values = 0.0, []
+    while spent < 4 * cap:  # well past one cap in total
+        t = time.perf_counter()
+        values.append(solver.maximise(rng.normal(size=n)))
+        spent += time.perf_counter() - t
+    assert len(values) >= 4 and all(np.isfinite(v) for v in values)
+    # and each value is the LP optimum (up to the rigorous bound's slack)
+    c = rng.normal(size=n)
+    ref = linprog(-c, A_ub=model.A.toarray(), b_ub=model.row_upper, bounds=[(0, 1)] * n, method="highs")
+    assert solver.maximise(c) == pytest.approx(-ref.fun, rel=1e-6, abs=1e-6)

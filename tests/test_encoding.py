@@ -88,7 +88,8 @@ def test_relu_coupling_rows_hold_for_every_real_pair_and_tighten_the_relaxation(
     n = len(a)
     b = ModelBuilder()
     zh, zhh, z, zz = (b.add_vars(n, -10, 10, name) for name in ("zhat", "zhat_h", "z", "z_h"))
-    rows = add_relu_coupling(b, zh, zhh, z, zz, a, b_, "rc")
+    rows, coupled = add_relu_coupling(b, zh, zhh, z, zz, a, b_, "rc")
+    assert coupled.all()
     model = b.build(zh, np.zeros(0), {})
     assert rows == model.num_rows > 0
     for _ in range(2000):
@@ -118,3 +119,35 @@ def test_relu_coupling_never_loosens_the_lp_relaxation():
                            options, margin_upper=problem.margin_upper, relax_all=True)
         bounds[coupling] = solve(model, "highs", SolverOptions(time_limit=30)).upper_bound
     assert bounds[True] <= bounds[False] + 1e-9
+
+
+@pytest.mark.parametrize("positions", [[1], [1, 2, 3]])
+def test_leaving_out_implied_matching_rows_changes_no_bound(monkeypatch, positions):
+    import lucid.encodings.idp as idp
+
+    stack = tiny_stack(4, hidden=(6, 6), noise=0.5)
+    lower, upper = np.zeros(2), np.ones(2)
+    problem = VerificationProblem.from_stack(stack, lower, upper)
+    hyper = hyper_network(problem.stack, positions)
+    diff = node_difference_bounds(problem, hyper)
+
+    def bounds():
+        out = {}
+        for cls in (0, 1):
+            for relax_all in (True, False):  # the LP relaxation and the MILP
+                model = encode_idp(problem.n_weights, problem.n_biases, problem.n_bounds, hyper, diff, lower, upper,
+                                   cls, EncodingOptions(), margin_upper=problem.margin_upper, relax_all=relax_all)
+                if model is not None:
+                    out[cls, relax_all] = (solve(model, "highs", SolverOptions(time_limit=30)).upper_bound,
+                                           model.num_rows)
+        return out
+
+    lean = bounds()
+    monkeypatch.setattr(idp, "implied_post_rows", lambda *a: np.zeros(len(a[0]), dtype=bool))
+    monkeypatch.setattr(idp, "pre_row_implied", lambda *a: False)
+    full = bounds()
+    assert lean.keys() == full.keys()
+    assert any(np.isfinite(v[0]) for v in lean.values())
+    for key in lean:
+        assert lean[key][0] == pytest.approx(full[key][0], abs=1e-7), key
+        assert lean[key][1] < full[key][1]

@@ -19,7 +19,7 @@ from lucid.bounds.difference import DifferenceBounds
 from lucid.bounds.interval import LayerBounds, widen
 from lucid.encodings import EncodingOptions
 from lucid.encodings.builder import ModelBuilder
-from lucid.encodings.matching import add_matching, add_relu_coupling
+from lucid.encodings.matching import add_matching, add_relu_coupling, implied_post_rows
 from lucid.encodings.model import MilpModel
 from lucid.encodings.relax import relax_if_similar
 from lucid.encodings.relu import encode_relu
@@ -31,6 +31,12 @@ def _affine_rows(b: ModelBuilder, out_cols: np.ndarray, in_cols: np.ndarray, w: 
     n = len(out_cols)
     cols = np.concatenate([out_cols[:, None], np.broadcast_to(in_cols, (n, len(in_cols)))], 1)
     b.add_rows(cols, np.concatenate([np.ones((n, 1)), -w], 1), lo, hi, name)
+
+
+def pre_row_implied(layer: int, exact: bool) -> bool:
+    """Layer 0 of a single network: zhat# - zhat is affine in x through the two equality rows, and
+    any sound interval of it holds over the whole box, so its matching row cannot cut anything."""
+    return layer == 0 and exact
 
 
 def possible_targets(cls: int, hyper_bounds: LayerBounds) -> list[int]:
@@ -106,7 +112,7 @@ def encode_idp(
             bhi = h_b0_hi if k == 0 else hyper.b_hi[k]
             _affine_rows(b, zhat_h, zh, hyper.w_lo[k], blo, np.inf, f"h{k}.wlo")
             _affine_rows(b, zhat_h, zh, hyper.w_hi[k], -np.inf, bhi, f"h{k}.whi")
-        if options.md_pre:
+        if options.md_pre and not pre_row_implied(k, exact):
             stats["md_rows"] += add_matching(b, zhat, zhat_h, diff.pre.lower[k], diff.pre.upper[k], f"md{k}.pre")
         if k == L - 1:
             z, zh = zhat, zhat_h
@@ -119,12 +125,19 @@ def encode_idp(
         stats["binaries_n"] += s_n["binaries"]
         stats["binaries_hyper"] += s_h["binaries"]
         stats["relaxed"] += s_h["relaxed"]
-        if options.md:
-            stats["md_rows"] += add_matching(b, z, zh, diff.post.lower[k], diff.post.upper[k], f"md{k}.post")
+        coupled = np.zeros(n_out, dtype=bool)
         if options.coupling:
-            stats["md_rows"] += add_relu_coupling(
+            rows, coupled = add_relu_coupling(
                 b, zhat, zhat_h, z, zh, diff.pre.lower[k], diff.pre.upper[k], f"md{k}.relu"
             )
+            stats["md_rows"] += rows
+        if options.md:
+            implied = None
+            if options.md_pre:  # the coupling's implication needs dhat's interval as a row
+                implied = implied_post_rows(diff.pre.lower[k], diff.pre.upper[k], diff.post.lower[k],
+                                            diff.post.upper[k], coupled, (nu <= 0) & (hu <= 0))
+            stats["md_rows"] += add_matching(b, z, zh, diff.post.lower[k], diff.post.upper[k], f"md{k}.post",
+                                             implied=implied)
 
     s, sh = z, zh
     nl, nu = n_bounds.lower[-1], n_bounds.upper[-1]
