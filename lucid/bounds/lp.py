@@ -97,7 +97,7 @@ class LpBoundSolver:
     def _run(self, seconds: float) -> bool:
         # HiGHS compares time_limit with the run time summed over every run() of this object
         # (highspy 1.15): a fixed limit made every LP after the first 10 s return "time limit",
-        # which silently ended OBBT after ~10 s of LPs (95 of 214 on an Adult 2x50 singleton)
+        # which silently ended OBBT after ~10 s of LPs (41 of 268 on an Adult 2x50 singleton)
         self.h.setOptionValue("time_limit", float(self.h.getRunTime() + seconds))
         self.h.run()
         return self.h.getModelStatus() == self._ok
