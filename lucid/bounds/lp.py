@@ -78,15 +78,13 @@ class LpBoundSolver:
         # Warm primal simplex first; it can stall (measured: one Adult 2x50 OBBT LP in 308 ran
         # into the 10 s cap where the others took 0.06 s), so after PRIMAL_CAP it starts again
         # cold with dual simplex for the rest of the cap.
-        if not self._run(min(cap, PRIMAL_CAP)) and cap > PRIMAL_CAP:
+        solved = self._run(min(cap, PRIMAL_CAP))
+        if not solved and cap > PRIMAL_CAP:
             self.h.clearSolver()
             self.h.setOptionValue("simplex_strategy", 1)
             solved = self._run(cap - PRIMAL_CAP)
             self.h.setOptionValue("simplex_strategy", 4)
-            if not solved:
-                self.h.clearSolver()
-                return np.inf
-        elif self.h.getModelStatus() != self._ok:
+        if not solved:
             # Measured: primal simplex can stall for minutes on a bound LP of a Crypto 2x100 node.
             # Drop the basis it left so the next LP starts clean.
             self.h.clearSolver()
