@@ -26,11 +26,11 @@ from lucid.encodings.relu import encode_relu
 from lucid.hyper import HyperNetwork
 
 
-def _affine_rows(b: ModelBuilder, out_cols: np.ndarray, in_cols: np.ndarray, w: np.ndarray, lo, hi, name: str) -> None:
-    """Rows lo <= out - w @ in <= hi."""
+def _affine_rows(b: ModelBuilder, out_cols: np.ndarray, in_cols: np.ndarray, w: np.ndarray, lo, hi, name: str) -> np.ndarray:
+    """Rows lo <= out - w @ in <= hi; returns their indices."""
     n = len(out_cols)
     cols = np.concatenate([out_cols[:, None], np.broadcast_to(in_cols, (n, len(in_cols)))], 1)
-    b.add_rows(cols, np.concatenate([np.ones((n, 1)), -w], 1), lo, hi, name)
+    return b.add_rows(cols, np.concatenate([np.ones((n, 1)), -w], 1), lo, hi, name)
 
 
 def pre_row_implied(layer: int, exact: bool) -> bool:
@@ -93,6 +93,8 @@ def encode_idp(
         )
 
     cols: dict = {"n_pre": [], "h_pre": [], "n_post": [], "h_post": []}  # for bound tightening
+    # layer-0 pre-activations a backend may substitute out (lucid.encodings.inline)
+    defined: tuple[list, list] = ([], [])
     z, zh = x, x  # N's and N#'s current layer outputs
     for k in range(L):
         nl, nu = n_bounds.lower[k], n_bounds.upper[k]
@@ -100,13 +102,13 @@ def encode_idp(
         n_out = len(nl)
         zhat = b.add_vars(n_out, nl, nu, f"n{k}.zhat")
         bias = n_b0 if k == 0 else biases[k]
-        _affine_rows(b, zhat, z, weights[k], bias, bias, f"n{k}.aff")
+        n_rows = _affine_rows(b, zhat, z, weights[k], bias, bias, f"n{k}.aff")
         zhat_h = b.add_vars(n_out, hl, hu, f"h{k}.zhat")
         cols["n_pre"].append(zhat)
         cols["h_pre"].append(zhat_h)
         if exact:
             hb = h_b0_lo if k == 0 else hyper.b_lo[k]
-            _affine_rows(b, zhat_h, zh, hyper.w_lo[k], hb, hb, f"h{k}.aff")
+            h_rows = _affine_rows(b, zhat_h, zh, hyper.w_lo[k], hb, hb, f"h{k}.aff")
         else:
             blo = h_b0_lo if k == 0 else hyper.b_lo[k]
             bhi = h_b0_hi if k == 0 else hyper.b_hi[k]
@@ -114,6 +116,14 @@ def encode_idp(
             _affine_rows(b, zhat_h, zh, hyper.w_hi[k], -np.inf, bhi, f"h{k}.whi")
         if options.md_pre and not pre_row_implied(k, exact):
             stats["md_rows"] += add_matching(b, zhat, zhat_h, diff.pre.lower[k], diff.pre.upper[k], f"md{k}.pre")
+        if k == 0 and L > 1:
+            unstable = (nl < 0) & (nu > 0)
+            defined[0].append(zhat[unstable])
+            defined[1].append(n_rows[unstable])
+            if exact:
+                unstable = (hl < 0) & (hu > 0)
+                defined[0].append(zhat_h[unstable])
+                defined[1].append(h_rows[unstable])
         if k == L - 1:
             z, zh = zhat, zhat_h
             break
@@ -154,6 +164,8 @@ def encode_idp(
     beta = b.add_vars(1, min(max(beta_lower, floor), beta_ub), beta_ub, "beta")
     cols["beta"] = int(beta[0])
     stats["_columns"] = cols  # not JSON: dropped from reported statistics
+    if defined[0]:
+        stats["_defined"] = (np.concatenate(defined[0]), np.concatenate(defined[1]))
     b.objective[int(beta[0])] = 1.0
     # beta - s_c + s_t <= 0
     b.add_rows(

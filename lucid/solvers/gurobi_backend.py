@@ -1,4 +1,9 @@
-"""Gurobi backend (gurobipy matrix API: one addMVar + one addMConstr per row sense; ranged rows via slacks)."""
+"""Gurobi backend (gurobipy matrix API: one addMVar + one addMConstr per row sense; ranged rows via slacks).
+
+Gurobi gets the compact form of a model (lucid.encodings.inline: layer-0 pre-activations
+substituted out) and its solution is mapped back to the model's columns, so callers never see
+the difference; the size-limited licence is judged on that compact form.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ import time
 import numpy as np
 import scipy.sparse as sp
 
+from lucid.encodings.inline import inline_defined_columns
 from lucid.encodings.model import MilpModel
 from lucid.errors import SolverError
 from lucid.solvers.base import ERROR, INFEASIBLE, OPTIMAL, TIME_LIMIT, SolveResult, SolverOptions
@@ -54,7 +60,8 @@ def gurobi_size(model: MilpModel) -> tuple[int, int]:
     A ranged row lo <= a x <= hi becomes one equality a x - s = 0 with a slack s in [lo, hi]
     (what Gurobi's own range constraints do), not two inequalities: the matching dependencies
     are ranged, and splitting them pushed 1756-row models past the size-limited licence."""
-    return model.num_cols + int(_ranged(model.row_lower, model.row_upper).sum()), model.num_rows
+    compact, _ = inline_defined_columns(model)
+    return compact.num_cols + int(_ranged(compact.row_lower, compact.row_upper).sum()), compact.num_rows
 
 
 def _add_rows(m, x, A: sp.csr_matrix, lower: np.ndarray, upper: np.ndarray) -> None:
@@ -82,6 +89,8 @@ def solve_gurobi(
     from gurobipy import GRB
 
     t0 = time.perf_counter()
+    full = model
+    model, expand = inline_defined_columns(full)
     env = _env(options.verbose)
     try:
         m = gp.Model(env=env)
@@ -112,10 +121,13 @@ def solve_gurobi(
             if exc.errno == SIZE_LIMIT_ERRNO:
                 raise SolverError(
                     f"gurobi: model too large for the size-limited licence "
-                    "({} variables, {} constraints); use --solver highs".format(*gurobi_size(model))
+                    "({} variables, {} constraints); use --solver highs".format(*gurobi_size(full))
                 ) from exc
             raise SolverError(f"gurobi failed: {exc}") from exc
-        return _result(m, x, model, time.perf_counter() - t0, build_seconds)
+        result = _result(m, x, model, time.perf_counter() - t0, build_seconds)
+        if result.solution is not None:
+            result.solution = expand(result.solution)
+        return result
     finally:
         env.dispose()
 
