@@ -2,8 +2,8 @@
 
 A layer-0 pre-activation of an exact network is zhat = w x + b, one column and one equality row
 per neuron. Substituting it into the rows that use it removes both; on a Crypto 2x100 singleton
-that is 200 of 2056 rows, which is what lets the size-limited Gurobi licence (2000 rows) take
-the model at all. The rows that used zhat get 7 input coefficients instead of one.
+that is 184 of 2056 rows (1872 left), which is what lets the size-limited Gurobi licence (2000
+rows) take the model at all. The rows that used zhat get 7 input coefficients instead of one.
 
 The encoder marks the columns it allows (`meta["_defined"]`): unstable neurons only, whose
 column bounds [l, u] the ReLU rows already imply (a >= zhat, a <= zhat - l (1 - delta) and the

@@ -60,7 +60,10 @@ def gurobi_size(model: MilpModel) -> tuple[int, int]:
     A ranged row lo <= a x <= hi becomes one equality a x - s = 0 with a slack s in [lo, hi]
     (what Gurobi's own range constraints do), not two inequalities: the matching dependencies
     are ranged, and splitting them pushed 1756-row models past the size-limited licence."""
-    compact, _ = inline_defined_columns(model)
+    return _size(inline_defined_columns(model)[0])
+
+
+def _size(compact: MilpModel) -> tuple[int, int]:
     return compact.num_cols + int(_ranged(compact.row_lower, compact.row_upper).sum()), compact.num_rows
 
 
@@ -89,8 +92,7 @@ def solve_gurobi(
     from gurobipy import GRB
 
     t0 = time.perf_counter()
-    full = model
-    model, expand = inline_defined_columns(full)
+    model, expand = inline_defined_columns(model)
     env = _env(options.verbose)
     try:
         m = gp.Model(env=env)
@@ -121,10 +123,11 @@ def solve_gurobi(
             if exc.errno == SIZE_LIMIT_ERRNO:
                 raise SolverError(
                     f"gurobi: model too large for the size-limited licence "
-                    "({} variables, {} constraints); use --solver highs".format(*gurobi_size(full))
+                    "({} variables, {} constraints); use --solver highs".format(*_size(model))
                 ) from exc
             raise SolverError(f"gurobi failed: {exc}") from exc
         result = _result(m, x, model, time.perf_counter() - t0, build_seconds)
+        result.stats["gurobi_size"] = list(_size(model))  # (variables, constraints) it was given
         if result.solution is not None:
             result.solution = expand(result.solution)
         return result
