@@ -371,3 +371,25 @@ def test_checkpoint_state_keeps_the_gap_floor_and_peel_flags(tmp_path):
         del n["peel"]
     legacy = ClassState.from_json(0, old)  # a checkpoint written before these fields existed
     assert legacy.gap_floor == -math.inf and not legacy.nodes[3].peel
+
+
+def test_the_last_open_singleton_gets_the_remaining_time_instead_of_a_doubled_limit(tmp_path):
+    """Once nothing else can need a worker, a retry with a doubled limit would only restart it."""
+    values = np.concatenate([[0.0], [0.2, 0.5, 0.9]])
+
+    class NeedsTime(FakeAnalyser):  # a singleton is proved only with at least 20 s
+        def __call__(self, cls, positions, time_limit, cutoff=-math.inf, attempt=1):
+            out = super().__call__(cls, positions, time_limit, cutoff, attempt)
+            if len(positions) == 1 and time_limit < 20.0:
+                out.status, out.upper = "time_limit", out.upper + 0.5
+            return out
+
+    analyser = NeedsTime(values)
+    engine, _, _ = make_engine(tmp_path, values, analyser=analyser, workers=1, node_time_limit=1.0, time_limit=300.0)
+    cs = engine.run()[0]
+    assert cs.complete and cs.upper == pytest.approx(0.9)
+    singles = [(pos, a, limit) for pos, a, limit in analyser.attempts if len(pos) == 1]
+    # the top network's retry, with nothing else left, runs for the remaining time
+    assert [(pos, a) for pos, a, limit in singles if limit > 250.0] == [((3,), 2)]
+    # while other nodes still waited for the worker, retries doubled as before
+    assert [limit for pos, a, limit in singles if pos == (2,)] == [1.0, 2.0, 4.0, 8.0, 16.0, 32.0]

@@ -301,8 +301,27 @@ class Engine:
         if self.config.time_limit is not None:
             total = self.config.time_limit
             remaining = max(0.05, total - self.session_elapsed() - deadline_margin(total))
-            limit = remaining if limit is None else min(limit, remaining)
+            limit = remaining if limit is None or self._last_work(node) else min(limit, remaining)
         return limit
+
+    def _last_work(self, node: Node) -> bool:
+        """Whether no other work can ever wait for `node`'s worker: it is a singleton and every other
+        node of every unfinished class is a running singleton or finished (singletons never split).
+
+        Then a node time limit only restarts the node: Crypto 2x100's last network (class 1) ran
+        attempts of 480 s and 960 s to their limits, each one's OBBT and MILP tree thrown away, then
+        started again with 1920 s, while the second worker had nothing to do."""
+        if not node.is_singleton:
+            return False
+        for cs in self.states.values():
+            if cs.done:
+                continue
+            for other in cs.nodes.values():
+                if other is node or other.state in (SETTLED, STUCK, FINAL):
+                    continue
+                if other.state != RUNNING or not other.is_singleton:
+                    return False
+        return True
 
     def _submit_ready(self) -> None:
         """Fill free worker slots, one class after another (least busy class first)."""
