@@ -26,7 +26,8 @@ from lucid.encodings.relu import encode_relu
 from lucid.hyper import HyperNetwork
 
 
-def _affine_rows(b: ModelBuilder, out_cols: np.ndarray, in_cols: np.ndarray, w: np.ndarray, lo, hi, name: str) -> np.ndarray:
+def _affine_rows(b: ModelBuilder, out_cols: np.ndarray, in_cols: np.ndarray, w: np.ndarray, lo, hi,
+                 name: str) -> np.ndarray:
     """Rows lo <= out - w @ in <= hi; returns their indices."""
     n = len(out_cols)
     cols = np.concatenate([out_cols[:, None], np.broadcast_to(in_cols, (n, len(in_cols)))], 1)

@@ -101,7 +101,7 @@ def inline_defined_columns(model: MilpModel) -> tuple[MilpModel, Callable[[np.nd
         names=[model.names[j] for j in K] if model.names else [],
         row_names=[model.row_names[r] for r in keep] if model.row_names else [],
         input_columns=new_index[model.input_columns],
-        meta={k: v for k, v in model.meta.items() if k != "_defined"},
+        meta={k: v for k, v in model.meta.items() if not k.startswith("_")},  # column indices: stale here
     )
 
     def expand(solution: np.ndarray) -> np.ndarray:
