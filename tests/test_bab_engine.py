@@ -393,3 +393,19 @@ def test_the_last_open_singleton_gets_the_remaining_time_instead_of_a_doubled_li
     assert [(pos, a) for pos, a, limit in singles if limit > 250.0] == [((3,), 2)]
     # while other nodes still waited for the worker, retries doubled as before
     assert [limit for pos, a, limit in singles if pos == (2,)] == [1.0, 2.0, 4.0, 8.0, 16.0, 32.0]
+
+
+def test_a_class_that_has_not_queued_its_root_is_work_a_singleton_must_not_starve(tmp_path):
+    from lucid.bab.node import RUNNING, Node
+
+    values = np.concatenate([[0.0], [0.2, 0.5, 0.9]])
+    log = EventLog(tmp_path / "log.jsonl")
+    engine = Engine(ThreadExecutor(FakeAnalyser(values), 1), [0, 1], len(values), EngineConfig(time_limit=100.0),
+                    params=np.zeros((len(values), 2)), log=log)
+    node = Node(id=0, parent=None, positions=np.array([3]), upper=1.0, state=RUNNING)
+    engine.states[0].nodes[0] = node
+    assert not engine._last_work(node)  # class 1 will still queue a root
+    engine.states[1].done = True
+    assert engine._last_work(node)
+    engine.states[0].nodes[1] = Node(id=1, parent=None, positions=np.array([1, 2]), upper=1.0, state=RUNNING)
+    assert not engine._last_work(node)  # a running hyper-network node may split into new work

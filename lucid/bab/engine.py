@@ -316,6 +316,8 @@ class Engine:
         for cs in self.states.values():
             if cs.done:
                 continue
+            if not cs.nodes:
+                return False  # a class whose root is not queued yet (or about to finish)
             for other in cs.nodes.values():
                 if other is node or other.state in (SETTLED, STUCK, FINAL):
                     continue
