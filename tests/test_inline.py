@@ -68,8 +68,8 @@ def test_substitution_rounding_is_covered_exactly():
         x = [Fraction(0)] * n
         for i, k in enumerate(K):
             x[k] = Fraction(float(xk[i]))
-        for r, j in zip(R, J):  # zhat_j exactly from its defining row
-            row = D[list(R).index(r)]
+        for i, (r, j) in enumerate(zip(R, J)):  # zhat_j exactly from its defining row
+            row = D[i]
             coef = Fraction(float(A[r, j]))
             rest = sum(Fraction(float(v)) * x[c] for c, v in zip(row.indices, row.data) if c != j)
             x[j] = (Fraction(float(model.row_lower[r])) - rest) / coef

@@ -22,7 +22,7 @@ from lucid.encodings.builder import ModelBuilder
 from lucid.encodings.matching import add_matching, add_relu_coupling, implied_post_rows
 from lucid.encodings.model import MilpModel
 from lucid.encodings.relax import relax_if_similar
-from lucid.encodings.relu import encode_relu
+from lucid.encodings.relu import encode_relu, stability
 from lucid.hyper import HyperNetwork
 
 
@@ -118,11 +118,11 @@ def encode_idp(
         if options.md_pre and not pre_row_implied(k, exact):
             stats["md_rows"] += add_matching(b, zhat, zhat_h, diff.pre.lower[k], diff.pre.upper[k], f"md{k}.pre")
         if k == 0 and L > 1:
-            unstable = (nl < 0) & (nu > 0)
+            unstable = stability(nl, nu)[2]
             defined[0].append(zhat[unstable])
             defined[1].append(n_rows[unstable])
             if exact:
-                unstable = (hl < 0) & (hu > 0)
+                unstable = stability(hl, hu)[2]
                 defined[0].append(zhat_h[unstable])
                 defined[1].append(h_rows[unstable])
         if k == L - 1:
@@ -146,7 +146,8 @@ def encode_idp(
             implied = None
             if options.md_pre:  # the coupling's implication needs dhat's interval as a row
                 implied = implied_post_rows(diff.pre.lower[k], diff.pre.upper[k], diff.post.lower[k],
-                                            diff.post.upper[k], coupled, (nu <= 0) & (hu <= 0))
+                                            diff.post.upper[k], coupled,
+                                            stability(nl, nu)[1] & stability(hl, hu)[1])
             stats["md_rows"] += add_matching(b, z, zh, diff.post.lower[k], diff.post.upper[k], f"md{k}.post",
                                              implied=implied)
 

@@ -80,11 +80,11 @@ def inline_defined_columns(model: MilpModel) -> tuple[MilpModel, Callable[[np.nd
     if not np.all(np.isfinite(col_mag[used])):
         return model, _identity
     col_mag = np.where(np.isfinite(col_mag), col_mag, 0.0)
-    err = gamma * (mag @ col_mag + abs(CJ) @ np.abs(t))
     lower = model.row_lower[keep] - shift
     upper = model.row_upper[keep] - shift
-    err = np.where(touched, (err + _U * (np.abs(np.where(np.isfinite(lower), lower, 0.0))
-                                         + np.abs(np.where(np.isfinite(upper), upper, 0.0)))) * 2.0 + 1e-300, 0.0)
+    finite_abs = lambda v: np.where(np.isfinite(v), np.abs(v), 0.0)  # noqa: E731
+    # ... plus the rounding of the two subtractions above and of the widening itself
+    err = 2.0 * (gamma * (mag @ col_mag + abs(CJ) @ np.abs(t)) + _U * (finite_abs(lower) + finite_abs(upper))) + 1e-300
     lower = np.where(touched, lower - err, model.row_lower[keep])
     upper = np.where(touched, upper + err, model.row_upper[keep])
     new_index = np.full(n, -1, dtype=np.int64)

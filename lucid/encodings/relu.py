@@ -11,6 +11,13 @@ import numpy as np
 from lucid.encodings.builder import ModelBuilder
 
 
+def stability(lower: np.ndarray, upper: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(stably active, stably inactive, unstable) masks of neurons with pre-activation bounds [lower, upper]."""
+    active = lower >= 0
+    inactive = upper <= 0
+    return active, inactive, ~active & ~inactive
+
+
 def encode_relu(
     b: ModelBuilder,
     zhat: np.ndarray,
@@ -27,9 +34,7 @@ def encode_relu(
     n = len(zhat)
     relax = np.zeros(n, dtype=bool) if relax is None else np.asarray(relax, dtype=bool)
     z = np.array(zhat, dtype=np.int64, copy=True)
-    active = lower >= 0
-    inactive = upper <= 0
-    unstable = ~active & ~inactive
+    active, inactive, unstable = stability(lower, upper)
     n_inactive = int(inactive.sum())
     if n_inactive:
         z[inactive] = b.add_vars(n_inactive, 0.0, 0.0, f"{name}.off")
