@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from lucid.bab.engine import ClassState, Engine, EngineConfig
+from lucid.bab.engine import RETRY_GROWTH, ClassState, Engine, EngineConfig
 from lucid.bab.events import EventLog, read_events
 from lucid.bab.split import choose_k, split_positions
 from lucid.bab.workers import ThreadExecutor
@@ -330,7 +330,7 @@ def test_nodes_stop_before_the_session_deadline_so_their_bounds_count(tmp_path):
     assert cs.upper >= 1.0 - 1e-12
 
 
-def test_an_unproved_singleton_is_retried_with_its_attempt_number_and_a_doubled_limit(tmp_path):
+def test_an_unproved_singleton_is_retried_with_its_attempt_number_and_a_longer_limit(tmp_path):
     """The analyser is told which attempt it serves (the verifier tightens bounds only on retries)."""
     values = np.concatenate([[0.0], np.linspace(0, 1, 6)])
 
@@ -346,7 +346,7 @@ def test_an_unproved_singleton_is_retried_with_its_attempt_number_and_a_doubled_
     cs = engine.run()[0]
     assert cs.complete and cs.upper == pytest.approx(1.0)
     top = [(a, limit) for pos, a, limit in analyser.attempts if pos == (6,)]
-    assert top[0] == (1, 3.0) and (2, 6.0) in top
+    assert top[0] == (1, 3.0) and (2, 3.0 * RETRY_GROWTH) in top
 
 
 def test_default_node_time_limit_is_a_share_of_the_total():
@@ -373,8 +373,8 @@ def test_checkpoint_state_keeps_the_gap_floor_and_peel_flags(tmp_path):
     assert legacy.gap_floor == -math.inf and not legacy.nodes[3].peel
 
 
-def test_the_last_open_singleton_gets_the_remaining_time_instead_of_a_doubled_limit(tmp_path):
-    """Once nothing else can need a worker, a retry with a doubled limit would only restart it."""
+def test_the_last_open_singleton_gets_the_remaining_time_instead_of_a_longer_limit(tmp_path):
+    """Once nothing else can need a worker, a retry with a longer limit would only restart it."""
     values = np.concatenate([[0.0], [0.2, 0.5, 0.9]])
 
     class NeedsTime(FakeAnalyser):  # a singleton is proved only with at least 20 s
@@ -391,8 +391,8 @@ def test_the_last_open_singleton_gets_the_remaining_time_instead_of_a_doubled_li
     singles = [(pos, a, limit) for pos, a, limit in analyser.attempts if len(pos) == 1]
     # the top network's retry, with nothing else left, runs for the remaining time
     assert [(pos, a) for pos, a, limit in singles if limit > 250.0] == [((3,), 2)]
-    # while other nodes still waited for the worker, retries doubled as before
-    assert [limit for pos, a, limit in singles if pos == (2,)] == [1.0, 2.0, 4.0, 8.0, 16.0, 32.0]
+    # while other nodes still waited for the worker, retries grew geometrically as before
+    assert [limit for pos, a, limit in singles if pos == (2,)] == [1.0, RETRY_GROWTH, RETRY_GROWTH ** 2, RETRY_GROWTH ** 3]
 
 
 def test_a_class_that_has_not_queued_its_root_is_work_a_singleton_must_not_starve(tmp_path):
