@@ -409,3 +409,37 @@ def test_a_class_that_has_not_queued_its_root_is_work_a_singleton_must_not_starv
     assert engine._last_work(node)
     engine.states[0].nodes[1] = Node(id=1, parent=None, positions=np.array([1, 2]), upper=1.0, state=RUNNING)
     assert not engine._last_work(node)  # a running hyper-network node may split into new work
+
+
+@pytest.mark.parametrize("rel_gap", [0.0, 0.05])
+def test_the_first_singletons_seek_leaks_below_the_cutoff_once(tmp_path, rel_gap):
+    """Under a tolerance, a class's first singleton per worker is analysed without the cutoff (a
+    floored model could never find a leak between the best lower bound and the cutoff); every
+    other analysis, and that singleton's own retry, gets the cutoff. Exact mode has nothing to seek."""
+    values = np.concatenate([[0.0], np.linspace(0.1, 1.0, 10)])
+
+    class TopTimesOutFirst(FakeAnalyser):
+        def __call__(self, cls, positions, time_limit, cutoff=-math.inf, attempt=1):
+            out = super().__call__(cls, positions, time_limit, cutoff, attempt)
+            if tuple(positions) == (10,) and attempt == 1:  # no leak found, a weak bound: retried
+                out.status, out.upper, out.lower = "time_limit", out.upper + 0.5, None
+            return out
+
+    analyser = TopTimesOutFirst(values, slack=0.5)
+    engine, _, log = make_engine(tmp_path, values, analyser=analyser, workers=2, node_time_limit=5.0,
+                                 rel_gap=rel_gap, screen=lambda c, pos: values[pos] + 0.01)
+    cs = engine.run()[0]
+    log.close()
+    assert cs.done and cs.upper >= values.max() - 1e-12
+    started = [e for e in read_events(tmp_path / "log.jsonl") if e["event"] == "started"]
+    sought = [e for e in started if e.get("seek")]
+    singles = [(pos, cut, a) for pos, cut, (_, a, _) in zip(analyser.calls, analyser.cutoffs, analyser.attempts)
+               if len(pos) == 1]
+    unfloored = [(pos, a) for pos, cut, a in singles if cut == -math.inf]
+    if rel_gap == 0:
+        assert not sought and cs.seekers == 0
+    else:
+        assert 1 <= len(sought) <= 2 and all(e["size"] == 1 and e["attempt"] == 1 for e in sought)
+        assert len(unfloored) == len(sought) == cs.seekers and all(a == 1 for _, a in unfloored)
+        assert any(pos == (10,) and a > 1 and math.isfinite(cut) for pos, cut, a in singles)
+    assert ClassState.from_json(0, cs.to_json()).seekers == cs.seekers
