@@ -91,6 +91,62 @@ def _lucid(*args, **kw) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "lucid", *args], capture_output=True, text=True, **kw)
 
 
+def _children(pid: int) -> set[int]:
+    out = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.add(int(stat.parent.name))
+    return out
+
+
+def _alive(pids: set[int]) -> set[int]:
+    return {p for p in pids if Path(f"/proc/{p}").exists() and "Z" not in Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[0]}
+
+
+def _start_and_wait_for_workers(run: Path, args: list[str]) -> tuple[subprocess.Popen, set[int]]:
+    proc = subprocess.Popen([sys.executable, "-m", "lucid", *args], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    ckpt = run / "verify.checkpoint.json"
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            if sum(c["solved"] for c in json.loads(ckpt.read_text())["classes"].values()) >= 2:
+                break
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.02)
+    assert proc.poll() is None, "verification finished before it could be stopped: enlarge the fixture"
+    workers = _children(proc.pid)
+    assert len(workers) >= 2
+    return proc, workers
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL])
+def test_a_stopped_driver_leaves_no_worker_behind(tmp_path, how):
+    """SIGTERM is handled like Ctrl-C (checkpoint, one line, exit 130); after SIGKILL, which cannot be
+    handled, the workers still end with their driver instead of solving MILPs for nobody."""
+    run = write_tiny_run(tmp_path / "run", networks=24, seed=5)
+    args = ["verify", str(run), "--workers", "2", "--no-ris", "--no-screen", "--no-search", "--quiet"]
+    proc, workers = _start_and_wait_for_workers(run, args)
+    os.kill(proc.pid, how)
+    _, err = proc.communicate(timeout=60)
+    deadline = time.monotonic() + 20
+    while _alive(workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(workers), f"orphaned workers {_alive(workers)}"
+    if how == signal.SIGTERM:
+        assert proc.returncode == 130 and "interrupted" in err and "Traceback" not in err, err
+        state = json.loads((run / "verify.checkpoint.json").read_text())
+        assert sum(c["solved"] for c in state["classes"].values()) >= 2
+        resumed = _lucid(*args, "--resume")
+        assert resumed.returncode == 0, resumed.stderr
+
+
 def test_kill_and_resume_gives_the_same_bounds(tmp_path):
     run = write_tiny_run(tmp_path / "run", networks=16, seed=5)
     args = ["verify", str(run), "--workers", "1", "--no-ris", "--no-screen", "--no-search", "--quiet"]

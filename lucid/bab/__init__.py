@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import math
 import os
+import signal
+import threading
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from lucid.errors import LucidError
 
@@ -91,6 +93,19 @@ def _reconcile_with_log(states: dict, log_path: Path, result_options: dict, fing
         if e.get("event") == "anytime" and e.get("class") in states and e.get("upper") is not None:
             cs = states[e["class"]]
             cs.upper = min(cs.upper, float(e["upper"]))
+
+
+def _terminate_as_interrupt() -> Callable[[], None]:
+    """Treat SIGTERM (kill, timeout, a job scheduler) like Ctrl-C: checkpoint, stop the workers,
+    exit 130. Returns the function that restores the previous handler (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    return lambda: signal.signal(signal.SIGTERM, previous)
 
 
 def verify_run(
@@ -238,6 +253,7 @@ def verify_run(
 
     title = f"lucid verify {run_path.name} ({solver}, {executor.capacity} workers)"
     engine = None
+    restore = _terminate_as_interrupt()
     try:
         with LiveDisplay(title, enabled=progress) as display:
             engine = Engine(
@@ -251,6 +267,7 @@ def verify_run(
             checkpoint(engine)  # the anytime bounds so far are sound; resume continues from here
         raise
     finally:
+        restore()
         executor.close()
         log.close()
     result = bounds_json(engine)

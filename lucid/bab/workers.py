@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import multiprocessing
+import os
 import queue
 from typing import Any, Callable
 
@@ -88,14 +89,47 @@ class ThreadExecutor(Executor):
 _WORKER_STATE: dict = {}
 
 
-def _init_worker(problem: Any, settings: dict) -> None:
+def _init_worker(problem: Any, settings: dict, driver_pid: int | None = None) -> None:
     import signal
 
     # Ctrl-C is handled by the driver (it checkpoints and stops the pool); workers must not print
     # their own KeyboardInterrupt tracebacks.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if driver_pid is not None:
+        _die_with(driver_pid)
     _WORKER_STATE["problem"] = problem
     _WORKER_STATE["settings"] = settings
+
+
+def _die_with(driver_pid: int) -> None:
+    """End this worker when the driver dies without stopping the pool (SIGKILL, a crash).
+
+    Otherwise the worker finishes its MILP and any queued ones for nobody (seen: two orphans at
+    full load for an hour after their driver was killed, halving the next run's speed). Linux
+    kills it with the driver (PR_SET_PDEATHSIG); elsewhere a daemon thread polls the parent pid."""
+    import os
+    import signal
+    import sys
+    import threading
+    import time
+
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            if ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL)) == 0:  # PR_SET_PDEATHSIG
+                if os.getppid() != driver_pid:  # it died before the request was in place
+                    os._exit(1)
+                return
+        except (OSError, AttributeError):
+            pass
+
+    def watch() -> None:
+        while os.getppid() == driver_pid:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="lucid-driver-watch", daemon=True).start()
 
 
 def analyse_with(problem: Any, settings: dict, cls: int, positions: np.ndarray, time_limit: float | None,
@@ -169,7 +203,7 @@ class ProcessExecutor(Executor):
             max_workers=workers,
             mp_context=multiprocessing.get_context("spawn"),
             initializer=_init_worker,
-            initargs=(problem, settings),
+            initargs=(problem, settings, os.getpid()),
         )
 
     def submit(self, key, cls, positions, time_limit, cutoff, attempt=1):
