@@ -381,7 +381,7 @@ class Engine:
 
         Under a cutoff every model is restricted to beta above lower + tolerance, so a leak below that
         level is never found by the MILPs that could see it: on Adult 2x50 (class 0) the second-ranked
-        network leaks at 0.01875, 3.4 % above the root's 0.01813, and the run found it only after
+        network leaks at 0.01875, 3.4 % above the root MILP's best (0.01813); session 6 found it only after
         2972 s, in that network's retry; a first attempt without the cutoff finds it within 60 s and
         raises the level every later singleton has to be proved below."""
         return (node.is_singleton and node.attempts == 0 and cs.seekers < self.executor.capacity

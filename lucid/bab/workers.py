@@ -107,7 +107,6 @@ def _die_with(driver_pid: int) -> None:
     Otherwise the worker finishes its MILP and any queued ones for nobody (seen: two orphans at
     full load for an hour after their driver was killed, halving the next run's speed). Linux
     kills it with the driver (PR_SET_PDEATHSIG); elsewhere a daemon thread polls the parent pid."""
-    import os
     import signal
     import sys
     import threading
