@@ -104,7 +104,16 @@ def _children(pid: int) -> set[int]:
 
 
 def _alive(pids: set[int]) -> set[int]:
-    return {p for p in pids if Path(f"/proc/{p}").exists() and "Z" not in Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[0]}
+    """The processes among `pids` that still exist and are not zombies."""
+    out = set()
+    for p in pids:
+        try:
+            state = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:  # gone meanwhile
+            continue
+        if state != "Z":
+            out.add(p)
+    return out
 
 
 def _start_and_wait_for_workers(run: Path, args: list[str]) -> tuple[subprocess.Popen, set[int]]:
