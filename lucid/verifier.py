@@ -25,6 +25,7 @@ from lucid.encodings.idp import encode_idp, possible_targets
 from lucid.encodings.model import MilpModel
 from lucid.errors import LucidError, UnsoundSolverResult
 from lucid.hyper import HyperNetwork, hyper_network
+from lucid.kept_trees import KEPT, KeptTree
 from lucid.network import NetworkStack
 from lucid.replay import LeakWitness, find_leak, search_node_witness
 from lucid.solvers.base import ERROR, INFEASIBLE, OPTIMAL, TIME_LIMIT, SolveResult, SolverOptions
@@ -175,12 +176,14 @@ def _fallback_solvers(solver: str) -> list[str]:
     return order
 
 
-def _solve_checked(model: MilpModel, solver: str, options: SolverOptions) -> SolveResult:
-    """Solve; a result the solver layer proves unsound is retried with other backends."""
-    from lucid.solvers import solve
+def _solve_checked(model: MilpModel, solver: str, options: SolverOptions, keep: bool = False,
+                   tree: object | None = None) -> SolveResult:
+    """Solve (or continue the kept `tree` of this model); a result the solver layer proves unsound
+    is retried from scratch with other backends."""
+    from lucid.solvers import resume, solve
 
     try:
-        return solve(model, solver, options)
+        return resume(tree, options) if tree is not None else solve(model, solver, options, keep=keep)
     except UnsoundSolverResult as exc:
         log.error("UNSOUND solver result, falling back: %s", exc)
     for other in _fallback_solvers(solver):
@@ -203,6 +206,7 @@ def analyse_node(
     encoding: EncodingOptions | None = None,
     cutoff: float = -math.inf,
     attempt: int = 1,
+    keep_trees: bool = False,
 ) -> NodeOutcome:
     """Sound bounds on beta*_{cls,S} for the networks S at `positions` (>= 1) of the stack.
 
@@ -213,13 +217,24 @@ def analyse_node(
     beta*_{cls,S}. Without it the bound is as tight as the solver gets it.
 
     `attempt`: how often the caller has asked for this node (1 = first). Under a cutoff the first
-    attempt is a plain bound-focused MILP (see `_solve_group`); later ones add bound tightening."""
+    attempt is a plain bound-focused MILP (see `_solve_group`); later ones add bound tightening.
+
+    `keep_trees`: a singleton retry that stops at its time limit keeps its solver tree in this
+    process, and the next retry of the same node continues it (`lucid.kept_trees`)."""
     t0 = time.perf_counter()
     encoding = encoding or EncodingOptions()
     solver_options = solver_options or SolverOptions()
     positions = np.asarray(positions, dtype=np.int64)
     if positions.size == 0 or positions.min() < 1 or positions.max() >= len(problem.stack):
         raise ValueError(f"positions must index leave-one-out networks 1..{len(problem.stack) - 1}")
+    # A singleton's retries keep their time-limited MILP (lucid.kept_trees); the next retry continues it.
+    keep_key = (int(cls), tuple(int(p) for p in positions)) if keep_trees and positions.size == 1 and attempt > 1 else None
+    if keep_key is not None:
+        kept = KEPT.take(problem, keep_key)
+        if kept is not None and kept.level >= _slack(cutoff):
+            return _continue_kept(problem, kept, cls, positions, solver, solver_options, t0)
+        if kept is not None:  # the cutoff rose since: that model answers a weaker question
+            kept.release()
     hyper = hyper_network(problem.stack, positions)
     diff = node_difference_bounds(problem, hyper)
     targets = possible_targets(cls, diff.hyper)
@@ -250,7 +265,7 @@ def analyse_node(
         usable = known if known is not None and len(groups) == 1 else None
         solved = _solve_group(problem, hyper, diff, cls, group, encoding, solver, opts, positions, usable,
                               search=encoding.search and len(groups) == 1 and not first_cut, cutoff=cutoff,
-                              plain=first_cut)
+                              plain=first_cut, keep_key=keep_key if len(groups) == 1 else None)
         if solved is None:
             continue
         bound, result, witness, info = solved
@@ -259,6 +274,10 @@ def analyse_node(
         if witness is not None and (best is None or witness.confidence > best.confidence):
             best = witness
         stats["solves"].append({"targets": group, **result.to_json(), **info})
+    return _outcome(upper, statuses, best, stats, t0)
+
+
+def _outcome(upper: float, statuses: list[str], best: LeakWitness | None, stats: dict, t0: float) -> NodeOutcome:
     if not statuses:
         return NodeOutcome(-math.inf, None, None, None, INFEASIBLE, time.perf_counter() - t0, stats)
     status = ERROR if ERROR in statuses else TIME_LIMIT if TIME_LIMIT in statuses else OPTIMAL if OPTIMAL in statuses else INFEASIBLE
@@ -267,6 +286,8 @@ def analyse_node(
         upper, status = math.inf, ERROR
     for key in ("binaries", "relaxed", "binaries_n", "binaries_hyper", "md_rows"):
         stats[key] = sum(s.get(key, 0) for s in stats["solves"])
+    if any(s.get("kept") for s in stats["solves"]):
+        stats["kept"] = True  # the executor sends the node's next retry to this worker
     return NodeOutcome(
         upper=upper,
         lower=None if best is None else best.confidence,
@@ -295,12 +316,14 @@ def _user_bound(result: SolveResult, model: MilpModel) -> float:
 
 
 def _solve_once(problem, model: MilpModel, cls: int, solver: str, opts: SolverOptions, positions: np.ndarray,
-                known: LeakWitness | None = None, floor: float = -math.inf):
+                known: LeakWitness | None = None, floor: float = -math.inf, keep: bool = False,
+                tree: object | None = None):
     """Solve, add the safety margin, replay the witness; a bound below the replayed witness or a
     `known` one (HiGHS once fell 1.3e-5 below a searched witness after root cuts, with no
     incumbent of its own) is a solver failure and the model goes to another backend.
-    `floor`: the model only has the points with beta >= floor, so its bound is max(dual, floor)."""
-    result = _solve_checked(model, solver, opts)
+    `floor`: the model only has the points with beta >= floor, so its bound is max(dual, floor).
+    `keep` / `tree`: ask for a continuable result / continue a kept one (`lucid.kept_trees`)."""
+    result = _solve_checked(model, solver, opts, keep=keep, tree=tree)
     bound = max(_user_bound(result, model), floor)
     witness = None
     if result.solution is not None:
@@ -311,6 +334,8 @@ def _solve_once(problem, model: MilpModel, cls: int, solver: str, opts: SolverOp
             "UNSOUND: %s proved %.9g for class %d but a replayed witness reaches %.9g; retrying with other solvers",
             result.solver, bound, cls, strongest.confidence,
         )
+        if result.tree is not None:
+            result.tree.release()
         result = _retry_other(model, solver, opts, strongest)
         bound = max(_user_bound(result, model), floor)
     return bound, result, witness
@@ -323,7 +348,7 @@ def _json_num(v: float) -> float | str:
 
 def _solve_group(problem, hyper, diff, cls, group, encoding: EncodingOptions, solver, opts: SolverOptions, positions,
                  known: LeakWitness | None = None, search: bool = False, cutoff: float = -math.inf,
-                 plain: bool = False):
+                 plain: bool = False, keep_key: tuple | None = None):
     """Bound the node for the targets `group`, using a known replayed witness when there is one.
 
     A known witness gives a true lower bound LB, so the MILP may be restricted to beta >= LB
@@ -422,8 +447,18 @@ def _solve_group(problem, hyper, diff, cls, group, encoding: EncodingOptions, so
         rest.focus = "bound"  # the lower bound is the witness's: spend the time on the dual bound
     if opts.time_limit is not None:
         rest.time_limit = max(opts.time_limit - (time.perf_counter() - t_start), 0.1)
-    bound2, result2, witness2 = _solve_once(problem, model, cls, solver, rest, positions, known=witness,
-                                            floor=level())
+    if keep_key is not None:
+        info["targets"] = list(group)
+    return _final_solve(problem, model, cls, solver, rest, positions, witness, bound, level(), info, keep_key)
+
+
+def _final_solve(problem, model: MilpModel, cls: int, solver: str, opts: SolverOptions, positions: np.ndarray,
+                 witness: LeakWitness | None, bound: float, level: float, info: dict, keep_key: tuple | None,
+                 tree: object | None = None):
+    """The node's last MILP (or the continuation of its kept `tree`); with `keep_key` a time-limited
+    one is kept in this process for the node's next retry."""
+    bound2, result2, witness2 = _solve_once(problem, model, cls, solver, opts, positions, known=witness,
+                                            floor=level, keep=keep_key is not None, tree=tree)
     if witness2 is not None and (witness is None or witness2.confidence > witness.confidence):
         witness = witness2
     best_bound = min(bound, bound2)
@@ -431,7 +466,28 @@ def _solve_group(problem, hyper, diff, cls, group, encoding: EncodingOptions, so
         log.error("UNSOUND: bound %.9g is below a replayed witness %.9g; claiming nothing for this node", best_bound, witness.confidence)
         result2.status, best_bound = ERROR, math.inf
     result2.upper_bound = best_bound
+    info.pop("kept", None)
+    if result2.tree is not None:
+        if keep_key is not None and result2.status == TIME_LIMIT:
+            KEPT.put(KeptTree(problem, keep_key, result2.tree, model, level, bound, witness, dict(info)))
+            info["kept"] = True
+        else:
+            result2.tree.release()
+        result2.tree = None
     return best_bound, result2, witness, info
+
+
+def _continue_kept(problem, kept: KeptTree, cls: int, positions: np.ndarray, solver: str, options: SolverOptions,
+                   t0: float) -> NodeOutcome:
+    """The node's retry: its kept MILP runs on from where its last time limit stopped it."""
+    info = dict(kept.info, resumed=True)
+    bound, result, witness, info = _final_solve(problem, kept.model, cls, solver, SolverOptions(**vars(options)),
+                                                positions, kept.witness, kept.bound, kept.level, info, kept.key,
+                                                tree=kept.tree)
+    stats: dict = {"networks": int(positions.size), "solves": [{**result.to_json(), **info}]}
+    if "tree_seconds" in result.stats:
+        stats["tree_seconds"] = result.stats["tree_seconds"]
+    return _outcome(bound, [result.status], witness, stats, t0)
 
 
 def _empty(witness: LeakWitness | None, info: dict):

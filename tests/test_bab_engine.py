@@ -8,8 +8,11 @@ approximation, exact for singletons) and, as the replayed witness, v of the set'
 
 from __future__ import annotations
 
+import concurrent.futures as cf
+import heapq
 import math
 import threading
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -18,7 +21,7 @@ import pytest
 from lucid.bab.engine import RETRY_GROWTH, ClassState, Engine, EngineConfig
 from lucid.bab.events import EventLog, read_events
 from lucid.bab.split import choose_k, split_positions
-from lucid.bab.workers import ThreadExecutor
+from lucid.bab.workers import Executor, ThreadExecutor
 
 
 @dataclass
@@ -443,3 +446,78 @@ def test_the_first_singletons_seek_leaks_below_the_cutoff_once(tmp_path, rel_gap
         assert len(unfloored) == len(sought) == cs.seekers and all(a == 1 for _, a in unfloored)
         assert any(pos == (10,) and a > 1 and math.isfinite(cut) for pos, cut, a in singles)
     assert ClassState.from_json(0, cs.to_json()).seekers == cs.seekers
+
+
+def test_a_retried_singleton_goes_ahead_of_higher_nodes_on_all_but_one_worker(tmp_path):
+    """Longest work first: a retry (it used a whole node limit and cannot be split) starts before
+    pending nodes with higher bounds, on at most capacity - 1 workers; with one worker, best-first."""
+    values = np.concatenate([[0.0], np.linspace(0.1, 1.0, 40)])
+    slow = 39  # the second-ranked network: its first attempt ends at its time limit
+
+    class SlowOnce(FakeAnalyser):
+        def __call__(self, cls, positions, time_limit, cutoff=-math.inf, attempt=1):
+            out = super().__call__(cls, positions, time_limit, cutoff, attempt)
+            if tuple(positions) == (slow,) and attempt == 1:
+                out.status, out.upper = "time_limit", out.upper + 0.1
+            return out
+
+    for workers in (1, 2):
+        path = tmp_path / str(workers)
+        path.mkdir()
+        analyser = SlowOnce(values, slack=0.02)
+        engine, _, log = make_engine(path, values, analyser=analyser, workers=workers, node_time_limit=5.0,
+                                     screen=lambda c, pos: values[pos] + 0.3)
+        cs = engine.run()[0]
+        log.close()
+        assert cs.complete and cs.upper == pytest.approx(1.0)
+        events = read_events(path / "log.jsonl")
+        retry_start = next(i for i, e in enumerate(events) if e["event"] == "started" and e["attempt"] == 2)
+        retry_upper = events[retry_start]["upper"]
+        queued_before = {e["node"] for e in events[:retry_start] if e["event"] == "queued"}
+        overtaken = [e for e in events[retry_start:] if e["event"] == "started" and e["node"] in queued_before
+                     and e["upper"] > retry_upper]
+        assert bool(overtaken) == (workers == 2), (workers, overtaken)
+
+
+class RecordingExecutor(Executor):
+    """Takes submissions and runs nothing (the engine's choices, without thread timing)."""
+
+    def __init__(self, capacity):
+        super().__init__()
+        self.capacity = capacity
+        self.sent = []
+
+    def submit(self, key, cls, positions, time_limit, cutoff, attempt=1, threads=1):
+        self.sent.append((key, tuple(int(p) for p in positions), time_limit, threads))
+        self._watch(key, cf.Future(), worker=len(self._where))
+
+
+def test_only_the_last_work_gets_the_idle_workers_threads(tmp_path):
+    from lucid.bab.node import PENDING, Node
+
+    values = np.concatenate([[0.0], [0.2, 0.5, 0.9]])
+    executor = RecordingExecutor(2)
+    engine = Engine(executor, [0], len(values), EngineConfig(time_limit=300.0, node_time_limit=1.0),
+                    params=np.zeros((len(values), 2)), log=EventLog(tmp_path / "log.jsonl"))
+    engine._t0 = engine._session_t0 = time.monotonic()
+    cs = engine.states[0]
+
+    def pending(node_id, positions, attempts=1):
+        cs.nodes[node_id] = Node(id=node_id, parent=None, positions=np.array(positions), upper=1.0, state=PENDING,
+                                 attempts=attempts)
+        heapq.heappush(cs.pending_heap, (-1.0, node_id))
+
+    pending(1, [3])
+    pending(2, [1, 2])  # a hyper-network node: it may split into more work
+    engine._submit_ready()
+    assert [threads for *_, threads in executor.sent] == [1, 1]
+    executor.sent.clear()
+    executor.completed(0.01)
+    executor._where.clear(), executor._futures.clear()
+    for node in cs.nodes.values():
+        node.state = "closed"
+    cs.nodes.clear()
+    pending(3, [3], attempts=2)  # the only work left: it gets both workers' threads and the remaining time
+    engine._submit_ready()
+    ((_, _, limit, threads),) = executor.sent
+    assert threads == 2 and limit > 250.0

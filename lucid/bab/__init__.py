@@ -214,6 +214,9 @@ def verify_run(
     if workers is None and scheduler is None:
         workers = os.cpu_count() or 1
     workers = None if workers is None else int(workers)
+    # A retry's solver tree is kept for the next retry in the worker (lucid.kept_trees), except on
+    # Dask, which decides itself where a task runs.
+    settings["keep_trees"] = scheduler is None
     if scheduler is not None:
         executor = DaskExecutor(problem, settings, scheduler, workers)
     elif workers == 1:

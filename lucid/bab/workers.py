@@ -1,10 +1,14 @@
 """Where node MILPs run: in-process threads, a local process pool, or a Dask cluster.
 
 The branch-and-bound queue always stays in the driver; an executor only answers
-"analyse (class, network positions) within this time limit". Every MILP is solved with one thread,
-so N workers solve N nodes at once. The verification problem (all networks, the domain, N's bounds)
-is shipped to each worker once — via the pool initializer, or scattered to every Dask worker — not
-with every task.
+"analyse (class, network positions) within this time limit". A MILP is solved with one thread, so
+N workers solve N nodes at once; only the last node of a verification gets the idle workers'
+threads. The verification problem (all networks, the domain, N's bounds) is shipped to each worker
+once — via the pool initializer, or scattered to every Dask worker — not with every task.
+
+A singleton retry's time-limited MILP stays in the worker that solved it (`lucid.kept_trees`);
+the process executor remembers which worker that is, so the engine can send the node's next retry
+there and the solver continues its tree (`Executor.continuable`).
 """
 
 from __future__ import annotations
@@ -33,14 +37,28 @@ class Executor:
     def __init__(self) -> None:
         self._done: queue.Queue = queue.Queue()
         self._futures: dict[Any, Any] = {}
+        self._where: dict[Any, int] = {}  # running key -> worker index
+        self._kept: dict[Any, int] = {}  # key -> the worker holding its kept tree
 
-    def _watch(self, key: Any, future: Any) -> None:
+    def _watch(self, key: Any, future: Any, worker: int = 0) -> None:
         self._futures[key] = future
+        self._where[key] = worker
+        if self._kept.get(key, worker) != worker:
+            del self._kept[key]  # continued elsewhere from scratch; that worker's copy is stale
         future.add_done_callback(lambda f, key=key: self._done.put((key, f)))
 
     def submit(self, key: Any, cls: int, positions: np.ndarray, time_limit: float | None, cutoff: float,
-               attempt: int = 1) -> None:
+               attempt: int = 1, threads: int = 1) -> None:
+        """`threads`: solver threads for this node (the engine gives > 1 only to the last work)."""
         raise NotImplementedError
+
+    def _idle_workers(self) -> set[int]:
+        return set(range(self.capacity)) - set(self._where.values())
+
+    def continuable(self) -> list[Any]:
+        """Keys whose kept solver tree sits on a worker that is idle now (see `lucid.kept_trees`)."""
+        idle = self._idle_workers()
+        return [k for k, w in self._kept.items() if w in idle and k not in self._where]
 
     def completed(self, timeout: float) -> list[tuple[Any, Any]]:
         """Results finished so far, waiting up to `timeout` seconds for the first one."""
@@ -52,9 +70,16 @@ class Executor:
         while True:
             key, future = item
             self._futures.pop(key, None)
+            worker = self._where.pop(key, 0)
             try:
-                out.append((key, future.result()))
+                outcome = future.result()
+                if (getattr(outcome, "stats", None) or {}).get("kept"):
+                    self._kept[key] = worker
+                else:
+                    self._kept.pop(key, None)
+                out.append((key, outcome))
             except BaseException as exc:  # reported to the engine, which decides
+                self._kept.pop(key, None)
                 out.append((key, exc))
             try:
                 item = self._done.get_nowait()
@@ -76,13 +101,32 @@ class ThreadExecutor(Executor):
         super().__init__()
         self.capacity = workers
         self._analyse = analyse
+        self._takes_threads = _accepts(analyse, "threads")  # custom analysers take five arguments
         self._pool = cf.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="lucid-node")
 
-    def submit(self, key, cls, positions, time_limit, cutoff, attempt=1):
-        self._watch(key, self._pool.submit(self._analyse, cls, positions, time_limit, cutoff, attempt))
+    def _idle_workers(self) -> set[int]:
+        # threads of one process share its kept trees: every slot can continue any of them
+        return {0} if self.in_flight < self.capacity else set()
+
+    def submit(self, key, cls, positions, time_limit, cutoff, attempt=1, threads=1):
+        extra = {"threads": threads} if threads > 1 and self._takes_threads else {}
+        self._watch(key, self._pool.submit(self._analyse, cls, positions, time_limit, cutoff, attempt, **extra))
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+        from lucid.kept_trees import KEPT
+
+        KEPT.clear()
+
+
+def _accepts(fn: Callable, name: str) -> bool:
+    import inspect
+
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
 
 
 # --- process pool ------------------------------------------------------------------------------
@@ -132,20 +176,20 @@ def _die_with(driver_pid: int) -> None:
 
 
 def analyse_with(problem: Any, settings: dict, cls: int, positions: np.ndarray, time_limit: float | None,
-                 cutoff: float = -float("inf"), attempt: int = 1):
-    """One node MILP with single-threaded solver options (runs in a worker)."""
+                 cutoff: float = -float("inf"), attempt: int = 1, threads: int = 1):
+    """One node MILP (runs in a worker)."""
     from lucid.solvers.base import SolverOptions
     from lucid.verifier import EncodingOptions, analyse_node
 
     options = SolverOptions(
         time_limit=time_limit,
-        threads=1,
+        threads=int(threads),
         mip_rel_gap=settings.get("mip_rel_gap", 0.0),
         mip_abs_gap=settings.get("mip_abs_gap", 0.0),
     )
     encoding = EncodingOptions(**settings["encoding"])
     outcome = analyse_node(problem, cls, positions, solver=settings["solver"], solver_options=options, encoding=encoding,
-                           cutoff=cutoff, attempt=attempt)
+                           cutoff=cutoff, attempt=attempt, keep_trees=bool(settings.get("keep_trees")))
     # An optimal witness is as good as any search; an infeasible node has nothing above the cutoff.
     if (settings.get("search") and len(positions) <= SEARCH_MAX_NETWORKS and outcome.upper > -float("inf")
             and outcome.status != "infeasible" and (outcome.status != "optimal" or outcome.lower is None)):
@@ -187,37 +231,47 @@ def _with_targeted_search(problem: Any, settings: dict, cls: int, positions: np.
     return dataclasses.replace(outcome, stats=stats)
 
 
-def _analyse_in_process(cls: int, positions: np.ndarray, time_limit: float | None, cutoff: float, attempt: int):
+def _analyse_in_process(cls: int, positions: np.ndarray, time_limit: float | None, cutoff: float, attempt: int,
+                        threads: int = 1):
     return analyse_with(_WORKER_STATE["problem"], _WORKER_STATE["settings"], cls, positions, time_limit, cutoff,
-                        attempt)
+                        attempt, threads)
 
 
 class ProcessExecutor(Executor):
+    """One single-process pool per worker, so that a task can be sent to the worker holding its
+    kept tree (a shared pool hands tasks to whichever process is free)."""
+
     def __init__(self, problem: Any, settings: dict, workers: int) -> None:
         super().__init__()
         self.capacity = workers
         # spawn, not fork: the driver runs threads (rich display, pool feeders) that fork would copy
         # in an arbitrary state.
-        self._pool = cf.ProcessPoolExecutor(
-            max_workers=workers,
-            mp_context=multiprocessing.get_context("spawn"),
-            initializer=_init_worker,
-            initargs=(problem, settings, os.getpid()),
-        )
+        context = multiprocessing.get_context("spawn")
+        self._pools = [
+            cf.ProcessPoolExecutor(max_workers=1, mp_context=context, initializer=_init_worker,
+                                   initargs=(problem, settings, os.getpid()))
+            for _ in range(workers)
+        ]
 
-    def submit(self, key, cls, positions, time_limit, cutoff, attempt=1):
-        self._watch(key, self._pool.submit(_analyse_in_process, cls, positions, time_limit, cutoff, attempt))
+    def submit(self, key, cls, positions, time_limit, cutoff, attempt=1, threads=1):
+        idle = self._idle_workers()
+        home = self._kept.get(key)
+        worker = home if home in idle else min(idle, default=min(range(self.capacity),
+                                                                  key=list(self._where.values()).count))
+        future = self._pools[worker].submit(_analyse_in_process, cls, positions, time_limit, cutoff, attempt, threads)
+        self._watch(key, future, worker)
 
     def close(self) -> None:
         # Running MILPs cannot be cancelled through the pool API; their time limits are capped by
         # the remaining total time, but a stop (time limit reached, gap closed) should not wait.
-        processes = list(getattr(self._pool, "_processes", {}) .values())
-        self._pool.shutdown(wait=False, cancel_futures=True)
-        for p in processes:
-            try:
-                p.terminate()
-            except Exception:
-                pass
+        for pool in self._pools:
+            processes = list(getattr(pool, "_processes", {}).values())
+            pool.shutdown(wait=False, cancel_futures=True)
+            for p in processes:
+                try:
+                    p.terminate()
+                except Exception:
+                    pass
 
 
 class DaskExecutor(Executor):
@@ -241,10 +295,13 @@ class DaskExecutor(Executor):
         self._problem = self._client.scatter(problem, broadcast=True)
         self._settings = settings
 
-    def submit(self, key, cls, positions, time_limit, cutoff, attempt=1):
+    def _idle_workers(self) -> set[int]:
+        return set()  # tasks go wherever Dask sends them: no kept trees (settings["keep_trees"] is off)
+
+    def submit(self, key, cls, positions, time_limit, cutoff, attempt=1, threads=1):
         fut = self._client.submit(
             analyse_with, self._problem, self._settings, cls, np.asarray(positions), time_limit, cutoff, attempt,
-            pure=False,
+            threads, pure=False,
         )
         self._watch(key, fut)
 

@@ -16,6 +16,7 @@ from lucid.solvers.registry import (
     check_result,
     check_solver_spec,
     resolve_solver,
+    resume,
     solve,
 )
 
@@ -34,6 +35,7 @@ __all__ = [
     "check_solver_spec",
     "read_mps",
     "resolve_solver",
+    "resume",
     "solve",
     "write_mps",
 ]

@@ -48,6 +48,9 @@ class SolveResult:
     solver: str = ""
     message: str = ""
     stats: dict = field(default_factory=dict)
+    # a backend's handle to continue this time-limited solve (Gurobi with keep=True), else None;
+    # whoever receives it must resume or release it
+    tree: object | None = field(default=None, repr=False, compare=False)
 
     @property
     def proved(self) -> bool:

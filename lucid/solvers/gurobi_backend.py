@@ -85,15 +85,61 @@ def _add_rows(m, x, A: sp.csr_matrix, lower: np.ndarray, upper: np.ndarray) -> N
                      None, "=", np.zeros(idx.size))
 
 
+class GurobiTree:
+    """A time-limited Gurobi MIP kept alive so that a later call continues its branch-and-bound tree.
+
+    Gurobi resumes an interrupted solve where it stopped when `optimize()` is called again on the
+    unmodified model (node count and dual bound carry on; a new TimeLimit and Threads are taken
+    as they are). A singleton's retries used to rebuild and re-solve from the root: on Adult 2x50
+    one network ran 60 + 240 + 960 s to its limits, all thrown away, before a 1438 s proof."""
+
+    def __init__(self, m, env, x, model: MilpModel, compact: MilpModel, expand) -> None:
+        self._m, self._env, self._x = m, env, x
+        self.model = model  # the caller's (uninlined) model, for replaying the solution
+        self._compact, self._expand = compact, expand
+        self.seconds = 0.0  # solver time spent in this tree so far
+
+    def resume(self, options: SolverOptions) -> SolveResult:
+        """Continue the tree for up to `options.time_limit` more seconds with `options.threads`."""
+        import gurobipy as gp
+
+        if self._m is None:
+            raise SolverError("gurobi: this tree was already released")
+        t0 = time.perf_counter()
+        self._m.Params.Threads = int(options.threads)
+        self._m.Params.TimeLimit = float(max(options.time_limit, 0.0)) if options.time_limit is not None else float("inf")
+        try:
+            self._m.optimize()
+        except gp.GurobiError as exc:
+            self.release()
+            raise SolverError(f"gurobi failed: {exc}") from exc
+        result = _result(self._m, self._x, self._compact, time.perf_counter() - t0, 0.0)
+        self.seconds += result.seconds
+        result.stats.update(resumed=True, tree_seconds=self.seconds, gurobi_size=list(_size(self._compact)))
+        if result.solution is not None:
+            result.solution = self._expand(result.solution)
+        return result
+
+    def release(self) -> None:
+        if self._m is not None:
+            self._m.dispose()
+            self._env.dispose()
+            self._m = self._env = self._x = None
+
+
 def solve_gurobi(
-    model: MilpModel, options: SolverOptions, extra: dict[str, object] | None = None
+    model: MilpModel, options: SolverOptions, extra: dict[str, object] | None = None, keep: bool = False
 ) -> SolveResult:
+    """`keep`: a MIP that stops at its time limit comes back with `result.tree`, a `GurobiTree`
+    the caller continues or releases; otherwise everything is released here."""
     import gurobipy as gp
     from gurobipy import GRB
 
     t0 = time.perf_counter()
+    original = model
     model, expand = inline_defined_columns(model)
     env = _env(options.verbose)
+    kept = False
     try:
         m = gp.Model(env=env)
         vtype = np.where(model.integrality, GRB.INTEGER, GRB.CONTINUOUS)
@@ -130,9 +176,14 @@ def solve_gurobi(
         result.stats["gurobi_size"] = list(_size(model))  # (variables, constraints) it was given
         if result.solution is not None:
             result.solution = expand(result.solution)
+        if keep and result.status == TIME_LIMIT and bool(model.integrality.any()):
+            result.tree = GurobiTree(m, env, x, original, model, expand)
+            result.tree.seconds = result.seconds
+            kept = True
         return result
     finally:
-        env.dispose()
+        if not kept:
+            env.dispose()
 
 
 def _result(m, x, model: MilpModel, seconds: float, build_seconds: float) -> SolveResult:

@@ -155,6 +155,7 @@ def solve(
     options: SolverOptions | None = None,
     *,
     unsafe: bool = False,
+    keep: bool = False,
     **backend_options: object,
 ) -> SolveResult:
     """Maximise `model` with `solver`; the result's `upper_bound` is a proved dual bound.
@@ -163,6 +164,8 @@ def solve(
     proved bound below a replayed incumbent raises `UnsoundSolverResult` — never returned.
     `backend_options` go to the backend verbatim (e.g. HiGHS option names), for experiments;
     overriding a backend's soundness settings (HiGHS presolve) also needs `unsafe=True`.
+    `keep`: ask a backend that can (Gurobi) to hand back a time-limited MIP as `result.tree`, to be
+    continued with `resume`; other backends ignore it.
     """
     options = options or SolverOptions()
     if "+" in solver:
@@ -180,8 +183,36 @@ def solve(
                     f"highs option {key}={value!r} is known to give unsound bounds "
                     f"(pass unsafe=True only for experiments)"
                 )
-    result = backend.load()(model, options, backend_options or None)
-    return check_result(model, result)
+    if keep and name == "gurobi":
+        result = backend.load()(model, options, backend_options or None, keep=True)
+    else:
+        result = backend.load()(model, options, backend_options or None)
+    try:
+        return check_result(model, result)
+    except BaseException:
+        _release(result)
+        raise
+
+
+def resume(tree: object, options: SolverOptions) -> SolveResult:
+    """Continue a kept solve (`SolveResult.tree`); its result is checked like any other, and it is
+    kept again only while it still stops at its time limit."""
+    result = tree.resume(options)
+    if result.status == TIME_LIMIT:
+        result.tree = tree
+    else:
+        tree.release()
+    try:
+        return check_result(tree.model, result)
+    except BaseException:
+        _release(result)
+        raise
+
+
+def _release(result: SolveResult) -> None:
+    if result.tree is not None:
+        result.tree.release()
+        result.tree = None
 
 
 def check_result(model: MilpModel, result: SolveResult) -> SolveResult:
