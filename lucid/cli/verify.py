@@ -25,7 +25,7 @@ def _print_summary(result: dict) -> None:
 @click.option("--tau", type=float, default=0.01, show_default=True, help="Relax-if-similar threshold.")
 @click.option("--gap", type=float, default=0.0, show_default=True, help="Stop when upper - lower <= GAP.")
 @click.option("--rel-gap", type=float, default=0.0, show_default=True,
-              help="Stop when upper <= lower + REL_GAP * |lower| (0.1: within 10 %%). Nodes then only have to be "
+              help="Stop when upper <= lower + REL_GAP * |lower| (0.1: within 10 per cent). Nodes then only have to be "
                    "proved below that level, which is far cheaper than exact bounds.")
 @click.option("--resume", is_flag=True, help="Continue from RUN/verify.checkpoint.json.")
 @click.option("--scheduler", default=None, help="Dask scheduler address (tcp://host:8786) to solve nodes on.")
