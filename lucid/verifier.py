@@ -466,7 +466,6 @@ def _final_solve(problem, model: MilpModel, cls: int, solver: str, opts: SolverO
         log.error("UNSOUND: bound %.9g is below a replayed witness %.9g; claiming nothing for this node", best_bound, witness.confidence)
         result2.status, best_bound = ERROR, math.inf
     result2.upper_bound = best_bound
-    info.pop("kept", None)
     if result2.tree is not None:
         if keep_key is not None and result2.status == TIME_LIMIT:
             KEPT.put(KeptTree(problem, keep_key, result2.tree, model, level, bound, witness, dict(info)))

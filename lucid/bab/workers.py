@@ -256,8 +256,12 @@ class ProcessExecutor(Executor):
     def submit(self, key, cls, positions, time_limit, cutoff, attempt=1, threads=1):
         idle = self._idle_workers()
         home = self._kept.get(key)
-        worker = home if home in idle else min(idle, default=min(range(self.capacity),
-                                                                  key=list(self._where.values()).count))
+        if home in idle:
+            worker = home
+        elif idle:
+            worker = min(idle)
+        else:  # the engine submits only below capacity; should that change, queue on the least loaded
+            worker = min(range(self.capacity), key=list(self._where.values()).count)
         future = self._pools[worker].submit(_analyse_in_process, cls, positions, time_limit, cutoff, attempt, threads)
         self._watch(key, future, worker)
 

@@ -93,11 +93,11 @@ class GurobiTree:
     as they are). A singleton's retries used to rebuild and re-solve from the root: on Adult 2x50
     one network ran 60 + 240 + 960 s to its limits, all thrown away, before a 1438 s proof."""
 
-    def __init__(self, m, env, x, model: MilpModel, compact: MilpModel, expand) -> None:
+    def __init__(self, m, env, x, model: MilpModel, compact: MilpModel, expand, seconds: float) -> None:
         self._m, self._env, self._x = m, env, x
         self.model = model  # the caller's (uninlined) model, for replaying the solution
         self._compact, self._expand = compact, expand
-        self.seconds = 0.0  # solver time spent in this tree so far
+        self.seconds = seconds  # solver time spent in this tree so far
 
     def resume(self, options: SolverOptions) -> SolveResult:
         """Continue the tree for up to `options.time_limit` more seconds with `options.threads`."""
@@ -113,11 +113,9 @@ class GurobiTree:
         except gp.GurobiError as exc:
             self.release()
             raise SolverError(f"gurobi failed: {exc}") from exc
-        result = _result(self._m, self._x, self._compact, time.perf_counter() - t0, 0.0)
+        result = _model_result(self._m, self._x, self._compact, self._expand, time.perf_counter() - t0, 0.0)
         self.seconds += result.seconds
-        result.stats.update(resumed=True, tree_seconds=self.seconds, gurobi_size=list(_size(self._compact)))
-        if result.solution is not None:
-            result.solution = self._expand(result.solution)
+        result.stats.update(resumed=True, tree_seconds=self.seconds)
         return result
 
     def release(self) -> None:
@@ -172,18 +170,23 @@ def solve_gurobi(
                     "({} variables, {} constraints); use --solver highs".format(*_size(model))
                 ) from exc
             raise SolverError(f"gurobi failed: {exc}") from exc
-        result = _result(m, x, model, time.perf_counter() - t0, build_seconds)
-        result.stats["gurobi_size"] = list(_size(model))  # (variables, constraints) it was given
-        if result.solution is not None:
-            result.solution = expand(result.solution)
+        result = _model_result(m, x, model, expand, time.perf_counter() - t0, build_seconds)
         if keep and result.status == TIME_LIMIT and bool(model.integrality.any()):
-            result.tree = GurobiTree(m, env, x, original, model, expand)
-            result.tree.seconds = result.seconds
+            result.tree = GurobiTree(m, env, x, original, model, expand, result.seconds)
             kept = True
         return result
     finally:
         if not kept:
             env.dispose()
+
+
+def _model_result(m, x, compact: MilpModel, expand, seconds: float, build_seconds: float) -> SolveResult:
+    """The result in the caller's columns (the compact form's solution expanded back)."""
+    result = _result(m, x, compact, seconds, build_seconds)
+    result.stats["gurobi_size"] = list(_size(compact))  # (variables, constraints) it was given
+    if result.solution is not None:
+        result.solution = expand(result.solution)
+    return result
 
 
 def _result(m, x, model: MilpModel, seconds: float, build_seconds: float) -> SolveResult:

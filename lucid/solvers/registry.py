@@ -21,6 +21,7 @@ class Backend:
     module: str  # python module that must be importable
     pip: str  # package to install
     load: Callable[[], Callable[..., SolveResult]]
+    resumable: bool = False  # takes keep=True and hands back a continuable `SolveResult.tree`
 
 
 def _highs():
@@ -49,7 +50,7 @@ def _scip():
 
 BACKENDS: dict[str, Backend] = {
     "highs": Backend("highspy", "highspy", _highs),
-    "gurobi": Backend("gurobipy", "gurobipy", _gurobi),
+    "gurobi": Backend("gurobipy", "gurobipy", _gurobi, resumable=True),
     "cbc": Backend("pulp", "pulp", _cbc),
     "scip": Backend("pyscipopt", "pyscipopt", _scip),
 }
@@ -183,10 +184,8 @@ def solve(
                     f"highs option {key}={value!r} is known to give unsound bounds "
                     f"(pass unsafe=True only for experiments)"
                 )
-    if keep and name == "gurobi":
-        result = backend.load()(model, options, backend_options or None, keep=True)
-    else:
-        result = backend.load()(model, options, backend_options or None)
+    resume_args = {"keep": True} if keep and backend.resumable else {}
+    result = backend.load()(model, options, backend_options or None, **resume_args)
     try:
         return check_result(model, result)
     except BaseException:
