@@ -1,0 +1,77 @@
+"""The verification core's observable behaviour is pinned: with one worker and no time limit, the
+bounds and the sequence of node events (times and timing statistics left out) of `lucid verify`
+equal the ones recorded in tests/data/verify_golden.json.
+
+Any change of the engine's rules, the node analysis or the encoder shows up here as a changed
+event sequence. A change that is meant to alter behaviour regenerates the file on purpose:
+`python tests/test_refactor_golden.py` (and says why in its commit).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bab_fixtures import write_tiny_run  # noqa: E402
+
+GOLDEN = Path(__file__).parent / "data" / "verify_golden.json"
+
+# (name, write_tiny_run arguments, verify_run arguments)
+WORKLOADS = [
+    ("two-classes", {"networks": 12, "seed": 2}, {}),
+    ("three-classes-rel-gap", {"networks": 10, "seed": 5, "classes": 3}, {"rel_gap": 0.1}),
+    ("no-md-no-ris", {"networks": 9, "seed": 7}, {"md": False, "ris": False}),
+]
+# Event fields that measure time or depend on it.
+TIMED = {"t", "seconds", "stats", "time_limit", "run_fingerprint"}
+
+
+def _canonical(value):
+    if isinstance(value, float):
+        return value if not math.isfinite(value) else float(f"{value:.9g}")
+    if isinstance(value, dict):
+        return {k: _canonical(v) for k, v in value.items() if k not in TIMED}
+    if isinstance(value, list):
+        return [_canonical(v) for v in value]
+    return value
+
+
+def record(tmp: Path) -> dict:
+    from lucid.bab import verify_run
+    from lucid.bab.events import read_events
+
+    out = {}
+    for name, run_args, verify_args in WORKLOADS:
+        run = write_tiny_run(tmp / name, **run_args)
+        result = verify_run(run, workers=1, progress=False, **verify_args)
+        events = [_canonical(e) for e in read_events(run / "verify.log.jsonl")]
+        for e in events:
+            e.pop("options", None)  # the settings' shape is not behaviour
+        out[name] = {"bounds": _canonical(result["bounds"]), "events": events}
+    return out
+
+
+@pytest.mark.skipif(not GOLDEN.exists(), reason="golden file not generated")
+def test_bounds_and_node_events_are_unchanged(tmp_path):
+    expected = json.loads(GOLDEN.read_text())
+    got = json.loads(json.dumps(record(tmp_path)))
+    for name in expected:
+        assert got[name]["bounds"] == expected[name]["bounds"], name
+        for i, (a, b) in enumerate(zip(got[name]["events"], expected[name]["events"])):
+            assert a == b, (name, i, a, b)
+        assert len(got[name]["events"]) == len(expected[name]["events"]), name
+
+
+if __name__ == "__main__":
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        data = record(Path(tmp))
+    GOLDEN.parent.mkdir(exist_ok=True)
+    GOLDEN.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    print(f"wrote {GOLDEN}: " + ", ".join(f"{k} {len(v['events'])} events" for k, v in data.items()))
