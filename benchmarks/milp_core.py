@@ -29,6 +29,7 @@ import numpy as np
 
 from lucid.encodings import EncodingOptions
 from lucid.rundir import open_run
+from lucid.settings import VerifySettings
 from lucid.solvers import SolverOptions, available_solvers
 from lucid.verifier import VerificationProblem, analyse_node, screen_upper_bounds
 
@@ -88,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
             md = md + ("+rc" if cpl == "on" else "")
             opts = SolverOptions(time_limit=args.time_limit, threads=args.threads)
             try:
-                res = analyse_node(problems[b], cls, positions, solver=solver, solver_options=opts, encoding=enc)
+                res = analyse_node(problems[b], cls, positions, settings=VerifySettings(solver=solver), solver_options=opts, encoding=enc)
             except Exception as exc:  # e.g. a licence too small for the model: record and go on
                 print(f"{name:>10} {cls:>3} {solver:>7} {b:>8} {md:>10} {ris:>3} {obbt:>10}  failed: {exc}", flush=True)
                 continue

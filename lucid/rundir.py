@@ -10,16 +10,48 @@ RUN/
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from lucid.atomic import read_json
+from lucid.atomic import read_json, write_json_atomic
 from lucid.errors import LucidError
 
 RUN_FORMAT = "lucid-run/1"
 BOUNDS_FORMAT = "lucid-bounds/1"
+BOUNDS_FILE = "bounds.json"
+
+
+def encode_float(v: float | None) -> float | str | None:
+    """JSON has no infinities: the run directory's files write them as the strings "inf"/"-inf"."""
+    if v is None or math.isfinite(v):
+        return v
+    return "inf" if v > 0 else "-inf"
+
+
+def decode_float(v: float | str | None) -> float | None:
+    return None if v is None else float(v)
+
+
+def bound_entry_value(v: float | None, *, upper: bool) -> float | None:
+    """bounds.json numbers: +inf (nothing proved) -> null; -inf (nothing can leak) -> -1.0 for an
+    upper bound (same effect: N's confidence in its own label is >= 0) and null for a lower one."""
+    if v is None:
+        return None
+    if math.isinf(v):
+        return -1.0 if (upper and v < 0) else None
+    return float(v)
+
+
+def write_bounds(run_dir: str | Path, bounds: dict[str, dict], *, solver: str, options: dict[str, Any]) -> dict:
+    """Write RUN/bounds.json (lucid-bounds/1) atomically and return its content; `bounds` maps a
+    class id to its entry (upper, lower, complete, exact, seconds, nodes, reason, leaking_row)."""
+    content = {"format": BOUNDS_FORMAT, "solver": solver, "options": options, "bounds": bounds}
+    write_json_atomic(Path(run_dir) / BOUNDS_FILE, content)
+    return content
 
 
 @dataclass

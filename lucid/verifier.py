@@ -28,11 +28,10 @@ from lucid.hyper import HyperNetwork, hyper_network
 from lucid.kept_trees import KEPT, KeptTree
 from lucid.network import NetworkStack
 from lucid.replay import LeakWitness, find_leak, search_node_witness
+from lucid.settings import BOUND_METHODS, VerifySettings
 from lucid.solvers.base import ERROR, INFEASIBLE, OPTIMAL, TIME_LIMIT, SolveResult, SolverOptions
 
 log = logging.getLogger(__name__)
-
-BOUND_METHODS = ("interval", "lp")
 
 # Safety margin added to every solver dual bound (see `safety_margin`).
 MARGIN_ABS = 1e-6
@@ -66,6 +65,7 @@ class VerificationProblem:
     n_bounds: LayerBounds  # N's pre-activation bounds over the domain
     margin_upper: np.ndarray  # [C, C] sound upper bounds of s_c - s_t for N
     bounds_method: str = "lp"
+    points: np.ndarray | None = None  # training inputs: where the witness search starts (None: samples only)
 
     @property
     def num_classes(self) -> int:
@@ -86,8 +86,15 @@ class VerificationProblem:
         return cls(stack, lower, upper, n_bounds, margin, bounds)
 
     @classmethod
-    def from_run(cls, run, bounds: str = "lp") -> "VerificationProblem":
-        """Load the run's networks and N's bounds (cached in RUN/cache/, keyed by content)."""
+    def from_run(cls, run, bounds: str = "lp", with_points: bool = False) -> "VerificationProblem":
+        """Load the run's networks and N's bounds (cached in RUN/cache/, keyed by content);
+        `with_points`: also the training inputs, for the witness search."""
+        points = None
+        if with_points:
+            try:
+                points = run.data().get("X_train")
+            except LucidError:
+                points = None  # the search then samples the domain only
         stack = run.networks()
         lower, upper = _check_domain(stack, *run.domain)
         key = _cache_key(stack, lower, upper, bounds)
@@ -97,7 +104,7 @@ class VerificationProblem:
             try:
                 with np.load(path, allow_pickle=False) as npz:
                     arrays = {k: npz[k] for k in npz.files}
-                return cls(stack, lower, upper, LayerBounds.from_arrays(arrays, L), arrays["margin_upper"], bounds)
+                return cls(stack, lower, upper, LayerBounds.from_arrays(arrays, L), arrays["margin_upper"], bounds, points)
             except Exception:  # a corrupt cache is recomputed, never trusted
                 log.warning("ignoring unreadable cache file %s", path)
         n_bounds, margin = compute_n_bounds(stack, lower, upper, bounds)
@@ -111,7 +118,7 @@ class VerificationProblem:
             write_atomic(path, write)
         except OSError as exc:
             log.warning("cannot cache N's bounds in %s: %s", path, exc)
-        return cls(stack, lower, upper, n_bounds, margin, bounds)
+        return cls(stack, lower, upper, n_bounds, margin, bounds, points)
 
 
 def _check_domain(stack: NetworkStack, lower, upper) -> tuple[np.ndarray, np.ndarray]:
@@ -201,7 +208,7 @@ def analyse_node(
     cls: int,
     positions: np.ndarray,
     *,
-    solver: str = "highs",
+    settings: VerifySettings | None = None,
     solver_options: SolverOptions | None = None,
     encoding: EncodingOptions | None = None,
     cutoff: float = -math.inf,
@@ -209,6 +216,10 @@ def analyse_node(
     keep_trees: bool = False,
 ) -> NodeOutcome:
     """Sound bounds on beta*_{cls,S} for the networks S at `positions` (>= 1) of the stack.
+
+    `settings`: the verification's options (solver, encoder switches, search); `solver_options`:
+    this solve's time limit and threads; `encoding` overrides `settings.encoding_options()` for
+    ablation experiments that switch the encoder's parts one by one.
 
     `cutoff`: the caller only needs to know whether beta*_{cls,S} exceeds this level (the
     class's best replayed leak, plus the gap it tolerates). The MILP is then restricted to
@@ -222,8 +233,10 @@ def analyse_node(
     `keep_trees`: a singleton retry that stops at its time limit keeps its solver tree in this
     process, and the next retry of the same node continues it (`lucid.kept_trees`)."""
     t0 = time.perf_counter()
-    encoding = encoding or EncodingOptions()
-    solver_options = solver_options or SolverOptions()
+    settings = settings or VerifySettings()
+    solver = settings.solver
+    encoding = encoding or settings.encoding_options()
+    solver_options = solver_options or settings.solver_options(None)
     positions = np.asarray(positions, dtype=np.int64)
     if positions.size == 0 or positions.min() < 1 or positions.max() >= len(problem.stack):
         raise ValueError(f"positions must index leave-one-out networks 1..{len(problem.stack) - 1}")

@@ -18,7 +18,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from lucid.bab.engine import RETRY_GROWTH, ClassState, Engine, EngineConfig
+from lucid.bab.engine import RETRY_GROWTH, Engine
+from lucid.bab.state import ClassState
+from lucid.settings import VerifySettings
 from lucid.bab.events import EventLog, read_events
 from lucid.bab.split import choose_k, split_positions
 from lucid.bab.workers import Executor, ThreadExecutor
@@ -69,7 +71,7 @@ def make_engine(tmp_path, values, *, workers=2, params=None, screen=None, analys
     if params is None:
         params = np.random.default_rng(0).normal(size=(len(values), 5))
     log = EventLog(tmp_path / "log.jsonl")
-    engine = Engine(ThreadExecutor(analyser, workers), [0], len(values), EngineConfig(**cfg), params=params,
+    engine = Engine(ThreadExecutor(analyser, workers), [0], len(values), VerifySettings(**cfg), params=params,
                     screen=screen, log=log)
     return engine, analyser, log
 
@@ -353,7 +355,7 @@ def test_an_unproved_singleton_is_retried_with_its_attempt_number_and_a_longer_l
 
 
 def test_default_node_time_limit_is_a_share_of_the_total():
-    from lucid.bab.engine import default_node_time_limit
+    from lucid.settings import default_node_time_limit
 
     assert default_node_time_limit(None) is None
     assert default_node_time_limit(60) == 20.0
@@ -403,7 +405,7 @@ def test_a_class_that_has_not_queued_its_root_is_work_a_singleton_must_not_starv
 
     values = np.concatenate([[0.0], [0.2, 0.5, 0.9]])
     log = EventLog(tmp_path / "log.jsonl")
-    engine = Engine(ThreadExecutor(FakeAnalyser(values), 1), [0, 1], len(values), EngineConfig(time_limit=100.0),
+    engine = Engine(ThreadExecutor(FakeAnalyser(values), 1), [0, 1], len(values), VerifySettings(time_limit=100.0),
                     params=np.zeros((len(values), 2)), log=log)
     node = Node(id=0, parent=None, positions=np.array([3]), upper=1.0, state=RUNNING)
     engine.states[0].nodes[0] = node
@@ -497,7 +499,7 @@ def test_only_the_last_work_gets_the_idle_workers_threads(tmp_path):
 
     values = np.concatenate([[0.0], [0.2, 0.5, 0.9]])
     executor = RecordingExecutor(2)
-    engine = Engine(executor, [0], len(values), EngineConfig(time_limit=300.0, node_time_limit=1.0),
+    engine = Engine(executor, [0], len(values), VerifySettings(time_limit=300.0, node_time_limit=1.0),
                     params=np.zeros((len(values), 2)), log=EventLog(tmp_path / "log.jsonl"))
     engine._t0 = engine._session_t0 = time.monotonic()
     cs = engine.states[0]

@@ -13,6 +13,7 @@ from test_solvers import market_split
 import lucid.solvers.gurobi_backend as gurobi_backend
 from lucid.bab.workers import Executor, ProcessExecutor, ThreadExecutor
 from lucid.kept_trees import KEPT
+from lucid.settings import VerifySettings
 from lucid.solvers import INFEASIBLE, OPTIMAL, TIME_LIMIT, SolverOptions, available_solvers, resume, solve
 from lucid.verifier import VerificationProblem, analyse_node
 
@@ -71,17 +72,17 @@ def test_a_retry_continues_the_kept_milp_and_its_bound_is_the_exact_one(interrup
     cls, p = 0, 1
     exact = exact_for(stack, p, cls, lower, upper)
     assert math.isfinite(exact)
-    second = analyse_node(problem, cls, [p], solver="gurobi", attempt=2, keep_trees=True,
+    second = analyse_node(problem, cls, [p], settings=VerifySettings(solver="gurobi"), attempt=2, keep_trees=True,
                           solver_options=SolverOptions(time_limit=30))
     assert second.status == TIME_LIMIT and second.stats["kept"]  # what the executor reads
     assert second.upper >= exact and len(KEPT) == 1
     interrupted_gurobi["stop"] = False
-    third = analyse_node(problem, cls, [p], solver="gurobi", attempt=3, keep_trees=True,
+    third = analyse_node(problem, cls, [p], settings=VerifySettings(solver="gurobi"), attempt=3, keep_trees=True,
                          solver_options=SolverOptions(time_limit=30))
     assert third.stats["solves"][-1].get("resumed") and len(KEPT) == 0
     assert third.status in (OPTIMAL, INFEASIBLE)
     assert exact <= third.upper <= exact + 1e-5  # the same answer a fresh solve proves
-    fresh = analyse_node(problem, cls, [p], solver="gurobi", attempt=2, solver_options=SolverOptions(time_limit=30))
+    fresh = analyse_node(problem, cls, [p], settings=VerifySettings(solver="gurobi"), attempt=2, solver_options=SolverOptions(time_limit=30))
     assert third.upper == pytest.approx(fresh.upper, abs=1e-6)
     assert third.lower is not None and third.lower <= exact + 1e-9
 
@@ -92,7 +93,7 @@ def test_a_kept_milp_is_not_continued_for_another_question(interrupted_gurobi):
     stack, lower, upper, problem = _problem()
     cls, p = 0, 1
     exact = exact_for(stack, p, cls, lower, upper)
-    kw = dict(solver="gurobi", keep_trees=True, solver_options=SolverOptions(time_limit=30))
+    kw = dict(settings=VerifySettings(solver="gurobi"), keep_trees=True, solver_options=SolverOptions(time_limit=30))
     analyse_node(problem, cls, [p], attempt=2, cutoff=exact - 0.2, **kw)
     assert len(KEPT) == 1
     interrupted_gurobi["stop"] = False

@@ -11,6 +11,7 @@ import lucid.solvers
 from lucid.encodings import EncodingOptions
 from lucid.network import confidence, stack_from_tensors
 from lucid.replay import find_leak
+from lucid.settings import VerifySettings
 from lucid.solvers import SolverOptions, available_solvers
 from lucid.verifier import VerificationProblem, analyse_node, screen_upper_bounds
 
@@ -181,7 +182,7 @@ def test_backends_agree_on_a_tiny_node(solver):
     stack, lower, upper, problem = make(0, -1.0, 2)
     ref = analyse_node(problem, 0, [1, 2, 3])
     try:
-        got = analyse_node(problem, 0, [1, 2, 3], solver=solver, solver_options=SolverOptions(time_limit=30))
+        got = analyse_node(problem, 0, [1, 2, 3], settings=VerifySettings(solver=solver), solver_options=SolverOptions(time_limit=30))
     except lucid.solvers.SolverError as exc:  # pragma: no cover - licence problems
         pytest.skip(str(exc))
     assert got.status == "optimal"

@@ -27,14 +27,15 @@ from __future__ import annotations
 import heapq
 import math
 import time
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
 
-from lucid.bab.node import CLOSED, FINAL, OPEN, PENDING, RUNNING, SETTLED, SPLIT, STUCK, Node, decode_float, encode_float
+from lucid.bab.node import CLOSED, FINAL, OPEN, PENDING, RUNNING, SETTLED, SPLIT, STUCK, Node
 from lucid.bab.split import peel_top, split_node
+from lucid.bab.state import INF, ClassState
 from lucid.errors import LucidError
+from lucid.settings import VerifySettings
 
 MAX_SINGLETON_ATTEMPTS = 3
 # Each retry starts again from scratch (leak search, probe, OBBT, a new MILP tree), so a short
@@ -43,116 +44,11 @@ MAX_SINGLETON_ATTEMPTS = 3
 # 2x100's position 1387 ran 60 + 120 + 240 s before a 345-s proof; growing 4x reaches either
 # proof's limit on the third attempt (60 + 240 + 960 s), wasting 300 s instead of 900 s and 420 s.
 RETRY_GROWTH = 4
-INF = math.inf
-
-
-def default_node_time_limit(time_limit: float | None) -> float | None:
-    """Per-node MILP limit when only a total limit is given: an eighth of it, at least 20 s.
-
-    Without one the root MILP gets the whole budget, and a root that does not finish leaves only
-    the screening bound (measured on Crypto 2x100: no node solved in 900 s). A node that hits its
-    limit still returns its proved dual bound, and a hyper-network node is then split.
-    """
-    if time_limit is None:
-        return None
-    return max(20.0, time_limit / 8)
 
 
 def deadline_margin(time_limit: float) -> float:
     """Node MILPs stop this long before the session's deadline, so their bounds are collected."""
     return min(3.0, 0.02 * time_limit)
-
-
-@dataclass
-class EngineConfig:
-    bab: bool = True  # False: one hyper-network of all networks, no branching (paper's H/HM)
-    naive: bool = False  # one MILP per network, no hyper-networks, no pruning (paper's Naive)
-    gap: float = 0.0
-    rel_gap: float = 0.0  # with gap: nodes within max(gap, rel_gap * |lower|) of the best lower close
-    time_limit: float | None = None  # seconds for this invocation (a resume gets it again)
-    node_time_limit: float | None = None
-    random_state: int = 0
-
-
-@dataclass
-class ClassState:
-    cls: int
-    nodes: dict[int, Node] = field(default_factory=dict)  # active nodes: pending, running, open
-    next_id: int = 0
-    lower: float | None = None  # best replayed witness confidence
-    lower_row: int | None = None  # the leaking network's removed-row id
-    lower_witness: list | None = None
-    upper: float = INF  # anytime, never rises
-    gap_floor: float = -INF  # largest bound of a node closed within the tolerance (part of upper)
-    solved: int = 0  # node MILPs completed
-    done: bool = False
-    complete: bool = False
-    reason: str = ""
-    # finished by the --gap / --rel-gap tolerance: upper may exceed the exact bound by up to it
-    within_gap: bool = False
-    seconds: float = 0.0
-    screen: np.ndarray | None = None  # per position: sound upper bound on beta*_{c,{i}}
-    open_heap: list = field(default_factory=list)  # (-upper, id) of OPEN nodes (lazy deletion)
-    pending_heap: list = field(default_factory=list)  # (-upper, id) of PENDING nodes
-    logged: tuple = ()  # (upper, lower) of the last anytime event
-    seekers: int = 0  # singletons analysed once without the cutoff, to find the best leak early
-
-    # --- bookkeeping ---------------------------------------------------------------------------
-    def active_max(self) -> float:
-        return max((n.upper for n in self.nodes.values()), default=-INF)
-
-    def count(self, state: str) -> int:
-        return sum(1 for n in self.nodes.values() if n.state == state)
-
-    def to_json(self) -> dict:
-        return {
-            "next_id": self.next_id,
-            "lower": encode_float(self.lower),
-            "lower_row": self.lower_row,
-            "lower_witness": self.lower_witness,
-            "upper": encode_float(self.upper),
-            "gap_floor": encode_float(self.gap_floor),
-            "solved": self.solved,
-            "done": self.done,
-            "complete": self.complete,
-            "reason": self.reason,
-            "within_gap": self.within_gap,
-            "seconds": self.seconds,
-            "seekers": self.seekers,
-            "nodes": [n.to_json() for n in self.nodes.values()],
-        }
-
-    @classmethod
-    def from_json(cls, c: int, obj: dict) -> "ClassState":
-        cs = cls(
-            cls=c,
-            next_id=int(obj["next_id"]),
-            lower=decode_float(obj["lower"]),
-            lower_row=obj["lower_row"],
-            lower_witness=obj["lower_witness"],
-            upper=decode_float(obj["upper"]),
-            gap_floor=decode_float(obj.get("gap_floor", "-inf")),
-            solved=int(obj["solved"]),
-            done=bool(obj["done"]),
-            complete=bool(obj["complete"]),
-            reason=str(obj.get("reason", "")),
-            within_gap=bool(obj.get("within_gap", False)),
-            seconds=float(obj["seconds"]),
-            seekers=int(obj.get("seekers", 0)),
-        )
-        for raw in obj["nodes"]:
-            node = Node.from_json(raw)
-            if node.state == RUNNING:  # its MILP was lost with the killed process: redo it
-                node.state = PENDING
-            cs.nodes[node.id] = node
-        cs.rebuild_heaps()
-        return cs
-
-    def rebuild_heaps(self) -> None:
-        self.open_heap = [(-n.upper, n.id) for n in self.nodes.values() if n.state == OPEN]
-        self.pending_heap = [(-n.upper, n.id) for n in self.nodes.values() if n.state == PENDING]
-        heapq.heapify(self.open_heap)
-        heapq.heapify(self.pending_heap)
 
 
 def _preload_kmeans() -> None:
@@ -170,7 +66,7 @@ class Engine:
         executor: Any,
         classes: list[int],
         num_networks: int,
-        config: EngineConfig,
+        config: VerifySettings,
         *,
         params: np.ndarray | Callable[[], np.ndarray] | None = None,
         screen: Callable[[int, np.ndarray], np.ndarray] | None = None,
@@ -305,7 +201,7 @@ class Engine:
         self._emit("closed", cs.cls, node=node.id, parent=node.parent, size=node.size, upper=node.upper, reason=why)
 
     def _node_time_limit(self, node: Node) -> float | None:
-        limit = self.config.node_time_limit
+        limit = self.config.node_limit
         if limit is not None:
             limit = limit * (RETRY_GROWTH ** max(0, node.attempts))
         if self.config.time_limit is not None:
@@ -518,7 +414,7 @@ class Engine:
             groups = peel_top(positions, cs.screen, self.executor.capacity)
         else:
             groups = [positions] if len(positions) == 1 else split_node(
-                self.params(), positions, proved=node.proved, random_state=self.config.random_state)
+                self.params(), positions, proved=node.proved, random_state=self.config.seed)
         self._emit("split", cs.cls, node=node.id, parent=node.parent, size=node.size, upper=node.upper,
                    children=[len(g) for g in groups], dropped=int(node.size - len(positions)),
                    **({"peel": True} if node.peel else {}))
@@ -618,7 +514,7 @@ class Engine:
     def _retryable(self, node: Node) -> bool:
         """An unproved singleton gets another attempt with a longer node time limit; with a total
         time limit it keeps growing until that ends, else it gives up after a few."""
-        return (node.is_singleton and not node.proved and self.config.node_time_limit is not None
+        return (node.is_singleton and not node.proved and self.config.node_limit is not None
                 and (node.attempts < MAX_SINGLETON_ATTEMPTS or self.config.time_limit is not None))
 
     def _retry(self, cs: ClassState, node: Node) -> None:

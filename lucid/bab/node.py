@@ -7,10 +7,11 @@ that and the node's own proved bound, so a node's bound never rises.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from lucid.rundir import decode_float, encode_float
 
 PENDING = "pending"  # created, waiting for a worker (carries the parent's bound)
 RUNNING = "running"  # submitted to a worker
@@ -80,16 +81,3 @@ class Node:
             depth=int(obj["depth"]),
             peel=bool(obj.get("peel", False)),
         )
-
-
-def encode_float(v: float | None) -> float | str | None:
-    """JSON has no infinities: write them as strings."""
-    if v is None or math.isfinite(v):
-        return v
-    return "inf" if v > 0 else "-inf"
-
-
-def decode_float(v: float | str | None) -> float | None:
-    if v is None:
-        return None
-    return float(v)

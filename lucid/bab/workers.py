@@ -17,11 +17,13 @@ import concurrent.futures as cf
 import multiprocessing
 import os
 import queue
+from dataclasses import replace
 from typing import Any, Callable
 
 import numpy as np
 
 from lucid.errors import LucidError
+from lucid.settings import VerifySettings
 
 # analyse(cls, positions, time_limit, cutoff, attempt) -> NodeOutcome-like object; cutoff: the level
 # below which the engine does not need the node's bound; attempt: 1 the first time a node is
@@ -133,7 +135,7 @@ def _accepts(fn: Callable, name: str) -> bool:
 _WORKER_STATE: dict = {}
 
 
-def _init_worker(problem: Any, settings: dict, driver_pid: int | None = None) -> None:
+def _init_worker(problem: Any, settings: VerifySettings, driver_pid: int | None = None) -> None:
     import signal
 
     # Ctrl-C is handled by the driver (it checkpoints and stops the pool); workers must not print
@@ -175,25 +177,17 @@ def _die_with(driver_pid: int) -> None:
     threading.Thread(target=watch, name="lucid-driver-watch", daemon=True).start()
 
 
-def analyse_with(problem: Any, settings: dict, cls: int, positions: np.ndarray, time_limit: float | None,
+def analyse_with(problem: Any, settings: VerifySettings, cls: int, positions: np.ndarray, time_limit: float | None,
                  cutoff: float = -float("inf"), attempt: int = 1, threads: int = 1):
-    """One node MILP (runs in a worker)."""
-    from lucid.solvers.base import SolverOptions
-    from lucid.verifier import EncodingOptions, analyse_node
+    """One node analysis (runs in a worker)."""
+    from lucid.verifier import analyse_node
 
-    options = SolverOptions(
-        time_limit=time_limit,
-        threads=int(threads),
-        mip_rel_gap=settings.get("mip_rel_gap", 0.0),
-        mip_abs_gap=settings.get("mip_abs_gap", 0.0),
-    )
-    encoding = EncodingOptions(**settings["encoding"])
-    outcome = analyse_node(problem, cls, positions, solver=settings["solver"], solver_options=options, encoding=encoding,
-                           cutoff=cutoff, attempt=attempt, keep_trees=bool(settings.get("keep_trees")))
+    outcome = analyse_node(problem, cls, positions, settings=settings,
+                           solver_options=settings.solver_options(time_limit, threads), cutoff=cutoff, attempt=attempt)
     # An optimal witness is as good as any search; an infeasible node has nothing above the cutoff.
-    if (settings.get("search") and len(positions) <= SEARCH_MAX_NETWORKS and outcome.upper > -float("inf")
+    if (settings.targeted_search and len(positions) <= SEARCH_MAX_NETWORKS and outcome.upper > -float("inf")
             and outcome.status != "infeasible" and (outcome.status != "optimal" or outcome.lower is None)):
-        outcome = _with_targeted_search(problem, settings, cls, positions, outcome)
+        outcome = _with_targeted_search(problem, cls, positions, outcome)
     return outcome
 
 
@@ -202,14 +196,14 @@ def analyse_with(problem: Any, settings: dict, cls: int, positions: np.ndarray, 
 SEARCH_MAX_NETWORKS = 8
 
 
-def _with_targeted_search(problem: Any, settings: dict, cls: int, positions: np.ndarray, outcome: Any) -> Any:
+def _with_targeted_search(problem: Any, cls: int, positions: np.ndarray, outcome: Any) -> Any:
     import dataclasses
     import time
 
     from lucid.bab.witness import search_class_witness
 
     t0 = time.perf_counter()
-    found = search_class_witness(problem, cls, np.asarray(positions), points=settings.get("points"), samples=1024,
+    found = search_class_witness(problem, cls, np.asarray(positions), points=problem.points, samples=1024,
                            starts=8, steps=10)
     stats = dict(outcome.stats or {})
     stats["search_seconds"] = time.perf_counter() - t0
@@ -241,7 +235,7 @@ class ProcessExecutor(Executor):
     """One single-process pool per worker, so that a task can be sent to the worker holding its
     kept tree (a shared pool hands tasks to whichever process is free)."""
 
-    def __init__(self, problem: Any, settings: dict, workers: int) -> None:
+    def __init__(self, problem: Any, settings: VerifySettings, workers: int) -> None:
         super().__init__()
         self.capacity = workers
         # spawn, not fork: the driver runs threads (rich display, pool feeders) that fork would copy
@@ -281,7 +275,7 @@ class ProcessExecutor(Executor):
 class DaskExecutor(Executor):
     """Node MILPs on an existing Dask distributed cluster; the queue stays here."""
 
-    def __init__(self, problem: Any, settings: dict, scheduler: Any, workers: int | None) -> None:
+    def __init__(self, problem: Any, settings: VerifySettings, scheduler: Any, workers: int | None) -> None:
         super().__init__()
         try:
             from distributed import Client
@@ -297,10 +291,11 @@ class DaskExecutor(Executor):
             workers = max(1, cores)
         self.capacity = workers
         self._problem = self._client.scatter(problem, broadcast=True)
-        self._settings = settings
+        # the scheduler (maybe a Client) stays here; workers only need to know they run on Dask
+        self._settings = replace(settings, scheduler="dask")
 
     def _idle_workers(self) -> set[int]:
-        return set()  # tasks go wherever Dask sends them: no kept trees (settings["keep_trees"] is off)
+        return set()  # tasks go wherever Dask sends them: no kept trees (settings.keep_trees is off)
 
     def submit(self, key, cls, positions, time_limit, cutoff, attempt=1, threads=1):
         fut = self._client.submit(

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-
 import click
+
+from lucid.settings import VerifySettings
 
 
 def _print_summary(result: dict) -> None:
@@ -42,9 +43,9 @@ def command(run_dir, solver, workers, time_limit, node_time_limit, classes, tau,
             no_md, no_ris, no_bab, naive, no_screen, no_search, bounds, quiet) -> None:
     from lucid.bab import verify_run
 
-    result = verify_run(
-        run_dir, solver=solver, workers=workers, time_limit=time_limit, node_time_limit=node_time_limit,
+    settings = VerifySettings(
+        solver=solver, workers=workers, time_limit=time_limit, node_time_limit=node_time_limit,
         classes=classes, tau=tau, gap=gap, rel_gap=rel_gap, md=not no_md, ris=not no_ris, bab=not no_bab, naive=naive,
         resume=resume, scheduler=scheduler, progress=not quiet, screen=not no_screen, search=not no_search, bounds=bounds,
     )
-    _print_summary(result)
+    _print_summary(verify_run(run_dir, settings))

@@ -1,0 +1,173 @@
+"""`verify_run`: one verification of a run directory, from its settings to RUN/bounds.json.
+
+It opens the run, checks a resume against the checkpoint, builds the verification problem, the
+executor and the engine from one `VerifySettings`, and writes RUN/bounds.json (lucid-bounds/1),
+RUN/verify.log.jsonl (lucid.bab.events) and the resume checkpoint (lucid.bab.checkpoint).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from dataclasses import replace
+from functools import partial
+from pathlib import Path
+from typing import Any, Callable
+
+from lucid.errors import LucidError
+from lucid.settings import VerifySettings
+
+
+def _reconcile_with_log(states: dict, log_path: Path, result_options: dict, fingerprint: str) -> None:
+    """Carry over anytime upper bounds logged after the last checkpoint (a kill -9 can fall between
+    a solved node's log event and the next checkpoint). Those bounds were proved by MILPs of this
+    same verification (the log's last start/resume has the checkpoint's options), so they are
+    sound, and the resumed log's anytime upper keeps never rising."""
+    from lucid.bab.events import read_events
+
+    if not log_path.exists():
+        return
+    try:
+        events = read_events(log_path)
+    except (OSError, UnicodeDecodeError):
+        return
+    starts = [e for e in events if e.get("event") in ("started", "resumed") and e.get("class") is None]
+    if not starts:
+        return
+    for start in starts:
+        opts = start.get("options") or {}
+        if start.get("run_fingerprint") != fingerprint or any(opts.get(k) != v for k, v in result_options.items()):
+            return
+    for e in events:
+        if e.get("event") == "anytime" and e.get("class") in states and e.get("upper") is not None:
+            cs = states[e["class"]]
+            cs.upper = min(cs.upper, float(e["upper"]))
+
+
+def _terminate_as_interrupt() -> Callable[[], None]:
+    """Treat SIGTERM (kill, timeout, a job scheduler) like Ctrl-C: checkpoint, stop the workers,
+    exit 130. Returns the function that restores the previous handler (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    return lambda: signal.signal(signal.SIGTERM, previous)
+
+
+def _make_executor(problem: Any, settings: VerifySettings):
+    from lucid.bab.workers import DaskExecutor, ProcessExecutor, ThreadExecutor, analyse_with
+
+    if settings.scheduler is not None:
+        return DaskExecutor(problem, settings, settings.scheduler, settings.workers)
+    if settings.workers == 1:
+        return ThreadExecutor(lambda *args, **kw: analyse_with(problem, settings, *args, **kw), 1)
+    return ProcessExecutor(problem, settings, settings.workers)
+
+
+def _bounds_entries(engine: Any) -> dict[str, dict]:
+    from lucid.rundir import bound_entry_value
+
+    out = {}
+    for c, cs in sorted(engine.states.items()):
+        out[str(c)] = {
+            "upper": bound_entry_value(cs.upper, upper=True),
+            "lower": bound_entry_value(cs.lower, upper=False),
+            "complete": bool(cs.complete),
+            # finished without using --gap / --rel-gap (upper = the largest proved node bound)
+            "exact": bool(cs.complete and not cs.within_gap),
+            "seconds": round(cs.seconds if cs.done else engine.elapsed(), 3),
+            "nodes": cs.solved,
+            "reason": cs.reason,
+            "leaking_row": cs.lower_row,
+        }
+    return out
+
+
+def verify_run(run_dir: str | Path, settings: VerifySettings | None = None, **options: Any) -> dict:
+    """Compute per-class iDP decision bounds of a run; writes and returns the bounds.json content.
+
+    Options are a `VerifySettings` or its fields as keywords (`verify_run(run, time_limit=180)`)."""
+    from lucid.bab.checkpoint import CHECKPOINT_FILE, load_checkpoint, run_fingerprint, save_checkpoint
+    from lucid.bab.display import LiveDisplay
+    from lucid.bab.engine import Engine
+    from lucid.bab.events import LOG_FILE, EventLog
+    from lucid.bab.state import ClassState
+    from lucid.rundir import open_run, write_bounds
+
+    if settings is None:
+        settings = VerifySettings.from_options(**options)
+    elif options:
+        settings = replace(settings, **options)
+    run = open_run(run_dir)
+    classes = settings.resolve_classes(run.num_classes)
+    result_options = settings.result_options(classes)
+    run_path = Path(run.path)
+    ckpt_path = run_path / CHECKPOINT_FILE
+    try:
+        fingerprint = run_fingerprint(run_path)
+    except OSError as exc:
+        raise LucidError(f"cannot read the networks of {run_path}: {exc}") from None
+    states = None
+    elapsed_before = 0.0
+    if settings.resume:
+        saved = load_checkpoint(ckpt_path, fingerprint=fingerprint, options=result_options)
+        try:
+            states = {int(c): ClassState.from_json(int(c), obj) for c, obj in saved["classes"].items()}
+        except (KeyError, TypeError, ValueError) as exc:
+            raise LucidError(f"checkpoint {ckpt_path} is corrupt ({exc!r}); delete it and run without --resume") from None
+        if sorted(states) != classes:
+            raise LucidError(f"checkpoint {ckpt_path} is corrupt (its classes do not match)")
+        elapsed_before = float(saved["elapsed"])
+        _reconcile_with_log(states, run_path / LOG_FILE, result_options, fingerprint)
+
+    # Only now the expensive part (loading every network, N's bounds): bad input has failed fast.
+    from lucid import verifier
+
+    problem = verifier.VerificationProblem.from_run(run, bounds=settings.bounds, with_points=settings.search)
+    if len(problem.stack) < 2:
+        raise LucidError(f"{run.path} has no leave-one-out networks to verify")
+    if settings.workers is None and settings.scheduler is None:
+        settings = replace(settings, workers=os.cpu_count() or 1)
+    executor = _make_executor(problem, settings)
+    screen = partial(verifier.screen_upper_bounds, problem) if settings.screen else None
+    search = None
+    if settings.search:
+        from lucid.bab.witness import search_class_witness
+
+        search = partial(search_class_witness, problem, points=problem.points)
+
+    log = EventLog(run_path / LOG_FILE, elapsed_before=elapsed_before, append=settings.resume)
+    all_options = dict(result_options, workers=executor.capacity, time_limit=settings.time_limit,
+                       scheduler=None if settings.scheduler is None else str(settings.scheduler))
+    log.emit("resumed" if settings.resume else "started", None, options=all_options, networks=len(problem.stack) - 1,
+             run_fingerprint=fingerprint)
+
+    def checkpoint(engine: Engine) -> None:
+        save_checkpoint(ckpt_path, fingerprint=fingerprint, options=result_options, elapsed=engine.elapsed(),
+                        classes={str(c): cs.to_json() for c, cs in engine.states.items()})
+
+    title = f"lucid verify {run_path.name} ({settings.solver}, {executor.capacity} workers)"
+    engine = None
+    restore = _terminate_as_interrupt()
+    try:
+        with LiveDisplay(title, enabled=settings.progress) as display:
+            engine = Engine(executor, classes, len(problem.stack), settings, params=problem.stack.flat_parameters,
+                            screen=screen, search=search, log=log, on_progress=display.update,
+                            on_checkpoint=checkpoint, states=states)
+            engine.run()
+    except KeyboardInterrupt:
+        if engine is not None:
+            checkpoint(engine)  # the anytime bounds so far are sound; resume continues from here
+        raise
+    finally:
+        restore()
+        executor.close()
+        log.close()
+    result = write_bounds(run_path, _bounds_entries(engine), solver=settings.solver, options=all_options)
+    with EventLog(run_path / LOG_FILE, elapsed_before=engine.elapsed(), append=True) as tail:
+        tail.emit("finished", None, bounds=result["bounds"])
+    return result

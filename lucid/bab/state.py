@@ -1,0 +1,96 @@
+"""A class's branch-and-bound state (its active nodes, bounds and counters) and its JSON form,
+which the checkpoint stores and a resume reads back."""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from lucid.bab.node import OPEN, PENDING, RUNNING, Node
+from lucid.rundir import decode_float, encode_float
+
+INF = math.inf
+
+
+@dataclass
+class ClassState:
+    cls: int
+    nodes: dict[int, Node] = field(default_factory=dict)  # active nodes: pending, running, open
+    next_id: int = 0
+    lower: float | None = None  # best replayed witness confidence
+    lower_row: int | None = None  # the leaking network's removed-row id
+    lower_witness: list | None = None
+    upper: float = INF  # anytime, never rises
+    gap_floor: float = -INF  # largest bound of a node closed within the tolerance (part of upper)
+    solved: int = 0  # node MILPs completed
+    done: bool = False
+    complete: bool = False
+    reason: str = ""
+    # finished by the --gap / --rel-gap tolerance: upper may exceed the exact bound by up to it
+    within_gap: bool = False
+    seconds: float = 0.0
+    screen: np.ndarray | None = None  # per position: sound upper bound on beta*_{c,{i}}
+    open_heap: list = field(default_factory=list)  # (-upper, id) of OPEN nodes (lazy deletion)
+    pending_heap: list = field(default_factory=list)  # (-upper, id) of PENDING nodes
+    logged: tuple = ()  # (upper, lower) of the last anytime event
+    seekers: int = 0  # singletons analysed once without the cutoff, to find the best leak early
+
+    # --- bookkeeping ---------------------------------------------------------------------------
+    def active_max(self) -> float:
+        return max((n.upper for n in self.nodes.values()), default=-INF)
+
+    def count(self, state: str) -> int:
+        return sum(1 for n in self.nodes.values() if n.state == state)
+
+    def to_json(self) -> dict:
+        return {
+            "next_id": self.next_id,
+            "lower": encode_float(self.lower),
+            "lower_row": self.lower_row,
+            "lower_witness": self.lower_witness,
+            "upper": encode_float(self.upper),
+            "gap_floor": encode_float(self.gap_floor),
+            "solved": self.solved,
+            "done": self.done,
+            "complete": self.complete,
+            "reason": self.reason,
+            "within_gap": self.within_gap,
+            "seconds": self.seconds,
+            "seekers": self.seekers,
+            "nodes": [n.to_json() for n in self.nodes.values()],
+        }
+
+    @classmethod
+    def from_json(cls, c: int, obj: dict) -> "ClassState":
+        cs = cls(
+            cls=c,
+            next_id=int(obj["next_id"]),
+            lower=decode_float(obj["lower"]),
+            lower_row=obj["lower_row"],
+            lower_witness=obj["lower_witness"],
+            upper=decode_float(obj["upper"]),
+            gap_floor=decode_float(obj.get("gap_floor", "-inf")),
+            solved=int(obj["solved"]),
+            done=bool(obj["done"]),
+            complete=bool(obj["complete"]),
+            reason=str(obj.get("reason", "")),
+            within_gap=bool(obj.get("within_gap", False)),
+            seconds=float(obj["seconds"]),
+            seekers=int(obj.get("seekers", 0)),
+        )
+        for raw in obj["nodes"]:
+            node = Node.from_json(raw)
+            if node.state == RUNNING:  # its MILP was lost with the killed process: redo it
+                node.state = PENDING
+            cs.nodes[node.id] = node
+        cs.rebuild_heaps()
+        return cs
+
+    def rebuild_heaps(self) -> None:
+        self.open_heap = [(-n.upper, n.id) for n in self.nodes.values() if n.state == OPEN]
+        self.pending_heap = [(-n.upper, n.id) for n in self.nodes.values() if n.state == PENDING]
+        heapq.heapify(self.open_heap)
+        heapq.heapify(self.pending_heap)

@@ -1,0 +1,190 @@
+"""`VerifySettings`: every option of one verification, typed, validated once, passed unchanged.
+
+The CLI (or `verify_run`'s keyword arguments) builds one frozen `VerifySettings`; the engine, the
+workers, the node analysis and the solver calls all read this same object, so an option cannot be
+dropped on the way (as `--no-search` once was: the node-level search never saw it). The encoder and
+the backends take their own small parameter objects (`EncodingOptions`, `SolverOptions`), and those
+are built here and nowhere else. The checkpoint and the log store `result_options()`, and a resume
+compares them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from lucid.errors import LucidError
+
+BOUND_METHODS = ("interval", "lp")
+
+
+def _positive(name: str, value: Any) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise LucidError(f"{name} must be a positive number, got {value!r}")
+
+
+def _non_negative(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise LucidError(f"{name} must be a non-negative number, got {value!r}")
+
+
+def parse_classes(classes: Any) -> tuple[int, ...] | None:
+    """'0,2' / [0, 2] -> (0, 2); None -> None (every class). Ranges are checked by `resolve_classes`."""
+    if classes is None:
+        return None
+    parts = [p.strip() for p in classes.split(",") if p.strip()] if isinstance(classes, str) else list(classes)
+    if not parts:
+        raise LucidError("--classes is empty")
+    out: list[int] = []
+    for p in parts:
+        try:
+            c = int(p)
+        except (TypeError, ValueError):
+            raise LucidError(f"class {p!r} is not an integer class id") from None
+        if c not in out:
+            out.append(c)
+    return tuple(sorted(out))
+
+
+def default_node_time_limit(time_limit: float | None) -> float | None:
+    """Per-node MILP limit when only a total limit is given: an eighth of it, at least 20 s.
+
+    Without one the root MILP gets the whole budget, and a root that does not finish leaves only
+    the screening bound (Crypto 2x100: no node solved in 900 s). A node that hits its limit still
+    returns its proved dual bound, and a hyper-network node is then split.
+    """
+    if time_limit is None:
+        return None
+    return max(20.0, time_limit / 8)
+
+
+@dataclass(frozen=True)
+class VerifySettings:
+    """One verification's options (the `lucid verify` flags, and the encoder's fixed knobs).
+
+    solver: a backend name, `auto`, or names joined by '+' (cross-check every node).
+    workers / scheduler: parallel node analyses, locally or on a Dask scheduler.
+    time_limit: seconds for this invocation; node_time_limit: per node MILP (None: derived).
+    classes: the classes to verify (None: all).
+    gap / rel_gap: a class stops when upper - lower <= max(gap, rel_gap * |lower|).
+    md / ris / tau: matching dependencies (also the ReLU coupling), relax-if-similar and its width.
+    bab / naive: False / True are the paper's ablations (one hyper-network; one MILP per network).
+    screen / search: bound-propagation pre-screen; solver-free witness search (root and nodes).
+    bounds: how N's pre-activation bounds are computed ("lp" or "interval").
+    disjunction, obbt, obbt_probe, obbt_share: the encoder's fixed knobs (see `EncodingOptions`).
+    seed: k-means' random state when a node is split.
+    """
+
+    solver: str = "highs"
+    workers: int | None = None
+    scheduler: Any = None
+    time_limit: float | None = None
+    node_time_limit: float | None = None
+    classes: tuple[int, ...] | None = None
+    tau: float = 0.01
+    gap: float = 0.0
+    rel_gap: float = 0.0
+    md: bool = True
+    ris: bool = True
+    bab: bool = True
+    naive: bool = False
+    screen: bool = True
+    search: bool = True
+    bounds: str = "lp"
+    resume: bool = False
+    progress: bool = True
+    disjunction: str = "bigm"
+    obbt: bool | str = "singletons"
+    obbt_probe: float = 5.0
+    obbt_share: float = 0.5
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _positive("--time-limit", self.time_limit)
+        _positive("--node-time-limit", self.node_time_limit)
+        _positive("--workers", self.workers)
+        if self.workers is not None and int(self.workers) != self.workers:
+            raise LucidError(f"--workers must be a whole number, got {self.workers!r}")
+        _non_negative("--tau", self.tau)
+        _non_negative("--gap", self.gap)
+        _non_negative("--rel-gap", self.rel_gap)
+        if self.naive and not self.bab:
+            raise LucidError("--naive and --no-bab are different variants; give at most one")
+        if self.bounds not in BOUND_METHODS:
+            raise LucidError(f"unknown bound method {self.bounds!r}; valid: {', '.join(BOUND_METHODS)}")
+        if self.disjunction not in ("bigm", "split"):
+            raise LucidError(f"unknown disjunction {self.disjunction!r}; valid: bigm, split")
+        object.__setattr__(self, "classes", parse_classes(self.classes))
+        for name in ("time_limit", "node_time_limit", "tau", "gap", "rel_gap"):
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, float(value))
+        if self.workers is not None:
+            object.__setattr__(self, "workers", int(self.workers))
+        from lucid.solvers import check_solver_spec
+
+        check_solver_spec(self.solver)
+
+    @classmethod
+    def from_options(cls, **options: Any) -> "VerifySettings":
+        """From keyword options; an unknown name is one error line, not a TypeError."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise LucidError(f"unknown verify option(s): {', '.join(unknown)}")
+        return cls(**options)
+
+    # --- what the parts of the verifier read ------------------------------------------------------
+    def resolve_classes(self, num_classes: int) -> list[int]:
+        """The classes to verify, checked against the run's class count."""
+        if self.classes is None:
+            return list(range(num_classes))
+        for c in self.classes:
+            if not 0 <= c < num_classes:
+                raise LucidError(f"unknown class {c}: this run has classes 0..{num_classes - 1}")
+        return list(self.classes)
+
+    @property
+    def node_limit(self) -> float | None:
+        """The first attempt's node time limit: the user's, or the default derived from --time-limit."""
+        return self.node_time_limit if self.node_time_limit is not None else default_node_time_limit(self.time_limit)
+
+    @property
+    def keep_trees(self) -> bool:
+        """A singleton retry's solver tree is kept in its worker (`lucid.kept_trees`), except on
+        Dask, which decides itself where a task runs."""
+        return self.scheduler is None
+
+    @property
+    def targeted_search(self) -> bool:
+        """A small node whose MILP ends without a witness gets a search aimed at its networks."""
+        return self.search and not self.naive
+
+    def encoding_options(self):
+        """The encoder's switches (md also switches the ReLU coupling, as `--no-md` documents)."""
+        from lucid.encodings import EncodingOptions
+
+        return EncodingOptions(md=self.md, md_pre=self.md, coupling=self.md, ris=self.ris, tau=self.tau,
+                               disjunction=self.disjunction, obbt=self.obbt, search=self.search,
+                               obbt_probe=self.obbt_probe, obbt_share=self.obbt_share)
+
+    def solver_options(self, time_limit: float | None, threads: int = 1):
+        """One node solve's options: exact MIP gaps (LUCID's tolerance is applied by the engine)."""
+        from lucid.solvers.base import SolverOptions
+
+        return SolverOptions(time_limit=time_limit, threads=int(threads), mip_rel_gap=0.0, mip_abs_gap=0.0)
+
+    def result_options(self, classes: list[int]) -> dict:
+        """The options that determine the result: a resume must use the same ones."""
+        return {"solver": self.solver, "tau": self.tau, "gap": self.gap, "rel_gap": self.rel_gap, "md": self.md,
+                "ris": self.ris, "bab": self.bab, "naive": self.naive, "screen": self.screen, "search": self.search,
+                "bounds": self.bounds, "node_time_limit": self.node_time_limit, "classes": list(classes)}
+
+    def to_json(self) -> dict:
+        out = asdict(self)
+        out["scheduler"] = None if self.scheduler is None else str(self.scheduler)
+        out["classes"] = None if self.classes is None else list(self.classes)
+        return out

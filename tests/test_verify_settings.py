@@ -1,0 +1,212 @@
+"""Every `lucid verify` flag reaches, through the one typed `VerifySettings`, the part that uses it;
+bad values are one error line; `--no-search` switches off every witness search."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from bab_fixtures import write_tiny_run
+from click.testing import CliRunner
+
+import lucid.bab.engine
+import lucid.bab.witness
+import lucid.replay
+import lucid.solvers
+import lucid.verifier
+from lucid.cli import cli as main
+from lucid.errors import LucidError
+from lucid.settings import VerifySettings
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    return write_tiny_run(tmp_path_factory.mktemp("flags") / "run", networks=6, seed=3)
+
+
+class Recorder:
+    """Wraps the consumers of the settings and records what each received."""
+
+    def __init__(self, monkeypatch):
+        self.nodes: list[dict] = []  # analyse_node calls
+        self.solves: list[str] = []  # backends asked to solve a MILP
+        self.engines: list = []
+        self.screens = 0
+        self.searches = {"class": 0, "node": 0, "climb": 0}
+        self.problems: list = []
+        self.displays: list[bool] = []
+        original_analyse = lucid.verifier.analyse_node
+        original_solve = lucid.solvers.solve
+        original_screen = lucid.verifier.screen_upper_bounds
+        original_from_run = lucid.verifier.VerificationProblem.from_run.__func__
+        recorder = self
+
+        def analyse_node(problem, cls, positions, **kw):
+            settings = kw.get("settings")
+            recorder.nodes.append({"settings": settings, "encoding": settings.encoding_options(),
+                                   "options": kw.get("solver_options"), "cls": cls})
+            return original_analyse(problem, cls, positions, **kw)
+
+        def solve(model, solver="highs", *args, **kw):
+            if model.integrality.any():  # MILPs (the relaxation-witness heuristic solves LPs with HiGHS)
+                recorder.solves.append(solver)
+            return original_solve(model, solver, *args, **kw)
+
+        def screen(*args, **kw):
+            recorder.screens += 1
+            return original_screen(*args, **kw)
+
+        def counted(name, fn):
+            def wrapper(*args, **kw):
+                recorder.searches[name] += 1
+                return fn(*args, **kw)
+            return wrapper
+
+        def from_run(cls, run, **kw):
+            problem = original_from_run(cls, run, **kw)
+            recorder.problems.append(problem)
+            return problem
+
+        class Engine(lucid.bab.engine.Engine):
+            def __init__(self, *args, **kw):
+                super().__init__(*args, **kw)
+                recorder.engines.append(self)
+
+        class Display:
+            def __init__(self, title, enabled=True):
+                recorder.displays.append(enabled)
+
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                return False
+
+            def update(self, engine):
+                pass
+
+        monkeypatch.setattr(lucid.verifier, "analyse_node", analyse_node)
+        monkeypatch.setattr(lucid.solvers, "solve", solve)
+        monkeypatch.setattr(lucid.verifier, "screen_upper_bounds", screen)
+        monkeypatch.setattr(lucid.verifier, "search_node_witness", counted("node", lucid.verifier.search_node_witness))
+        monkeypatch.setattr(lucid.bab.witness, "search_class_witness",
+                            counted("class", lucid.bab.witness.search_class_witness))
+        monkeypatch.setattr(lucid.replay, "climb", counted("climb", lucid.replay.climb))
+        monkeypatch.setattr(lucid.verifier.VerificationProblem, "from_run", classmethod(from_run))
+        monkeypatch.setattr(lucid.bab.engine, "Engine", Engine)
+        monkeypatch.setattr("lucid.bab.display.LiveDisplay", Display)
+
+
+def verify(run_dir, monkeypatch, *flags: str):
+    rec = Recorder(monkeypatch)
+    result = CliRunner().invoke(main, ["verify", str(run_dir), "--workers", "1", *flags])
+    assert result.exit_code == 0, result.output
+    return rec
+
+
+def first_limits(rec) -> list[float | None]:
+    return [n["options"].time_limit for n in rec.nodes]
+
+
+# flag -> a check of what the part that uses it received
+CASES = {
+    "--solver": (["--solver", "scip"], lambda r: r.solves and set(r.solves) == {"scip"}
+                 and all(n["settings"].solver == "scip" for n in r.nodes)),
+    "--workers": ([], lambda r: r.engines[0].executor.capacity == 1),
+    "--time-limit": (["--time-limit", "40"], lambda r: r.engines[0].config.time_limit == 40.0
+                     and all(t is not None and t <= 40.0 for t in first_limits(r))),
+    "--node-time-limit": (["--node-time-limit", "7"], lambda r: r.nodes and first_limits(r)[0] == 7.0),
+    "--classes": (["--classes", "1"], lambda r: {n["cls"] for n in r.nodes} == {1}
+                  and sorted(r.engines[0].states) == [1]),
+    "--tau": (["--tau", "0.25"], lambda r: r.nodes and all(n["encoding"].tau == 0.25 for n in r.nodes)),
+    "--gap": (["--gap", "0.5"], lambda r: r.engines[0].config.gap == 0.5),
+    "--rel-gap": (["--rel-gap", "0.2"], lambda r: r.engines[0].config.rel_gap == 0.2),
+    "--no-md": (["--no-md"], lambda r: r.nodes and all(
+        not (n["encoding"].md or n["encoding"].md_pre or n["encoding"].coupling) for n in r.nodes)),
+    "--no-ris": (["--no-ris"], lambda r: r.nodes and all(not n["encoding"].ris for n in r.nodes)),
+    "--no-bab": (["--no-bab"], lambda r: not r.engines[0].config.bab and len(r.nodes) <= 2),
+    "--naive": (["--naive"], lambda r: r.engines[0].config.naive and all(
+        len(e) == 1 for e in [[1]] * len(r.nodes)) and len(r.nodes) >= 6),
+    "--no-screen": (["--no-screen"], lambda r: r.screens == 0),
+    "--no-search": (["--no-search"], lambda r: sum(r.searches.values()) == 0
+                    and all(not n["encoding"].search for n in r.nodes)),
+    "--bounds": (["--bounds", "interval"], lambda r: r.problems[0].bounds_method == "interval"),
+    "--quiet": (["--quiet"], lambda r: r.displays == [False]),
+}
+
+
+@pytest.mark.parametrize("flag", sorted(CASES))
+def test_every_verify_flag_reaches_its_consumer(run_dir, monkeypatch, flag):
+    if flag == "--solver" and not lucid.solvers.available_solvers()["scip"]:
+        pytest.skip("pyscipopt not installed")
+    args, check = CASES[flag]
+    for stale in ("bounds.json", "verify.checkpoint.json", "verify.log.jsonl"):
+        (run_dir / stale).unlink(missing_ok=True)
+    rec = verify(run_dir, monkeypatch, *args)
+    assert check(rec), (flag, rec.nodes[:2], rec.searches, rec.solves[:3])
+
+
+def test_the_defaults_differ_from_every_flags_setting(run_dir, monkeypatch):
+    """The checks above would pass vacuously if the default already had the flag's effect."""
+    rec = verify(run_dir, monkeypatch)
+    assert rec.screens > 0 and rec.searches["class"] > 0 and rec.searches["node"] + rec.searches["climb"] > 0
+    assert all(n["encoding"].md and n["encoding"].ris and n["encoding"].tau == 0.01 for n in rec.nodes)
+    assert set(rec.solves) == {"highs"} and rec.problems[0].bounds_method == "lp" and rec.displays == [True]
+    cfg = rec.engines[0].config
+    assert cfg.bab and not cfg.naive and cfg.gap == 0 and cfg.rel_gap == 0 and cfg.time_limit is None
+    assert sorted(rec.engines[0].states) == [0, 1] and first_limits(rec)[0] is None
+
+
+def test_resume_and_scheduler_reach_the_checkpoint_and_the_executor(run_dir, monkeypatch):
+    import lucid.bab.workers
+
+    for stale in ("bounds.json", "verify.checkpoint.json", "verify.log.jsonl"):
+        (run_dir / stale).unlink(missing_ok=True)
+    verify(run_dir, monkeypatch, "--time-limit", "30")
+    rec = verify(run_dir, monkeypatch, "--time-limit", "30", "--resume")
+    assert rec.engines[0].config.resume and all(cs.done for cs in rec.engines[0].states.values())
+    assert rec.nodes == []  # everything was finished in the checkpoint
+
+    seen = []
+
+    class Dask:
+        def __init__(self, problem, settings, scheduler, workers):
+            seen.append((settings.scheduler, scheduler))
+            raise LucidError("no cluster here")
+
+    monkeypatch.setattr(lucid.bab.workers, "DaskExecutor", Dask)
+    result = CliRunner().invoke(main, ["verify", str(run_dir), "--scheduler", "tcp://127.0.0.1:1"])
+    assert isinstance(result.exception, LucidError) and seen == [("tcp://127.0.0.1:1", "tcp://127.0.0.1:1")]
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"time_limit": 0}, "--time-limit must be a positive number"),
+    ({"node_time_limit": -1.0}, "--node-time-limit must be a positive number"),
+    ({"workers": 1.5}, "--workers must be a whole number"),
+    ({"tau": math.nan}, "--tau must be a non-negative number"),
+    ({"gap": -1}, "--gap must be a non-negative number"),
+    ({"rel_gap": math.inf}, "--rel-gap must be a non-negative number"),
+    ({"naive": True, "bab": False}, "--naive and --no-bab"),
+    ({"solver": "cplex"}, "unknown solver 'cplex'"),
+    ({"classes": "0,x"}, "class 'x' is not an integer"),
+    ({"classes": ""}, "--classes is empty"),
+    ({"bounds": "crown"}, "unknown bound method 'crown'"),
+    ({"colour": "red"}, "unknown verify option(s): colour"),
+])
+def test_bad_settings_are_one_error_line(options, message):
+    with pytest.raises(LucidError) as info:
+        VerifySettings.from_options(**options)
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_settings_are_frozen_and_serialisable():
+    import dataclasses
+    import json
+
+    s = VerifySettings(classes="1,0", time_limit=5)
+    assert s.classes == (0, 1) and s.time_limit == 5.0 and s.node_limit == 20.0
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.solver = "gurobi"
+    assert json.loads(json.dumps(s.to_json()))["classes"] == [0, 1]
+    with pytest.raises(LucidError, match="unknown class 3"):
+        s.__class__(classes="3").resolve_classes(2)
