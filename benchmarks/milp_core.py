@@ -27,7 +27,7 @@ import time
 
 import numpy as np
 
-from lucid.encodings import EncodingOptions
+from lucid.node.encode import EncodingOptions
 from lucid.rundir import open_run
 from lucid.settings import VerifySettings
 from lucid.solvers import SolverOptions, available_solvers

@@ -19,8 +19,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from lucid.encodings.model import MilpModel
-from lucid.encodings.mps import from_highs_lp
+from lucid.milp.model import MilpModel
+from lucid.solvers.mps import from_highs_lp
 from lucid.errors import LucidError, UnsoundSolverResult
 from lucid.solvers import SolverOptions, available_solvers, read_mps, solve
 

@@ -165,7 +165,7 @@ class VerifySettings:
 
     def encoding_options(self):
         """The encoder's switches (md also switches the ReLU coupling, as `--no-md` documents)."""
-        from lucid.encodings import EncodingOptions
+        from lucid.node.encode import EncodingOptions
 
         return EncodingOptions(md=self.md, md_pre=self.md, coupling=self.md, ris=self.ris, tau=self.tau,
                                disjunction=self.disjunction, obbt=self.obbt, search=self.search,

@@ -20,9 +20,9 @@ import numpy as np
 
 from lucid.bounds.difference import DifferenceBounds, difference_bounds
 from lucid.bounds.interval import FP_REL, LayerBounds, interval_bounds
-from lucid.encodings import EncodingOptions
-from lucid.encodings.idp import encode_idp, possible_targets
-from lucid.encodings.model import MilpModel
+from lucid.node.encode import EncodingOptions
+from lucid.node.encode import encode_idp, possible_targets
+from lucid.milp.model import MilpModel
 from lucid.errors import LucidError, UnsoundSolverResult
 from lucid.hyper import HyperNetwork, hyper_network
 from lucid.kept_trees import KEPT, KeptTree

@@ -8,7 +8,7 @@ from scipy.optimize import linprog
 from lucid.bounds.difference import difference_bounds
 from lucid.bounds.interval import interval_bounds
 from lucid.bounds.lp import LpBoundSolver, lp_bounds, rigorous_max
-from lucid.encodings.model import MilpModel
+from lucid.milp.model import MilpModel
 from lucid.hyper import hyper_network
 
 
@@ -96,7 +96,7 @@ def test_the_per_lp_time_cap_is_per_lp_not_per_solver_object(monkeypatch):
     # a fixed cap once ended every LP after the first few seconds of OBBT with "time limit".
     import time
 
-    import lucid.bounds.lp as lp
+    import lucid.solvers.lp as lp
     import scipy.sparse as sp
 
     rng = np.random.default_rng(0)

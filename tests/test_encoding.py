@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 from bruteforce import exact_for, tiny_stack
 
-from lucid.encodings import EncodingOptions
-from lucid.encodings.idp import encode_idp
+from lucid.node.encode import EncodingOptions
+from lucid.node.encode import encode_idp
 from lucid.hyper import hyper_network
 from lucid.solvers import SolverOptions, solve
 from lucid.verifier import VerificationProblem, node_difference_bounds
@@ -78,8 +78,8 @@ def test_stable_neurons_get_no_binary():
 
 
 def test_relu_coupling_rows_hold_for_every_real_pair_and_tighten_the_relaxation():
-    from lucid.encodings.builder import ModelBuilder
-    from lucid.encodings.matching import add_relu_coupling
+    from lucid.milp.builder import ModelBuilder
+    from lucid.milp.matching import add_relu_coupling
 
     rng = np.random.default_rng(5)
     # dhat intervals of every kind: non-negative, non-positive, mixed, degenerate
@@ -123,7 +123,7 @@ def test_relu_coupling_never_loosens_the_lp_relaxation():
 
 @pytest.mark.parametrize("positions", [[1], [1, 2, 3]])
 def test_leaving_out_implied_matching_rows_changes_no_bound(monkeypatch, positions):
-    import lucid.encodings.idp as idp
+    import lucid.node.encode as idp
 
     stack = tiny_stack(4, hidden=(6, 6), noise=0.5)
     lower, upper = np.zeros(2), np.ones(2)

@@ -7,9 +7,9 @@ import pytest
 import scipy.sparse as sp
 from bruteforce import tiny_stack
 
-from lucid.encodings import EncodingOptions
-from lucid.encodings.idp import encode_idp
-from lucid.encodings.inline import inline_defined_columns
+from lucid.node.encode import EncodingOptions
+from lucid.node.encode import encode_idp
+from lucid.solvers.compact import inline_defined_columns
 from lucid.hyper import hyper_network
 from lucid.solvers import SolverOptions, available_solvers, solve
 from lucid.solvers.replay import REPLAY_TOLERANCE, replay_solution

@@ -10,7 +10,7 @@ import pytest
 import scipy.sparse as sp
 from scipy.optimize import linprog
 
-from lucid.encodings.model import MilpModel
+from lucid.milp.model import MilpModel
 from lucid.errors import LucidError, SolverError, UnsoundSolverResult
 from lucid.solvers import (
     ERROR,
@@ -358,8 +358,8 @@ def test_highs_runs_on_a_scheduler_started_elsewhere_with_other_threads():
 
     script = textwrap.dedent("""
         import highspy, numpy as np, scipy.sparse as sp
-        from lucid.encodings.model import MilpModel
-        from lucid.encodings.mps import to_highs_lp
+        from lucid.milp.model import MilpModel
+        from lucid.solvers.mps import to_highs_lp
         from lucid.solvers import SolverOptions, solve
         m = MilpModel(A=sp.csr_matrix([[2.0, 3.0, 1.0]]), row_lower=np.array([-np.inf]),
                       row_upper=np.array([5.0]), col_lower=np.zeros(3), col_upper=np.ones(3),

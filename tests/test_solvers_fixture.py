@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from lucid.encodings.model import MilpModel
+from lucid.milp.model import MilpModel
 from lucid.errors import LucidError
 from lucid.solvers import OPTIMAL, TIME_LIMIT, SolverOptions, available_solvers, read_mps, solve
 from lucid.solvers.highs_backend import SOUND_OPTIONS

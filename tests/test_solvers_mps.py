@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from lucid.encodings.model import MilpModel
+from lucid.milp.model import MilpModel
 from lucid.errors import LucidError
 from lucid.solvers import SolverOptions, read_mps, solve, write_mps
 

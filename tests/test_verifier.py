@@ -8,7 +8,7 @@ import pytest
 from bruteforce import exact_for, exact_singleton_bound, grid_leak_max, network, tiny_stack
 
 import lucid.solvers
-from lucid.encodings import EncodingOptions
+from lucid.node.encode import EncodingOptions
 from lucid.network import confidence, stack_from_tensors
 from lucid.replay import find_leak
 from lucid.settings import VerifySettings

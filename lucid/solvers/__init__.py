@@ -1,6 +1,6 @@
 """MILP backends: one `solve()` for HiGHS, Gurobi, CBC (PuLP) and SCIP, all reporting proved bounds."""
 
-from lucid.encodings.mps import read_mps, write_mps
+from lucid.solvers.mps import read_mps, write_mps
 from lucid.errors import SolverError, UnsoundSolverResult
 from lucid.solvers.base import (
     ERROR,

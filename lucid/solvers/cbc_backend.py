@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from lucid.encodings.model import MilpModel
+from lucid.milp.model import MilpModel
 from lucid.errors import SolverError
 from lucid.solvers.replay import REPLAY_TOLERANCE, replay_solution
 from lucid.solvers.base import ERROR, INFEASIBLE, OPTIMAL, TIME_LIMIT, SolveResult, SolverOptions
@@ -98,7 +98,7 @@ def _read_solution(path: Path, n: int) -> np.ndarray | None:
 def solve_cbc(
     model: MilpModel, options: SolverOptions, extra: dict[str, object] | None = None
 ) -> SolveResult:
-    from lucid.encodings.mps import write_mps
+    from lucid.solvers.mps import write_mps
 
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="lucid-cbc-") as tmp:

@@ -1,6 +1,6 @@
 """Gurobi backend (gurobipy matrix API: one addMVar + one addMConstr per row sense; ranged rows via slacks).
 
-Gurobi gets the compact form of a model (lucid.encodings.inline: layer-0 pre-activations
+Gurobi gets the compact form of a model (lucid.solvers.compact: layer-0 pre-activations
 substituted out) and its solution is mapped back to the model's columns, so callers never see
 the difference; the size-limited licence is judged on that compact form.
 """
@@ -14,8 +14,8 @@ import time
 import numpy as np
 import scipy.sparse as sp
 
-from lucid.encodings.inline import inline_defined_columns
-from lucid.encodings.model import MilpModel
+from lucid.solvers.compact import inline_defined_columns
+from lucid.milp.model import MilpModel
 from lucid.errors import SolverError
 from lucid.solvers.base import ERROR, INFEASIBLE, OPTIMAL, TIME_LIMIT, SolveResult, SolverOptions
 

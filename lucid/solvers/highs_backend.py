@@ -21,7 +21,7 @@ import time
 
 import numpy as np
 
-from lucid.encodings.model import MilpModel
+from lucid.milp.model import MilpModel
 from lucid.solvers.base import ERROR, INFEASIBLE, OPTIMAL, TIME_LIMIT, SolveResult, SolverOptions
 
 # Options that keep HiGHS sound on our fixture; callers may add more via `extra`, never remove.
@@ -59,7 +59,7 @@ def solve_highs(
 ) -> SolveResult:
     import highspy
 
-    from lucid.encodings.mps import to_highs_lp
+    from lucid.solvers.mps import to_highs_lp
 
     t0 = time.perf_counter()
     h = highspy.Highs()

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lucid.encodings.model import MilpModel
+from lucid.milp.model import MilpModel
 
 # A solver's primal solution must satisfy every row/bound/integrality to this absolute tolerance
 # (solvers use 1e-6 feasibility tolerances on scaled models; big-M rows can amplify that).

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from lucid.encodings.model import MilpModel
+from lucid.milp.model import MilpModel
 from lucid.solvers.base import ERROR, INFEASIBLE, OPTIMAL, TIME_LIMIT, SolveResult, SolverOptions
 
 
@@ -19,7 +19,7 @@ def solve_scip(
 ) -> SolveResult:
     import pyscipopt
 
-    from lucid.encodings.mps import write_mps
+    from lucid.solvers.mps import write_mps
 
     t0 = time.perf_counter()
     m = pyscipopt.Model()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from lucid.encodings.builder import ModelBuilder
+from lucid.milp.builder import ModelBuilder
 
 
 def add_matching(b: ModelBuilder, z: np.ndarray, z_hyper: np.ndarray, lower: np.ndarray, upper: np.ndarray, name: str,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
-from lucid.encodings.model import MilpModel
+from lucid.milp.model import MilpModel
 
 
 class ModelBuilder:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from lucid.encodings.builder import ModelBuilder
+from lucid.milp.builder import ModelBuilder
 
 
 def stability(lower: np.ndarray, upper: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -13,7 +13,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from lucid.atomic import write_atomic
-from lucid.encodings.model import MilpModel
+from lucid.milp.model import MilpModel
 from lucid.errors import LucidError
 
 

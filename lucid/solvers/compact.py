@@ -22,7 +22,7 @@ from typing import Callable
 import numpy as np
 import scipy.sparse as sp
 
-from lucid.encodings.model import MilpModel
+from lucid.milp.model import MilpModel
 
 _U = np.finfo(np.float64).eps / 2  # unit roundoff
 
