@@ -154,7 +154,7 @@ class VerifySettings:
 
     @property
     def keep_trees(self) -> bool:
-        """A singleton retry's solver tree is kept in its worker (`lucid.kept_trees`), except on
+        """A singleton retry's solver tree is kept in its worker (`lucid.node.kept_trees`), except on
         Dask, which decides itself where a task runs."""
         return self.scheduler is None
 

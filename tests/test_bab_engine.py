@@ -1,6 +1,6 @@
 """Queue logic of the branch-and-bound engine, with a deterministic in-test analyser.
 
-`FakeAnalyser` is a TEST DOUBLE for lucid.verifier.analyse_node: every network i has a known true
+`FakeAnalyser` is a TEST DOUBLE for lucid.node.analyse.analyse_node: every network i has a known true
 bound v[i]; a node's "MILP" returns max(v[S]) + slack * (|S| - 1) (a sound, set-monotone over-
 approximation, exact for singletons) and, as the replayed witness, v of the set's smallest member
 (a true lower bound). The real analyser is exercised in test_verify_cli.py.
@@ -292,7 +292,8 @@ def test_search_witness_is_a_replayed_leak(tmp_path):
     from lucid.bab.witness import search_class_witness
     from lucid.network import confidence
     from lucid.rundir import open_run
-    from lucid.verifier import VerificationProblem, analyse_node
+    from lucid.node.analyse import analyse_node
+    from lucid.node.problem import VerificationProblem
 
     run = open_run(write_tiny_run(tmp_path / "run", networks=6, seed=2))
     problem = VerificationProblem.from_run(run, bounds="interval")

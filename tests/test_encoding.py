@@ -8,7 +8,7 @@ from lucid.node.encode import EncodingOptions
 from lucid.node.encode import encode_idp
 from lucid.hyper import hyper_network
 from lucid.solvers import SolverOptions, solve
-from lucid.verifier import VerificationProblem, node_difference_bounds
+from lucid.node.problem import VerificationProblem, node_difference_bounds
 
 
 def raw_bound(problem, cls, positions, options, targets=None):

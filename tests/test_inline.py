@@ -13,7 +13,7 @@ from lucid.solvers.compact import inline_defined_columns
 from lucid.hyper import hyper_network
 from lucid.solvers import SolverOptions, available_solvers, solve
 from lucid.solvers.replay import REPLAY_TOLERANCE, replay_solution
-from lucid.verifier import VerificationProblem, node_difference_bounds
+from lucid.node.problem import VerificationProblem, node_difference_bounds
 
 
 def models(positions, relax_all, d=3, seed=4):

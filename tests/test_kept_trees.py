@@ -12,10 +12,11 @@ from test_solvers import market_split
 
 import lucid.solvers.gurobi_backend as gurobi_backend
 from lucid.bab.workers import Executor, ProcessExecutor, ThreadExecutor
-from lucid.kept_trees import KEPT
+from lucid.node.kept_trees import KEPT
 from lucid.settings import VerifySettings
 from lucid.solvers import INFEASIBLE, OPTIMAL, TIME_LIMIT, SolverOptions, available_solvers, resume, solve
-from lucid.verifier import VerificationProblem, analyse_node
+from lucid.node.analyse import analyse_node
+from lucid.node.problem import VerificationProblem
 
 needs_gurobi = pytest.mark.skipif(not available_solvers()["gurobi"], reason="gurobipy not installed")
 

@@ -13,7 +13,9 @@ from lucid.network import confidence, stack_from_tensors
 from lucid.replay import find_leak
 from lucid.settings import VerifySettings
 from lucid.solvers import SolverOptions, available_solvers
-from lucid.verifier import VerificationProblem, analyse_node, screen_upper_bounds
+from lucid.node.analyse import analyse_node
+from lucid.node.problem import VerificationProblem
+from lucid.node.screen import screen_upper_bounds
 
 CASES = [(0, -1.0, 2), (2, 0.0, 2), (1, -1.0, 3)]
 

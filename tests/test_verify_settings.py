@@ -13,7 +13,9 @@ import lucid.bab.engine
 import lucid.bab.witness
 import lucid.replay
 import lucid.solvers
-import lucid.verifier
+import lucid.node.analyse
+import lucid.node.problem
+import lucid.node.screen
 from lucid.cli import cli as main
 from lucid.errors import LucidError
 from lucid.settings import VerifySettings
@@ -35,10 +37,10 @@ class Recorder:
         self.searches = {"class": 0, "node": 0, "climb": 0}
         self.problems: list = []
         self.displays: list[bool] = []
-        original_analyse = lucid.verifier.analyse_node
+        original_analyse = lucid.node.analyse.analyse_node
         original_solve = lucid.solvers.solve
-        original_screen = lucid.verifier.screen_upper_bounds
-        original_from_run = lucid.verifier.VerificationProblem.from_run.__func__
+        original_screen = lucid.node.screen.screen_upper_bounds
+        original_from_run = lucid.node.problem.VerificationProblem.from_run.__func__
         recorder = self
 
         def analyse_node(problem, cls, positions, **kw):
@@ -85,14 +87,14 @@ class Recorder:
             def update(self, engine):
                 pass
 
-        monkeypatch.setattr(lucid.verifier, "analyse_node", analyse_node)
+        monkeypatch.setattr(lucid.node.analyse, "analyse_node", analyse_node)
         monkeypatch.setattr(lucid.solvers, "solve", solve)
-        monkeypatch.setattr(lucid.verifier, "screen_upper_bounds", screen)
-        monkeypatch.setattr(lucid.verifier, "search_node_witness", counted("node", lucid.verifier.search_node_witness))
+        monkeypatch.setattr(lucid.node.screen, "screen_upper_bounds", screen)
+        monkeypatch.setattr(lucid.node.analyse, "search_node_witness", counted("node", lucid.node.analyse.search_node_witness))
         monkeypatch.setattr(lucid.bab.witness, "search_class_witness",
                             counted("class", lucid.bab.witness.search_class_witness))
         monkeypatch.setattr(lucid.replay, "climb", counted("climb", lucid.replay.climb))
-        monkeypatch.setattr(lucid.verifier.VerificationProblem, "from_run", classmethod(from_run))
+        monkeypatch.setattr(lucid.node.problem.VerificationProblem, "from_run", classmethod(from_run))
         monkeypatch.setattr(lucid.bab.engine, "Engine", Engine)
         monkeypatch.setattr("lucid.bab.display.LiveDisplay", Display)
 

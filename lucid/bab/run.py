@@ -125,15 +125,16 @@ def verify_run(run_dir: str | Path, settings: VerifySettings | None = None, **op
         _reconcile_with_log(states, run_path / LOG_FILE, result_options, fingerprint)
 
     # Only now the expensive part (loading every network, N's bounds): bad input has failed fast.
-    from lucid import verifier
+    from lucid.node.problem import VerificationProblem
+    from lucid.node.screen import screen_upper_bounds
 
-    problem = verifier.VerificationProblem.from_run(run, bounds=settings.bounds, with_points=settings.search)
+    problem = VerificationProblem.from_run(run, bounds=settings.bounds, with_points=settings.search)
     if len(problem.stack) < 2:
         raise LucidError(f"{run.path} has no leave-one-out networks to verify")
     if settings.workers is None and settings.scheduler is None:
         settings = replace(settings, workers=os.cpu_count() or 1)
     executor = _make_executor(problem, settings)
-    screen = partial(verifier.screen_upper_bounds, problem) if settings.screen else None
+    screen = partial(screen_upper_bounds, problem) if settings.screen else None
     search = None
     if settings.search:
         from lucid.bab.witness import search_class_witness

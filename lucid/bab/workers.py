@@ -6,7 +6,7 @@ N workers solve N nodes at once; only the last node of a verification gets the i
 threads. The verification problem (all networks, the domain, N's bounds) is shipped to each worker
 once — via the pool initializer, or scattered to every Dask worker — not with every task.
 
-A singleton retry's time-limited MILP stays in the worker that solved it (`lucid.kept_trees`);
+A singleton retry's time-limited MILP stays in the worker that solved it (`lucid.node.kept_trees`);
 the process executor remembers which worker that is, so the engine can send the node's next retry
 there and the solver continues its tree (`Executor.continuable`).
 """
@@ -27,7 +27,7 @@ from lucid.settings import VerifySettings
 
 # analyse(cls, positions, time_limit, cutoff, attempt) -> NodeOutcome-like object; cutoff: the level
 # below which the engine does not need the node's bound; attempt: 1 the first time a node is
-# analysed, then 2, 3, ... (see lucid.verifier.analyse_node)
+# analysed, then 2, 3, ... (see lucid.node.analyse.analyse_node)
 AnalyseFn = Callable[[int, np.ndarray, float | None, float, int], Any]
 
 
@@ -58,7 +58,7 @@ class Executor:
         return set(range(self.capacity)) - set(self._where.values())
 
     def continuable(self) -> list[Any]:
-        """Keys whose kept solver tree sits on a worker that is idle now (see `lucid.kept_trees`)."""
+        """Keys whose kept solver tree sits on a worker that is idle now (see `lucid.node.kept_trees`)."""
         idle = self._idle_workers()
         return [k for k, w in self._kept.items() if w in idle and k not in self._where]
 
@@ -116,7 +116,7 @@ class ThreadExecutor(Executor):
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
-        from lucid.kept_trees import KEPT
+        from lucid.node.kept_trees import KEPT
 
         KEPT.clear()
 
@@ -180,7 +180,7 @@ def _die_with(driver_pid: int) -> None:
 def analyse_with(problem: Any, settings: VerifySettings, cls: int, positions: np.ndarray, time_limit: float | None,
                  cutoff: float = -float("inf"), attempt: int = 1, threads: int = 1):
     """One node analysis (runs in a worker)."""
-    from lucid.verifier import analyse_node
+    from lucid.node.analyse import analyse_node
 
     outcome = analyse_node(problem, cls, positions, settings=settings,
                            solver_options=settings.solver_options(time_limit, threads), cutoff=cutoff, attempt=attempt)
@@ -201,6 +201,7 @@ def _with_targeted_search(problem: Any, cls: int, positions: np.ndarray, outcome
     import time
 
     from lucid.bab.witness import search_class_witness
+    from lucid.node.soundness import contradicts
 
     t0 = time.perf_counter()
     found = search_class_witness(problem, cls, np.asarray(positions), points=problem.points, samples=1024,
@@ -210,7 +211,7 @@ def _with_targeted_search(problem: Any, cls: int, positions: np.ndarray, outcome
     stats["search_lower"] = None if found is None else float(found.confidence)
     if found is not None and (outcome.lower is None or found.confidence > outcome.lower):
         upper, status = outcome.upper, outcome.status
-        if found.confidence > upper:
+        if contradicts(upper, found):
             # A true leak above a "proved" bound: the solver failed. Never use that bound; the node
             # keeps its parent's (inherited) bound instead.
             import logging

@@ -22,6 +22,10 @@ class Backend:
     pip: str  # package to install
     load: Callable[[], Callable[..., SolveResult]]
     resumable: bool = False  # takes keep=True and hands back a continuable `SolveResult.tree`
+    # where it stands when another backend's bound must be re-checked (lower first; None: never)
+    fallback_rank: int | None = None
+    # options a caller may not override without unsafe=True (known to give unsound bounds)
+    guarded: Callable[[], dict] | None = None
 
 
 def _highs():
@@ -48,11 +52,20 @@ def _scip():
     return solve_scip
 
 
+def _highs_guarded() -> dict:
+    from lucid.solvers.highs_backend import SOUND_OPTIONS
+
+    return SOUND_OPTIONS
+
+
+# Fallbacks re-solve a model whose bound failed a check: SCIP and Gurobi first, being independent
+# of HiGHS (whose MIP presolve has proved a wrong optimum on one of our models); CBC, the slowest,
+# runs as a subprocess on MPS files and is no fallback.
 BACKENDS: dict[str, Backend] = {
-    "highs": Backend("highspy", "highspy", _highs),
-    "gurobi": Backend("gurobipy", "gurobipy", _gurobi, resumable=True),
+    "highs": Backend("highspy", "highspy", _highs, fallback_rank=2, guarded=_highs_guarded),
+    "gurobi": Backend("gurobipy", "gurobipy", _gurobi, resumable=True, fallback_rank=1),
     "cbc": Backend("pulp", "pulp", _cbc),
-    "scip": Backend("pyscipopt", "pyscipopt", _scip),
+    "scip": Backend("pyscipopt", "pyscipopt", _scip, fallback_rank=0),
 }
 SOLVER_NAMES = ("auto", *BACKENDS)
 
@@ -60,6 +73,14 @@ SOLVER_NAMES = ("auto", *BACKENDS)
 def available_solvers() -> dict[str, bool]:
     """Which backends can be imported here (not whether their licence covers a model)."""
     return {name: importlib.util.find_spec(b.module) is not None for name, b in BACKENDS.items()}
+
+
+def fallback_order(exclude: str) -> list[str]:
+    """The installed backends to re-check a failed solve of `exclude` with, in order."""
+    avail = available_solvers()
+    ranked = sorted((b.fallback_rank, name) for name, b in BACKENDS.items()
+                    if b.fallback_rank is not None and name != exclude and avail[name])
+    return [name for _, name in ranked]
 
 
 def _check_name(name: str) -> None:
@@ -175,13 +196,12 @@ def solve(
     backend = BACKENDS[name]
     if not available_solvers()[name]:
         raise SolverError(f"solver {name!r} is not installed: pip install {backend.pip}")
-    if name == "highs" and not unsafe:
-        from lucid.solvers.highs_backend import SOUND_OPTIONS
-
+    if backend.guarded is not None and not unsafe:
+        guarded = backend.guarded()
         for key, value in backend_options.items():
-            if key in SOUND_OPTIONS and value != SOUND_OPTIONS[key]:
+            if key in guarded and value != guarded[key]:
                 raise LucidError(
-                    f"highs option {key}={value!r} is known to give unsound bounds "
+                    f"{name} option {key}={value!r} is known to give unsound bounds "
                     f"(pass unsafe=True only for experiments)"
                 )
     resume_args = {"keep": True} if keep and backend.resumable else {}

@@ -1,0 +1,128 @@
+"""The verification problem of a run: every network, the input domain, N's bounds over it.
+
+A `VerificationProblem` is all a worker needs for any node, and it is shipped to each worker once.
+N's pre-activation bounds (LP-tightened by default) are cached in RUN/cache/, keyed by content.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from lucid.bounds.difference import DifferenceBounds, difference_bounds
+from lucid.bounds.interval import FP_REL, LayerBounds, interval_bounds
+from lucid.errors import LucidError
+from lucid.hyper import HyperNetwork
+from lucid.network import NetworkStack
+from lucid.settings import BOUND_METHODS
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class VerificationProblem:
+    """Everything a worker needs for any node: picklable (numpy only)."""
+
+    stack: NetworkStack
+    lower: np.ndarray
+    upper: np.ndarray
+    n_bounds: LayerBounds  # N's pre-activation bounds over the domain
+    margin_upper: np.ndarray  # [C, C] sound upper bounds of s_c - s_t for N
+    bounds_method: str = "lp"
+    points: np.ndarray | None = None  # training inputs: where the witness search starts (None: samples only)
+
+    @property
+    def num_classes(self) -> int:
+        return self.stack.num_classes
+
+    @property
+    def n_weights(self) -> list[np.ndarray]:
+        return [w[0] for w in self.stack.weights]
+
+    @property
+    def n_biases(self) -> list[np.ndarray]:
+        return [b[0] for b in self.stack.biases]
+
+    @classmethod
+    def from_stack(cls, stack: NetworkStack, lower: np.ndarray, upper: np.ndarray, bounds: str = "lp") -> "VerificationProblem":
+        lower, upper = _check_domain(stack, lower, upper)
+        n_bounds, margin = compute_n_bounds(stack, lower, upper, bounds)
+        return cls(stack, lower, upper, n_bounds, margin, bounds)
+
+    @classmethod
+    def from_run(cls, run, bounds: str = "lp", with_points: bool = False) -> "VerificationProblem":
+        """Load the run's networks and N's bounds (cached in RUN/cache/, keyed by content);
+        `with_points`: also the training inputs, for the witness search."""
+        points = None
+        if with_points:
+            try:
+                points = run.data().get("X_train")
+            except LucidError:
+                points = None  # the search then samples the domain only
+        stack = run.networks()
+        lower, upper = _check_domain(stack, *run.domain)
+        key = _cache_key(stack, lower, upper, bounds)
+        path = Path(run.cache_dir) / f"n-bounds-{bounds}-{key}.npz"
+        L = len(stack.weights)
+        if path.exists():
+            try:
+                with np.load(path, allow_pickle=False) as npz:
+                    arrays = {k: npz[k] for k in npz.files}
+                return cls(stack, lower, upper, LayerBounds.from_arrays(arrays, L), arrays["margin_upper"], bounds, points)
+            except Exception:  # a corrupt cache is recomputed, never trusted
+                log.warning("ignoring unreadable cache file %s", path)
+        n_bounds, margin = compute_n_bounds(stack, lower, upper, bounds)
+        try:
+            from lucid.atomic import write_atomic
+
+            def write(tmp: str) -> None:
+                with open(tmp, "wb") as fh:
+                    np.savez(fh, margin_upper=margin, **n_bounds.to_arrays())
+
+            write_atomic(path, write)
+        except OSError as exc:
+            log.warning("cannot cache N's bounds in %s: %s", path, exc)
+        return cls(stack, lower, upper, n_bounds, margin, bounds, points)
+
+def _check_domain(stack: NetworkStack, lower, upper) -> tuple[np.ndarray, np.ndarray]:
+    lower = np.asarray(lower, dtype=np.float64)
+    upper = np.asarray(upper, dtype=np.float64)
+    d = stack.input_dim
+    if lower.shape != (d,) or upper.shape != (d,):
+        raise LucidError(f"the domain has {lower.size}/{upper.size} bounds but the networks take {d} inputs")
+    if not (np.all(np.isfinite(lower)) and np.all(np.isfinite(upper))) or np.any(lower > upper):
+        raise LucidError("the domain must be a finite box with lower <= upper")
+    return lower, upper
+
+def _cache_key(stack: NetworkStack, lower: np.ndarray, upper: np.ndarray, bounds: str) -> str:
+    h = hashlib.sha256(bounds.encode())
+    for arr in [*(w[0] for w in stack.weights), *(b[0] for b in stack.biases), lower, upper]:
+        h.update(np.ascontiguousarray(arr, dtype=np.float64).tobytes())
+    return h.hexdigest()[:16]
+
+def compute_n_bounds(stack: NetworkStack, lower: np.ndarray, upper: np.ndarray, method: str = "lp") -> tuple[LayerBounds, np.ndarray]:
+    """N's pre-activation bounds and the [C, C] margin bounds by `method` ("interval" | "lp")."""
+    if method not in BOUND_METHODS:
+        raise LucidError(f"unknown bound method {method!r}; valid: {', '.join(BOUND_METHODS)}")
+    w = [x[0] for x in stack.weights]
+    b = [x[0] for x in stack.biases]
+    if method == "interval":
+        nb = interval_bounds(w, b, lower, upper)
+        margin = nb.upper[-1][:, None] - nb.lower[-1][None, :]
+        margin = margin + FP_REL * (np.abs(nb.upper[-1][:, None]) + np.abs(nb.lower[-1][None, :]))
+        np.fill_diagonal(margin, 0.0)
+        return nb, margin
+    from lucid.bounds.lp import lp_bounds, lp_margin_upper
+
+    nb = lp_bounds(w, b, lower, upper)
+    return nb, lp_margin_upper(w, b, lower, upper, nb)
+
+def node_difference_bounds(problem: VerificationProblem, hyper: HyperNetwork) -> DifferenceBounds:
+    return difference_bounds(
+        problem.n_weights, problem.n_biases, hyper.w_lo, hyper.w_hi, hyper.b_lo, hyper.b_hi,
+        problem.n_bounds, problem.lower, problem.upper,
+    )
