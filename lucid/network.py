@@ -21,6 +21,7 @@ import numpy as np
 from lucid.errors import LucidError
 
 NETWORKS_FILE = "networks.safetensors"
+TORCH_THRESHOLD = 200_000  # networks x inputs from which torch's speed pays for its import
 
 
 @dataclass
@@ -70,14 +71,35 @@ class NetworkStack:
         except KeyError as exc:
             raise LucidError(f"no network trained without row {exc.args[0]} in this run") from None
 
-    def forward(self, x: np.ndarray) -> np.ndarray:
-        """Scores of every network on every input: x [B, d] -> [K, B, C] (float64)."""
-        h = np.broadcast_to(np.asarray(x, dtype=np.float64), (len(self),) + np.shape(x))
+    def forward(self, x: np.ndarray, *, float32: bool = False, use_torch: bool | None = None) -> np.ndarray:
+        """Scores of every network on every input: x [B, d] -> [K, B, C] (float64 array).
+
+        The one stacked forward pass (verification, witness replay, evaluation). Float64 by default:
+        replay and claimed bounds depend on it. `float32=True` only ranks candidate points (torch,
+        about 20x faster than numpy's stacked matmul); nothing claimed may rest on it. Large float64
+        workloads also run in torch, with the same float64 arithmetic (`use_torch` forces a path).
+        """
+        x = np.asarray(x, dtype=np.float64)
         last = len(self.weights) - 1
+        if use_torch is None:
+            use_torch = float32 or len(self) * len(x) >= TORCH_THRESHOLD
+        if use_torch:
+            import torch
+
+            dtype = torch.float32 if float32 else torch.float64
+            with torch.no_grad():
+                h = torch.as_tensor(x, dtype=dtype)
+                for i, (w, b) in enumerate(zip(self.weights, self.biases)):
+                    wt, bt = torch.as_tensor(w, dtype=dtype), torch.as_tensor(b, dtype=dtype)
+                    h = torch.matmul(h, wt.transpose(1, 2)) + bt[:, None, :]
+                    if i < last:
+                        h = torch.relu(h)
+            return h.numpy().astype(np.float64, copy=False)
+        h = x
         for i, (w, b) in enumerate(zip(self.weights, self.biases)):
-            h = np.einsum("koi,kbi->kbo", w, h) + b[:, None, :]
+            h = np.matmul(h, w.transpose(0, 2, 1)) + b[:, None, :]
             if i < last:
-                h = np.maximum(h, 0.0)
+                np.maximum(h, 0.0, out=h)
         return h
 
     def flat_parameters(self) -> np.ndarray:

@@ -289,7 +289,7 @@ def test_choose_k_picks_the_elbow():
 
 def test_search_witness_is_a_replayed_leak(tmp_path):
     from bab_fixtures import write_tiny_run
-    from lucid.bab.witness import search_class_witness
+    from lucid.witness.search import search_class_witness
     from lucid.network import confidence
     from lucid.rundir import open_run
     from lucid.node.analyse import analyse_node

@@ -12,7 +12,7 @@ from lucid.node.encode import encode_idp
 from lucid.solvers.compact import inline_defined_columns
 from lucid.hyper import hyper_network
 from lucid.solvers import SolverOptions, available_solvers, solve
-from lucid.solvers.replay import REPLAY_TOLERANCE, replay_solution
+from lucid.solvers.solution_check import REPLAY_TOLERANCE, replay_solution
 from lucid.node.problem import VerificationProblem, node_difference_bounds
 
 

@@ -24,7 +24,7 @@ from lucid.solvers import (
     resolve_solver,
     solve,
 )
-from lucid.solvers.replay import replay_solution
+from lucid.solvers.solution_check import replay_solution
 
 INF = np.inf
 INSTALLED = [name for name, ok in available_solvers().items() if ok]

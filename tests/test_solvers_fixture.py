@@ -17,7 +17,7 @@ from lucid.milp.model import MilpModel
 from lucid.errors import LucidError
 from lucid.solvers import OPTIMAL, TIME_LIMIT, SolverOptions, available_solvers, read_mps, solve
 from lucid.solvers.highs_backend import SOUND_OPTIONS
-from lucid.solvers.replay import REPLAY_TOLERANCE, replay_solution
+from lucid.solvers.solution_check import REPLAY_TOLERANCE, replay_solution
 
 FIXTURE = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "singleton-crypto-2x50.mps"
 BETA_STAR = 0.0041206  # rounded down from 0.00412062...

@@ -10,7 +10,7 @@ from bruteforce import exact_for, exact_singleton_bound, grid_leak_max, network,
 import lucid.solvers
 from lucid.node.encode import EncodingOptions
 from lucid.network import confidence, stack_from_tensors
-from lucid.replay import find_leak
+from lucid.witness.replay import find_leak
 from lucid.settings import VerifySettings
 from lucid.solvers import SolverOptions, available_solvers
 from lucid.node.analyse import analyse_node
@@ -229,7 +229,7 @@ def test_node_bound_tightening_stays_sound(seed, lo, classes):
 
 
 def test_witness_search_finds_only_true_leaks_and_never_beats_the_exact_bound():
-    from lucid.replay import search_node_witness
+    from lucid.witness.search import search_node_witness
 
     found_any = False
     for seed, lo in ((0, -1.0), (2, 0.0)):

@@ -10,8 +10,8 @@ from bab_fixtures import write_tiny_run
 from click.testing import CliRunner
 
 import lucid.bab.engine
-import lucid.bab.witness
-import lucid.replay
+import lucid.witness.search
+import lucid.witness.replay
 import lucid.solvers
 import lucid.node.analyse
 import lucid.node.problem
@@ -91,9 +91,9 @@ class Recorder:
         monkeypatch.setattr(lucid.solvers, "solve", solve)
         monkeypatch.setattr(lucid.node.screen, "screen_upper_bounds", screen)
         monkeypatch.setattr(lucid.node.analyse, "search_node_witness", counted("node", lucid.node.analyse.search_node_witness))
-        monkeypatch.setattr(lucid.bab.witness, "search_class_witness",
-                            counted("class", lucid.bab.witness.search_class_witness))
-        monkeypatch.setattr(lucid.replay, "climb", counted("climb", lucid.replay.climb))
+        monkeypatch.setattr(lucid.witness.search, "search_class_witness",
+                            counted("class", lucid.witness.search.search_class_witness))
+        monkeypatch.setattr(lucid.witness.replay, "climb", counted("climb", lucid.witness.replay.climb))
         monkeypatch.setattr(lucid.node.problem.VerificationProblem, "from_run", classmethod(from_run))
         monkeypatch.setattr(lucid.bab.engine, "Engine", Engine)
         monkeypatch.setattr("lucid.bab.display.LiveDisplay", Display)

@@ -29,7 +29,6 @@ from lucid.rundir import open_run
 
 _FORWARD_BUDGET_BYTES = 16 * 1024 * 1024  # activations held at once by the Naive-iDP pass
 _SINGLE_QUERY_SAMPLES = 200
-_TORCH_THRESHOLD = 200_000  # networks x inputs from which torch's speed pays for its import
 
 
 def parse_epsilons(text: str) -> list[tuple[str, float]]:
@@ -49,30 +48,6 @@ def parse_epsilons(text: str) -> list[tuple[str, float]]:
     return out
 
 
-def _stacked_scores(stack: NetworkStack, x: np.ndarray, use_torch: bool | None = None) -> np.ndarray:
-    """NetworkStack.forward's arithmetic (float64) with batched matmuls instead of its einsum, so
-    the Naive-iDP baseline is timed at its best. Large workloads use torch (measured ~2x faster
-    than numpy's batched matmul here); small ones skip torch's import time."""
-    if use_torch is None:
-        use_torch = len(stack) * len(x) >= _TORCH_THRESHOLD
-    last = len(stack.weights) - 1
-    if use_torch:
-        import torch
-
-        h = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float64))
-        for i, (w, b) in enumerate(zip(stack.weights, stack.biases)):
-            h = torch.matmul(h, torch.from_numpy(w).transpose(1, 2)) + torch.from_numpy(b)[:, None, :]
-            if i < last:
-                h = torch.relu_(h)
-        return h.numpy()
-    h = np.asarray(x, dtype=np.float64)
-    for i, (w, b) in enumerate(zip(stack.weights, stack.biases)):
-        h = np.matmul(h, w.transpose(0, 2, 1)) + b[:, None, :]
-        if i < last:
-            np.maximum(h, 0.0, out=h)
-    return h
-
-
 def leaking_set(stack: NetworkStack, x: np.ndarray, progress: Callable[[int, int], None] | None = None) -> np.ndarray:
     """True where not all n+1 networks give x N's label (the exact leaking set), chunked by networks."""
     k = len(stack)
@@ -82,7 +57,7 @@ def leaking_set(stack: NetworkStack, x: np.ndarray, progress: Callable[[int, int
     disagree = np.zeros(len(x), dtype=bool)
     for start in range(0, k, chunk):
         part = stack.select(slice(start, min(k, start + chunk)))
-        labels = _stacked_scores(part, x).argmax(axis=-1)  # [chunk, B]
+        labels = part.forward(x).argmax(axis=-1)  # [chunk, B]
         if reference is None:
             reference = labels[0]  # position 0 is N
         disagree |= (labels != reference).any(axis=0)

@@ -137,7 +137,7 @@ def verify_run(run_dir: str | Path, settings: VerifySettings | None = None, **op
     screen = partial(screen_upper_bounds, problem) if settings.screen else None
     search = None
     if settings.search:
-        from lucid.bab.witness import search_class_witness
+        from lucid.witness.search import search_class_witness
 
         search = partial(search_class_witness, problem, points=problem.points)
 

@@ -200,7 +200,7 @@ def _with_targeted_search(problem: Any, cls: int, positions: np.ndarray, outcome
     import dataclasses
     import time
 
-    from lucid.bab.witness import search_class_witness
+    from lucid.witness.search import search_class_witness
     from lucid.node.soundness import contradicts
 
     t0 = time.perf_counter()

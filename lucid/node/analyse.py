@@ -24,7 +24,8 @@ from lucid.node.encode import EncodingOptions, encode_idp, possible_targets
 from lucid.node.kept_trees import KEPT, KeptTree
 from lucid.node.problem import VerificationProblem, node_difference_bounds
 from lucid.node.soundness import contradicts, retry_other, slack, solve_checked, user_bound
-from lucid.replay import LeakWitness, find_leak, search_node_witness
+from lucid.witness.replay import LeakWitness, find_leak
+from lucid.witness.search import search_node_witness
 from lucid.rundir import encode_float
 from lucid.settings import VerifySettings
 from lucid.solvers.base import ERROR, INFEASIBLE, OPTIMAL, TIME_LIMIT, SolveResult, SolverOptions
@@ -337,7 +338,7 @@ def _relaxation_witness(problem, hyper, cls, group, encoding, n_b, df, lb: float
     and a better LB prunes the MILP's tree (beta >= LB) and tightens OBBT."""
     from dataclasses import replace
 
-    from lucid.replay import climb
+    from lucid.witness.replay import climb
     from lucid.solvers import solve
 
     model = _encode(problem, hyper, cls, group, encoding, n_b, df, relax_all=True, beta_lower=slack(lb))

@@ -57,7 +57,7 @@ class EncodingOptions:
     bounds: str = "lp"
     disjunction: str = "bigm"  # measured: 2.4x faster than "split" on 4-class nodes
     obbt: bool | str = "singletons"
-    search: bool = True  # solver-free witness search first (lucid.replay.search_node_witness)
+    search: bool = True  # solver-free witness search first (lucid.witness.search.search_node_witness)
     obbt_probe: float = 5.0
     obbt_share: float = 0.5  # at most this share of the node's time limit goes to tightening
 

@@ -17,7 +17,7 @@ import numpy as np
 
 from lucid.errors import UnsoundSolverResult
 from lucid.milp.model import MilpModel
-from lucid.replay import LeakWitness
+from lucid.witness.replay import LeakWitness
 from lucid.solvers.base import ERROR, SolveResult, SolverOptions
 from lucid.solvers.registry import fallback_order
 

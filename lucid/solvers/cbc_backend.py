@@ -36,7 +36,7 @@ import numpy as np
 
 from lucid.milp.model import MilpModel
 from lucid.errors import SolverError
-from lucid.solvers.replay import REPLAY_TOLERANCE, replay_solution
+from lucid.solvers.solution_check import REPLAY_TOLERANCE, replay_solution
 from lucid.solvers.base import ERROR, INFEASIBLE, OPTIMAL, TIME_LIMIT, SolveResult, SolverOptions
 
 _NUM = r"([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)"

@@ -11,7 +11,7 @@ from typing import Callable
 from lucid.milp.model import MilpModel
 from lucid.errors import LucidError, SolverError, UnsoundSolverResult
 from lucid.solvers.base import ERROR, INFEASIBLE, OPTIMAL, TIME_LIMIT, SolveResult, SolverOptions
-from lucid.solvers.replay import REPLAY_TOLERANCE, replay_solution
+from lucid.solvers.solution_check import REPLAY_TOLERANCE, replay_solution
 
 log = logging.getLogger("lucid.solvers")
 

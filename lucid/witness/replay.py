@@ -34,14 +34,9 @@ class LeakWitness:
     repaired: bool
 
 
-def _forward(stack: NetworkStack, positions: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """Scores [len(positions), B, C] (float64) of the networks at `positions`."""
-    return stack.select(positions).forward(x)
-
-
 def _confidences(stack: NetworkStack, positions: np.ndarray, x: np.ndarray, cls: int) -> tuple[float, np.ndarray, float]:
-    scores_n = _forward(stack, np.array([0]), x[None, :])[0, 0]
-    scores_s = _forward(stack, positions, x[None, :])[:, 0, :]  # [|S|, C]
+    scores_n = stack.select(np.array([0])).forward(x[None, :])[0, 0]
+    scores_s = stack.select(positions).forward(x[None, :])[:, 0, :]  # [|S|, C]
     conf_n = float(confidence(scores_n, cls))
     scale = float(max(np.abs(scores_n).max(), np.abs(scores_s).max()))
     return conf_n, confidence(scores_s, cls), scale
@@ -130,50 +125,6 @@ def find_leak(stack: NetworkStack, positions: np.ndarray, x: np.ndarray | None, 
     if found is None:
         log.info("witness for class %d dropped: no network of S strictly disagrees at it, even after repair", cls)
     return found
-
-
-def search_node_witness(
-    stack: NetworkStack,
-    positions: np.ndarray,
-    cls: int,
-    lower: np.ndarray,
-    upper: np.ndarray,
-    samples: int = 4096,
-    starts: int = 8,
-    steps: int = 20,
-    seed: int = 0,
-) -> LeakWitness | None:
-    """A solver-free primal heuristic for a leaking input (a true lower bound once replayed).
-
-    Leaks live where N and a network of S disagree, i.e. near N's decision boundary: random
-    pairs of points that N labels c and not-c are bisected onto the boundary, the networks of S
-    are evaluated there all at once, and the most promising starts are improved by the
-    pattern-fixed LP of `repair`, re-linearised at each new point (a walk across linear
-    regions). Every returned witness has passed `replay`.
-    """
-    positions = np.asarray(positions, dtype=np.int64)
-    rng = np.random.default_rng(seed)
-    d = len(lower)
-    x = lower + (upper - lower) * rng.random((samples, d))
-    zero = np.array([0])
-    conf_n = confidence(_forward(stack, zero, x)[0], cls)
-    inside, outside = x[conf_n > 0], x[conf_n <= 0]
-    if len(inside) == 0 or len(outside) == 0:
-        return None
-    m = min(len(inside), len(outside), 32 * starts)  # 4x fewer pairs missed the best region of a Crypto singleton
-    a, b = inside[:m].copy(), outside[:m].copy()
-    for _ in range(30):  # bisection onto C_N = 0, vectorised over all pairs
-        mid = (a + b) / 2
-        pos = confidence(_forward(stack, zero, mid)[0], cls) > 0
-        a[pos], b[~pos] = mid[pos], mid[~pos]
-    conf_s = confidence(_forward(stack, positions, a), cls)  # [|S|, m]
-    order = np.argsort(conf_s.min(axis=0))[:starts]
-    best: LeakWitness | None = None
-    for i in order:
-        found = climb(stack, positions, a[i], cls, lower, upper, steps)
-        if found is not None and (best is None or found.confidence > best.confidence):
-            best = found
-    return best
 
 
 def climb(stack: NetworkStack, positions: np.ndarray, x: np.ndarray, cls: int, lower: np.ndarray, upper: np.ndarray,
