@@ -212,3 +212,23 @@ def test_settings_are_frozen_and_serialisable():
     assert json.loads(json.dumps(s.to_json()))["classes"] == [0, 1]
     with pytest.raises(LucidError, match="unknown class 3"):
         s.__class__(classes="3").resolve_classes(2)
+
+
+@pytest.mark.parametrize("scheduler, keeps", [(None, True), ("tcp://127.0.0.1:8786", False)])
+def test_workers_keep_solver_trees_except_on_dask(monkeypatch, scheduler, keeps):
+    import numpy as np
+
+    import lucid.bab.workers
+    from lucid.node.outcome import NodeOutcome
+
+    seen = {}
+
+    def analyse_node(problem, cls, positions, **kw):
+        seen.update(kw)
+        return NodeOutcome(upper=1.0, lower=None, witness=None, leaking_row=None, status="optimal", seconds=0.0)
+
+    monkeypatch.setattr(lucid.node.analyse, "analyse_node", analyse_node)
+    settings = VerifySettings(scheduler=scheduler, search=False)
+    lucid.bab.workers.analyse_with(object(), settings, 0, np.array([1]), 5.0, -math.inf, 2, 3)
+    assert seen["keep_trees"] is keeps and seen["attempt"] == 2 and seen["settings"] is settings
+    assert seen["solver_options"].time_limit == 5.0 and seen["solver_options"].threads == 3

@@ -181,49 +181,14 @@ def analyse_with(problem: Any, settings: VerifySettings, cls: int, positions: np
                  cutoff: float = -float("inf"), attempt: int = 1, threads: int = 1):
     """One node analysis (runs in a worker)."""
     from lucid.node.analyse import analyse_node
+    from lucid.node.outcome import wants_targeted_search, with_targeted_search
 
     outcome = analyse_node(problem, cls, positions, settings=settings,
-                           solver_options=settings.solver_options(time_limit, threads), cutoff=cutoff, attempt=attempt)
-    # An optimal witness is as good as any search; an infeasible node has nothing above the cutoff.
-    if (settings.targeted_search and len(positions) <= SEARCH_MAX_NETWORKS and outcome.upper > -float("inf")
-            and outcome.status != "infeasible" and (outcome.status != "optimal" or outcome.lower is None)):
-        outcome = _with_targeted_search(problem, cls, positions, outcome)
+                           solver_options=settings.solver_options(time_limit, threads), cutoff=cutoff, attempt=attempt,
+                           keep_trees=settings.keep_trees)
+    if settings.targeted_search and wants_targeted_search(outcome, positions):
+        outcome = with_targeted_search(problem, cls, positions, outcome)
     return outcome
-
-
-# A small node's MILP often ends at its time limit without an incumbent; a search aimed at just its
-# networks (a few seconds) then still gives the node a replayed witness.
-SEARCH_MAX_NETWORKS = 8
-
-
-def _with_targeted_search(problem: Any, cls: int, positions: np.ndarray, outcome: Any) -> Any:
-    import dataclasses
-    import time
-
-    from lucid.witness.search import search_class_witness
-    from lucid.node.soundness import contradicts
-
-    t0 = time.perf_counter()
-    found = search_class_witness(problem, cls, np.asarray(positions), points=problem.points, samples=1024,
-                           starts=8, steps=10)
-    stats = dict(outcome.stats or {})
-    stats["search_seconds"] = time.perf_counter() - t0
-    stats["search_lower"] = None if found is None else float(found.confidence)
-    if found is not None and (outcome.lower is None or found.confidence > outcome.lower):
-        upper, status = outcome.upper, outcome.status
-        if contradicts(upper, found):
-            # A true leak above a "proved" bound: the solver failed. Never use that bound; the node
-            # keeps its parent's (inherited) bound instead.
-            import logging
-
-            logging.getLogger(__name__).error(
-                "UNSOUND node bound for class %d: %.9g < replayed witness %.9g; bound dropped",
-                cls, upper, found.confidence)
-            stats["unsound_bound"] = float(upper)
-            upper, status = float("inf"), "error"
-        return dataclasses.replace(outcome, upper=upper, status=status, lower=float(found.confidence),
-                                   witness=found.x, leaking_row=found.leaking_row, stats=stats)
-    return dataclasses.replace(outcome, stats=stats)
 
 
 def _analyse_in_process(cls: int, positions: np.ndarray, time_limit: float | None, cutoff: float, attempt: int,

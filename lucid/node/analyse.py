@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -22,6 +21,7 @@ from lucid.hyper import HyperNetwork, hyper_network
 from lucid.milp.model import MilpModel
 from lucid.node.encode import EncodingOptions, encode_idp, possible_targets
 from lucid.node.kept_trees import KEPT, KeptTree
+from lucid.node.outcome import NodeOutcome, combine_outcome
 from lucid.node.problem import VerificationProblem, node_difference_bounds
 from lucid.node.soundness import contradicts, retry_other, slack, solve_checked, user_bound
 from lucid.witness.replay import LeakWitness, find_leak
@@ -32,16 +32,6 @@ from lucid.solvers.base import ERROR, INFEASIBLE, OPTIMAL, TIME_LIMIT, SolveResu
 
 log = logging.getLogger(__name__)
 
-
-@dataclass
-class NodeOutcome:
-    upper: float  # sound upper bound on beta*_{c,S} (-inf: no input can leak)
-    lower: float | None  # N's confidence at a replayed, truly leaking witness
-    witness: np.ndarray | None
-    leaking_row: int | None
-    status: str
-    seconds: float
-    stats: dict = field(default_factory=dict)
 
 def analyse_node(
     problem: VerificationProblem,
@@ -127,28 +117,7 @@ def analyse_node(
         if witness is not None and (best is None or witness.confidence > best.confidence):
             best = witness
         stats["solves"].append({"targets": group, **result.to_json(), **info})
-    return _outcome(upper, statuses, best, stats, t0)
-
-def _outcome(upper: float, statuses: list[str], best: LeakWitness | None, stats: dict, t0: float) -> NodeOutcome:
-    if not statuses:
-        return NodeOutcome(-math.inf, None, None, None, INFEASIBLE, time.perf_counter() - t0, stats)
-    status = ERROR if ERROR in statuses else TIME_LIMIT if TIME_LIMIT in statuses else OPTIMAL if OPTIMAL in statuses else INFEASIBLE
-    if contradicts(upper, best):
-        # every retry failed to produce a consistent bound: claim nothing for this node
-        upper, status = math.inf, ERROR
-    for key in ("binaries", "relaxed", "binaries_n", "binaries_hyper", "md_rows"):
-        stats[key] = sum(s.get(key, 0) for s in stats["solves"])
-    if any(s.get("kept") for s in stats["solves"]):
-        stats["kept"] = True  # the executor sends the node's next retry to this worker
-    return NodeOutcome(
-        upper=upper,
-        lower=None if best is None else best.confidence,
-        witness=None if best is None else best.x,
-        leaking_row=None if best is None else best.leaking_row,
-        status=status,
-        seconds=time.perf_counter() - t0,
-        stats=stats,
-    )
+    return combine_outcome(upper, statuses, best, stats, t0)
 
 def _encode(problem: VerificationProblem, hyper: HyperNetwork, cls: int, group: list[int], encoding: EncodingOptions,
             n_bounds: LayerBounds, diff: DifferenceBounds, relax_all: bool = False, beta_lower: float = -math.inf):
@@ -320,7 +289,7 @@ def _continue_kept(problem, kept: KeptTree, cls: int, positions: np.ndarray, sol
     stats: dict = {"networks": int(positions.size), "solves": [{**result.to_json(), **info}]}
     if "tree_seconds" in result.stats:
         stats["tree_seconds"] = result.stats["tree_seconds"]
-    return _outcome(bound, [result.status], witness, stats, t0)
+    return combine_outcome(bound, [result.status], witness, stats, t0)
 
 def _empty(witness: LeakWitness | None, info: dict):
     """The encoder found no target class N# can reach: the node cannot leak at all."""
