@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from lucid.bab.engine import RETRY_GROWTH, Engine
+from lucid.bab.engine import Engine
+from lucid.bab.schedule import RETRY_GROWTH
 from lucid.bab.state import ClassState
 from lucid.settings import VerifySettings
 from lucid.bab.events import EventLog, read_events
