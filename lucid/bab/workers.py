@@ -239,23 +239,18 @@ class ProcessExecutor(Executor):
 
 
 class DaskExecutor(Executor):
-    """Node MILPs on an existing Dask distributed cluster; the queue stays here."""
+    """Node analyses on a Dask cluster (`lucid.cluster.connect`); the queue stays here. A worker that
+    dies mid-node loses only that node: the scheduler runs it again elsewhere. Losing the scheduler
+    itself ends the verification with one error line; every solved node is in the checkpoint."""
 
     def __init__(self, problem: Any, settings: VerifySettings, scheduler: Any, workers: int | None) -> None:
+        from lucid.cluster import connect
+
         super().__init__()
-        try:
-            from distributed import Client
-        except ImportError:
-            raise LucidError("--scheduler needs dask[distributed] installed") from None
-        try:
-            self._client = scheduler if isinstance(scheduler, Client) else Client(scheduler, timeout=10)
-        except Exception as exc:
-            raise LucidError(f"cannot connect to the Dask scheduler at {scheduler}: {exc}") from None
-        self._owns_client = not isinstance(scheduler, Client)
-        if workers is None:
-            cores = sum(self._client.nthreads().values())
-            workers = max(1, cores)
-        self.capacity = workers
+        self._cluster = connect(scheduler)
+        self._client = self._cluster.client
+        self._address = scheduler if isinstance(scheduler, str) else "the given client"
+        self.capacity = workers if workers is not None else self._cluster.workers
         self._problem = self._client.scatter(problem, broadcast=True)
         # the scheduler (maybe a Client) stays here; workers only need to know they run on Dask
         self._settings = replace(settings, scheduler="dask")
@@ -270,11 +265,31 @@ class DaskExecutor(Executor):
         )
         self._watch(key, fut)
 
+    def completed(self, timeout: float) -> list[tuple[Any, Any]]:
+        results = super().completed(timeout)
+        lost = self._client.status not in ("running", "connecting")
+        for key, outcome in results:
+            if isinstance(outcome, BaseException) and (lost or _is_lost_cluster(outcome)):
+                raise LucidError(f"lost the Dask cluster at {self._address} ({type(outcome).__name__}); every solved "
+                                 "node is in the checkpoint: run again with --resume, with or without --scheduler")
+        if lost and self._futures:
+            raise LucidError(f"lost the Dask cluster at {self._address}; every solved node is in the checkpoint: "
+                             "run again with --resume, with or without --scheduler")
+        return results
+
     def close(self) -> None:
         for fut in list(self._futures.values()):
             try:
                 fut.cancel()
             except Exception:
                 pass
-        if self._owns_client:
-            self._client.close()
+        self._cluster.close()
+
+
+def _is_lost_cluster(exc: BaseException) -> bool:
+    """A failure of the cluster, not of the analysis (those are reported as themselves)."""
+    import concurrent.futures
+
+    from distributed.comm.core import CommClosedError
+
+    return isinstance(exc, (CommClosedError, concurrent.futures.CancelledError, OSError))

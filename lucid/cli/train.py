@@ -22,6 +22,8 @@ from lucid.errors import LucidError
 @click.option("--domain", default=None, type=click.Path(), help='JSON {"lower": [...], "upper": [...]} in original units.')
 @click.option("--device", default="cpu", show_default=True, help="cpu or cuda.")
 @click.option("--chunk-size", default=None, type=int, help="Networks per chunk (default: up to 64, within a 3 GiB budget); one chunk per core at a time.")
+@click.option("--scheduler", default=None,
+              help="Train the chunks on a Dask cluster: tcp://HOST:8786, or local:N for N local worker processes.")
 @click.option("--progress/--no-progress", default=True, show_default=True)
 def command(data: str, out: str, **options) -> None:
     """Train N and every leave-one-out network N_-i on DATA (CSV with header, .npz with X and y,

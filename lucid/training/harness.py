@@ -19,6 +19,7 @@ import sys
 import threading
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -55,10 +56,16 @@ def train_run(
     device: str = "cpu",
     chunk_size: int | None = None,
     progress: bool = True,
+    scheduler: Any = None,
 ) -> Path:
-    """Train N and every leave-one-out network N_-i; write (or resume, or keep) the run at `out`."""
+    """Train N and every leave-one-out network N_-i; write (or resume, or keep) the run at `out`.
+
+    `scheduler`: train the chunks on a Dask cluster (`tcp://HOST:8786`, `local:N` or a Client;
+    see `lucid.cluster`) instead of this process's threads; the result is bit-identical."""
     _check_options(epochs, lr, weight_decay, batch_size, chunk_size)
     dev = _device(device)
+    if scheduler is not None and dev.type != "cpu":
+        raise LucidError("--scheduler trains on the workers' CPUs; leave out --device")
     spec = parse_arch(arch)
     ds = prepare_dataset(data, label=label, test_data=test_data, test_fraction=test_fraction, seed=seed, domain=domain)
     check_arch_fits(spec, ds.input_dim)
@@ -86,6 +93,24 @@ def train_run(
             shutil.rmtree(partial)  # leftover of a crash between publishing and cleaning up
         return out
 
+    # Connect before anything is written: an unreachable or mismatched cluster leaves no trace.
+    cluster = None
+    if scheduler is not None:
+        from lucid.cluster import connect
+
+        cluster = connect(scheduler)
+    try:
+        return _train(ds, spec, meta, out, partial, fingerprint, epochs=epochs, lr=lr, weight_decay=weight_decay,
+                      batch_size=batch_size, seed=seed, dev=dev, chunk_size=chunk_size, progress=progress,
+                      cluster=cluster)
+    finally:
+        if cluster is not None:
+            cluster.close()
+
+
+def _train(ds: Dataset, spec: dict, meta: dict, out: Path, partial: Path, fingerprint: str, *, epochs: int, lr: float,
+           weight_decay: float, batch_size: int, seed: int, dev: torch.device, chunk_size: int | None,
+           progress: bool, cluster: Any) -> Path:
     n = len(ds.y_train)
     if chunk_size is None:
         chunk_size = default_chunk_size(spec, ds.input_dim, ds.num_classes, n, batch_size)
@@ -100,6 +125,19 @@ def train_run(
     todo = [c for c in range(len(bounds)) if not (partial / _chunk_name(c)).exists()]
     stop = threading.Event()
     stop_after = int(os.environ.get(STOP_AFTER_ENV, "0") or 0)
+    if cluster is not None:
+        from lucid.training.distributed import train_on_cluster
+
+        inputs = {"X": ds.X_train, "y": ds.y_train, "orders": orders.numpy(), "spec": spec,
+                  "init": {k: v.numpy() for k, v in init.items()}}
+        options = {"lr": lr, "weight_decay": weight_decay, "batch_size": batch_size, "num_classes": ds.num_classes}
+        with TrainingProgress(total=n + 1, enabled=progress) as bar:
+            bar.advance(n + 1 - sum(bounds[c][1] - bounds[c][0] for c in todo))
+            train_on_cluster(cluster, inputs, {c: bounds[c] for c in todo}, options,
+                             save=lambda c, arrays: _save_arrays(partial / _chunk_name(c), arrays),
+                             advance=bar.advance, stop_after=stop_after)
+        _publish(partial, out, meta, ds, len(bounds))
+        return out
 
     def train_chunk(c: int, bar: TrainingProgress) -> None:
         # One torch thread per chunk: chunks run in parallel worker threads (the GIL is released
@@ -335,6 +373,12 @@ def _save_tensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:
 
     cpu = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
     write_atomic(path, lambda tmp: save_file(cpu, tmp))
+
+
+def _save_arrays(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    from safetensors.numpy import save_file
+
+    write_atomic(path, lambda tmp: save_file({k: np.ascontiguousarray(v) for k, v in arrays.items()}, tmp))
 
 
 def _publish(partial: Path, out: Path, meta: dict, ds: Dataset, n_chunks: int) -> None:

@@ -1,0 +1,180 @@
+"""Training and verification on real Dask clusters of worker processes: bit-identical training,
+identical bounds, a killed worker, a vanished scheduler, and the one-line errors."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+from bab_fixtures import write_tiny_run
+from click.testing import CliRunner
+from safetensors.numpy import load_file
+
+import lucid.cluster
+from lucid.bab import verify_run
+from lucid.bab.events import read_events
+from lucid.errors import LucidError
+from lucid.training import train_run
+from lucid.training.harness import STOP_AFTER_ENV
+
+distributed = pytest.importorskip("distributed")
+TRAIN = dict(arch="2x8", epochs=3, batch_size=16, chunk_size=40, progress=False)
+MARGIN_SLACK = 1e-5  # safety margins differ between the MILPs of different node sets
+
+
+def networks(run) -> dict[str, np.ndarray]:
+    return load_file(str(run / "networks.safetensors"))
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                  dashboard_address=None) as cl, distributed.Client(cl) as client:
+        yield cl, client
+
+
+@pytest.fixture(scope="module")
+def local_run(tmp_path_factory):
+    return train_run("sklearn:wine", tmp_path_factory.mktemp("local") / "run", **TRAIN)
+
+
+def test_training_on_a_cluster_is_bit_identical_to_local(cluster, local_run, tmp_path):
+    _, client = cluster
+    run = train_run("sklearn:wine", tmp_path / "run", scheduler=client, **TRAIN)
+    a, b = networks(local_run), networks(run)
+    assert sorted(a) == sorted(b) and all(np.array_equal(a[k], b[k]) for k in a)
+    assert (run / "run.json").read_text() == (local_run / "run.json").read_text()
+
+
+def test_an_interrupted_cluster_run_resumes_locally_bit_identically(cluster, local_run, tmp_path, monkeypatch):
+    _, client = cluster
+    monkeypatch.setenv(STOP_AFTER_ENV, "1")
+    with pytest.raises(KeyboardInterrupt):
+        train_run("sklearn:wine", tmp_path / "run", scheduler=client, **TRAIN)
+    staged = sorted(p.name for p in (tmp_path / "run.partial").glob("chunk-*"))
+    assert staged and not (tmp_path / "run").exists()
+    monkeypatch.delenv(STOP_AFTER_ENV)
+    run = train_run("sklearn:wine", tmp_path / "run", **TRAIN)
+    a, b = networks(local_run), networks(run)
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def test_local_n_starts_and_stops_its_own_cluster(local_run, tmp_path):
+    from lucid.cli import cli as main
+
+    result = CliRunner().invoke(main, ["train", "sklearn:wine", "--out", str(tmp_path / "run"), "--arch", "2x8",
+                                       "--epochs", "3", "--batch-size", "16", "--chunk-size", "40",
+                                       "--no-progress", "--scheduler", "local:2"])
+    assert result.exit_code == 0, result.output
+    a, b = networks(local_run), networks(tmp_path / "run")
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("scheduler, message", [
+    ("tcp://127.0.0.1:9", "cannot connect to the Dask scheduler at tcp://127.0.0.1:9"),
+    ("local:0", "use local:N with N >= 1"),
+])
+def test_bad_schedulers_are_one_line_and_leave_nothing(tmp_path, monkeypatch, scheduler, message):
+    monkeypatch.setattr(lucid.cluster, "CONNECT_TIMEOUT", 2)
+    from lucid.cli import cli as main
+
+    for command in (["train", "sklearn:wine", "--out", str(tmp_path / "run")], ["verify", str(tmp_path / "vrun")]):
+        if command[0] == "verify":
+            write_tiny_run(tmp_path / "vrun", networks=4)
+        result = CliRunner().invoke(main, [*command, "--scheduler", scheduler], standalone_mode=False)
+        assert isinstance(result.exception, LucidError) and message in str(result.exception)
+    assert not (tmp_path / "run").exists() and not (tmp_path / "run.partial").exists()
+    assert not (tmp_path / "vrun" / "bounds.json").exists()
+
+
+def test_workers_with_another_lucid_version_are_refused(cluster, monkeypatch, tmp_path):
+    _, client = cluster
+    monkeypatch.setattr(lucid.cluster, "_local_version", lambda: "0.0.0+other")
+    with pytest.raises(LucidError, match=r"runs LUCID .* this process 0\.0\.0\+other"):
+        train_run("sklearn:wine", tmp_path / "run", scheduler=client, **TRAIN)
+    assert not (tmp_path / "run.partial").exists()
+
+
+def test_workers_without_lucid_are_refused():
+    class FakeClient:
+        class scheduler:
+            address = "tcp://fake"
+
+        def wait_for_workers(self, n, timeout):
+            pass
+
+        def run(self, fn, *args, on_error):
+            return {"tcp://w1": "0.1.0", "tcp://w2": ModuleNotFoundError("lucid")}
+
+    monkeypatch_version = lucid.cluster._local_version()
+    with pytest.raises(LucidError, match="tcp://w2 has no LUCID installed"):
+        lucid.cluster.check_workers(FakeClient())
+    assert monkeypatch_version
+
+
+@pytest.fixture(scope="module")
+def verify_reference(tmp_path_factory):
+    run = write_tiny_run(tmp_path_factory.mktemp("vref") / "run", networks=12, seed=2)
+    return verify_run(run, workers=1, ris=False, progress=False)
+
+
+def _pids(client) -> dict[str, int]:
+    return client.run(os.getpid)
+
+
+def test_verification_on_worker_processes_survives_a_killed_worker(cluster, verify_reference, tmp_path):
+    cl, client = cluster
+    run = write_tiny_run(tmp_path / "run", networks=12, seed=2)
+    result: dict = {}
+    thread = threading.Thread(target=lambda: result.update(
+        verify_run(run, scheduler=client, ris=False, progress=False)))
+    thread.start()
+    log = run / "verify.log.jsonl"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (log.exists() and any(
+            e["event"] == "started" and e.get("node") is not None for e in read_events(log))):
+        time.sleep(0.01)
+    victim = sorted(_pids(client).values())[0]
+    os.kill(victim, signal.SIGKILL)  # the nanny restarts it; its task runs again elsewhere
+    thread.join(120)
+    assert not thread.is_alive() and result
+    for c, b in result["bounds"].items():
+        ref = verify_reference["bounds"][c]
+        assert b["complete"] and abs(b["upper"] - ref["upper"]) <= MARGIN_SLACK, (c, b, ref)
+    client.wait_for_workers(2, timeout=60)
+
+
+def test_a_vanished_scheduler_keeps_the_checkpoint_and_resume_finishes_locally(verify_reference, tmp_path):
+    run = write_tiny_run(tmp_path / "run", networks=12, seed=2)
+    cl = distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None)
+    client = distributed.Client(cl)
+    errors = []
+
+    def verify():
+        try:
+            verify_run(run, scheduler=client, ris=False, progress=False, node_time_limit=30)
+        except LucidError as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=verify)
+    thread.start()
+    log = run / "verify.log.jsonl"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (log.exists() and any(e["event"] == "solved" for e in read_events(log))):
+        time.sleep(0.01)
+    cl.close()  # scheduler and workers gone
+    thread.join(120)
+    client.close()
+    assert not thread.is_alive()
+    if not errors:
+        pytest.skip("the verification finished before the scheduler was stopped")
+    assert "lost the Dask cluster" in str(errors[0]) and "--resume" in str(errors[0])
+    assert (run / "verify.checkpoint.json").exists() and not (run / "bounds.json").exists()
+    result = verify_run(run, workers=1, ris=False, progress=False, node_time_limit=30, resume=True)
+    for c, b in result["bounds"].items():
+        ref = verify_reference["bounds"][c]
+        assert b["complete"] and abs(b["upper"] - ref["upper"]) <= MARGIN_SLACK, (c, b, ref)
