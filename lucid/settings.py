@@ -52,8 +52,8 @@ def parse_classes(classes: Any) -> tuple[int, ...] | None:
 def default_node_time_limit(time_limit: float | None) -> float | None:
     """Per-node MILP limit when only a total limit is given: an eighth of it, at least 20 s.
 
-    Without one the root MILP gets the whole budget, and a root that does not finish leaves only
-    the screening bound (Crypto 2x100: no node solved in 900 s). A node that hits its limit still
+    Without one the root MILP gets the whole budget, and a root over thousands of networks may
+    not finish in it at all, leaving only the screening bound. A node that hits its limit still
     returns its proved dual bound, and a hyper-network node is then split.
     """
     if time_limit is None:

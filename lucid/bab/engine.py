@@ -12,9 +12,9 @@ The class stops when upper - lower <= the tolerance max(gap, rel_gap * |lower|),
 left open, or at the time limit; the reported upper is then max(best lower, max open upper, the
 largest bound of a node closed within the tolerance) — sound in every case. Node MILPs get the
 level lower + tolerance as a cutoff: they only have to show that their networks stay below it,
-which is usually proved at the root where the exact bound would take minutes (Adult 2x50: a
-singleton's bound after 60 s of Gurobi is still 25 % above the best leak, while "below 1.1x the
-best leak" is proved in 0.2-5 s for all but the top-ranked few).
+which is usually proved at the root where the exact bound would take minutes: the model above
+the level is small or infeasible, while the exact bound needs the branch-and-bound to close the
+whole gap between relaxation and optimum (figures in benchmarks/results/idle_machine.md).
 
 A node that hits its time limit keeps its (proved) dual bound and is branched like any other; an
 unproved singleton cannot be branched, so it is retried with `RETRY_GROWTH` times the previous limit

@@ -20,11 +20,11 @@ from lucid.bab.node import FINAL, OPEN, PENDING, RUNNING, SETTLED, STUCK, Node
 from lucid.bab.state import INF, ClassState
 
 MAX_SINGLETON_ATTEMPTS = 3
-# Each retry starts again from scratch (leak search, probe, OBBT, a new MILP tree), so a short
-# growth pays those costs, and the lost trees, too often: with doubling, Adult 2x50's hardest
-# network (class 0) ran 60 + 120 + 240 + 480 s to its limits before a 633-s proof, and Crypto
-# 2x100's position 1387 ran 60 + 120 + 240 s before a 345-s proof; growing 4x reaches either
-# proof's limit on the third attempt (60 + 240 + 960 s), wasting 300 s instead of 900 s and 420 s.
+# Each retry repeats the leak search, probe and OBBT (and, without a kept tree, restarts the
+# MILP), so a short growth pays those costs, and the time-limited attempts before the one that
+# proves the node, too often. Growing 4x reaches a given proof time in fewer attempts than
+# doubling (60, 240, 960 s against 60, 120, 240, 480, 960 s), and a larger last limit costs
+# nothing when the node is proved early (figures in benchmarks/results/idle_machine.md).
 RETRY_GROWTH = 4
 
 
@@ -54,9 +54,9 @@ class Scheduling:
         """Whether no other work can ever wait for `node`'s worker: it is a singleton and every other
         node of every unfinished class is a running singleton or finished (singletons never split).
 
-        Then a node time limit only restarts the node: Crypto 2x100's last network (class 1) ran
-        attempts of 480 s and 960 s to their limits, each one's OBBT and MILP tree thrown away, then
-        started again with 1920 s, while the second worker had nothing to do."""
+        Then a node time limit only restarts the node, repeating its OBBT and (without a kept tree)
+        its MILP, while the other workers have nothing to do; so the node gets all the remaining
+        time at once."""
         if not node.is_singleton:
             return False
         for cs in self.states.values():
@@ -125,14 +125,14 @@ class Scheduling:
         """A singleton retry to start before the best-first choice, or None.
 
         A retried singleton is the longest work there is (it already used a whole node time limit
-        and cannot be split), and a class ends with its slowest node: on Adult 2x50 the hardest
-        network's first retry waited in the queue from 194 s to 2038 s, then decided the class's
-        end. So, longest first, retries go ahead of other nodes on up to `capacity - 1` workers (the
-        others stay best-first, for the anytime bound; one worker: best-first only). Among retries,
-        one whose kept solver tree sits on an idle worker goes first, then the one whose bound is
-        farthest above its class's cutoff, relative to it (the dual bound that has to fall most:
-        Adult 2x50's class-1 retries, 3-11 % above their cutoff, were proved in 37-95 s, while the
-        class-0 network 33 % above waited behind them). A candidate is a retry already queued or an
+        and cannot be split), and a class ends with its slowest node, while best-first order would
+        start a retry only once its bound reached the top of the queue, possibly long after its
+        first attempt. So, longest first, retries go ahead of other nodes on up to `capacity - 1`
+        workers (the others stay best-first, for the anytime bound; one worker: best-first only).
+        Among retries, one whose kept solver tree sits on an idle worker goes first, then the one
+        whose bound is farthest above its class's cutoff, relative to it (the dual bound that has
+        to fall most, so the longest work: a retry a few % above its cutoff is usually proved
+        quickly and should not hold up one far above it). A candidate is a retry already queued or an
         unproved singleton still waiting in the open queue (where best-first would only retry it
         once it reached the top)."""
         lanes = self.executor.capacity - 1
@@ -171,10 +171,10 @@ class Scheduling:
         worker), analysed once without the cutoff to find leaks between the best lower bound and it.
 
         Under a cutoff every model is restricted to beta above lower + tolerance, so a leak below that
-        level is never found by the MILPs that could see it: on Adult 2x50 (class 0) the second-ranked
-        network leaks at 0.01875, 3.4 % above the root MILP's best (0.01813); session 6 found it only after
-        2972 s, in that network's retry; a first attempt without the cutoff finds it within 60 s and
-        raises the level every later singleton has to be proved below."""
+        level is never found by the MILPs that could see it, although the top-screened networks are
+        where the class's best leak most likely lies. A first attempt without the cutoff can find it
+        early and so raise the level every later singleton has to be proved below, which makes all of
+        those proofs easier."""
         return (node.is_singleton and node.attempts == 0 and cs.seekers < self.executor.capacity
                 and self.tolerance(cs) > 0 and not self.config.naive)
 

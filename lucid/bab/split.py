@@ -19,9 +19,8 @@ CANDIDATE_KS = (2, 4, 8)
 
 # A hyper-network MILP over a handful of networks that ran out of time is no easier than their
 # singletons' (which are exact and get bound tightening), and k-means on a few networks tends to
-# peel one outlier off per split: on Crypto 4x30 class 1 a set went 11 -> 7 -> 6 -> 5 -> 4 -> 3,
-# each step one full node time limit with a bound of 2-5x the best leak. Such sets go straight
-# to singletons.
+# peel one outlier off per split, so each split would cost a full node time limit to remove one
+# network while the bound stays far above the best leak. Such sets go straight to singletons.
 UNPROVED_SINGLETONS_AT = 8
 
 
@@ -98,10 +97,10 @@ def peel_top(positions: np.ndarray, screen: np.ndarray, k: int) -> list[np.ndarr
     """The `k` networks with the largest screened bounds, each alone, then the rest as one set.
 
     For a set whose hyper-network MILP ended above its members' screened bounds, clustering is
-    no help: on Adult 2x50 every hyper-network node, from 1809 networks down to 3, ended its
-    225 s at 1.2-2.4x the screen, while the singletons' MILPs (exact, tightened) prove most
-    networks below 1.1x the best leak in under a second. The class's bound is the largest screen
-    left, so the top-screened networks are the ones worth a MILP; the rest waits, unsolved."""
+    no help: the interval weights of a hyper-network, even over a few networks, keep its
+    children's MILPs above their screens too, while the singletons' MILPs (exact, tightened)
+    prove most networks below the cutoff in about a second. The class's bound is the largest screen left, so the
+    top-screened networks are the ones worth a MILP; the rest waits, unsolved."""
     positions = np.asarray(positions, dtype=np.int64)
     order = np.argsort(-screen[positions], kind="stable")
     top = positions[order[:k]]

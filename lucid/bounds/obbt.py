@@ -29,9 +29,8 @@ def tighten_node_bounds(encode, n_bounds: LayerBounds, diff: DifferenceBounds, r
 
     Each layer tightens N's unstable neurons, the pre-activation differences and (with
     `hyper_lp`) N#'s unstable neurons; N#'s bounds are then also intersected with
-    N's + the difference's (zhat# = zhat + dhat). For a singleton that sum is as tight as N#'s own
-    LPs (measured: skipping them halves the time and loses nothing), so callers pass
-    hyper_lp=False there.
+    N's + the difference's (zhat# = zhat + dhat). For a singleton that sum is in practice as tight
+    as N#'s own LPs, at half the tightening time, so callers pass hyper_lp=False there.
     Returns new (n_bounds, diff) or None when the relaxation is infeasible (the node is empty).
     Stops early at `deadline` (time.perf_counter()); bounds tightened so far stay valid.
     Layer 0's differences are skipped: they are affine in x there, so intervals are already tight.

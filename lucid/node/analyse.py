@@ -86,10 +86,10 @@ def analyse_node(
         return NodeOutcome(-math.inf, None, None, None, INFEASIBLE, time.perf_counter() - t0, stats)
     groups = [[t] for t in targets] if (encoding.disjunction == "split" and len(targets) > 1) else [targets]
     known = None
-    # Under a cutoff a solver-free leak only matters if it beats the class's best leak: on the
-    # Adult run the root's search (over 1517 networks) did, the searches of 1018 singletons never
-    # did. So a singleton's first attempt skips it; retries (the top-ranked networks, where such a
-    # leak may exist) search again.
+    # Under a cutoff a solver-free leak only matters if it beats the class's best leak, which a
+    # search over a large set (the root's) can do but one over a single low-ranked network
+    # practically never does. So a singleton's first attempt skips it; retries (the top-ranked
+    # networks, where such a leak may exist) search again.
     first_cut = math.isfinite(cutoff) and attempt <= 1 and positions.size == 1
     if encoding.search and not first_cut:
         t_search = time.perf_counter()
@@ -169,10 +169,9 @@ def _solve_group(problem, hyper, diff, cls, group, encoding: EncodingOptions, so
     Such a model is first tried briefly without tightening: below the cutoff most singletons are
     proved at the root in well under a second, while tightening costs seconds per node.
     `plain` (a singleton's first attempt under a cutoff) makes that try a bound-focused MILP for
-    the whole time limit, with no tightening after it: on 16 Adult 2x50 singletons ranked 0-900
-    the first attempts took 267 s where search + probe + tightening + MILP took 408 s; the few
-    hardest singletons need tightening and get it on their retry
-    (benchmarks/results/idle_machine.md, session 6).
+    the whole time limit, with no tightening after it: most singletons are proved by the plain
+    MILP faster than tightening alone would take, so tightening is spent only on the few hardest
+    singletons, which get it on their retry (figures in benchmarks/results/idle_machine.md).
     """
     t_start = time.perf_counter()
     info: dict = {}
@@ -302,9 +301,10 @@ def _relaxation_witness(problem, hyper, cls, group, encoding, n_b, df, lb: float
                         time_limit: float = 5.0) -> LeakWitness | None:
     """A leak found by climbing from the optimum of the node's LP relaxation.
 
-    The relaxation's maximiser of beta is a cheap, well-aimed start: on a Crypto 2x50 singleton
-    the climb from it reached 0.00240 (exact 0.00261) where random starts stopped at 0.00195,
-    and a better LB prunes the MILP's tree (beta >= LB) and tightens OBBT."""
+    The relaxation's maximiser of beta is a cheap, well-aimed start: it lies where the
+    relaxation, and usually the true problem, is largest, so the climb from it tends to end
+    higher than climbs from random starts, and a better LB prunes the MILP's tree (beta >= LB)
+    and tightens OBBT."""
     from dataclasses import replace
 
     from lucid.witness.replay import climb

@@ -44,9 +44,11 @@ class EncodingOptions:
       true lower bound, so the MILP is restricted to beta >= LB (optimum unchanged).
     obbt: node-specific bound tightening over the node's own LP relaxation (lucid.bounds.obbt),
       after a probe solve of `obbt_probe` seconds that supplies a replayed lower bound:
-      True (every node), False (none) or "singletons" (nodes of one network, the default). On a
-      Crypto 2x50 singleton it lets HiGHS prove the exact bound instead of stalling at ~2x it;
-      on large hyper-networks the time is better spent in the MILP (benchmarks/milp_core.py).
+      True (every node), False (none) or "singletons" (nodes of one network, the default).
+      Tighter neuron bounds mean smaller big-M constants and fewer unstable binaries, which is
+      what lets a solver close a singleton's exact bound; on large hyper-networks the LPs cost
+      more and move the loose interval weights' bounds little, so the time is better spent in
+      the MILP (benchmarks/milp_core.py).
     """
 
     md: bool = True
@@ -55,7 +57,7 @@ class EncodingOptions:
     ris: bool = True
     tau: float = 0.01
     bounds: str = "lp"
-    disjunction: str = "bigm"  # measured: 2.4x faster than "split" on 4-class nodes
+    disjunction: str = "bigm"  # one tree shared by all targets; "split" solves one MILP per target
     obbt: bool | str = "singletons"
     search: bool = True  # solver-free witness search first (lucid.witness.search.search_node_witness)
     obbt_probe: float = 5.0

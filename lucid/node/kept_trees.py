@@ -1,10 +1,11 @@
 """Kept trees: a singleton's time-limited MILP held in its worker so that the node's retry continues it.
 
-A singleton cannot be branched, so a node time limit only interrupts it; before, every retry
-rebuilt the model, tightened its bounds again and restarted the solver's branch-and-bound from
-the root. On Adult 2x50 that threw away 2041 of class 0's 6923 solver seconds (one network ran
-60 + 240 + 960 s to its limits before a 1438 s proof). Now a retry's MILP, when the backend can
-continue it (Gurobi), stays in the worker process, and the node's next attempt resumes it.
+A singleton cannot be branched, so a node time limit only interrupts it. A retry that rebuilt
+the model, tightened its bounds again and restarted the solver's branch-and-bound from the root
+would throw away all the work of the attempts before it, and the hardest singletons, which
+decide when a class ends, are exactly the ones retried several times. So a retry's MILP, when
+the backend can continue it (Gurobi), stays in the worker process, and the node's next attempt
+resumes its tree.
 
 Soundness: a kept model is the same model, with the same floor (the beta level it is restricted
 to), so a resumed solve's dual bound means exactly what it meant before; `lucid.node.analyse` applies

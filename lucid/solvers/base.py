@@ -27,8 +27,8 @@ class SolverOptions:
     mip_abs_gap: float = 0.0
     verbose: bool = False
     # "bound": the caller already holds a replayed lower bound and only wants the dual bound,
-    # so primal heuristics are switched off (HiGHS spent 2/3 of a 30 s singleton solve in
-    # RINS/RENS sub-MIPs; without them it proved the same optimum 2x faster).
+    # so primal heuristics are switched off: their sub-MIPs (HiGHS's RINS/RENS) would take much
+    # of the time looking for incumbents LUCID does not use.
     focus: str = "balanced"
 
     def __post_init__(self) -> None:

@@ -90,8 +90,8 @@ class GurobiTree:
 
     Gurobi resumes an interrupted solve where it stopped when `optimize()` is called again on the
     unmodified model (node count and dual bound carry on; a new TimeLimit and Threads are taken
-    as they are). A singleton's retries used to rebuild and re-solve from the root: on Adult 2x50
-    one network ran 60 + 240 + 960 s to its limits, all thrown away, before a 1438 s proof."""
+    as they are). Without it a singleton's retry would rebuild the model and re-solve from the
+    root, throwing every earlier attempt's tree away (see `lucid.node.kept_trees`)."""
 
     def __init__(self, m, env, x, model: MilpModel, compact: MilpModel, expand, seconds: float) -> None:
         self._m, self._env, self._x = m, env, x
@@ -155,8 +155,9 @@ def solve_gurobi(
         if options.time_limit is not None:
             m.Params.TimeLimit = float(max(options.time_limit, 0.0))
         if options.focus == "bound":
-            # no primal heuristics: 9.6 s instead of 18 s on the fixture's singleton after OBBT
-            # (MIPFocus=3 was worse: 0.011 at 30 s)
+            # no primal heuristics: the caller's lower bound comes from replayed witnesses, so
+            # all the time goes to the dual bound (Heuristics=0 beats MIPFocus=3 at that,
+            # benchmarks/results/idle_machine.md)
             m.Params.Heuristics = 0
         for key, value in (extra or {}).items():
             m.setParam(key, value)

@@ -26,8 +26,8 @@ class ObjectiveLp:
         self.h.setOptionValue("output_flag", False)
         self.h.setOptionValue("threads", 1)
         # Only the objective changes between solves, so the last optimal basis stays primal
-        # feasible: primal simplex restarts from it (measured 1.4-1.7x fewer iterations than
-        # the default dual simplex), and presolve would throw that basis away.
+        # feasible: primal simplex restarts from it (the new costs make it dual infeasible, so the
+        # default dual simplex would need more iterations), and presolve would throw that basis away.
         self.h.setOptionValue("presolve", "off")
         self.h.setOptionValue("simplex_strategy", 4)
         lp = highspy.HighsLp()
@@ -47,9 +47,8 @@ class ObjectiveLp:
         """The row duals of max c^T x (None if the LP could not be solved in time)."""
         cap = LP_TIME_CAP if time_limit is None else max(0.01, min(LP_TIME_CAP, time_limit))
         self.h.changeColsCost(len(self._all), self._all, np.asarray(c, dtype=np.float64))
-        # Warm primal simplex first; it can stall (measured: one Adult 2x50 OBBT LP in 308 ran
-        # into the 10 s cap where the others took 0.06 s), so after PRIMAL_CAP it starts again
-        # cold with dual simplex for the rest of the cap.
+        # Warm primal simplex first; on a rare LP it stalls far beyond the others' time, so after
+        # PRIMAL_CAP it starts again cold with dual simplex for the rest of the cap.
         solved = self._run(min(cap, PRIMAL_CAP))
         if not solved and cap > PRIMAL_CAP:
             self.h.clearSolver()
@@ -57,7 +56,7 @@ class ObjectiveLp:
             solved = self._run(cap - PRIMAL_CAP)
             self.h.setOptionValue("simplex_strategy", 4)
         if not solved:
-            # Measured: primal simplex can stall for minutes on a bound LP of a Crypto 2x100 node.
+            # Primal simplex can stall for minutes on a bound LP of a large node.
             # Drop the basis it left so the next LP starts clean.
             self.h.clearSolver()
             return None
@@ -65,8 +64,9 @@ class ObjectiveLp:
 
     def _run(self, seconds: float) -> bool:
         # HiGHS compares time_limit with the run time summed over every run() of this object
-        # (highspy 1.15): a fixed limit made every LP after the first 10 s return "time limit",
-        # which silently ended OBBT after ~10 s of LPs (41 of 268 on an Adult 2x50 singleton)
+        # (highspy 1.15): with a fixed limit, once this object's LPs together had run that long
+        # every further LP would return "time limit" at once and silently end OBBT, so the limit
+        # is the run time so far plus this LP's share.
         self.h.setOptionValue("time_limit", float(self.h.getRunTime() + seconds))
         self.h.run()
         return self.h.getModelStatus() == self._ok

@@ -35,7 +35,7 @@ from lucid.training.vectorized import batch_orders, train_networks
 
 ALGORITHM = "lucid-loo-sgd/1"  # docs/training.md defines it; bump if T ever changes
 MEMORY_BUDGET = 3 * 2**30  # bytes of working memory per chunk (stays under ~4 GiB with overheads)
-MAX_CHUNK = 64  # cache-friendly (measured), and a fine resume granularity
+MAX_CHUNK = 64  # cache-friendly (benchmarks/results/idle_machine.md), and a fine resume granularity
 STOP_AFTER_ENV = "LUCID_TRAIN_STOP_AFTER_CHUNKS"  # test hook: simulate Ctrl-C after N new chunks
 
 

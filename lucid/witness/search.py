@@ -103,7 +103,7 @@ def search_node_witness(
     inside, outside = x[conf_n > 0], x[conf_n <= 0]
     if len(inside) == 0 or len(outside) == 0:
         return None
-    m = min(len(inside), len(outside), 32 * starts)  # 4x fewer pairs missed the best region of a Crypto singleton
+    m = min(len(inside), len(outside), 32 * starts)  # enough pairs to reach the best region; 8 per start can miss it
     a, b = inside[:m].copy(), outside[:m].copy()
     for _ in range(30):  # bisection onto C_N = 0, vectorised over all pairs
         mid = (a + b) / 2
