@@ -167,7 +167,7 @@ def solve_gurobi(
         except gp.GurobiError as exc:
             if exc.errno == SIZE_LIMIT_ERRNO:
                 raise SolverError(
-                    f"gurobi: model too large for the size-limited licence "
+                    "gurobi: model too large for the size-limited licence "
                     "({} variables, {} constraints); use --solver highs".format(*_size(model))
                 ) from exc
             raise SolverError(f"gurobi failed: {exc}") from exc

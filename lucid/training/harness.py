@@ -15,7 +15,6 @@ import json
 import math
 import os
 import shutil
-import sys
 import threading
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from pathlib import Path
@@ -24,18 +23,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from lucid.atomic import write_atomic, write_json_atomic
 from lucid.data import Dataset, prepare_dataset
 from lucid.errors import LucidError
-from lucid.network import NETWORKS_FILE
 from lucid.rundir import RUN_FORMAT
 from lucid.training.architecture import check_arch_fits, initial_parameters, parse_arch
 from lucid.training.progress import TrainingProgress
+from lucid.training.resources import MEMORY_BUDGET, chunk_bytes, cores, default_chunk_size, keep_freed_memory
+from lucid.training.staging import chunk_name, existing_run_matches, open_staging, publish, save_arrays, save_tensors
 from lucid.training.vectorized import batch_orders, train_networks
 
 ALGORITHM = "lucid-loo-sgd/1"  # docs/training.md defines it; bump if T ever changes
-MEMORY_BUDGET = 3 * 2**30  # bytes of working memory per chunk (stays under ~4 GiB with overheads)
-MAX_CHUNK = 64  # cache-friendly (benchmarks/results/idle_machine.md), and a fine resume granularity
 STOP_AFTER_ENV = "LUCID_TRAIN_STOP_AFTER_CHUNKS"  # test hook: simulate Ctrl-C after N new chunks
 
 
@@ -88,7 +85,7 @@ def train_run(
 
     out = Path(out)
     partial = out.with_name(out.name + ".partial")
-    if _existing_run_matches(out, fingerprint):
+    if existing_run_matches(out, fingerprint):
         if partial.exists():
             shutil.rmtree(partial)  # leftover of a crash between publishing and cleaning up
         return out
@@ -114,7 +111,7 @@ def _train(ds: Dataset, spec: dict, meta: dict, out: Path, partial: Path, finger
     n = len(ds.y_train)
     if chunk_size is None:
         chunk_size = default_chunk_size(spec, ds.input_dim, ds.num_classes, n, batch_size)
-    chunk_size = _open_staging(partial, fingerprint, chunk_size)
+    chunk_size = open_staging(partial, fingerprint, chunk_size)
     removed_all = torch.arange(-1, n, dtype=torch.int64)  # position 0 = N, position j = without row j-1
     bounds = [(s, min(s + chunk_size, n + 1)) for s in range(0, n + 1, chunk_size)]
 
@@ -122,7 +119,7 @@ def _train(ds: Dataset, spec: dict, meta: dict, out: Path, partial: Path, finger
     orders = batch_orders(n, epochs, seed)
     X = torch.from_numpy(ds.X_train).to(dev)
     y = torch.from_numpy(ds.y_train).to(dev)
-    todo = [c for c in range(len(bounds)) if not (partial / _chunk_name(c)).exists()]
+    todo = [c for c in range(len(bounds)) if not (partial / chunk_name(c)).exists()]
     stop = threading.Event()
     stop_after = int(os.environ.get(STOP_AFTER_ENV, "0") or 0)
     if cluster is not None:
@@ -134,9 +131,9 @@ def _train(ds: Dataset, spec: dict, meta: dict, out: Path, partial: Path, finger
         with TrainingProgress(total=n + 1, enabled=progress) as bar:
             bar.advance(n + 1 - sum(bounds[c][1] - bounds[c][0] for c in todo))
             train_on_cluster(cluster, inputs, {c: bounds[c] for c in todo}, options,
-                             save=lambda c, arrays: _save_arrays(partial / _chunk_name(c), arrays),
+                             save=lambda c, arrays: save_arrays(partial / chunk_name(c), arrays),
                              advance=bar.advance, stop_after=stop_after)
-        _publish(partial, out, meta, ds, len(bounds))
+        publish(partial, out, meta, ds, len(bounds))
         return out
 
     def train_chunk(c: int, bar: TrainingProgress) -> None:
@@ -158,14 +155,14 @@ def _train(ds: Dataset, spec: dict, meta: dict, out: Path, partial: Path, finger
             on_epoch=on_epoch,
         )
         trained["removed"] = removed_all[lo:hi]
-        _save_tensors(partial / _chunk_name(c), trained)
+        save_tensors(partial / chunk_name(c), trained)
 
-    _keep_freed_memory()
+    keep_freed_memory()
     if dev.type == "cuda":
         workers = 1  # one GPU: chunks run one after another
     else:  # one chunk per core, as many as the memory budget allows
-        fit = MEMORY_BUDGET // _chunk_bytes(spec, ds, chunk_size, batch_size)
-        workers = max(1, min(_cores(), len(todo), fit))
+        fit = MEMORY_BUDGET // chunk_bytes(spec, ds, chunk_size, batch_size)
+        workers = max(1, min(cores(), len(todo), fit))
     threads_before = torch.get_num_threads()
     with TrainingProgress(total=n + 1, enabled=progress) as bar:
         bar.advance(n + 1 - sum(bounds[c][1] - bounds[c][0] for c in todo))
@@ -186,7 +183,7 @@ def _train(ds: Dataset, spec: dict, meta: dict, out: Path, partial: Path, finger
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
             torch.set_num_threads(threads_before)
-    _publish(partial, out, meta, ds, len(bounds))
+    publish(partial, out, meta, ds, len(bounds))
     return out
 
 
@@ -222,75 +219,6 @@ class _Stopped(Exception):
     """Raised inside a worker to abandon its chunk after an interrupt."""
 
 
-def _keep_freed_memory() -> None:
-    """Stop glibc from handing every freed block over 128 KiB back to the OS.
-
-    Each training step allocates fresh activation tensors of about a megabyte; by default glibc
-    maps and unmaps them every step, and the page faults cost ~40% of the training CPU time
-    (measured). Freed memory then stays in the process's heap, bounded by the chunk working set.
-    """
-    import ctypes
-    import ctypes.util
-
-    name = ctypes.util.find_library("c")
-    if not name or not sys.platform.startswith("linux"):
-        return
-    try:
-        libc = ctypes.CDLL(name)
-        libc.mallopt(-3, 256 * 2**20)  # M_MMAP_THRESHOLD
-        libc.mallopt(-1, 512 * 2**20)  # M_TRIM_THRESHOLD
-    except (OSError, AttributeError):  # not glibc (e.g. musl): nothing to tune
-        pass
-
-
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
-
-
-def _bytes_per_network(spec: dict, input_dim: int, num_classes: int, n: int, batch_size: int) -> int:
-    """Rough working memory of one network in a chunk (float32 parameters, gradients, activations)."""
-    widths = [input_dim]
-    n_params = 0
-    if spec["type"] == "cnn":
-        length, channels = input_dim, 1
-        for c in spec["conv_channels"]:
-            n_params += c * channels * spec["kernel_size"] + c
-            length -= spec["kernel_size"] - 1
-            widths.append(c * length + channels * spec["kernel_size"] * length)  # output + unfolded input
-            channels = c
-        widths[-1] = channels * length
-        flat = channels * length
-    else:
-        flat = input_dim
-    sizes = [flat] + list(spec["hidden"]) + [num_classes]
-    n_params += sum(a * b + b for a, b in zip(sizes[:-1], sizes[1:]))
-    widths += sizes[1:]
-    rows = min(batch_size, n)
-    per_network = 4 * (4 * n_params + 6 * rows * sum(widths))  # float32: params/grads/copies, acts
-    return per_network
-
-
-def _chunk_bytes(spec: dict, ds: Dataset, chunk_size: int, batch_size: int) -> int:
-    per = _bytes_per_network(spec, ds.input_dim, ds.num_classes, len(ds.y_train), batch_size)
-    return max(1, per * chunk_size)
-
-
-def default_chunk_size(spec: dict, input_dim: int, num_classes: int, n: int, batch_size: int) -> int:
-    """Networks per chunk: as many as fit MEMORY_BUDGET (capped), balanced across chunks.
-
-    Depends only on the run's shapes, never on the machine, so a resumed run (which must use
-    the same chunks to be bit-identical) recomputes the same value.
-    """
-    per_network = _bytes_per_network(spec, input_dim, num_classes, n, batch_size)
-    total = n + 1
-    cap = max(1, min(MAX_CHUNK, MEMORY_BUDGET // per_network))
-    chunks = math.ceil(total / cap)
-    return math.ceil(total / chunks)
-
-
 def _run_json(ds: Dataset, spec: dict, training: dict) -> dict:
     return {
         "format": RUN_FORMAT,
@@ -322,85 +250,3 @@ def _fingerprint(meta: dict, ds: Dataset) -> str:
     return h.hexdigest()
 
 
-def _existing_run_matches(out: Path, fingerprint: str) -> bool:
-    """True if `out` already holds this exact run; error if it holds anything else."""
-    if not out.exists():
-        return False
-    if not out.is_dir():
-        raise LucidError(f"output {out} exists and is not a directory")
-    meta_path = out / "run.json"
-    if not meta_path.exists():
-        if any(out.iterdir()):
-            raise LucidError(f"output directory {out} is not empty and holds no LUCID run; choose another --out")
-        return False
-    try:
-        meta = json.loads(meta_path.read_text())
-        theirs = meta["training"]["fingerprint"]
-    except (OSError, ValueError, KeyError, TypeError):
-        raise LucidError(f"output directory {out} holds a run.json this version cannot compare; choose another --out") from None
-    if theirs != fingerprint or not (out / NETWORKS_FILE).exists():
-        raise LucidError(f"output directory {out} holds a different run (other data or options); choose another --out")
-    return True
-
-
-def _open_staging(partial: Path, fingerprint: str, chunk_size: int) -> int:
-    """Create or reopen RUN.partial; returns the chunk size to use (a resumed run keeps its own)."""
-    manifest_path = partial / "manifest.json"
-    if partial.exists():
-        try:
-            manifest = json.loads(manifest_path.read_text())
-            same = manifest["fingerprint"] == fingerprint
-            chunk_size = int(manifest["chunk_size"])
-        except (OSError, ValueError, KeyError, TypeError):
-            raise LucidError(f"{partial} exists but is not a LUCID staging directory; remove it") from None
-        if not same:
-            raise LucidError(
-                f"{partial} holds an interrupted different run (other data or options); "
-                "re-run that command to finish it or delete the directory"
-            )
-        return chunk_size
-    partial.mkdir(parents=True)
-    write_json_atomic(manifest_path, {"fingerprint": fingerprint, "chunk_size": chunk_size})
-    return chunk_size
-
-
-def _chunk_name(c: int) -> str:
-    return f"chunk-{c:05d}.safetensors"
-
-
-def _save_tensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:
-    from safetensors.torch import save_file
-
-    cpu = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
-    write_atomic(path, lambda tmp: save_file(cpu, tmp))
-
-
-def _save_arrays(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    from safetensors.numpy import save_file
-
-    write_atomic(path, lambda tmp: save_file({k: np.ascontiguousarray(v) for k, v in arrays.items()}, tmp))
-
-
-def _publish(partial: Path, out: Path, meta: dict, ds: Dataset, n_chunks: int) -> None:
-    """Assemble the chunks into the final directory inside the staging area, then rename it to `out`."""
-    from safetensors.numpy import load_file, save_file
-
-    chunks = [load_file(str(partial / _chunk_name(c))) for c in range(n_chunks)]
-    stacked = {name: np.concatenate([ch[name] for ch in chunks]) for name in chunks[0]}
-    del chunks
-    final = partial / "final"
-    if final.exists():
-        shutil.rmtree(final)
-    final.mkdir()
-    write_atomic(final / NETWORKS_FILE, lambda tmp: save_file(stacked, tmp))
-
-    def write_npz(tmp: str) -> None:
-        with open(tmp, "wb") as fh:
-            np.savez(fh, X_train=ds.X_train, y_train=ds.y_train, X_test=ds.X_test, y_test=ds.y_test)
-
-    write_atomic(final / "data.npz", write_npz)
-    write_json_atomic(final / "run.json", meta)  # last: its presence marks a complete run
-    if out.exists():
-        out.rmdir()  # only an empty directory gets here (checked before training)
-    os.replace(final, out)
-    shutil.rmtree(partial)
