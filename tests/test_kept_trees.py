@@ -29,7 +29,7 @@ def test_a_kept_gurobi_tree_continues_where_its_time_limit_stopped_it():
     first = solve(mdl, "gurobi", SolverOptions(time_limit=0.05), keep=True)
     assert first.status == TIME_LIMIT and first.tree is not None
     result, steps = first, 0
-    while result.status == TIME_LIMIT and steps < 400:
+    while result.status == TIME_LIMIT and steps < 1200:  # bounded; a loaded machine needs more steps
         # 0.05 s at a time: a solve that restarted from the root would never finish
         result = resume(result.tree, SolverOptions(time_limit=0.05))
         steps += 1
