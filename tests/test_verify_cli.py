@@ -278,8 +278,8 @@ def test_process_pool_equals_in_process(tiny_run, naive_no_ris):
 def test_resume_continues_a_run_cut_by_its_time_limit(tmp_path, naive_no_ris):
     run = write_tiny_run(tmp_path / "run", networks=12, seed=2)  # same networks as tiny_run
     opts = dict(workers=1, ris=False, screen=False, search=False, progress=False)
-    first = verify_run(run, time_limit=0.2, **opts)
-    assert not any(b["complete"] for b in first["bounds"].values())
+    first = verify_run(run, time_limit=0.01, **opts)  # a quiet machine may finish one class even so
+    assert not all(b["complete"] for b in first["bounds"].values())
     for c, b in first["bounds"].items():  # anytime bounds are sound (null = nothing proved yet)
         assert b["upper"] is None or b["upper"] >= naive_no_ris["bounds"][c]["upper"] - MARGIN_SLACK
     second = verify_run(run, resume=True, **opts)
