@@ -152,9 +152,12 @@ def test_restart_with_the_same_memo_gives_identical_answers(run_dir, tmp_path):
 
 
 def test_concurrent_clients(run_dir, tmp_path):
-    """8 clients x 500 requests on a shared pool of inputs: no errors, one answer per input."""
+    """8 clients (each its own API key) x 500 requests on a shared pool of inputs: no errors,
+    one answer per input, and a ledger with no lost or double-counted entry."""
     write_bounds(run_dir, {0: 0.3, 1: None, 2: None})
     memo = tmp_path / "m.sqlite"
+    keys = tmp_path / "keys.txt"
+    keys.write_text("# name token\n" + "".join(f"c{t} token-{t}\n" for t in range(8)))
     pool = to_orig(np.random.default_rng(2).random((300, 2)))
     answers: list[dict[int, str]] = [dict() for _ in range(8)]
     errors: list[str] = []
@@ -168,7 +171,7 @@ def test_concurrent_clients(run_dir, tmp_path):
             for _ in range(500):
                 picks = rng.integers(0, len(pool), size=int(rng.integers(1, 4)))
                 conn.request("POST", "/v1/predict", json.dumps({"inputs": [pool[i] for i in picks]}),
-                             {"content-type": "application/json"})
+                             {"content-type": "application/json", "authorization": f"Bearer token-{t}"})
                 r = conn.getresponse()
                 body = r.read()
                 if r.status != 200:
@@ -183,7 +186,7 @@ def test_concurrent_clients(run_dir, tmp_path):
             conn.close()
 
     started = time.monotonic()
-    with server(run_dir, "--epsilon", "0", "--memo", str(memo)) as url:
+    with server(run_dir, "--epsilon", "0.5", "--memo", str(memo), "--api-keys", str(keys)) as url:
         threads = [threading.Thread(target=client, args=(t, url)) for t in range(8)]
         for th in threads:
             th.start()
@@ -196,16 +199,24 @@ def test_concurrent_clients(run_dir, tmp_path):
     for a in answers:
         for i, label in a.items():
             assert merged.setdefault(i, label) == label
-    # Every noised input that was asked is in the memo (none lost), nothing else is.
     from lucid.access import LabelOnlyClassifier
 
-    clf = LabelOnlyClassifier.from_run(run_dir, epsilon=0.0, memo=memo)
+    clf = LabelOnlyClassifier.from_run(run_dir, epsilon=0.5, memo=memo)
     xn = clf.to_network_space(np.asarray(pool))
     noised = clf.decide(xn)[1]
     asked = sorted(merged)
-    assert len(clf.memo) == int(noised[asked].sum()) > 0
-    # ... and the memo holds exactly the answers the clients saw.
-    assert [LABELS[c] for c in clf.predict_index(np.asarray(pool)[asked])] == [merged[i] for i in asked]
+    # Every input that was asked is in the memo (none lost), released ones too, nothing else.
+    assert len(clf.memo) == len(asked) and 0 < noised[asked].sum() < len(asked)
+    # ... the memo holds exactly the answers the clients saw ...
+    assert [LABELS[c] for c in clf.predict_index(np.asarray(pool)[asked], client="check")] == [merged[i] for i in asked]
+    # ... and the ledger charged each client once per distinct input it asked, and the memo's
+    # draws once in all.
+    totals = {t.client: t for t in clf.ledger()}
+    for t in range(8):
+        mine = sorted(answers[t])
+        assert (totals[f"c{t}"].answers, totals[f"c{t}"].noised) == (len(mine), int(noised[mine].sum()))
+        assert totals[f"c{t}"].charged == pytest.approx(0.5 * len(mine))
+    assert (totals["*"].answers, totals["*"].noised) == (len(asked), int(noised[asked].sum()))
 
 
 def test_serve_refuses_bad_setup_with_one_line(run_dir, tmp_path, capsys, monkeypatch):
