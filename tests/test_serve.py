@@ -219,6 +219,74 @@ def test_concurrent_clients(run_dir, tmp_path):
     assert (totals["*"].answers, totals["*"].noised) == (len(asked), int(noised[asked].sum()))
 
 
+def test_budget_refusals_and_the_ledger_across_a_restart(run_dir, tmp_path):
+    """Per-key ledgers, a 429 at the budget whatever the branch, repeats still answered from the
+    memo, and the ledger (and so the refusal) surviving a restart."""
+    xn = np.random.default_rng(0).random((200, 2))
+    scores = load_networks(run_dir).forward(xn)[0]
+    cls, conf = scores.argmax(1), confidence(scores)
+    noised = ~(conf > np.array([0.3, np.inf, -1.0])[cls])
+    rel, noi = to_orig(xn[~noised]), to_orig(xn[noised])
+    keys = tmp_path / "keys.txt"
+    keys.write_text("alice a-token\nbob b-token\n")
+    memo = tmp_path / "m.sqlite"
+    args = ["--epsilon", "1", "--memo", str(memo), "--api-keys", str(keys), "--budget", "3"]
+    alice, bob = {"authorization": "Bearer a-token"}, {"authorization": "Bearer b-token"}
+
+    def ask(url, rows, who):
+        return httpx.post(url + "/v1/predict", json={"inputs": rows}, headers=who)
+
+    with server(run_dir, *args) as url:
+        first = ask(url, [rel[0], noi[0]], alice).json()["labels"] + ask(url, [noi[1]], alice).json()["labels"]
+        refusals = [ask(url, [rel[1]], alice), ask(url, [noi[2]], alice), ask(url, [rel[0], noi[3]], alice)]
+        for r in refusals:
+            assert r.status_code == 429 and set(r.json()) == {"error"} and "budget" in r.json()["error"]
+            assert set(r.headers) <= ALLOWED_HEADERS
+        # The refusal is the same for an input that would be released and one that would be noised.
+        assert refusals[0].content == refusals[1].content == refusals[2].content
+        again = ask(url, [noi[1], noi[0], rel[0]], alice)
+        assert again.status_code == 200 and again.json()["labels"] == first[::-1]
+        assert ask(url, [rel[5], rel[5], noi[5]], bob).status_code == 200  # bob has his own ledger
+        assert ask(url, [rel[0]], {"authorization": "Bearer nope"}).status_code == 401
+    with server(run_dir, *args) as url:
+        assert ask(url, [noi[6]], alice).status_code == 429  # the ledger survived the restart
+        assert ask(url, [rel[0], noi[0], noi[1]], alice).json()["labels"] == first
+        assert ask(url, [rel[1]], bob).status_code == 200  # bob's third distinct input
+        assert ask(url, [noi[7]], bob).status_code == 429
+    r = subprocess.run([sys.executable, "-m", "lucid", "budget", str(run_dir), "--memo", str(memo), "--json"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    got = {c["client"]: c for c in json.loads(r.stdout)["clients"]}
+    assert (got["alice"]["answers"], got["alice"]["noised"], got["alice"]["refused"]) == (3, 2, 4)
+    assert (got["bob"]["answers"], got["bob"]["noised"], got["bob"]["refused"]) == (3, 1, 1)
+    assert got["alice"]["charged"] == 3.0 and got["alice"]["spent"] == 2.0 and got["bob"]["spent"] == 1.0
+    assert (got["*"]["answers"], got["*"]["noised"]) == (6, 3)  # alice's 3 and bob's 3 draws
+
+
+def test_deadline_holds_every_prediction_response(run_dir):
+    """--deadline-ms: answers and errors alike leave no earlier than the deadline (a lower bound
+    that a sleep guarantees; the benchmark measures the spread)."""
+    import asyncio
+
+    from lucid.access import LabelOnlyClassifier
+    from lucid.access.server import create_app
+
+    clf = LabelOnlyClassifier.from_run(run_dir, epsilon=1.0)
+
+    async def check() -> None:
+        transport = httpx.ASGITransport(app=create_app(clf, deadline_ms=60))
+        async with httpx.AsyncClient(transport=transport, base_url="http://lucid") as client:
+            for body, status in [({"inputs": to_orig([[0.5, 0.5]])}, 200), ({"inputs": [[9.0, -4.8]]}, 422)]:
+                t0 = time.perf_counter()
+                assert (await client.post("/v1/predict", json=body)).status_code == status
+                assert time.perf_counter() - t0 >= 0.06
+
+    asyncio.run(check())
+    with pytest.raises(Exception, match="not both"):
+        create_app(clf, api_key="x", api_keys={"a": "y"})
+    clf.close()
+
+
 def test_serve_refuses_bad_setup_with_one_line(run_dir, tmp_path, capsys, monkeypatch):
     from lucid.cli import main
 
@@ -240,6 +308,18 @@ def test_serve_refuses_bad_setup_with_one_line(run_dir, tmp_path, capsys, monkey
     write_bounds(run_dir, {0: 0.1})
     r = serve(str(run_dir), "--epsilon", "-1")
     assert r.returncode == 2 and "epsilon" in r.stderr
+    r = serve(str(run_dir), "--epsilon", "1", "--budget", "-1")
+    assert r.returncode == 2 and "budget" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    keys = tmp_path / "keys.txt"
+    for text, message in [("alice\n", "NAME TOKEN"), ("a t1\na t2\n", "twice"), ("a t\nb t\n", "another client"),
+                          ("# nothing\n", "no clients"), ("a/b t\n", "letters"), ("* t\n", "letters")]:
+        keys.write_text(text)
+        r = serve(str(run_dir), "--epsilon", "1", "--api-keys", str(keys))
+        assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, text
+    r = serve(str(run_dir), "--epsilon", "1", "--api-keys", str(tmp_path / "missing.txt"))
+    assert r.returncode == 2 and "cannot read" in r.stderr
+    r = serve(str(run_dir), "--epsilon", "1", "--api-keys", str(keys), "--api-key-env", "X")
+    assert r.returncode == 2 and "not both" in r.stderr
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
