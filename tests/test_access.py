@@ -401,6 +401,8 @@ def test_budget_refuses_on_the_worst_case_whatever_the_branch(run_dir, tmp_path)
     assert totals["r"].charged == totals["n"].charged == 3.0
     # Another client is unaffected, and a batch that fits exactly is answered.
     assert len(clf.predict(to_orig(np.vstack([rel[20:22], noi[20:21]])), client="x")) == 3
+    with pytest.raises(LucidError, match="client name"):
+        clf.predict(to_orig(rel[:1]), client="*")  # the all-clients row is not a client
 
 
 def test_old_memo_files_are_migrated(tmp_path):

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from lucid.access.ledger import DEFAULT_CLIENT, check_budget
+from lucid.access.ledger import DEFAULT_CLIENT, check_budget, check_client_name
 from lucid.access.mechanism import RandomSource, check_epsilon, exponential_mechanism, needs_noise
 from lucid.access.memo import DEFAULT_MEMO_SIZE, Memo
 from lucid.atomic import read_json
@@ -249,8 +249,9 @@ class LabelOnlyClassifier:
         width = rows.shape[1] * 8
         buf = rows.tobytes()
         keys = [buf[i : i + width] for i in range(0, len(buf), width)]
-        out = self.memo.get_or_put(keys, proposal, noised=noised, client=client or DEFAULT_CLIENT,
-                                   epsilon=self.epsilon, budget=self.budget)
+        client = DEFAULT_CLIENT if client is None else check_client_name(client)
+        out = self.memo.get_or_put(keys, proposal, noised=noised, client=client, epsilon=self.epsilon,
+                                   budget=self.budget)
         return (out, noised) if return_noised else out
 
     def predict_index(self, X: Any, client: str | None = None) -> np.ndarray:

@@ -202,8 +202,9 @@ class Memo:
         Duplicate keys within one call share the first one's answer. Returns int64 labels.
 
         With a `client`, the ledger is charged in the same transaction: `epsilon` per distinct
-        key this client has not been answered before, counted as noised where `noised` (one
-        flag per key, default all) or the stored entry says so. With a `budget`, a call whose
+        key this client has not been answered before, counted as noised where the stored entry
+        is a draw (`noised`, one flag per key, default all, is stored with new keys; a stored
+        answer keeps the flag it was stored with, as the client gets that stored answer). With a `budget`, a call whose
         new keys would take the client's worst-case charge (epsilon per distinct key, noised or
         not) above it stores nothing and raises BudgetExceeded; the decision therefore depends
         only on which inputs the client asked, never on which branch answered them.

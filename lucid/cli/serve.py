@@ -64,8 +64,8 @@ def _check_port_free(host: str, port: int) -> None:
 @click.option("--host", default="127.0.0.1", show_default=True, help="Interface to bind (loopback by default).")
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535))
 @click.option("--memo", type=click.Path(path_type=Path), default=None,
-              help="SQLite memo of noised answers [default: RUN/memo.sqlite]. Keep it: deleting it lets "
-                   "clients re-sample noisy labels.")
+              help="SQLite memo of answers and privacy ledger [default: RUN/memo.sqlite]. Keep it: "
+                   "deleting it lets clients re-sample noisy labels and forgets what they were charged.")
 @click.option("--memo-size", default=DEFAULT_MEMO_SIZE, show_default=True, type=click.IntRange(min=1),
               help="Most inputs the memo keeps (least recently used are evicted).")
 @click.option("--clip", is_flag=True, help="Clip inputs outside the verified domain into it instead of refusing them.")
