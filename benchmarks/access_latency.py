@@ -263,13 +263,14 @@ def _compare(ms: np.ndarray, is_noised: np.ndarray) -> dict:
     return out
 
 
-def side_channel_in_process(run: Path, rel: np.ndarray, noi: np.ndarray, memo: Path, seed: int = 1) -> dict:
+def side_channel_in_process(run: Path, rel: np.ndarray, noi: np.ndarray, memo: Path, deadline_ms: float = 0.0,
+                            seed: int = 1) -> dict:
     from lucid.access import LabelOnlyClassifier
 
     x = np.vstack([rel, noi])
     is_noised = np.r_[np.zeros(len(rel), bool), np.ones(len(noi), bool)]
     order = np.random.default_rng(seed).permutation(len(x))
-    clf = LabelOnlyClassifier.from_run(run, epsilon=1.0, memo=memo)
+    clf = LabelOnlyClassifier.from_run(run, epsilon=1.0, memo=memo, deadline_ms=deadline_ms)
     assert (clf.decide(clf.to_network_space(x))[1] == is_noised).all()
     warm = np.random.default_rng(seed + 1).random((2000, x.shape[1]))  # new to the memo, not measured
     for i in range(len(warm)):
@@ -358,6 +359,8 @@ def main() -> None:
                     help="single queries per path for the side-channel section (0: skip it)")
     ap.add_argument("--deadline-ms", type=float, nargs="*", default=[0.0],
                     help="--deadline-ms values of the server in the HTTP side-channel runs (one run each)")
+    ap.add_argument("--inproc-deadline-ms", type=float, nargs="*", default=[0.0],
+                    help="deadline_ms values of the classifier in the in-process side-channel runs (one run each)")
     ap.add_argument("--skip-latency", action="store_true", help="only the side-channel section")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--report", type=Path, default=None, help="write the side-channel table as markdown")
@@ -376,8 +379,10 @@ def main() -> None:
             results["http"] = over_http(run, x, scratch / "memo-http.sqlite", args.clients, args.requests)
         if args.side_channel:
             rel, noi, share = side_channel_inputs(run, args.side_channel)
-            sc = {"per_path": args.side_channel, "uniform_noised_share": share,
-                  "in_process": side_channel_in_process(run, rel, noi, scratch / "memo-sc.sqlite")}
+            sc = {"per_path": args.side_channel, "uniform_noised_share": share}
+            for d in args.inproc_deadline_ms:
+                sc[f"in_process_deadline_{d:g}ms"] = side_channel_in_process(
+                    run, rel, noi, scratch / f"memo-sc-inproc-{d:g}.sqlite", d)
             for d in args.deadline_ms:
                 sc[f"http_deadline_{d:g}ms"] = side_channel_http(run, rel, noi, scratch / f"memo-sc-{d:g}.sqlite", d)
             sc["load_average_after"] = os.getloadavg()
@@ -391,7 +396,10 @@ def main() -> None:
                  f"({100 * sc['uniform_noised_share']:.1f} % of uniform inputs are noised); one random interleaved order.",
                  "", "| where | released: median / p90 / p99 ms | noised: median / p90 / p99 ms | Mann-Whitney p | KS p | "
                  "at p < 0.01 |", "|---|---|---|---|---|---|"]
-        table += side_channel_lines("in process", sc["in_process"])
+        for key, res in sc.items():
+            if key.startswith("in_process_deadline_"):
+                d = key[len("in_process_deadline_"):-2]
+                table += side_channel_lines(f"in process, deadline_ms {d}", res)
         for key, res in sc.items():
             if key.startswith("http_deadline_"):
                 d = key[len("http_deadline_"):-2]

@@ -506,3 +506,21 @@ def test_budget_cli(run_dir, tmp_path, capsys):
     assert got["alice"]["spent"] == pytest.approx(expected["alice"].spent)
     code, _, err = budget(str(run_dir), "--delta", "2")
     assert code == 2 and "delta" in err
+
+
+def test_deadline_holds_answers_and_errors(run_dir):
+    """deadline_ms: a lower bound on every call's duration, errors included (a sleep and a spin
+    guarantee it; the benchmark measures the spread)."""
+    import time
+
+    clf = LabelOnlyClassifier.from_run(run_dir, epsilon=1.0, deadline_ms=30)
+    for x in ([[10.5, -4.8]], [[9.0, -4.8]]):
+        t0 = time.perf_counter()
+        try:
+            clf.predict(x)
+        except LucidError:
+            pass
+        assert time.perf_counter() - t0 >= 0.03
+    for bad in (-1, float("nan"), "soon"):
+        with pytest.raises(LucidError, match="deadline"):
+            LabelOnlyClassifier.from_run(run_dir, epsilon=1.0, deadline_ms=bad)

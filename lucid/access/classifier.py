@@ -24,6 +24,9 @@ released), a branch-free select between N's label and the draw, and one memo rea
 ledger charge for every row (released answers are memoised too). Time, memo hits and misses,
 ledger writes and budget refusals therefore depend on which inputs were asked, not on the
 branch. Only the label value differs, and the label is what the client receives anyway.
+`deadline_ms` additionally holds every `predict`/`predict_index` call (answer or error) until
+that long after it started, for callers who want any residual difference (memo hits, batch
+size, machine noise) under one fixed time; `lucid serve --deadline-ms` does the same per request.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import time
 from pathlib import Path
 from typing import Any
 
@@ -114,6 +118,16 @@ def _scaler(run: Run) -> tuple[np.ndarray, np.ndarray]:
     return offset, scale
 
 
+def _hold_until(deadline: float) -> None:
+    """Return at `deadline` (perf_counter seconds): sleep most of the wait, spin the last
+    millisecond, because a sleep alone overshoots by a scheduler tick that varies."""
+    left = deadline - time.perf_counter()
+    if left > 0.002:
+        time.sleep(left - 0.001)
+    while time.perf_counter() < deadline:
+        pass
+
+
 class LabelOnlyClassifier:
     """Label-only access to N with iDP protection (see the module docstring)."""
 
@@ -126,10 +140,17 @@ class LabelOnlyClassifier:
         seed: int | None = None,
         memo_size: int = DEFAULT_MEMO_SIZE,
         budget: float | None = None,
+        deadline_ms: float = 0.0,
     ) -> None:
         self.run = run
         self.epsilon = check_epsilon(epsilon)
         self.budget = check_budget(budget)
+        try:
+            self.deadline = float(deadline_ms) / 1e3
+        except (TypeError, ValueError):
+            raise LucidError(f"the deadline must be a number of ms, got {deadline_ms!r}") from None
+        if not math.isfinite(self.deadline) or self.deadline < 0:
+            raise LucidError(f"the deadline must be a finite number of ms >= 0, got {deadline_ms!r}")
         self.clip = bool(clip)
         self.rng = RandomSource(seed)
         self.num_classes = run.num_classes
@@ -161,12 +182,14 @@ class LabelOnlyClassifier:
         seed: int | None = None,
         memo_size: int = DEFAULT_MEMO_SIZE,
         budget: float | None = None,
+        deadline_ms: float = 0.0,
     ) -> "LabelOnlyClassifier":
         """Open a run directory. `memo`: a SQLite file path (persistent; use one in production),
         an existing `Memo`, or None for an in-memory memo that is lost when the process exits.
         `budget`: the most epsilon each client may be charged (lucid.access.ledger); a query that
-        would exceed it raises BudgetExceeded."""
-        return cls(open_run(path), epsilon, memo, clip=clip, seed=seed, memo_size=memo_size, budget=budget)
+        would exceed it raises BudgetExceeded. `deadline_ms`: see the module docstring."""
+        return cls(open_run(path), epsilon, memo, clip=clip, seed=seed, memo_size=memo_size, budget=budget,
+                   deadline_ms=deadline_ms)
 
     # -- validation -------------------------------------------------------------------------
     def validate(self, X: Any) -> np.ndarray:
@@ -256,7 +279,13 @@ class LabelOnlyClassifier:
 
     def predict_index(self, X: Any, client: str | None = None) -> np.ndarray:
         """Class ids (0..C-1) for raw queries."""
-        return self.predict_network_space(self.to_network_space(self.validate(X)), client=client)
+        if not self.deadline:
+            return self.predict_network_space(self.to_network_space(self.validate(X)), client=client)
+        started = time.perf_counter()
+        try:
+            return self.predict_network_space(self.to_network_space(self.validate(X)), client=client)
+        finally:
+            _hold_until(started + self.deadline)
 
     def predict(self, X: Any, client: str | None = None) -> np.ndarray:
         """Labels in the data's original label values for a batch of raw queries [B, d]."""
