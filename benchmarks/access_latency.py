@@ -362,6 +362,8 @@ def main() -> None:
     ap.add_argument("--inproc-deadline-ms", type=float, nargs="*", default=[0.0],
                     help="deadline_ms values of the classifier in the in-process side-channel runs (one run each)")
     ap.add_argument("--skip-latency", action="store_true", help="only the side-channel section")
+    ap.add_argument("--seed", type=int, default=0,
+                    help="seed of the side-channel inputs; each run then gets its own interleaving order")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--report", type=Path, default=None, help="write the side-channel table as markdown")
     args = ap.parse_args()
@@ -378,13 +380,17 @@ def main() -> None:
             results["in_process"] = in_process(run, x, scratch / "memo-inproc.sqlite", args.repeats)
             results["http"] = over_http(run, x, scratch / "memo-http.sqlite", args.clients, args.requests)
         if args.side_channel:
-            rel, noi, share = side_channel_inputs(run, args.side_channel)
-            sc = {"per_path": args.side_channel, "uniform_noised_share": share}
-            for d in args.inproc_deadline_ms:
+            rel, noi, share = side_channel_inputs(run, args.side_channel, seed=args.seed)
+            sc = {"per_path": args.side_channel, "uniform_noised_share": share, "seed": args.seed}
+            # A distinct interleaving per run: one fixed order would meet deterministic periodic
+            # events (garbage collection, LRU flushes, WAL checkpoints) at the same positions in
+            # every run and make the runs' tests dependent.
+            for k, d in enumerate(args.inproc_deadline_ms):
                 sc[f"in_process_deadline_{d:g}ms"] = side_channel_in_process(
-                    run, rel, noi, scratch / f"memo-sc-inproc-{d:g}.sqlite", d)
-            for d in args.deadline_ms:
-                sc[f"http_deadline_{d:g}ms"] = side_channel_http(run, rel, noi, scratch / f"memo-sc-{d:g}.sqlite", d)
+                    run, rel, noi, scratch / f"memo-sc-inproc-{d:g}.sqlite", d, seed=1000 * args.seed + 1 + k)
+            for k, d in enumerate(args.deadline_ms):
+                sc[f"http_deadline_{d:g}ms"] = side_channel_http(run, rel, noi, scratch / f"memo-sc-{d:g}.sqlite", d,
+                                                                 seed=1000 * args.seed + 101 + k)
             sc["load_average_after"] = os.getloadavg()
             results["side_channel"] = sc
     finally:
