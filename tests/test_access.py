@@ -506,6 +506,9 @@ def test_budget_cli(run_dir, tmp_path, capsys):
     assert got["alice"]["spent"] == pytest.approx(expected["alice"].spent)
     code, _, err = budget(str(run_dir), "--delta", "2")
     assert code == 2 and "delta" in err
+    Memo(tmp_path / "other.sqlite", fingerprint="another-model").close()
+    code, _, err = budget(str(run_dir), "--memo", str(tmp_path / "other.sqlite"))
+    assert code == 2 and "different model" in err
 
 
 def test_deadline_holds_answers_and_errors(run_dir):

@@ -154,8 +154,9 @@ def summarise(rows: Sequence[tuple[str, float, int, int, int]], delta: float = D
     return sorted(per.values(), key=lambda t: (t.client == ALL_CLIENTS, t.client))
 
 
-def read_ledger(path: str | Path) -> list[tuple[str, float, int, int, int]]:
-    """The ledger rows of a memo file, read-only (the service may be running)."""
+def read_ledger(path: str | Path, fingerprint: str | None = None) -> list[tuple[str, float, int, int, int]]:
+    """The ledger rows of a memo file, read-only (the service may be running). With the
+    `fingerprint` of a run's N, a memo written for another model is refused."""
     path = Path(path)
     if not path.is_file():
         raise LucidError(f"{path} does not exist: no memo, so no answers have been given with it (or pass --memo)")
@@ -163,10 +164,12 @@ def read_ledger(path: str | Path) -> list[tuple[str, float, int, int, int]]:
         db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=30.0)
         try:
             meta = dict(db.execute("SELECT name, value FROM meta").fetchall())
-            if meta.get("format") == "lucid-memo/1":
-                return []  # written before the ledger existed
-            if meta.get("format") != "lucid-memo/2":
+            if meta.get("format") not in ("lucid-memo/1", "lucid-memo/2"):
                 raise LucidError(f"{path} is not a LUCID memo file")
+            if fingerprint and meta.get("fingerprint") and meta["fingerprint"] != fingerprint:
+                raise LucidError(f"the memo {path} belongs to a different model or run")
+            if meta["format"] == "lucid-memo/1":
+                return []  # written before the ledger existed
             return [tuple(r) for r in db.execute(
                 "SELECT client, epsilon, answers, noised, refused FROM ledger ORDER BY client, epsilon")]
         finally:
