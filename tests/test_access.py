@@ -292,3 +292,238 @@ def test_no_noise_is_drawn_for_memo_hits():
     assert memo.get_or_put([b"a", b"c", b"a"], propose).tolist() == [2, 2, 2]
     assert memo.get_or_put([b"c", b"b"], propose).tolist() == [2, 2]  # all hits: no call
     assert calls == [[0, 1], [1]]
+
+
+# -- constant work and the privacy ledger ----------------------------------------------------
+def _sql_shape(statements: list[str]) -> list[str]:
+    """SQL as executed, with every literal (blob, string, number) masked."""
+    import re
+
+    masked = []
+    for s in statements:
+        s = re.sub(r"[xX]'[0-9a-fA-F]*'", "?", s)
+        s = re.sub(r"'[^']*'", "?", s)
+        masked.append(re.sub(r"(?<![\w.])-?\d+(\.\d+)?([eE][-+]?\d+)?", "?", s))
+    return masked
+
+
+def test_released_and_noised_rows_do_the_same_work(run_dir):
+    """All-released and all-noised queries: the same draws, the same SQL statements, the same
+    memo and ledger writes; only the label values (and the noised flags) differ."""
+    xn = np.random.default_rng(7).random((40, 2))
+    traces, draws, answers = {}, {}, {}
+    for name, bounds in [("released", {0: -1.0, 1: -1.0, 2: -1.0}), ("noised", {0: None, 1: None, 2: None})]:
+        write_bounds(run_dir, bounds)
+        clf = LabelOnlyClassifier.from_run(run_dir, epsilon=0.0, seed=0)
+        assert clf.decide(xn)[1].all() == (name == "noised") and clf.decide(xn)[1].any() == (name == "noised")
+        calls: list[int] = []
+        uniform = clf.rng.uniform
+        clf.rng.uniform = lambda n: calls.append(n) or uniform(n)
+        statements: list[str] = []
+        clf.memo._db.set_trace_callback(statements.append)
+        labels = [clf.predict_index(to_orig(xn[i : i + 1]))[0] for i in range(20)]  # single queries
+        labels += clf.predict_index(to_orig(xn)).tolist()  # a batch: 20 new rows, 20 repeats
+        labels += clf.predict_index(to_orig(xn[:5]), client="other").tolist()
+        clf.memo._db.set_trace_callback(None)
+        traces[name], draws[name], answers[name] = _sql_shape(statements), calls, labels
+        assert len(clf.memo) == 40  # released answers are memoised too
+        stored = dict(clf.memo._db.execute("SELECT label, noised FROM memo").fetchall())
+        assert set(stored.values()) == {int(name == "noised")}
+        clf.close()
+    assert draws["released"] == draws["noised"] == [1] * 20 + [40, 5]
+    assert traces["released"] == traces["noised"]
+    assert any("INSERT INTO memo" in s for s in traces["released"])
+    cls = reference_n(run_dir, xn)[0]
+    assert answers["released"][:20] == cls[:20].tolist()
+    assert answers["noised"] != answers["released"]  # eps = 0: uniform draws, not N's labels
+
+
+def _split_by_branch(run_dir):
+    """Network-space inputs the fixture's bounds release, and ones they noise (from the IR)."""
+    xn = np.random.default_rng(5).random((400, 2))
+    cls, conf = reference_n(run_dir, xn)
+    noised = ~(conf > np.array([0.3, np.inf, -1.0])[cls])
+    assert noised.sum() >= 30 and (~noised).sum() >= 30
+    return xn[~noised], xn[noised]
+
+
+def test_ledger_totals_on_a_scripted_sequence(run_dir, tmp_path):
+    rel, noi = _split_by_branch(run_dir)
+    rel, noi = rel[:6], noi[:6]
+    clf = LabelOnlyClassifier.from_run(run_dir, epsilon=0.5, memo=tmp_path / "m.sqlite", seed=0)
+    first = clf.predict(to_orig(np.vstack([rel[:3], noi[:2]])))  # default: 3 released, 2 noised
+    again = clf.predict(to_orig(np.vstack([noi[:2], rel[:3]])))  # repeats: memo, no charge
+    assert again.tolist() == first[[3, 4, 0, 1, 2]].tolist()
+    clf.predict(to_orig(np.vstack([noi[2:3], noi[2:3], rel[3:4]])))  # a duplicate in one batch
+    clf.predict(to_orig(np.vstack([rel[:2], noi[:3]])), client="alice")  # others' memo entries
+    clf.predict(to_orig(noi[3:6]), client="bob")
+    clf.predict(to_orig(noi[3:6]), client="bob")
+    clf.close()
+    # ... and the totals survive reopening the file.
+    clf = LabelOnlyClassifier.from_run(run_dir, epsilon=0.5, memo=tmp_path / "m.sqlite", seed=1)
+    totals = {t.client: t for t in clf.ledger()}
+    assert list(totals) == ["alice", "bob", "default", "*"]
+    expect = {"default": (5 + 2, 2 + 1), "alice": (5, 3), "bob": (3, 3), "*": (4 + 6, 3 + 3)}
+    for client, (answers, noised) in expect.items():
+        t = totals[client]
+        assert (t.answers, t.noised, t.refused) == (answers, noised, 0), client
+        assert t.charged == pytest.approx(0.5 * answers) and t.spent == pytest.approx(0.5 * noised)
+        assert 0 < t.spent_tight <= t.spent
+    assert totals["default"].by_epsilon == [{"epsilon": 0.5, "answers": 7, "noised": 3, "refused": 0}]
+    # A restart with another epsilon keeps a separate group; totals add up.
+    other = LabelOnlyClassifier.from_run(run_dir, epsilon=2.0, memo=clf.memo, seed=1)
+    other.predict(to_orig(noi[4:5]))  # new to "default": charged at 2.0
+    t = {t.client: t for t in other.ledger()}["default"]
+    assert (t.answers, t.noised) == (8, 4) and t.spent == pytest.approx(1.5 + 2.0)
+    assert t.spent_tight <= t.spent
+
+
+def test_budget_refuses_on_the_worst_case_whatever_the_branch(run_dir, tmp_path):
+    from lucid.access import BudgetExceeded
+
+    rel, noi = _split_by_branch(run_dir)
+    memo = Memo(tmp_path / "m.sqlite")
+    clf = LabelOnlyClassifier.from_run(run_dir, epsilon=1.0, memo=memo, seed=0, budget=3.0)
+    # Client r only ever got released answers, client n only noised ones: both are refused at
+    # the 4th distinct input, released or noised, so the refusal says nothing about the branch.
+    for client, mine in [("r", rel), ("n", noi)]:
+        seen = clf.predict(to_orig(mine[:2]), client=client)
+        seen = np.concatenate([seen, clf.predict(to_orig(mine[2:3]), client=client)])
+        for probe in (rel[10:11], noi[10:11], np.vstack([mine[:1], rel[11:12]])):
+            with pytest.raises(BudgetExceeded, match="budget"):
+                clf.predict(to_orig(probe), client=client)
+        # Its answered inputs still come from the memo, identically.
+        assert clf.predict(to_orig(mine[:3][::-1]), client=client).tolist() == seen[::-1].tolist()
+    assert len(memo) == 6  # refused requests stored nothing
+    totals = {t.client: t for t in clf.ledger()}
+    assert (totals["r"].answers, totals["r"].noised, totals["r"].refused) == (3, 0, 3)
+    assert (totals["n"].answers, totals["n"].noised, totals["n"].refused) == (3, 3, 3)
+    assert totals["r"].charged == totals["n"].charged == 3.0
+    # Another client is unaffected, and a batch that fits exactly is answered.
+    assert len(clf.predict(to_orig(np.vstack([rel[20:22], noi[20:21]])), client="x")) == 3
+    with pytest.raises(LucidError, match="client name"):
+        clf.predict(to_orig(rel[:1]), client="*")  # the all-clients row is not a client
+
+
+def test_old_memo_files_are_migrated(tmp_path):
+    import sqlite3
+
+    path = tmp_path / "old.sqlite"
+    db = sqlite3.connect(path)
+    db.executescript(
+        "CREATE TABLE memo (key BLOB PRIMARY KEY, label INTEGER NOT NULL, used INTEGER NOT NULL) WITHOUT ROWID;"
+        "CREATE TABLE meta (name TEXT PRIMARY KEY, value);"
+        "INSERT INTO meta VALUES ('format', 'lucid-memo/1'), ('fingerprint', ''), ('count', 1);"
+        "INSERT INTO memo VALUES (x'01', 2, 5);"
+    )
+    db.commit()
+    db.close()
+    memo = Memo(path)
+    assert memo.get_or_put([b"\x01", b"\x02"], np.array([0, 1]), noised=np.array([False, False]),
+                           client="c", epsilon=1.0).tolist() == [2, 1]
+    assert dict(memo._db.execute("SELECT key, noised FROM memo").fetchall()) == {b"\x01": 1, b"\x02": 0}
+    assert memo.ledger_rows() == [("*", 1.0, 1, 0, 0), ("c", 1.0, 2, 1, 0)]
+    assert dict(memo._db.execute("SELECT * FROM meta").fetchall())["format"] == "lucid-memo/2"
+
+
+def test_eviction_charges_a_fresh_draw_again(tmp_path):
+    memo = Memo(tmp_path / "m.sqlite", max_size=2)
+    kw = dict(client="c", epsilon=1.0)
+    memo.get_or_put([b"a", b"b"], np.array([0, 1]), **kw)
+    memo.get_or_put([b"a"], np.array([2]), **kw)  # a repeat: free
+    memo.get_or_put([b"c"], np.array([2]), **kw)  # evicts b (and who saw it)
+    assert memo.lookup(b"b") is None
+    assert memo._db.execute("SELECT COUNT(*) FROM seen WHERE key = ?", (b"b",)).fetchone()[0] == 0
+    memo.get_or_put([b"b"], np.array([0]), **kw)  # drawn afresh: charged again
+    assert memo.ledger_rows() == [("*", 1.0, 4, 4, 0), ("c", 1.0, 4, 4, 0)]
+
+
+def _exact_binary_rr_delta(eps: float, k: int, eps_prime: float) -> float:
+    """delta(eps') of k-fold binary randomized response with log-ratio eps (closed form)."""
+    from scipy.stats import binom
+
+    j = np.arange(k + 1)
+    loss = eps * (k - 2 * j)
+    pmf = binom.pmf(j, k, 1.0 / (1.0 + np.exp(eps)))
+    return float(np.sum(pmf * np.clip(1.0 - np.exp(eps_prime - loss), 0.0, None)))
+
+
+@pytest.mark.parametrize("eps,k", [(1.0, 1), (1.0, 100), (0.1, 1000), (0.3, 37)])
+def test_optimal_composition_matches_the_closed_form(eps, k):
+    from lucid.access import optimal_composition
+
+    delta = 1e-6
+    got = optimal_composition([(eps, k)], delta)
+    assert got <= eps * k * (1 + 1e-9)
+    assert _exact_binary_rr_delta(eps, k, got) <= delta * (1 + 1e-6)  # sound
+    assert _exact_binary_rr_delta(eps, k, got - 0.01 * max(1.0, got) - 1e-9) > delta  # and tight
+    if k >= 100:
+        assert got < 0.95 * eps * k  # better than basic composition
+
+
+def test_optimal_composition_of_several_epsilons():
+    from lucid.access import optimal_composition
+
+    both = optimal_composition([(0.5, 200), (0.2, 300)], 1e-6)
+    assert max(optimal_composition([(0.5, 200)], 1e-6), optimal_composition([(0.2, 300)], 1e-6)) < both
+    assert both < 0.5 * 200 + 0.2 * 300
+    assert optimal_composition([], 1e-6) == 0.0 and optimal_composition([(0.0, 5), (1.0, 0)], 1e-6) == 0.0
+    assert optimal_composition([(100.0, 3)], 1e-6) == 300.0  # beyond exp's range: basic
+    with pytest.raises(LucidError, match="delta"):
+        optimal_composition([(1.0, 1)], 0.0)
+
+
+def test_budget_cli(run_dir, tmp_path, capsys):
+    from lucid.cli import main
+
+    def budget(*args):
+        try:
+            main(["budget", *args])
+            code = 0
+        except SystemExit as exc:
+            code = exc.code
+        captured = capsys.readouterr()
+        return code, captured.out, captured.err
+
+    code, _, err = budget(str(run_dir))
+    assert code == 2 and "memo.sqlite does not exist" in err and len(err.strip().splitlines()) == 1
+    code, _, err = budget(str(tmp_path / "nowhere"))
+    assert code == 2 and "does not exist" in err
+    (tmp_path / "junk.sqlite").write_bytes(b"not a database" * 200)
+    code, _, err = budget(str(run_dir), "--memo", str(tmp_path / "junk.sqlite"))
+    assert code == 2 and "ledger" in err and len(err.strip().splitlines()) == 1
+    clf = LabelOnlyClassifier.from_run(run_dir, epsilon=1.0, memo=run_dir / "memo.sqlite", seed=0)
+    clf.predict(to_orig(np.random.default_rng(5).random((30, 2))), client="alice")
+    expected = {t.client: t for t in clf.ledger()}
+    clf.close()
+    code, out, _ = budget(str(run_dir), "--delta", "1e-5")
+    assert code == 0 and "alice" in out and "(all clients" in out and "δ=1e-05" in out
+    code, out, _ = budget(str(run_dir), "--json")
+    doc = json.loads(out)
+    got = {c["client"]: c for c in doc["clients"]}
+    assert got["alice"]["answers"] == expected["alice"].answers == 30
+    assert got["alice"]["noised"] == expected["alice"].noised > 0
+    assert got["alice"]["spent"] == pytest.approx(expected["alice"].spent)
+    code, _, err = budget(str(run_dir), "--delta", "2")
+    assert code == 2 and "delta" in err
+    Memo(tmp_path / "other.sqlite", fingerprint="another-model").close()
+    code, _, err = budget(str(run_dir), "--memo", str(tmp_path / "other.sqlite"))
+    assert code == 2 and "different model" in err
+
+
+def test_deadline_holds_answers_and_errors(run_dir):
+    """deadline_ms: a lower bound on every call's duration, errors included (a sleep and a spin
+    guarantee it; the benchmark measures the spread)."""
+    import time
+
+    clf = LabelOnlyClassifier.from_run(run_dir, epsilon=1.0, deadline_ms=30)
+    for x in ([[10.5, -4.8]], [[9.0, -4.8]]):
+        t0 = time.perf_counter()
+        try:
+            clf.predict(x)
+        except LucidError:
+            pass
+        assert time.perf_counter() - t0 >= 0.03
+    for bad in (-1, float("nan"), "soon"):
+        with pytest.raises(LucidError, match="deadline"):
+            LabelOnlyClassifier.from_run(run_dir, epsilon=1.0, deadline_ms=bad)

@@ -152,9 +152,12 @@ def test_restart_with_the_same_memo_gives_identical_answers(run_dir, tmp_path):
 
 
 def test_concurrent_clients(run_dir, tmp_path):
-    """8 clients x 500 requests on a shared pool of inputs: no errors, one answer per input."""
+    """8 clients (each its own API key) x 500 requests on a shared pool of inputs: no errors,
+    one answer per input, and a ledger with no lost or double-counted entry."""
     write_bounds(run_dir, {0: 0.3, 1: None, 2: None})
     memo = tmp_path / "m.sqlite"
+    keys = tmp_path / "keys.txt"
+    keys.write_text("# name token\n" + "".join(f"c{t} token-{t}\n" for t in range(8)))
     pool = to_orig(np.random.default_rng(2).random((300, 2)))
     answers: list[dict[int, str]] = [dict() for _ in range(8)]
     errors: list[str] = []
@@ -168,7 +171,7 @@ def test_concurrent_clients(run_dir, tmp_path):
             for _ in range(500):
                 picks = rng.integers(0, len(pool), size=int(rng.integers(1, 4)))
                 conn.request("POST", "/v1/predict", json.dumps({"inputs": [pool[i] for i in picks]}),
-                             {"content-type": "application/json"})
+                             {"content-type": "application/json", "authorization": f"Bearer token-{t}"})
                 r = conn.getresponse()
                 body = r.read()
                 if r.status != 200:
@@ -183,7 +186,7 @@ def test_concurrent_clients(run_dir, tmp_path):
             conn.close()
 
     started = time.monotonic()
-    with server(run_dir, "--epsilon", "0", "--memo", str(memo)) as url:
+    with server(run_dir, "--epsilon", "0.5", "--memo", str(memo), "--api-keys", str(keys)) as url:
         threads = [threading.Thread(target=client, args=(t, url)) for t in range(8)]
         for th in threads:
             th.start()
@@ -196,16 +199,92 @@ def test_concurrent_clients(run_dir, tmp_path):
     for a in answers:
         for i, label in a.items():
             assert merged.setdefault(i, label) == label
-    # Every noised input that was asked is in the memo (none lost), nothing else is.
     from lucid.access import LabelOnlyClassifier
 
-    clf = LabelOnlyClassifier.from_run(run_dir, epsilon=0.0, memo=memo)
+    clf = LabelOnlyClassifier.from_run(run_dir, epsilon=0.5, memo=memo)
     xn = clf.to_network_space(np.asarray(pool))
     noised = clf.decide(xn)[1]
     asked = sorted(merged)
-    assert len(clf.memo) == int(noised[asked].sum()) > 0
-    # ... and the memo holds exactly the answers the clients saw.
-    assert [LABELS[c] for c in clf.predict_index(np.asarray(pool)[asked])] == [merged[i] for i in asked]
+    # Every input that was asked is in the memo (none lost), released ones too, nothing else.
+    assert len(clf.memo) == len(asked) and 0 < noised[asked].sum() < len(asked)
+    # ... the memo holds exactly the answers the clients saw ...
+    assert [LABELS[c] for c in clf.predict_index(np.asarray(pool)[asked], client="check")] == [merged[i] for i in asked]
+    # ... and the ledger charged each client once per distinct input it asked, and the memo's
+    # draws once in all.
+    totals = {t.client: t for t in clf.ledger()}
+    for t in range(8):
+        mine = sorted(answers[t])
+        assert (totals[f"c{t}"].answers, totals[f"c{t}"].noised) == (len(mine), int(noised[mine].sum()))
+        assert totals[f"c{t}"].charged == pytest.approx(0.5 * len(mine))
+    assert (totals["*"].answers, totals["*"].noised) == (len(asked), int(noised[asked].sum()))
+
+
+def test_budget_refusals_and_the_ledger_across_a_restart(run_dir, tmp_path):
+    """Per-key ledgers, a 429 at the budget whatever the branch, repeats still answered from the
+    memo, and the ledger (and so the refusal) surviving a restart."""
+    xn = np.random.default_rng(0).random((200, 2))
+    scores = load_networks(run_dir).forward(xn)[0]
+    cls, conf = scores.argmax(1), confidence(scores)
+    noised = ~(conf > np.array([0.3, np.inf, -1.0])[cls])
+    rel, noi = to_orig(xn[~noised]), to_orig(xn[noised])
+    keys = tmp_path / "keys.txt"
+    keys.write_text("alice a-token\nbob b-token\n")
+    memo = tmp_path / "m.sqlite"
+    args = ["--epsilon", "1", "--memo", str(memo), "--api-keys", str(keys), "--budget", "3"]
+    alice, bob = {"authorization": "Bearer a-token"}, {"authorization": "Bearer b-token"}
+
+    def ask(url, rows, who):
+        return httpx.post(url + "/v1/predict", json={"inputs": rows}, headers=who)
+
+    with server(run_dir, *args) as url:
+        first = ask(url, [rel[0], noi[0]], alice).json()["labels"] + ask(url, [noi[1]], alice).json()["labels"]
+        refusals = [ask(url, [rel[1]], alice), ask(url, [noi[2]], alice), ask(url, [rel[0], noi[3]], alice)]
+        for r in refusals:
+            assert r.status_code == 429 and set(r.json()) == {"error"} and "budget" in r.json()["error"]
+            assert set(r.headers) <= ALLOWED_HEADERS
+        # The refusal is the same for an input that would be released and one that would be noised.
+        assert refusals[0].content == refusals[1].content == refusals[2].content
+        again = ask(url, [noi[1], noi[0], rel[0]], alice)
+        assert again.status_code == 200 and again.json()["labels"] == first[::-1]
+        assert ask(url, [rel[5], rel[5], noi[5]], bob).status_code == 200  # bob has his own ledger
+        assert ask(url, [rel[0]], {"authorization": "Bearer nope"}).status_code == 401
+    with server(run_dir, *args) as url:
+        assert ask(url, [noi[6]], alice).status_code == 429  # the ledger survived the restart
+        assert ask(url, [rel[0], noi[0], noi[1]], alice).json()["labels"] == first
+        assert ask(url, [rel[1]], bob).status_code == 200  # bob's third distinct input
+        assert ask(url, [noi[7]], bob).status_code == 429
+    r = subprocess.run([sys.executable, "-m", "lucid", "budget", str(run_dir), "--memo", str(memo), "--json"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    got = {c["client"]: c for c in json.loads(r.stdout)["clients"]}
+    assert (got["alice"]["answers"], got["alice"]["noised"], got["alice"]["refused"]) == (3, 2, 4)
+    assert (got["bob"]["answers"], got["bob"]["noised"], got["bob"]["refused"]) == (3, 1, 1)
+    assert got["alice"]["charged"] == 3.0 and got["alice"]["spent"] == 2.0 and got["bob"]["spent"] == 1.0
+    assert (got["*"]["answers"], got["*"]["noised"]) == (6, 3)  # alice's 3 and bob's 3 draws
+
+
+def test_deadline_holds_every_prediction_response(run_dir):
+    """--deadline-ms: answers and errors alike leave no earlier than the deadline (a lower bound
+    that a sleep guarantees; the benchmark measures the spread)."""
+    import asyncio
+
+    from lucid.access import LabelOnlyClassifier
+    from lucid.access.server import create_app
+
+    clf = LabelOnlyClassifier.from_run(run_dir, epsilon=1.0)
+
+    async def check() -> None:
+        transport = httpx.ASGITransport(app=create_app(clf, deadline_ms=60))
+        async with httpx.AsyncClient(transport=transport, base_url="http://lucid") as client:
+            for body, status in [({"inputs": to_orig([[0.5, 0.5]])}, 200), ({"inputs": [[9.0, -4.8]]}, 422)]:
+                t0 = time.perf_counter()
+                assert (await client.post("/v1/predict", json=body)).status_code == status
+                assert time.perf_counter() - t0 >= 0.06
+
+    asyncio.run(check())
+    with pytest.raises(Exception, match="not both"):
+        create_app(clf, api_key="x", api_keys={"a": "y"})
+    clf.close()
 
 
 def test_serve_refuses_bad_setup_with_one_line(run_dir, tmp_path, capsys, monkeypatch):
@@ -229,6 +308,18 @@ def test_serve_refuses_bad_setup_with_one_line(run_dir, tmp_path, capsys, monkey
     write_bounds(run_dir, {0: 0.1})
     r = serve(str(run_dir), "--epsilon", "-1")
     assert r.returncode == 2 and "epsilon" in r.stderr
+    r = serve(str(run_dir), "--epsilon", "1", "--budget", "-1")
+    assert r.returncode == 2 and "budget" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    keys = tmp_path / "keys.txt"
+    for text, message in [("alice\n", "NAME TOKEN"), ("a t1\na t2\n", "twice"), ("a t\nb t\n", "another client"),
+                          ("# nothing\n", "no clients"), ("a/b t\n", "letters"), ("* t\n", "letters")]:
+        keys.write_text(text)
+        r = serve(str(run_dir), "--epsilon", "1", "--api-keys", str(keys))
+        assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, text
+    r = serve(str(run_dir), "--epsilon", "1", "--api-keys", str(tmp_path / "missing.txt"))
+    assert r.returncode == 2 and "cannot read" in r.stderr
+    r = serve(str(run_dir), "--epsilon", "1", "--api-keys", str(keys), "--api-key-env", "X")
+    assert r.returncode == 2 and "not both" in r.stderr
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()

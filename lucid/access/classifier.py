@@ -16,6 +16,17 @@ after scaling and clipping. The mechanism's output distribution is a function of
 only, so every input that reaches it must share one stored draw; keying on the raw input would
 let an attacker collect fresh draws for one network input by sending many raw inputs that clip
 (or, through float rounding or a zero scale, scale) to the same point, and average them.
+
+Constant work per row: whether a row is released or noised is the bit (confidence <= beta_c)
+that the iDP guarantee does not cover, and it differs between D and D minus one row. So every
+row takes the same path: N's scores, one mechanism draw (always, also for rows that will be
+released), a branch-free select between N's label and the draw, and one memo read/write plus
+ledger charge for every row (released answers are memoised too). Time, memo hits and misses,
+ledger writes and budget refusals therefore depend on which inputs were asked, not on the
+branch. Only the label value differs, and the label is what the client receives anyway.
+`deadline_ms` additionally holds every `predict`/`predict_index` call (answer or error) until
+that long after it started, for callers who want any residual difference (memo hits, batch
+size, machine noise) under one fixed time; `lucid serve --deadline-ms` does the same per request.
 """
 
 from __future__ import annotations
@@ -23,11 +34,13 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from lucid.access.ledger import DEFAULT_CLIENT, check_budget, check_client_name
 from lucid.access.mechanism import RandomSource, check_epsilon, exponential_mechanism, needs_noise
 from lucid.access.memo import DEFAULT_MEMO_SIZE, Memo
 from lucid.atomic import read_json
@@ -105,6 +118,16 @@ def _scaler(run: Run) -> tuple[np.ndarray, np.ndarray]:
     return offset, scale
 
 
+def _hold_until(deadline: float) -> None:
+    """Return at `deadline` (perf_counter seconds): sleep most of the wait, spin the last
+    millisecond, because a sleep alone overshoots by a scheduler tick that varies."""
+    left = deadline - time.perf_counter()
+    if left > 0.002:
+        time.sleep(left - 0.001)
+    while time.perf_counter() < deadline:
+        pass
+
+
 class LabelOnlyClassifier:
     """Label-only access to N with iDP protection (see the module docstring)."""
 
@@ -116,9 +139,18 @@ class LabelOnlyClassifier:
         clip: bool = False,
         seed: int | None = None,
         memo_size: int = DEFAULT_MEMO_SIZE,
+        budget: float | None = None,
+        deadline_ms: float = 0.0,
     ) -> None:
         self.run = run
         self.epsilon = check_epsilon(epsilon)
+        self.budget = check_budget(budget)
+        try:
+            self.deadline = float(deadline_ms) / 1e3
+        except (TypeError, ValueError):
+            raise LucidError(f"the deadline must be a number of ms, got {deadline_ms!r}") from None
+        if not math.isfinite(self.deadline) or self.deadline < 0:
+            raise LucidError(f"the deadline must be a finite number of ms >= 0, got {deadline_ms!r}")
         self.clip = bool(clip)
         self.rng = RandomSource(seed)
         self.num_classes = run.num_classes
@@ -149,10 +181,15 @@ class LabelOnlyClassifier:
         clip: bool = False,
         seed: int | None = None,
         memo_size: int = DEFAULT_MEMO_SIZE,
+        budget: float | None = None,
+        deadline_ms: float = 0.0,
     ) -> "LabelOnlyClassifier":
         """Open a run directory. `memo`: a SQLite file path (persistent; use one in production),
-        an existing `Memo`, or None for an in-memory memo that is lost when the process exits."""
-        return cls(open_run(path), epsilon, memo, clip=clip, seed=seed, memo_size=memo_size)
+        an existing `Memo`, or None for an in-memory memo that is lost when the process exits.
+        `budget`: the most epsilon each client may be charged (lucid.access.ledger); a query that
+        would exceed it raises BudgetExceeded. `deadline_ms`: see the module docstring."""
+        return cls(open_run(path), epsilon, memo, clip=clip, seed=seed, memo_size=memo_size, budget=budget,
+                   deadline_ms=deadline_ms)
 
     # -- validation -------------------------------------------------------------------------
     def validate(self, X: Any) -> np.ndarray:
@@ -218,35 +255,47 @@ class LabelOnlyClassifier:
             conf = top2[:, 1] - top2[:, 0]  # = score_c - runner-up (0 on ties)
         return cls, needs_noise(conf, cls, self.bounds)
 
-    def predict_network_space(self, xn: np.ndarray, return_noised: bool = False):
+    def predict_network_space(self, xn: np.ndarray, return_noised: bool = False, client: str | None = None):
         """Class ids for in-domain network-space inputs (evaluate uses this on the test split).
+
+        Every row does the same work whatever its branch (module docstring). `client` names the
+        ledger charged (default: the single ledger "default"); with a budget, a batch whose new
+        inputs would exceed the client's budget raises BudgetExceeded and nothing is answered.
 
         Bounds are read once, at construction: a later, tighter bounds.json (anytime verification
         continuing) takes effect on restart; the older, larger bound stays sound meanwhile.
         """
         cls, noised = self.decide(xn)
-        out = cls
-        if noised.any():
-            out = cls.copy()
-            rows = np.ascontiguousarray(xn[noised], dtype=np.float64) + 0.0  # -0.0 -> 0.0: one key per point
-            width = rows.shape[1] * 8
-            buf = rows.tobytes()
-            keys = [buf[i : i + width] for i in range(0, len(buf), width)]
-            centre = cls[noised]
-
-            def propose(missing: np.ndarray) -> np.ndarray:
-                return exponential_mechanism(centre[missing], self.num_classes, self.epsilon, self.rng)
-
-            out[noised] = self.memo.get_or_put(keys, propose)
+        drawn = exponential_mechanism(cls, self.num_classes, self.epsilon, self.rng)
+        proposal = np.where(noised, drawn, cls)
+        rows = np.ascontiguousarray(xn, dtype=np.float64) + 0.0  # -0.0 -> 0.0: one key per point
+        width = rows.shape[1] * 8
+        buf = rows.tobytes()
+        keys = [buf[i : i + width] for i in range(0, len(buf), width)]
+        client = DEFAULT_CLIENT if client is None else check_client_name(client)
+        out = self.memo.get_or_put(keys, proposal, noised=noised, client=client, epsilon=self.epsilon,
+                                   budget=self.budget)
         return (out, noised) if return_noised else out
 
-    def predict_index(self, X: Any) -> np.ndarray:
+    def predict_index(self, X: Any, client: str | None = None) -> np.ndarray:
         """Class ids (0..C-1) for raw queries."""
-        return self.predict_network_space(self.to_network_space(self.validate(X)))
+        if not self.deadline:
+            return self.predict_network_space(self.to_network_space(self.validate(X)), client=client)
+        started = time.perf_counter()
+        try:
+            return self.predict_network_space(self.to_network_space(self.validate(X)), client=client)
+        finally:
+            _hold_until(started + self.deadline)
 
-    def predict(self, X: Any) -> np.ndarray:
+    def predict(self, X: Any, client: str | None = None) -> np.ndarray:
         """Labels in the data's original label values for a batch of raw queries [B, d]."""
-        return self.classes_[self.predict_index(X)]
+        return self.classes_[self.predict_index(X, client=client)]
+
+    def ledger(self, delta: float | None = None) -> list:
+        """The privacy ledger of this classifier's memo: one ClientTotals per client."""
+        from lucid.access.ledger import DEFAULT_DELTA, summarise
+
+        return summarise(self.memo.ledger_rows(), DEFAULT_DELTA if delta is None else delta)
 
     def close(self) -> None:
         self.memo.close()

@@ -1,9 +1,17 @@
-"""The memo of noised answers: a bounded LRU map input -> label, persisted in SQLite.
+"""The memo of answers: a bounded LRU map input -> label, persisted in SQLite, and the ledger.
 
 Why it exists: a noised label is a random draw. If an attacker could ask the same question
 twice and get fresh draws, averaging them would reveal N's label and void the iDP guarantee.
 So the first draw for an input is stored and every later query for that input gets the same
 answer - also after a restart or a crash (hence a database file, not a dict).
+
+Released answers (N's own label) are stored too, with `noised = 0`: the classifier gives both
+branches the same memo read and write, so neither the time of an answer nor whether it is a
+memo hit depends on the branch (see lucid/access/classifier.py).
+
+The privacy ledger (lucid/access/ledger.py) lives in the same file and is updated in the same
+transaction as the answers it accounts for, so a crash or a concurrent writer can neither lose
+nor double-count an entry.
 
 Crash safety: each batch is one SQLite transaction in WAL mode, committed before any label
 of the batch is returned; with `synchronous=NORMAL` a committed transaction survives a killed
@@ -26,18 +34,38 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from lucid.access.ledger import ALL_CLIENTS, BudgetExceeded, within_budget
 from lucid.errors import LucidError
 
-MEMO_FORMAT = "lucid-memo/1"
+MEMO_FORMAT = "lucid-memo/2"
+_OLD_FORMATS = {"lucid-memo/1"}  # noised answers only; migrated in place on opening
 DEFAULT_MEMO_SIZE = 1_000_000
 _CHUNK = 500  # keys per SELECT ... IN (...), well under SQLite's bound-parameter limit
 _MAX_PENDING_TOUCHES = 10_000  # LRU updates of memo hits kept in memory before a write
 
+# memo: one stored answer per input; noised: 1 if it was drawn by the mechanism.
+# seen: which client has already been answered (and charged for) which input; a row goes when
+#   its memo entry is evicted, because the input's next answer is then a fresh draw.
+# ledger: per client and epsilon, distinct inputs answered, noised ones among them, refused
+#   requests; client '*' counts the memo's own draws (what all clients together received).
 _SCHEMA = """
-CREATE TABLE IF NOT EXISTS memo (key BLOB PRIMARY KEY, label INTEGER NOT NULL, used INTEGER NOT NULL)
-    WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS memo (key BLOB PRIMARY KEY, label INTEGER NOT NULL, used INTEGER NOT NULL,
+    noised INTEGER NOT NULL DEFAULT 1) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS memo_used ON memo (used);
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value);
+CREATE TABLE IF NOT EXISTS seen (key BLOB NOT NULL, client TEXT NOT NULL, PRIMARY KEY (key, client))
+    WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS ledger (client TEXT NOT NULL, epsilon REAL NOT NULL,
+    answers INTEGER NOT NULL DEFAULT 0, noised INTEGER NOT NULL DEFAULT 0, refused INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (client, epsilon));
+"""
+_LEDGER_ADD = """
+INSERT INTO ledger (client, epsilon, answers, noised) VALUES (?, ?, ?, ?)
+ON CONFLICT (client, epsilon) DO UPDATE SET answers = answers + excluded.answers, noised = noised + excluded.noised
+"""
+_LEDGER_REFUSED = """
+INSERT INTO ledger (client, epsilon, refused) VALUES (?, ?, 1)
+ON CONFLICT (client, epsilon) DO UPDATE SET refused = refused + 1
 """
 
 
@@ -83,7 +111,12 @@ class Memo:
                     [("format", MEMO_FORMAT), ("fingerprint", fingerprint or ""), ("count", 0)],
                 )
                 return
-            if meta.get("format") != MEMO_FORMAT:
+            if meta.get("format") in _OLD_FORMATS:
+                columns = {row[1] for row in db.execute("PRAGMA table_info(memo)")}
+                if "noised" not in columns:  # lucid-memo/1 stored noised answers only
+                    db.execute("ALTER TABLE memo ADD COLUMN noised INTEGER NOT NULL DEFAULT 1")
+                db.execute("UPDATE meta SET value = ? WHERE name = 'format'", (MEMO_FORMAT,))
+            elif meta.get("format") != MEMO_FORMAT:
                 raise LucidError(f"{self.path} is not a {MEMO_FORMAT} memo file")
             stored = meta.get("fingerprint") or ""
             if fingerprint and stored and stored != fingerprint:
@@ -120,6 +153,11 @@ class Memo:
             if always_store:
                 db.execute("UPDATE meta SET value = ? WHERE name = 'count'", (count,))
         else:
+            # An evicted input's next answer is a fresh draw, charged again: forget who saw it.
+            db.execute(
+                "DELETE FROM seen WHERE key IN (SELECT key FROM memo ORDER BY used LIMIT ?)",
+                (count - self.max_size,),
+            )
             db.execute(
                 "DELETE FROM memo WHERE key IN (SELECT key FROM memo ORDER BY used LIMIT ?)",
                 (count - self.max_size,),
@@ -128,71 +166,127 @@ class Memo:
             db.execute("UPDATE meta SET value = ? WHERE name = 'count'", (count,))
         return count
 
-    def _select(self, db: sqlite3.Connection, keys: Sequence[bytes]) -> dict[bytes, int]:
-        stored: dict[bytes, int] = {}
-        unique = list(dict.fromkeys(keys))
+    def _select(
+        self, db: sqlite3.Connection, unique: Sequence[bytes], client: str | None
+    ) -> tuple[dict[bytes, tuple[int, int]], set[bytes]]:
+        """({key: (label, noised)} of the stored keys, the keys `client` has been answered)."""
+        stored: dict[bytes, tuple[int, int]] = {}
+        seen: set[bytes] = set()
         for start in range(0, len(unique), _CHUNK):
             part = unique[start : start + _CHUNK]
             marks = ",".join("?" * len(part))
-            stored.update(db.execute(f"SELECT key, label FROM memo WHERE key IN ({marks})", part).fetchall())
-        return stored
+            rows = db.execute(
+                "SELECT m.key, m.label, m.noised, s.client IS NOT NULL FROM memo m "
+                f"LEFT JOIN seen s ON s.key = m.key AND s.client = ? WHERE m.key IN ({marks})",
+                (client or "", *part),
+            ).fetchall()
+            for key, label, noised, was_seen in rows:
+                stored[key] = (label, noised)
+                if was_seen:
+                    seen.add(key)
+        return stored, seen
 
     def get_or_put(
-        self, keys: Sequence[bytes], proposals: np.ndarray | Callable[[np.ndarray], np.ndarray]
+        self,
+        keys: Sequence[bytes],
+        proposals: np.ndarray | Callable[[np.ndarray], np.ndarray],
+        noised: np.ndarray | None = None,
+        client: str | None = None,
+        epsilon: float = 0.0,
+        budget: float | None = None,
     ) -> np.ndarray:
         """The stored label of each key; keys not stored yet get (and keep) their proposal.
 
         `proposals` is one label per key, or a function from the positions of the keys not
         stored yet to their proposals (so no noise is drawn for memo hits).
         Duplicate keys within one call share the first one's answer. Returns int64 labels.
+
+        With a `client`, the ledger is charged in the same transaction: `epsilon` per distinct
+        key this client has not been answered before, counted as noised where the stored entry
+        is a draw (`noised`, one flag per key, default all, is stored with new keys; a stored
+        answer keeps the flag it was stored with, as the client gets that stored answer). With a `budget`, a call whose
+        new keys would take the client's worst-case charge (epsilon per distinct key, noised or
+        not) above it stores nothing and raises BudgetExceeded; the decision therefore depends
+        only on which inputs the client asked, never on which branch answered them.
         """
         out = np.empty(len(keys), dtype=np.int64)
         if not len(keys):
             return out
+        unique = list(dict.fromkeys(keys))
         # LRU clock: wall-clock nanoseconds (+ position in the batch), so several processes
         # sharing one file need no shared counter; skew only changes which old entry goes first.
         now = time.time_ns()
+        refused = False
         try:
             # Fast path, no write transaction: a stored label never changes, so if every key is
-            # already stored the answer is final. Their LRU positions are updated lazily, with the
-            # next write (losing them in a crash only changes which entry is evicted first).
+            # already stored (and, with a client, already charged to it) the answer is final.
+            # Their LRU positions are updated lazily, with the next write (losing them in a crash
+            # only changes which entry is evicted first).
             with self._lock:
-                stored = self._select(self._db, keys)
-                if len(stored) == len(set(keys)):
+                stored, seen = self._select(self._db, unique, client)
+                if len(stored) == len(unique) and (client is None or len(seen) == len(unique)):
                     for i, key in enumerate(keys):
-                        out[i] = stored[key]
+                        out[i] = stored[key][0]
                         self._pending_touches[key] = now + i
                     if len(self._pending_touches) < _MAX_PENDING_TOUCHES:
                         return out
             with self._transaction() as db:
-                stored = self._select(db, keys)  # again: another process may have written since
-                if callable(proposals):
-                    missing = np.array([i for i, key in enumerate(keys) if key not in stored], dtype=np.int64)
-                    drawn = np.asarray(proposals(missing), dtype=np.int64)
-                    proposals = np.zeros(len(keys), dtype=np.int64)
-                    proposals[missing] = drawn
-                inserts = []
-                for i, (key, proposal) in enumerate(zip(keys, proposals)):
-                    label = stored.get(key)
-                    if label is None:
-                        label = int(proposal)
-                        stored[key] = label
-                        inserts.append((key, label, now + i))
-                    else:
-                        self._pending_touches[key] = now + i
-                    out[i] = label
-                if inserts:
-                    db.executemany("INSERT INTO memo (key, label, used) VALUES (?, ?, ?)", inserts)
-                if self._pending_touches:
-                    db.executemany("UPDATE memo SET used = ? WHERE key = ?",
-                                   [(t, k) for k, t in self._pending_touches.items()])
-                    self._pending_touches.clear()
-                if inserts:
-                    count = int(db.execute("SELECT value FROM meta WHERE name = 'count'").fetchone()[0])
-                    self._evict(db, count + len(inserts), always_store=True)
+                stored, seen = self._select(db, unique, client)  # again: another process may have written
+                fresh = [] if client is None else [key for key in unique if key not in seen]
+                if budget is not None and fresh:
+                    charged = db.execute(
+                        "SELECT COALESCE(SUM(epsilon * answers), 0.0) FROM ledger WHERE client = ?", (client,)
+                    ).fetchone()[0]
+                    refused = not within_budget(float(charged) + float(epsilon) * len(fresh), budget)
+                if refused:
+                    db.execute(_LEDGER_REFUSED, (client, float(epsilon)))
+                else:
+                    if callable(proposals):
+                        missing = np.array([i for i, key in enumerate(keys) if key not in stored], dtype=np.int64)
+                        drawn = np.asarray(proposals(missing), dtype=np.int64)
+                        proposals = np.zeros(len(keys), dtype=np.int64)
+                        proposals[missing] = drawn
+                    proposals = np.asarray(proposals, dtype=np.int64)
+                    flags = np.ones(len(keys), dtype=np.int64) if noised is None else np.asarray(noised, dtype=np.int64)
+                    inserts = []
+                    for i, (key, proposal, flag) in enumerate(zip(keys, proposals.tolist(), flags.tolist())):
+                        entry = stored.get(key)
+                        if entry is None:
+                            entry = stored[key] = (int(proposal), int(flag))
+                            inserts.append((key, entry[0], now + i, entry[1]))
+                        else:
+                            self._pending_touches[key] = now + i
+                        out[i] = entry[0]
+                    if inserts:
+                        db.executemany("INSERT INTO memo (key, label, used, noised) VALUES (?, ?, ?, ?)", inserts)
+                    if fresh:
+                        db.executemany("INSERT INTO seen (key, client) VALUES (?, ?)", [(k, client) for k in fresh])
+                        db.execute(_LEDGER_ADD, (client, float(epsilon), len(fresh),
+                                                 sum(stored[k][1] for k in fresh)))
+                    if inserts and client is not None:
+                        db.execute(_LEDGER_ADD, (ALL_CLIENTS, float(epsilon), len(inserts),
+                                                 sum(row[3] for row in inserts)))
+                    if self._pending_touches:
+                        db.executemany("UPDATE memo SET used = ? WHERE key = ?",
+                                       [(t, k) for k, t in self._pending_touches.items()])
+                        self._pending_touches.clear()
+                    if inserts:
+                        count = int(db.execute("SELECT value FROM meta WHERE name = 'count'").fetchone()[0])
+                        self._evict(db, count + len(inserts), always_store=True)
         except sqlite3.DatabaseError as exc:
             raise MemoError(f"the memo database failed: {exc}") from None
+        if refused:
+            raise BudgetExceeded(
+                f"the privacy budget of {budget:g} is spent for this client: only inputs it was answered "
+                "before are answered now"
+            )
         return out
+
+    def ledger_rows(self) -> list[tuple[str, float, int, int, int]]:
+        """(client, epsilon, answers, noised, refused) rows of the ledger (see lucid.access.ledger)."""
+        with self._lock:
+            return [tuple(r) for r in self._db.execute(
+                "SELECT client, epsilon, answers, noised, refused FROM ledger ORDER BY client, epsilon")]
 
     def lookup(self, key: bytes) -> int | None:
         """The stored label of one key, without touching its LRU position (for inspection/tests)."""

@@ -10,17 +10,26 @@ domain. If answering fails after that point (e.g. the memo database breaks) the 
 depend on the branch, so the service fails closed: it answers 503 to every later prediction
 until restarted, with one fixed message.
 
-Known residual channel: a noised answer touches the memo and takes measurably longer than a
-released one; an attacker timing many requests can tell the branches apart (the paper's
-mechanism has the same property). Deploy behind a proxy that pads response times if this matters.
+Timing: the classifier does the same work for released and noised rows (same forward pass,
+one mechanism draw per row, the same memo read/write and ledger charge; see classifier.py), and
+the response differs only in the label values it carries. `deadline_ms` additionally holds every
+/v1/predict response (answers, refusals, errors) until that long after the request arrived, for
+deployments that also want memo hits, batch sizes or machine noise hidden behind one fixed time.
+
+Accounting: each bearer token names a client; its answers are charged to that client's ledger
+(lucid.access.ledger; one ledger, "default", without tokens). With a budget, a request whose new
+inputs would take the client's worst-case charge above it gets 429 and one fixed message; the
+decision counts distinct new inputs, never which branch would have answered them.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
 import threading
+import time
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -28,6 +37,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from lucid.access.classifier import LabelOnlyClassifier
+from lucid.access.ledger import DEFAULT_CLIENT, BudgetExceeded, check_client_name
 from lucid.errors import LucidError
 
 DEFAULT_MAX_BODY = 4 * 1024 * 1024
@@ -79,7 +89,11 @@ def create_app(
     api_key: str | None = None,
     max_body: int = DEFAULT_MAX_BODY,
     max_batch: int = DEFAULT_MAX_BATCH,
+    api_keys: dict[str, str] | None = None,
+    deadline_ms: float = 0.0,
 ) -> FastAPI:
+    """`api_key`: one bearer token (ledger "default"); `api_keys`: client name -> token, one
+    ledger per client. `deadline_ms` > 0 holds each prediction response until then."""
     # Telemetry off: it reads the environment on every request, and the service must not export
     # request data anywhere by default.
     app = FastAPI(
@@ -87,7 +101,13 @@ def create_app(
         telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     labels: list[Any] = clf.labels
-    expected_auth = None if api_key is None else f"Bearer {api_key}".encode()
+    if api_key is not None and api_keys:
+        raise LucidError("give one API key or a table of per-client keys, not both")
+    clients = {DEFAULT_CLIENT: api_key} if api_key is not None else dict(api_keys or {})
+    if len(set(clients.values())) != len(clients) or not all(clients.values()):
+        raise LucidError("API keys must be non-empty and distinct")
+    tokens = [(f"Bearer {token}".encode(), check_client_name(name)) for name, token in clients.items()]
+    deadline = max(0.0, float(deadline_ms)) / 1e3
     state = {"failed": False}
     lock = threading.Lock()
 
@@ -111,8 +131,14 @@ def create_app(
 
     async def answer(headers: dict[bytes, bytes], receive: Any) -> tuple[int, bytes, list] | None:
         """(status, JSON body, extra headers) for one POST /v1/predict; None if the client left."""
-        if expected_auth is not None:
-            if not hmac.compare_digest(headers.get(b"authorization", b""), expected_auth):
+        client = DEFAULT_CLIENT
+        if tokens:
+            presented = headers.get(b"authorization", b"")
+            client = None
+            for expected, name in tokens:  # every token compared, no early exit
+                if hmac.compare_digest(presented, expected):
+                    client = name
+            if client is None:
                 return _json(401, {"error": "missing or invalid bearer token"}, [(b"www-authenticate", b"Bearer")])
         too_big = _json(413, {"error": f"the request body must be at most {max_body} bytes"})
         declared = headers.get(b"content-length")
@@ -143,7 +169,9 @@ def create_app(
             return _json(200, {"labels": []})
         try:
             with lock:  # one decision at a time: the classifier's memo and RNG are shared
-                idx = clf.predict_network_space(xn)
+                idx = clf.predict_network_space(xn, client=client)
+        except BudgetExceeded as exc:
+            return _json(429, {"error": str(exc)})
         except Exception:
             state["failed"] = True
             log.exception("prediction failed; refusing further predictions until restarted")
@@ -156,6 +184,7 @@ def create_app(
         (in-process: 0.436 ms per request with a FastAPI route, 0.215 ms with a Starlette one)."""
 
         async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+            started = time.perf_counter()
             headers: dict[bytes, bytes] = {}
             for key, value in scope["headers"]:
                 headers.setdefault(key.lower(), value)  # the first value wins, as in Starlette
@@ -163,6 +192,10 @@ def create_app(
             if out is None:
                 return
             status, body, extra = out
+            if deadline:
+                left = deadline - (time.perf_counter() - started)
+                if left > 0:
+                    await asyncio.sleep(left)
             await send({"type": "http.response.start", "status": status, "headers": [
                 (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *extra]})
             await send({"type": "http.response.body", "body": body})

@@ -20,6 +20,7 @@ SUBCOMMANDS = {
     "log": "Render a verification log (table, plot, branch-and-bound tree).",
     "evaluate": "Accuracy/latency of LUCID vs the naive mechanisms on the test split.",
     "serve": "Serve label-only, iDP-protected predictions over HTTP.",
+    "budget": "Show the privacy ledger: what each client of `lucid serve` has been given.",
     "demo": "Train, verify and evaluate on a bundled data set, end to end.",
 }
 

@@ -13,6 +13,37 @@ from lucid.access.server import DEFAULT_MAX_BATCH, DEFAULT_MAX_BODY
 from lucid.errors import LucidError
 
 
+def read_api_keys(path: Path) -> dict[str, str]:
+    """`NAME TOKEN` per line (blank lines and # comments ignored) -> {name: token}."""
+    from lucid.access.ledger import ALL_CLIENTS, check_client_name
+
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise LucidError(f"--api-keys: cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    keys: dict[str, str] = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        parts = line.split()
+        if len(parts) != 2:
+            raise LucidError(f"--api-keys: {path} line {number}: expected 'NAME TOKEN'")
+        name, token = parts
+        try:
+            check_client_name(name)
+        except LucidError as exc:
+            raise LucidError(f"--api-keys: {path} line {number}: {exc}") from None
+        if name == ALL_CLIENTS or name in keys:
+            raise LucidError(f"--api-keys: {path} line {number}: client {name!r} is listed twice or reserved")
+        if token in keys.values():
+            raise LucidError(f"--api-keys: {path} line {number}: this token is already another client's")
+        keys[name] = token
+    if not keys:
+        raise LucidError(f"--api-keys: {path} lists no clients")
+    return keys
+
+
 def _check_port_free(host: str, port: int) -> None:
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
@@ -33,25 +64,37 @@ def _check_port_free(host: str, port: int) -> None:
 @click.option("--host", default="127.0.0.1", show_default=True, help="Interface to bind (loopback by default).")
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535))
 @click.option("--memo", type=click.Path(path_type=Path), default=None,
-              help="SQLite memo of noised answers [default: RUN/memo.sqlite]. Keep it: deleting it lets "
-                   "clients re-sample noisy labels.")
+              help="SQLite memo of answers and privacy ledger [default: RUN/memo.sqlite]. Keep it: "
+                   "deleting it lets clients re-sample noisy labels and forgets what they were charged.")
 @click.option("--memo-size", default=DEFAULT_MEMO_SIZE, show_default=True, type=click.IntRange(min=1),
               help="Most inputs the memo keeps (least recently used are evicted).")
 @click.option("--clip", is_flag=True, help="Clip inputs outside the verified domain into it instead of refusing them.")
 @click.option("--api-key-env", metavar="VAR", default=None,
-              help="Require 'Authorization: Bearer <token>' with the token read from this environment variable.")
+              help="Require 'Authorization: Bearer <token>' with the token read from this environment variable "
+                   "(one client, ledger 'default').")
+@click.option("--api-keys", type=click.Path(path_type=Path), default=None,
+              help="File of 'NAME TOKEN' lines: one bearer token, and one privacy ledger, per client.")
+@click.option("--budget", type=float, default=None, metavar="TOTAL",
+              help="Most epsilon charged per client (epsilon per distinct input answered, released or noised); "
+                   "further new inputs get HTTP 429. See `lucid budget`.")
+@click.option("--deadline-ms", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="Hold every prediction response until this many ms after its request arrived (0: off).")
 @click.option("--max-batch", default=DEFAULT_MAX_BATCH, show_default=True, type=click.IntRange(min=1),
               help="Most inputs per request.")
 @click.option("--max-body", default=DEFAULT_MAX_BODY, show_default=True, type=click.IntRange(min=1),
               help="Largest request body in bytes.")
 def command(run: Path, epsilon: float, host: str, port: int, memo: Path | None, memo_size: int, clip: bool,
-            api_key_env: str | None, max_batch: int, max_body: int) -> None:
+            api_key_env: str | None, api_keys: Path | None, budget: float | None, deadline_ms: float,
+            max_batch: int, max_body: int) -> None:
     """Serve RUN's classifier: POST /v1/predict {"inputs": [[...]]} -> {"labels": [...]}."""
     import uvicorn
 
     from lucid.access.classifier import LabelOnlyClassifier
     from lucid.access.server import create_app
 
+    if api_key_env is not None and api_keys is not None:
+        raise LucidError("give --api-key-env or --api-keys, not both")
+    key_table = read_api_keys(api_keys) if api_keys is not None else None
     api_key = None
     if api_key_env is not None:
         api_key = os.environ.get(api_key_env, "")
@@ -60,12 +103,16 @@ def command(run: Path, epsilon: float, host: str, port: int, memo: Path | None, 
     if not run.is_dir():
         raise LucidError(f"run directory {run} does not exist")
     memo_path = memo if memo is not None else run / "memo.sqlite"
-    clf = LabelOnlyClassifier.from_run(run, epsilon=epsilon, memo=memo_path, clip=clip, memo_size=memo_size)
+    clf = LabelOnlyClassifier.from_run(run, epsilon=epsilon, memo=memo_path, clip=clip, memo_size=memo_size,
+                                       budget=budget)
     _check_port_free(host, port)
-    app = create_app(clf, api_key=api_key, max_body=max_body, max_batch=max_batch)
+    app = create_app(clf, api_key=api_key, max_body=max_body, max_batch=max_batch, api_keys=key_table,
+                     deadline_ms=deadline_ms)
+    auth = f", {len(key_table)} clients" if key_table else (", auth on" if api_key else "")
     click.echo(
         f"lucid: serving {run} on http://{host}:{port}/v1/predict (epsilon={clf.epsilon:g}, memo={memo_path}"
-        f"{', auth on' if api_key else ''}{', clipping' if clip else ''}); Ctrl-C stops",
+        f"{auth}{', clipping' if clip else ''}{f', budget {budget:g} per client' if budget is not None else ''}"
+        f"{f', deadline {deadline_ms:g} ms' if deadline_ms else ''}); Ctrl-C stops",
         err=True,
     )
     try:
