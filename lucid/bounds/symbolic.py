@@ -1,0 +1,424 @@
+"""Symbolic (input-dependent) difference bounds: sound upper bounds on beta*_{c,{i}} for thousands
+of leave-one-out networks at once, without a solver.
+
+Problem. For N (position 0 of a stack) and one network N' = N_{-i}, with scores s, s' and
+C^c_M(x) = s_c(x) - max_{t != c} s_t(x),
+
+    beta*_{c,{i}} = max { C^c_N(x) : x in [lower, upper], C^c_{N'}(x) <= 0 }      (-inf if infeasible).
+
+If N' ranks t >= c at x then C^c_N(x) <= s_c(x) - s_t(x), so beta* <= max_t beta_t with
+beta_t = max { s_c - s_t : s'_c - s'_t <= 0 }. Weak duality: for every lambda_t >= 0,
+
+    beta_t <= max_x [ (s_c - s_t)(x) - lambda_t (s'_c - s'_t)(x) ]                 (Lagrangian)
+
+and beta_t <= margin_upper[c, t] (a sound bound on max_x s_c - s_t). A rival t for which the
+bound of max_x (s'_t - s'_c) is < 0 can never be preferred by N' and is dropped; no rival left
+means -inf. lambda_t = 1 is the pure difference bound max_x -(d_c - d_t), d = s' - s.
+
+Joint system. With z_k = relu(zhat_k) N's neurons (z_{-1} = x), delta_k = z'_k - z_k and
+dW_k = W'_k - W_k, the pre-activation differences are exactly linear:
+
+    zhat_k      = W_k z_{k-1} + b_k
+    deltahat_k  = W'_k delta_{k-1} + dW_k z_{k-1} + (b'_k - b_k)              (delta_{-1} = 0)
+
+Every objective above is linear in (zhat_{L-1}, deltahat_{L-1}) (s' = zhat + deltahat). It is
+bounded by a CROWN-style backward pass, batched over networks (and objectives):
+
+* N's ReLU with N's pre-activation bounds [l, u] (the LP-tightened `n_bounds`): stable neurons
+  exactly; an unstable one above by the chord u (zhat - l) / (u - l), below by alpha * zhat with a
+  free slope alpha in [0, 1] (CROWN's choice: 1 if u > -l else 0; optimised alpha-CROWN style).
+* The ReLU difference delta = relu(zhat + deltahat) - relu(zhat), using N's interval [l, u], N''s
+  interval [l', u'] and the interval [dl, du] of deltahat. Always min(0, dh) <= delta <= max(0, dh).
+  Upper bound: 0 if N' is stably inactive (delta = -relu(zhat) <= 0); deltahat if N' is stably
+  active (delta = dh + min(zhat, 0) <= dh); else the chord of max(0, dh) over [dl, du] (dh itself if
+  dl >= 0, 0 if du <= 0). Lower bound: 0 if N is stably inactive (delta = relu(zhat') >= 0);
+  deltahat if N is stably active (delta = max(dh, -zhat) >= dh); else the chord of min(0, dh) over
+  [dl, du]. (Both stably active gives delta = dh, both inactive delta = 0: exact.) The chords are
+  the tightest linear bounds of max(0, dh) / min(0, dh) over the interval, so this relaxation has
+  no free slopes.
+* The intermediate intervals: [dl, du] and [l', u'] start from the interval propagation of
+  `lucid.bounds.difference.difference_bounds`; with `intermediate="symbolic"` (default) each
+  hidden layer's deltahat_k and zhat'_k = zhat_k + deltahat_k are bounded by the same backward
+  pass over the already-relaxed layers below (one objective per neuron and sign), intersected
+  with the interval ones and with deltahat in [l' - u, u' - l], zhat' in [l + dl, u + du].
+
+Optimisation (`steps` > 0): lambda_t >= 0 and the alpha slopes of N's unstable neurons of every
+hidden layer (one set per network and rival) are improved by Adam steps on the sum of the bounds,
+each iterate projected (lambda clamped at 0, alpha clamped into [0, 1]). Every iterate is a sound
+bound in its own right (any lambda >= 0 and alpha in [0, 1] are valid), so the result is the
+minimum over all iterates, the starting point (lambda = 1, CROWN alphas) included.
+
+Floating point. Everything runs in float64. The relaxation intercepts are padded outward by
+PAD_REL * (|l| + |u|) so a rounded chord slope can never cut under the ReLU. Every bound
+produced by a backward pass (intermediate or final) is then increased by FP_REL * M + FP_ABS,
+where M is the same backward pass run on absolute values (|W|, |W'|, |dW|, |b|, |b' - b|, every
+slope replaced by its bound 1, every intercept by its absolute value, the box by
+max(|lower|, |upper|)), i.e. the sum of the absolute values of all terms of every dot product the
+pass computes. By Higham's bound (|fl(sum) - sum| <= gamma_n sum |terms|, n the summation
+length, for any summation order, FMA or not) the computed coefficients and constants of a pass
+through layers of total inner width n differ from the exact ones by at most gamma_n times that
+magnitude pass; FP_REL = 1e-11 covers n up to ~9e4 (as in `lucid.bounds.interval`). The pass is
+linear in the absolute initial coefficients, so for an objective (1 - lambda) a + lambda e the
+margin is computed from two precomputed magnitude passes, once per network and rival.
+
+Sets of networks: the quantity the BaB needs for a node S is an upper bound on
+max_{i in S} beta*_{c,{i}}; `set_upper_bound` returns the max of the members' singleton bounds.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from lucid.bounds.difference import difference_bounds
+from lucid.bounds.interval import FP_ABS, FP_REL, LayerBounds
+
+PAD_REL = 1e-14
+DTYPE = torch.float64
+
+
+def _t(x, device) -> torch.Tensor:
+    return torch.as_tensor(np.ascontiguousarray(x, dtype=np.float64), dtype=DTYPE, device=device)
+
+
+def _np(x: torch.Tensor) -> np.ndarray:
+    return x.detach().cpu().numpy()
+
+
+@dataclass
+class _Relax:
+    """Linear relaxations of one hidden layer (every array [K, n] or broadcastable)."""
+
+    su: torch.Tensor  # N: z <= su * zhat + tu
+    tu: torch.Tensor
+    sl: torch.Tensor  # N: z >= sl * zhat (default slopes; 1 / 0 for stable neurons)
+    unstable: torch.Tensor  # N's unstable neurons (where alpha applies)
+    pu: torch.Tensor  # delta <= pu * deltahat + qu
+    qu: torch.Tensor
+    pl: torch.Tensor  # delta >= pl * deltahat + ql
+    ql: torch.Tensor
+    mag_t: torch.Tensor = field(init=False)  # max |intercept| for the magnitude pass
+
+    def __post_init__(self) -> None:
+        self.mag_t = torch.maximum(self.tu.abs(), torch.maximum(self.qu.abs(), self.ql.abs()))
+
+
+def _relu_relax(l: torch.Tensor, u: torch.Tensor):
+    """CROWN relaxation of relu over [l, u]: (su, tu, sl, unstable)."""
+    active, inactive = l >= 0, u <= 0
+    unstable = ~(active | inactive)
+    width = torch.where(unstable, u - l, torch.ones_like(u))
+    slope = torch.where(unstable, u / width, active.to(DTYPE))
+    pad = PAD_REL * (l.abs() + u.abs())
+    tu = torch.where(unstable, -slope * l + pad, torch.zeros_like(u))
+    sl = torch.where(unstable, (u > -l).to(DTYPE), active.to(DTYPE))
+    return slope, tu, sl, unstable
+
+
+def _diff_relax(l, u, lp, up, dl, du):
+    """Linear bounds of delta = relu(zhat + dh) - relu(zhat) in dh (see the module docstring)."""
+    zero, one = torch.zeros_like(dl), torch.ones_like(dl)
+    mixed = (dl < 0) & (du > 0)
+    width = torch.where(mixed, du - dl, one)
+    pad = PAD_REL * (dl.abs() + du.abs())
+    # upper: chord of max(0, dh)
+    cu_s = torch.where(mixed, du / width, torch.where(dl >= 0, one, zero))
+    cu_q = torch.where(mixed, -cu_s * dl + pad, zero)
+    pu = torch.where(up <= 0, zero, torch.where(lp >= 0, one, cu_s))
+    qu = torch.where((up <= 0) | (lp >= 0), zero, cu_q)
+    # lower: chord of min(0, dh)
+    cl_s = torch.where(mixed, -dl / width, torch.where(du <= 0, one, zero))
+    cl_q = torch.where(mixed, dl * du / width - pad, zero)
+    pl = torch.where(u <= 0, zero, torch.where(l >= 0, one, cl_s))
+    ql = torch.where((u <= 0) | (l >= 0), zero, cl_q)
+    return pu, qu, pl, ql
+
+
+@dataclass
+class SymbolicDifference:
+    """Sound intervals per affine layer (every array [K, n_k]), for K networks N'."""
+
+    pre: LayerBounds  # deltahat_k = zhat'_k - zhat_k (the last layer: score differences)
+    hyper: LayerBounds  # zhat'_k, N''s own pre-activation bounds
+
+
+class JointSystem:
+    """N (shared) and K networks N' in one batched backward linear-bound pass."""
+
+    def __init__(self, n_weights, n_biases, weights, biases, n_lower, n_upper, lower, upper,
+                 *, device: str | torch.device = "cpu", intermediate: str = "symbolic"):
+        if intermediate not in ("symbolic", "interval"):
+            raise ValueError(f"intermediate must be 'symbolic' or 'interval', not {intermediate!r}")
+        dev = torch.device(device)
+        self.device = dev
+        self.L = len(n_weights)
+        self.K = weights[0].shape[0]
+        self.W = [_t(w, dev) for w in n_weights]
+        self.b = [_t(b, dev) for b in n_biases]
+        self.Wp = [_t(w, dev) for w in weights]
+        self.dW = [wp - w for wp, w in zip(self.Wp, self.W)]
+        self.db = [_t(bp, dev) - b for bp, b in zip(biases, self.b)]
+        self.aW = [w.abs() for w in self.W]
+        self.aWp = [w.abs() for w in self.Wp]
+        self.adW = [w.abs() for w in self.dW]
+        self.ab = [b.abs() for b in self.b]
+        self.adb = [b.abs() for b in self.db]
+        self.nl = [_t(x, dev) for x in n_lower]
+        self.nu = [_t(x, dev) for x in n_upper]
+        self.lo = _t(lower, dev)
+        self.hi = _t(upper, dev)
+        self.amax = torch.maximum(self.lo.abs(), self.hi.abs())
+        # interval start: the existing propagation (numpy)
+        nb = LayerBounds([np.asarray(x) for x in n_lower], [np.asarray(x) for x in n_upper])
+        ws = [np.asarray(w, dtype=np.float64) for w in weights]
+        bs = [np.asarray(b, dtype=np.float64) for b in biases]
+        diff = difference_bounds(list(n_weights), list(n_biases), ws, ws, bs, bs, nb, lower, upper)
+        self.dl, self.du, self.hl, self.hu = [], [], [], []
+        self.relax: list[_Relax] = []
+        for k in range(self.L):
+            dl, du = _t(diff.pre.lower[k], dev), _t(diff.pre.upper[k], dev)
+            hl, hu = _t(diff.hyper.lower[k], dev), _t(diff.hyper.upper[k], dev)
+            if intermediate == "symbolic" and k < self.L - 1:
+                dl, du, hl, hu = self._tighten(k, dl, du, hl, hu)
+            self.dl.append(dl)
+            self.du.append(du)
+            self.hl.append(hl)
+            self.hu.append(hu)
+            if k < self.L - 1:
+                su, tu, sl, unst = _relu_relax(self.nl[k], self.nu[k])
+                pu, qu, pl, ql = _diff_relax(self.nl[k], self.nu[k], hl, hu, dl, du)
+                K = self.K
+                self.relax.append(_Relax(su.expand(K, -1), tu.expand(K, -1), sl.expand(K, -1), unst.expand(K, -1),
+                                         pu, qu, pl, ql))
+
+    # ------------------------------------------------------------------ passes
+    def backward(self, A: torch.Tensor, E: torch.Tensor, top: int, alphas=None) -> torch.Tensor:
+        """Upper bound (no FP margin) of A . zhat_top + E . deltahat_top over the box.
+
+        A, E: [K, m, n_top]. alphas: None or a list (hidden layers < top) of [K, m, n] lower slopes
+        used for N's unstable neurons. Returns [K, m]."""
+        const = torch.zeros(A.shape[:2], dtype=DTYPE, device=self.device)
+        for k in range(top, -1, -1):
+            const = const + A @ self.b[k] + (E * self.db[k][:, None, :]).sum(-1)
+            Az = A @ self.W[k] + torch.bmm(E, self.dW[k])
+            if k == 0:
+                break
+            Ed = torch.bmm(E, self.Wp[k])
+            r = self.relax[k - 1]
+            sl = r.sl[:, None, :]
+            if alphas is not None:
+                sl = torch.where(r.unstable[:, None, :], alphas[k - 1], sl)
+            Azp, Azn = Az.clamp(min=0), Az.clamp(max=0)
+            A = Azp * r.su[:, None, :] + Azn * sl
+            const = const + (Azp * r.tu[:, None, :]).sum(-1)
+            Edp, Edn = Ed.clamp(min=0), Ed.clamp(max=0)
+            E = Edp * r.pu[:, None, :] + Edn * r.pl[:, None, :]
+            const = const + (Edp * r.qu[:, None, :]).sum(-1) + (Edn * r.ql[:, None, :]).sum(-1)
+        return const + (Az.clamp(min=0) * self.hi + Az.clamp(max=0) * self.lo).sum(-1)
+
+    @torch.no_grad()
+    def magnitude(self, A: torch.Tensor, E: torch.Tensor, top: int) -> torch.Tensor:
+        """The backward pass on absolute values (module docstring): sum of |terms|, [K, m]."""
+        A, E = A.abs(), E.abs()
+        const = torch.zeros(A.shape[:2], dtype=DTYPE, device=self.device)
+        for k in range(top, -1, -1):
+            const = const + A @ self.ab[k] + (E * self.adb[k][:, None, :]).sum(-1)
+            Az = A @ self.aW[k] + torch.bmm(E, self.adW[k])
+            if k == 0:
+                break
+            Ed = torch.bmm(E, self.aWp[k])
+            mt = self.relax[k - 1].mag_t[:, None, :]
+            const = const + ((Az + Ed) * mt).sum(-1)
+            A, E = Az, Ed  # every slope is in [0, 1]
+        return const + (Az * self.amax).sum(-1)
+
+    def sound_max(self, A, E, top, alphas=None) -> torch.Tensor:
+        """Sound upper bound (FP margin added) of A . zhat_top + E . deltahat_top."""
+        return self.backward(A, E, top, alphas) + FP_REL * self.magnitude(A, E, top) + FP_ABS
+
+    @torch.no_grad()
+    def _tighten(self, k, dl, du, hl, hu):
+        n = self.W[k].shape[0]
+        eye = torch.eye(n, dtype=DTYPE, device=self.device)
+        zero = torch.zeros_like(eye)
+        # objectives: +dh, -dh, +zhat', -zhat'
+        A = torch.cat([zero, zero, eye, -eye]).expand(self.K, -1, -1)
+        E = torch.cat([eye, -eye, eye, -eye]).expand(self.K, -1, -1)
+        ub = self.sound_max(A, E, k)
+        s_du, s_dl, s_hu, s_hl = ub[:, :n], -ub[:, n:2 * n], ub[:, 2 * n:3 * n], -ub[:, 3 * n:]
+        dl, du = torch.maximum(dl, s_dl), torch.minimum(du, s_du)
+        hl, hu = torch.maximum(hl, s_hl), torch.minimum(hu, s_hu)
+        l, u = self.nl[k], self.nu[k]
+        pad = lambda a, b: FP_REL * (a.abs() + b.abs()) + FP_ABS  # noqa: E731
+        hl = torch.maximum(hl, l + dl - pad(l, dl))
+        hu = torch.minimum(hu, u + du + pad(u, du))
+        dl = torch.maximum(dl, hl - u - pad(hl, u))
+        du = torch.minimum(du, hu - l + pad(hu, l))
+        return dl, du, hl, hu
+
+    def differences(self) -> SymbolicDifference:
+        return SymbolicDifference(LayerBounds([_np(x) for x in self.dl], [_np(x) for x in self.du]),
+                                  LayerBounds([_np(x) for x in self.hl], [_np(x) for x in self.hu]))
+
+
+# ---------------------------------------------------------------------- public, plain arrays
+@dataclass
+class SingletonBounds:
+    bound: np.ndarray  # [K] sound upper bound on beta*_{c,{i}} (-inf: no input can leak)
+    per_target: np.ndarray  # [K, C] the bound per rival t (-inf: t dropped or t == c), margin cap applied
+    lagrangian: np.ndarray  # [K, C] the best Lagrangian bound per rival (before the cap; nan for c)
+    iterates: list[np.ndarray] = field(default_factory=list)  # [K, C] sound Lagrangian bound of every iterate
+
+
+def difference_intervals(n_weights, n_biases, weights, biases, n_lower, n_upper, lower, upper, *,
+                         intermediate: str = "symbolic", device: str = "cpu") -> SymbolicDifference:
+    """Sound intervals of deltahat_k = zhat'_k - zhat_k and zhat'_k for every network N' (all layers).
+
+    n_weights[k] [out, in] (N); weights[k] [K, out, in] (the networks N'); n_lower/n_upper: N's
+    pre-activation bounds per layer. The last layer's intervals come from the backward pass too."""
+    sys_ = JointSystem(n_weights, n_biases, weights, biases, n_lower, n_upper, lower, upper,
+                       device=device, intermediate=intermediate)
+    k = sys_.L - 1
+    dl, du, hl, hu = sys_._tighten(k, sys_.dl[k], sys_.du[k], sys_.hl[k], sys_.hu[k])
+    sys_.dl[k], sys_.du[k], sys_.hl[k], sys_.hu[k] = dl, du, hl, hu
+    return sys_.differences()
+
+
+def singleton_upper_bounds(n_weights, n_biases, weights, biases, n_lower, n_upper, lower, upper, cls: int,
+                           margin_upper: np.ndarray | None = None, *, lam: float | np.ndarray = 1.0,
+                           alpha: float | None = None, steps: int = 0, lr: float = 0.1,
+                           intermediate: str = "symbolic", device: str = "cpu", chunk: int = 512,
+                           keep_iterates: bool = False) -> SingletonBounds:
+    """Sound upper bounds on beta*_{cls,{i}} for K networks N' against N (module docstring).
+
+    lam: the starting lambda (scalar or [K, C]); alpha: None = CROWN's default slopes, else one
+    starting slope in [0, 1] for every unstable neuron of N; steps: projected Adam steps (0 = just
+    the starting point). margin_upper [C, C]: sound bounds on max_x s_c - s_t (optional cap)."""
+    K = weights[0].shape[0]
+    C = n_weights[-1].shape[0]
+    lam_arr = np.broadcast_to(np.asarray(lam, dtype=np.float64), (K, C)) if np.ndim(lam) else np.full((K, C), float(lam))
+    if np.any(lam_arr < 0) or (alpha is not None and not 0 <= alpha <= 1):
+        raise ValueError("lambda must be >= 0 and alpha in [0, 1]")
+    bound = np.empty(K)
+    per_target = np.full((K, C), -np.inf)
+    lagr = np.full((K, C), np.nan)
+    iterates: list[np.ndarray] = []
+    for start in range(0, K, chunk):
+        sl = slice(start, min(start + chunk, K))
+        res = _chunk_bounds(n_weights, n_biases, [w[sl] for w in weights], [b[sl] for b in biases], n_lower, n_upper,
+                            lower, upper, cls, margin_upper, lam_arr[sl], alpha, steps, lr, intermediate, device,
+                            keep_iterates)
+        bound[sl], per_target[sl], lagr[sl] = res.bound, res.per_target, res.lagrangian
+        for i, it in enumerate(res.iterates):
+            if len(iterates) <= i:
+                iterates.append(np.full((K, C), np.nan))
+            iterates[i][sl] = it
+    return SingletonBounds(bound, per_target, lagr, iterates)
+
+
+def set_upper_bound(n_weights, n_biases, weights, biases, n_lower, n_upper, lower, upper, cls: int,
+                    margin_upper: np.ndarray | None = None, **opts) -> float:
+    """Upper bound on max_{i in S} beta*_{cls,{i}} for the set S of networks given (max of singletons)."""
+    res = singleton_upper_bounds(n_weights, n_biases, weights, biases, n_lower, n_upper, lower, upper, cls,
+                                 margin_upper, **opts)
+    return float(res.bound.max()) if len(res.bound) else -math.inf
+
+
+def _chunk_bounds(n_weights, n_biases, weights, biases, n_lower, n_upper, lower, upper, cls, margin_upper,
+                  lam0, alpha0, steps, lr, intermediate, device, keep_iterates) -> SingletonBounds:
+    sys_ = JointSystem(n_weights, n_biases, weights, biases, n_lower, n_upper, lower, upper,
+                       device=device, intermediate=intermediate)
+    K, L, dev = sys_.K, sys_.L, sys_.device
+    C = n_weights[-1].shape[0]
+    rivals = [t for t in range(C) if t != cls]
+    T = len(rivals)
+    g = torch.zeros(T, C, dtype=DTYPE, device=dev)  # rows: e_c - e_t
+    for j, t in enumerate(rivals):
+        g[j, cls], g[j, t] = 1.0, -1.0
+    G = g.expand(K, -1, -1)
+    # feasibility of each rival: can N' rank t >= c? (bound of s'_t - s'_c, and the interval one)
+    with torch.no_grad():
+        reach = sys_.sound_max(-G, -G, L - 1)  # [K, T]
+    hl, hu = sys_.hl[L - 1], sys_.hu[L - 1]
+    feasible = (reach >= 0) & (hu[:, rivals] - hl[:, [cls]] >= 0)
+    # magnitudes of the two objective parts (the pass is linear in the absolute coefficients)
+    mag_a = sys_.magnitude(G, torch.zeros_like(G), L - 1)
+    mag_e = sys_.magnitude(torch.zeros_like(G), G, L - 1)
+
+    lam = torch.tensor(lam0[:, rivals], dtype=DTYPE, device=dev).requires_grad_(steps > 0)
+    alphas = []
+    for k in range(L - 1):
+        r = sys_.relax[k]
+        a = r.sl[:, None, :].expand(K, T, -1).clone() if alpha0 is None else torch.full(
+            (K, T, r.sl.shape[1]), float(alpha0), dtype=DTYPE, device=dev)
+        alphas.append(a.requires_grad_(steps > 0))
+
+    def evaluate():
+        A = (1 - lam)[..., None] * G
+        E = -lam[..., None] * G
+        val = sys_.backward(A, E, L - 1, alphas)
+        margin = FP_REL * ((1 - lam).abs() * mag_a + lam * mag_e) + FP_ABS
+        return val, margin
+
+    best = torch.full((K, T), math.inf, dtype=DTYPE, device=dev)
+    its = []
+    opt = torch.optim.Adam([lam, *alphas], lr=lr) if steps > 0 else None
+    for step in range(steps + 1):
+        last = step == steps
+        with torch.set_grad_enabled(not last):
+            val, margin = evaluate()
+        sound = (val + margin).detach()
+        sound = torch.where(torch.isnan(sound), torch.full_like(sound, math.inf), sound)
+        best = torch.minimum(best, sound)
+        if keep_iterates:
+            its.append(sound)
+        if last:
+            break
+        opt.zero_grad()
+        val.sum().backward()
+        opt.step()
+        with torch.no_grad():
+            lam.clamp_(min=0.0)
+            for a in alphas:
+                a.clamp_(0.0, 1.0)
+
+    best_np = _np(best)
+    cap = np.full(T, np.inf) if margin_upper is None else np.asarray(margin_upper, dtype=np.float64)[cls, rivals]
+    cand = np.where(_np(feasible), np.minimum(best_np, cap[None, :]), -np.inf)
+    per_target = np.full((K, C), -np.inf)
+    per_target[:, rivals] = cand
+    lagr = np.full((K, C), np.nan)
+    lagr[:, rivals] = best_np
+    iterates = []
+    for it in its:
+        full = np.full((K, C), np.nan)
+        full[:, rivals] = _np(it)
+        iterates.append(full)
+    return SingletonBounds(cand.max(axis=1) if T else np.full(K, -np.inf), per_target, lagr, iterates)
+
+
+# ---------------------------------------------------------------------- adapter for the verifier
+def symbolic_screen(problem, cls: int, positions, *, steps: int = 0, lr: float = 0.1, lam: float = 1.0,
+                    intermediate: str = "symbolic", device: str = "cpu", chunk: int = 512) -> np.ndarray:
+    """Drop-in for `lucid.verifier.screen_upper_bounds`: sound upper bounds on beta*_{cls,{i}} for the
+    networks at `positions` of problem.stack ([len(positions)], -inf where no rival is reachable).
+
+    Reads only problem.stack, .lower, .upper, .n_bounds, .margin_upper and .num_classes.
+    steps = 0: symbolic bounds at lambda = 1; steps > 0: optimised."""
+    positions = np.asarray(positions, dtype=np.int64)
+    if positions.size == 0:
+        return np.empty(0)
+    if not 0 <= cls < problem.num_classes:
+        raise ValueError(f"class {cls} out of range")
+    stack = problem.stack
+    n_w = [w[0] for w in stack.weights]
+    n_b = [b[0] for b in stack.biases]
+    res = singleton_upper_bounds(
+        n_w, n_b, [w[positions] for w in stack.weights], [b[positions] for b in stack.biases],
+        problem.n_bounds.lower, problem.n_bounds.upper, problem.lower, problem.upper, cls, problem.margin_upper,
+        lam=lam, steps=steps, lr=lr, intermediate=intermediate, device=device, chunk=chunk,
+    )
+    return res.bound
