@@ -219,3 +219,18 @@ def test_real_leave_one_out_networks_against_the_exact_milp(wine_run):
                 assert opt[p - 1] >= out.lower and sym[p - 1] >= out.lower
             if out.status == "optimal" and math.isfinite(out.upper):  # exact up to the 1e-5 safety margin
                 assert opt[p - 1] >= out.upper - 1e-5
+
+
+def test_a_cutoff_optimises_only_the_networks_above_it(exact_cache):
+    stack, lower, upper, problem = setup(*CASES[2])
+    ex = exact(exact_cache, (2,), stack, 1, lower, upper)
+    a = args(problem, POSITIONS)
+    start = singleton_upper_bounds(*a, 1, problem.margin_upper)
+    full = singleton_upper_bounds(*a, 1, problem.margin_upper, steps=8, lr=0.1)
+    cutoff = float(np.median(start.bound))
+    cut = singleton_upper_bounds(*a, 1, problem.margin_upper, steps=8, lr=0.1, cutoff=cutoff, keep_iterates=True)
+    assert len(cut.iterates) == 9 and np.all(cut.bound >= ex)
+    above = start.bound > cutoff
+    assert above.any() and (~above).any()
+    assert np.array_equal(cut.bound[~above], start.bound[~above])
+    assert np.allclose(cut.bound[above], full.bound[above], rtol=1e-9, atol=1e-12)

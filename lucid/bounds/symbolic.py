@@ -259,6 +259,19 @@ class JointSystem:
         du = torch.minimum(du, hu - l + pad(hu, l))
         return dl, du, hl, hu
 
+    def select(self, idx) -> "JointSystem":
+        """The same system restricted to the networks idx (a shallow copy sharing N's tensors)."""
+        import copy
+
+        ix = torch.as_tensor(np.asarray(idx, dtype=np.int64), device=self.device)
+        sub = copy.copy(self)
+        sub.K = len(ix)
+        for name in ("Wp", "dW", "db", "aWp", "adW", "adb", "dl", "du", "hl", "hu"):
+            setattr(sub, name, [x[ix] for x in getattr(self, name)])
+        sub.relax = [_Relax(r.su[ix], r.tu[ix], r.sl[ix], r.unstable[ix], r.pu[ix], r.qu[ix], r.pl[ix], r.ql[ix])
+                     for r in self.relax]
+        return sub
+
     def differences(self) -> SymbolicDifference:
         return SymbolicDifference(LayerBounds([_np(x) for x in self.dl], [_np(x) for x in self.du]),
                                   LayerBounds([_np(x) for x in self.hl], [_np(x) for x in self.hu]))
@@ -289,14 +302,16 @@ def difference_intervals(n_weights, n_biases, weights, biases, n_lower, n_upper,
 
 def singleton_upper_bounds(n_weights, n_biases, weights, biases, n_lower, n_upper, lower, upper, cls: int,
                            margin_upper: np.ndarray | None = None, *, lam: float | np.ndarray = 1.0,
-                           alpha: float | None = None, steps: int = 0, lr: float = 0.1,
+                           alpha: float | None = None, steps: int = 0, lr: float = 0.02,
                            intermediate: str = "symbolic", device: str = "cpu", chunk: int = 512,
-                           keep_iterates: bool = False) -> SingletonBounds:
+                           keep_iterates: bool = False, cutoff: float | None = None) -> SingletonBounds:
     """Sound upper bounds on beta*_{cls,{i}} for K networks N' against N (module docstring).
 
     lam: the starting lambda (scalar or [K, C]); alpha: None = CROWN's default slopes, else one
     starting slope in [0, 1] for every unstable neuron of N; steps: projected Adam steps (0 = just
-    the starting point). margin_upper [C, C]: sound bounds on max_x s_c - s_t (optional cap)."""
+    the starting point). margin_upper [C, C]: sound bounds on max_x s_c - s_t (optional cap).
+    cutoff: only networks whose starting bound is above it are optimised (the others keep their
+    starting bound, already <= cutoff: a screen needs nothing more of them)."""
     K = weights[0].shape[0]
     C = n_weights[-1].shape[0]
     lam_arr = np.broadcast_to(np.asarray(lam, dtype=np.float64), (K, C)) if np.ndim(lam) else np.full((K, C), float(lam))
@@ -310,7 +325,7 @@ def singleton_upper_bounds(n_weights, n_biases, weights, biases, n_lower, n_uppe
         sl = slice(start, min(start + chunk, K))
         res = _chunk_bounds(n_weights, n_biases, [w[sl] for w in weights], [b[sl] for b in biases], n_lower, n_upper,
                             lower, upper, cls, margin_upper, lam_arr[sl], alpha, steps, lr, intermediate, device,
-                            keep_iterates)
+                            keep_iterates, cutoff)
         bound[sl], per_target[sl], lagr[sl] = res.bound, res.per_target, res.lagrangian
         for i, it in enumerate(res.iterates):
             if len(iterates) <= i:
@@ -328,7 +343,7 @@ def set_upper_bound(n_weights, n_biases, weights, biases, n_lower, n_upper, lowe
 
 
 def _chunk_bounds(n_weights, n_biases, weights, biases, n_lower, n_upper, lower, upper, cls, margin_upper,
-                  lam0, alpha0, steps, lr, intermediate, device, keep_iterates) -> SingletonBounds:
+                  lam0, alpha0, steps, lr, intermediate, device, keep_iterates, cutoff) -> SingletonBounds:
     sys_ = JointSystem(n_weights, n_biases, weights, biases, n_lower, n_upper, lower, upper,
                        device=device, intermediate=intermediate)
     K, L, dev = sys_.K, sys_.L, sys_.device
@@ -343,57 +358,63 @@ def _chunk_bounds(n_weights, n_biases, weights, biases, n_lower, n_upper, lower,
     with torch.no_grad():
         reach = sys_.sound_max(-G, -G, L - 1)  # [K, T]
     hl, hu = sys_.hl[L - 1], sys_.hu[L - 1]
-    feasible = (reach >= 0) & (hu[:, rivals] - hl[:, [cls]] >= 0)
+    feasible = _np((reach >= 0) & (hu[:, rivals] - hl[:, [cls]] >= 0))
     # magnitudes of the two objective parts (the pass is linear in the absolute coefficients)
     mag_a = sys_.magnitude(G, torch.zeros_like(G), L - 1)
     mag_e = sys_.magnitude(torch.zeros_like(G), G, L - 1)
-
-    lam = torch.tensor(lam0[:, rivals], dtype=DTYPE, device=dev).requires_grad_(steps > 0)
-    alphas = []
-    for k in range(L - 1):
-        r = sys_.relax[k]
-        a = r.sl[:, None, :].expand(K, T, -1).clone() if alpha0 is None else torch.full(
-            (K, T, r.sl.shape[1]), float(alpha0), dtype=DTYPE, device=dev)
-        alphas.append(a.requires_grad_(steps > 0))
-
-    def evaluate():
-        A = (1 - lam)[..., None] * G
-        E = -lam[..., None] * G
-        val = sys_.backward(A, E, L - 1, alphas)
-        margin = FP_REL * ((1 - lam).abs() * mag_a + lam * mag_e) + FP_ABS
-        return val, margin
-
-    best = torch.full((K, T), math.inf, dtype=DTYPE, device=dev)
-    its = []
-    opt = torch.optim.Adam([lam, *alphas], lr=lr) if steps > 0 else None
-    for step in range(steps + 1):
-        last = step == steps
-        with torch.set_grad_enabled(not last):
-            val, margin = evaluate()
-        sound = (val + margin).detach()
-        sound = torch.where(torch.isnan(sound), torch.full_like(sound, math.inf), sound)
-        best = torch.minimum(best, sound)
-        if keep_iterates:
-            its.append(sound)
-        if last:
-            break
-        opt.zero_grad()
-        val.sum().backward()
-        opt.step()
-        with torch.no_grad():
-            lam.clamp_(min=0.0)
-            for a in alphas:
-                a.clamp_(0.0, 1.0)
-
-    best_np = _np(best)
     cap = np.full(T, np.inf) if margin_upper is None else np.asarray(margin_upper, dtype=np.float64)[cls, rivals]
-    cand = np.where(_np(feasible), np.minimum(best_np, cap[None, :]), -np.inf)
+    lam_start = torch.tensor(lam0[:, rivals], dtype=DTYPE, device=dev)
+
+    def run(sub: JointSystem, idx, n_steps: int) -> list[torch.Tensor]:
+        """Sound Lagrangian bounds [k, T] of every iterate for the networks idx of this chunk."""
+        k_, grad = len(idx), n_steps > 0
+        lam = lam_start[idx].clone().requires_grad_(grad)
+        alphas = []
+        for k in range(L - 1):
+            r = sub.relax[k]
+            a = r.sl[:, None, :].expand(k_, T, -1).clone() if alpha0 is None else torch.full(
+                (k_, T, r.sl.shape[1]), float(alpha0), dtype=DTYPE, device=dev)
+            alphas.append(a.requires_grad_(grad))
+        Gs, ma, me = G[idx], mag_a[idx], mag_e[idx]
+        opt = torch.optim.Adam([lam, *alphas], lr=lr) if grad else None
+        out = []
+        for step in range(n_steps + 1):
+            last = step == n_steps
+            with torch.set_grad_enabled(not last):
+                val = sub.backward((1 - lam)[..., None] * Gs, -lam[..., None] * Gs, L - 1, alphas)
+            margin = FP_REL * ((1 - lam).abs() * ma + lam * me) + FP_ABS
+            sound = (val + margin).detach()
+            out.append(torch.where(torch.isnan(sound), torch.full_like(sound, math.inf), sound))
+            if last:
+                break
+            opt.zero_grad()
+            val.sum().backward()
+            opt.step()
+            with torch.no_grad():
+                lam.clamp_(min=0.0)
+                for a in alphas:
+                    a.clamp_(0.0, 1.0)
+        return out
+
+    everyone = np.arange(K)
+    if cutoff is None or steps == 0:
+        its = run(sys_, everyone, steps)
+    else:  # optimise only the networks whose starting bound is above the cutoff
+        its = run(sys_, everyone, 0)
+        start = np.where(feasible, np.minimum(_np(its[0]), cap[None, :]), -np.inf).max(axis=1) if T else np.full(K, -np.inf)
+        idx = np.flatnonzero(start > cutoff)
+        its = [its[0].clone() for _ in range(steps + 1)]
+        if len(idx):
+            for i, it in enumerate(run(sys_.select(idx), idx, steps)):
+                its[i][torch.as_tensor(idx, device=dev)] = it
+    best_np = _np(torch.stack(its).min(dim=0).values)
+    cand = np.where(feasible, np.minimum(best_np, cap[None, :]), -np.inf)
     per_target = np.full((K, C), -np.inf)
     per_target[:, rivals] = cand
     lagr = np.full((K, C), np.nan)
     lagr[:, rivals] = best_np
     iterates = []
-    for it in its:
+    for it in (its if keep_iterates else []):
         full = np.full((K, C), np.nan)
         full[:, rivals] = _np(it)
         iterates.append(full)
@@ -401,13 +422,15 @@ def _chunk_bounds(n_weights, n_biases, weights, biases, n_lower, n_upper, lower,
 
 
 # ---------------------------------------------------------------------- adapter for the verifier
-def symbolic_screen(problem, cls: int, positions, *, steps: int = 0, lr: float = 0.1, lam: float = 1.0,
-                    intermediate: str = "symbolic", device: str = "cpu", chunk: int = 512) -> np.ndarray:
+def symbolic_screen(problem, cls: int, positions, *, steps: int = 0, lr: float = 0.02, lam: float = 1.0,
+                    intermediate: str = "symbolic", device: str = "cpu", chunk: int = 512,
+                    cutoff: float | None = None) -> np.ndarray:
     """Drop-in for `lucid.verifier.screen_upper_bounds`: sound upper bounds on beta*_{cls,{i}} for the
     networks at `positions` of problem.stack ([len(positions)], -inf where no rival is reachable).
 
     Reads only problem.stack, .lower, .upper, .n_bounds, .margin_upper and .num_classes.
-    steps = 0: symbolic bounds at lambda = 1; steps > 0: optimised."""
+    steps = 0: symbolic bounds at lambda = 1; steps > 0: optimised (only the networks whose
+    lambda = 1 bound is above `cutoff`, when one is given: e.g. the class's best lower bound)."""
     positions = np.asarray(positions, dtype=np.int64)
     if positions.size == 0:
         return np.empty(0)
@@ -419,6 +442,6 @@ def symbolic_screen(problem, cls: int, positions, *, steps: int = 0, lr: float =
     res = singleton_upper_bounds(
         n_w, n_b, [w[positions] for w in stack.weights], [b[positions] for b in stack.biases],
         problem.n_bounds.lower, problem.n_bounds.upper, problem.lower, problem.upper, cls, problem.margin_upper,
-        lam=lam, steps=steps, lr=lr, intermediate=intermediate, device=device, chunk=chunk,
+        lam=lam, steps=steps, lr=lr, intermediate=intermediate, device=device, chunk=chunk, cutoff=cutoff,
     )
     return res.bound
