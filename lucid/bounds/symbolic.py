@@ -50,16 +50,30 @@ minimum over all iterates, the starting point (lambda = 1, CROWN alphas) include
 
 Floating point. Everything runs in float64. The relaxation intercepts are padded outward by
 PAD_REL * (|l| + |u|) so a rounded chord slope can never cut under the ReLU. Every bound
-produced by a backward pass (intermediate or final) is then increased by FP_REL * M + FP_ABS,
+produced by a backward pass (intermediate or final) is then increased by rel * M + FP_ABS,
 where M is the same backward pass run on absolute values (|W|, |W'|, |dW|, |b|, |b' - b|, every
 slope replaced by its bound 1, every intercept by its absolute value, the box by
 max(|lower|, |upper|)), i.e. the sum of the absolute values of all terms of every dot product the
 pass computes. By Higham's bound (|fl(sum) - sum| <= gamma_n sum |terms|, n the summation
 length, for any summation order, FMA or not) the computed coefficients and constants of a pass
 through layers of total inner width n differ from the exact ones by at most gamma_n times that
-magnitude pass; FP_REL = 1e-11 covers n up to ~9e4 (as in `lucid.bounds.interval`). The pass is
+magnitude pass: rel = max(FP_REL, 2^-52 (6 * total width + 16)) with FP_REL = 1e-11 (as in
+`lucid.bounds.interval`), since a pass chains at most ~6 sums per neuron of every layer. The pass is
 linear in the absolute initial coefficients, so for an objective (1 - lambda) a + lambda e the
-margin is computed from two precomputed magnitude passes, once per network and rival.
+margin is computed from two precomputed magnitude passes, once per network and rival. The
+rounding of dW = fl(W' - W) and db (relative, one ulp) is covered the same way: their terms are in
+M. The intersections of intervals are padded by FP_REL times the magnitudes of their operands.
+
+Why not auto_LiRPA: the PyPI release (0.3) pins torch < 1.13 (this project runs torch 2.x), and it
+bounds one network at a time, not the joint (z, delta) system of two networks with the
+ReLU-difference relaxation, which is the point here; the pass above is ~60 lines of torch.
+
+Limits (measured in benchmarks/results/screen.md): on the tabular workloads every hidden neuron of
+N is unstable over the full domain and the deltahat intervals are ~1e-3 wide; there the chords
+above are the tightest linear bounds of delta in (zhat, deltahat) jointly (any plane above
+relu(zhat + dh) - relu(zhat) on the box must be flat in zhat when 0 is inside [l, u]), so what
+is left between these bounds and beta* is the single-neuron relaxation gap, closed only by splitting
+(the MILP / BaB).
 
 Sets of networks: the quantity the BaB needs for a node S is an upper bound on
 max_{i in S} beta*_{c,{i}}; `set_upper_bound` returns the max of the members' singleton bounds.
@@ -171,6 +185,8 @@ class JointSystem:
         self.lo = _t(lower, dev)
         self.hi = _t(upper, dev)
         self.amax = torch.maximum(self.lo.abs(), self.hi.abs())
+        # gamma_n for the longest chain of additions of a pass (about 6 sums per width and layer)
+        self.fp_rel = max(FP_REL, 2.0 ** -52 * (6 * (sum(w.shape[0] for w in self.W) + self.W[0].shape[1]) + 16))
         # interval start: the existing propagation (numpy)
         nb = LayerBounds([np.asarray(x) for x in n_lower], [np.asarray(x) for x in n_upper])
         ws = [np.asarray(w, dtype=np.float64) for w in weights]
@@ -237,7 +253,7 @@ class JointSystem:
 
     def sound_max(self, A, E, top, alphas=None) -> torch.Tensor:
         """Sound upper bound (FP margin added) of A . zhat_top + E . deltahat_top."""
-        return self.backward(A, E, top, alphas) + FP_REL * self.magnitude(A, E, top) + FP_ABS
+        return self.backward(A, E, top, alphas) + self.fp_rel * self.magnitude(A, E, top) + FP_ABS
 
     @torch.no_grad()
     def _tighten(self, k, dl, du, hl, hu):
@@ -382,7 +398,7 @@ def _chunk_bounds(n_weights, n_biases, weights, biases, n_lower, n_upper, lower,
             last = step == n_steps
             with torch.set_grad_enabled(not last):
                 val = sub.backward((1 - lam)[..., None] * Gs, -lam[..., None] * Gs, L - 1, alphas)
-            margin = FP_REL * ((1 - lam).abs() * ma + lam * me) + FP_ABS
+            margin = sys_.fp_rel * ((1 - lam).abs() * ma + lam * me) + FP_ABS
             sound = (val + margin).detach()
             out.append(torch.where(torch.isnan(sound), torch.full_like(sound, math.inf), sound))
             if last:
