@@ -47,6 +47,11 @@ hidden layer (one set per network and rival) are improved by Adam steps on the s
 each iterate projected (lambda clamped at 0, alpha clamped into [0, 1]). Every iterate is a sound
 bound in its own right (any lambda >= 0 and alpha in [0, 1] are valid), so the result is the
 minimum over all iterates, the starting point (lambda = 1, CROWN alphas) included.
+With more than two classes (`mix`), N's side of branch t is also optimised: C^c_N <= s_c - s_u for
+every u != c, hence C^c_N <= sum_u mu_u (s_c - s_u) for mu in the simplex; mu starts at e_t and
+is projected back onto the simplex after each step. A computed mu sums to 1 only up to rounding:
+sum_u mu_u a_u >= (sum mu) min_u a_u, so the bound also gets |1 - sum mu| (+ T ulps) times a
+bound on |C^c_N| (the magnitude pass of s_c - s_u) added.
 
 Floating point. Everything runs in float64. The relaxation intercepts are padded outward by
 PAD_REL * (|l| + |u|) so a rounded chord slope can never cut under the ReLU. Every bound
@@ -59,8 +64,8 @@ length, for any summation order, FMA or not) the computed coefficients and const
 through layers of total inner width n differ from the exact ones by at most gamma_n times that
 magnitude pass: rel = max(FP_REL, 2^-52 (6 * total width + 16)) with FP_REL = 1e-11 (as in
 `lucid.bounds.interval`), since a pass chains at most ~6 sums per neuron of every layer. The pass is
-linear in the absolute initial coefficients, so for an objective (1 - lambda) a + lambda e the
-margin is computed from two precomputed magnitude passes, once per network and rival. The
+linear in the absolute initial coefficients, so every iterate's margin is computed from magnitude
+passes started at the unit vectors (one per class, for zhat and for deltahat), once per network. The
 rounding of dW = fl(W' - W) and db (relative, one ulp) is covered the same way: their terms are in
 M. The intersections of intervals are padded by FP_REL times the magnitudes of their operands.
 
@@ -320,14 +325,16 @@ def singleton_upper_bounds(n_weights, n_biases, weights, biases, n_lower, n_uppe
                            margin_upper: np.ndarray | None = None, *, lam: float | np.ndarray = 1.0,
                            alpha: float | None = None, steps: int = 0, lr: float = 0.02,
                            intermediate: str = "symbolic", device: str = "cpu", chunk: int = 512,
-                           keep_iterates: bool = False, cutoff: float | None = None) -> SingletonBounds:
+                           keep_iterates: bool = False, cutoff: float | None = None,
+                           mix: bool = True) -> SingletonBounds:
     """Sound upper bounds on beta*_{cls,{i}} for K networks N' against N (module docstring).
 
     lam: the starting lambda (scalar or [K, C]); alpha: None = CROWN's default slopes, else one
     starting slope in [0, 1] for every unstable neuron of N; steps: projected Adam steps (0 = just
     the starting point). margin_upper [C, C]: sound bounds on max_x s_c - s_t (optional cap).
     cutoff: only networks whose starting bound is above it are optimised (the others keep their
-    starting bound, already <= cutoff: a screen needs nothing more of them)."""
+    starting bound, already <= cutoff: a screen needs nothing more of them). mix: with more than
+    two classes, also optimise the weights mu over rivals u of N's objective (module docstring)."""
     K = weights[0].shape[0]
     C = n_weights[-1].shape[0]
     lam_arr = np.broadcast_to(np.asarray(lam, dtype=np.float64), (K, C)) if np.ndim(lam) else np.full((K, C), float(lam))
@@ -341,7 +348,7 @@ def singleton_upper_bounds(n_weights, n_biases, weights, biases, n_lower, n_uppe
         sl = slice(start, min(start + chunk, K))
         res = _chunk_bounds(n_weights, n_biases, [w[sl] for w in weights], [b[sl] for b in biases], n_lower, n_upper,
                             lower, upper, cls, margin_upper, lam_arr[sl], alpha, steps, lr, intermediate, device,
-                            keep_iterates, cutoff)
+                            keep_iterates, cutoff, mix)
         bound[sl], per_target[sl], lagr[sl] = res.bound, res.per_target, res.lagrangian
         for i, it in enumerate(res.iterates):
             if len(iterates) <= i:
@@ -358,8 +365,18 @@ def set_upper_bound(n_weights, n_biases, weights, biases, n_lower, n_upper, lowe
     return float(res.bound.max()) if len(res.bound) else -math.inf
 
 
+def _simplex(v: torch.Tensor) -> torch.Tensor:
+    """Euclidean projection of every row (last axis) onto the probability simplex."""
+    u, _ = torch.sort(v, dim=-1, descending=True)
+    css = u.cumsum(-1) - 1
+    ind = torch.arange(1, v.shape[-1] + 1, dtype=v.dtype, device=v.device)
+    rho = ((u - css / ind) > 0).sum(-1, keepdim=True).clamp(min=1)
+    theta = css.gather(-1, rho - 1) / rho.to(v.dtype)
+    return (v - theta).clamp(min=0)
+
+
 def _chunk_bounds(n_weights, n_biases, weights, biases, n_lower, n_upper, lower, upper, cls, margin_upper,
-                  lam0, alpha0, steps, lr, intermediate, device, keep_iterates, cutoff) -> SingletonBounds:
+                  lam0, alpha0, steps, lr, intermediate, device, keep_iterates, cutoff, mix) -> SingletonBounds:
     sys_ = JointSystem(n_weights, n_biases, weights, biases, n_lower, n_upper, lower, upper,
                        device=device, intermediate=intermediate)
     K, L, dev = sys_.K, sys_.L, sys_.device
@@ -377,7 +394,9 @@ def _chunk_bounds(n_weights, n_biases, weights, biases, n_lower, n_upper, lower,
     feasible = _np((reach >= 0) & (hu[:, rivals] - hl[:, [cls]] >= 0))
     # magnitudes of the two objective parts (the pass is linear in the absolute coefficients)
     mag_a = sys_.magnitude(G, torch.zeros_like(G), L - 1)
-    mag_e = sys_.magnitude(torch.zeros_like(G), G, L - 1)
+    unit = torch.eye(C, dtype=DTYPE, device=dev).expand(K, C, C)
+    mz = sys_.magnitude(unit, torch.zeros_like(unit), L - 1)  # [K, C]: the pass from A = e_j
+    md = sys_.magnitude(torch.zeros_like(unit), unit, L - 1)  # [K, C]: the pass from E = e_j
     cap = np.full(T, np.inf) if margin_upper is None else np.asarray(margin_upper, dtype=np.float64)[cls, rivals]
     lam_start = torch.tensor(lam0[:, rivals], dtype=DTYPE, device=dev)
 
@@ -391,15 +410,27 @@ def _chunk_bounds(n_weights, n_biases, weights, biases, n_lower, n_upper, lower,
             a = r.sl[:, None, :].expand(k_, T, -1).clone() if alpha0 is None else torch.full(
                 (k_, T, r.sl.shape[1]), float(alpha0), dtype=DTYPE, device=dev)
             alphas.append(a.requires_grad_(grad))
-        Gs, ma, me = G[idx], mag_a[idx], mag_e[idx]
-        opt = torch.optim.Adam([lam, *alphas], lr=lr) if grad else None
+        Gs, ma = G[idx], mag_a[idx]
+        params = [lam, *alphas]
+        mu = None
+        if mix and T > 1 and grad:  # weights of N's objective over the rivals u (row t: branch t)
+            mu = torch.eye(T, dtype=DTYPE, device=dev).expand(k_, T, T).clone().requires_grad_(True)
+            params.append(mu)
+        opt = torch.optim.Adam(params, lr=lr) if grad else None
         out = []
         for step in range(n_steps + 1):
             last = step == n_steps
+            plain = mu is None or step == 0  # mu starts at exactly e_t: the plain objective
             with torch.set_grad_enabled(not last):
-                val = sub.backward((1 - lam)[..., None] * Gs, -lam[..., None] * Gs, L - 1, alphas)
-            margin = sys_.fp_rel * ((1 - lam).abs() * ma + lam * me) + FP_ABS
-            sound = (val + margin).detach()
+                A = (1 - lam)[..., None] * Gs if plain else torch.bmm(mu, Gs) - lam[..., None] * Gs
+                E = -lam[..., None] * Gs
+                val = sub.backward(A, E, L - 1, alphas)
+            with torch.no_grad():  # the magnitude pass is linear in |A|, |E|: per-class unit passes
+                mag = (A.abs() * mz[idx][:, None, :]).sum(-1) + (E.abs() * md[idx][:, None, :]).sum(-1)
+                if not plain:  # sum(mu) is 1 only up to rounding (docstring)
+                    off = (1 - mu.sum(-1)).abs() + T * 2.0 ** -52 * mu.sum(-1)
+                    mag = mag + off * ma.max(-1, keepdim=True).values
+                sound = val.detach() + sys_.fp_rel * mag + FP_ABS
             out.append(torch.where(torch.isnan(sound), torch.full_like(sound, math.inf), sound))
             if last:
                 break
@@ -410,6 +441,8 @@ def _chunk_bounds(n_weights, n_biases, weights, biases, n_lower, n_upper, lower,
                 lam.clamp_(min=0.0)
                 for a in alphas:
                     a.clamp_(0.0, 1.0)
+                if mu is not None:
+                    mu.copy_(_simplex(mu))
         return out
 
     everyone = np.arange(K)
