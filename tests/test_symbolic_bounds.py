@@ -234,3 +234,25 @@ def test_a_cutoff_optimises_only_the_networks_above_it(exact_cache):
     assert above.any() and (~above).any()
     assert np.array_equal(cut.bound[~above], start.bound[~above])
     assert np.allclose(cut.bound[above], full.bound[above], rtol=1e-9, atol=1e-12)
+
+
+def test_simplex_projection():
+    from lucid.bounds.symbolic import _simplex
+
+    v = torch.tensor([[0.2, 0.5, 0.9], [1.0, 0.0, 0.0], [-3.0, 4.0, 0.5], [0.3, 0.3, 0.4]], dtype=torch.float64)
+    p = _simplex(v)
+    assert torch.all(p >= 0) and torch.allclose(p.sum(-1), torch.ones(4, dtype=torch.float64))
+    assert torch.equal(p[1], v[1]) and torch.allclose(p[3], v[3]) and torch.equal(p[2], torch.tensor([0.0, 1.0, 0.0], dtype=torch.float64))
+
+
+@pytest.mark.parametrize("case", [1, 3, 6])
+def test_multi_class_mixing_is_sound_in_every_iterate(case, exact_cache):
+    stack, lower, upper, problem = setup(*CASES[case])
+    for cls in range(stack.num_classes):
+        ex = exact(exact_cache, (case,), stack, cls, lower, upper)
+        plain = singleton_upper_bounds(*args(problem, POSITIONS), cls, problem.margin_upper, steps=10, lr=0.1, mix=False)
+        mixed = singleton_upper_bounds(*args(problem, POSITIONS), cls, problem.margin_upper, steps=10, lr=0.1,
+                                       keep_iterates=True)
+        for it in mixed.iterates:
+            assert covers(it, ex)
+        assert np.all(mixed.bound >= ex) and np.all(plain.bound >= ex)
