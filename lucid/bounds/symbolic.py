@@ -261,17 +261,27 @@ class JointSystem:
         return self.backward(A, E, top, alphas) + self.fp_rel * self.magnitude(A, E, top) + FP_ABS
 
     @torch.no_grad()
-    def _tighten(self, k, dl, du, hl, hu):
+    def _tighten(self, k, dl, du, hl, hu, every: bool = False):
+        """Bound deltahat_k (every neuron) and zhat'_k by the backward pass over the layers below.
+
+        zhat'_k is bounded symbolically only where N's neuron is stable: where N's is unstable,
+        N' (close to N) is unstable too in practice, and l', u' only decide N''s stability, so there
+        the interval bounds (with l + dl, u + du) are kept and the pass is half as wide.
+        every: bound zhat'_k symbolically for every neuron (the output layer's scores)."""
         n = self.W[k].shape[0]
         eye = torch.eye(n, dtype=DTYPE, device=self.device)
-        zero = torch.zeros_like(eye)
-        # objectives: +dh, -dh, +zhat', -zhat'
-        A = torch.cat([zero, zero, eye, -eye]).expand(self.K, -1, -1)
-        E = torch.cat([eye, -eye, eye, -eye]).expand(self.K, -1, -1)
+        stable = ((self.nl[k] >= 0) | (self.nu[k] <= 0) | every).nonzero().flatten()
+        m = len(stable)
+        es = eye[stable]
+        # objectives: +dh, -dh (every neuron), +zhat', -zhat' (N's stable neurons)
+        A = torch.cat([torch.zeros(2 * n, n, dtype=DTYPE, device=self.device), es, -es]).expand(self.K, -1, -1)
+        E = torch.cat([eye, -eye, es, -es]).expand(self.K, -1, -1)
         ub = self.sound_max(A, E, k)
-        s_du, s_dl, s_hu, s_hl = ub[:, :n], -ub[:, n:2 * n], ub[:, 2 * n:3 * n], -ub[:, 3 * n:]
-        dl, du = torch.maximum(dl, s_dl), torch.minimum(du, s_du)
-        hl, hu = torch.maximum(hl, s_hl), torch.minimum(hu, s_hu)
+        dl, du = torch.maximum(dl, -ub[:, n:2 * n]), torch.minimum(du, ub[:, :n])
+        if m:
+            hl, hu = hl.clone(), hu.clone()
+            hl[:, stable] = torch.maximum(hl[:, stable], -ub[:, 2 * n + m:])
+            hu[:, stable] = torch.minimum(hu[:, stable], ub[:, 2 * n:2 * n + m])
         l, u = self.nl[k], self.nu[k]
         pad = lambda a, b: FP_REL * (a.abs() + b.abs()) + FP_ABS  # noqa: E731
         hl = torch.maximum(hl, l + dl - pad(l, dl))
@@ -280,14 +290,16 @@ class JointSystem:
         du = torch.minimum(du, hu - l + pad(hu, l))
         return dl, du, hl, hu
 
-    def select(self, idx) -> "JointSystem":
-        """The same system restricted to the networks idx (a shallow copy sharing N's tensors)."""
+    def select(self, idx, light: bool = False) -> "JointSystem":
+        """The same system for the networks idx (repeats allowed; a shallow copy sharing N's tensors).
+        light: only what `backward` needs (no magnitude passes, no intervals)."""
         import copy
 
         ix = torch.as_tensor(np.asarray(idx, dtype=np.int64), device=self.device)
         sub = copy.copy(self)
         sub.K = len(ix)
-        for name in ("Wp", "dW", "db", "aWp", "adW", "adb", "dl", "du", "hl", "hu"):
+        names = ("Wp", "dW", "db") if light else ("Wp", "dW", "db", "aWp", "adW", "adb", "dl", "du", "hl", "hu")
+        for name in names:
             setattr(sub, name, [x[ix] for x in getattr(self, name)])
         sub.relax = [_Relax(r.su[ix], r.tu[ix], r.sl[ix], r.unstable[ix], r.pu[ix], r.qu[ix], r.pl[ix], r.ql[ix])
                      for r in self.relax]
@@ -316,7 +328,7 @@ def difference_intervals(n_weights, n_biases, weights, biases, n_lower, n_upper,
     sys_ = JointSystem(n_weights, n_biases, weights, biases, n_lower, n_upper, lower, upper,
                        device=device, intermediate=intermediate)
     k = sys_.L - 1
-    dl, du, hl, hu = sys_._tighten(k, sys_.dl[k], sys_.du[k], sys_.hl[k], sys_.hu[k])
+    dl, du, hl, hu = sys_._tighten(k, sys_.dl[k], sys_.du[k], sys_.hl[k], sys_.hu[k], every=True)
     sys_.dl[k], sys_.du[k], sys_.hl[k], sys_.hu[k] = dl, du, hl, hu
     return sys_.differences()
 
@@ -400,36 +412,42 @@ def _chunk_bounds(n_weights, n_biases, weights, biases, n_lower, n_upper, lower,
     cap = np.full(T, np.inf) if margin_upper is None else np.asarray(margin_upper, dtype=np.float64)[cls, rivals]
     lam_start = torch.tensor(lam0[:, rivals], dtype=DTYPE, device=dev)
 
-    def run(sub: JointSystem, idx, n_steps: int) -> list[torch.Tensor]:
-        """Sound Lagrangian bounds [k, T] of every iterate for the networks idx of this chunk."""
-        k_, grad = len(idx), n_steps > 0
-        lam = lam_start[idx].clone().requires_grad_(grad)
+    def run(pn: np.ndarray, pj: np.ndarray, n_steps: int) -> list[torch.Tensor]:
+        """Sound Lagrangian bounds [P] of every iterate for the (network, rival) pairs (pn, pj)."""
+        P, grad = len(pn), n_steps > 0
+        sub = sys_.select(pn, light=True)
+        pn_t, pj_t = torch.as_tensor(pn, device=dev), torch.as_tensor(pj, device=dev)
+        Gp = G[pn_t, pj_t][:, None, :]  # [P, 1, C]
+        lam = lam_start[pn_t, pj_t].clone().requires_grad_(grad)
         alphas = []
         for k in range(L - 1):
             r = sub.relax[k]
-            a = r.sl[:, None, :].expand(k_, T, -1).clone() if alpha0 is None else torch.full(
-                (k_, T, r.sl.shape[1]), float(alpha0), dtype=DTYPE, device=dev)
+            a = r.sl[:, None, :].clone() if alpha0 is None else torch.full(
+                (P, 1, r.sl.shape[1]), float(alpha0), dtype=DTYPE, device=dev)
             alphas.append(a.requires_grad_(grad))
-        Gs, ma = G[idx], mag_a[idx]
         params = [lam, *alphas]
         mu = None
-        if mix and T > 1 and grad:  # weights of N's objective over the rivals u (row t: branch t)
-            mu = torch.eye(T, dtype=DTYPE, device=dev).expand(k_, T, T).clone().requires_grad_(True)
+        if mix and T > 1 and grad:  # weights of N's objective over the rivals u, starting at e_t
+            Gall = G[pn_t]  # [P, T, C]
+            mu = torch.nn.functional.one_hot(pj_t, T).to(DTYPE)[:, None, :].requires_grad_(True)
             params.append(mu)
+            bound_c = mag_a[pn_t].max(-1).values  # bounds |C^c_N| over the box
+        mzp, mdp = mz[pn_t][:, None, :], md[pn_t][:, None, :]
         opt = torch.optim.Adam(params, lr=lr) if grad else None
         out = []
         for step in range(n_steps + 1):
             last = step == n_steps
             plain = mu is None or step == 0  # mu starts at exactly e_t: the plain objective
             with torch.set_grad_enabled(not last):
-                A = (1 - lam)[..., None] * Gs if plain else torch.bmm(mu, Gs) - lam[..., None] * Gs
-                E = -lam[..., None] * Gs
-                val = sub.backward(A, E, L - 1, alphas)
+                lam3 = lam[:, None, None]
+                A = (1 - lam3) * Gp if plain else torch.bmm(mu, Gall) - lam3 * Gp
+                E = -lam3 * Gp
+                val = sub.backward(A, E, L - 1, alphas)[:, 0]
             with torch.no_grad():  # the magnitude pass is linear in |A|, |E|: per-class unit passes
-                mag = (A.abs() * mz[idx][:, None, :]).sum(-1) + (E.abs() * md[idx][:, None, :]).sum(-1)
+                mag = (A.abs() * mzp).sum(-1)[:, 0] + (E.abs() * mdp).sum(-1)[:, 0]
                 if not plain:  # sum(mu) is 1 only up to rounding (docstring)
-                    off = (1 - mu.sum(-1)).abs() + T * 2.0 ** -52 * mu.sum(-1)
-                    mag = mag + off * ma.max(-1, keepdim=True).values
+                    total = mu.sum(-1)[:, 0]
+                    mag = mag + ((1 - total).abs() + T * 2.0 ** -52 * total) * bound_c
                 sound = val.detach() + sys_.fp_rel * mag + FP_ABS
             out.append(torch.where(torch.isnan(sound), torch.full_like(sound, math.inf), sound))
             if last:
@@ -445,17 +463,26 @@ def _chunk_bounds(n_weights, n_biases, weights, biases, n_lower, n_upper, lower,
                     mu.copy_(_simplex(mu))
         return out
 
-    everyone = np.arange(K)
-    if cutoff is None or steps == 0:
-        its = run(sys_, everyone, steps)
-    else:  # optimise only the networks whose starting bound is above the cutoff
-        its = run(sys_, everyone, 0)
-        start = np.where(feasible, np.minimum(_np(its[0]), cap[None, :]), -np.inf).max(axis=1) if T else np.full(K, -np.inf)
-        idx = np.flatnonzero(start > cutoff)
-        its = [its[0].clone() for _ in range(steps + 1)]
-        if len(idx):
-            for i, it in enumerate(run(sys_.select(idx), idx, steps)):
-                its[i][torch.as_tensor(idx, device=dev)] = it
+    # every pair at the starting point, then the optimisation on the pairs that can still matter:
+    # rivals N' can reach, and with a cutoff only those whose (capped) start is above it
+    with torch.no_grad():  # batched: T objectives per network
+        alphas0 = None if alpha0 is None else [torch.full((K, T, r.sl.shape[1]), float(alpha0), dtype=DTYPE, device=dev)
+                                               for r in sys_.relax]
+        A, E = (1 - lam_start)[..., None] * G, -lam_start[..., None] * G
+        val = sys_.backward(A, E, L - 1, alphas0)
+        mag = (A.abs() * mz[:, None, :]).sum(-1) + (E.abs() * md[:, None, :]).sum(-1)
+        start = val + sys_.fp_rel * mag + FP_ABS
+        start = torch.where(torch.isnan(start), torch.full_like(start, math.inf), start)
+    its = [start]
+    if steps > 0 and T:
+        capped = np.minimum(_np(start), cap[None, :])
+        keep = feasible & ((capped > cutoff) if cutoff is not None else True)
+        pn, pj = np.nonzero(keep)
+        its = [start.clone() for _ in range(steps + 1)]
+        if len(pn):
+            ix = (torch.as_tensor(pn, device=dev), torch.as_tensor(pj, device=dev))
+            for i, it in enumerate(run(pn, pj, steps)):
+                its[i][ix] = it
     best_np = _np(torch.stack(its).min(dim=0).values)
     cand = np.where(feasible, np.minimum(best_np, cap[None, :]), -np.inf)
     per_target = np.full((K, C), -np.inf)
