@@ -38,13 +38,17 @@ bounded by a CROWN-style backward pass, batched over networks (and objectives):
   no free slopes.
 * The intermediate intervals: [dl, du] and [l', u'] start from the interval propagation of
   `lucid.bounds.difference.difference_bounds`; with `intermediate="symbolic"` (default) each
-  hidden layer's deltahat_k and zhat'_k = zhat_k + deltahat_k are bounded by the same backward
-  pass over the already-relaxed layers below (one objective per neuron and sign), intersected
-  with the interval ones and with deltahat in [l' - u, u' - l], zhat' in [l + dl, u + du].
+  hidden layer's deltahat_k (every neuron) and zhat'_k = zhat_k + deltahat_k (where N's neuron is
+  stable: elsewhere l', u' hardly ever make N' stable, so the interval ones are kept) are bounded
+  by the same backward pass over the already-relaxed layers below (one objective per neuron and
+  sign), intersected with the interval ones and with deltahat in [l' - u, u' - l], zhat' in
+  [l + dl, u + du].
 
 Optimisation (`steps` > 0): lambda_t >= 0 and the alpha slopes of N's unstable neurons of every
 hidden layer (one set per network and rival) are improved by Adam steps on the sum of the bounds,
-each iterate projected (lambda clamped at 0, alpha clamped into [0, 1]). Every iterate is a sound
+each iterate projected (lambda clamped at 0, alpha clamped into [0, 1]). Only the (network, rival)
+pairs that can still matter are optimised: rivals N' can reach, and with a `cutoff` (the class's
+lower bound, for a screen) only pairs whose starting bound is above it. Every iterate is a sound
 bound in its own right (any lambda >= 0 and alpha in [0, 1] are valid), so the result is the
 minimum over all iterates, the starting point (lambda = 1, CROWN alphas) included.
 With more than two classes (`mix`), N's side of branch t is also optimised: C^c_N <= s_c - s_u for
