@@ -101,10 +101,10 @@ def test_every_optimisation_iterate_is_above_the_exact_bound(case, exact_cache):
 
 
 @pytest.mark.parametrize("case", [0, 2, 3, 6])
-@pytest.mark.parametrize("intermediate", ["symbolic", "interval"])
-def test_difference_intervals_contain_sampled_differences(case, intermediate):
+@pytest.mark.parametrize("intermediate,steps", [("symbolic", 0), ("interval", 0), ("symbolic", 5)])
+def test_difference_intervals_contain_sampled_differences(case, intermediate, steps):
     stack, lower, upper, problem = setup(*CASES[case])
-    diff = difference_intervals(*args(problem, POSITIONS), intermediate=intermediate)
+    diff = difference_intervals(*args(problem, POSITIONS), intermediate=intermediate, intermediate_steps=steps)
     rng = np.random.default_rng(case)
     x = rng.uniform(lower, upper, size=(20000, len(lower)))
     x[: 2 ** len(lower)] = np.array(np.meshgrid(*zip(lower, upper))).reshape(len(lower), -1).T  # corners
@@ -259,3 +259,15 @@ def test_multi_class_mixing_is_sound_in_every_iterate(case, exact_cache):
         for it in mixed.iterates:
             assert covers(it, ex)
         assert np.all(mixed.bound >= ex) and np.all(plain.bound >= ex)
+
+
+@pytest.mark.parametrize("case", [0, 1, 2, 5])
+def test_refined_survivors_stay_above_the_exact_bound(case, exact_cache):
+    stack, lower, upper, problem = setup(*CASES[case])
+    for cls in range(stack.num_classes):
+        ex = exact(exact_cache, (case,), stack, cls, lower, upper)
+        plain = singleton_upper_bounds(*args(problem, POSITIONS), cls, problem.margin_upper, steps=5, lr=0.1)
+        refined = singleton_upper_bounds(*args(problem, POSITIONS), cls, problem.margin_upper, steps=5, lr=0.1,
+                                         refine_steps=5)
+        assert np.all(refined.bound >= ex)
+        assert np.all(refined.bound <= plain.bound)  # per rival the smaller of two sound bounds

@@ -84,6 +84,11 @@ relu(zhat + dh) - relu(zhat) on the box must be flat in zhat when 0 is inside [l
 is left between these bounds and beta* is the single-neuron relaxation gap, closed only by splitting
 (the MILP / BaB).
 
+Refinement (`refine_steps` > 0, off by default): the networks still above the cutoff are bounded
+again with the intermediate bounds themselves alpha-optimised (N's lower slopes per intermediate
+objective, Adam, minimum over iterates). Measured on digits 2x20 (classes 2 / 3): +1.8 / +1.4
+points discarded for ~5x the time, so it is an option for a later tier, not the default.
+
 Sets of networks: the quantity the BaB needs for a node S is an upper bound on
 max_{i in S} beta*_{c,{i}}; `set_upper_bound` returns the max of the members' singleton bounds.
 """
@@ -172,11 +177,13 @@ class JointSystem:
     """N (shared) and K networks N' in one batched backward linear-bound pass."""
 
     def __init__(self, n_weights, n_biases, weights, biases, n_lower, n_upper, lower, upper,
-                 *, device: str | torch.device = "cpu", intermediate: str = "symbolic"):
+                 *, device: str | torch.device = "cpu", intermediate: str = "symbolic",
+                 intermediate_steps: int = 0, intermediate_lr: float = 0.05):
         if intermediate not in ("symbolic", "interval"):
             raise ValueError(f"intermediate must be 'symbolic' or 'interval', not {intermediate!r}")
         dev = torch.device(device)
         self.device = dev
+        self.intermediate_steps, self.intermediate_lr = int(intermediate_steps), float(intermediate_lr)
         self.L = len(n_weights)
         self.K = weights[0].shape[0]
         self.W = [_t(w, dev) for w in n_weights]
@@ -264,6 +271,32 @@ class JointSystem:
         """Sound upper bound (FP margin added) of A . zhat_top + E . deltahat_top."""
         return self.backward(A, E, top, alphas) + self.fp_rel * self.magnitude(A, E, top) + FP_ABS
 
+    def _optimised_max(self, A, E, top) -> torch.Tensor:
+        """sound_max with N's lower slopes optimised per objective (alpha-CROWN for intermediate
+        bounds): projected Adam steps, the minimum over all iterates (each one sound)."""
+        margin = self.fp_rel * self.magnitude(A, E, top) + FP_ABS  # independent of the slopes
+        m = A.shape[1]
+        alphas = [r.sl[:, None, :].expand(-1, m, -1).clone().requires_grad_(True) for r in self.relax[:top]]
+        opt = torch.optim.Adam(alphas, lr=self.intermediate_lr)
+        best = None
+        for step in range(self.intermediate_steps + 1):
+            last = step == self.intermediate_steps
+            with torch.set_grad_enabled(not last):  # (called under no_grad: the loss too)
+                val = self.backward(A, E, top, alphas)
+                loss = val.sum()
+            v = val.detach()
+            v = torch.where(torch.isnan(v), torch.full_like(v, math.inf), v)
+            best = v if best is None else torch.minimum(best, v)
+            if last:
+                break
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            with torch.no_grad():
+                for a in alphas:
+                    a.clamp_(0.0, 1.0)
+        return best + margin
+
     @torch.no_grad()
     def _tighten(self, k, dl, du, hl, hu, every: bool = False):
         """Bound deltahat_k (every neuron) and zhat'_k by the backward pass over the layers below.
@@ -280,7 +313,7 @@ class JointSystem:
         # objectives: +dh, -dh (every neuron), +zhat', -zhat' (N's stable neurons)
         A = torch.cat([torch.zeros(2 * n, n, dtype=DTYPE, device=self.device), es, -es]).expand(self.K, -1, -1)
         E = torch.cat([eye, -eye, es, -es]).expand(self.K, -1, -1)
-        ub = self.sound_max(A, E, k)
+        ub = self._optimised_max(A, E, k) if self.intermediate_steps > 0 and k > 0 else self.sound_max(A, E, k)
         dl, du = torch.maximum(dl, -ub[:, n:2 * n]), torch.minimum(du, ub[:, :n])
         if m:
             hl, hu = hl.clone(), hu.clone()
@@ -324,13 +357,15 @@ class SingletonBounds:
 
 
 def difference_intervals(n_weights, n_biases, weights, biases, n_lower, n_upper, lower, upper, *,
-                         intermediate: str = "symbolic", device: str = "cpu") -> SymbolicDifference:
+                         intermediate: str = "symbolic", device: str = "cpu",
+                         intermediate_steps: int = 0) -> SymbolicDifference:
     """Sound intervals of deltahat_k = zhat'_k - zhat_k and zhat'_k for every network N' (all layers).
 
     n_weights[k] [out, in] (N); weights[k] [K, out, in] (the networks N'); n_lower/n_upper: N's
-    pre-activation bounds per layer. The last layer's intervals come from the backward pass too."""
+    pre-activation bounds per layer. The last layer's intervals come from the backward pass too.
+    intermediate_steps: alpha-optimise N's lower slopes per bound (that many Adam steps)."""
     sys_ = JointSystem(n_weights, n_biases, weights, biases, n_lower, n_upper, lower, upper,
-                       device=device, intermediate=intermediate)
+                       device=device, intermediate=intermediate, intermediate_steps=intermediate_steps)
     k = sys_.L - 1
     dl, du, hl, hu = sys_._tighten(k, sys_.dl[k], sys_.du[k], sys_.hl[k], sys_.hu[k], every=True)
     sys_.dl[k], sys_.du[k], sys_.hl[k], sys_.hu[k] = dl, du, hl, hu
@@ -342,7 +377,7 @@ def singleton_upper_bounds(n_weights, n_biases, weights, biases, n_lower, n_uppe
                            alpha: float | None = None, steps: int = 0, lr: float = 0.02,
                            intermediate: str = "symbolic", device: str = "cpu", chunk: int = 512,
                            keep_iterates: bool = False, cutoff: float | None = None,
-                           mix: bool = True) -> SingletonBounds:
+                           mix: bool = True, refine_steps: int = 0) -> SingletonBounds:
     """Sound upper bounds on beta*_{cls,{i}} for K networks N' against N (module docstring).
 
     lam: the starting lambda (scalar or [K, C]); alpha: None = CROWN's default slopes, else one
@@ -350,7 +385,10 @@ def singleton_upper_bounds(n_weights, n_biases, weights, biases, n_lower, n_uppe
     the starting point). margin_upper [C, C]: sound bounds on max_x s_c - s_t (optional cap).
     cutoff: only networks whose starting bound is above it are optimised (the others keep their
     starting bound, already <= cutoff: a screen needs nothing more of them). mix: with more than
-    two classes, also optimise the weights mu over rivals u of N's objective (module docstring)."""
+    two classes, also optimise the weights mu over rivals u of N's objective (module docstring).
+    refine_steps: the networks whose bound is still above the cutoff (all, without one) are bounded
+    again with alpha-optimised intermediate bounds (that many Adam steps per layer); per rival the
+    smaller of the two sound bounds is kept (`iterates` are those of the first pass)."""
     K = weights[0].shape[0]
     C = n_weights[-1].shape[0]
     lam_arr = np.broadcast_to(np.asarray(lam, dtype=np.float64), (K, C)) if np.ndim(lam) else np.full((K, C), float(lam))
@@ -362,9 +400,19 @@ def singleton_upper_bounds(n_weights, n_biases, weights, biases, n_lower, n_uppe
     iterates: list[np.ndarray] = []
     for start in range(0, K, chunk):
         sl = slice(start, min(start + chunk, K))
-        res = _chunk_bounds(n_weights, n_biases, [w[sl] for w in weights], [b[sl] for b in biases], n_lower, n_upper,
-                            lower, upper, cls, margin_upper, lam_arr[sl], alpha, steps, lr, intermediate, device,
-                            keep_iterates, cutoff, mix)
+        ws, bs = [w[sl] for w in weights], [b[sl] for b in biases]
+        res = _chunk_bounds(n_weights, n_biases, ws, bs, n_lower, n_upper, lower, upper, cls, margin_upper,
+                            lam_arr[sl], alpha, steps, lr, intermediate, device, keep_iterates, cutoff, mix)
+        if refine_steps > 0 and intermediate == "symbolic":
+            # the networks still above the cutoff again, with alpha-optimised intermediate bounds
+            idx = np.flatnonzero(res.bound > (-np.inf if cutoff is None else cutoff))
+            if len(idx):
+                ref = _chunk_bounds(n_weights, n_biases, [w[idx] for w in ws], [b[idx] for b in bs], n_lower, n_upper,
+                                    lower, upper, cls, margin_upper, lam_arr[sl][idx], alpha, steps, lr, intermediate,
+                                    device, False, None, mix, intermediate_steps=refine_steps)
+                res.per_target[idx] = np.minimum(res.per_target[idx], ref.per_target)
+                res.lagrangian[idx] = np.fmin(res.lagrangian[idx], ref.lagrangian)
+                res.bound[idx] = res.per_target[idx].max(axis=1)
         bound[sl], per_target[sl], lagr[sl] = res.bound, res.per_target, res.lagrangian
         for i, it in enumerate(res.iterates):
             if len(iterates) <= i:
@@ -392,9 +440,10 @@ def _simplex(v: torch.Tensor) -> torch.Tensor:
 
 
 def _chunk_bounds(n_weights, n_biases, weights, biases, n_lower, n_upper, lower, upper, cls, margin_upper,
-                  lam0, alpha0, steps, lr, intermediate, device, keep_iterates, cutoff, mix) -> SingletonBounds:
+                  lam0, alpha0, steps, lr, intermediate, device, keep_iterates, cutoff, mix,
+                  intermediate_steps=0) -> SingletonBounds:
     sys_ = JointSystem(n_weights, n_biases, weights, biases, n_lower, n_upper, lower, upper,
-                       device=device, intermediate=intermediate)
+                       device=device, intermediate=intermediate, intermediate_steps=intermediate_steps)
     K, L, dev = sys_.K, sys_.L, sys_.device
     C = n_weights[-1].shape[0]
     rivals = [t for t in range(C) if t != cls]
@@ -504,7 +553,7 @@ def _chunk_bounds(n_weights, n_biases, weights, biases, n_lower, n_upper, lower,
 # ---------------------------------------------------------------------- adapter for the verifier
 def symbolic_screen(problem, cls: int, positions, *, steps: int = 0, lr: float = 0.02, lam: float = 1.0,
                     intermediate: str = "symbolic", device: str = "cpu", chunk: int = 512,
-                    cutoff: float | None = None) -> np.ndarray:
+                    cutoff: float | None = None, refine_steps: int = 0) -> np.ndarray:
     """Drop-in for `lucid.verifier.screen_upper_bounds`: sound upper bounds on beta*_{cls,{i}} for the
     networks at `positions` of problem.stack ([len(positions)], -inf where no rival is reachable).
 
@@ -523,5 +572,6 @@ def symbolic_screen(problem, cls: int, positions, *, steps: int = 0, lr: float =
         n_w, n_b, [w[positions] for w in stack.weights], [b[positions] for b in stack.biases],
         problem.n_bounds.lower, problem.n_bounds.upper, problem.lower, problem.upper, cls, problem.margin_upper,
         lam=lam, steps=steps, lr=lr, intermediate=intermediate, device=device, chunk=chunk, cutoff=cutoff,
+        refine_steps=refine_steps,
     )
     return res.bound
