@@ -272,9 +272,9 @@ class JointSystem:
         return self.backward(A, E, top, alphas) + self.fp_rel * self.magnitude(A, E, top) + FP_ABS
 
     def _optimised_max(self, A, E, top) -> torch.Tensor:
-        """sound_max with N's lower slopes optimised per objective (alpha-CROWN for intermediate
-        bounds): projected Adam steps, the minimum over all iterates (each one sound)."""
-        margin = self.fp_rel * self.magnitude(A, E, top) + FP_ABS  # independent of the slopes
+        """`backward` (no FP margin: it does not depend on the slopes) with N's lower slopes
+        optimised per objective (alpha-CROWN for intermediate bounds): projected Adam steps, the
+        minimum over all iterates (each one a valid bound)."""
         m = A.shape[1]
         alphas = [r.sl[:, None, :].expand(-1, m, -1).clone().requires_grad_(True) for r in self.relax[:top]]
         opt = torch.optim.Adam(alphas, lr=self.intermediate_lr)
@@ -295,7 +295,7 @@ class JointSystem:
             with torch.no_grad():
                 for a in alphas:
                     a.clamp_(0.0, 1.0)
-        return best + margin
+        return best
 
     @torch.no_grad()
     def _tighten(self, k, dl, du, hl, hu, every: bool = False):
@@ -313,7 +313,13 @@ class JointSystem:
         # objectives: +dh, -dh (every neuron), +zhat', -zhat' (N's stable neurons)
         A = torch.cat([torch.zeros(2 * n, n, dtype=DTYPE, device=self.device), es, -es]).expand(self.K, -1, -1)
         E = torch.cat([eye, -eye, es, -es]).expand(self.K, -1, -1)
-        ub = self._optimised_max(A, E, k) if self.intermediate_steps > 0 and k > 0 else self.sound_max(A, E, k)
+        # the FP margin: the magnitude pass sees |A|, |E| only, the same for +row and -row
+        half = self.magnitude(torch.cat([A[:, :n], A[:, 2 * n:2 * n + m]], 1), torch.cat([E[:, :n], E[:, 2 * n:2 * n + m]], 1), k)
+        margin = self.fp_rel * torch.cat([half[:, :n], half[:, :n], half[:, n:], half[:, n:]], 1) + FP_ABS
+        if self.intermediate_steps > 0 and k > 0:
+            ub = self._optimised_max(A, E, k) + margin
+        else:
+            ub = self.backward(A, E, k) + margin
         dl, du = torch.maximum(dl, -ub[:, n:2 * n]), torch.minimum(du, ub[:, :n])
         if m:
             hl, hu = hl.clone(), hu.clone()
@@ -452,16 +458,17 @@ def _chunk_bounds(n_weights, n_biases, weights, biases, n_lower, n_upper, lower,
     for j, t in enumerate(rivals):
         g[j, cls], g[j, t] = 1.0, -1.0
     G = g.expand(K, -1, -1)
-    # feasibility of each rival: can N' rank t >= c? (bound of s'_t - s'_c, and the interval one)
-    with torch.no_grad():
-        reach = sys_.sound_max(-G, -G, L - 1)  # [K, T]
-    hl, hu = sys_.hl[L - 1], sys_.hu[L - 1]
-    feasible = _np((reach >= 0) & (hu[:, rivals] - hl[:, [cls]] >= 0))
-    # magnitudes of the two objective parts (the pass is linear in the absolute coefficients)
-    mag_a = sys_.magnitude(G, torch.zeros_like(G), L - 1)
+    # magnitude passes from the unit vectors: the pass is linear in |A|, |E|, so every objective's
+    # FP margin is a combination of these
     unit = torch.eye(C, dtype=DTYPE, device=dev).expand(K, C, C)
     mz = sys_.magnitude(unit, torch.zeros_like(unit), L - 1)  # [K, C]: the pass from A = e_j
     md = sys_.magnitude(torch.zeros_like(unit), unit, L - 1)  # [K, C]: the pass from E = e_j
+    mag_a = mz[:, [cls]] + mz[:, rivals]  # [K, T]: |s_c - s_t| <= this (bounds |C^c_N| too)
+    # feasibility of each rival: can N' rank t >= c? (bound of s'_t - s'_c, and the interval one)
+    with torch.no_grad():
+        reach = sys_.backward(-G, -G, L - 1) + sys_.fp_rel * (mag_a + md[:, [cls]] + md[:, rivals]) + FP_ABS
+    hl, hu = sys_.hl[L - 1], sys_.hu[L - 1]
+    feasible = _np((reach >= 0) & (hu[:, rivals] - hl[:, [cls]] >= 0))
     cap = np.full(T, np.inf) if margin_upper is None else np.asarray(margin_upper, dtype=np.float64)[cls, rivals]
     lam_start = torch.tensor(lam0[:, rivals], dtype=DTYPE, device=dev)
 
