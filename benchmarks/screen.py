@@ -222,6 +222,35 @@ def report(results: list[dict], path: Path, command: str, steps: int, threads: i
     (path.with_suffix(".json")).write_text(json.dumps(results, indent=1, default=float))
 
 
+def timing(name: str, cls: int, lb: float, steps: int, threads: int, repeats: int) -> dict:
+    """Wall and process-CPU seconds of (a), (b), (c) for all networks of a workload: the minimum
+    over `repeats` runs (the machine is shared: the minimum is the least disturbed run)."""
+    import torch
+
+    from lucid.bounds.symbolic import symbolic_screen
+    from lucid.rundir import open_run
+    from lucid.verifier import VerificationProblem, screen_upper_bounds
+
+    torch.set_num_threads(threads)
+    problem = VerificationProblem.from_run(open_run(RUNS / name))
+    positions = np.arange(1, len(problem.stack))
+    out = {}
+    for key, fn in (
+        ("interval", lambda: screen_upper_bounds(problem, cls, positions)),
+        ("symbolic", lambda: symbolic_screen(problem, cls, positions)),
+        ("optimised", lambda: symbolic_screen(problem, cls, positions, steps=steps, cutoff=lb)),
+    ):
+        walls, cpus = [], []
+        for _ in range(repeats):
+            w0, c0 = time.perf_counter(), time.process_time()
+            fn()
+            walls.append(time.perf_counter() - w0)
+            cpus.append(time.process_time() - c0)
+        out[key] = {"wall_min": min(walls), "wall_max": max(walls), "cpu_min": min(cpus)}
+        print(f"timing {name} class {cls} {key}: {out[key]}", flush=True)
+    return out
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--prepare", action="store_true", help="train the workloads into runs/ first")
@@ -231,7 +260,14 @@ def main(argv=None) -> None:
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--report", default=str(ROOT / "benchmarks" / "results" / "screen.md"))
+    p.add_argument("--timing", default=None, metavar="WORKLOAD:CLASS:LB",
+                   help="only time (a), (b), (c) on all networks, min over --repeats runs")
+    p.add_argument("--repeats", type=int, default=3)
     args = p.parse_args(argv)
+    if args.timing:
+        name, cls, lb = args.timing.split(":")
+        timing(name, int(cls), float(lb), args.steps, args.threads, args.repeats)
+        return
     names = args.workloads.split(",")
     if args.prepare:
         prepare(names)
