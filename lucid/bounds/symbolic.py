@@ -1,0 +1,584 @@
+"""Symbolic (input-dependent) difference bounds: sound upper bounds on beta*_{c,{i}} for thousands
+of leave-one-out networks at once, without a solver.
+
+Problem. For N (position 0 of a stack) and one network N' = N_{-i}, with scores s, s' and
+C^c_M(x) = s_c(x) - max_{t != c} s_t(x),
+
+    beta*_{c,{i}} = max { C^c_N(x) : x in [lower, upper], C^c_{N'}(x) <= 0 }      (-inf if infeasible).
+
+If N' ranks t >= c at x then C^c_N(x) <= s_c(x) - s_t(x), so beta* <= max_t beta_t with
+beta_t = max { s_c - s_t : s'_c - s'_t <= 0 }. Weak duality: for every lambda_t >= 0,
+
+    beta_t <= max_x [ (s_c - s_t)(x) - lambda_t (s'_c - s'_t)(x) ]                 (Lagrangian)
+
+and beta_t <= margin_upper[c, t] (a sound bound on max_x s_c - s_t). A rival t for which the
+bound of max_x (s'_t - s'_c) is < 0 can never be preferred by N' and is dropped; no rival left
+means -inf. lambda_t = 1 is the pure difference bound max_x -(d_c - d_t), d = s' - s.
+
+Joint system. With z_k = relu(zhat_k) N's neurons (z_{-1} = x), delta_k = z'_k - z_k and
+dW_k = W'_k - W_k, the pre-activation differences are exactly linear:
+
+    zhat_k      = W_k z_{k-1} + b_k
+    deltahat_k  = W'_k delta_{k-1} + dW_k z_{k-1} + (b'_k - b_k)              (delta_{-1} = 0)
+
+Every objective above is linear in (zhat_{L-1}, deltahat_{L-1}) (s' = zhat + deltahat). It is
+bounded by a CROWN-style backward pass, batched over networks (and objectives):
+
+* N's ReLU with N's pre-activation bounds [l, u] (the LP-tightened `n_bounds`): stable neurons
+  exactly; an unstable one above by the chord u (zhat - l) / (u - l), below by alpha * zhat with a
+  free slope alpha in [0, 1] (CROWN's choice: 1 if u > -l else 0; optimised alpha-CROWN style).
+* The ReLU difference delta = relu(zhat + deltahat) - relu(zhat), using N's interval [l, u], N''s
+  interval [l', u'] and the interval [dl, du] of deltahat. Always min(0, dh) <= delta <= max(0, dh).
+  Upper bound: 0 if N' is stably inactive (delta = -relu(zhat) <= 0); deltahat if N' is stably
+  active (delta = dh + min(zhat, 0) <= dh); else the chord of max(0, dh) over [dl, du] (dh itself if
+  dl >= 0, 0 if du <= 0). Lower bound: 0 if N is stably inactive (delta = relu(zhat') >= 0);
+  deltahat if N is stably active (delta = max(dh, -zhat) >= dh); else the chord of min(0, dh) over
+  [dl, du]. (Both stably active gives delta = dh, both inactive delta = 0: exact.) The chords are
+  the tightest linear bounds of max(0, dh) / min(0, dh) over the interval, so this relaxation has
+  no free slopes.
+* The intermediate intervals: [dl, du] and [l', u'] start from the interval propagation of
+  `lucid.bounds.difference.difference_bounds`; with `intermediate="symbolic"` (default) each
+  hidden layer's deltahat_k (every neuron) and zhat'_k = zhat_k + deltahat_k (where N's neuron is
+  stable: elsewhere l', u' hardly ever make N' stable, so the interval ones are kept) are bounded
+  by the same backward pass over the already-relaxed layers below (one objective per neuron and
+  sign), intersected with the interval ones and with deltahat in [l' - u, u' - l], zhat' in
+  [l + dl, u + du].
+
+Optimisation (`steps` > 0): lambda_t >= 0 and the alpha slopes of N's unstable neurons of every
+hidden layer (one set per network and rival) are improved by Adam steps on the sum of the bounds,
+each iterate projected (lambda clamped at 0, alpha clamped into [0, 1]). Only the (network, rival)
+pairs that can still matter are optimised: rivals N' can reach, and with a `cutoff` (the class's
+lower bound, for a screen) only pairs whose starting bound is above it. Every iterate is a sound
+bound in its own right (any lambda >= 0 and alpha in [0, 1] are valid), so the result is the
+minimum over all iterates, the starting point (lambda = 1, CROWN alphas) included.
+With more than two classes (`mix`), N's side of branch t is also optimised: C^c_N <= s_c - s_u for
+every u != c, hence C^c_N <= sum_u mu_u (s_c - s_u) for mu in the simplex; mu starts at e_t and
+is projected back onto the simplex after each step. A computed mu sums to 1 only up to rounding:
+sum_u mu_u a_u >= (sum mu) min_u a_u, so the bound also gets |1 - sum mu| (+ T ulps) times a
+bound on |C^c_N| (the magnitude pass of s_c - s_u) added.
+
+Floating point. Everything runs in float64. The relaxation intercepts are padded outward by
+PAD_REL * (|l| + |u|) so a rounded chord slope can never cut under the ReLU. Every bound
+produced by a backward pass (intermediate or final) is then increased by rel * M + FP_ABS,
+where M is the same backward pass run on absolute values (|W|, |W'|, |dW|, |b|, |b' - b|, every
+slope replaced by its bound 1, every intercept by its absolute value, the box by
+max(|lower|, |upper|)), i.e. the sum of the absolute values of all terms of every dot product the
+pass computes. By Higham's bound (|fl(sum) - sum| <= gamma_n sum |terms|, n the summation
+length, for any summation order, FMA or not) the computed coefficients and constants of a pass
+through layers of total inner width n differ from the exact ones by at most gamma_n times that
+magnitude pass: rel = max(FP_REL, 2^-52 (6 * total width + 16)) with FP_REL = 1e-11 (as in
+`lucid.bounds.interval`), since a pass chains at most ~6 sums per neuron of every layer. The pass is
+linear in the absolute initial coefficients, so every iterate's margin is computed from magnitude
+passes started at the unit vectors (one per class, for zhat and for deltahat), once per network. The
+rounding of dW = fl(W' - W) and db (relative, one ulp) is covered the same way: their terms are in
+M. The intersections of intervals are padded by FP_REL times the magnitudes of their operands.
+
+Why not auto_LiRPA: the PyPI release (0.3) pins torch < 1.13 (this project runs torch 2.x), and it
+bounds one network at a time, not the joint (z, delta) system of two networks with the
+ReLU-difference relaxation, which is the point here; the pass above is ~60 lines of torch.
+
+Limits (measured in benchmarks/results/screen.md): on the tabular workloads every hidden neuron of
+N is unstable over the full domain and the deltahat intervals are ~1e-3 wide; there the chords
+above are the tightest linear bounds of delta in (zhat, deltahat) jointly (any plane above
+relu(zhat + dh) - relu(zhat) on the box must be flat in zhat when 0 is inside [l, u]), so what
+is left between these bounds and beta* is the single-neuron relaxation gap, closed only by splitting
+(the MILP / BaB).
+
+Refinement (`refine_steps` > 0, off by default): the networks still above the cutoff are bounded
+again with the intermediate bounds themselves alpha-optimised (N's lower slopes per intermediate
+objective, Adam, minimum over iterates). Measured on digits 2x20 (classes 2 / 3): +1.8 / +1.4
+points discarded for ~5x the time, so it is an option for a later tier, not the default.
+
+Sets of networks: the quantity the BaB needs for a node S is an upper bound on
+max_{i in S} beta*_{c,{i}}; `set_upper_bound` returns the max of the members' singleton bounds.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from lucid.bounds.difference import difference_bounds
+from lucid.bounds.interval import FP_ABS, FP_REL, LayerBounds
+
+PAD_REL = 1e-14
+DTYPE = torch.float64
+
+
+def _t(x, device) -> torch.Tensor:
+    return torch.as_tensor(np.ascontiguousarray(x, dtype=np.float64), dtype=DTYPE, device=device)
+
+
+def _np(x: torch.Tensor) -> np.ndarray:
+    return x.detach().cpu().numpy()
+
+
+@dataclass
+class _Relax:
+    """Linear relaxations of one hidden layer (every array [K, n] or broadcastable)."""
+
+    su: torch.Tensor  # N: z <= su * zhat + tu
+    tu: torch.Tensor
+    sl: torch.Tensor  # N: z >= sl * zhat (default slopes; 1 / 0 for stable neurons)
+    unstable: torch.Tensor  # N's unstable neurons (where alpha applies)
+    pu: torch.Tensor  # delta <= pu * deltahat + qu
+    qu: torch.Tensor
+    pl: torch.Tensor  # delta >= pl * deltahat + ql
+    ql: torch.Tensor
+    mag_t: torch.Tensor = field(init=False)  # max |intercept| for the magnitude pass
+
+    def __post_init__(self) -> None:
+        self.mag_t = torch.maximum(self.tu.abs(), torch.maximum(self.qu.abs(), self.ql.abs()))
+
+
+def _relu_relax(l: torch.Tensor, u: torch.Tensor):
+    """CROWN relaxation of relu over [l, u]: (su, tu, sl, unstable)."""
+    active, inactive = l >= 0, u <= 0
+    unstable = ~(active | inactive)
+    width = torch.where(unstable, u - l, torch.ones_like(u))
+    slope = torch.where(unstable, u / width, active.to(DTYPE))
+    pad = PAD_REL * (l.abs() + u.abs())
+    tu = torch.where(unstable, -slope * l + pad, torch.zeros_like(u))
+    sl = torch.where(unstable, (u > -l).to(DTYPE), active.to(DTYPE))
+    return slope, tu, sl, unstable
+
+
+def _diff_relax(l, u, lp, up, dl, du):
+    """Linear bounds of delta = relu(zhat + dh) - relu(zhat) in dh (see the module docstring)."""
+    zero, one = torch.zeros_like(dl), torch.ones_like(dl)
+    mixed = (dl < 0) & (du > 0)
+    width = torch.where(mixed, du - dl, one)
+    pad = PAD_REL * (dl.abs() + du.abs())
+    # upper: chord of max(0, dh)
+    cu_s = torch.where(mixed, du / width, torch.where(dl >= 0, one, zero))
+    cu_q = torch.where(mixed, -cu_s * dl + pad, zero)
+    pu = torch.where(up <= 0, zero, torch.where(lp >= 0, one, cu_s))
+    qu = torch.where((up <= 0) | (lp >= 0), zero, cu_q)
+    # lower: chord of min(0, dh)
+    cl_s = torch.where(mixed, -dl / width, torch.where(du <= 0, one, zero))
+    cl_q = torch.where(mixed, dl * du / width - pad, zero)
+    pl = torch.where(u <= 0, zero, torch.where(l >= 0, one, cl_s))
+    ql = torch.where((u <= 0) | (l >= 0), zero, cl_q)
+    return pu, qu, pl, ql
+
+
+@dataclass
+class SymbolicDifference:
+    """Sound intervals per affine layer (every array [K, n_k]), for K networks N'."""
+
+    pre: LayerBounds  # deltahat_k = zhat'_k - zhat_k (the last layer: score differences)
+    hyper: LayerBounds  # zhat'_k, N''s own pre-activation bounds
+
+
+class JointSystem:
+    """N (shared) and K networks N' in one batched backward linear-bound pass."""
+
+    def __init__(self, n_weights, n_biases, weights, biases, n_lower, n_upper, lower, upper,
+                 *, device: str | torch.device = "cpu", intermediate: str = "symbolic",
+                 intermediate_steps: int = 0, intermediate_lr: float = 0.05):
+        if intermediate not in ("symbolic", "interval"):
+            raise ValueError(f"intermediate must be 'symbolic' or 'interval', not {intermediate!r}")
+        dev = torch.device(device)
+        self.device = dev
+        self.intermediate_steps, self.intermediate_lr = int(intermediate_steps), float(intermediate_lr)
+        self.L = len(n_weights)
+        self.K = weights[0].shape[0]
+        self.W = [_t(w, dev) for w in n_weights]
+        self.b = [_t(b, dev) for b in n_biases]
+        self.Wp = [_t(w, dev) for w in weights]
+        self.dW = [wp - w for wp, w in zip(self.Wp, self.W)]
+        self.db = [_t(bp, dev) - b for bp, b in zip(biases, self.b)]
+        self.aW = [w.abs() for w in self.W]
+        self.aWp = [w.abs() for w in self.Wp]
+        self.adW = [w.abs() for w in self.dW]
+        self.ab = [b.abs() for b in self.b]
+        self.adb = [b.abs() for b in self.db]
+        self.nl = [_t(x, dev) for x in n_lower]
+        self.nu = [_t(x, dev) for x in n_upper]
+        self.lo = _t(lower, dev)
+        self.hi = _t(upper, dev)
+        self.amax = torch.maximum(self.lo.abs(), self.hi.abs())
+        # gamma_n for the longest chain of additions of a pass (about 6 sums per width and layer)
+        self.fp_rel = max(FP_REL, 2.0 ** -52 * (6 * (sum(w.shape[0] for w in self.W) + self.W[0].shape[1]) + 16))
+        # interval start: the existing propagation (numpy)
+        nb = LayerBounds([np.asarray(x) for x in n_lower], [np.asarray(x) for x in n_upper])
+        ws = [np.asarray(w, dtype=np.float64) for w in weights]
+        bs = [np.asarray(b, dtype=np.float64) for b in biases]
+        diff = difference_bounds(list(n_weights), list(n_biases), ws, ws, bs, bs, nb, lower, upper)
+        self.dl, self.du, self.hl, self.hu = [], [], [], []
+        self.relax: list[_Relax] = []
+        for k in range(self.L):
+            dl, du = _t(diff.pre.lower[k], dev), _t(diff.pre.upper[k], dev)
+            hl, hu = _t(diff.hyper.lower[k], dev), _t(diff.hyper.upper[k], dev)
+            if intermediate == "symbolic" and k < self.L - 1:
+                dl, du, hl, hu = self._tighten(k, dl, du, hl, hu)
+            self.dl.append(dl)
+            self.du.append(du)
+            self.hl.append(hl)
+            self.hu.append(hu)
+            if k < self.L - 1:
+                su, tu, sl, unst = _relu_relax(self.nl[k], self.nu[k])
+                pu, qu, pl, ql = _diff_relax(self.nl[k], self.nu[k], hl, hu, dl, du)
+                K = self.K
+                self.relax.append(_Relax(su.expand(K, -1), tu.expand(K, -1), sl.expand(K, -1), unst.expand(K, -1),
+                                         pu, qu, pl, ql))
+
+    # ------------------------------------------------------------------ passes
+    def backward(self, A: torch.Tensor, E: torch.Tensor, top: int, alphas=None) -> torch.Tensor:
+        """Upper bound (no FP margin) of A . zhat_top + E . deltahat_top over the box.
+
+        A, E: [K, m, n_top]. alphas: None or a list (hidden layers < top) of [K, m, n] lower slopes
+        used for N's unstable neurons. Returns [K, m]."""
+        const = torch.zeros(A.shape[:2], dtype=DTYPE, device=self.device)
+        for k in range(top, -1, -1):
+            const = const + A @ self.b[k] + (E * self.db[k][:, None, :]).sum(-1)
+            Az = A @ self.W[k] + torch.bmm(E, self.dW[k])
+            if k == 0:
+                break
+            Ed = torch.bmm(E, self.Wp[k])
+            r = self.relax[k - 1]
+            sl = r.sl[:, None, :]
+            if alphas is not None:
+                sl = torch.where(r.unstable[:, None, :], alphas[k - 1], sl)
+            Azp, Azn = Az.clamp(min=0), Az.clamp(max=0)
+            A = Azp * r.su[:, None, :] + Azn * sl
+            const = const + (Azp * r.tu[:, None, :]).sum(-1)
+            Edp, Edn = Ed.clamp(min=0), Ed.clamp(max=0)
+            E = Edp * r.pu[:, None, :] + Edn * r.pl[:, None, :]
+            const = const + (Edp * r.qu[:, None, :]).sum(-1) + (Edn * r.ql[:, None, :]).sum(-1)
+        return const + (Az.clamp(min=0) * self.hi + Az.clamp(max=0) * self.lo).sum(-1)
+
+    @torch.no_grad()
+    def magnitude(self, A: torch.Tensor, E: torch.Tensor, top: int) -> torch.Tensor:
+        """The backward pass on absolute values (module docstring): sum of |terms|, [K, m]."""
+        A, E = A.abs(), E.abs()
+        const = torch.zeros(A.shape[:2], dtype=DTYPE, device=self.device)
+        for k in range(top, -1, -1):
+            const = const + A @ self.ab[k] + (E * self.adb[k][:, None, :]).sum(-1)
+            Az = A @ self.aW[k] + torch.bmm(E, self.adW[k])
+            if k == 0:
+                break
+            Ed = torch.bmm(E, self.aWp[k])
+            mt = self.relax[k - 1].mag_t[:, None, :]
+            const = const + ((Az + Ed) * mt).sum(-1)
+            A, E = Az, Ed  # every slope is in [0, 1]
+        return const + (Az * self.amax).sum(-1)
+
+    def sound_max(self, A, E, top, alphas=None) -> torch.Tensor:
+        """Sound upper bound (FP margin added) of A . zhat_top + E . deltahat_top."""
+        return self.backward(A, E, top, alphas) + self.fp_rel * self.magnitude(A, E, top) + FP_ABS
+
+    def _optimised_max(self, A, E, top) -> torch.Tensor:
+        """`backward` (no FP margin: it does not depend on the slopes) with N's lower slopes
+        optimised per objective (alpha-CROWN for intermediate bounds): projected Adam steps, the
+        minimum over all iterates (each one a valid bound)."""
+        m = A.shape[1]
+        alphas = [r.sl[:, None, :].expand(-1, m, -1).clone().requires_grad_(True) for r in self.relax[:top]]
+        opt = torch.optim.Adam(alphas, lr=self.intermediate_lr)
+        best = None
+        for step in range(self.intermediate_steps + 1):
+            last = step == self.intermediate_steps
+            with torch.set_grad_enabled(not last):  # (called under no_grad: the loss too)
+                val = self.backward(A, E, top, alphas)
+                loss = val.sum()
+            v = val.detach()
+            v = torch.where(torch.isnan(v), torch.full_like(v, math.inf), v)
+            best = v if best is None else torch.minimum(best, v)
+            if last:
+                break
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            with torch.no_grad():
+                for a in alphas:
+                    a.clamp_(0.0, 1.0)
+        return best
+
+    @torch.no_grad()
+    def _tighten(self, k, dl, du, hl, hu, every: bool = False):
+        """Bound deltahat_k (every neuron) and zhat'_k by the backward pass over the layers below.
+
+        zhat'_k is bounded symbolically only where N's neuron is stable: where N's is unstable,
+        N' (close to N) is unstable too in practice, and l', u' only decide N''s stability, so there
+        the interval bounds (with l + dl, u + du) are kept and the pass is half as wide.
+        every: bound zhat'_k symbolically for every neuron (the output layer's scores)."""
+        n = self.W[k].shape[0]
+        eye = torch.eye(n, dtype=DTYPE, device=self.device)
+        stable = ((self.nl[k] >= 0) | (self.nu[k] <= 0) | every).nonzero().flatten()
+        m = len(stable)
+        es = eye[stable]
+        # objectives: +dh, -dh (every neuron), +zhat', -zhat' (N's stable neurons)
+        A = torch.cat([torch.zeros(2 * n, n, dtype=DTYPE, device=self.device), es, -es]).expand(self.K, -1, -1)
+        E = torch.cat([eye, -eye, es, -es]).expand(self.K, -1, -1)
+        # the FP margin: the magnitude pass sees |A|, |E| only, the same for +row and -row
+        half = self.magnitude(torch.cat([A[:, :n], A[:, 2 * n:2 * n + m]], 1), torch.cat([E[:, :n], E[:, 2 * n:2 * n + m]], 1), k)
+        margin = self.fp_rel * torch.cat([half[:, :n], half[:, :n], half[:, n:], half[:, n:]], 1) + FP_ABS
+        if self.intermediate_steps > 0 and k > 0:
+            ub = self._optimised_max(A, E, k) + margin
+        else:
+            ub = self.backward(A, E, k) + margin
+        dl, du = torch.maximum(dl, -ub[:, n:2 * n]), torch.minimum(du, ub[:, :n])
+        if m:
+            hl, hu = hl.clone(), hu.clone()
+            hl[:, stable] = torch.maximum(hl[:, stable], -ub[:, 2 * n + m:])
+            hu[:, stable] = torch.minimum(hu[:, stable], ub[:, 2 * n:2 * n + m])
+        l, u = self.nl[k], self.nu[k]
+        pad = lambda a, b: FP_REL * (a.abs() + b.abs()) + FP_ABS  # noqa: E731
+        hl = torch.maximum(hl, l + dl - pad(l, dl))
+        hu = torch.minimum(hu, u + du + pad(u, du))
+        dl = torch.maximum(dl, hl - u - pad(hl, u))
+        du = torch.minimum(du, hu - l + pad(hu, l))
+        return dl, du, hl, hu
+
+    def select(self, idx, light: bool = False) -> "JointSystem":
+        """The same system for the networks idx (repeats allowed; a shallow copy sharing N's tensors).
+        light: only what `backward` needs (no magnitude passes, no intervals)."""
+        import copy
+
+        ix = torch.as_tensor(np.asarray(idx, dtype=np.int64), device=self.device)
+        sub = copy.copy(self)
+        sub.K = len(ix)
+        names = ("Wp", "dW", "db") if light else ("Wp", "dW", "db", "aWp", "adW", "adb", "dl", "du", "hl", "hu")
+        for name in names:
+            setattr(sub, name, [x[ix] for x in getattr(self, name)])
+        sub.relax = [_Relax(r.su[ix], r.tu[ix], r.sl[ix], r.unstable[ix], r.pu[ix], r.qu[ix], r.pl[ix], r.ql[ix])
+                     for r in self.relax]
+        return sub
+
+    def differences(self) -> SymbolicDifference:
+        return SymbolicDifference(LayerBounds([_np(x) for x in self.dl], [_np(x) for x in self.du]),
+                                  LayerBounds([_np(x) for x in self.hl], [_np(x) for x in self.hu]))
+
+
+# ---------------------------------------------------------------------- public, plain arrays
+@dataclass
+class SingletonBounds:
+    bound: np.ndarray  # [K] sound upper bound on beta*_{c,{i}} (-inf: no input can leak)
+    per_target: np.ndarray  # [K, C] the bound per rival t (-inf: t dropped or t == c), margin cap applied
+    lagrangian: np.ndarray  # [K, C] the best Lagrangian bound per rival (before the cap; nan for c)
+    iterates: list[np.ndarray] = field(default_factory=list)  # [K, C] sound Lagrangian bound of every iterate
+
+
+def difference_intervals(n_weights, n_biases, weights, biases, n_lower, n_upper, lower, upper, *,
+                         intermediate: str = "symbolic", device: str = "cpu",
+                         intermediate_steps: int = 0) -> SymbolicDifference:
+    """Sound intervals of deltahat_k = zhat'_k - zhat_k and zhat'_k for every network N' (all layers).
+
+    n_weights[k] [out, in] (N); weights[k] [K, out, in] (the networks N'); n_lower/n_upper: N's
+    pre-activation bounds per layer. The last layer's intervals come from the backward pass too.
+    intermediate_steps: alpha-optimise N's lower slopes per bound (that many Adam steps)."""
+    sys_ = JointSystem(n_weights, n_biases, weights, biases, n_lower, n_upper, lower, upper,
+                       device=device, intermediate=intermediate, intermediate_steps=intermediate_steps)
+    k = sys_.L - 1
+    dl, du, hl, hu = sys_._tighten(k, sys_.dl[k], sys_.du[k], sys_.hl[k], sys_.hu[k], every=True)
+    sys_.dl[k], sys_.du[k], sys_.hl[k], sys_.hu[k] = dl, du, hl, hu
+    return sys_.differences()
+
+
+def singleton_upper_bounds(n_weights, n_biases, weights, biases, n_lower, n_upper, lower, upper, cls: int,
+                           margin_upper: np.ndarray | None = None, *, lam: float | np.ndarray = 1.0,
+                           alpha: float | None = None, steps: int = 0, lr: float = 0.02,
+                           intermediate: str = "symbolic", device: str = "cpu", chunk: int = 512,
+                           keep_iterates: bool = False, cutoff: float | None = None,
+                           mix: bool = True, refine_steps: int = 0) -> SingletonBounds:
+    """Sound upper bounds on beta*_{cls,{i}} for K networks N' against N (module docstring).
+
+    lam: the starting lambda (scalar or [K, C]); alpha: None = CROWN's default slopes, else one
+    starting slope in [0, 1] for every unstable neuron of N; steps: projected Adam steps (0 = just
+    the starting point). margin_upper [C, C]: sound bounds on max_x s_c - s_t (optional cap).
+    cutoff: only networks whose starting bound is above it are optimised (the others keep their
+    starting bound, already <= cutoff: a screen needs nothing more of them). mix: with more than
+    two classes, also optimise the weights mu over rivals u of N's objective (module docstring).
+    refine_steps: the networks whose bound is still above the cutoff (all, without one) are bounded
+    again with alpha-optimised intermediate bounds (that many Adam steps per layer); per rival the
+    smaller of the two sound bounds is kept (`iterates` are those of the first pass)."""
+    K = weights[0].shape[0]
+    C = n_weights[-1].shape[0]
+    lam_arr = np.broadcast_to(np.asarray(lam, dtype=np.float64), (K, C)) if np.ndim(lam) else np.full((K, C), float(lam))
+    if np.any(lam_arr < 0) or (alpha is not None and not 0 <= alpha <= 1):
+        raise ValueError("lambda must be >= 0 and alpha in [0, 1]")
+    bound = np.empty(K)
+    per_target = np.full((K, C), -np.inf)
+    lagr = np.full((K, C), np.nan)
+    iterates: list[np.ndarray] = []
+    for start in range(0, K, chunk):
+        sl = slice(start, min(start + chunk, K))
+        ws, bs = [w[sl] for w in weights], [b[sl] for b in biases]
+        res = _chunk_bounds(n_weights, n_biases, ws, bs, n_lower, n_upper, lower, upper, cls, margin_upper,
+                            lam_arr[sl], alpha, steps, lr, intermediate, device, keep_iterates, cutoff, mix)
+        if refine_steps > 0 and intermediate == "symbolic":
+            # the networks still above the cutoff again, with alpha-optimised intermediate bounds
+            idx = np.flatnonzero(res.bound > (-np.inf if cutoff is None else cutoff))
+            if len(idx):
+                ref = _chunk_bounds(n_weights, n_biases, [w[idx] for w in ws], [b[idx] for b in bs], n_lower, n_upper,
+                                    lower, upper, cls, margin_upper, lam_arr[sl][idx], alpha, steps, lr, intermediate,
+                                    device, False, None, mix, intermediate_steps=refine_steps)
+                res.per_target[idx] = np.minimum(res.per_target[idx], ref.per_target)
+                res.lagrangian[idx] = np.fmin(res.lagrangian[idx], ref.lagrangian)
+                res.bound[idx] = res.per_target[idx].max(axis=1)
+        bound[sl], per_target[sl], lagr[sl] = res.bound, res.per_target, res.lagrangian
+        for i, it in enumerate(res.iterates):
+            if len(iterates) <= i:
+                iterates.append(np.full((K, C), np.nan))
+            iterates[i][sl] = it
+    return SingletonBounds(bound, per_target, lagr, iterates)
+
+
+def set_upper_bound(n_weights, n_biases, weights, biases, n_lower, n_upper, lower, upper, cls: int,
+                    margin_upper: np.ndarray | None = None, **opts) -> float:
+    """Upper bound on max_{i in S} beta*_{cls,{i}} for the set S of networks given (max of singletons)."""
+    res = singleton_upper_bounds(n_weights, n_biases, weights, biases, n_lower, n_upper, lower, upper, cls,
+                                 margin_upper, **opts)
+    return float(res.bound.max()) if len(res.bound) else -math.inf
+
+
+def _simplex(v: torch.Tensor) -> torch.Tensor:
+    """Euclidean projection of every row (last axis) onto the probability simplex."""
+    u, _ = torch.sort(v, dim=-1, descending=True)
+    css = u.cumsum(-1) - 1
+    ind = torch.arange(1, v.shape[-1] + 1, dtype=v.dtype, device=v.device)
+    rho = ((u - css / ind) > 0).sum(-1, keepdim=True).clamp(min=1)
+    theta = css.gather(-1, rho - 1) / rho.to(v.dtype)
+    return (v - theta).clamp(min=0)
+
+
+def _chunk_bounds(n_weights, n_biases, weights, biases, n_lower, n_upper, lower, upper, cls, margin_upper,
+                  lam0, alpha0, steps, lr, intermediate, device, keep_iterates, cutoff, mix,
+                  intermediate_steps=0) -> SingletonBounds:
+    sys_ = JointSystem(n_weights, n_biases, weights, biases, n_lower, n_upper, lower, upper,
+                       device=device, intermediate=intermediate, intermediate_steps=intermediate_steps)
+    K, L, dev = sys_.K, sys_.L, sys_.device
+    C = n_weights[-1].shape[0]
+    rivals = [t for t in range(C) if t != cls]
+    T = len(rivals)
+    g = torch.zeros(T, C, dtype=DTYPE, device=dev)  # rows: e_c - e_t
+    for j, t in enumerate(rivals):
+        g[j, cls], g[j, t] = 1.0, -1.0
+    G = g.expand(K, -1, -1)
+    # magnitude passes from the unit vectors: the pass is linear in |A|, |E|, so every objective's
+    # FP margin is a combination of these
+    unit = torch.eye(C, dtype=DTYPE, device=dev).expand(K, C, C)
+    mz = sys_.magnitude(unit, torch.zeros_like(unit), L - 1)  # [K, C]: the pass from A = e_j
+    md = sys_.magnitude(torch.zeros_like(unit), unit, L - 1)  # [K, C]: the pass from E = e_j
+    mag_a = mz[:, [cls]] + mz[:, rivals]  # [K, T]: |s_c - s_t| <= this (bounds |C^c_N| too)
+    # feasibility of each rival: can N' rank t >= c? (bound of s'_t - s'_c, and the interval one)
+    with torch.no_grad():
+        reach = sys_.backward(-G, -G, L - 1) + sys_.fp_rel * (mag_a + md[:, [cls]] + md[:, rivals]) + FP_ABS
+    hl, hu = sys_.hl[L - 1], sys_.hu[L - 1]
+    feasible = _np((reach >= 0) & (hu[:, rivals] - hl[:, [cls]] >= 0))
+    cap = np.full(T, np.inf) if margin_upper is None else np.asarray(margin_upper, dtype=np.float64)[cls, rivals]
+    lam_start = torch.tensor(lam0[:, rivals], dtype=DTYPE, device=dev)
+
+    def run(pn: np.ndarray, pj: np.ndarray, n_steps: int) -> list[torch.Tensor]:
+        """Sound Lagrangian bounds [P] of every iterate for the (network, rival) pairs (pn, pj)."""
+        P, grad = len(pn), n_steps > 0
+        sub = sys_.select(pn, light=True)
+        pn_t, pj_t = torch.as_tensor(pn, device=dev), torch.as_tensor(pj, device=dev)
+        Gp = G[pn_t, pj_t][:, None, :]  # [P, 1, C]
+        lam = lam_start[pn_t, pj_t].clone().requires_grad_(grad)
+        alphas = []
+        for k in range(L - 1):
+            r = sub.relax[k]
+            a = r.sl[:, None, :].clone() if alpha0 is None else torch.full(
+                (P, 1, r.sl.shape[1]), float(alpha0), dtype=DTYPE, device=dev)
+            alphas.append(a.requires_grad_(grad))
+        params = [lam, *alphas]
+        mu = None
+        if mix and T > 1 and grad:  # weights of N's objective over the rivals u, starting at e_t
+            Gall = G[pn_t]  # [P, T, C]
+            mu = torch.nn.functional.one_hot(pj_t, T).to(DTYPE)[:, None, :].requires_grad_(True)
+            params.append(mu)
+            bound_c = mag_a[pn_t].max(-1).values  # bounds |C^c_N| over the box
+        mzp, mdp = mz[pn_t][:, None, :], md[pn_t][:, None, :]
+        opt = torch.optim.Adam(params, lr=lr) if grad else None
+        out = []
+        for step in range(n_steps + 1):
+            last = step == n_steps
+            plain = mu is None or step == 0  # mu starts at exactly e_t: the plain objective
+            with torch.set_grad_enabled(not last):
+                lam3 = lam[:, None, None]
+                A = (1 - lam3) * Gp if plain else torch.bmm(mu, Gall) - lam3 * Gp
+                E = -lam3 * Gp
+                val = sub.backward(A, E, L - 1, alphas)[:, 0]
+            with torch.no_grad():  # the magnitude pass is linear in |A|, |E|: per-class unit passes
+                mag = (A.abs() * mzp).sum(-1)[:, 0] + (E.abs() * mdp).sum(-1)[:, 0]
+                if not plain:  # sum(mu) is 1 only up to rounding (docstring)
+                    total = mu.sum(-1)[:, 0]
+                    mag = mag + ((1 - total).abs() + T * 2.0 ** -52 * total) * bound_c
+                sound = val.detach() + sys_.fp_rel * mag + FP_ABS
+            out.append(torch.where(torch.isnan(sound), torch.full_like(sound, math.inf), sound))
+            if last:
+                break
+            opt.zero_grad()
+            val.sum().backward()
+            opt.step()
+            with torch.no_grad():
+                lam.clamp_(min=0.0)
+                for a in alphas:
+                    a.clamp_(0.0, 1.0)
+                if mu is not None:
+                    mu.copy_(_simplex(mu))
+        return out
+
+    # every pair at the starting point, then the optimisation on the pairs that can still matter:
+    # rivals N' can reach, and with a cutoff only those whose (capped) start is above it
+    with torch.no_grad():  # batched: T objectives per network
+        alphas0 = None if alpha0 is None else [torch.full((K, T, r.sl.shape[1]), float(alpha0), dtype=DTYPE, device=dev)
+                                               for r in sys_.relax]
+        A, E = (1 - lam_start)[..., None] * G, -lam_start[..., None] * G
+        val = sys_.backward(A, E, L - 1, alphas0)
+        mag = (A.abs() * mz[:, None, :]).sum(-1) + (E.abs() * md[:, None, :]).sum(-1)
+        start = val + sys_.fp_rel * mag + FP_ABS
+        start = torch.where(torch.isnan(start), torch.full_like(start, math.inf), start)
+    its = [start]
+    if steps > 0 and T:
+        capped = np.minimum(_np(start), cap[None, :])
+        keep = feasible & ((capped > cutoff) if cutoff is not None else True)
+        pn, pj = np.nonzero(keep)
+        its = [start.clone() for _ in range(steps + 1)]
+        if len(pn):
+            ix = (torch.as_tensor(pn, device=dev), torch.as_tensor(pj, device=dev))
+            for i, it in enumerate(run(pn, pj, steps)):
+                its[i][ix] = it
+    best_np = _np(torch.stack(its).min(dim=0).values)
+    cand = np.where(feasible, np.minimum(best_np, cap[None, :]), -np.inf)
+    per_target = np.full((K, C), -np.inf)
+    per_target[:, rivals] = cand
+    lagr = np.full((K, C), np.nan)
+    lagr[:, rivals] = best_np
+    iterates = []
+    for it in (its if keep_iterates else []):
+        full = np.full((K, C), np.nan)
+        full[:, rivals] = _np(it)
+        iterates.append(full)
+    return SingletonBounds(cand.max(axis=1) if T else np.full(K, -np.inf), per_target, lagr, iterates)
+
+
+# ---------------------------------------------------------------------- adapter for the verifier
+def symbolic_screen(problem, cls: int, positions, *, steps: int = 0, lr: float = 0.02, lam: float = 1.0,
+                    intermediate: str = "symbolic", device: str = "cpu", chunk: int = 512,
+                    cutoff: float | None = None, refine_steps: int = 0) -> np.ndarray:
+    """Drop-in for `lucid.verifier.screen_upper_bounds`: sound upper bounds on beta*_{cls,{i}} for the
+    networks at `positions` of problem.stack ([len(positions)], -inf where no rival is reachable).
+
+    Reads only problem.stack, .lower, .upper, .n_bounds, .margin_upper and .num_classes.
+    steps = 0: symbolic bounds at lambda = 1; steps > 0: optimised (only the networks whose
+    lambda = 1 bound is above `cutoff`, when one is given: e.g. the class's best lower bound)."""
+    positions = np.asarray(positions, dtype=np.int64)
+    if positions.size == 0:
+        return np.empty(0)
+    if not 0 <= cls < problem.num_classes:
+        raise ValueError(f"class {cls} out of range")
+    stack = problem.stack
+    n_w = [w[0] for w in stack.weights]
+    n_b = [b[0] for b in stack.biases]
+    res = singleton_upper_bounds(
+        n_w, n_b, [w[positions] for w in stack.weights], [b[positions] for b in stack.biases],
+        problem.n_bounds.lower, problem.n_bounds.upper, problem.lower, problem.upper, cls, problem.margin_upper,
+        lam=lam, steps=steps, lr=lr, intermediate=intermediate, device=device, chunk=chunk, cutoff=cutoff,
+        refine_steps=refine_steps,
+    )
+    return res.bound

@@ -1,0 +1,273 @@
+"""Symbolic difference bounds (lucid/bounds/symbolic.py) against the exact brute force and sampling.
+
+Every bound here is a privacy guarantee: it must never be below the true beta*_{c,{i}}. The exact
+reference is tests/bruteforce.py (shares no code with lucid's bounds); the real leave-one-out case
+uses the verifier's exact singleton MILP and its replayed witness (a true lower bound).
+"""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from bruteforce import exact_for, network, tiny_stack
+
+from lucid.bounds.symbolic import (
+    difference_intervals,
+    set_upper_bound,
+    singleton_upper_bounds,
+    symbolic_screen,
+)
+from lucid.verifier import VerificationProblem, screen_upper_bounds
+
+# (seed, hidden, classes, input dim, domain lower end, perturbation size)
+CASES = [
+    (0, (4, 4), 2, 2, -1.0, 0.15),
+    (1, (4, 4), 3, 2, 0.0, 0.15),
+    (2, (3, 3, 3), 2, 2, -1.0, 0.15),
+    (3, (3, 3, 3), 3, 2, 0.0, 0.05),
+    (4, (4, 4), 2, 3, 0.0, 0.05),
+    (5, (3, 3, 3), 2, 3, 0.0, 0.1),
+    (6, (3, 3), 3, 4, 0.0, 0.05),
+    (7, (4, 4), 2, 2, 0.0, 0.02),
+]
+POSITIONS = np.arange(1, 5)
+
+
+def setup(seed, hidden, classes, d, lo, noise):
+    stack = tiny_stack(seed, hidden=hidden, classes=classes, d=d, noise=noise)
+    lower, upper = np.full(d, lo), np.ones(d)
+    return stack, lower, upper, VerificationProblem.from_stack(stack, lower, upper)
+
+
+def args(problem, positions):
+    st = problem.stack
+    return ([w[0] for w in st.weights], [b[0] for b in st.biases], [w[positions] for w in st.weights],
+            [b[positions] for b in st.biases], problem.n_bounds.lower, problem.n_bounds.upper,
+            problem.lower, problem.upper)
+
+
+@pytest.fixture(scope="module")
+def exact_cache():
+    return {}
+
+
+def exact(cache, case, stack, cls, lower, upper):
+    key = (case, cls)
+    if key not in cache:
+        cache[key] = np.array([exact_for(stack, p, cls, lower, upper) for p in POSITIONS])
+    return cache[key]
+
+
+def covers(bounds_kc, ex):
+    """max over rivals of a per-rival Lagrangian bound must be >= beta* (nan marks the class itself)."""
+    best = np.nanmax(bounds_kc, axis=1)
+    return np.all((best >= ex) | (ex == -np.inf))
+
+
+@pytest.mark.parametrize("case", range(len(CASES)))
+@pytest.mark.parametrize("intermediate", ["symbolic", "interval"])
+def test_every_fixed_lambda_and_alpha_is_above_the_exact_bound(case, intermediate, exact_cache):
+    stack, lower, upper, problem = setup(*CASES[case])
+    for cls in range(stack.num_classes):
+        ex = exact(exact_cache, (case,), stack, cls, lower, upper)
+        for lam in (0.0, 0.3, 1.0, 2.5):
+            for alpha in (None, 0.0, 0.5, 1.0):
+                res = singleton_upper_bounds(*args(problem, POSITIONS), cls, problem.margin_upper, lam=lam,
+                                             alpha=alpha, intermediate=intermediate)
+                assert np.all(res.bound >= ex), (cls, lam, alpha, res.bound, ex)
+                assert covers(res.lagrangian, ex), (cls, lam, alpha, res.lagrangian, ex)  # before the cap
+
+
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_every_optimisation_iterate_is_above_the_exact_bound(case, exact_cache):
+    stack, lower, upper, problem = setup(*CASES[case])
+    lam0 = np.random.default_rng(case).uniform(0, 2, size=(len(POSITIONS), stack.num_classes))
+    for cls in range(stack.num_classes):
+        ex = exact(exact_cache, (case,), stack, cls, lower, upper)
+        start = singleton_upper_bounds(*args(problem, POSITIONS), cls, problem.margin_upper)
+        for lam, lr in ((1.0, 0.1), (lam0, 0.3)):
+            res = singleton_upper_bounds(*args(problem, POSITIONS), cls, problem.margin_upper, lam=lam, steps=12,
+                                         lr=lr, keep_iterates=True)
+            assert len(res.iterates) == 13
+            for it in res.iterates:
+                assert covers(it, ex)
+            assert np.all(res.bound >= ex)
+            # the result is the minimum over the iterates (the start included)
+            rivals = [t for t in range(stack.num_classes) if t != cls]
+            assert np.array_equal(np.stack(res.iterates)[:, :, rivals].min(axis=0), res.lagrangian[:, rivals])
+            if np.isscalar(lam):  # by construction never looser than its own starting point
+                assert np.all(res.bound <= start.bound)
+
+
+@pytest.mark.parametrize("case", [0, 2, 3, 6])
+@pytest.mark.parametrize("intermediate,steps", [("symbolic", 0), ("interval", 0), ("symbolic", 5)])
+def test_difference_intervals_contain_sampled_differences(case, intermediate, steps):
+    stack, lower, upper, problem = setup(*CASES[case])
+    diff = difference_intervals(*args(problem, POSITIONS), intermediate=intermediate, intermediate_steps=steps)
+    rng = np.random.default_rng(case)
+    x = rng.uniform(lower, upper, size=(20000, len(lower)))
+    x[: 2 ** len(lower)] = np.array(np.meshgrid(*zip(lower, upper))).reshape(len(lower), -1).T  # corners
+    wn, bn = network(stack, 0)
+    ref = _layers(wn, bn, x)
+    for j, p in enumerate(POSITIONS):
+        got = _layers(*network(stack, p), x)
+        for k in range(len(got)):
+            d = got[k] - ref[k]
+            assert np.all(d >= diff.pre.lower[k][j]) and np.all(d <= diff.pre.upper[k][j])
+            assert np.all(got[k] >= diff.hyper.lower[k][j]) and np.all(got[k] <= diff.hyper.upper[k][j])
+
+
+def test_symbolic_intervals_are_never_looser_than_the_interval_ones():
+    # by construction (intersection with the interval propagation), and tighter somewhere
+    stack, lower, upper, problem = setup(*CASES[6])
+    sym = difference_intervals(*args(problem, POSITIONS))
+    ivl = difference_intervals(*args(problem, POSITIONS), intermediate="interval")
+    tighter = 0
+    for k in range(len(stack.weights)):
+        assert np.all(sym.pre.lower[k] >= ivl.pre.lower[k]) and np.all(sym.pre.upper[k] <= ivl.pre.upper[k])
+        tighter += np.sum(sym.pre.upper[k] < ivl.pre.upper[k] - 1e-9)
+    assert tighter > 0
+
+
+def _layers(weights, biases, x):
+    pre, h = [], x
+    for w, b in zip(weights, biases):
+        p = h @ w.T + b
+        pre.append(p)
+        h = np.maximum(p, 0)
+    return pre
+
+
+@pytest.mark.parametrize("case", [0, 1, 4])
+def test_the_adapter_has_the_contract_of_the_interval_screen(case, exact_cache):
+    stack, lower, upper, problem = setup(*CASES[case])
+    for cls in range(stack.num_classes):
+        ex = exact(exact_cache, (case,), stack, cls, lower, upper)
+        ref = screen_upper_bounds(problem, cls, POSITIONS)
+        for steps in (0, 5):
+            got = symbolic_screen(problem, cls, POSITIONS, steps=steps)
+            assert got.shape == ref.shape and got.dtype == np.float64
+            assert np.all(got >= ex)
+            assert np.all(got[ref == -np.inf] == -np.inf)  # same rival test as the interval screen
+            assert np.all(got <= problem.margin_upper[cls].max())
+        # subsets and order of positions are respected
+        sub = symbolic_screen(problem, cls, POSITIONS[::-2])
+        assert np.array_equal(sub, symbolic_screen(problem, cls, POSITIONS)[::-2])
+    assert symbolic_screen(problem, 0, np.array([], dtype=np.int64)).shape == (0,)
+
+
+def test_chunks_do_not_change_the_bounds():
+    stack, lower, upper, problem = setup(*CASES[0])
+    a = singleton_upper_bounds(*args(problem, POSITIONS), 0, problem.margin_upper, steps=3)
+    b = singleton_upper_bounds(*args(problem, POSITIONS), 0, problem.margin_upper, steps=3, chunk=3)
+    assert np.allclose(a.bound, b.bound, rtol=1e-9, atol=1e-12)
+
+
+def test_a_set_bound_covers_every_member(exact_cache):
+    stack, lower, upper, problem = setup(*CASES[1])
+    for cls in range(stack.num_classes):
+        ex = exact(exact_cache, (1,), stack, cls, lower, upper)
+        for members in ([1, 2], [1, 3, 4], [2]):
+            got = set_upper_bound(*args(problem, np.array(members)), cls, problem.margin_upper, steps=4)
+            assert got >= max(ex[m - 1] for m in members)
+
+
+def test_bad_parameters_are_refused():
+    stack, lower, upper, problem = setup(*CASES[0])
+    with pytest.raises(ValueError):
+        singleton_upper_bounds(*args(problem, POSITIONS), 0, lam=-0.1)
+    with pytest.raises(ValueError):
+        singleton_upper_bounds(*args(problem, POSITIONS), 0, alpha=1.5)
+    with pytest.raises(ValueError):
+        difference_intervals(*args(problem, POSITIONS), intermediate="lp")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_cuda_gives_the_cpu_bounds():  # pragma: no cover - only where a GPU exists
+    stack, lower, upper, problem = setup(*CASES[2])
+    cpu = symbolic_screen(problem, 0, POSITIONS, steps=5)
+    gpu = symbolic_screen(problem, 0, POSITIONS, steps=5, device="cuda")
+    assert np.allclose(cpu, gpu, rtol=1e-6, atol=1e-9)
+
+
+@pytest.fixture(scope="module")
+def wine_run(tmp_path_factory):
+    from lucid.rundir import open_run
+    from lucid.training import train_run
+
+    path = train_run("sklearn:wine", tmp_path_factory.mktemp("wine") / "run", arch="2x8", epochs=10, batch_size=32,
+                     progress=False)
+    return VerificationProblem.from_run(open_run(path))
+
+
+def test_real_leave_one_out_networks_against_the_exact_milp(wine_run):
+    from lucid.verifier import analyse_node
+
+    problem = wine_run
+    positions = np.arange(1, len(problem.stack))
+    for cls in (0, 2):
+        sym = symbolic_screen(problem, cls, positions)
+        opt = symbolic_screen(problem, cls, positions, steps=10)
+        assert np.all(opt <= sym)
+        ivl = screen_upper_bounds(problem, cls, positions)
+        assert np.median(sym) < np.median(ivl)  # measured: about 2x tighter on this run
+        for p in (1, 2):
+            out = analyse_node(problem, cls, [p])
+            assert out.status in ("optimal", "infeasible")
+            if out.lower is not None:  # a replayed, truly leaking witness: a true lower bound
+                assert opt[p - 1] >= out.lower and sym[p - 1] >= out.lower
+            if out.status == "optimal" and math.isfinite(out.upper):  # exact up to the 1e-5 safety margin
+                assert opt[p - 1] >= out.upper - 1e-5
+
+
+def test_a_cutoff_optimises_only_the_networks_above_it(exact_cache):
+    stack, lower, upper, problem = setup(*CASES[2])
+    ex = exact(exact_cache, (2,), stack, 1, lower, upper)
+    a = args(problem, POSITIONS)
+    start = singleton_upper_bounds(*a, 1, problem.margin_upper)
+    full = singleton_upper_bounds(*a, 1, problem.margin_upper, steps=8, lr=0.1)
+    cutoff = float(np.median(start.bound))
+    cut = singleton_upper_bounds(*a, 1, problem.margin_upper, steps=8, lr=0.1, cutoff=cutoff, keep_iterates=True)
+    assert len(cut.iterates) == 9 and np.all(cut.bound >= ex)
+    above = start.bound > cutoff
+    assert above.any() and (~above).any()
+    assert np.array_equal(cut.bound[~above], start.bound[~above])
+    # the same discard decisions; above the cutoff the same optimised bounds
+    assert np.array_equal(cut.bound > cutoff, full.bound > cutoff)
+    high = full.bound > cutoff
+    assert np.allclose(cut.bound[high], full.bound[high], rtol=1e-9, atol=1e-12)
+
+
+def test_simplex_projection():
+    from lucid.bounds.symbolic import _simplex
+
+    v = torch.tensor([[0.2, 0.5, 0.9], [1.0, 0.0, 0.0], [-3.0, 4.0, 0.5], [0.3, 0.3, 0.4]], dtype=torch.float64)
+    p = _simplex(v)
+    assert torch.all(p >= 0) and torch.allclose(p.sum(-1), torch.ones(4, dtype=torch.float64))
+    assert torch.equal(p[1], v[1]) and torch.allclose(p[3], v[3]) and torch.equal(p[2], torch.tensor([0.0, 1.0, 0.0], dtype=torch.float64))
+
+
+@pytest.mark.parametrize("case", [1, 3, 6])
+def test_multi_class_mixing_is_sound_in_every_iterate(case, exact_cache):
+    stack, lower, upper, problem = setup(*CASES[case])
+    for cls in range(stack.num_classes):
+        ex = exact(exact_cache, (case,), stack, cls, lower, upper)
+        plain = singleton_upper_bounds(*args(problem, POSITIONS), cls, problem.margin_upper, steps=10, lr=0.1, mix=False)
+        mixed = singleton_upper_bounds(*args(problem, POSITIONS), cls, problem.margin_upper, steps=10, lr=0.1,
+                                       keep_iterates=True)
+        for it in mixed.iterates:
+            assert covers(it, ex)
+        assert np.all(mixed.bound >= ex) and np.all(plain.bound >= ex)
+
+
+@pytest.mark.parametrize("case", [0, 1, 2, 5])
+def test_refined_survivors_stay_above_the_exact_bound(case, exact_cache):
+    stack, lower, upper, problem = setup(*CASES[case])
+    for cls in range(stack.num_classes):
+        ex = exact(exact_cache, (case,), stack, cls, lower, upper)
+        plain = singleton_upper_bounds(*args(problem, POSITIONS), cls, problem.margin_upper, steps=5, lr=0.1)
+        refined = singleton_upper_bounds(*args(problem, POSITIONS), cls, problem.margin_upper, steps=5, lr=0.1,
+                                         refine_steps=5)
+        assert np.all(refined.bound >= ex)
+        assert np.all(refined.bound <= plain.bound)  # per rival the smaller of two sound bounds
