@@ -23,6 +23,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from lucid.agt.store import AGT_FILE, save_boxes
+from lucid.agt.train import DEFAULT_MAX_WIDTH, agt_boxes
 from lucid.atomic import write_atomic, write_json_atomic
 from lucid.data import Dataset, prepare_dataset
 from lucid.errors import LucidError
@@ -55,11 +57,21 @@ def train_run(
     device: str = "cpu",
     chunk_size: int | None = None,
     progress: bool = True,
+    agt: int = 0,
+    agt_max_width: float | None = None,
+    loo: bool = True,
 ) -> Path:
-    """Train N and every leave-one-out network N_-i; write (or resume, or keep) the run at `out`."""
+    """Train N and every leave-one-out network N_-i; write (or resume, or keep) the run at `out`.
+
+    `agt=K` also stores the abstract-gradient-training boxes for k = 1..K (`agt.safetensors`,
+    docs/agt.md); `loo=False` (only with `agt`) trains N alone.
+    """
     _check_options(epochs, lr, weight_decay, batch_size, chunk_size)
+    _check_agt_options(agt, agt_max_width, loo)
     dev = _device(device)
     spec = parse_arch(arch)
+    if agt and spec["type"] != "mlp":
+        raise LucidError("--agt supports MLP architectures only, not the cnn")
     ds = prepare_dataset(data, label=label, test_data=test_data, test_fraction=test_fraction, seed=seed, domain=domain)
     check_arch_fits(spec, ds.input_dim)
     training = {
@@ -75,6 +87,10 @@ def train_run(
         "test_fraction": None if test_data is not None else float(test_fraction),
         "test_data": test_data,
     }
+    if agt:  # only when asked: runs without AGT keep their fingerprints
+        training["agt"] = {"max_k": int(agt), "max_width": float(_agt_width(agt_max_width))}
+    if not loo:
+        training["loo"] = False
     meta = _run_json(ds, spec, training)
     fingerprint = _fingerprint(meta, ds)
     meta["training"]["fingerprint"] = fingerprint
@@ -89,12 +105,24 @@ def train_run(
     n = len(ds.y_train)
     if chunk_size is None:
         chunk_size = default_chunk_size(spec, ds.input_dim, ds.num_classes, n, batch_size)
-    chunk_size = _open_staging(partial, fingerprint, chunk_size)
-    removed_all = torch.arange(-1, n, dtype=torch.int64)  # position 0 = N, position j = without row j-1
-    bounds = [(s, min(s + chunk_size, n + 1)) for s in range(0, n + 1, chunk_size)]
-
     init = initial_parameters(spec, ds.input_dim, ds.num_classes, seed)
     orders = batch_orders(n, epochs, seed)
+    boxes = None
+    if agt and not (partial / AGT_FILE).exists():  # a resumed run keeps its boxes
+        # before anything is written: a diverging bound stops the command with nothing on disk
+        boxes = agt_boxes(
+            init, spec, torch.from_numpy(ds.X_train), torch.from_numpy(ds.y_train), orders, max_k=int(agt),
+            lr=lr, weight_decay=weight_decay, batch_size=batch_size, num_classes=ds.num_classes,
+            max_width=_agt_width(agt_max_width),
+        )
+    chunk_size = _open_staging(partial, fingerprint, chunk_size)
+    if boxes is not None:
+        save_boxes(partial / AGT_FILE, boxes, algorithm=ALGORITHM, max_width=_agt_width(agt_max_width))
+    # position 0 = N, position j = without row j-1 (N alone without leave-one-out networks)
+    removed_all = torch.arange(-1, n if loo else 0, dtype=torch.int64)
+    total = len(removed_all)
+    bounds = [(s, min(s + chunk_size, total)) for s in range(0, total, chunk_size)]
+
     X = torch.from_numpy(ds.X_train).to(dev)
     y = torch.from_numpy(ds.y_train).to(dev)
     todo = [c for c in range(len(bounds)) if not (partial / _chunk_name(c)).exists()]
@@ -129,8 +157,8 @@ def train_run(
         fit = MEMORY_BUDGET // _chunk_bytes(spec, ds, chunk_size, batch_size)
         workers = max(1, min(_cores(), len(todo), fit))
     threads_before = torch.get_num_threads()
-    with TrainingProgress(total=n + 1, enabled=progress) as bar:
-        bar.advance(n + 1 - sum(bounds[c][1] - bounds[c][0] for c in todo))
+    with TrainingProgress(total=total, enabled=progress) as bar:
+        bar.advance(total - sum(bounds[c][1] - bounds[c][0] for c in todo))
         pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="lucid-train")
         try:
             pending = {pool.submit(train_chunk, c, bar) for c in todo}
@@ -166,6 +194,19 @@ def _check_options(epochs: int, lr: float, weight_decay: float, batch_size: int,
         raise LucidError(f"--weight-decay must be a non-negative number, got {weight_decay}")
     if chunk_size is not None and (int(chunk_size) != chunk_size or chunk_size < 1):
         raise LucidError(f"--chunk-size must be a positive integer, got {chunk_size}")
+
+
+def _check_agt_options(agt: int, agt_max_width: float | None, loo: bool) -> None:
+    if int(agt) != agt or agt < 0:
+        raise LucidError(f"--agt must be a non-negative integer (the largest number of removed rows), got {agt}")
+    if agt_max_width is not None and not (math.isfinite(agt_max_width) and agt_max_width > 0):
+        raise LucidError(f"--agt-max-width must be a positive number, got {agt_max_width}")
+    if not loo and not agt:
+        raise LucidError("--no-loo trains N alone and is only useful with --agt K (the boxes stand in for N_-i)")
+
+
+def _agt_width(agt_max_width: float | None) -> float:
+    return DEFAULT_MAX_WIDTH if agt_max_width is None else float(agt_max_width)
 
 
 def _device(device: str) -> torch.device:
@@ -355,6 +396,8 @@ def _publish(partial: Path, out: Path, meta: dict, ds: Dataset, n_chunks: int) -
             np.savez(fh, X_train=ds.X_train, y_train=ds.y_train, X_test=ds.X_test, y_test=ds.y_test)
 
     write_atomic(final / "data.npz", write_npz)
+    if (partial / AGT_FILE).exists():
+        os.replace(partial / AGT_FILE, final / AGT_FILE)
     write_json_atomic(final / "run.json", meta)  # last: its presence marks a complete run
     if out.exists():
         out.rmdir()  # only an empty directory gets here (checked before training)
