@@ -43,8 +43,17 @@ def affine_nonneg(al, au, wl, wu, bl, bu):
 
 def interval_product(al, au, bl, bu):
     """Exact elementwise interval product [a] * [b] (broadcasting)."""
-    c = torch.stack(torch.broadcast_tensors(al * bl, al * bu, au * bl, au * bu))
-    return c.amin(0), c.amax(0)
+    c1, c2, c3, c4 = al * bl, al * bu, au * bl, au * bu
+    lo = torch.minimum(torch.minimum(c1, c2), torch.minimum(c3, c4))
+    hi = torch.maximum(torch.maximum(c1, c2), torch.maximum(c3, c4))
+    return lo, hi
+
+
+def product_nonneg(dl, du, al, au):
+    """Exact elementwise interval product [d] * [a] with a >= 0 (broadcasting)."""
+    lo = torch.where(dl >= 0, dl * al, dl * au)
+    hi = torch.where(du >= 0, du * au, du * al)
+    return lo, hi
 
 
 def softmax_bounds(zl: torch.Tensor, zu: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -87,7 +96,7 @@ def row_gradient_bounds(
     for i in range(n_layers - 1, -1, -1):
         al, au = acts[i]
         # dW_i[b] = delta_b a_b^T with a >= 0: one product per entry
-        gl, gh = interval_product(dl[:, :, None], du[:, :, None], al[:, None, :], au[:, None, :])
+        gl, gh = product_nonneg(dl[:, :, None], du[:, :, None], al[:, None, :], au[:, None, :])
         dmag = torch.maximum(dl.abs(), du.abs())
         gmag = dmag[:, :, None] * au[:, None, :]
         gl, gh = widen_sum(gl, gh, gmag, 1)
@@ -121,12 +130,20 @@ def removal_mean_bounds(rb: RowBounds, k: int) -> tuple[torch.Tensor, torch.Tens
     """
     m = rb.lo.shape[0]
     r = max(m - k, 1)
-    top = torch.topk(rb.hi, r, dim=0).values if r < m else rb.hi
-    bot = torch.topk(rb.lo, r, dim=0, largest=False).values if r < m else rb.lo
-    hi = top.sum(0) / r
-    lo = bot.sum(0) / r
+    if r == 1:  # the mean of the single largest value
+        hi, lo = rb.hi.amax(0), rb.lo.amin(0)
+        own = torch.maximum(hi.abs(), lo.abs())
+    else:  # sum of the r largest = sum of all - sum of the m - r smallest (cheap for small k)
+        drop = m - r
+        hi_sum, lo_sum = rb.hi.sum(0), rb.lo.sum(0)
+        if drop:
+            hi_sum = hi_sum - torch.topk(rb.hi, drop, dim=0, largest=False).values.sum(0)
+            lo_sum = lo_sum - torch.topk(rb.lo, drop, dim=0).values.sum(0)
+        hi, lo = hi_sum / r, lo_sum / r
+        # this float64 evaluation: gamma_{m+drop+2} * (sum of all |terms|) / r
+        own = (m / r) * torch.maximum(rb.hi.abs(), rb.lo.abs()).amax(0)
     if k >= m:
         hi = hi.clamp(min=0.0)
         lo = lo.clamp(max=0.0)
-    radius = gamma(m + 3) * rb.mag.amax(0) + gamma(r + 1) * torch.maximum(top.abs().amax(0), bot.abs().amax(0))
+    radius = gamma(m + 3) * rb.mag.amax(0) + gamma(2 * m + 2) * own
     return outward(lo, hi, radius + 1e-30)
