@@ -290,3 +290,25 @@ def test_train_agt_divergence_exits_2_and_writes_nothing(tmp_path, capsys):
     assert code == 2 and "--agt" in err
     assert not out.exists()
     assert not (tmp_path / AGT_FILE).exists()
+
+
+def test_fine_tuning_the_last_layer_is_bounded_too():
+    """The fine-tuning variant (earlier layers frozen at pre-trained values) used by the benchmark."""
+    from lucid.agt.finetune import train_partial
+
+    X, y = tiny_data(n=20, d=4)
+    spec = parse_arch("2x6")
+    pre = train_networks(initial_parameters(spec, 4, 2, seed=2), spec, X.flip(0), y.flip(0), torch.tensor([-1]),
+                         batch_orders(20, 2, seed=5), lr=0.2, weight_decay=0.0, batch_size=5, num_classes=2)
+    init = {name: t[0] for name, t in pre.items()}
+    orders = batch_orders(20, 4, seed=0)
+    opts = dict(lr=0.2, weight_decay=1e-3, batch_size=4, num_classes=2)
+    full = train_partial(init, spec, X, y, torch.tensor([-1, 3]), orders, **opts)
+    ref = train_networks(init, spec, X, y, torch.tensor([-1, 3]), orders, **opts)
+    assert all(torch.equal(full[name], ref[name]) for name in ref)  # all layers trainable = T
+    nets = train_partial(init, spec, X, y, torch.arange(-1, 20), orders, trainable={2}, **opts)
+    box = abstract_train(init, spec, X, y, orders, k=1, trainable={2}, **opts)
+    assert box.contains(nets)
+    assert torch.equal(box.lower["layers.0.weight"], init["layers.0.weight"].double())  # frozen: a point
+    with pytest.raises(LucidError, match="trainable"):
+        abstract_train(init, spec, X, y, orders, k=1, trainable=set(), **opts)

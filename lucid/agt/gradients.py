@@ -76,9 +76,12 @@ def softmax_bounds(zl: torch.Tensor, zu: torch.Tensor) -> tuple[torch.Tensor, to
 
 def row_gradient_bounds(
     wl: list[torch.Tensor], wu: list[torch.Tensor], bl: list[torch.Tensor], bu: list[torch.Tensor],
-    x: torch.Tensor, onehot: torch.Tensor,
-) -> list[RowBounds]:
-    """Per-row gradient intervals [dW0, db0, dW1, db1, ...] (float64) over the parameter box."""
+    x: torch.Tensor, onehot: torch.Tensor, *, first_layer: int = 0,
+) -> list[RowBounds | None]:
+    """Per-row gradient intervals [dW0, db0, dW1, db1, ...] (float64) over the parameter box.
+
+    `first_layer`: the backward pass stops there (layers below it get None: not trained).
+    """
     n_layers = len(wl)
     # forward: post-activation intervals a_0 = x, a_1, ..., a_{L-1}; pre-activations z_1..z_L
     acts = [(x, x)]
@@ -102,7 +105,7 @@ def row_gradient_bounds(
         gl, gh = widen_sum(gl, gh, gmag, 1)
         grads[2 * i] = RowBounds(gl, gh, gmag)
         grads[2 * i + 1] = RowBounds(dl, du, dmag)
-        if i == 0:
+        if i <= first_layer:
             break
         # g = W_i^T delta: sum over the layer's outputs of interval products
         pl, ph = interval_product(wl[i][None, :, :], wu[i][None, :, :], dl[:, :, None], du[:, :, None])

@@ -90,6 +90,8 @@ def abstract_train(
     n_layers = len(spec["hidden"]) + 1
     names = _names(n_layers)
     trainable = set(range(n_layers)) if trainable is None else set(trainable)
+    if not trainable or not trainable <= set(range(n_layers)):
+        raise LucidError(f"trainable layers must be a non-empty subset of 0..{n_layers - 1}, got {sorted(trainable)}")
     X = X.to(torch.float64)
     if bool((X < 0).any()):
         raise LucidError("abstract gradient training needs inputs in the [0, 1] domain (a feature is negative)")
@@ -108,7 +110,7 @@ def abstract_train(
             wu = [upper[f"layers.{i}.weight"] for i in range(n_layers)]
             bl = [lower[f"layers.{i}.bias"] for i in range(n_layers)]
             bu = [upper[f"layers.{i}.bias"] for i in range(n_layers)]
-            rowb = row_gradient_bounds(wl, wu, bl, bu, X[rows], onehot_all[rows])
+            rowb = row_gradient_bounds(wl, wu, bl, bu, X[rows], onehot_all[rows], first_layer=min(trainable))
             for j, name in enumerate(names):
                 if j // 2 not in trainable:
                     continue
