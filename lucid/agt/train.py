@@ -77,6 +77,7 @@ def abstract_train(
     max_width: float = DEFAULT_MAX_WIDTH,
     trainable: set[int] | None = None,
     on_epoch: Callable[[int, "AgtBox"], None] | None = None,
+    on_step: Callable[[int, int, "AgtBox"], None] | None = None,
 ) -> AgtBox:
     """The k-removal parameter box of T on (X, y) with the given initial parameters and batch orders.
 
@@ -126,6 +127,8 @@ def abstract_train(
                 # |p' - exact| <= u |p'| + gamma_5 lr (|g| + wd |p|); plus this float64 evaluation.
                 radius = gamma(2) * newmax + gamma(8) * (abs(decay) * pmax + lr * gmax + lr * weight_decay * pmax) + ETA
                 lower[name], upper[name] = outward(new_lo, new_hi, radius)
+            if on_step is not None:
+                on_step(epoch, step, box)
             _check(box, epoch, step, steps, max_width)
         box.history.append(_width_stats(box, epoch + 1))
         if on_epoch is not None:
