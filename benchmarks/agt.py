@@ -67,6 +67,7 @@ SETTINGS = {  # name: (lr, batch or "full", epochs, fine-tune last layer only)
     "lr 0.01": (0.01, None, 50, False),
     "lr 0.001": (0.001, None, 50, False),
     "batch 1000, 10 ep": (0.1, 1000, 10, False),
+    "batch 4096, 10 ep": (0.1, 4096, 10, False),
     "full batch": (0.1, "full", 50, False),
     "full batch, lr 0.5": (0.5, "full", 50, False),
     "fine-tune last layer": (0.1, None, 50, True),
@@ -159,6 +160,7 @@ def run_setting(data: str, name: str, loo_sample: int, log) -> dict:
     result["agt_seconds"] = time.time() - t0
     result["train_seconds_sampled"] = t_train
     result["contains_sampled"] = bool(box.contains(nets))
+    result["loo_sample"] = len(sample)
     spread = []
     for i in range(n_layers):
         names = [f"layers.{i}.weight", f"layers.{i}.bias"]
@@ -170,14 +172,45 @@ def run_setting(data: str, name: str, loo_sample: int, log) -> dict:
     return result
 
 
+def render(results: list[dict]) -> str:
+    """Markdown tables of the JSON results (one row per recorded epoch)."""
+    out = []
+    for data in dict.fromkeys(r["data"] for r in results):
+        out.append(f"### {data} 2x50 (k = 1)\n")
+        out.append("| setting | lr | batch | epochs | N test acc | epoch | L0 rel. width median / max "
+                   "| L1 median / max | L2 median / max | outcome |")
+        out.append("|---|---|---|---|---|---|---|---|---|---|")
+        for r in (r for r in results if r["data"] == data):
+            head = f"| {r['setting']} | {r['lr']:g} | {r['batch']} | {r['epochs']} | {100 * r['test_accuracy']:.1f} % "
+            table = r["epochs_table"] or [{"epoch": "-", "layers": None}]
+            for i, row in enumerate(table):
+                cells = " | ".join(f"{a:.2g} / {b:.2g}" for a, b in row["layers"]) if row["layers"] else "- | - | -"
+                if i < len(table) - 1:
+                    outcome = ""
+                elif "diverged" in r:
+                    outcome = "**diverged** " + r["diverged"].split(" diverged ")[1].split(";")[0]
+                else:
+                    outcome = (f"finite; N and {r['loo_sample']} sampled N_-i inside: "
+                               f"{'yes' if r['contains_sampled'] else 'NO'}; IBP-fixed test predictions "
+                               f"{100 * r['ibp_fixed']:.1f} %; real N_-i spread (max rel.) "
+                               + " / ".join(f"{v:.2g}" for v in r["loo_spread"]))
+                out.append((head if i == 0 else "| | | | | ") + f"| {row['epoch']} | {cells} | {outcome} |")
+        out.append("")
+    return "\n".join(out)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", default="crypto,adult")
-    parser.add_argument("--only", default=None, help="comma-separated setting names")
+    parser.add_argument("--only", default=None, help="setting names separated by ;")
     parser.add_argument("--loo-sample", type=int, default=8)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--render", nargs="+", default=None, help="print markdown tables of saved JSON results")
     args = parser.parse_args()
-    names = args.only.split(",") if args.only else list(SETTINGS)
+    if args.render:
+        print(render([r for path in args.render for r in json.loads(Path(path).read_text())]))
+        return
+    names = args.only.split(";") if args.only else list(SETTINGS)
     results = []
     log = lambda s: print(s, flush=True)  # noqa: E731
     for data in args.data.split(","):

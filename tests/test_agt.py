@@ -312,3 +312,22 @@ def test_fine_tuning_the_last_layer_is_bounded_too():
     assert torch.equal(box.lower["layers.0.weight"], init["layers.0.weight"].double())  # frozen: a point
     with pytest.raises(LucidError, match="trainable"):
         abstract_train(init, spec, X, y, orders, k=1, trainable=set(), **opts)
+
+
+def test_train_agt_resumes_after_an_interrupt(tmp_path, capsys, monkeypatch):
+    from lucid.training.harness import STOP_AFTER_ENV
+
+    data = write_npz(tmp_path / "d.npz")
+    out = tmp_path / "run"
+    args = ["train", str(data), "--arch", "4", "--epochs", "2", "--batch-size", "6", "--chunk-size", "5",
+            "--agt", "1", "--no-progress", "--out", str(out)]
+    monkeypatch.setenv(STOP_AFTER_ENV, "1")
+    code, _ = run_cli(args, capsys)
+    assert code == 130 and not out.exists()
+    staged = (tmp_path / "run.partial" / AGT_FILE).read_bytes()
+    monkeypatch.delenv(STOP_AFTER_ENV)
+    code, err = run_cli(args, capsys)
+    assert code == 0, err
+    assert (out / AGT_FILE).read_bytes() == staged  # kept, not recomputed
+    nets = {k: torch.from_numpy(v) for k, v in load_file(str(out / "networks.safetensors")).items()}
+    assert load_boxes(out)[1].contains(nets)
