@@ -137,7 +137,8 @@ def run_setting(data: str, name: str, loo_sample: int, log) -> dict:
 
     def on_epoch(epoch: int, box) -> None:
         if epoch + 1 in RECORD or epoch + 1 == epochs:
-            rows.append({"epoch": epoch + 1, "layers": layer_stats(box, n_ref, n_layers)})
+            rows.append({"epoch": epoch + 1, "layers": layer_stats(box, n_ref, n_layers),
+                         "ibp_fixed": ibp_fixed(box, Xt, n_layers)})
             log(f"  {data} / {name}: epoch {epoch + 1}: {rows[-1]['layers']}")
 
     trace: list[tuple[int, int, float]] = []  # (epoch, step, max width) of the first epochs
@@ -178,19 +179,20 @@ def render(results: list[dict]) -> str:
     for data in dict.fromkeys(r["data"] for r in results):
         out.append(f"### {data} 2x50 (k = 1)\n")
         out.append("| setting | lr | batch | epochs | N test acc | epoch | L0 rel. width median / max "
-                   "| L1 median / max | L2 median / max | outcome |")
-        out.append("|---|---|---|---|---|---|---|---|---|---|")
+                   "| L1 median / max | L2 median / max | IBP-fixed | outcome |")
+        out.append("|---|---|---|---|---|---|---|---|---|---|---|")
         for r in (r for r in results if r["data"] == data):
             head = f"| {r['setting']} | {r['lr']:g} | {r['batch']} | {r['epochs']} | {100 * r['test_accuracy']:.1f} % "
             table = r["epochs_table"] or [{"epoch": "-", "layers": None}]
             for i, row in enumerate(table):
                 cells = " | ".join(f"{a:.2g} / {b:.2g}" for a, b in row["layers"]) if row["layers"] else "- | - | -"
+                cells += f" | {100 * row['ibp_fixed']:.1f} %" if "ibp_fixed" in row else " | -"
                 if i < len(table) - 1:
                     outcome = ""
                 elif "diverged" in r:
                     outcome = "**diverged** " + r["diverged"].split(" diverged ")[1].split(";")[0]
                 else:
-                    outcome = (f"finite; N and {r['loo_sample']} sampled N_-i inside: "
+                    outcome = (f"finite; N and {r.get('loo_sample', 8)} sampled N_-i inside: "
                                f"{'yes' if r['contains_sampled'] else 'NO'}; IBP-fixed test predictions "
                                f"{100 * r['ibp_fixed']:.1f} %; real N_-i spread (max rel.) "
                                + " / ".join(f"{v:.2g}" for v in r["loo_spread"]))
