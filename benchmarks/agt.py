@@ -101,8 +101,9 @@ def ibp_fixed(box, X: torch.Tensor, n_layers: int) -> float:
     return float(fixed.double().mean())
 
 
-def run_setting(data: str, name: str, loo_sample: int, log) -> dict:
+def run_setting(data: str, name: str, loo_sample: int, log, k: int = 1, epochs_override: int | None = None) -> dict:
     lr, batch, epochs, finetune = SETTINGS[name]
+    epochs = epochs_override or epochs
     X, y, Xt, yt = load(data)
     spec = parse_arch("2x50")
     n_layers = 3
@@ -147,11 +148,11 @@ def run_setting(data: str, name: str, loo_sample: int, log) -> dict:
         if epoch < 2:
             trace.append((epoch + 1, step + 1, box.max_width()))
 
-    result = {"data": data, "setting": name, "lr": lr, "batch": bs, "epochs": epochs, "finetune": finetune,
+    result = {"data": data, "k": k, "setting": name, "lr": lr, "batch": bs, "epochs": epochs, "finetune": finetune,
               "n": n, "test_accuracy": acc, "epochs_table": rows}
     t0 = time.time()
     try:
-        box = abstract_train(init, spec, X, y, orders, k=1, max_width=DIVERGED, trainable=trainable,
+        box = abstract_train(init, spec, X, y, orders, k=k, max_width=DIVERGED, trainable=trainable,
                              on_epoch=on_epoch, on_step=on_step, **opts)
     except AgtDiverged as exc:
         result["diverged"] = str(exc)
@@ -177,12 +178,12 @@ def render(results: list[dict]) -> str:
     """Markdown tables of the JSON results (one row per recorded epoch)."""
     out = []
     for data in dict.fromkeys(r["data"] for r in results):
-        out.append(f"### {data} 2x50 (k = 1)\n")
+        out.append(f"### {data} 2x50\n")
         out.append("| setting | lr | batch | epochs | N test acc | epoch | L0 rel. width median / max "
                    "| L1 median / max | L2 median / max | IBP-fixed | outcome |")
         out.append("|---|---|---|---|---|---|---|---|---|---|---|")
         for r in (r for r in results if r["data"] == data):
-            head = f"| {r['setting']} | {r['lr']:g} | {r['batch']} | {r['epochs']} | {100 * r['test_accuracy']:.1f} % "
+            head = f"| {r['setting']}{'' if r.get('k', 1) == 1 else ', k = ' + str(r['k'])} | {r['lr']:g} | {r['batch']} | {r['epochs']} | {100 * r['test_accuracy']:.1f} % "
             table = r["epochs_table"] or [{"epoch": "-", "layers": None}]
             for i, row in enumerate(table):
                 cells = " | ".join(f"{a:.2g} / {b:.2g}" for a, b in row["layers"]) if row["layers"] else "- | - | -"
@@ -191,6 +192,11 @@ def render(results: list[dict]) -> str:
                     outcome = ""
                 elif "diverged" in r:
                     outcome = "**diverged** " + r["diverged"].split(" diverged ")[1].split(";")[0]
+                    trace = r.get("trace") or []
+                    if trace:  # absolute max width along the first two epochs
+                        picks = trace[:: max(1, len(trace) // 6)] + [trace[-1]]
+                        outcome += "; max width by (epoch.step): " + ", ".join(
+                            f"{e}.{st}: {w:.1g}" for e, st, w in dict.fromkeys(map(tuple, picks)))
                 else:
                     outcome = (f"finite; N and {r.get('loo_sample', 8)} sampled N_-i inside: "
                                f"{'yes' if r['contains_sampled'] else 'NO'}; IBP-fixed test predictions "
@@ -206,6 +212,8 @@ def main() -> None:
     parser.add_argument("--data", default="crypto,adult")
     parser.add_argument("--only", default=None, help="setting names separated by ;")
     parser.add_argument("--loo-sample", type=int, default=8)
+    parser.add_argument("--k", type=int, default=1, help="rows removed (sampled networks still leave one out)")
+    parser.add_argument("--epochs", type=int, default=None, help="override the settings' epochs")
     parser.add_argument("--json", default=None)
     parser.add_argument("--render", nargs="+", default=None, help="print markdown tables of saved JSON results")
     args = parser.parse_args()
@@ -217,7 +225,7 @@ def main() -> None:
     log = lambda s: print(s, flush=True)  # noqa: E731
     for data in args.data.split(","):
         for name in names:
-            res = run_setting(data, name, args.loo_sample, log)
+            res = run_setting(data, name, args.loo_sample, log, k=args.k, epochs_override=args.epochs)
             results.append(res)
             log(json.dumps(res))
             if args.json:
