@@ -120,7 +120,7 @@ def row_gradient_bounds(
     return grads
 
 
-def removal_mean_bounds(rb: RowBounds, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def removal_mean_bounds(rb: RowBounds, k: int, extra_terms: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Bounds on the batch-mean gradient with any j <= k of the batch's m rows removed.
 
     Removing j rows leaves a mean over m - j rows; its upper bound is the mean of the m - j
@@ -130,6 +130,7 @@ def removal_mean_bounds(rb: RowBounds, k: int) -> tuple[torch.Tensor, torch.Tens
     be removed: T then uses a zero loss gradient, so 0 joins the interval. Rows removed in
     other batches do not change this batch. The float32 weighted sum of T (weights 1/(m - j),
     rounded) errs by at most gamma_{m+3} * max_b |row b|; that and this float64 sum are added.
+    `extra_terms`: further float32 summation T does on the batch sum (the CNN's kernel fold).
     """
     m = rb.lo.shape[0]
     r = max(m - k, 1)
@@ -148,5 +149,5 @@ def removal_mean_bounds(rb: RowBounds, k: int) -> tuple[torch.Tensor, torch.Tens
     if k >= m:
         hi = hi.clamp(min=0.0)
         lo = lo.clamp(max=0.0)
-    radius = gamma(m + 3) * rb.mag.amax(0) + gamma(2 * m + 2) * own
+    radius = gamma(m + extra_terms + 3) * rb.mag.amax(0) + gamma(2 * m + 2) * own
     return outward(lo, hi, radius + 1e-30)

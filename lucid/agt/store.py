@@ -67,17 +67,35 @@ def load_boxes(run_dir: str | Path) -> dict[int, AgtBox]:
     return boxes
 
 
-def box_hyper_network(box: AgtBox, positions: np.ndarray | list[int]):
-    """The box as a `lucid.hyper.HyperNetwork` (MLPs): what the MILP encoder consumes.
+def box_hyper_network(box: AgtBox, positions: np.ndarray | list[int], input_dim: int | None = None):
+    """The box as a `lucid.hyper.HyperNetwork`: what the MILP encoder consumes.
 
     `positions`: the stack positions of the networks the box stands for (e.g. every network of
-    the run: N and each N_-i lie in every box with k >= 1).
+    the run: N and each N_-i lie in every box with k >= 1). A CNN box is lowered to dense layers
+    like `lucid.network` lowers the networks (lowering only places kernel entries, so lowering
+    the lower and the upper kernel gives exactly the interval of every lowered entry); that
+    needs `input_dim`.
     """
+    from lucid.agt.cnn import lower_conv
     from lucid.hyper import HyperNetwork
 
-    n_layers = len([n for n in box.lower if n.endswith(".weight")])
-    w_lo = [box.lower[f"layers.{i}.weight"].numpy().astype(np.float64) for i in range(n_layers)]
-    w_hi = [box.upper[f"layers.{i}.weight"].numpy().astype(np.float64) for i in range(n_layers)]
-    b_lo = [box.lower[f"layers.{i}.bias"].numpy().astype(np.float64) for i in range(n_layers)]
-    b_hi = [box.upper[f"layers.{i}.bias"].numpy().astype(np.float64) for i in range(n_layers)]
+    w_lo, w_hi, b_lo, b_hi = [], [], [], []
+    length, j = input_dim, 0
+    while f"conv.{j}.weight" in box.lower:
+        if length is None:
+            raise LucidError("lowering a CNN box needs the input dimension")
+        lo_k, hi_k = box.lower[f"conv.{j}.weight"], box.upper[f"conv.{j}.weight"]
+        for bound, ws, bs in ((box.lower, w_lo, b_lo), (box.upper, w_hi, b_hi)):
+            dense, bias = lower_conv(bound[f"conv.{j}.weight"], bound[f"conv.{j}.bias"], length)
+            ws.append(dense.numpy().astype(np.float64))
+            bs.append(bias.numpy().astype(np.float64))
+        length = length - lo_k.shape[2] + 1
+        j += 1
+    i = 0
+    while f"layers.{i}.weight" in box.lower:
+        w_lo.append(box.lower[f"layers.{i}.weight"].numpy().astype(np.float64))
+        w_hi.append(box.upper[f"layers.{i}.weight"].numpy().astype(np.float64))
+        b_lo.append(box.lower[f"layers.{i}.bias"].numpy().astype(np.float64))
+        b_hi.append(box.upper[f"layers.{i}.bias"].numpy().astype(np.float64))
+        i += 1
     return HyperNetwork(w_lo, w_hi, b_lo, b_hi, np.asarray(positions, dtype=np.int64))

@@ -25,6 +25,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from lucid.agt.cnn import cnn_row_gradient_bounds, conv_names
 from lucid.agt.gradients import removal_mean_bounds, row_gradient_bounds
 from lucid.agt.rounding import ETA, gamma, outward
 from lucid.errors import LucidError
@@ -84,12 +85,13 @@ def abstract_train(
     `trainable`: layer indices the optimiser updates (default all; a fine-tuning variant of T
     leaves the other layers at their initial values, without weight decay).
     """
-    if spec.get("type", "mlp") != "mlp":
-        raise LucidError("abstract gradient training (--agt) supports MLP architectures only, not the CNN")
+    cnn = spec.get("type", "mlp") == "cnn"
     if int(k) != k or k < 0:
         raise LucidError(f"the number of removed rows k must be a non-negative integer, got {k}")
     n_layers = len(spec["hidden"]) + 1
-    names = _names(n_layers)
+    names = (conv_names(spec) if cnn else []) + _names(n_layers)
+    if cnn and trainable is not None:
+        raise LucidError("the fine-tuning variant (trainable layers) is for MLPs only")
     trainable = set(range(n_layers)) if trainable is None else set(trainable)
     if not trainable or not trainable <= set(range(n_layers)):
         raise LucidError(f"trainable layers must be a non-empty subset of 0..{n_layers - 1}, got {sorted(trainable)}")
@@ -107,15 +109,19 @@ def abstract_train(
         order = orders[epoch]
         for step, start in enumerate(range(0, n, batch_size)):
             rows = order[start : start + batch_size]
-            wl = [lower[f"layers.{i}.weight"] for i in range(n_layers)]
-            wu = [upper[f"layers.{i}.weight"] for i in range(n_layers)]
-            bl = [lower[f"layers.{i}.bias"] for i in range(n_layers)]
-            bu = [upper[f"layers.{i}.bias"] for i in range(n_layers)]
-            rowb = row_gradient_bounds(wl, wu, bl, bu, X[rows], onehot_all[rows], first_layer=min(trainable))
-            for j, name in enumerate(names):
-                if j // 2 not in trainable:
+            if cnn:
+                rowb = cnn_row_gradient_bounds(lower, upper, spec, X[rows], onehot_all[rows])
+            else:
+                wl = [lower[f"layers.{i}.weight"] for i in range(n_layers)]
+                wu = [upper[f"layers.{i}.weight"] for i in range(n_layers)]
+                bl = [lower[f"layers.{i}.bias"] for i in range(n_layers)]
+                bu = [upper[f"layers.{i}.bias"] for i in range(n_layers)]
+                dense = row_gradient_bounds(wl, wu, bl, bu, X[rows], onehot_all[rows], first_layer=min(trainable))
+                rowb = [(rb, 0) if j // 2 in trainable else (None, 0) for j, rb in enumerate(dense)]
+            for name, (rb, extra) in zip(names, rowb):
+                if rb is None:  # a frozen layer (fine-tuning variant)
                     continue
-                g_lo, g_hi = removal_mean_bounds(rowb[j], k)
+                g_lo, g_hi = removal_mean_bounds(rb, k, extra)
                 p_lo, p_hi = lower[name], upper[name]
                 a, b = decay * p_lo, decay * p_hi
                 new_lo = torch.minimum(a, b) - lr * g_hi

@@ -70,8 +70,6 @@ def train_run(
     _check_agt_options(agt, agt_max_width, loo)
     dev = _device(device)
     spec = parse_arch(arch)
-    if agt and spec["type"] != "mlp":
-        raise LucidError("--agt supports MLP architectures only, not the cnn")
     ds = prepare_dataset(data, label=label, test_data=test_data, test_fraction=test_fraction, seed=seed, domain=domain)
     check_arch_fits(spec, ds.input_dim)
     training = {
