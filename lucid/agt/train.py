@@ -1,4 +1,4 @@
-"""Abstract Gradient Training of algorithm T (`lucid-loo-sgd/1`) for MLPs.
+"""Abstract Gradient Training of algorithm T (`lucid-loo-sgd/1`) for MLPs and the 1-D CNN.
 
 `abstract_train` runs T in interval arithmetic: same initial parameters (a point), the same
 batch order, and at every step

@@ -24,7 +24,7 @@ from lucid.errors import LucidError
 @click.option("--chunk-size", default=None, type=int, help="Networks per chunk (default: up to 64, within a 3 GiB budget); one chunk per core at a time.")
 @click.option("--progress/--no-progress", default=True, show_default=True)
 @click.option("--agt", default=0, show_default=True, type=int,
-              help="Also store abstract-gradient-training parameter boxes for k = 1..K removed rows (agt.safetensors; MLPs).")
+              help="Also store abstract-gradient-training parameter boxes for k = 1..K removed rows (agt.safetensors).")
 @click.option("--agt-max-width", default=None, type=float,
               help="Stop (exit 2) when an AGT parameter interval grows wider than this (default 100).")
 @click.option("--loo/--no-loo", default=True, show_default=True,
