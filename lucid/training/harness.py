@@ -108,6 +108,8 @@ def train_run(
     boxes = None
     if agt and not (partial / AGT_FILE).exists():  # a resumed run keeps its boxes
         # before anything is written: a diverging bound stops the command with nothing on disk
+        if progress:
+            print(f"lucid: abstract gradient training, boxes for k = 1..{int(agt)}", file=sys.stderr, flush=True)
         boxes = agt_boxes(
             init, spec, torch.from_numpy(ds.X_train), torch.from_numpy(ds.y_train), orders, max_k=int(agt),
             lr=lr, weight_decay=weight_decay, batch_size=batch_size, num_classes=ds.num_classes,
