@@ -170,7 +170,7 @@ def test_networks_without_two_or_three_rows_lie_in_the_k3_box():
     for name in ref:
         assert torch.allclose(single[name], ref[name], atol=1e-6, rtol=0)
     rng = np.random.default_rng(7)
-    # random sets of 2 and 3 rows, and sets that empty a batch (the first batch of epoch 1, 6 rows)
+    # random sets of 2 and 3 rows, and 3 rows of one batch (half of the first batch of epoch 1)
     sets = [set(rng.choice(n, size=s, replace=False).tolist()) for s in (2, 2, 3, 3, 3, 3)]
     sets.append(set(orders[0][:3].tolist()))
     nets = train_without_sets(init, spec, X, y, sets, orders, **opts)
