@@ -91,11 +91,12 @@ def test_softmax_bounds_contain_sampled_logits():
     zl = torch.from_numpy(rng.normal(size=(20, 4)) * 3)
     zu = zl + torch.from_numpy(rng.uniform(0, 2, size=(20, 4)))
     p_lo, p_hi = softmax_bounds(zl, zu)
-    for _ in range(200):
-        z = zl + (zu - zl) * torch.from_numpy(rng.uniform(size=(20, 4)))
-        for dtype in (torch.float64, torch.float32):
-            p = torch.softmax(z.to(dtype), dim=1).to(torch.float64)
-            assert bool(((p >= p_lo) & (p <= p_hi)).all())
+    t = torch.from_numpy(rng.uniform(size=(400, 20, 4)))
+    t[:100] = t[:100].round()  # corners
+    z = zl + (zu - zl) * t
+    for dtype in (torch.float64, torch.float32):
+        p = torch.softmax(z.to(dtype), dim=2).to(torch.float64)
+        assert bool(((p >= p_lo) & (p <= p_hi)).all())
 
 
 def test_row_gradient_bounds_contain_gradients_anywhere_in_the_box():
@@ -367,3 +368,22 @@ def test_train_agt_cnn(tmp_path, capsys):
     assert {"conv.0.weight", "conv.1.bias", "layers.1.weight"} <= set(box.lower)
     nets = {k: torch.from_numpy(v) for k, v in load_file(str(out / "networks.safetensors")).items()}
     assert box.contains(nets)
+
+
+def test_a_small_real_run_breast_cancer():
+    """A small real data set (80 rows of breast_cancer, 30 features scaled to [0, 1] by LUCID)."""
+    from lucid.data import prepare_dataset
+
+    ds = prepare_dataset("sklearn:breast_cancer", label=None, test_data=None, test_fraction=0.2, seed=0, domain=None)
+    X, y = torch.from_numpy(ds.X_train[:80]), torch.from_numpy(ds.y_train[:80])
+    spec = parse_arch("2x8")
+    init = initial_parameters(spec, X.shape[1], 2, seed=0)
+    orders = batch_orders(80, 2, seed=0)
+    opts = dict(lr=0.05, weight_decay=1e-5, batch_size=20, num_classes=2)
+    nets = train_networks(init, spec, X, y, torch.arange(-1, 80), orders, **opts)
+    box1 = abstract_train(init, spec, X, y, orders, k=1, **opts)
+    assert box1.contains(nets) and box1.max_width() < 1
+    rng = np.random.default_rng(3)
+    sets = [set(rng.choice(80, size=s, replace=False).tolist()) for s in (2, 3, 3)]
+    box3 = abstract_train(init, spec, X, y, orders, k=3, **opts)
+    assert box3.contains(train_without_sets(init, spec, X, y, sets, orders, **opts))

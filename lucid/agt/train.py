@@ -84,7 +84,21 @@ def abstract_train(
 
     `trainable`: layer indices the optimiser updates (default all; a fine-tuning variant of T
     leaves the other layers at their initial values, without weight decay).
+    Runs with one torch thread (restored afterwards): on a shared machine small float64 ops
+    with several threads spend their time waiting for each other (measured: 200x slower).
     """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _abstract_train(init, spec, X, y, orders, k=k, lr=lr, weight_decay=weight_decay,
+                               batch_size=batch_size, num_classes=num_classes, max_width=max_width,
+                               trainable=trainable, on_epoch=on_epoch, on_step=on_step)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _abstract_train(init, spec, X, y, orders, *, k, lr, weight_decay, batch_size, num_classes, max_width,
+                    trainable, on_epoch, on_step) -> AgtBox:
     cnn = spec.get("type", "mlp") == "cnn"
     if int(k) != k or k < 0:
         raise LucidError(f"the number of removed rows k must be a non-negative integer, got {k}")
