@@ -25,6 +25,12 @@ from lucid.errors import LucidError
 @click.option("--scheduler", default=None,
               help="Train the chunks on a Dask cluster: tcp://HOST:8786, or local:N for N local worker processes.")
 @click.option("--progress/--no-progress", default=True, show_default=True)
+@click.option("--agt", default=0, show_default=True, type=int,
+              help="Also store abstract-gradient-training parameter boxes for k = 1..K removed rows (agt.safetensors).")
+@click.option("--agt-max-width", default=None, type=float,
+              help="Stop (exit 2) when an AGT parameter interval grows wider than this (default 100).")
+@click.option("--loo/--no-loo", default=True, show_default=True,
+              help="Train the leave-one-out networks; --no-loo (with --agt) trains N and the boxes only.")
 def command(data: str, out: str, **options) -> None:
     """Train N and every leave-one-out network N_-i on DATA (CSV with header, .npz with X and y,
     or sklearn:NAME for breast_cancer, wine, digits, iris) into the run directory OUT."""
@@ -57,10 +63,11 @@ def _summary(run_dir) -> str:
     try:
         run = open_run(run_dir)
         arrays = run.data()
-        full = run.networks().select([0])
+        stack = run.networks()
+        full = stack.select([0])
     except LucidError as exc:  # the run was written; a summary problem must not fail the command
         return f"wrote {run_dir} ({exc})"
-    parts = [f"wrote {run_dir}: {run.train_size + 1} networks"]
+    parts = [f"wrote {run_dir}: {len(stack)} networks"]
     for split in ("train", "test"):
         X, y = arrays[f"X_{split}"], arrays[f"y_{split}"]
         if len(y):

@@ -23,11 +23,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from lucid.agt.store import AGT_FILE, save_boxes
 from lucid.data import Dataset, prepare_dataset
 from lucid.errors import LucidError
 from lucid.rundir import RUN_FORMAT
 from lucid.training.architecture import check_arch_fits, initial_parameters, parse_arch
 from lucid.training.progress import TrainingProgress
+from lucid.training.agt_options import agt_width, check_agt_options, stage_agt_boxes
 from lucid.training.resources import MEMORY_BUDGET, chunk_bytes, cores, default_chunk_size, keep_freed_memory
 from lucid.training.staging import chunk_name, existing_run_matches, open_staging, publish, save_arrays, save_tensors
 from lucid.training.vectorized import batch_orders, train_networks
@@ -54,12 +56,18 @@ def train_run(
     chunk_size: int | None = None,
     progress: bool = True,
     scheduler: Any = None,
+    agt: int = 0,
+    agt_max_width: float | None = None,
+    loo: bool = True,
 ) -> Path:
     """Train N and every leave-one-out network N_-i; write (or resume, or keep) the run at `out`.
 
     `scheduler`: train the chunks on a Dask cluster (`tcp://HOST:8786`, `local:N` or a Client;
-    see `lucid.cluster`) instead of this process's threads; the result is bit-identical."""
+    see `lucid.cluster`) instead of this process's threads; the result is bit-identical.
+    `agt=K` also stores the abstract-gradient-training boxes for k = 1..K (`agt.safetensors`,
+    docs/agt.md); `loo=False` (only with `agt`) trains N alone."""
     _check_options(epochs, lr, weight_decay, batch_size, chunk_size)
+    check_agt_options(agt, agt_max_width, loo)
     dev = _device(device)
     if scheduler is not None and dev.type != "cpu":
         raise LucidError("--scheduler trains on the workers' CPUs; leave out --device")
@@ -79,6 +87,10 @@ def train_run(
         "test_fraction": None if test_data is not None else float(test_fraction),
         "test_data": test_data,
     }
+    if agt:  # only when asked: runs without AGT keep their fingerprints
+        training["agt"] = {"max_k": int(agt), "max_width": agt_width(agt_max_width)}
+    if not loo:
+        training["loo"] = False
     meta = _run_json(ds, spec, training)
     fingerprint = _fingerprint(meta, ds)
     meta["training"]["fingerprint"] = fingerprint
@@ -99,7 +111,7 @@ def train_run(
     try:
         return _train(ds, spec, meta, out, partial, fingerprint, epochs=epochs, lr=lr, weight_decay=weight_decay,
                       batch_size=batch_size, seed=seed, dev=dev, chunk_size=chunk_size, progress=progress,
-                      cluster=cluster)
+                      cluster=cluster, agt=int(agt), agt_max_width=agt_width(agt_max_width), loo=loo)
     finally:
         if cluster is not None:
             cluster.close()
@@ -107,16 +119,24 @@ def train_run(
 
 def _train(ds: Dataset, spec: dict, meta: dict, out: Path, partial: Path, fingerprint: str, *, epochs: int, lr: float,
            weight_decay: float, batch_size: int, seed: int, dev: torch.device, chunk_size: int | None,
-           progress: bool, cluster: Any) -> Path:
+           progress: bool, cluster: Any, agt: int, agt_max_width: float, loo: bool) -> Path:
     n = len(ds.y_train)
     if chunk_size is None:
         chunk_size = default_chunk_size(spec, ds.input_dim, ds.num_classes, n, batch_size)
-    chunk_size = open_staging(partial, fingerprint, chunk_size)
-    removed_all = torch.arange(-1, n, dtype=torch.int64)  # position 0 = N, position j = without row j-1
-    bounds = [(s, min(s + chunk_size, n + 1)) for s in range(0, n + 1, chunk_size)]
-
     init = initial_parameters(spec, ds.input_dim, ds.num_classes, seed)
     orders = batch_orders(n, epochs, seed)
+    boxes = None
+    if agt and not (partial / AGT_FILE).exists():  # a resumed run keeps its boxes
+        # before anything is written: a diverging bound stops the command with nothing on disk
+        boxes = stage_agt_boxes(ds, spec, init, orders, agt, agt_max_width, lr=lr, weight_decay=weight_decay,
+                                batch_size=batch_size, progress=progress)
+    chunk_size = open_staging(partial, fingerprint, chunk_size)
+    if boxes is not None:
+        save_boxes(partial / AGT_FILE, boxes, algorithm=ALGORITHM, max_width=agt_max_width)
+    # position 0 = N, position j = without row j-1 (with --no-loo: N alone)
+    removed_all = torch.arange(-1, n if loo else 0, dtype=torch.int64)
+    total = len(removed_all)
+    bounds = [(s, min(s + chunk_size, total)) for s in range(0, total, chunk_size)]
     X = torch.from_numpy(ds.X_train).to(dev)
     y = torch.from_numpy(ds.y_train).to(dev)
     todo = [c for c in range(len(bounds)) if not (partial / chunk_name(c)).exists()]
@@ -128,8 +148,8 @@ def _train(ds: Dataset, spec: dict, meta: dict, out: Path, partial: Path, finger
         inputs = {"X": ds.X_train, "y": ds.y_train, "orders": orders.numpy(), "spec": spec,
                   "init": {k: v.numpy() for k, v in init.items()}}
         options = {"lr": lr, "weight_decay": weight_decay, "batch_size": batch_size, "num_classes": ds.num_classes}
-        with TrainingProgress(total=n + 1, enabled=progress) as bar:
-            bar.advance(n + 1 - sum(bounds[c][1] - bounds[c][0] for c in todo))
+        with TrainingProgress(total=total, enabled=progress) as bar:
+            bar.advance(total - sum(bounds[c][1] - bounds[c][0] for c in todo))
             train_on_cluster(cluster, inputs, {c: bounds[c] for c in todo}, options,
                              save=lambda c, arrays: save_arrays(partial / chunk_name(c), arrays),
                              advance=bar.advance, stop_after=stop_after)
@@ -164,8 +184,8 @@ def _train(ds: Dataset, spec: dict, meta: dict, out: Path, partial: Path, finger
         fit = MEMORY_BUDGET // chunk_bytes(spec, ds, chunk_size, batch_size)
         workers = max(1, min(cores(), len(todo), fit))
     threads_before = torch.get_num_threads()
-    with TrainingProgress(total=n + 1, enabled=progress) as bar:
-        bar.advance(n + 1 - sum(bounds[c][1] - bounds[c][0] for c in todo))
+    with TrainingProgress(total=total, enabled=progress) as bar:
+        bar.advance(total - sum(bounds[c][1] - bounds[c][0] for c in todo))
         pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="lucid-train")
         try:
             pending = {pool.submit(train_chunk, c, bar) for c in todo}

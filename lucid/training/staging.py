@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from lucid.agt.store import AGT_FILE
 from lucid.atomic import write_atomic, write_json_atomic
 from lucid.data import Dataset
 from lucid.errors import LucidError
@@ -95,6 +96,8 @@ def publish(partial: Path, out: Path, meta: dict, ds: Dataset, n_chunks: int) ->
             np.savez(fh, X_train=ds.X_train, y_train=ds.y_train, X_test=ds.X_test, y_test=ds.y_test)
 
     write_atomic(final / "data.npz", write_npz)
+    if (partial / AGT_FILE).exists():
+        os.replace(partial / AGT_FILE, final / AGT_FILE)
     write_json_atomic(final / "run.json", meta)  # last: its presence marks a complete run
     if out.exists():
         out.rmdir()  # only an empty directory gets here (checked before training)

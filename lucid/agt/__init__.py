@@ -1,0 +1,5 @@
+"""Abstract Gradient Training: k-removal parameter boxes for algorithm T (see docs/agt.md)."""
+
+from lucid.agt.train import DEFAULT_MAX_WIDTH, AgtBox, AgtDiverged, abstract_train, agt_boxes
+
+__all__ = ["AgtBox", "AgtDiverged", "DEFAULT_MAX_WIDTH", "abstract_train", "agt_boxes"]

@@ -1,0 +1,189 @@
+"""Abstract Gradient Training of algorithm T (`lucid-loo-sgd/1`) for MLPs and the 1-D CNN.
+
+`abstract_train` runs T in interval arithmetic: same initial parameters (a point), the same
+batch order, and at every step
+
+    [g_L, g_U]  contains the batch gradient T computes, for every theta in the current box and
+                every way of removing up to k rows (`removal_mean_bounds`), and
+    theta'     = theta - lr (g + wd theta) = (1 - lr wd) theta - lr g,  so
+    theta'_L   = (1 - lr wd) theta_L - lr g_U,   theta'_U = (1 - lr wd) theta_U - lr g_L,
+
+widened by the float32 rounding of T's update and moved outward (`lucid.agt.rounding`). By
+induction the final box contains every parameter vector T can produce from D with any set S
+of at most k rows left out, in float32 as T runs it.
+
+Per-batch worst case: a set S of k rows is the same set in every epoch, and S meets a batch in
+at most k rows. AGT allows *any* <= k rows of *each* batch independently (and a different
+parameter vector per row bound), a sound over-approximation of the real set of trajectories.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from lucid.agt.cnn import cnn_row_gradient_bounds, conv_names
+from lucid.agt.gradients import removal_mean_bounds, row_gradient_bounds
+from lucid.agt.rounding import ETA, gamma, outward
+from lucid.errors import LucidError
+
+DEFAULT_MAX_WIDTH = 100.0  # widest parameter interval accepted before the run is declared diverged
+
+
+class AgtDiverged(LucidError):
+    """The interval bound overflowed, became NaN, or grew wider than the stated limit."""
+
+
+@dataclass
+class AgtBox:
+    """[lower, upper] (float64, by safetensors name) containing every network T can produce
+    with at most k training rows removed."""
+
+    k: int
+    lower: dict[str, torch.Tensor]
+    upper: dict[str, torch.Tensor]
+    history: list[dict] = field(default_factory=list)
+
+    def contains(self, params: dict[str, torch.Tensor]) -> bool:
+        """True if every parameter of `params` ([..., shape] float tensors, stacked or not) is inside."""
+        for name, lo in self.lower.items():
+            p = params[name].to(torch.float64)
+            if not bool(((p >= lo) & (p <= self.upper[name])).all()):
+                return False
+        return True
+
+    def max_width(self) -> float:
+        return max(float((self.upper[n] - self.lower[n]).max()) for n in self.lower)
+
+
+def _names(n_layers: int) -> list[str]:
+    return [f"layers.{i}.{t}" for i in range(n_layers) for t in ("weight", "bias")]
+
+
+def abstract_train(
+    init: dict[str, torch.Tensor],
+    spec: dict,
+    X: torch.Tensor,
+    y: torch.Tensor,
+    orders: torch.Tensor,
+    *,
+    k: int,
+    lr: float,
+    weight_decay: float,
+    batch_size: int,
+    num_classes: int,
+    max_width: float = DEFAULT_MAX_WIDTH,
+    trainable: set[int] | None = None,
+    on_epoch: Callable[[int, "AgtBox"], None] | None = None,
+    on_step: Callable[[int, int, "AgtBox"], None] | None = None,
+) -> AgtBox:
+    """The k-removal parameter box of T on (X, y) with the given initial parameters and batch orders.
+
+    `trainable`: layer indices the optimiser updates (default all; a fine-tuning variant of T
+    leaves the other layers at their initial values, without weight decay).
+    Runs with one torch thread (restored afterwards): on a shared machine small float64 ops
+    with several threads spend their time waiting for each other (measured: 200x slower).
+    """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _abstract_train(init, spec, X, y, orders, k=k, lr=lr, weight_decay=weight_decay,
+                               batch_size=batch_size, num_classes=num_classes, max_width=max_width,
+                               trainable=trainable, on_epoch=on_epoch, on_step=on_step)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _abstract_train(init, spec, X, y, orders, *, k, lr, weight_decay, batch_size, num_classes, max_width,
+                    trainable, on_epoch, on_step) -> AgtBox:
+    cnn = spec.get("type", "mlp") == "cnn"
+    if int(k) != k or k < 0:
+        raise LucidError(f"the number of removed rows k must be a non-negative integer, got {k}")
+    n_layers = len(spec["hidden"]) + 1
+    names = (conv_names(spec) if cnn else []) + _names(n_layers)
+    if cnn and trainable is not None:
+        raise LucidError("the fine-tuning variant (trainable layers) is for MLPs only")
+    trainable = set(range(n_layers)) if trainable is None else set(trainable)
+    if not trainable or not trainable <= set(range(n_layers)):
+        raise LucidError(f"trainable layers must be a non-empty subset of 0..{n_layers - 1}, got {sorted(trainable)}")
+    X = X.to(torch.float64)
+    if bool((X < 0).any()):
+        raise LucidError("abstract gradient training needs inputs in the [0, 1] domain (a feature is negative)")
+    onehot_all = F.one_hot(y.to(torch.int64), num_classes).to(torch.float64)
+    lower = {name: init[name].detach().to(torch.float64).clone() for name in names}
+    upper = {name: t.clone() for name, t in lower.items()}
+    box = AgtBox(int(k), lower, upper)
+    n = X.shape[0]
+    steps = (n + batch_size - 1) // batch_size
+    decay = 1.0 - lr * weight_decay
+    for epoch in range(orders.shape[0]):
+        order = orders[epoch]
+        for step, start in enumerate(range(0, n, batch_size)):
+            rows = order[start : start + batch_size]
+            if cnn:
+                rowb = cnn_row_gradient_bounds(lower, upper, spec, X[rows], onehot_all[rows])
+            else:
+                wl = [lower[f"layers.{i}.weight"] for i in range(n_layers)]
+                wu = [upper[f"layers.{i}.weight"] for i in range(n_layers)]
+                bl = [lower[f"layers.{i}.bias"] for i in range(n_layers)]
+                bu = [upper[f"layers.{i}.bias"] for i in range(n_layers)]
+                dense = row_gradient_bounds(wl, wu, bl, bu, X[rows], onehot_all[rows], first_layer=min(trainable))
+                rowb = [(rb, 0) if j // 2 in trainable else (None, 0) for j, rb in enumerate(dense)]
+            for name, (rb, extra) in zip(names, rowb):
+                if rb is None:  # a frozen layer (fine-tuning variant)
+                    continue
+                g_lo, g_hi = removal_mean_bounds(rb, k, extra)
+                p_lo, p_hi = lower[name], upper[name]
+                a, b = decay * p_lo, decay * p_hi
+                new_lo = torch.minimum(a, b) - lr * g_hi
+                new_hi = torch.maximum(a, b) - lr * g_lo
+                pmax = torch.maximum(p_lo.abs(), p_hi.abs())
+                gmax = torch.maximum(g_lo.abs(), g_hi.abs())
+                newmax = torch.maximum(new_lo.abs(), new_hi.abs())
+                # T's float32 update d = g + wd p, p' = p - lr d (wd, lr rounded to float32):
+                # |p' - exact| <= u |p'| + gamma_5 lr (|g| + wd |p|); plus this float64 evaluation.
+                radius = gamma(2) * newmax + gamma(8) * (abs(decay) * pmax + lr * gmax + lr * weight_decay * pmax) + ETA
+                lower[name], upper[name] = outward(new_lo, new_hi, radius)
+            if on_step is not None:
+                on_step(epoch, step, box)
+            _check(box, epoch, step, steps, max_width)
+        box.history.append(_width_stats(box, epoch + 1))
+        if on_epoch is not None:
+            on_epoch(epoch, box)
+    return box
+
+
+def _check(box: AgtBox, epoch: int, step: int, steps: int, max_width: float) -> None:
+    where = f"epoch {epoch + 1}, step {step + 1} of {steps}"
+    for name, lo in box.lower.items():
+        hi = box.upper[name]
+        if not (bool(torch.isfinite(lo).all()) and bool(torch.isfinite(hi).all())):
+            raise AgtDiverged(
+                f"AGT bound for k={box.k} diverged at {where}: {name} overflowed (inf/NaN); "
+                "try a larger batch, fewer epochs or a smaller learning rate"
+            )
+        width = float((hi - lo).max())
+        if width > max_width:
+            raise AgtDiverged(
+                f"AGT bound for k={box.k} diverged at {where}: {name} has an interval of width {width:.3g} "
+                f"> the limit {max_width:g}; try a larger batch, fewer epochs or a smaller learning rate"
+            )
+
+
+def _width_stats(box: AgtBox, epoch: int) -> dict:
+    stats: dict = {"epoch": epoch}
+    for name, lo in box.lower.items():
+        w = box.upper[name] - lo
+        stats[name] = {"median_width": float(w.median()), "max_width": float(w.max())}
+    return stats
+
+
+def agt_boxes(
+    init: dict[str, torch.Tensor], spec: dict, X: torch.Tensor, y: torch.Tensor, orders: torch.Tensor,
+    *, max_k: int, **options,
+) -> list[AgtBox]:
+    """The boxes for k = 1..max_k (each its own abstract run)."""
+    return [abstract_train(init, spec, X, y, orders, k=k, **options) for k in range(1, max_k + 1)]
