@@ -3,7 +3,7 @@
 For every workload and class: the share of the networks N_-i whose sound upper bound on
 beta*_{c,{i}} is <= the class's lower bound LB (such a network can never raise the class's bound,
 so the BaB drops it), for
-  (a) interval:  today's `lucid.verifier.screen_upper_bounds` (interval difference propagation),
+  (a) interval:  today's `lucid.node.screen.screen_upper_bounds` (interval difference propagation),
   (b) symbolic:  `lucid.bounds.symbolic.symbolic_screen`, lambda = 1, CROWN slopes,
   (c) optimised: the same with projected Adam steps on lambda and the alpha slopes,
   (d) LP:        the LP relaxation of each singleton's own MILP (encoder with relax_all=True,
@@ -15,7 +15,7 @@ and the seconds each screen takes for all networks (d: per network).
 
 LB per class: the final lower bound recorded by a finished verification of the same training
 (benchmarks/results/paper_tables.md / idle_machine.md), and, independently, the confidence of N at a
-replayed leak found by `lucid.replay.search_node_witness` on these networks (a true lower bound of
+replayed leak found by `lucid.witness.search.search_node_witness` on these networks (a true lower bound of
 max_i beta*_{c,{i}}, whatever the training). The table uses the larger of the two where the
 witness confirms the networks are the recorded ones, else the replayed one (see --lb).
 """
@@ -93,12 +93,13 @@ def prepare(names: list[str]) -> None:
 def lp_singleton_bound(problem, cls: int, position: int) -> float:
     """(d): the LP relaxation (every ReLU relaxed) of the singleton's own MILP, as the verifier
     builds it, solved by HiGHS; its dual bound plus the verifier's safety margin."""
-    from lucid.encodings import EncodingOptions
-    from lucid.encodings.idp import possible_targets
     from lucid.hyper import hyper_network
+    from lucid.node.analyse import _encode
+    from lucid.node.encode import EncodingOptions, possible_targets
+    from lucid.node.problem import node_difference_bounds
+    from lucid.node.soundness import user_bound
     from lucid.solvers import solve
     from lucid.solvers.base import SolverOptions
-    from lucid.verifier import _encode, _user_bound, node_difference_bounds
 
     hyper = hyper_network(problem.stack, [position])
     diff = node_difference_bounds(problem, hyper)
@@ -108,11 +109,11 @@ def lp_singleton_bound(problem, cls: int, position: int) -> float:
     model = _encode(problem, hyper, cls, targets, EncodingOptions(), problem.n_bounds, diff, relax_all=True)
     if model is None:
         return -math.inf
-    return float(_user_bound(solve(model, "highs", SolverOptions()), model))
+    return float(user_bound(solve(model, "highs", SolverOptions()), model))
 
 
 def lower_bounds(name: str, problem, classes) -> dict[int, dict]:
-    from lucid.replay import search_node_witness
+    from lucid.witness.search import search_node_witness
 
     out = {}
     positions = np.arange(1, len(problem.stack))
@@ -130,7 +131,8 @@ def measure(name: str, classes, lp_sample: int, steps: int, threads: int, lr: fl
 
     from lucid.bounds.symbolic import symbolic_screen
     from lucid.rundir import open_run
-    from lucid.verifier import VerificationProblem, screen_upper_bounds
+    from lucid.node.problem import VerificationProblem
+    from lucid.node.screen import screen_upper_bounds
 
     torch.set_num_threads(threads)
     problem = VerificationProblem.from_run(open_run(RUNS / name))
@@ -229,7 +231,8 @@ def timing(name: str, cls: int, lb: float, steps: int, threads: int, repeats: in
 
     from lucid.bounds.symbolic import symbolic_screen
     from lucid.rundir import open_run
-    from lucid.verifier import VerificationProblem, screen_upper_bounds
+    from lucid.node.problem import VerificationProblem
+    from lucid.node.screen import screen_upper_bounds
 
     torch.set_num_threads(threads)
     problem = VerificationProblem.from_run(open_run(RUNS / name))

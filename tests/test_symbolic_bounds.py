@@ -18,7 +18,8 @@ from lucid.bounds.symbolic import (
     singleton_upper_bounds,
     symbolic_screen,
 )
-from lucid.verifier import VerificationProblem, screen_upper_bounds
+from lucid.node.problem import VerificationProblem
+from lucid.node.screen import screen_upper_bounds
 
 # (seed, hidden, classes, input dim, domain lower end, perturbation size)
 CASES = [
@@ -202,7 +203,7 @@ def wine_run(tmp_path_factory):
 
 
 def test_real_leave_one_out_networks_against_the_exact_milp(wine_run):
-    from lucid.verifier import analyse_node
+    from lucid.node.analyse import analyse_node
 
     problem = wine_run
     positions = np.arange(1, len(problem.stack))

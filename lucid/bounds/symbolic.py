@@ -561,7 +561,7 @@ def _chunk_bounds(n_weights, n_biases, weights, biases, n_lower, n_upper, lower,
 def symbolic_screen(problem, cls: int, positions, *, steps: int = 0, lr: float = 0.02, lam: float = 1.0,
                     intermediate: str = "symbolic", device: str = "cpu", chunk: int = 512,
                     cutoff: float | None = None, refine_steps: int = 0) -> np.ndarray:
-    """Drop-in for `lucid.verifier.screen_upper_bounds`: sound upper bounds on beta*_{cls,{i}} for the
+    """Drop-in for `lucid.node.screen.screen_upper_bounds`: sound upper bounds on beta*_{cls,{i}} for the
     networks at `positions` of problem.stack ([len(positions)], -inf where no rival is reachable).
 
     Reads only problem.stack, .lower, .upper, .n_bounds, .margin_upper and .num_classes.
