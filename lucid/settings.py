@@ -17,6 +17,23 @@ from typing import Any
 from lucid.errors import LucidError
 
 BOUND_METHODS = ("interval", "lp")
+# none: every network goes to the MILPs; interval: interval propagation of the differences;
+# symbolic: also the input-dependent linear bounds (lucid.bounds.symbolic), the smaller of the two
+# per network; optimised: symbolic, then the networks a node is about to solve that are still above
+# the class's cutoff get their Lagrange multipliers and ReLU slopes optimised.
+SCREENS = ("none", "interval", "symbolic", "optimised")
+DEFAULT_SCREEN = "optimised"
+
+
+def _check_device(device: str) -> None:
+    if device == "cpu":
+        return
+    if device != "cuda" and not device.startswith("cuda:"):
+        raise LucidError(f"unknown device {device!r} (use cpu or cuda)")
+    import torch
+
+    if not torch.cuda.is_available():
+        raise LucidError(f"--device {device} was requested but CUDA is not available here")
 
 
 def _positive(name: str, value: Any) -> None:
@@ -72,7 +89,9 @@ class VerifySettings:
     gap / rel_gap: a class stops when upper - lower <= max(gap, rel_gap * |lower|).
     md / ris / tau: matching dependencies (also the ReLU coupling), relax-if-similar and its width.
     bab / naive: False / True are the paper's ablations (one hyper-network; one MILP per network).
-    screen / search: bound-propagation pre-screen; solver-free witness search (root and nodes).
+    screen: how every single network's bound is screened before any MILP (`SCREENS`; True / False
+        are the default / "none"); device: where the symbolic screen's tensors live (cpu, cuda).
+    search: the solver-free witness search (root and nodes).
     bounds: how N's pre-activation bounds are computed ("lp" or "interval").
     disjunction, obbt, obbt_probe, obbt_share: the encoder's fixed knobs (see `EncodingOptions`).
     seed: k-means' random state when a node is split.
@@ -91,7 +110,8 @@ class VerifySettings:
     ris: bool = True
     bab: bool = True
     naive: bool = False
-    screen: bool = True
+    screen: str | bool = "optimised"
+    device: str = "cpu"
     search: bool = True
     bounds: str = "lp"
     resume: bool = False
@@ -115,6 +135,11 @@ class VerifySettings:
             raise LucidError("--naive and --no-bab are different variants; give at most one")
         if self.bounds not in BOUND_METHODS:
             raise LucidError(f"unknown bound method {self.bounds!r}; valid: {', '.join(BOUND_METHODS)}")
+        if isinstance(self.screen, bool):  # the API's historical on/off switch
+            object.__setattr__(self, "screen", DEFAULT_SCREEN if self.screen else "none")
+        if self.screen not in SCREENS:
+            raise LucidError(f"unknown screen {self.screen!r}; valid: {', '.join(SCREENS)}")
+        _check_device(self.device)
         if self.disjunction not in ("bigm", "split"):
             raise LucidError(f"unknown disjunction {self.disjunction!r}; valid: bigm, split")
         object.__setattr__(self, "classes", parse_classes(self.classes))

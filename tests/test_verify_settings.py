@@ -10,6 +10,7 @@ from bab_fixtures import write_tiny_run
 from click.testing import CliRunner
 
 import lucid.bab.engine
+import lucid.bounds.symbolic
 import lucid.witness.search
 import lucid.witness.replay
 import lucid.solvers
@@ -34,12 +35,14 @@ class Recorder:
         self.solves: list[str] = []  # backends asked to solve a MILP
         self.engines: list = []
         self.screens = 0
+        self.symbolic: list[dict] = []  # symbolic_screen calls: steps and device
         self.searches = {"class": 0, "node": 0, "climb": 0}
         self.problems: list = []
         self.displays: list[bool] = []
         original_analyse = lucid.node.analyse.analyse_node
         original_solve = lucid.solvers.solve
         original_screen = lucid.node.screen.screen_upper_bounds
+        original_symbolic = lucid.bounds.symbolic.symbolic_screen
         original_from_run = lucid.node.problem.VerificationProblem.from_run.__func__
         recorder = self
 
@@ -57,6 +60,10 @@ class Recorder:
         def screen(*args, **kw):
             recorder.screens += 1
             return original_screen(*args, **kw)
+
+        def symbolic(*args, **kw):
+            recorder.symbolic.append({"steps": kw.get("steps", 0), "device": kw.get("device", "cpu")})
+            return original_symbolic(*args, **kw)
 
         def counted(name, fn):
             def wrapper(*args, **kw):
@@ -90,6 +97,7 @@ class Recorder:
         monkeypatch.setattr(lucid.node.analyse, "analyse_node", analyse_node)
         monkeypatch.setattr(lucid.solvers, "solve", solve)
         monkeypatch.setattr(lucid.node.screen, "screen_upper_bounds", screen)
+        monkeypatch.setattr(lucid.bounds.symbolic, "symbolic_screen", symbolic)
         monkeypatch.setattr(lucid.node.analyse, "search_node_witness", counted("node", lucid.node.analyse.search_node_witness))
         monkeypatch.setattr(lucid.witness.search, "search_class_witness",
                             counted("class", lucid.witness.search.search_class_witness))
@@ -129,7 +137,9 @@ CASES = {
     "--no-bab": (["--no-bab"], lambda r: not r.engines[0].config.bab and len(r.nodes) <= 2),
     "--naive": (["--naive"], lambda r: r.engines[0].config.naive and all(
         len(e) == 1 for e in [[1]] * len(r.nodes)) and len(r.nodes) >= 6),
-    "--no-screen": (["--no-screen"], lambda r: r.screens == 0),
+    "--no-screen": (["--no-screen"], lambda r: r.screens == 0 and not r.symbolic),
+    "--screen": (["--screen", "interval"], lambda r: r.screens > 0 and not r.symbolic
+                 and r.engines[0].config.screen == "interval"),
     "--no-search": (["--no-search"], lambda r: sum(r.searches.values()) == 0
                     and all(not n["encoding"].search for n in r.nodes)),
     "--bounds": (["--bounds", "interval"], lambda r: r.problems[0].bounds_method == "interval"),
@@ -151,6 +161,7 @@ def test_every_verify_flag_reaches_its_consumer(run_dir, monkeypatch, flag):
 def test_the_defaults_differ_from_every_flags_setting(run_dir, monkeypatch):
     """The checks above would pass vacuously if the default already had the flag's effect."""
     rec = verify(run_dir, monkeypatch)
+    assert rec.engines[0].config.screen == "optimised" and rec.symbolic and rec.symbolic[0]["steps"] == 0
     assert rec.screens > 0 and rec.searches["class"] > 0 and rec.searches["node"] + rec.searches["climb"] > 0
     assert all(n["encoding"].md and n["encoding"].ris and n["encoding"].tau == 0.01 for n in rec.nodes)
     assert set(rec.solves) == {"highs"} and rec.problems[0].bounds_method == "lp" and rec.displays == [True]
@@ -194,11 +205,25 @@ def test_resume_and_scheduler_reach_the_checkpoint_and_the_executor(run_dir, mon
     ({"classes": ""}, "--classes is empty"),
     ({"bounds": "crown"}, "unknown bound method 'crown'"),
     ({"colour": "red"}, "unknown verify option(s): colour"),
+    ({"screen": "crown"}, "unknown screen 'crown'"),
+    ({"device": "tpu"}, "unknown device 'tpu'"),
 ])
 def test_bad_settings_are_one_error_line(options, message):
     with pytest.raises(LucidError) as info:
         VerifySettings.from_options(**options)
     assert message in str(info.value) and "\n" not in str(info.value)
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="CUDA is available here")
+def test_cuda_without_cuda_is_one_error_line_before_any_work(run_dir):
+    result = CliRunner().invoke(main, ["verify", str(run_dir), "--device", "cuda"])
+    assert isinstance(result.exception, LucidError) and "CUDA is not available" in str(result.exception)
+    result = CliRunner().invoke(main, ["verify", str(run_dir), "--no-screen", "--screen", "symbolic"])
+    assert isinstance(result.exception, LucidError) and "contradict" in str(result.exception)
+
+
+def test_screen_switch_keeps_its_old_boolean_meaning():
+    assert VerifySettings(screen=False).screen == "none" and VerifySettings(screen=True).screen == "optimised"
 
 
 def test_settings_are_frozen_and_serialisable():

@@ -59,6 +59,7 @@ class Engine(AnytimeBounds, Scheduling):
         *,
         params: np.ndarray | Callable[[], np.ndarray] | None = None,
         screen: Callable[[int, np.ndarray], np.ndarray] | None = None,
+        refine: Callable[[int, np.ndarray, float], np.ndarray] | None = None,
         search: Callable[[int, np.ndarray], Any] | None = None,
         log: Any = None,
         on_progress: Callable[["Engine"], None] | None = None,
@@ -70,6 +71,7 @@ class Engine(AnytimeBounds, Scheduling):
         self.num_networks = num_networks  # stack size; positions 1..num_networks-1
         self._params = params
         self._screen_fn = screen
+        self._refine_fn = None if screen is None else refine
         self._search_fn = None if config.naive else search
         self.log = log
         self.on_progress = on_progress
@@ -94,6 +96,24 @@ class Engine(AnytimeBounds, Scheduling):
         values = np.full(self.num_networks, -INF)
         values[positions] = np.asarray(self._screen_fn(c, positions), dtype=np.float64)
         return values
+
+    def _refine(self, cs: ClassState, positions: np.ndarray) -> None:
+        """Tighten the screened bounds of the networks in `positions` that are above the class's
+        cutoff and not refined yet (once each: a higher cutoff would not change the optimum)."""
+        if self._refine_fn is None or cs.screen is None or cs.lower is None or self.config.naive:
+            return
+        if cs.refined is None:
+            cs.refined = np.zeros(self.num_networks, dtype=bool)
+        level = cs.lower + self.tolerance(cs)
+        todo = positions[(cs.screen[positions] > level) & ~cs.refined[positions]]
+        if not len(todo):
+            return
+        t0 = self.elapsed()
+        tighter = np.asarray(self._refine_fn(cs.cls, todo, level), dtype=np.float64)
+        cs.screen[todo] = np.minimum(cs.screen[todo], tighter)
+        cs.refined[todo] = True
+        self._emit("refined", cs.cls, networks=len(todo), below=int((cs.screen[todo] <= level).sum()),
+                   seconds=self.elapsed() - t0)
 
     def _fresh_state(self, c: int) -> ClassState:
         return ClassState(cls=c)
@@ -152,6 +172,7 @@ class Engine(AnytimeBounds, Scheduling):
                 if found is not None:
                     self._apply_lower(cs, float(found.confidence), found.leaking_row, found.x, "search",
                                       update=False, seconds=self.elapsed() - t0)
+                self._refine(cs, positions)
                 positions = self._prune(cs, positions)
             if len(positions):
                 self._new_node(cs, positions, self._screened_upper(cs, positions), None)
@@ -199,6 +220,7 @@ class Engine(AnytimeBounds, Scheduling):
     def _split(self, cs: ClassState, node: Node) -> None:
         node.state = SPLIT
         cs.nodes.pop(node.id, None)
+        self._refine(cs, node.positions)  # peeling follows the best bounds
         positions = self._prune(cs, node.positions, node.upper)
         if len(positions) == 0:
             self._emit("closed", cs.cls, node=node.id, parent=node.parent, size=node.size, upper=node.upper,

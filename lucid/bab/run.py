@@ -126,7 +126,7 @@ def verify_run(run_dir: str | Path, settings: VerifySettings | None = None, **op
 
     # Only now the expensive part (loading every network, N's bounds): bad input has failed fast.
     from lucid.node.problem import VerificationProblem
-    from lucid.node.screen import screen_upper_bounds
+    from lucid.node.screen import Screen
 
     problem = VerificationProblem.from_run(run, bounds=settings.bounds, with_points=settings.search)
     if len(problem.stack) < 2:
@@ -134,7 +134,7 @@ def verify_run(run_dir: str | Path, settings: VerifySettings | None = None, **op
     if settings.workers is None and settings.scheduler is None:
         settings = replace(settings, workers=os.cpu_count() or 1)
     executor = _make_executor(problem, settings)
-    screen = partial(screen_upper_bounds, problem) if settings.screen else None
+    screen = None if settings.screen == "none" else Screen(problem, settings.screen, settings.device)
     search = None
     if settings.search:
         from lucid.witness.search import search_class_witness
@@ -157,7 +157,8 @@ def verify_run(run_dir: str | Path, settings: VerifySettings | None = None, **op
     try:
         with LiveDisplay(title, enabled=settings.progress) as display:
             engine = Engine(executor, classes, len(problem.stack), settings, params=problem.stack.flat_parameters,
-                            screen=screen, search=search, log=log, on_progress=display.update,
+                            screen=None if screen is None else screen.initial,
+                            refine=screen.refine if screen is not None and screen.refines else None, search=search, log=log, on_progress=display.update,
                             on_checkpoint=checkpoint, states=states)
             engine.run()
     except KeyboardInterrupt:

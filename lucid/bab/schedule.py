@@ -96,6 +96,7 @@ class Scheduling:
                 cs = self.states[c]
                 _, node_id = heapq.heappop(cs.pending_heap)
                 node = cs.nodes[node_id]
+            self._refine(cs, node.positions)
             kept = self._prune(cs, node.positions, node.upper)
             if len(kept) < node.size:
                 self._emit("pruned", c, node=node.id, parent=node.parent, size=node.size, kept=len(kept))

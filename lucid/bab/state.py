@@ -33,6 +33,7 @@ class ClassState:
     within_gap: bool = False
     seconds: float = 0.0
     screen: np.ndarray | None = None  # per position: sound upper bound on beta*_{c,{i}}
+    refined: np.ndarray | None = None  # per position: the screen's optimisation has run (not saved)
     open_heap: list = field(default_factory=list)  # (-upper, id) of OPEN nodes (lazy deletion)
     pending_heap: list = field(default_factory=list)  # (-upper, id) of PENDING nodes
     logged: tuple = ()  # (upper, lower) of the last anytime event

@@ -34,18 +34,29 @@ def _print_summary(result: dict) -> None:
 @click.option("--no-ris", is_flag=True, help="Ablation: no relax-if-similar.")
 @click.option("--no-bab", is_flag=True, help="Ablation: one hyper-network of all networks (paper's H/HM).")
 @click.option("--naive", is_flag=True, help="Ablation: one MILP per network (paper's Naive).")
-@click.option("--no-screen", is_flag=True, help="Ablation: no bound-propagation pre-screening.")
+@click.option("--screen", default=None,
+              help="How each network is screened before any MILP: none, interval, symbolic or optimised "
+                   "(default: optimised; all are sound, tighter ones leave fewer networks to the MILPs).")
+@click.option("--no-screen", is_flag=True, help="Ablation: the same as --screen none.")
+@click.option("--device", default="cpu", show_default=True, help="Where the symbolic screen runs: cpu or cuda.")
 @click.option("--no-search", is_flag=True, help="Ablation: no heuristic witness search for the lower bound.")
 @click.option("--bounds", type=click.Choice(["lp", "interval"]), default="lp", show_default=True,
               help="How N's pre-activation bounds are computed.")
 @click.option("--quiet", is_flag=True, help="No live progress display.")
 def command(run_dir, solver, workers, time_limit, node_time_limit, classes, tau, gap, rel_gap, resume, scheduler,
-            no_md, no_ris, no_bab, naive, no_screen, no_search, bounds, quiet) -> None:
+            no_md, no_ris, no_bab, naive, screen, no_screen, device, no_search, bounds, quiet) -> None:
     from lucid.bab import verify_run
+    from lucid.errors import LucidError
+    from lucid.settings import DEFAULT_SCREEN
+
+    if no_screen and screen not in (None, "none"):
+        raise LucidError(f"--no-screen and --screen {screen} contradict each other; give one")
+    screen = "none" if no_screen else (screen or DEFAULT_SCREEN)
 
     settings = VerifySettings(
         solver=solver, workers=workers, time_limit=time_limit, node_time_limit=node_time_limit,
         classes=classes, tau=tau, gap=gap, rel_gap=rel_gap, md=not no_md, ris=not no_ris, bab=not no_bab, naive=naive,
-        resume=resume, scheduler=scheduler, progress=not quiet, screen=not no_screen, search=not no_search, bounds=bounds,
+        resume=resume, scheduler=scheduler, progress=not quiet, screen=screen, device=device, search=not no_search,
+        bounds=bounds,
     )
     _print_summary(verify_run(run_dir, settings))

@@ -37,3 +37,39 @@ def screen_upper_bounds(problem: VerificationProblem, cls: int, positions: np.nd
             best = np.where(feasible, np.maximum(best, cand), best)
         out[start : start + len(pos)] = best
     return out
+
+
+OPTIMISE_STEPS = 60  # Adam steps of the optimised screen (benchmarks/results/screen.md: 60 at lr 0.02)
+
+
+class Screen:
+    """The screen a verification asked for (`VerifySettings.screen`), for the engine.
+
+    `initial` bounds every network once per class; `refine` (the "optimised" screen only) is
+    called by the engine for the networks a node is about to solve that are still above the
+    class's cutoff, and returns bounds no larger than `initial`'s. Every value is a sound upper
+    bound on beta*_{c,{i}}, so the engine may take the minimum of any of them."""
+
+    def __init__(self, problem: VerificationProblem, method: str, device: str = "cpu") -> None:
+        if method not in ("interval", "symbolic", "optimised"):
+            raise ValueError(f"no screen for method {method!r}")
+        self.problem = problem
+        self.method = method
+        self.device = device
+
+    def initial(self, cls: int, positions: np.ndarray) -> np.ndarray:
+        interval = screen_upper_bounds(self.problem, cls, positions)
+        if self.method == "interval":
+            return interval
+        from lucid.bounds.symbolic import symbolic_screen
+
+        return np.minimum(interval, symbolic_screen(self.problem, cls, positions, device=self.device))
+
+    @property
+    def refines(self) -> bool:
+        return self.method == "optimised"
+
+    def refine(self, cls: int, positions: np.ndarray, cutoff: float) -> np.ndarray:
+        from lucid.bounds.symbolic import symbolic_screen
+
+        return symbolic_screen(self.problem, cls, positions, steps=OPTIMISE_STEPS, cutoff=cutoff, device=self.device)

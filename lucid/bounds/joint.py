@@ -1,0 +1,268 @@
+"""The joint linear-bound system of N and K networks N' (z and the differences delta = z' - z as
+linear functions of the input), batched over networks in torch: the ReLU and ReLU-difference
+relaxations, the backward pass, its floating-point magnitude pass, and the intermediate-bound
+tightening. The mathematics and the floating-point argument are in `lucid.bounds.symbolic`'s
+docstring; this module is the machinery `symbolic.py`'s bounds are computed with.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from lucid.bounds.difference import difference_bounds
+from lucid.bounds.interval import FP_ABS, FP_REL, LayerBounds
+
+PAD_REL = 1e-14
+DTYPE = torch.float64
+
+
+def _t(x, device) -> torch.Tensor:
+    return torch.as_tensor(np.ascontiguousarray(x, dtype=np.float64), dtype=DTYPE, device=device)
+
+
+def _np(x: torch.Tensor) -> np.ndarray:
+    return x.detach().cpu().numpy()
+
+
+@dataclass
+class _Relax:
+    """Linear relaxations of one hidden layer (every array [K, n] or broadcastable)."""
+
+    su: torch.Tensor  # N: z <= su * zhat + tu
+    tu: torch.Tensor
+    sl: torch.Tensor  # N: z >= sl * zhat (default slopes; 1 / 0 for stable neurons)
+    unstable: torch.Tensor  # N's unstable neurons (where alpha applies)
+    pu: torch.Tensor  # delta <= pu * deltahat + qu
+    qu: torch.Tensor
+    pl: torch.Tensor  # delta >= pl * deltahat + ql
+    ql: torch.Tensor
+    mag_t: torch.Tensor = field(init=False)  # max |intercept| for the magnitude pass
+
+    def __post_init__(self) -> None:
+        self.mag_t = torch.maximum(self.tu.abs(), torch.maximum(self.qu.abs(), self.ql.abs()))
+
+
+def _relu_relax(l: torch.Tensor, u: torch.Tensor):
+    """CROWN relaxation of relu over [l, u]: (su, tu, sl, unstable)."""
+    active, inactive = l >= 0, u <= 0
+    unstable = ~(active | inactive)
+    width = torch.where(unstable, u - l, torch.ones_like(u))
+    slope = torch.where(unstable, u / width, active.to(DTYPE))
+    pad = PAD_REL * (l.abs() + u.abs())
+    tu = torch.where(unstable, -slope * l + pad, torch.zeros_like(u))
+    sl = torch.where(unstable, (u > -l).to(DTYPE), active.to(DTYPE))
+    return slope, tu, sl, unstable
+
+
+def _diff_relax(l, u, lp, up, dl, du):
+    """Linear bounds of delta = relu(zhat + dh) - relu(zhat) in dh (see the module docstring)."""
+    zero, one = torch.zeros_like(dl), torch.ones_like(dl)
+    mixed = (dl < 0) & (du > 0)
+    width = torch.where(mixed, du - dl, one)
+    pad = PAD_REL * (dl.abs() + du.abs())
+    # upper: chord of max(0, dh)
+    cu_s = torch.where(mixed, du / width, torch.where(dl >= 0, one, zero))
+    cu_q = torch.where(mixed, -cu_s * dl + pad, zero)
+    pu = torch.where(up <= 0, zero, torch.where(lp >= 0, one, cu_s))
+    qu = torch.where((up <= 0) | (lp >= 0), zero, cu_q)
+    # lower: chord of min(0, dh)
+    cl_s = torch.where(mixed, -dl / width, torch.where(du <= 0, one, zero))
+    cl_q = torch.where(mixed, dl * du / width - pad, zero)
+    pl = torch.where(u <= 0, zero, torch.where(l >= 0, one, cl_s))
+    ql = torch.where((u <= 0) | (l >= 0), zero, cl_q)
+    return pu, qu, pl, ql
+
+
+@dataclass
+class SymbolicDifference:
+    """Sound intervals per affine layer (every array [K, n_k]), for K networks N'."""
+
+    pre: LayerBounds  # deltahat_k = zhat'_k - zhat_k (the last layer: score differences)
+    hyper: LayerBounds  # zhat'_k, N''s own pre-activation bounds
+
+
+class JointSystem:
+    """N (shared) and K networks N' in one batched backward linear-bound pass."""
+
+    def __init__(self, n_weights, n_biases, weights, biases, n_lower, n_upper, lower, upper,
+                 *, device: str | torch.device = "cpu", intermediate: str = "symbolic",
+                 intermediate_steps: int = 0, intermediate_lr: float = 0.05):
+        if intermediate not in ("symbolic", "interval"):
+            raise ValueError(f"intermediate must be 'symbolic' or 'interval', not {intermediate!r}")
+        dev = torch.device(device)
+        self.device = dev
+        self.intermediate_steps, self.intermediate_lr = int(intermediate_steps), float(intermediate_lr)
+        self.L = len(n_weights)
+        self.K = weights[0].shape[0]
+        self.W = [_t(w, dev) for w in n_weights]
+        self.b = [_t(b, dev) for b in n_biases]
+        self.Wp = [_t(w, dev) for w in weights]
+        self.dW = [wp - w for wp, w in zip(self.Wp, self.W)]
+        self.db = [_t(bp, dev) - b for bp, b in zip(biases, self.b)]
+        self.aW = [w.abs() for w in self.W]
+        self.aWp = [w.abs() for w in self.Wp]
+        self.adW = [w.abs() for w in self.dW]
+        self.ab = [b.abs() for b in self.b]
+        self.adb = [b.abs() for b in self.db]
+        self.nl = [_t(x, dev) for x in n_lower]
+        self.nu = [_t(x, dev) for x in n_upper]
+        self.lo = _t(lower, dev)
+        self.hi = _t(upper, dev)
+        self.amax = torch.maximum(self.lo.abs(), self.hi.abs())
+        # gamma_n for the longest chain of additions of a pass (about 6 sums per width and layer)
+        self.fp_rel = max(FP_REL, 2.0 ** -52 * (6 * (sum(w.shape[0] for w in self.W) + self.W[0].shape[1]) + 16))
+        # interval start: the existing propagation (numpy)
+        nb = LayerBounds([np.asarray(x) for x in n_lower], [np.asarray(x) for x in n_upper])
+        ws = [np.asarray(w, dtype=np.float64) for w in weights]
+        bs = [np.asarray(b, dtype=np.float64) for b in biases]
+        diff = difference_bounds(list(n_weights), list(n_biases), ws, ws, bs, bs, nb, lower, upper)
+        self.dl, self.du, self.hl, self.hu = [], [], [], []
+        self.relax: list[_Relax] = []
+        for k in range(self.L):
+            dl, du = _t(diff.pre.lower[k], dev), _t(diff.pre.upper[k], dev)
+            hl, hu = _t(diff.hyper.lower[k], dev), _t(diff.hyper.upper[k], dev)
+            if intermediate == "symbolic" and k < self.L - 1:
+                dl, du, hl, hu = self._tighten(k, dl, du, hl, hu)
+            self.dl.append(dl)
+            self.du.append(du)
+            self.hl.append(hl)
+            self.hu.append(hu)
+            if k < self.L - 1:
+                su, tu, sl, unst = _relu_relax(self.nl[k], self.nu[k])
+                pu, qu, pl, ql = _diff_relax(self.nl[k], self.nu[k], hl, hu, dl, du)
+                K = self.K
+                self.relax.append(_Relax(su.expand(K, -1), tu.expand(K, -1), sl.expand(K, -1), unst.expand(K, -1),
+                                         pu, qu, pl, ql))
+
+    # ------------------------------------------------------------------ passes
+    def backward(self, A: torch.Tensor, E: torch.Tensor, top: int, alphas=None) -> torch.Tensor:
+        """Upper bound (no FP margin) of A . zhat_top + E . deltahat_top over the box.
+
+        A, E: [K, m, n_top]. alphas: None or a list (hidden layers < top) of [K, m, n] lower slopes
+        used for N's unstable neurons. Returns [K, m]."""
+        const = torch.zeros(A.shape[:2], dtype=DTYPE, device=self.device)
+        for k in range(top, -1, -1):
+            const = const + A @ self.b[k] + (E * self.db[k][:, None, :]).sum(-1)
+            Az = A @ self.W[k] + torch.bmm(E, self.dW[k])
+            if k == 0:
+                break
+            Ed = torch.bmm(E, self.Wp[k])
+            r = self.relax[k - 1]
+            sl = r.sl[:, None, :]
+            if alphas is not None:
+                sl = torch.where(r.unstable[:, None, :], alphas[k - 1], sl)
+            Azp, Azn = Az.clamp(min=0), Az.clamp(max=0)
+            A = Azp * r.su[:, None, :] + Azn * sl
+            const = const + (Azp * r.tu[:, None, :]).sum(-1)
+            Edp, Edn = Ed.clamp(min=0), Ed.clamp(max=0)
+            E = Edp * r.pu[:, None, :] + Edn * r.pl[:, None, :]
+            const = const + (Edp * r.qu[:, None, :]).sum(-1) + (Edn * r.ql[:, None, :]).sum(-1)
+        return const + (Az.clamp(min=0) * self.hi + Az.clamp(max=0) * self.lo).sum(-1)
+
+    @torch.no_grad()
+    def magnitude(self, A: torch.Tensor, E: torch.Tensor, top: int) -> torch.Tensor:
+        """The backward pass on absolute values (module docstring): sum of |terms|, [K, m]."""
+        A, E = A.abs(), E.abs()
+        const = torch.zeros(A.shape[:2], dtype=DTYPE, device=self.device)
+        for k in range(top, -1, -1):
+            const = const + A @ self.ab[k] + (E * self.adb[k][:, None, :]).sum(-1)
+            Az = A @ self.aW[k] + torch.bmm(E, self.adW[k])
+            if k == 0:
+                break
+            Ed = torch.bmm(E, self.aWp[k])
+            mt = self.relax[k - 1].mag_t[:, None, :]
+            const = const + ((Az + Ed) * mt).sum(-1)
+            A, E = Az, Ed  # every slope is in [0, 1]
+        return const + (Az * self.amax).sum(-1)
+
+    def sound_max(self, A, E, top, alphas=None) -> torch.Tensor:
+        """Sound upper bound (FP margin added) of A . zhat_top + E . deltahat_top."""
+        return self.backward(A, E, top, alphas) + self.fp_rel * self.magnitude(A, E, top) + FP_ABS
+
+    def _optimised_max(self, A, E, top) -> torch.Tensor:
+        """`backward` (no FP margin: it does not depend on the slopes) with N's lower slopes
+        optimised per objective (alpha-CROWN for intermediate bounds): projected Adam steps, the
+        minimum over all iterates (each one a valid bound)."""
+        m = A.shape[1]
+        alphas = [r.sl[:, None, :].expand(-1, m, -1).clone().requires_grad_(True) for r in self.relax[:top]]
+        opt = torch.optim.Adam(alphas, lr=self.intermediate_lr)
+        best = None
+        for step in range(self.intermediate_steps + 1):
+            last = step == self.intermediate_steps
+            with torch.set_grad_enabled(not last):  # (called under no_grad: the loss too)
+                val = self.backward(A, E, top, alphas)
+                loss = val.sum()
+            v = val.detach()
+            v = torch.where(torch.isnan(v), torch.full_like(v, math.inf), v)
+            best = v if best is None else torch.minimum(best, v)
+            if last:
+                break
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            with torch.no_grad():
+                for a in alphas:
+                    a.clamp_(0.0, 1.0)
+        return best
+
+    @torch.no_grad()
+    def _tighten(self, k, dl, du, hl, hu, every: bool = False):
+        """Bound deltahat_k (every neuron) and zhat'_k by the backward pass over the layers below.
+
+        zhat'_k is bounded symbolically only where N's neuron is stable: where N's is unstable,
+        N' (close to N) is unstable too in practice, and l', u' only decide N''s stability, so there
+        the interval bounds (with l + dl, u + du) are kept and the pass is half as wide.
+        every: bound zhat'_k symbolically for every neuron (the output layer's scores)."""
+        n = self.W[k].shape[0]
+        eye = torch.eye(n, dtype=DTYPE, device=self.device)
+        stable = ((self.nl[k] >= 0) | (self.nu[k] <= 0) | every).nonzero().flatten()
+        m = len(stable)
+        es = eye[stable]
+        # objectives: +dh, -dh (every neuron), +zhat', -zhat' (N's stable neurons)
+        A = torch.cat([torch.zeros(2 * n, n, dtype=DTYPE, device=self.device), es, -es]).expand(self.K, -1, -1)
+        E = torch.cat([eye, -eye, es, -es]).expand(self.K, -1, -1)
+        # the FP margin: the magnitude pass sees |A|, |E| only, the same for +row and -row
+        half = self.magnitude(torch.cat([A[:, :n], A[:, 2 * n:2 * n + m]], 1), torch.cat([E[:, :n], E[:, 2 * n:2 * n + m]], 1), k)
+        margin = self.fp_rel * torch.cat([half[:, :n], half[:, :n], half[:, n:], half[:, n:]], 1) + FP_ABS
+        if self.intermediate_steps > 0 and k > 0:
+            ub = self._optimised_max(A, E, k) + margin
+        else:
+            ub = self.backward(A, E, k) + margin
+        dl, du = torch.maximum(dl, -ub[:, n:2 * n]), torch.minimum(du, ub[:, :n])
+        if m:
+            hl, hu = hl.clone(), hu.clone()
+            hl[:, stable] = torch.maximum(hl[:, stable], -ub[:, 2 * n + m:])
+            hu[:, stable] = torch.minimum(hu[:, stable], ub[:, 2 * n:2 * n + m])
+        l, u = self.nl[k], self.nu[k]
+        pad = lambda a, b: FP_REL * (a.abs() + b.abs()) + FP_ABS  # noqa: E731
+        hl = torch.maximum(hl, l + dl - pad(l, dl))
+        hu = torch.minimum(hu, u + du + pad(u, du))
+        dl = torch.maximum(dl, hl - u - pad(hl, u))
+        du = torch.minimum(du, hu - l + pad(hu, l))
+        return dl, du, hl, hu
+
+    def select(self, idx, light: bool = False) -> "JointSystem":
+        """The same system for the networks idx (repeats allowed; a shallow copy sharing N's tensors).
+        light: only what `backward` needs (no magnitude passes, no intervals)."""
+        import copy
+
+        ix = torch.as_tensor(np.asarray(idx, dtype=np.int64), device=self.device)
+        sub = copy.copy(self)
+        sub.K = len(ix)
+        names = ("Wp", "dW", "db") if light else ("Wp", "dW", "db", "aWp", "adW", "adb", "dl", "du", "hl", "hu")
+        for name in names:
+            setattr(sub, name, [x[ix] for x in getattr(self, name)])
+        sub.relax = [_Relax(r.su[ix], r.tu[ix], r.sl[ix], r.unstable[ix], r.pu[ix], r.qu[ix], r.pl[ix], r.ql[ix])
+                     for r in self.relax]
+        return sub
+
+    def differences(self) -> SymbolicDifference:
+        return SymbolicDifference(LayerBounds([_np(x) for x in self.dl], [_np(x) for x in self.du]),
+                                  LayerBounds([_np(x) for x in self.hl], [_np(x) for x in self.hu]))
+
+
+# ---------------------------------------------------------------------- public, plain arrays
