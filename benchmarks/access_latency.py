@@ -65,9 +65,8 @@ def with_bounds(run: Path, scratch: Path) -> tuple[Path, str]:
     """The run itself if verified, else a scratch copy (links) with a placeholder bounds.json."""
     if (run / "bounds.json").exists():
         return run, "bounds.json of the run (verified)"
-    from lucid.access.synthetic import write_bounds
     from lucid.network import confidence
-    from lucid.rundir import open_run
+    from lucid.rundir import open_run, write_bounds
 
     copy = scratch / "run"
     copy.mkdir()
@@ -80,7 +79,9 @@ def with_bounds(run: Path, scratch: Path) -> tuple[Path, str]:
     cls, conf = scores.argmax(1), confidence(scores)
     bounds = {c: (float(np.quantile(conf[cls == c], 0.10)) if (cls == c).any() else None)
               for c in range(r.num_classes)}
-    write_bounds(copy, bounds, complete=False)
+    entries = {str(c): {"upper": u, "lower": None, "complete": False, "seconds": 0.0, "nodes": 0}
+               for c, u in bounds.items()}
+    write_bounds(copy, entries, solver="placeholder (timing only)", options={})
     return copy, f"PLACEHOLDER bounds (10th percentile of test confidence per class, timing only): {bounds}"
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from lucid.access import LabelOnlyClassifier, Memo, RandomSource, exponential_mechanism, true_label_probability
-from lucid.access.synthetic import write_bounds, write_synthetic_run
+from synthetic_runs import write_bounds, write_synthetic_run
 from lucid.errors import LucidError
 from lucid.network import confidence, load_networks
 

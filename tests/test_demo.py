@@ -9,7 +9,7 @@ import sys
 
 import lucid.bab
 import lucid.training
-from lucid.access.synthetic import write_bounds, write_synthetic_run
+from synthetic_runs import write_bounds, write_synthetic_run
 
 
 def test_demo_wires_train_verify_evaluate(tmp_path, monkeypatch, capsys):

@@ -11,7 +11,7 @@ import pytest
 
 import lucid.access.evaluate as evaluate
 from lucid.access.evaluate import evaluate_run, leaking_set, parse_epsilons
-from lucid.access.synthetic import write_bounds, write_synthetic_run
+from synthetic_runs import write_bounds, write_synthetic_run
 from lucid.errors import LucidError
 from lucid.network import confidence, load_networks
 

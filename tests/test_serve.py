@@ -17,7 +17,7 @@ import httpx
 import numpy as np
 import pytest
 
-from lucid.access.synthetic import write_bounds, write_synthetic_run
+from synthetic_runs import write_bounds, write_synthetic_run
 from lucid.network import confidence, load_networks
 
 OFFSET = np.array([10.0, -5.0])

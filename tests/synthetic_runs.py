@@ -1,4 +1,4 @@
-"""Small synthetic run directories (random MLPs, hand-set bounds) for tests and examples.
+"""Small synthetic run directories (random MLPs, hand-set bounds) for the tests.
 
 They follow the `lucid-run/1` contract exactly, so the access layer can be exercised without
 training or verification. The bounds written here are arbitrary numbers, not verified ones.
@@ -11,6 +11,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from lucid import rundir
 from lucid.atomic import write_json_atomic
 
 
@@ -101,13 +102,6 @@ def write_synthetic_run(
 
 def write_bounds(path: str | Path, bounds: dict[int, float | None], complete: bool = True) -> None:
     """RUN/bounds.json with the given per-class `upper` values (None = nothing proved)."""
-    doc = {
-        "format": "lucid-bounds/1",
-        "solver": "hand-written",
-        "options": {},
-        "bounds": {
-            str(c): {"upper": u, "lower": None, "complete": complete, "seconds": 0.0, "nodes": 0}
-            for c, u in bounds.items()
-        },
-    }
-    write_json_atomic(Path(path) / "bounds.json", doc)
+    entries = {str(c): {"upper": u, "lower": None, "complete": complete, "seconds": 0.0, "nodes": 0}
+               for c, u in bounds.items()}
+    rundir.write_bounds(path, entries, solver="hand-written", options={})
