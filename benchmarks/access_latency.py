@@ -194,19 +194,7 @@ def over_http(run: Path, x: np.ndarray, memo: Path, clients: int, requests: int)
     proc = subprocess.Popen([sys.executable, "-m", "lucid", "serve", str(run), "--epsilon", "1", "--port", str(port),
                              "--memo", str(memo)], cwd=ROOT)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-                conn.request("GET", "/healthz")
-                if conn.getresponse().status == 200:
-                    conn.close()
-                    break
-            except OSError:
-                pass
-            if time.monotonic() > deadline or proc.poll() is not None:
-                raise SystemExit("the server did not start")
-            time.sleep(0.2)
+        _wait_healthy(port, proc)
         rows = x.tolist()
         per_client = requests // clients
         # One process per client: client threads would share a GIL and inflate the latencies.
