@@ -194,6 +194,7 @@ class VerifySettings:
 
         return EncodingOptions(md=self.md, md_pre=self.md, coupling=self.md, ris=self.ris, tau=self.tau,
                                disjunction=self.disjunction, obbt=self.obbt, search=self.search,
+                               symbolic=self.screen in ("symbolic", "optimised"),
                                obbt_probe=self.obbt_probe, obbt_share=self.obbt_share)
 
     def solver_options(self, time_limit: float | None, threads: int = 1):

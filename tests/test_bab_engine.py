@@ -252,7 +252,10 @@ def test_small_unfinished_sets_go_to_singletons():
 
 
 @pytest.mark.parametrize("rel_gap", [0.0, 0.1])
-def test_a_useless_hyper_network_milp_makes_the_node_peel_its_top_screened_networks(tmp_path, rel_gap):
+def test_a_useless_hyper_network_milp_makes_the_node_peel_its_top_screened_networks(tmp_path, rel_gap, monkeypatch):
+    import lucid.bab.engine
+
+    monkeypatch.setattr(lucid.bab.engine, "PEEL_ROOT_ABOVE", 1000)  # the root gets its hyper MILP here
     rng = np.random.default_rng(6)
     values = np.concatenate([[0.0], rng.uniform(0.2, 1.0, size=40)])
     screen_values = values + rng.uniform(0.05, 0.3, size=41)  # sound, and in another order than values
@@ -272,6 +275,22 @@ def test_a_useless_hyper_network_milp_makes_the_node_peel_its_top_screened_netwo
     assert singles == sorted(singles, key=lambda p: -screen_values[p])  # best-first by screened bound
     events = read_events(tmp_path / "log.jsonl")
     assert any(e["event"] == "split" and e.get("peel") for e in events)
+
+
+def test_a_large_screened_root_is_peeled_without_a_hyper_network_milp(tmp_path):
+    from lucid.bab.split import PEEL_ROOT_ABOVE
+
+    rng = np.random.default_rng(7)
+    n = PEEL_ROOT_ABOVE + 8
+    values = np.concatenate([[0.0], rng.uniform(0.2, 1.0, size=n)])
+    screen_values = values + rng.uniform(0.05, 0.3, size=n + 1)
+    engine, analyser, log = make_engine(tmp_path, values, workers=1, screen=lambda c, pos: screen_values[pos],
+                                        analyser=FakeAnalyser(values, slack=5.0), rel_gap=0.1)
+    cs = engine.run()[0]
+    log.close()
+    assert cs.complete and cs.upper >= values[1:].max() - 1e-12  # sound
+    assert analyser.calls and all(len(c) == 1 for c in analyser.calls)  # singletons only
+    assert len(analyser.calls) < n  # the tolerance and the screen closed the rest
 
 
 def test_peel_top_partitions_by_screened_bound():

@@ -272,3 +272,34 @@ def test_refined_survivors_stay_above_the_exact_bound(case, exact_cache):
                                          refine_steps=5)
         assert np.all(refined.bound >= ex)
         assert np.all(refined.bound <= plain.bound)  # per rival the smaller of two sound bounds
+
+
+@pytest.mark.parametrize("case", [0, 3, 5, 6])
+def test_a_nodes_symbolic_intervals_hold_every_member_and_are_tighter(case):
+    """What the encoder gets for a node with `--screen symbolic|optimised`: the interval
+    propagation intersected with the hull of the members' symbolic intervals. Every member's
+    sampled pre- and post-activation differences and pre-activations stay inside."""
+    from lucid.hyper import hyper_network
+    from lucid.node.problem import node_difference_bounds
+
+    stack, lower, upper, problem = setup(*CASES[case])
+    hyper = hyper_network(stack, POSITIONS)
+    plain = node_difference_bounds(problem, hyper)
+    tight = node_difference_bounds(problem, hyper, POSITIONS)
+    rng = np.random.default_rng(10 + case)
+    x = rng.uniform(lower, upper, size=(20000, len(lower)))
+    ref = _layers(*network(stack, 0), x)
+    for p in POSITIONS:
+        got = _layers(*network(stack, p), x)
+        for k in range(len(got)):
+            d = got[k] - ref[k]
+            assert np.all(d >= tight.pre.lower[k]) and np.all(d <= tight.pre.upper[k])
+            assert np.all(got[k] >= tight.hyper.lower[k]) and np.all(got[k] <= tight.hyper.upper[k])
+            if k < len(got) - 1:
+                dz = np.maximum(got[k], 0) - np.maximum(ref[k], 0)
+                assert np.all(dz >= tight.post.lower[k]) and np.all(dz <= tight.post.upper[k])
+    for a, b in ((plain.pre, tight.pre), (plain.post, tight.post), (plain.hyper, tight.hyper)):
+        assert all(np.all(lo2 >= lo1) for lo1, lo2 in zip(a.lower, b.lower))
+        assert all(np.all(hi2 <= hi1) for hi1, hi2 in zip(a.upper, b.upper))
+    width = lambda lb: sum(float(np.sum(hi - lo)) for lo, hi in zip(lb.lower, lb.upper))
+    assert width(tight.pre) < width(plain.pre)

@@ -34,7 +34,7 @@ import numpy as np
 from lucid.bab.node import FINAL, OPEN, PENDING, RUNNING, SETTLED, SPLIT, STUCK, Node
 from lucid.bab.anytime import AnytimeBounds
 from lucid.bab.schedule import Scheduling
-from lucid.bab.split import peel_top, split_node
+from lucid.bab.split import PEEL_ROOT_ABOVE, peel_top, split_node
 from lucid.bab.state import INF, ClassState
 from lucid.errors import LucidError
 from lucid.settings import VerifySettings
@@ -175,7 +175,8 @@ class Engine(AnytimeBounds, Scheduling):
                 self._refine(cs, positions)
                 positions = self._prune(cs, positions)
             if len(positions):
-                self._new_node(cs, positions, self._screened_upper(cs, positions), None)
+                peel = self.config.bab and cs.screen is not None and len(positions) > PEEL_ROOT_ABOVE
+                self._new_node(cs, positions, self._screened_upper(cs, positions), None, peel=peel)
         self._update_anytime(cs)
 
     # --- node life cycle ---------------------------------------------------------------------------

@@ -93,6 +93,13 @@ def split_node(params: np.ndarray, positions: np.ndarray, *, proved: bool, rando
     return split_positions(params, positions, random_state=random_state)
 
 
+# A root with more screened networks than this is peeled at once, without its hyper-network MILP:
+# over hundreds of networks the interval weights are so loose that the MILP spends its whole time
+# limit and ends above the members' screened bounds (Adult 2x50: 359 and 130 networks, 450 s each,
+# no gain; benchmarks/results/verify_e2e.md), which is what would make the engine peel anyway.
+PEEL_ROOT_ABOVE = 32
+
+
 def peel_top(positions: np.ndarray, screen: np.ndarray, k: int) -> list[np.ndarray]:
     """The `k` networks with the largest screened bounds, each alone, then the rest as one set.
 

@@ -79,7 +79,7 @@ def analyse_node(
         if kept is not None:  # the cutoff rose since: that model answers a weaker question
             kept.release()
     hyper = hyper_network(problem.stack, positions)
-    diff = node_difference_bounds(problem, hyper)
+    diff = node_difference_bounds(problem, hyper, positions if encoding.symbolic else None)
     targets = possible_targets(cls, diff.hyper)
     stats: dict = {"networks": int(positions.size), "bounds_seconds": time.perf_counter() - t0, "targets": targets}
     if not targets:

@@ -42,6 +42,9 @@ class EncodingOptions:
       binary per target class, paper 3c) or "split" (one sub-problem per target, max of bounds).
     search: look for a leaking input without a solver first; its replayed confidence LB is a
       true lower bound, so the MILP is restricted to beta >= LB (optimum unchanged).
+    symbolic: the node's difference intervals are also bounded by the symbolic (input-dependent)
+      pass of `lucid.bounds.symbolic` for each of its networks, hulled and intersected with the
+      interval ones: tighter matching dependencies, smaller big-M constants, more relax-if-similar.
     obbt: node-specific bound tightening over the node's own LP relaxation (lucid.bounds.obbt),
       after a probe solve of `obbt_probe` seconds that supplies a replayed lower bound:
       True (every node), False (none) or "singletons" (nodes of one network, the default).
@@ -57,6 +60,7 @@ class EncodingOptions:
     ris: bool = True
     tau: float = 0.01
     bounds: str = "lp"
+    symbolic: bool = False
     disjunction: str = "bigm"  # one tree shared by all targets; "split" solves one MILP per target
     obbt: bool | str = "singletons"
     search: bool = True  # solver-free witness search first (lucid.witness.search.search_node_witness)

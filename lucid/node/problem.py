@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from lucid.bounds.difference import DifferenceBounds, difference_bounds
+from lucid.bounds.difference import DifferenceBounds, difference_bounds, intersect_differences
 from lucid.bounds.interval import FP_REL, LayerBounds, interval_bounds
 from lucid.errors import LucidError
 from lucid.hyper import HyperNetwork
@@ -121,8 +121,41 @@ def compute_n_bounds(stack: NetworkStack, lower: np.ndarray, upper: np.ndarray, 
     nb = lp_bounds(w, b, lower, upper)
     return nb, lp_margin_upper(w, b, lower, upper, nb)
 
-def node_difference_bounds(problem: VerificationProblem, hyper: HyperNetwork) -> DifferenceBounds:
-    return difference_bounds(
+def node_difference_bounds(problem: VerificationProblem, hyper: HyperNetwork,
+                           positions: np.ndarray | None = None) -> DifferenceBounds:
+    """The difference intervals of a node's hyper-network (interval propagation); with `positions`
+    (the node's networks) intersected with the hull of each network's symbolic intervals.
+
+    The hull is not a bound over every weight vector of the hyper-network's box, only over its
+    member networks; that is all the MILP needs, since only the members' trajectories must stay
+    feasible (the same argument as for the matching dependencies)."""
+    diff = difference_bounds(
         problem.n_weights, problem.n_biases, hyper.w_lo, hyper.w_hi, hyper.b_lo, hyper.b_hi,
         problem.n_bounds, problem.lower, problem.upper,
     )
+    if positions is None:
+        return diff
+    from lucid.bounds.symbolic import difference_intervals
+
+    positions = np.asarray(positions, dtype=np.int64)
+    pre = hyp = None
+    for start in range(0, len(positions), SYMBOLIC_CHUNK):  # chunks bound the memory of the pass
+        chunk = positions[start:start + SYMBOLIC_CHUNK]
+        sym = difference_intervals(problem.n_weights, problem.n_biases, [w[chunk] for w in problem.stack.weights],
+                                   [b[chunk] for b in problem.stack.biases], problem.n_bounds.lower,
+                                   problem.n_bounds.upper, problem.lower, problem.upper)
+        pre, hyp = _hull(sym.pre, pre), _hull(sym.hyper, hyp)
+    return intersect_differences(diff, pre, hyp)
+
+
+SYMBOLIC_CHUNK = 256
+
+
+def _hull(bounds: LayerBounds, so_far: LayerBounds | None) -> LayerBounds:
+    """The interval hull over the networks (leading axis), joined with `so_far`."""
+    lower = [lo.min(axis=0) for lo in bounds.lower]
+    upper = [hi.max(axis=0) for hi in bounds.upper]
+    if so_far is not None:
+        lower = [np.minimum(a, b) for a, b in zip(lower, so_far.lower)]
+        upper = [np.maximum(a, b) for a, b in zip(upper, so_far.upper)]
+    return LayerBounds(lower, upper)
