@@ -29,3 +29,16 @@ def test_cuda_training_matches_cpu_and_gives_the_same_bounds(tmp_path):
         # and the tolerance of --rel-gap.
         if ua is not None and ub is not None:
             assert abs(ua - ub) <= 0.1 * max(abs(ua), abs(ub)) + 1e-4, (c, ua, ub)
+
+
+def test_the_symbolic_screen_on_cuda_gives_the_cpu_bounds(tmp_path):
+    run = train_run("sklearn:wine", tmp_path / "run", **TRAIN)
+    cpu = verify_run(run, workers=2, rel_gap=0.1, progress=False, screen="optimised", device="cpu")
+    for stale in ("bounds.json", "verify.checkpoint.json", "verify.log.jsonl"):
+        (run / stale).unlink(missing_ok=True)
+    gpu = verify_run(run, workers=2, rel_gap=0.1, progress=False, screen="optimised", device="cuda")
+    for c, b in cpu["bounds"].items():
+        g = gpu["bounds"][c]
+        assert b["complete"] and g["complete"]
+        if b["upper"] is not None and g["upper"] is not None:  # both within the tolerance of the same beta
+            assert abs(b["upper"] - g["upper"]) <= 0.1 * max(abs(b["upper"]), abs(g["upper"])) + 1e-4, (c, b, g)

@@ -56,6 +56,7 @@ def record(tmp: Path) -> dict:
         events = [_canonical(e) for e in read_events(run / "verify.log.jsonl")]
         for e in events:
             e.pop("options", None)  # the settings' shape is not behaviour
+            e.pop("settings", None)
         out[name] = {"bounds": _canonical(result["bounds"]), "events": events}
     return out
 

@@ -257,3 +257,14 @@ def test_workers_keep_solver_trees_except_on_dask(monkeypatch, scheduler, keeps)
     lucid.bab.workers.analyse_with(object(), settings, 0, np.array([1]), 5.0, -math.inf, 2, 3)
     assert seen["keep_trees"] is keeps and seen["attempt"] == 2 and seen["settings"] is settings
     assert seen["solver_options"].time_limit == 5.0 and seen["solver_options"].threads == 3
+
+
+def test_the_log_records_the_whole_settings_object(run_dir, monkeypatch):
+    from lucid.bab.events import read_events
+
+    for stale in ("bounds.json", "verify.checkpoint.json", "verify.log.jsonl"):
+        (run_dir / stale).unlink(missing_ok=True)
+    rec = verify(run_dir, monkeypatch, "--rel-gap", "0.2", "--screen", "symbolic", "--tau", "0.05")
+    started = next(e for e in read_events(run_dir / "verify.log.jsonl") if e["event"] == "started")
+    assert started["settings"] == rec.engines[0].config.to_json()
+    assert started["settings"]["screen"] == "symbolic" and started["settings"]["rel_gap"] == 0.2

@@ -144,7 +144,8 @@ def verify_run(run_dir: str | Path, settings: VerifySettings | None = None, **op
     log = EventLog(run_path / LOG_FILE, elapsed_before=elapsed_before, append=settings.resume)
     all_options = dict(result_options, workers=executor.capacity, time_limit=settings.time_limit,
                        scheduler=None if settings.scheduler is None else str(settings.scheduler))
-    log.emit("resumed" if settings.resume else "started", None, options=all_options, networks=len(problem.stack) - 1,
+    log.emit("resumed" if settings.resume else "started", None, options=all_options, settings=settings.to_json(),
+             networks=len(problem.stack) - 1,
              run_fingerprint=fingerprint)
 
     def checkpoint(engine: Engine) -> None:

@@ -141,6 +141,11 @@ def _init_worker(problem: Any, settings: VerifySettings, driver_pid: int | None 
     # Ctrl-C is handled by the driver (it checkpoints and stops the pool); workers must not print
     # their own KeyboardInterrupt tracebacks.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    import torch
+
+    # One core per worker: the node's symbolic bounds would otherwise start a torch thread per
+    # core in every worker, on top of the other workers' solvers.
+    torch.set_num_threads(1)
     if driver_pid is not None:
         _die_with(driver_pid)
     _WORKER_STATE["problem"] = problem
