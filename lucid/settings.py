@@ -11,6 +11,7 @@ compares them.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -23,6 +24,18 @@ BOUND_METHODS = ("interval", "lp")
 # the class's cutoff get their Lagrange multipliers and ReLU slopes optimised.
 SCREENS = ("none", "interval", "symbolic", "optimised")
 DEFAULT_SCREEN = "optimised"
+
+
+def parse_hyper(hyper: Any) -> int:
+    """--hyper: "loo" (hyper-networks over the leave-one-out networks) -> 0; "agt:K" (the run's
+    AGT parameter box for up to K removed rows, docs/agt.md) -> K >= 1."""
+    if hyper == "loo":
+        return 0
+    text = str(hyper)
+    prefix, _, k = text.partition(":")
+    if prefix == "agt" and re.fullmatch("[0-9]+", k) and int(k) >= 1:
+        return int(k)
+    raise LucidError(f"unknown --hyper {text!r}; valid: loo, or agt:K with K a positive whole number of removed rows")
 
 
 def _check_device(device: str) -> None:
@@ -95,6 +108,9 @@ class VerifySettings:
     bounds: how N's pre-activation bounds are computed ("lp" or "interval").
     disjunction, obbt, obbt_probe, obbt_share: the encoder's fixed knobs (see `EncodingOptions`).
     seed: k-means' random state when a node is split.
+    hyper: what the verified networks are: "loo" (the run's leave-one-out networks, by
+        branch-and-bound over their hyper-networks) or "agt:K" (every network within K removed
+        rows, through the run's AGT box: one MILP per class, `lucid.node.box`).
     """
 
     solver: str = "highs"
@@ -121,6 +137,7 @@ class VerifySettings:
     obbt_probe: float = 5.0
     obbt_share: float = 0.5
     seed: int = 0
+    hyper: str = "loo"
 
     def __post_init__(self) -> None:
         _positive("--time-limit", self.time_limit)
@@ -149,9 +166,26 @@ class VerifySettings:
                 object.__setattr__(self, name, float(value))
         if self.workers is not None:
             object.__setattr__(self, "workers", int(self.workers))
+        object.__setattr__(self, "hyper", f"agt:{self.removals}" if self.removals else "loo")
+        if self.removals:
+            self._check_box_mode()
         from lucid.solvers import check_solver_spec
 
         check_solver_spec(self.solver)
+
+    def _check_box_mode(self) -> None:
+        """Options of the branch-and-bound that a box verification (one MILP per class) has no use for."""
+        unused = [flag for flag, on in (("--resume", self.resume), ("--naive", self.naive), ("--no-bab", not self.bab),
+                                        ("--gap", self.gap > 0), ("--rel-gap", self.rel_gap > 0),
+                                        ("--scheduler", self.scheduler is not None)) if on]
+        if unused:
+            raise LucidError(f"{', '.join(unused)} cannot be combined with --hyper {self.hyper} "
+                             "(one MILP per class over the AGT box: no branch-and-bound, no checkpoint)")
+
+    @property
+    def removals(self) -> int:
+        """K of --hyper agt:K; 0 for the leave-one-out verification."""
+        return parse_hyper(self.hyper)
 
     @classmethod
     def from_options(cls, **options: Any) -> "VerifySettings":
@@ -207,7 +241,8 @@ class VerifySettings:
         """The options that determine the result: a resume must use the same ones."""
         return {"solver": self.solver, "tau": self.tau, "gap": self.gap, "rel_gap": self.rel_gap, "md": self.md,
                 "ris": self.ris, "bab": self.bab, "naive": self.naive, "screen": self.screen, "search": self.search,
-                "bounds": self.bounds, "node_time_limit": self.node_time_limit, "classes": list(classes)}
+                "bounds": self.bounds, "node_time_limit": self.node_time_limit, "classes": list(classes),
+                "hyper": self.hyper}
 
     def to_json(self) -> dict:
         out = asdict(self)

@@ -19,7 +19,7 @@ from lucid.errors import LucidError
 CHECKPOINT_FILE = "verify.checkpoint.json"
 CHECKPOINT_FORMAT = "lucid-bab-checkpoint/1"
 # Options added after the format was fixed: a checkpoint without them was made with these values.
-OPTION_DEFAULTS = {"rel_gap": 0.0}
+OPTION_DEFAULTS = {"rel_gap": 0.0, "hyper": "loo"}
 
 
 def run_fingerprint(run_dir: Path) -> str:

@@ -89,6 +89,7 @@ def _bounds_entries(engine: Any) -> dict[str, dict]:
 
 def verify_run(run_dir: str | Path, settings: VerifySettings | None = None, **options: Any) -> dict:
     """Compute per-class iDP decision bounds of a run; writes and returns the bounds.json content.
+    With `hyper="agt:K"` the bounds hold for every data set within K removed rows (`lucid.bab.box`).
 
     Options are a `VerifySettings` or its fields as keywords (`verify_run(run, time_limit=180)`)."""
     from lucid.bab.checkpoint import CHECKPOINT_FILE, load_checkpoint, run_fingerprint, save_checkpoint
@@ -111,6 +112,10 @@ def verify_run(run_dir: str | Path, settings: VerifySettings | None = None, **op
         fingerprint = run_fingerprint(run_path)
     except OSError as exc:
         raise LucidError(f"cannot read the networks of {run_path}: {exc}") from None
+    if settings.removals:  # --hyper agt:K: one MILP per class over the AGT box, no branch-and-bound
+        from lucid.bab.box import verify_box
+
+        return verify_box(run, settings, classes, result_options, fingerprint)
     states = None
     elapsed_before = 0.0
     if settings.resume:

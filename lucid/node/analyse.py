@@ -137,7 +137,7 @@ def _solve_once(problem, model: MilpModel, cls: int, solver: str, opts: SolverOp
     result = solve_checked(model, solver, opts, keep=keep, tree=tree)
     bound = max(user_bound(result, model), floor)
     witness = None
-    if result.solution is not None:
+    if result.solution is not None and len(positions):  # a box verification may have no networks to replay on
         witness = find_leak(problem.stack, positions, model.witness_input(result.solution), cls, problem.lower, problem.upper)
     strongest = max((w for w in (witness, known) if w is not None), key=lambda w: w.confidence, default=None)
     if contradicts(bound, strongest):

@@ -1,0 +1,101 @@
+"""`verify_run` with `--hyper agt:K`: per class one MILP over the run's AGT box for K removals.
+
+Writes RUN/bounds.json (lucid-bounds/1, every entry with `"removals": K`) and RUN/verify.log.jsonl
+(started, class_started, witness, class_done, finished). There is no branch-and-bound, so no
+checkpoint either: `VerifySettings` refuses --resume in this mode.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lucid.errors import LucidError
+from lucid.settings import VerifySettings
+from lucid.solvers.base import ERROR, INFEASIBLE, OPTIMAL, TIME_LIMIT
+
+REASONS = {
+    OPTIMAL: "proved: one MILP over the AGT box",
+    INFEASIBLE: "proved: one MILP over the AGT box",
+    TIME_LIMIT: "time limit: the solver's proved dual bound",
+    ERROR: "no consistent solver result: nothing proved",
+}
+
+
+def load_box(run: Any, k: int):
+    """Box k of the run; one error line (naming the run and the stored ks) before any work."""
+    from lucid.agt.store import AGT_FILE, load_boxes
+
+    if not (Path(run.path) / AGT_FILE).exists():
+        raise LucidError(f"--hyper agt:{k}: {run.path} has no AGT boxes ({AGT_FILE} is missing; "
+                         f"train the run with `lucid train ... --agt {k}`)")
+    boxes = load_boxes(run.path)
+    if k not in boxes:
+        stored = ", ".join(str(s) for s in sorted(boxes)) or "none"
+        raise LucidError(f"--hyper agt:{k}: {run.path} stores AGT boxes for k = {stored} only "
+                         f"(train it with `--agt {k}` or more)")
+    return boxes[k]
+
+
+def _class_limit(settings: VerifySettings, deadline: float | None, classes_left: int) -> float | None:
+    """This class's solver time: --node-time-limit, and a fair share of what --time-limit leaves."""
+    limit = settings.node_time_limit
+    if deadline is not None:
+        share = max((deadline - time.monotonic()) / classes_left, 0.1)
+        limit = share if limit is None else min(limit, share)
+    return limit
+
+
+def verify_box(run: Any, settings: VerifySettings, classes: list[int], result_options: dict, fingerprint: str) -> dict:
+    """Bound every class in `classes` over the run's box for `settings.removals` removed rows."""
+    from lucid.agt.store import box_hyper_network
+    from lucid.bab.events import LOG_FILE, EventLog
+    from lucid.node.box import analyse_box, check_box_holds_networks
+    from lucid.node.problem import VerificationProblem
+    from lucid.rundir import bound_entry_value, write_bounds
+    from lucid.witness.search import search_class_witness
+
+    k = settings.removals
+    box = load_box(run, k)
+    problem = VerificationProblem.from_run(run, bounds=settings.bounds, with_points=settings.search)
+    loo = np.arange(1, len(problem.stack), dtype=np.int64)  # every N_-i lies in every box with k >= 1
+    hyper = box_hyper_network(box, loo, input_dim=run.input_dim)
+    check_box_holds_networks(problem, hyper, f"--hyper agt:{k} on {run.path}")
+    run_path = Path(run.path)
+    t0 = time.monotonic()
+    deadline = None if settings.time_limit is None else t0 + settings.time_limit
+    threads = settings.workers or 1
+    options = dict(result_options, workers=threads, time_limit=settings.time_limit, scheduler=None)
+    entries: dict[str, dict] = {}
+    with EventLog(run_path / LOG_FILE) as log:
+        log.emit("started", None, options=options, settings=settings.to_json(), networks=len(loo), removals=k,
+                 run_fingerprint=fingerprint)
+        for i, c in enumerate(classes):
+            log.emit("class_started", c, networks=len(loo), removals=k)
+            t_class = time.monotonic()
+            known = search_class_witness(problem, c, loo, points=problem.points) if settings.search and loo.size else None
+            if known is not None:
+                log.emit("witness", c, lower=known.confidence, leaking_row=known.leaking_row, source="search")
+            solver_options = settings.solver_options(_class_limit(settings, deadline, len(classes) - i), threads)
+            out = analyse_box(problem, c, hyper, settings, solver_options, loo_positions=loo, known=known)
+            complete = out.status in (OPTIMAL, INFEASIBLE)
+            reason = REASONS.get(out.status, out.status)
+            log.emit("class_done", c, upper=out.upper, lower=out.lower, complete=complete, reason=reason,
+                     within_gap=False, solved=1, open=0, stats=out.stats)
+            entries[str(c)] = {
+                "upper": bound_entry_value(out.upper, upper=True),
+                "lower": bound_entry_value(out.lower, upper=False),
+                "complete": complete,
+                "exact": complete,
+                "seconds": round(time.monotonic() - t_class, 3),
+                "nodes": 1,
+                "reason": reason,
+                "leaking_row": out.leaking_row,
+                "removals": k,  # the bound holds for every data set within k removed rows of D
+            }
+        result = write_bounds(run_path, entries, solver=settings.solver, options=options)
+        log.emit("finished", None, bounds=result["bounds"])
+    return result
