@@ -172,3 +172,20 @@ def test_the_flags_reach_the_box_analysis(runs, tmp_path, monkeypatch):
     _, settings, options = seen[0]
     assert settings.hyper == "agt:2" and settings.removals == 2 and not settings.search
     assert options.time_limit == 7.0
+
+
+def test_a_time_limited_solve_reports_its_dual_bound_as_incomplete(runs, tmp_path, monkeypatch):
+    import lucid.solvers
+    from lucid.solvers.base import TIME_LIMIT, SolveResult
+
+    def stopped(model, solver="highs", options=None, **kw):  # a solver that ran out of time at dual bound 0.5
+        return SolveResult(status=TIME_LIMIT, upper_bound=0.5, solver=solver)
+
+    monkeypatch.setattr(lucid.solvers, "solve", stopped)
+    run = fresh(runs["agt2"], tmp_path)
+    bounds = verify_run(run, hyper="agt:1", workers=1, progress=False, search=False, time_limit=5)["bounds"]
+    solved = [entry for entry in bounds.values() if entry["upper"] != -1.0]  # -1.0: no MILP, nothing can leak
+    assert solved
+    for entry in solved:
+        assert not entry["complete"] and not entry["exact"] and "time limit" in entry["reason"]
+        assert 0.5 < entry["upper"] < 0.5 + 1e-3  # the dual bound plus the safety margin

@@ -207,6 +207,10 @@ def test_resume_and_scheduler_reach_the_checkpoint_and_the_executor(run_dir, mon
     ({"colour": "red"}, "unknown verify option(s): colour"),
     ({"screen": "crown"}, "unknown screen 'crown'"),
     ({"device": "tpu"}, "unknown device 'tpu'"),
+    ({"hyper": "agt:x"}, "unknown --hyper 'agt:x'"),
+    ({"hyper": "box"}, "unknown --hyper 'box'"),
+    ({"hyper": "agt:1", "resume": True}, "--resume cannot be combined with --hyper agt:1"),
+    ({"hyper": "agt:2", "naive": True}, "--naive cannot be combined with --hyper agt:2"),
 ])
 def test_bad_settings_are_one_error_line(options, message):
     with pytest.raises(LucidError) as info:
