@@ -77,6 +77,7 @@ def test_the_k1_bound_covers_the_exact_leave_one_out_bound(runs, tmp_path):
     events = read_events(run / "verify.log.jsonl")
     kinds = [e["event"] for e in events]
     assert kinds[0] == "started" and kinds[-1] == "finished" and kinds.count("class_done") == 2
+    assert kinds.count("solved") == 2 and kinds.count("anytime") == 2  # what `lucid log` reads
     assert events[0]["options"]["hyper"] == "agt:1" and events[0]["removals"] == 1
 
 

@@ -1,7 +1,7 @@
 """`verify_run` with `--hyper agt:K`: per class one MILP over the run's AGT box for K removals.
 
 Writes RUN/bounds.json (lucid-bounds/1, every entry with `"removals": K`) and RUN/verify.log.jsonl
-(started, class_started, witness, class_done, finished). There is no branch-and-bound, so no
+(started, class_started, witness, solved, anytime, class_done, finished). There is no branch-and-bound, so no
 checkpoint either: `VerifySettings` refuses --resume in this mode.
 """
 
@@ -83,8 +83,12 @@ def verify_box(run: Any, settings: VerifySettings, classes: list[int], result_op
             out = analyse_box(problem, c, hyper, settings, solver_options, loo_positions=loo, known=known)
             complete = out.status in (OPTIMAL, INFEASIBLE)
             reason = REASONS.get(out.status, out.status)
+            # the events `lucid log` reads: the one node, the class's bounds, its end
+            log.emit("solved", c, node=0, parent=None, size=len(loo), upper=out.upper, lower=out.lower,
+                     status=out.status, seconds=out.seconds, leaking_row=out.leaking_row, stats=out.stats)
+            log.emit("anytime", c, upper=out.upper, lower=out.lower, open=0, solved=1)
             log.emit("class_done", c, upper=out.upper, lower=out.lower, complete=complete, reason=reason,
-                     within_gap=False, solved=1, open=0, stats=out.stats)
+                     within_gap=False, solved=1, open=0)
             entries[str(c)] = {
                 "upper": bound_entry_value(out.upper, upper=True),
                 "lower": bound_entry_value(out.lower, upper=False),
