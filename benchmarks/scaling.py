@@ -6,7 +6,8 @@
 
 Per n (nested subsets of one seeded permutation of ../shared/data/adult, disjoint from the test
 split): training seconds and peak RSS (`lucid train`, paper settings: 2x50, 50 epochs, lr 0.1,
-batch 1024), the networks the screen keeps per class at the class's best solver-free leak, the
+batch 1024), the networks the screen keeps per class at the class's best solver-free leak (lucid
+verify's default optimised screen, and the interval screen for comparison), the
 verification seconds to upper/lower <= 1.1 per class with the default open-source solver (HiGHS,
 `--rel-gap 0.1`) and peak RSS, and test accuracy plain vs LUCID at eps = 0. Then the growth
 exponents (least squares on log-log) and the extrapolation to 36 000 rows.
@@ -81,21 +82,28 @@ def step(n: int, name: str, args: argparse.Namespace) -> dict:
         out = {"seconds": time.perf_counter() - t0, "networks": n + 1}
     elif name == "screen":
         from lucid.node.problem import VerificationProblem
-        from lucid.node.screen import screen_upper_bounds
+        from lucid.node.screen import Screen, screen_upper_bounds
         from lucid.witness.search import search_class_witness
 
         problem = VerificationProblem.from_run(open_run(run), with_points=True)
         positions = np.arange(1, len(problem.stack))
+        screen = Screen(problem, "optimised")  # lucid verify's default screen
         out = {"classes": {}}
         for c in range(problem.num_classes):
-            t = time.perf_counter()
-            screened = screen_upper_bounds(problem, c, positions)
-            screen_s = time.perf_counter() - t
             found = search_class_witness(problem, c, positions, points=problem.points)
-            lower = None if found is None else float(found.confidence)
-            kept = int(np.sum(screened > (-math.inf if lower is None else lower)))
-            out["classes"][str(c)] = {"lower": lower, "kept": kept, "networks": int(len(positions)),
-                                      "screen_seconds": screen_s}
+            level = -math.inf if found is None else float(found.confidence)
+            t = time.perf_counter()
+            interval = screen_upper_bounds(problem, c, positions)
+            interval_s = time.perf_counter() - t
+            t = time.perf_counter()
+            screened = screen.initial(c, positions)
+            above = positions[screened > level]
+            if len(above) and found is not None:
+                screened[above - 1] = np.minimum(screened[above - 1], screen.refine(c, above, level))
+            screen_s = time.perf_counter() - t
+            out["classes"][str(c)] = {"lower": None if found is None else level, "networks": int(len(positions)),
+                                      "kept": int(np.sum(screened > level)), "screen_seconds": screen_s,
+                                      "kept_interval": int(np.sum(interval > level)), "interval_seconds": interval_s}
         out["seconds"] = time.perf_counter() - t0
     elif name == "verify":
         result = verify_run(run, solver="highs", rel_gap=0.1, time_limit=args.time_limit * 2, workers=args.workers,
@@ -150,12 +158,13 @@ def report(args: argparse.Namespace) -> None:
              f"Command: `python benchmarks/scaling.py {' '.join(sys.argv[1:])}`. Each step in its own process; "
              "peak RSS is that process's. Verification: HiGHS, `--rel-gap 0.1` (done = upper/lower <= 1.1), "
              f"{args.workers} workers.", "",
-             "| n | train s | train RSS MiB | kept by screen (class 0 / 1) | verify s class 0 | verify s class 1 | "
+             "| n | train s | train RSS MiB | kept by the optimised (interval) screen, class 0 / 1 | verify s class 0 | verify s class 1 | "
              "verify RSS MiB | acc plain | acc LUCID eps=0 |", "|---|---|---|---|---|---|---|---|---|"]
     for n in ns:
         r = results[n]
         tr, sc, ev = r.get("train", {}), r.get("screen", {}), r.get("evaluate", {})
-        kept = " / ".join(f"{v['kept']} of {v['networks']}" for _, v in sorted(sc.get("classes", {}).items())) or "-"
+        kept = " / ".join(f"{v['kept']} ({v.get('kept_interval', '-')}) of {v['networks']}"
+                          for _, v in sorted(sc.get("classes", {}).items())) or "-"
         vs = [verify_seconds(r, c) for c in ("0", "1")]
         acc = ev.get("accuracy", {})
         lines.append("| {} | {} | {} | {} | {} | {} | {} | {} | {} |".format(
