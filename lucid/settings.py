@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from typing import Any
 
 from lucid.errors import LucidError
@@ -245,7 +245,7 @@ class VerifySettings:
                 "hyper": self.hyper}
 
     def to_json(self) -> dict:
-        out = asdict(self)
+        out = {f.name: getattr(self, f.name) for f in fields(self)}  # not asdict: it deep-copies a Client
         out["scheduler"] = None if self.scheduler is None else str(self.scheduler)
         out["classes"] = None if self.classes is None else list(self.classes)
         return out

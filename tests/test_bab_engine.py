@@ -255,7 +255,7 @@ def test_small_unfinished_sets_go_to_singletons():
 def test_a_useless_hyper_network_milp_makes_the_node_peel_its_top_screened_networks(tmp_path, rel_gap, monkeypatch):
     import lucid.bab.engine
 
-    monkeypatch.setattr(lucid.bab.engine, "PEEL_ROOT_ABOVE", 1000)  # the root gets its hyper MILP here
+    monkeypatch.setattr(lucid.bab.engine, "PEEL_ROOT_ABOVE", {})  # the root gets its hyper MILP here
     rng = np.random.default_rng(6)
     values = np.concatenate([[0.0], rng.uniform(0.2, 1.0, size=40)])
     screen_values = values + rng.uniform(0.05, 0.3, size=41)  # sound, and in another order than values
@@ -281,7 +281,7 @@ def test_a_large_screened_root_is_peeled_without_a_hyper_network_milp(tmp_path):
     from lucid.bab.split import PEEL_ROOT_ABOVE
 
     rng = np.random.default_rng(7)
-    n = PEEL_ROOT_ABOVE + 8
+    n = PEEL_ROOT_ABOVE["interval"] + 8
     values = np.concatenate([[0.0], rng.uniform(0.2, 1.0, size=n)])
     screen_values = values + rng.uniform(0.05, 0.3, size=n + 1)
     engine, analyser, log = make_engine(tmp_path, values, workers=1, screen=lambda c, pos: screen_values[pos],
@@ -438,10 +438,14 @@ def test_a_class_that_has_not_queued_its_root_is_work_a_singleton_must_not_starv
 
 
 @pytest.mark.parametrize("rel_gap", [0.0, 0.05])
-def test_the_first_singletons_seek_leaks_below_the_cutoff_once(tmp_path, rel_gap):
+def test_the_first_singletons_seek_leaks_below_the_cutoff_once(tmp_path, rel_gap, monkeypatch):
     """Under a tolerance, a class's first singleton per worker is analysed without the cutoff (a
     floored model could never find a leak between the best lower bound and the cutoff); every
     other analysis, and that singleton's own retry, gets the cutoff. Exact mode has nothing to seek."""
+    import lucid.bab.engine
+
+    # the root's MILP supplies the first lower bound here (there is no search)
+    monkeypatch.setattr(lucid.bab.engine, "PEEL_ROOT_ABOVE", {})
     values = np.concatenate([[0.0], np.linspace(0.1, 1.0, 10)])
 
     class TopTimesOutFirst(FakeAnalyser):

@@ -175,7 +175,8 @@ class Engine(AnytimeBounds, Scheduling):
                 self._refine(cs, positions)
                 positions = self._prune(cs, positions)
             if len(positions):
-                peel = self.config.bab and cs.screen is not None and len(positions) > PEEL_ROOT_ABOVE
+                peel = (self.config.bab and cs.screen is not None
+                        and len(positions) > PEEL_ROOT_ABOVE.get(self.config.screen, INF))
                 self._new_node(cs, positions, self._screened_upper(cs, positions), None, peel=peel)
         self._update_anytime(cs)
 

@@ -96,8 +96,11 @@ def split_node(params: np.ndarray, positions: np.ndarray, *, proved: bool, rando
 # A root with more screened networks than this is peeled at once, without its hyper-network MILP:
 # over hundreds of networks the interval weights are so loose that the MILP spends its whole time
 # limit and ends above the members' screened bounds (Adult 2x50: 359 and 130 networks, 450 s each,
-# no gain; benchmarks/results/verify_e2e.md), which is what would make the engine peel anyway.
-PEEL_ROOT_ABOVE = 32
+# no gain), which is what would make the engine peel anyway. The symbolic screens bound every
+# network on its own more tightly than a MILP over the interval hull of even a few networks can
+# (Crypto 2x50 class 1: a 5-network root MILP took 106 s and ended at its screen, while its
+# singletons were proved in 0.5-14 s), so with them every root of more than one network is peeled.
+PEEL_ROOT_ABOVE = {"interval": 32, "symbolic": 1, "optimised": 1}
 
 
 def peel_top(positions: np.ndarray, screen: np.ndarray, k: int) -> list[np.ndarray]:
