@@ -89,6 +89,9 @@ def report() -> None:
             fmt = lambda v: "-" if v is None else f"{v:.6g}"
             lines.append(f"| {r['workload']} | {r['screen']} | {r['rel_gap']:g} | {c} | {fmt(b['seconds'])} | {fmt(b['upper'])} "
                          f"| {fmt(b['lower'])} | {fmt(b['ratio'])} | {b['complete']} | {b['nodes']} | {r['date']}, {r['machine']} |")
+    notes = [f"- {r['workload']}, {r['screen']}, rel-gap {r['rel_gap']:g}: {r['note']}" for r in rows if r.get("note")]
+    if notes:
+        lines += ["", "Notes:", *notes]
     REPORT.write_text("\n".join(lines) + "\n")
 
 
