@@ -394,3 +394,24 @@ def test_cross_check_spec_errors():
         solve(knapsack(), "highs+nosuch")
     with pytest.raises(LucidError, match="invalid solver"):
         solve(knapsack(), "highs+")
+
+
+
+def test_highs_prints_nothing_on_stdout_before_it_is_asked_to():
+    """HiGHS writes a banner to the C-level stdout when a process makes its first instance; LUCID's
+    solves must not (it would land in `lucid verify`'s progress display and in piped stdout)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import numpy as np, scipy.sparse as sp\n"
+        "from lucid.milp.model import MilpModel\n"
+        "from lucid.solvers import solve, SolverOptions\n"
+        "m = MilpModel(A=sp.csr_matrix(np.array([[1.0, 1.0]])), row_lower=np.array([-np.inf]),\n"
+        "              row_upper=np.array([1.5]), col_lower=np.zeros(2), col_upper=np.ones(2),\n"
+        "              integrality=np.array([True, True]), objective=np.array([1.0, 2.0]))\n"
+        "r = solve(m, 'highs', SolverOptions())\n"
+        "print(round(r.upper_bound, 6))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout == "2.0\n"

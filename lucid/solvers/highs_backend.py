@@ -59,11 +59,11 @@ def solve_highs(
 ) -> SolveResult:
     import highspy
 
+    from lucid.solvers.highs_instance import new_highs
     from lucid.solvers.mps import to_highs_lp
 
     t0 = time.perf_counter()
-    h = highspy.Highs()
-    h.setOptionValue("output_flag", bool(options.verbose))
+    h = new_highs(output=bool(options.verbose))
     focus = BOUND_FOCUS_OPTIONS if options.focus == "bound" else {}
     for key, value in {**focus, **SOUND_OPTIONS, **(extra or {})}.items():
         h.setOptionValue(key, value)

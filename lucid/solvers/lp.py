@@ -21,9 +21,10 @@ class ObjectiveLp:
     def __init__(self, model: MilpModel) -> None:
         import highspy
 
+        from lucid.solvers.highs_instance import new_highs
+
         self.model = model
-        self.h = highspy.Highs()
-        self.h.setOptionValue("output_flag", False)
+        self.h = new_highs()
         self.h.setOptionValue("threads", 1)
         # Only the objective changes between solves, so the last optimal basis stays primal
         # feasible: primal simplex restarts from it (the new costs make it dual infeasible, so the

@@ -18,11 +18,9 @@ from lucid.errors import LucidError
 
 
 def _highs():
-    import highspy
+    from lucid.solvers.highs_instance import new_highs
 
-    h = highspy.Highs()
-    h.silent()
-    return h
+    return new_highs()
 
 
 def to_highs_lp(model: MilpModel, minimise: bool = False):
