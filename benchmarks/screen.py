@@ -40,12 +40,17 @@ RUNS = ROOT / "runs"
 # Final lower bounds of finished verifications (same training settings, seed 0):
 # crypto-2x50: idle_machine.md "Branch-and-bound (issue 6)" (lower 0.944143 / 0.279948);
 # adult-2x50: idle_machine.md sessions 9/10 (best replayed leaks 0.01875 / 0.02945).
-RECORDED_LB = {"crypto-2x50": {0: 0.944143, 1: 0.279948}, "adult-2x50": {0: 0.01875, 1: 0.02945}}
+# crypto-2x100: verify_e2e.md (class 0 finished at 0.934666; class 1's lower bound at its 30-minute limit).
+# Any other workload: the lower bounds in runs/NAME/bounds.json when a verification has written one.
+RECORDED_LB = {"crypto-2x50": {0: 0.944143, 1: 0.279948}, "adult-2x50": {0: 0.01875, 1: 0.02945},
+               "crypto-2x100": {0: 0.934666, 1: 0.295229}}
 
 WORKLOADS = {
     "crypto-2x50": dict(arch="2x50", batch_size=100),
     "adult-2x50": dict(arch="2x50", batch_size=1024),
     "digits-2x20": dict(arch="2x20", batch_size=100),
+    "crypto-2x100": dict(arch="2x100", batch_size=100),
+    "crypto-4x30": dict(arch="4x30", batch_size=100),
 }
 
 
@@ -112,6 +117,17 @@ def lp_singleton_bound(problem, cls: int, position: int) -> float:
     return float(user_bound(solve(model, "highs", SolverOptions()), model))
 
 
+def _run_lower_bound(name: str, cls: int) -> float | None:
+    """The lower bound a (possibly time-limited) `lucid verify` wrote into runs/NAME/bounds.json:
+    N's confidence at a replayed leak, so a true lower bound whether or not the class finished."""
+    path = RUNS / name / "bounds.json"
+    if not path.exists():
+        return None
+    entry = json.loads(path.read_text())["bounds"].get(str(cls))
+    lower = None if entry is None else entry.get("lower")
+    return float(lower) if isinstance(lower, (int, float)) and math.isfinite(lower) else None
+
+
 def lower_bounds(name: str, problem, classes) -> dict[int, dict]:
     from lucid.witness.search import search_node_witness
 
@@ -121,7 +137,7 @@ def lower_bounds(name: str, problem, classes) -> dict[int, dict]:
         t0 = time.perf_counter()
         w = search_node_witness(problem.stack, positions, c, problem.lower, problem.upper)
         replayed = -math.inf if w is None else float(w.confidence)
-        recorded = RECORDED_LB.get(name, {}).get(c)
+        recorded = RECORDED_LB.get(name, {}).get(c, _run_lower_bound(name, c))
         out[c] = {"replayed": replayed, "recorded": recorded, "search_s": time.perf_counter() - t0}
     return out
 
@@ -176,16 +192,16 @@ def measure(name: str, classes, lp_sample: int, steps: int, threads: int, lr: fl
             "layers": problem.stack.layer_sizes}
 
 
-def report(results: list[dict], path: Path, command: str, steps: int, threads: int) -> None:
+def report(results: list[dict], path: Path, steps: int, threads: int) -> None:
+    """Write the table of `results` (each stamped with the command, date and commit that measured it)."""
     import torch
 
     cpu = platform.processor() or platform.machine()
     lines = [
         "# Screen benchmark (issue 19): leave-one-out networks discarded without a solver",
         "",
-        f"- Command: `{command}`",
-        f"- Date (UTC): {time.strftime('%Y-%m-%d %H:%M', time.gmtime())}; commit "
-        f"{subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], capture_output=True, text=True, cwd=ROOT).stdout.strip()}",
+        *[f"- `{cmd}` ({when}; commit {commit})" for cmd, when, commit
+          in dict.fromkeys((r["command"], r["date"], r["commit"]) for r in results)],
         f"- Machine: {platform.platform()}, {cpu}, torch {torch.__version__}, {threads} torch thread(s), CPU, float64 "
         "(shared with other jobs: timings are upper estimates)",
         f"- (a) interval = `screen_upper_bounds`; (b) symbolic = `symbolic_screen`, lambda = 1; (c) optimised = "
@@ -193,9 +209,10 @@ def report(results: list[dict], path: Path, command: str, steps: int, threads: i
         "optimised, so its seconds include (b)'s work again; the medians of (c) mix optimised and start bounds); (d) LP = LP relaxation of each sampled singleton's own MILP (HiGHS), "
         "the ceiling. 'discarded' = share of all leave-one-out networks with bound <= LB; (d) and 'sample' "
         "columns are on the same random sample of networks.",
-        "- LB: the larger of the recorded final lower bound of a finished verification of the same training "
-        "(benchmarks/results/idle_machine.md) and N's confidence at the replayed leak of "
-        "`search_node_witness` over all networks (a true lower bound for these networks).",
+        "- LB: the larger of the recorded lower bound of a verification of the same training (RECORDED_LB in "
+        "benchmarks/screen.py: benchmarks/results/idle_machine.md, verify_e2e.md; else runs/NAME/bounds.json of a "
+        "time-limited `lucid verify`) and N's confidence at the replayed leak of `search_node_witness` over all "
+        "networks (both true lower bounds for these networks).",
         "",
         "| workload | class | networks | LB (recorded / replayed) | (a) interval discarded, s | (b) symbolic discarded, s "
         "| (c) optimised discarded, s | sample: (a) / (b) / (c) / (d) LP | (d) s per network | median bound (a) / (b) / (c) / (d) "
@@ -275,11 +292,17 @@ def main(argv=None) -> None:
     if args.prepare:
         prepare(names)
     classes = None if args.classes is None else [int(c) for c in args.classes.split(",")]
-    results = []
+    report_path = Path(args.report)
+    saved = report_path.with_suffix(".json")
+    # Earlier rows of other workloads stay in the table (a workload measured again replaces its row).
+    results = [r for r in json.loads(saved.read_text()) if r["workload"] not in names] if saved.exists() else []
+    stamp = {"command": "python benchmarks/screen.py " + " ".join(sys.argv[1:] if argv is None else argv),
+             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+             "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                      cwd=ROOT).stdout.strip()}
     for name in names:
-        results.append(measure(name, classes, args.lp_sample, args.steps, args.threads))
-        report(results, Path(args.report), "python benchmarks/screen.py " + " ".join(sys.argv[1:] if argv is None else argv),
-               args.steps, args.threads)
+        results.append({**measure(name, classes, args.lp_sample, args.steps, args.threads), **stamp})
+        report(results, report_path, args.steps, args.threads)
 
 
 if __name__ == "__main__":

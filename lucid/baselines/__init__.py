@@ -3,6 +3,7 @@
 - `dpsgd`: DP-SGD (Opacus, RDP accountant) — (eps, delta)-DP for the whole training set.
 - `alibi`: ALIBI label-DP (Laplace randomized response on one-hot labels, Bayesian soft labels).
 - `subsample_aggregate`: T teachers on disjoint parts, exponential mechanism over vote counts.
+- `smooth_sensitivity`: AGT smooth-sensitivity private prediction (one model or T teachers).
 
 Every baseline returns a `BaselineResult` with the test accuracy and the training seconds, and
 reports an unreachable privacy target as a result (status "unreachable") instead of raising.
