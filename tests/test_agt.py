@@ -21,7 +21,6 @@ from lucid.agt.gradients import RowBounds, removal_mean_bounds, row_gradient_bou
 from lucid.agt.store import AGT_FILE, box_hyper_network, load_boxes
 from lucid.cli import main
 from lucid.errors import LucidError
-from lucid.training import train_run
 from lucid.training.architecture import initial_parameters, parse_arch
 from lucid.training.vectorized import _sgd_update, batch_orders, dense_gradients, train_networks
 

@@ -84,12 +84,12 @@ def box_hyper_network(box: AgtBox, positions: np.ndarray | list[int], input_dim:
     while f"conv.{j}.weight" in box.lower:
         if length is None:
             raise LucidError("lowering a CNN box needs the input dimension")
-        lo_k, hi_k = box.lower[f"conv.{j}.weight"], box.upper[f"conv.{j}.weight"]
+        kernel = box.lower[f"conv.{j}.weight"]
         for bound, ws, bs in ((box.lower, w_lo, b_lo), (box.upper, w_hi, b_hi)):
             dense, bias = lower_conv(bound[f"conv.{j}.weight"], bound[f"conv.{j}.bias"], length)
             ws.append(dense.numpy().astype(np.float64))
             bs.append(bias.numpy().astype(np.float64))
-        length = length - lo_k.shape[2] + 1
+        length = length - kernel.shape[2] + 1
         j += 1
     i = 0
     while f"layers.{i}.weight" in box.lower:
