@@ -10,6 +10,7 @@ split; 2x50, 2x100, 4x30, CNN; batch 100) and Adult (seeded stratified split int
 and 4000 test rows; 2x50, CNN; batch 1024). Methods: `plain` (same SGD, no privacy), `lucid`
 (lucid train -> lucid.bab.verify_run -> lucid.access.evaluate.evaluate_run, which also gives
 Naive-Noise and Naive-iDP), `dpsgd`, `alibi`, `sa` (subsample-and-aggregate, T = 16, 64, 256),
+`dpcert` (DP-SGD with noise-augmentation multiplicity + randomized-smoothing prediction),
 `agtss` / `agtsa` (AGT smooth-sensitivity prediction, one model / T teachers; opt-in: each network
 costs 10 abstract training runs, and at the paper's settings the boxes diverge, so it falls back to
 the global-sensitivity noise; see lucid/baselines/smooth_sensitivity.py).
@@ -196,6 +197,10 @@ def baseline_results(method: str, data, cfg) -> list[dict]:
         return [train_dpsgd(data, cfg, e).to_json() for e in BASELINE_EPS]
     if method == "alibi":
         return [train_alibi(data, cfg, e).to_json() for e in BASELINE_EPS]
+    if method == "dpcert":
+        from lucid.baselines.dpcert import train_dpcert
+
+        return [train_dpcert(data, cfg, e).to_json() for e in BASELINE_EPS]
     if method.startswith("sa"):
         return [r.to_json() for r in run_subsample_aggregate(data, cfg, int(method[2:]), BASELINE_EPS)]
     if method.startswith("agtss"):  # agtss = one model, agtss16 = 16 teachers
@@ -318,7 +323,7 @@ def render_report(results: dict, workloads: list[Workload], args, argv: list[str
                      f"{ev['access_ms']['lucid']:.4f} |")
     lines.append("")
     # Table 3
-    methods = [("dpsgd", "DP-SGD"), ("alibi", "ALIBI")] + [(f"sa{t}", f"S&A T={t}") for t in args.teachers] + \
+    methods = [("dpsgd", "DP-SGD"), ("dpcert", "DP-CERT"), ("alibi", "ALIBI")] + [(f"sa{t}", f"S&A T={t}") for t in args.teachers] + \
         [("agtss", "AGT smooth sens.")] + [(f"agtss{t}", f"AGT S&A T={t}") for t in args.teachers]
     lines += ["## Table 3 — private training / prediction baselines (accuracy %, training seconds)", "",
               "| workload | method | ε=0.02 | ε=0.2 | ε=1 | train s |", "|---|---|---|---|---|---|"]
@@ -398,7 +403,7 @@ def render_plot(results: dict, workloads: list[Workload], teachers: list[int], p
     rows = (len(shown) + cols - 1) // cols
     fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.6 * rows), squeeze=False)
     series = [("lucid", "LUCID", "o-"), ("naive_idp", "Naive-iDP", "s--"), ("naive_noise", "Naive-Noise", "x:"),
-              ("dpsgd", "DP-SGD", "^-"), ("alibi", "ALIBI", "v-")] + [(f"sa{t}", f"S&A T={t}", "d-") for t in teachers] + \
+              ("dpsgd", "DP-SGD", "^-"), ("dpcert", "DP-CERT", "<-"), ("alibi", "ALIBI", "v-")] + [(f"sa{t}", f"S&A T={t}", "d-") for t in teachers] + \
         [("agtss", "AGT smooth sens.", "P-")] + [(f"agtss{t}", f"AGT S&A T={t}", "*-") for t in teachers]
     for ax, wl in zip(axes.flat, shown):
         entry = results[wl.name]
@@ -445,7 +450,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=None, help="work directory (runs, cache); default /tmp/lucid-paper-tables[-quick]")
     p.add_argument("--report", type=Path, default=None, help="markdown report path")
     p.add_argument("--workloads", default=None, help="comma-separated subset of: " + ", ".join(w.name for w in WORKLOADS))
-    p.add_argument("--methods", default="plain,lucid,dpsgd,alibi,sa", help="comma-separated: plain, lucid, dpsgd, alibi, sa, agtss, agtsa")
+    p.add_argument("--methods", default="plain,lucid,dpsgd,alibi,sa", help="comma-separated: plain, lucid, dpsgd, dpcert, alibi, sa, agtss, agtsa")
     p.add_argument("--teachers", default=None, help="subsample-and-aggregate T values (default 16,64,256; quick 4,16)")
     p.add_argument("--time-limit", type=float, default=None, help="LUCID verification seconds per class (default 3600; quick 2)")
     p.add_argument("--workers", type=int, default=None, help="verification workers (default 2; quick 1)")
@@ -502,7 +507,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(max(1, args.threads))
     workloads = select_workloads(args)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    bad = [m for m in methods if m not in ("plain", "lucid", "dpsgd", "alibi", "sa", "agtss", "agtsa")]
+    bad = [m for m in methods if m not in ("plain", "lucid", "dpsgd", "dpcert", "alibi", "sa", "agtss", "agtsa")]
     if bad:
         sys.exit(f"unknown method(s) {', '.join(bad)}")
     keys = [m for m in methods if m not in ("sa", "agtsa")] + ([f"sa{t}" for t in args.teachers] if "sa" in methods else []) \

@@ -1,6 +1,7 @@
 """Private-training and private-prediction baselines LUCID is compared with (paper Table 3).
 
 - `dpsgd`: DP-SGD (Opacus, RDP accountant) — (eps, delta)-DP for the whole training set.
+- `dpcert`: DP-CERT — DP-SGD over noise-augmented copies (averaged, then clipped), smoothed prediction.
 - `alibi`: ALIBI label-DP (Laplace randomized response on one-hot labels, Bayesian soft labels).
 - `subsample_aggregate`: T teachers on disjoint parts, exponential mechanism over vote counts.
 - `smooth_sensitivity`: AGT smooth-sensitivity private prediction (one model or T teachers).

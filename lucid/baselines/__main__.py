@@ -1,6 +1,6 @@
 """`python -m lucid.baselines RUN`: the private-training baselines on a LUCID run's data.
 
-Trains DP-SGD, ALIBI, subsample-and-aggregate and AGT smooth-sensitivity prediction (one model,
+Trains DP-SGD, DP-CERT, ALIBI, subsample-and-aggregate and AGT smooth-sensitivity prediction (one model,
 or teachers) with the run's architecture and training
 settings (run.json) on its training split and reports test accuracy and training seconds as a
 markdown table (and JSON with --json). Bad input: one line on stderr, exit status 2.
@@ -12,7 +12,7 @@ import click
 
 from lucid.errors import LucidError
 
-METHODS = ("plain", "dpsgd", "alibi", "sa", "agt-ss", "agt-sa")
+METHODS = ("plain", "dpsgd", "dpcert", "alibi", "sa", "agt-ss", "agt-sa")
 
 
 def _floats(text: str, what: str) -> list[float]:
@@ -25,7 +25,7 @@ def _floats(text: str, what: str) -> list[float]:
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("run_dir", type=click.Path())
 @click.option("--epsilon", default="0.02,0.2,1", show_default=True, help="Comma-separated privacy budgets.")
-@click.option("--methods", default="plain,dpsgd,alibi,sa", show_default=True, help="Subset of plain,dpsgd,alibi,sa,agt-ss,agt-sa (AGT smooth sensitivity: one model / --teachers).")
+@click.option("--methods", default="plain,dpsgd,alibi,sa", show_default=True, help="Subset of plain,dpsgd,dpcert,alibi,sa,agt-ss,agt-sa (AGT smooth sensitivity: one model / --teachers).")
 @click.option("--teachers", default="16,64,256", show_default=True, help="Subsample-and-aggregate T values.")
 @click.option("--delta", type=float, default=None, help="DP-SGD delta (default 1/n).")
 @click.option("--max-grad-norm", type=float, default=1.0, show_default=True, help="DP-SGD clipping norm.")
@@ -35,6 +35,7 @@ def command(run_dir, epsilon, methods, teachers, delta, max_grad_norm, agt_k, js
     from lucid.atomic import write_json_atomic
     from lucid.baselines.alibi import train_alibi
     from lucid.baselines.common import check_epsilon, load_run_data, train_plain
+    from lucid.baselines.dpcert import train_dpcert
     from lucid.baselines.dpsgd import train_dpsgd
     from lucid.baselines.smooth_sensitivity import run_smooth_sensitivity
     from lucid.baselines.subsample_aggregate import run_subsample_aggregate
@@ -52,6 +53,8 @@ def command(run_dir, epsilon, methods, teachers, delta, max_grad_norm, agt_k, js
             results.append(train_plain(data, config))
         elif m == "dpsgd":
             results += [train_dpsgd(data, config, e, delta=delta, max_grad_norm=max_grad_norm) for e in eps]
+        elif m == "dpcert":
+            results += [train_dpcert(data, config, e, delta=delta, max_grad_norm=max_grad_norm) for e in eps]
         elif m == "alibi":
             results += [train_alibi(data, config, e) for e in eps]
         elif m == "agt-ss":
