@@ -1,0 +1,147 @@
+"""What an AGT box is worth to LUCID: beta_c from `--hyper agt:k` against the leave-one-out BaB.
+
+For one training setting where the k-removal boxes stay narrow (see benchmarks/agt.py and
+benchmarks/results/agt.md), it runs the product end to end from the command line:
+
+1. `lucid train DATA --agt K` (N, every leave-one-out network and the boxes k = 1..K) and
+   `lucid train DATA --agt K --no-loo` (N and the boxes only): training seconds of AGT alone and,
+   by difference, of the leave-one-out networks;
+2. `lucid verify RUN` (the leave-one-out branch-and-bound, `--hyper loo`) and
+   `lucid verify RUN --hyper agt:k` for every k asked, each on its own copy of the run;
+3. `lucid evaluate RUN --seed 0` on each copy: test accuracy of LUCID at every epsilon, and the
+   share of test inputs that get noise.
+
+Every step's result is saved as it finishes under OUT/results/*.json, so an interrupted run
+resumes where it stopped (delete a file to redo that step). The markdown table goes to
+OUT.md (`--render` re-draws it from the saved results).
+
+    python benchmarks/agt_verify.py --name crypto-fb10 \
+        --train "/work/shared/data/crypto/train.npz --test-data /work/shared/data/crypto/test.npz \
+                 --batch-size 2800 --epochs 10 --lr 0.1" \
+        --k 1,2,5,10 --time-limit 600 --out benchmarks/results/agt_verify
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from lucid.atomic import write_json_atomic  # noqa: E402
+
+RUN_FILES = ("run.json", "data.npz", "networks.safetensors", "agt.safetensors")
+
+
+def _lucid(*args: str) -> tuple[float, str]:
+    """Run the `lucid` CLI; (seconds, stdout). A failure stops the benchmark with its stderr."""
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "lucid", *args], capture_output=True, text=True)
+    seconds = time.perf_counter() - start
+    if proc.returncode != 0:
+        sys.exit(f"lucid {' '.join(args)} failed ({proc.returncode}): {proc.stderr.strip()[-2000:]}")
+    return seconds, proc.stdout
+
+
+def _step(results: Path, name: str, compute) -> dict:
+    """The saved result of a step, or compute and save it (resumable)."""
+    path = results / f"{name}.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    value = compute()
+    write_json_atomic(path, value)
+    return value
+
+
+def _train(work: Path, train_args: list[str], max_k: int) -> dict:
+    both, agt_only = work / "run", work / "run-agt-only"
+    for d in (both, agt_only):
+        shutil.rmtree(d, ignore_errors=True)  # a half-trained directory from an interrupted step
+    t_both, _ = _lucid("train", *train_args, "--out", str(both), "--agt", str(max_k), "--no-progress")
+    t_agt, _ = _lucid("train", *train_args, "--out", str(agt_only), "--agt", str(max_k), "--no-loo", "--no-progress")
+    shutil.rmtree(agt_only)
+    meta = json.loads((both / "run.json").read_text())
+    return {"train_args": train_args, "max_k": max_k, "seconds_loo_and_agt": t_both, "seconds_agt_only": t_agt,
+            "seconds_loo_estimate": max(t_both - t_agt, 0.0), "train_size": meta["train_size"],
+            "test_size": meta["test_size"]}
+
+
+def _verify(work: Path, hyper: str, verify_args: list[str]) -> dict:
+    copy = work / hyper.replace(":", "")
+    shutil.rmtree(copy, ignore_errors=True)
+    copy.mkdir(parents=True)
+    for name in RUN_FILES:
+        shutil.copy2(work / "run" / name, copy / name)
+    seconds, _ = _lucid("verify", str(copy), "--hyper", hyper, "--quiet", *verify_args)
+    bounds = json.loads((copy / "bounds.json").read_text())
+    _, _ = _lucid("evaluate", str(copy), "--seed", "0", "--json", str(copy / "evaluate.json"))
+    evaluation = json.loads((copy / "evaluate.json").read_text())
+    return {"hyper": hyper, "verify_args": verify_args, "seconds": seconds, "bounds": bounds["bounds"],
+            "evaluation": evaluation}
+
+
+def render(name: str, training: dict, rows: list[dict]) -> str:
+    lines = [
+        f"## {name}: beta_c over the AGT box against the leave-one-out branch-and-bound",
+        "",
+        f"Training (`lucid train {' '.join(training['train_args'])} --agt {training['max_k']}`), "
+        f"{training['train_size']} training rows: N + boxes k = 1..{training['max_k']} + every leave-one-out network "
+        f"{training['seconds_loo_and_agt']:.0f} s; N + boxes only (`--no-loo`) {training['seconds_agt_only']:.0f} s; "
+        f"so the {training['train_size']} leave-one-out networks ≈ {training['seconds_loo_estimate']:.0f} s.",
+        "",
+        "| hyper | class | upper β_c | lower | complete | reason | verify s | LUCID acc ε=0 / 0.2 / 1 | noised |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        acc = row["evaluation"]["accuracy"]["lucid"]
+        accs = " / ".join(f"{100 * acc[e]:.1f} %" for e in sorted(acc, key=float))
+        noised = f"{100 * row['evaluation']['noised_fraction']['lucid']:.1f} %"
+        for c, b in sorted(row["bounds"].items(), key=lambda kv: int(kv[0])):
+            lines.append(f"| {row['hyper']} | {c} | {b['upper']:.4g} | {b['lower']:.4g} | {b['complete']} | "
+                         f"{b.get('reason', '')} | {b['seconds']:.0f} | {accs} | {noised} |")
+    if rows:
+        lines += ["", f"N without privacy: {100 * rows[0]['evaluation']['accuracy']['plain']:.1f} % test accuracy."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--name", required=True)
+    p.add_argument("--train", required=True, help="DATA and `lucid train` flags, quoted")
+    p.add_argument("--k", default="1,2,5,10")
+    p.add_argument("--time-limit", type=float, default=600.0, help="per verification (shared by the classes)")
+    p.add_argument("--loo-args", default="--rel-gap 0 --workers 2", help="extra flags of the leave-one-out verify")
+    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "agt_verify"))
+    p.add_argument("--render", action="store_true", help="only re-draw OUT/NAME.md from saved results")
+    args = p.parse_args(argv)
+    ks = [int(k) for k in args.k.split(",") if k.strip()]
+    out = Path(args.out)
+    results, work = out / args.name, out / args.name / "work"
+    results.mkdir(parents=True, exist_ok=True)
+    limit = ["--time-limit", f"{args.time_limit:g}"]
+    steps = [("loo", ["--hyper", "loo"], shlex.split(args.loo_args) + limit)] + \
+            [(f"agt{k}", ["--hyper", f"agt:{k}"], limit) for k in ks]
+    if args.render:
+        training = json.loads((results / "train.json").read_text())
+        rows = [json.loads((results / f"{s}.json").read_text()) for s, _, _ in steps if (results / f"{s}.json").exists()]
+    else:
+        training = _step(results, "train", lambda: _train(work, shlex.split(args.train), max(ks)))
+        rows = []
+        for step, hyper, extra in steps:
+            rows.append(_step(results, step, lambda h=hyper[1], e=extra: _verify(work, h, e)))
+            print(f"{args.name}: {step} done", flush=True)
+        shutil.rmtree(work, ignore_errors=True)
+    (out / f"{args.name}.md").write_text(render(args.name, training, rows))
+    print((out / f"{args.name}.md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
