@@ -103,6 +103,8 @@ def test_the_baseline_reports_accuracy_and_unreachable_targets():
     assert teachers[0].method == "agt_smooth_sensitivity[T=3]" and teachers[0].status == "ok"
     multi = run_smooth_sensitivity(_data(3), cfg, [1.0], k_max=1)
     assert multi[0].status == "unreachable" and "binary" in multi[0].message
+    cnn = run_smooth_sensitivity(_data(), TrainConfig(arch="cnn", epochs=1, batch_size=1000), [1.0], k_max=1)
+    assert cnn[0].status == "unreachable" and "MLP" in cnn[0].message
     with pytest.raises(LucidError, match="k_max"):
         run_smooth_sensitivity(_data(), cfg, [1.0], k_max=0)
 
