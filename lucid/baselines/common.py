@@ -168,3 +168,13 @@ def check_epsilon(epsilon: float) -> float:
     if not (epsilon >= 0 and math.isfinite(epsilon)):
         raise LucidError(f"epsilon must be a finite number >= 0, got {epsilon}")
     return epsilon
+
+
+def check_dp_sgd_settings(n: int, delta: float | None, max_grad_norm: float) -> float:
+    """Validate the (eps, delta)-DP training settings shared by DP-SGD and DP-CERT; delta defaults to 1/n."""
+    delta = 1.0 / n if delta is None else float(delta)
+    if not 0 < delta < 1:
+        raise LucidError(f"delta must lie in (0, 1), got {delta}")
+    if not max_grad_norm > 0:
+        raise LucidError(f"the clipping norm must be positive, got {max_grad_norm}")
+    return delta

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from lucid.baselines.common import BaselineResult, Dataset, TrainConfig, check_epsilon
+from lucid.baselines.common import BaselineResult, Dataset, TrainConfig, check_dp_sgd_settings, check_epsilon
 from lucid.baselines.models import build_model
 from lucid.errors import LucidError
 
@@ -83,11 +83,7 @@ def train_dpcert(
 
     epsilon = check_epsilon(epsilon)
     n = len(data.X_train)
-    delta = 1.0 / n if delta is None else float(delta)
-    if not 0 < delta < 1:
-        raise LucidError(f"delta must lie in (0, 1), got {delta}")
-    if not max_grad_norm > 0:
-        raise LucidError(f"the clipping norm must be positive, got {max_grad_norm}")
+    delta = check_dp_sgd_settings(n, delta, max_grad_norm)
     if int(augmentations) != augmentations or augmentations < 0:
         raise LucidError(f"the number of augmentations must be a non-negative integer, got {augmentations}")
     if not (math.isfinite(sigma) and sigma > 0):

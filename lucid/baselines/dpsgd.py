@@ -14,9 +14,8 @@ import warnings
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from lucid.baselines.common import BaselineResult, Dataset, TrainConfig, accuracy, check_epsilon
+from lucid.baselines.common import BaselineResult, Dataset, TrainConfig, accuracy, check_dp_sgd_settings, check_epsilon
 from lucid.baselines.models import build_model
-from lucid.errors import LucidError
 
 METHOD = "dpsgd"
 
@@ -33,11 +32,7 @@ def train_dpsgd(
 
     epsilon = check_epsilon(epsilon)
     n = len(data.X_train)
-    delta = 1.0 / n if delta is None else float(delta)
-    if not 0 < delta < 1:
-        raise LucidError(f"delta must lie in (0, 1), got {delta}")
-    if not max_grad_norm > 0:
-        raise LucidError(f"the clipping norm must be positive, got {max_grad_norm}")
+    delta = check_dp_sgd_settings(n, delta, max_grad_norm)
     info = {"delta": delta, "max_grad_norm": max_grad_norm, "sample_rate": min(1.0, config.batch_size / n)}
     if epsilon == 0:
         return BaselineResult(METHOD, epsilon, None, 0.0, "unreachable", "DP-SGD cannot reach eps = 0 (it would need infinite noise)", info)
