@@ -177,7 +177,10 @@ class VerifySettings:
         """Options of the branch-and-bound that a box verification (one MILP per class) has no use for."""
         unused = [flag for flag, on in (("--resume", self.resume), ("--naive", self.naive), ("--no-bab", not self.bab),
                                         ("--gap", self.gap > 0), ("--rel-gap", self.rel_gap > 0),
-                                        ("--scheduler", self.scheduler is not None)) if on]
+                                        ("--scheduler", self.scheduler is not None),
+                                        # the box MILP has no member networks to screen
+                                        (f"--screen {self.screen}", self.screen != DEFAULT_SCREEN),
+                                        (f"--device {self.device}", self.device != "cpu")) if on]
         if unused:
             raise LucidError(f"{', '.join(unused)} cannot be combined with --hyper {self.hyper} "
                              "(one MILP per class over the AGT box: no branch-and-bound, no checkpoint)")

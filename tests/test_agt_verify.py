@@ -132,6 +132,10 @@ def test_branch_and_bound_options_are_refused_with_a_box(runs, tmp_path, capsys)
     code, err = run_main(["verify", str(run), "--hyper", "agt:1", "--resume", "--rel-gap", "0.1"], capsys)
     assert code == 2 and err.count("\n") == 1 and "--resume, --rel-gap cannot be combined with --hyper agt:1" in err
     assert not (run / "bounds.json").exists()
+    for flags, named in ((["--screen", "interval"], "--screen interval"), (["--no-screen"], "--screen none")):
+        code, err = run_main(["verify", str(run), "--hyper", "agt:1", *flags], capsys)
+        assert code == 2 and err.count("\n") == 1 and f"{named} cannot be combined with --hyper agt:1" in err
+    assert not (run / "bounds.json").exists()
 
 
 def test_the_cli_writes_the_kind_of_bound_and_the_access_layer_reads_it(runs, tmp_path):
