@@ -26,7 +26,7 @@ def _floats(text: str, what: str) -> list[float]:
 @click.argument("run_dir", type=click.Path())
 @click.option("--epsilon", default="0.02,0.2,1", show_default=True, help="Comma-separated privacy budgets.")
 @click.option("--methods", default="plain,dpsgd,alibi,sa", show_default=True, help="Subset of plain,dpsgd,dpcert,alibi,sa,agt-ss,agt-sa (AGT smooth sensitivity: one model / --teachers).")
-@click.option("--teachers", default="16,64,256", show_default=True, help="Subsample-and-aggregate T values.")
+@click.option("--teachers", default="16,64,256", show_default=True, help="Teacher counts T of sa and agt-sa.")
 @click.option("--delta", type=float, default=None, help="DP-SGD delta (default 1/n).")
 @click.option("--max-grad-norm", type=float, default=1.0, show_default=True, help="DP-SGD clipping norm.")
 @click.option("--agt-k", type=int, default=10, show_default=True, help="AGT smooth sensitivity: boxes for k = 1..K.")

@@ -26,15 +26,25 @@ def new_highs(output: bool = False):
         if _banner_done:
             h = highspy.Highs()
         else:
-            sys.stdout.flush()
-            saved, devnull = os.dup(1), os.open(os.devnull, os.O_WRONLY)
-            try:
-                os.dup2(devnull, 1)
-                h = highspy.Highs()
-            finally:
-                os.dup2(saved, 1)
-                os.close(saved)
-                os.close(devnull)
+            h = _constructed_silently(highspy)
             _banner_done = True
     h.setOptionValue("output_flag", bool(output))
     return h
+
+
+def _constructed_silently(highspy):
+    """The first instance, made with fd 1 pointed at /dev/null (made plainly where fd 1 cannot be
+    redirected, e.g. a process started with stdout closed: then there is nobody to disturb)."""
+    try:
+        sys.stdout.flush()
+        saved = os.dup(1)
+    except (OSError, ValueError):
+        return highspy.Highs()
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 1)
+        return highspy.Highs()
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+        os.close(devnull)
