@@ -96,3 +96,27 @@ def test_bad_settings_are_one_clear_error(kwargs, message):
     cfg = TrainConfig(arch="1x8", epochs=1, lr=0.5, batch_size=60, seed=0)
     with pytest.raises(LucidError, match=message):
         train_dpcert(_data(), cfg, 1.0, **kwargs)
+
+
+@pytest.mark.parametrize("arch", ["1x3", "cnn"])
+def test_the_run_architectures_average_then_clip_too(arch):
+    from lucid.baselines.models import build_model
+
+    torch.manual_seed(1)
+    model = build_model(arch, 6, 3)
+    copies = torch.rand(4, 3, 6)
+    y = torch.tensor([0, 2, 1, 2])
+    clip = 0.01
+    got = averaged_clipped_gradients(model, copies, y, clip)
+    expected = {n: torch.zeros_like(p) for n, p in model.named_parameters()}
+    for i in range(4):
+        model.zero_grad()
+        F.cross_entropy(model(copies[i]), y[i].repeat(3)).backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+        norm = float(torch.sqrt(sum(g.pow(2).sum() for g in grads.values())))
+        assert norm > clip  # every row is clipped, so the order of averaging and clipping matters
+        for n in grads:
+            expected[n] += grads[n] * (clip / norm)
+    for n in expected:
+        assert float(expected[n].abs().sum()) > 0 or "bias" in n
+        torch.testing.assert_close(got[n], expected[n], rtol=1e-4, atol=1e-8)

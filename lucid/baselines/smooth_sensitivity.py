@@ -16,10 +16,15 @@ i-th needs more than k_i removals); g gets the same Cauchy mechanism with K (K <
 Why only a k-grid of 1..k_max: each k is one abstract training run (its cost grows linearly);
 the paper finds the gain flattens after ~10 values and larger k rarely certify anything.
 
-Guarantee, stated exactly: the boxes of `lucid.agt` bound *removals* of training rows, so the
-eps is for the removal neighbouring relation (a data set and the same data set without rows:
-the relation of LUCID's own iDP guarantee); an add/remove guarantee would need boxes for added
-rows too, which `lucid.agt` does not compute. eps is per query (queries compose).
+What the eps means here, stated exactly: it is the paper's nominal eps (per query; queries
+compose), and this module is a baseline for comparison, not a proven guarantee. Two gaps:
+(1) the smooth-sensitivity argument needs the noise scale computed on a neighbouring data set to
+be within a factor exp(eps / 6) of this one's; a certified k' only bounds the true stable distance
+from below, so a neighbour's own AGT run may certify a much larger k' (the AGT paper's "any upper
+bound on the smooth sensitivity will do" step has the same gap); for a 0/1 release with equal
+labels the privacy loss between the two is at most eps * |k' - k''| / 6. (2) `lucid.agt` bounds
+*removals* only; from the smaller data set's side a removal is an addition, which no box here
+covers (the paper's boxes bound both).
 
 Accuracy is the exact expected accuracy of the randomized answers (Cauchy CDF, no sampling
 noise); a seeded sampled accuracy, the share of queries with k' >= 1 and the mean k' are in
@@ -111,7 +116,7 @@ def run_smooth_sensitivity(data: Dataset, config: TrainConfig, epsilons: Sequenc
     if not (math.isfinite(max_width) and max_width > 0):
         raise LucidError(f"the AGT width limit must be a positive number, got {max_width}")
     name = method_name(teachers)
-    info = {"teachers": teachers, "k_max": k_max, "privacy": "eps-DP per query, removal neighbours"}
+    info = {"teachers": teachers, "k_max": k_max, "privacy": "nominal eps per query (module docstring)"}
     if data.num_classes != 2:
         return [BaselineResult(name, e, None, 0.0, "unreachable",
                                f"the smooth-sensitivity mechanism is for binary classifiers ({data.num_classes} classes)",
