@@ -81,7 +81,7 @@ def _verify(work: Path, hyper: str, verify_args: list[str]) -> dict:
         shutil.copy2(work / "run" / name, copy / name)
     seconds, _ = _lucid("verify", str(copy), "--hyper", hyper, "--quiet", *verify_args)
     bounds = json.loads((copy / "bounds.json").read_text())
-    _, _ = _lucid("evaluate", str(copy), "--seed", "0", "--json", str(copy / "evaluate.json"))
+    _lucid("evaluate", str(copy), "--seed", "0", "--json", str(copy / "evaluate.json"))
     evaluation = json.loads((copy / "evaluate.json").read_text())
     return {"hyper": hyper, "verify_args": verify_args, "seconds": seconds, "bounds": bounds["bounds"],
             "evaluation": evaluation}
