@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 from lucid.agt import AgtDiverged, abstract_train  # noqa: E402
 from lucid.agt.finetune import train_partial  # noqa: E402
-from lucid.agt.gradients import affine_nonneg  # noqa: E402
+from lucid.agt.stability import certified_classes  # noqa: E402
 from lucid.data import prepare_dataset  # noqa: E402
 from lucid.training.architecture import initial_parameters, parse_arch  # noqa: E402
 from lucid.training.vectorized import batch_orders  # noqa: E402
@@ -86,19 +86,9 @@ def layer_stats(box, ref: dict[str, torch.Tensor], n_layers: int) -> list[tuple[
     return out
 
 
-def ibp_fixed(box, X: torch.Tensor, n_layers: int) -> float:
-    al = au = X.double()
-    for i in range(n_layers):
-        zl, zu, _ = affine_nonneg(al, au, box.lower[f"layers.{i}.weight"], box.upper[f"layers.{i}.weight"],
-                                  box.lower[f"layers.{i}.bias"], box.upper[f"layers.{i}.bias"])
-        al, au = zl.clamp(min=0), zu.clamp(min=0)
-    # class c is fixed if its lower score beats every other class's upper score
-    c = zl.shape[1]
-    fixed = torch.zeros(len(X), dtype=torch.bool)
-    for j in range(c):
-        others = torch.cat([zu[:, :j], zu[:, j + 1 :]], dim=1).amax(1)
-        fixed |= zl[:, j] > others
-    return float(fixed.double().mean())
+def ibp_fixed(box, X: torch.Tensor) -> float:
+    """Share of inputs whose class every network in the box agrees on (interval propagation)."""
+    return float((certified_classes(box, X.numpy()) >= 0).mean())
 
 
 def run_setting(data: str, name: str, loo_sample: int, log, k: int = 1, epochs_override: int | None = None) -> dict:
@@ -139,7 +129,7 @@ def run_setting(data: str, name: str, loo_sample: int, log, k: int = 1, epochs_o
     def on_epoch(epoch: int, box) -> None:
         if epoch + 1 in RECORD or epoch + 1 == epochs:
             rows.append({"epoch": epoch + 1, "layers": layer_stats(box, n_ref, n_layers),
-                         "ibp_fixed": ibp_fixed(box, Xt, n_layers)})
+                         "ibp_fixed": ibp_fixed(box, Xt)})
             log(f"  {data} / {name}: epoch {epoch + 1}: {rows[-1]['layers']}")
 
     trace: list[tuple[int, int, float]] = []  # (epoch, step, max width) of the first epochs
@@ -170,7 +160,7 @@ def run_setting(data: str, name: str, loo_sample: int, log, k: int = 1, epochs_o
         scale = float(torch.cat([n_ref[nm].abs().flatten() for nm in names]).mean())
         spread.append(float(diff.max()) / scale if len(sample) else 0.0)
     result["loo_spread"] = spread
-    result["ibp_fixed"] = ibp_fixed(box, Xt, n_layers)
+    result["ibp_fixed"] = ibp_fixed(box, Xt)
     return result
 
 

@@ -47,6 +47,7 @@ from lucid.baselines.common import BaselineResult, Dataset, TrainConfig, check_e
 from lucid.baselines.models import parse_architecture
 from lucid.baselines.subsample_aggregate import disjoint_parts
 from lucid.errors import LucidError
+from lucid.network import stack_from_tensors
 from lucid.training.architecture import initial_parameters
 from lucid.training.vectorized import batch_orders, train_networks
 
@@ -88,12 +89,9 @@ def _teacher(data: Dataset, config: TrainConfig, rows: np.ndarray, seed: int, k_
     options = dict(lr=config.lr, weight_decay=config.weight_decay, batch_size=int(config.batch_size),
                    num_classes=data.num_classes)
     params = train_networks(init, spec, X, y, torch.tensor([-1]), orders, **options)
-    a = torch.from_numpy(data.X_test).to(torch.float64)
-    n_layers = len(spec["hidden"]) + 1
-    for i in range(n_layers):
-        a = a @ params[f"layers.{i}.weight"][0].double().T + params[f"layers.{i}.bias"][0].double()
-        a = a.clamp(min=0) if i < n_layers - 1 else a
-    labels = a.argmax(dim=1).numpy()
+    tensors = {name: p.numpy() for name, p in params.items()} | {"removed": np.array([-1])}
+    stack = stack_from_tensors(tensors, spec, data.input_dim)  # the project's one stacked forward pass
+    labels = stack.forward(data.X_test)[0].argmax(axis=1)
     boxes, diverged = {}, None
     for k in range(1, k_max + 1):
         try:
@@ -107,7 +105,7 @@ def _teacher(data: Dataset, config: TrainConfig, rows: np.ndarray, seed: int, k_
 
 def run_smooth_sensitivity(data: Dataset, config: TrainConfig, epsilons: Sequence[float], *, k_max: int = 10,
                            teachers: int = 1, max_width: float = 1e6) -> list[BaselineResult]:
-    """One result per eps (eps-DP per query for removals, module docstring)."""
+    """One result per eps (the paper's nominal eps per query; the module docstring says why it is not proven here)."""
     epsilons = [check_epsilon(e) for e in epsilons]
     if int(k_max) != k_max or k_max < 1:
         raise LucidError(f"k_max must be a positive integer, got {k_max}")
