@@ -149,14 +149,25 @@ def verify_seconds(res: dict, c: str) -> float | None:
     return float(b["seconds"])
 
 
+def _unfinished(res: dict, c: str) -> str:
+    """What an unfinished (or missing) verification reached: upper/lower when it stopped."""
+    b = res.get("verify", {}).get("bounds", {}).get(c)
+    if not b:
+        return "-"
+    if b.get("upper") is None or not b.get("lower"):
+        return f"not done ({_fmt(b.get('seconds'))} s)"
+    return f"u/l {b['upper'] / b['lower']:.2f} at {_fmt(b.get('seconds'))} s"
+
+
 def report(args: argparse.Namespace) -> None:
     from lucid.atomic import write_text_atomic
 
     results = load_results()
     ns = sorted(results)
     lines = ["# Scaling: Adult 2x50, n training rows, 4 000 test rows", "",
-             f"Command: `python benchmarks/scaling.py {' '.join(sys.argv[1:])}`. Each step in its own process; "
-             "peak RSS is that process's. Verification: HiGHS, `--rel-gap 0.1` (done = upper/lower <= 1.1), "
+             f"Command: `python benchmarks/scaling.py --sizes {','.join(map(str, ns))}`. Each step in its own process; "
+             "peak RSS is that process's (verify: the driver; its worker processes map the same float64 networks "
+             "from RUN/cache/). Verification: HiGHS, `--rel-gap 0.1` (done = upper/lower <= 1.1), "
              f"{args.workers} workers.", "",
              "| n | train s | train RSS MiB | kept by the optimised (interval) screen, class 0 / 1 | verify s class 0 | verify s class 1 | "
              "verify RSS MiB | acc plain | acc LUCID eps=0 |", "|---|---|---|---|---|---|---|---|---|"]
@@ -169,7 +180,7 @@ def report(args: argparse.Namespace) -> None:
         acc = ev.get("accuracy", {})
         lines.append("| {} | {} | {} | {} | {} | {} | {} | {} | {} |".format(
             n, _fmt(tr.get("seconds")), _fmt(tr.get("peak_rss_mib")), kept,
-            *(("not done" if "verify" in r else "-") if v is None else _fmt(v) for v in vs),
+            *(_unfinished(r, c) if v is None else _fmt(v) for v, c in zip(vs, ("0", "1"))),
             _fmt(r.get("verify", {}).get("peak_rss_mib")), _pct(acc.get("plain")), _pct(acc.get("lucid", {}).get("0"))))
     lines += ["", "## Growth and extrapolation to 36 000 rows", ""]
     series = {"training seconds": [(n, results[n].get("train", {}).get("seconds")) for n in ns]}

@@ -78,25 +78,16 @@ def load_upper_bounds(run: Run) -> np.ndarray:
 
 def _load_n(run: Run) -> tuple[list[np.ndarray], list[np.ndarray], str]:
     """N's dense layers (W^T, b) in float64 and a fingerprint of N, reading only N's slices."""
-    from safetensors import safe_open
+    from lucid.network import NETWORKS_FILE, NetworkFile, stack_from_tensors
 
-    from lucid.network import NETWORKS_FILE, stack_from_tensors
-
-    path = run.path / NETWORKS_FILE
+    source = NetworkFile(run.path, run.meta)
+    if len(source) == 0 or int(source.removed[0]) != -1:
+        raise LucidError(f"{run.path / NETWORKS_FILE}: position 0 is not N (removed[0] must be -1)")
+    tensors = source.tensors(0, 1)
     digest = hashlib.sha256(json.dumps(run.meta, sort_keys=True).encode())
-    tensors: dict[str, np.ndarray] = {}
-    try:
-        with safe_open(str(path), framework="numpy") as fh:
-            for name in sorted(fh.keys()):
-                tensors[name] = np.ascontiguousarray(fh.get_slice(name)[0:1])
-                digest.update(name.encode())
-                digest.update(tensors[name].tobytes())
-    except FileNotFoundError:
-        raise LucidError(f"{path} does not exist (is {run.path} a LUCID run directory?)") from None
-    except Exception as exc:  # safetensors raises its own error types for corrupt files
-        raise LucidError(f"cannot read {path}: {exc}") from None
-    if "removed" in tensors and int(tensors["removed"][0]) != -1:
-        raise LucidError(f"{path}: position 0 is not N (removed[0] must be -1)")
+    for name in sorted(tensors):
+        digest.update(name.encode())
+        digest.update(tensors[name].tobytes())
     stack = stack_from_tensors(tensors, run.meta.get("architecture", {}), run.input_dim)
     weights = [np.ascontiguousarray(w[0].T) for w in stack.weights]
     biases = [np.ascontiguousarray(b[0]) for b in stack.biases]

@@ -24,7 +24,7 @@ from lucid.access.classifier import LabelOnlyClassifier
 from lucid.access.mechanism import RandomSource, check_epsilon, exponential_mechanism
 from lucid.access.memo import Memo
 from lucid.errors import LucidError
-from lucid.network import NetworkStack
+from lucid.network import NetworkFile, NetworkStack
 from lucid.rundir import open_run
 
 _FORWARD_BUDGET_BYTES = 16 * 1024 * 1024  # activations held at once by the Naive-iDP pass
@@ -48,8 +48,10 @@ def parse_epsilons(text: str) -> list[tuple[str, float]]:
     return out
 
 
-def leaking_set(stack: NetworkStack, x: np.ndarray, progress: Callable[[int, int], None] | None = None) -> np.ndarray:
-    """True where not all n+1 networks give x N's label (the exact leaking set), chunked by networks."""
+def leaking_set(stack: NetworkStack | NetworkFile, x: np.ndarray,
+                progress: Callable[[int, int], None] | None = None) -> np.ndarray:
+    """True where not all n+1 networks give x N's label (the exact leaking set), chunked by networks
+    (a `NetworkFile` is streamed: one chunk of networks in memory at a time)."""
     k = len(stack)
     widest = max(stack.layer_sizes)
     chunk = max(1, int(_FORWARD_BUDGET_BYTES // max(1, len(x) * widest * 8)))
@@ -85,7 +87,7 @@ def evaluate_run(
     rng = RandomSource(seed)
 
     report = (lambda stage, done, total: progress(stage, done, total)) if progress else None
-    stack = run.networks()
+    stack = NetworkFile(run.path, run.meta)
     started = time.perf_counter()
     leaking = leaking_set(stack, x, (lambda d, t: report("Naive-iDP", d, t)) if report else None)
     naive_idp_ms = (time.perf_counter() - started) * 1e3 / len(x)

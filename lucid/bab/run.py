@@ -95,6 +95,7 @@ def verify_run(run_dir: str | Path, settings: VerifySettings | None = None, **op
     from lucid.bab.checkpoint import CHECKPOINT_FILE, load_checkpoint, run_fingerprint, save_checkpoint
     from lucid.bab.display import LiveDisplay
     from lucid.bab.engine import Engine
+    from lucid.bab.split import FlatParameters
     from lucid.bab.events import LOG_FILE, EventLog
     from lucid.bab.state import ClassState
     from lucid.rundir import open_run, write_bounds
@@ -162,7 +163,7 @@ def verify_run(run_dir: str | Path, settings: VerifySettings | None = None, **op
     restore = _terminate_as_interrupt()
     try:
         with LiveDisplay(title, enabled=settings.progress) as display:
-            engine = Engine(executor, classes, len(problem.stack), settings, params=problem.stack.flat_parameters,
+            engine = Engine(executor, classes, len(problem.stack), settings, params=FlatParameters(problem.stack),
                             screen=None if screen is None else screen.initial,
                             refine=screen.refine if screen is not None and screen.refines else None, search=search, log=log, on_progress=display.update,
                             on_checkpoint=checkpoint, states=states)

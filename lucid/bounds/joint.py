@@ -21,7 +21,10 @@ DTYPE = torch.float64
 
 
 def _t(x, device) -> torch.Tensor:
-    return torch.as_tensor(np.ascontiguousarray(x, dtype=np.float64), dtype=DTYPE, device=device)
+    a = np.ascontiguousarray(x, dtype=np.float64)
+    if not a.flags.writeable:  # a memory-mapped network (lucid.network_cache): torch needs its own copy
+        a = a.copy()
+    return torch.as_tensor(a, dtype=DTYPE, device=device)
 
 
 def _np(x: torch.Tensor) -> np.ndarray:

@@ -308,6 +308,18 @@ def _chunk_bounds(n_weights, n_biases, weights, biases, n_lower, n_upper, lower,
 
 
 # ---------------------------------------------------------------------- adapter for the verifier
+class _Rows:
+    """`array[positions]`, gathered one chunk (`[sl]`) at a time: screening every network of a
+    36 000-network run must not first copy all of them (singleton_upper_bounds reads chunks only)."""
+
+    def __init__(self, array: np.ndarray, positions: np.ndarray) -> None:
+        self.array, self.positions = array, positions
+        self.shape = (len(positions),) + array.shape[1:]
+
+    def __getitem__(self, sl: slice) -> np.ndarray:
+        return self.array[self.positions[sl]]
+
+
 def symbolic_screen(problem, cls: int, positions, *, steps: int = 0, lr: float = 0.02, lam: float = 1.0,
                     intermediate: str = "symbolic", device: str = "cpu", chunk: int = 512,
                     cutoff: float | None = None, refine_steps: int = 0) -> np.ndarray:
@@ -326,7 +338,7 @@ def symbolic_screen(problem, cls: int, positions, *, steps: int = 0, lr: float =
     n_w = [w[0] for w in stack.weights]
     n_b = [b[0] for b in stack.biases]
     res = singleton_upper_bounds(
-        n_w, n_b, [w[positions] for w in stack.weights], [b[positions] for b in stack.biases],
+        n_w, n_b, [_Rows(w, positions) for w in stack.weights], [_Rows(b, positions) for b in stack.biases],
         problem.n_bounds.lower, problem.n_bounds.upper, problem.lower, problem.upper, cls, problem.margin_upper,
         lam=lam, steps=steps, lr=lr, intermediate=intermediate, device=device, chunk=chunk, cutoff=cutoff,
         refine_steps=refine_steps,

@@ -58,16 +58,17 @@ def _scaled_from_data(run_dir) -> bool:
 
 
 def _summary(run_dir) -> str:
+    from lucid.network import NetworkFile
     from lucid.rundir import open_run
 
     try:
         run = open_run(run_dir)
         arrays = run.data()
-        stack = run.networks()
-        full = stack.select([0])
+        source = NetworkFile(run.path, run.meta)
+        full = source.select(slice(0, 1))  # N: the summary never needs the other networks
     except LucidError as exc:  # the run was written; a summary problem must not fail the command
         return f"wrote {run_dir} ({exc})"
-    parts = [f"wrote {run_dir}: {len(stack)} networks"]
+    parts = [f"wrote {run_dir}: {len(source)} networks"]
     for split in ("train", "test"):
         X, y = arrays[f"X_{split}"], arrays[f"y_{split}"]
         if len(y):

@@ -63,7 +63,9 @@ class VerificationProblem:
                 points = run.data().get("X_train")
             except LucidError:
                 points = None  # the search then samples the domain only
-        stack = run.networks()
+        from lucid.network_cache import mapped_networks
+
+        stack = mapped_networks(run.path, run.meta)  # float64, shared by the worker processes
         lower, upper = _check_domain(stack, *run.domain)
         key = _cache_key(stack, lower, upper, bounds)
         path = Path(run.cache_dir) / f"n-bounds-{bounds}-{key}.npz"
