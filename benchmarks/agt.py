@@ -39,11 +39,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from lucid.agt import AgtDiverged, abstract_train  # noqa: E402
-from lucid.agt.finetune import train_partial  # noqa: E402
 from lucid.agt.stability import certified_classes  # noqa: E402
 from lucid.data import prepare_dataset  # noqa: E402
 from lucid.training.architecture import initial_parameters, parse_arch  # noqa: E402
-from lucid.training.vectorized import batch_orders  # noqa: E402
+from lucid.training.vectorized import batch_orders, train_networks  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data"
 RECORD = {1, 2, 3, 5, 10, 20, 30, 50}
@@ -106,7 +105,7 @@ def run_setting(data: str, name: str, loo_sample: int, log, k: int = 1, epochs_o
         else:
             cut = int(0.4 * len(y))
             Xp, yp, X, y = X[:cut], y[:cut], X[cut:], y[cut:]
-        pre = train_partial(init, spec, Xp, yp, torch.tensor([-1]), batch_orders(len(yp), 50, seed=1),
+        pre = train_networks(init, spec, Xp, yp, torch.tensor([-1]), batch_orders(len(yp), 50, seed=1),
                             lr=0.1, weight_decay=1e-5, batch_size=PAPER_BATCH[data], num_classes=2)
         init = {k: v[0] for k, v in pre.items()}
         trainable = {n_layers - 1}
@@ -117,7 +116,7 @@ def run_setting(data: str, name: str, loo_sample: int, log, k: int = 1, epochs_o
     rng = np.random.default_rng(0)
     sample = sorted(rng.choice(n, size=min(loo_sample, n), replace=False).tolist())
     t0 = time.time()
-    nets = train_partial(init, spec, X, y, torch.tensor([-1] + sample), orders, trainable=trainable, **opts)
+    nets = train_networks(init, spec, X, y, torch.tensor([-1] + sample), orders, trainable=trainable, **opts)
     n_ref = {k: v[0] for k, v in nets.items()}
     scores = Xt @ n_ref["layers.0.weight"].T + n_ref["layers.0.bias"]
     for i in range(1, n_layers):

@@ -298,7 +298,9 @@ def test_train_agt_no_loo_trains_n_and_the_boxes_only(tmp_path, capsys):
     assert nets["removed"].tolist() == [-1]
     assert load_boxes(out)[1].contains(nets)
     code, err = run_cli(["train", str(data), "--no-loo", "--no-progress", "--out", str(tmp_path / "x")], capsys)
-    assert code == 2 and "--no-loo" in err
+    assert code == 0 and "1 networks" in err  # N alone: a pre-trained start for another run's --init
+    code, err = run_cli(["verify", str(tmp_path / "x"), "--quiet"], capsys)
+    assert code == 2 and "no leave-one-out networks" in err
 
 
 def test_train_agt_divergence_exits_2_and_writes_nothing(tmp_path, capsys):
@@ -317,9 +319,8 @@ def test_train_agt_divergence_exits_2_and_writes_nothing(tmp_path, capsys):
 
 
 def test_fine_tuning_the_last_layer_is_bounded_too():
-    """The fine-tuning variant (earlier layers frozen at pre-trained values) used by the benchmark."""
-    from lucid.agt.finetune import train_partial
-
+    """The fine-tuning variant (earlier layers frozen at pre-trained values): T's trainer with
+    `trainable`, bounded by the abstract run with the same `trainable`."""
     X, y = tiny_data(n=20, d=4)
     spec = parse_arch("2x6")
     pre = train_networks(initial_parameters(spec, 4, 2, seed=2), spec, X.flip(0), y.flip(0), torch.tensor([-1]),
@@ -327,10 +328,13 @@ def test_fine_tuning_the_last_layer_is_bounded_too():
     init = {name: t[0] for name, t in pre.items()}
     orders = batch_orders(20, 4, seed=0)
     opts = dict(lr=0.2, weight_decay=1e-3, batch_size=4, num_classes=2)
-    full = train_partial(init, spec, X, y, torch.tensor([-1, 3]), orders, **opts)
+    full = train_networks(init, spec, X, y, torch.tensor([-1, 3]), orders, trainable={0, 1, 2}, **opts)
     ref = train_networks(init, spec, X, y, torch.tensor([-1, 3]), orders, **opts)
     assert all(torch.equal(full[name], ref[name]) for name in ref)  # all layers trainable = T
-    nets = train_partial(init, spec, X, y, torch.arange(-1, 20), orders, trainable={2}, **opts)
+    nets = train_networks(init, spec, X, y, torch.arange(-1, 20), orders, trainable={2}, **opts)
+    for name in ("layers.0.weight", "layers.1.bias"):  # frozen layers keep the initial values exactly
+        assert torch.equal(nets[name], init[name].expand_as(nets[name]))
+    assert not torch.equal(nets["layers.2.weight"][0], init["layers.2.weight"])
     box = abstract_train(init, spec, X, y, orders, k=1, trainable={2}, **opts)
     assert box.contains(nets)
     assert torch.equal(box.lower["layers.0.weight"], init["layers.0.weight"].double())  # frozen: a point

@@ -50,6 +50,15 @@ def test_training_on_a_cluster_is_bit_identical_to_local(cluster, local_run, tmp
     assert (run / "run.json").read_text() == (local_run / "run.json").read_text()
 
 
+def test_fine_tuning_one_layer_on_a_cluster_is_bit_identical_to_local(cluster, tmp_path):
+    _, client = cluster
+    local = train_run("sklearn:wine", tmp_path / "local", train_layers="last", **TRAIN)
+    run = train_run("sklearn:wine", tmp_path / "run", train_layers="last", scheduler=client, **TRAIN)
+    a, b = networks(local), networks(run)
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+    assert np.array_equal(a["layers.0.weight"][0], a["layers.0.weight"][-1])  # frozen in every network
+
+
 def test_an_interrupted_cluster_run_resumes_locally_bit_identically(cluster, local_run, tmp_path, monkeypatch):
     _, client = cluster
     monkeypatch.setenv(STOP_AFTER_ENV, "1")

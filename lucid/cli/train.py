@@ -30,7 +30,12 @@ from lucid.errors import LucidError
 @click.option("--agt-max-width", default=None, type=float,
               help="Stop (exit 2) when an AGT parameter interval grows wider than this (default 100).")
 @click.option("--loo/--no-loo", default=True, show_default=True,
-              help="Train the leave-one-out networks; --no-loo (with --agt) trains N and the boxes only.")
+              help="Train the leave-one-out networks; --no-loo trains N alone (with --agt: N and the boxes; "
+                   "without: a pre-trained start for another run's --init).")
+@click.option("--init", "init_from", default=None, type=click.Path(),
+              help="Start from N of this run directory (e.g. trained on public data) instead of a seeded initialisation.")
+@click.option("--train-layers", default="all", show_default=True,
+              help="Dense layers SGD updates: all, last, or indices like 0,2 (MLPs); the others keep their start values.")
 def command(data: str, out: str, **options) -> None:
     """Train N and every leave-one-out network N_-i on DATA (CSV with header, .npz with X and y,
     or sklearn:NAME for breast_cancer, wine, digits, iris) into the run directory OUT."""

@@ -19,9 +19,13 @@ def train_chunk(inputs: dict[str, Any], lo: int, hi: int, options: dict[str, Any
     """Networks lo..hi-1 of the run (position 0 = N): their trained parameters and removed rows."""
     import torch
 
+    from lucid.training.resources import keep_freed_memory
     from lucid.training.vectorized import train_networks
 
     torch.set_num_threads(1)  # as a local chunk: bit-identical arithmetic whatever the worker's cores
+    # As in a local run: without it every step's activations are mapped and unmapped again (Dask's
+    # nanny even asks glibc to trim at 64 KiB), and page faults took 2.5x a local run's time.
+    keep_freed_memory()
     removed = torch.arange(-1, len(inputs["y"]), dtype=torch.int64)[lo:hi]
     trained = train_networks(
         {k: torch.from_numpy(v) for k, v in inputs["init"].items()}, inputs["spec"],

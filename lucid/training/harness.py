@@ -28,6 +28,7 @@ from lucid.data import Dataset, prepare_dataset
 from lucid.errors import LucidError
 from lucid.rundir import RUN_FORMAT
 from lucid.training.architecture import check_arch_fits, initial_parameters, parse_arch
+from lucid.training.finetune import parse_train_layers, pretrained_init
 from lucid.training.progress import TrainingProgress
 from lucid.training.agt_options import agt_width, check_agt_options, stage_agt_boxes
 from lucid.training.resources import MEMORY_BUDGET, chunk_bytes, cores, default_chunk_size, keep_freed_memory
@@ -59,21 +60,31 @@ def train_run(
     agt: int = 0,
     agt_max_width: float | None = None,
     loo: bool = True,
+    init_from: str | None = None,
+    train_layers: str = "all",
 ) -> Path:
     """Train N and every leave-one-out network N_-i; write (or resume, or keep) the run at `out`.
 
     `scheduler`: train the chunks on a Dask cluster (`tcp://HOST:8786`, `local:N` or a Client;
     see `lucid.cluster`) instead of this process's threads; the result is bit-identical.
     `agt=K` also stores the abstract-gradient-training boxes for k = 1..K (`agt.safetensors`,
-    docs/agt.md); `loo=False` (only with `agt`) trains N alone."""
+    docs/agt.md); `loo=False` trains N alone (for `agt`, or as another run's pre-trained start).
+    `init_from` (a run directory) starts from that run's N instead of T's seeded initialisation and
+    `train_layers` (`all`, `last`, `0,2`) chooses the layers SGD updates: the fine-tuning variant
+    of T (`lucid.training.finetune`)."""
     _check_options(epochs, lr, weight_decay, batch_size, chunk_size)
-    check_agt_options(agt, agt_max_width, loo)
+    check_agt_options(agt, agt_max_width)
     dev = _device(device)
     if scheduler is not None and dev.type != "cpu":
         raise LucidError("--scheduler trains on the workers' CPUs; leave out --device")
     spec = parse_arch(arch)
+    trainable = parse_train_layers(train_layers, spec)
     ds = prepare_dataset(data, label=label, test_data=test_data, test_fraction=test_fraction, seed=seed, domain=domain)
     check_arch_fits(spec, ds.input_dim)
+    if init_from is not None:
+        init, init_record = pretrained_init(init_from, spec, ds)
+    else:
+        init, init_record = initial_parameters(spec, ds.input_dim, ds.num_classes, seed), None
     training = {
         "algorithm": ALGORITHM,
         "optimizer": "sgd",
@@ -91,6 +102,10 @@ def train_run(
         training["agt"] = {"max_k": int(agt), "max_width": agt_width(agt_max_width)}
     if not loo:
         training["loo"] = False
+    if init_record is not None:  # only when asked, like agt: other runs keep their fingerprints
+        training["init"] = init_record
+    if trainable is not None:
+        training["trainable_layers"] = sorted(trainable)
     meta = _run_json(ds, spec, training)
     fingerprint = _fingerprint(meta, ds)
     meta["training"]["fingerprint"] = fingerprint
@@ -109,27 +124,28 @@ def train_run(
 
         cluster = connect(scheduler)
     try:
-        return _train(ds, spec, meta, out, partial, fingerprint, epochs=epochs, lr=lr, weight_decay=weight_decay,
-                      batch_size=batch_size, seed=seed, dev=dev, chunk_size=chunk_size, progress=progress,
-                      cluster=cluster, agt=int(agt), agt_max_width=agt_width(agt_max_width), loo=loo)
+        return _train(ds, spec, meta, out, partial, fingerprint, init, trainable, epochs=epochs, lr=lr,
+                      weight_decay=weight_decay, batch_size=batch_size, seed=seed, dev=dev, chunk_size=chunk_size,
+                      progress=progress, cluster=cluster, agt=int(agt), agt_max_width=agt_width(agt_max_width),
+                      loo=loo)
     finally:
         if cluster is not None:
             cluster.close()
 
 
-def _train(ds: Dataset, spec: dict, meta: dict, out: Path, partial: Path, fingerprint: str, *, epochs: int, lr: float,
+def _train(ds: Dataset, spec: dict, meta: dict, out: Path, partial: Path, fingerprint: str,
+           init: dict[str, torch.Tensor], trainable: set[int] | None, *, epochs: int, lr: float,
            weight_decay: float, batch_size: int, seed: int, dev: torch.device, chunk_size: int | None,
            progress: bool, cluster: Any, agt: int, agt_max_width: float, loo: bool) -> Path:
     n = len(ds.y_train)
     if chunk_size is None:
         chunk_size = default_chunk_size(spec, ds.input_dim, ds.num_classes, n, batch_size)
-    init = initial_parameters(spec, ds.input_dim, ds.num_classes, seed)
     orders = batch_orders(n, epochs, seed)
     boxes = None
     if agt and not (partial / AGT_FILE).exists():  # a resumed run keeps its boxes
         # before anything is written: a diverging bound stops the command with nothing on disk
         boxes = stage_agt_boxes(ds, spec, init, orders, agt, agt_max_width, lr=lr, weight_decay=weight_decay,
-                                batch_size=batch_size, progress=progress)
+                                batch_size=batch_size, trainable=trainable, progress=progress)
     chunk_size = open_staging(partial, fingerprint, chunk_size)
     if boxes is not None:
         save_boxes(partial / AGT_FILE, boxes, algorithm=ALGORITHM, max_width=agt_max_width)
@@ -147,7 +163,8 @@ def _train(ds: Dataset, spec: dict, meta: dict, out: Path, partial: Path, finger
 
         inputs = {"X": ds.X_train, "y": ds.y_train, "orders": orders.numpy(), "spec": spec,
                   "init": {k: v.numpy() for k, v in init.items()}}
-        options = {"lr": lr, "weight_decay": weight_decay, "batch_size": batch_size, "num_classes": ds.num_classes}
+        options = {"lr": lr, "weight_decay": weight_decay, "batch_size": batch_size, "num_classes": ds.num_classes,
+                   "trainable": trainable}
         with TrainingProgress(total=total, enabled=progress) as bar:
             bar.advance(total - sum(bounds[c][1] - bounds[c][0] for c in todo))
             train_on_cluster(cluster, inputs, {c: bounds[c] for c in todo}, options,
@@ -172,7 +189,7 @@ def _train(ds: Dataset, spec: dict, meta: dict, out: Path, partial: Path, finger
         trained = train_networks(
             init, spec, X, y, removed_all[lo:hi], orders,
             lr=lr, weight_decay=weight_decay, batch_size=batch_size, num_classes=ds.num_classes,
-            on_epoch=on_epoch,
+            trainable=trainable, on_epoch=on_epoch,
         )
         trained["removed"] = removed_all[lo:hi]
         save_tensors(partial / chunk_name(c), trained)

@@ -52,10 +52,15 @@ def train_networks(
     batch_size: int,
     num_classes: int,
     method: str = "auto",
+    trainable: set[int] | None = None,
     on_epoch: Callable[[int], None] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Train len(removed) networks (removed[k] = row left out, -1 = none) and return their
-    parameters stacked along a new leading axis, on X's device, by safetensors name."""
+    parameters stacked along a new leading axis, on X's device, by safetensors name.
+
+    `trainable`: the dense layers SGD updates (MLPs; default all). The fine-tuning variant of T
+    leaves the other layers at their initial values (no step, no weight decay) and back-propagates
+    only down to the first trainable layer; the trained layers get exactly T's arithmetic."""
     device = X.device
     k = len(removed)
     params = {name: p.to(device).unsqueeze(0).repeat((k,) + (1,) * p.ndim).contiguous() for name, p in init.items()}
@@ -63,6 +68,12 @@ def train_networks(
     if method == "auto":
         method = "mlp" if spec["type"] == "mlp" else "cnn"
     step = {"mlp": _MlpStep, "cnn": _CnnStep, "autograd": _AutogradStep}[method](params, spec, num_classes)
+    first = 0
+    if trainable is not None:
+        if method != "mlp":
+            raise ValueError("training only some layers is implemented for MLPs")
+        first = min(trainable)
+        chosen = [j for j in range(len(step.parameters)) if j // 2 in trainable]
     n = X.shape[0]
     onehot_all = F.one_hot(y, num_classes).to(torch.float32)  # [n, C]
     orders = orders.to(device)
@@ -71,8 +82,12 @@ def train_networks(
         for start in range(0, n, batch_size):
             rows = order[start : start + batch_size]
             w = sample_weights(removed, rows)
-            grads = step.gradients(X[rows], y[rows], onehot_all[rows], w)
-            _sgd_update(step.parameters, grads, lr, weight_decay)
+            if trainable is None:
+                grads = step.gradients(X[rows], y[rows], onehot_all[rows], w)
+                _sgd_update(step.parameters, grads, lr, weight_decay)
+            else:
+                grads = dense_gradients(step.weights, step.biases, X[rows], onehot_all[rows], w, first_layer=first)
+                _sgd_update([step.parameters[j] for j in chosen], [grads[j] for j in chosen], lr, weight_decay)
         if on_epoch is not None:
             on_epoch(epoch)
     return {name: p.detach() for name, p in params.items()}
@@ -167,9 +182,11 @@ class _CnnStep:
 
 @torch.no_grad()
 def dense_gradients(
-    W: list[torch.Tensor], b: list[torch.Tensor], xb: torch.Tensor, onehot: torch.Tensor, w: torch.Tensor
+    W: list[torch.Tensor], b: list[torch.Tensor], xb: torch.Tensor, onehot: torch.Tensor, w: torch.Tensor,
+    first_layer: int = 0,
 ) -> list[torch.Tensor]:
-    """Per-network gradients [dW0, db0, dW1, ...] of sum_b w[k,b] * CE for a stack of dense ReLU layers."""
+    """Per-network gradients [dW0, db0, dW1, ...] of sum_b w[k,b] * CE for a stack of dense ReLU layers
+    (None for the layers below `first_layer`, whose backward pass is skipped)."""
     k, h0, d = W[0].shape
     # Layer 0: one GEMM for all K networks, the batch is shared.
     z = torch.addmm(b[0].reshape(k * h0, 1), W[0].reshape(k * h0, d), xb.t()).view(k, h0, -1)
@@ -185,6 +202,8 @@ def dense_gradients(
         a = acts[i - 1]
         grads[2 * i] = torch.bmm(dz, a.transpose(1, 2))
         grads[2 * i + 1] = dz.sum(dim=2)
+        if i == first_layer:
+            return grads
         # ReLU backward; aten's fused kernel is ~20x faster here than masked_fill with a bool mask.
         dz = torch.ops.aten.threshold_backward(torch.bmm(W[i].transpose(1, 2), dz), a, 0.0)
     # Computed as (x^T dz^T)^T: MKL is far slower on the tall-skinny [K*h0, B] @ [B, d] form.

@@ -1,0 +1,76 @@
+"""The fine-tuning variant of T: start from a pre-trained network, train only some layers.
+
+`lucid train PRIVATE --init PUBLIC_RUN --train-layers last` starts N and every N_-i from the
+network N of another run (typically trained on public data, e.g. `lucid train PUBLIC --no-loo`)
+and lets SGD update only the chosen dense layers; the others keep the pre-trained values. The
+leave-one-out guarantee is about the private rows only, so the pre-trained start is a constant
+of T, recorded in run.json (its digest and the source run's fingerprint) and in the run's
+fingerprint. With few trained parameters the AGT boxes stay narrow where full training
+diverges (benchmarks/results/agt.md), and the leave-one-out networks differ only in the trained
+layers.
+
+The source run must be one this run's N can start from: the same architecture, input width,
+labels and feature scaling (a pre-trained weight means something only on features scaled the
+same way; give both runs the same `--domain FILE` when the data sets' ranges differ).
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import torch
+
+from lucid.data import Dataset
+from lucid.errors import LucidError
+
+
+def parse_train_layers(text: str, spec: dict) -> set[int] | None:
+    """`all` -> None (every layer), `last` -> {L-1}, `0,2` -> {0, 2} (dense layer indices)."""
+    n_layers = len(spec["hidden"]) + 1
+    value = str(text).strip().lower()
+    if value == "all":
+        return None
+    if spec["type"] != "mlp":
+        raise LucidError("--train-layers other than 'all' is implemented for MLPs only")
+    if value == "last":
+        return {n_layers - 1}
+    try:
+        chosen = {int(part) for part in value.split(",")}
+    except ValueError:
+        raise LucidError(f"--train-layers must be all, last or layer indices like 0,2; got '{text}'") from None
+    if not chosen or not chosen <= set(range(n_layers)):
+        raise LucidError(f"--train-layers: layer indices must lie in 0..{n_layers - 1} for this architecture, "
+                         f"got '{text}'")
+    return None if chosen == set(range(n_layers)) else chosen
+
+
+def pretrained_init(source: str, spec: dict, ds: Dataset) -> tuple[dict[str, torch.Tensor], dict]:
+    """N of the run at `source` as float32 initial parameters, and the record run.json keeps of it."""
+    from lucid.network import NetworkFile
+    from lucid.rundir import open_run
+
+    try:
+        run = open_run(source)
+        networks = NetworkFile(run.path, run.meta)
+    except LucidError as exc:
+        raise LucidError(f"--init {source}: {exc}") from None
+    meta = run.meta
+    checks = [("architecture", meta.get("architecture"), spec), ("input width", meta.get("input_dim"), ds.input_dim),
+              ("labels", meta.get("labels"), ds.labels), ("feature scaling", meta.get("scaler"), ds.scaler)]
+    for what, theirs, ours in checks:
+        if theirs != ours:
+            hint = " (give both runs the same --domain FILE)" if what == "feature scaling" else ""
+            raise LucidError(f"--init {source}: its {what} differs from this run's{hint}")
+    if len(networks) == 0 or int(networks.removed[0]) != -1:
+        raise LucidError(f"--init {source}: position 0 of its networks is not N")
+    tensors = {name: t[0] for name, t in networks.tensors(0, 1).items() if name != "removed"}
+    digest = hashlib.sha256()
+    for name in sorted(tensors):
+        if tensors[name].dtype != np.float32 or not np.isfinite(tensors[name]).all():
+            raise LucidError(f"--init {source}: {name} is not a finite float32 tensor")
+        digest.update(name.encode())
+        digest.update(np.ascontiguousarray(tensors[name]).tobytes())
+    init = {name: torch.from_numpy(np.array(t)) for name, t in tensors.items()}
+    record = {"sha256": digest.hexdigest(), "fingerprint": meta.get("training", {}).get("fingerprint")}
+    return init, record
