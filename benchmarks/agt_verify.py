@@ -11,6 +11,12 @@ benchmarks/results/agt.md), it runs the product end to end from the command line
 3. `lucid evaluate RUN --seed 0` on each copy: test accuracy of LUCID at every epsilon, and the
    share of test inputs that get noise.
 
+With `--pretrain "PUBLIC_DATA flags"`, step 0 trains N alone on public data (`lucid train
+PUBLIC_DATA --no-loo`) and step 1 starts from it (`--init`): the fine-tuning setting, e.g. only
+the last layer (`--train-layers last` in `--train`). `--adult-split DIR` writes the Adult files
+for it (lucid train's 80/20 split of ../shared/data/adult, seed 0; the first 40 % of the training
+rows are the public set, the other 60 % the private one; a [0, 1] domain file for both).
+
 Every step's result is saved as it finishes under OUT/results/*.json, so an interrupted run
 resumes where it stopped (delete a file to redo that step). The markdown table goes to
 OUT.md (`--render` re-draws it from the saved results).
@@ -19,6 +25,12 @@ OUT.md (`--render` re-draws it from the saved results).
         --train "/work/shared/data/crypto/train.npz --test-data /work/shared/data/crypto/test.npz \
                  --batch-size 2800 --epochs 10 --lr 0.1" \
         --k 1,2,5,10 --time-limit 600 --out benchmarks/results/agt_verify
+    python benchmarks/agt_verify.py --adult-split benchmarks/runs/adult-ft
+    python benchmarks/agt_verify.py --name adult-ft5 \
+        --pretrain "benchmarks/runs/adult-ft/public.npz --domain benchmarks/runs/adult-ft/domain.json --test-fraction 0" \
+        --train "benchmarks/runs/adult-ft/private.npz --domain benchmarks/runs/adult-ft/domain.json \
+                 --test-data benchmarks/runs/adult-ft/test.npz --train-layers last --epochs 5" \
+        --k 1,2,5,10 --time-limit 300
 """
 
 from __future__ import annotations
@@ -73,6 +85,30 @@ def _train(work: Path, train_args: list[str], max_k: int) -> dict:
             "test_size": meta["test_size"]}
 
 
+def _pretrain(work: Path, args: list[str]) -> dict:
+    out = work / "pretrained"
+    shutil.rmtree(out, ignore_errors=True)
+    seconds, _ = _lucid("train", *args, "--no-loo", "--no-progress", "--out", str(out))
+    return {"pretrain_args": args, "seconds": seconds, "run": str(out)}
+
+
+def adult_split(folder: Path) -> None:
+    """The Adult fine-tuning files (see the module docstring)."""
+    import numpy as np
+
+    from lucid.data import prepare_dataset
+
+    ds = prepare_dataset(str(ROOT.parent / "shared" / "data" / "adult" / "adult.npz"), test_fraction=0.2, seed=0)
+    cut = int(0.4 * len(ds.y_train))
+    folder.mkdir(parents=True, exist_ok=True)
+    np.savez(folder / "public.npz", X=ds.X_train[:cut], y=ds.y_train[:cut])
+    np.savez(folder / "private.npz", X=ds.X_train[cut:], y=ds.y_train[cut:])
+    np.savez(folder / "test.npz", X=ds.X_test, y=ds.y_test)
+    d = ds.input_dim
+    (folder / "domain.json").write_text(json.dumps({"lower": [0.0] * d, "upper": [1.0] * d}))
+    print(f"{folder}: public {cut}, private {len(ds.y_train) - cut}, test {len(ds.y_test)} rows")
+
+
 def _verify(work: Path, hyper: str, verify_args: list[str]) -> dict:
     copy = work / hyper.replace(":", "")
     shutil.rmtree(copy, ignore_errors=True)
@@ -88,9 +124,15 @@ def _verify(work: Path, hyper: str, verify_args: list[str]) -> dict:
 
 
 def render(name: str, training: dict, rows: list[dict]) -> str:
+    pre = training.get("pretrain")
     lines = [
         f"## {name}: beta_c over the AGT box against the leave-one-out branch-and-bound",
         "",
+    ]
+    if pre:
+        lines += [f"Pre-training on public data: `lucid train {' '.join(pre['pretrain_args'])} --no-loo` "
+                  f"({pre['seconds']:.0f} s); the private run starts from it (`--init`).", ""]
+    lines += [
         f"Training (`lucid train {' '.join(training['train_args'])} --agt {training['max_k']}`), "
         f"{training['train_size']} training rows: N + boxes k = 1..{training['max_k']} + every leave-one-out network "
         f"{training['seconds_loo_and_agt']:.0f} s; N + boxes only (`--no-loo`) {training['seconds_agt_only']:.0f} s; "
@@ -113,14 +155,22 @@ def render(name: str, training: dict, rows: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--name", required=True)
-    p.add_argument("--train", required=True, help="DATA and `lucid train` flags, quoted")
+    p.add_argument("--name")
+    p.add_argument("--train", help="DATA and `lucid train` flags, quoted")
     p.add_argument("--k", default="1,2,5,10")
     p.add_argument("--time-limit", type=float, default=600.0, help="per verification (shared by the classes)")
     p.add_argument("--loo-args", default="--rel-gap 0 --workers 2", help="extra flags of the leave-one-out verify")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "agt_verify"))
+    p.add_argument("--pretrain", default=None, help="PUBLIC_DATA and `lucid train` flags, quoted: train N on it first "
+                   "and start the private run from it (--init)")
     p.add_argument("--render", action="store_true", help="only re-draw OUT/NAME.md from saved results")
+    p.add_argument("--adult-split", default=None, metavar="DIR", help="write the Adult fine-tuning files and stop")
     args = p.parse_args(argv)
+    if args.adult_split:
+        adult_split(Path(args.adult_split))
+        return 0
+    if not args.name or not args.train:
+        p.error("--name and --train are required")
     ks = [int(k) for k in args.k.split(",") if k.strip()]
     out = Path(args.out)
     results, work = out / args.name, out / args.name / "work"
@@ -132,7 +182,12 @@ def main(argv: list[str] | None = None) -> int:
         training = json.loads((results / "train.json").read_text())
         rows = [json.loads((results / f"{s}.json").read_text()) for s, _, _ in steps if (results / f"{s}.json").exists()]
     else:
-        training = _step(results, "train", lambda: _train(work, shlex.split(args.train), max(ks)))
+        train_args = shlex.split(args.train)
+        pre = None
+        if args.pretrain:
+            pre = _step(results, "pretrain", lambda: _pretrain(work, shlex.split(args.pretrain)))
+            train_args += ["--init", pre["run"]]
+        training = _step(results, "train", lambda: dict(_train(work, train_args, max(ks)), pretrain=pre))
         rows = []
         for step, hyper, extra in steps:
             rows.append(_step(results, step, lambda h=hyper[1], e=extra: _verify(work, h, e)))

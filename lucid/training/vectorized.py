@@ -86,7 +86,7 @@ def train_networks(
                 grads = step.gradients(X[rows], y[rows], onehot_all[rows], w)
                 _sgd_update(step.parameters, grads, lr, weight_decay)
             else:
-                grads = dense_gradients(step.weights, step.biases, X[rows], onehot_all[rows], w, first_layer=first)
+                grads = _partial_gradients(step.weights, step.biases, X[rows], onehot_all[rows], w, first)
                 _sgd_update([step.parameters[j] for j in chosen], [grads[j] for j in chosen], lr, weight_decay)
         if on_epoch is not None:
             on_epoch(epoch)
@@ -100,6 +100,17 @@ def _sgd_update(params: list[torch.Tensor], grads: list[torch.Tensor], lr: float
     if weight_decay != 0:
         torch._foreach_add_(grads, params, alpha=weight_decay)
     torch._foreach_add_(params, grads, alpha=-lr)
+
+
+def _partial_gradients(W: list[torch.Tensor], b: list[torch.Tensor], xb: torch.Tensor, onehot: torch.Tensor,
+                       w: torch.Tensor, first: int) -> list[torch.Tensor]:
+    """`dense_gradients` when the layers below `first` are frozen: they hold the same values in
+    every network, so their activations are computed once (network 0's) and shared by all K,
+    and the backward pass stops at layer `first` (None below it)."""
+    features = xb
+    for i in range(first):
+        features = torch.addmm(b[i][0], features, W[i][0].t()).clamp_(min=0)
+    return [None] * (2 * first) + dense_gradients(W[first:], b[first:], features, onehot, w)  # type: ignore[list-item]
 
 
 class _MlpStep:
@@ -182,11 +193,9 @@ class _CnnStep:
 
 @torch.no_grad()
 def dense_gradients(
-    W: list[torch.Tensor], b: list[torch.Tensor], xb: torch.Tensor, onehot: torch.Tensor, w: torch.Tensor,
-    first_layer: int = 0,
+    W: list[torch.Tensor], b: list[torch.Tensor], xb: torch.Tensor, onehot: torch.Tensor, w: torch.Tensor
 ) -> list[torch.Tensor]:
-    """Per-network gradients [dW0, db0, dW1, ...] of sum_b w[k,b] * CE for a stack of dense ReLU layers
-    (None for the layers below `first_layer`, whose backward pass is skipped)."""
+    """Per-network gradients [dW0, db0, dW1, ...] of sum_b w[k,b] * CE for a stack of dense ReLU layers."""
     k, h0, d = W[0].shape
     # Layer 0: one GEMM for all K networks, the batch is shared.
     z = torch.addmm(b[0].reshape(k * h0, 1), W[0].reshape(k * h0, d), xb.t()).view(k, h0, -1)
@@ -202,8 +211,6 @@ def dense_gradients(
         a = acts[i - 1]
         grads[2 * i] = torch.bmm(dz, a.transpose(1, 2))
         grads[2 * i + 1] = dz.sum(dim=2)
-        if i == first_layer:
-            return grads
         # ReLU backward; aten's fused kernel is ~20x faster here than masked_fill with a bool mask.
         dz = torch.ops.aten.threshold_backward(torch.bmm(W[i].transpose(1, 2), dz), a, 0.0)
     # Computed as (x^T dz^T)^T: MKL is far slower on the tall-skinny [K*h0, B] @ [B, d] form.
