@@ -185,6 +185,8 @@ def main(argv: list[str] | None = None) -> int:
         train_args = shlex.split(args.train)
         pre = None
         if args.pretrain:
+            if (results / "pretrain.json").exists() and not (work / "pretrained").is_dir():
+                (results / "pretrain.json").unlink()  # its run was cleaned up with the work folder
             pre = _step(results, "pretrain", lambda: _pretrain(work, shlex.split(args.pretrain)))
             train_args += ["--init", pre["run"]]
         training = _step(results, "train", lambda: dict(_train(work, train_args, max(ks)), pretrain=pre))

@@ -59,8 +59,12 @@ def mapped_networks(run_dir: str | Path, meta: dict) -> NetworkStack:
         folder = run_dir / "cache" / f"networks-f64-{key}"
         if not folder.is_dir():
             _write_cache(source, folder)
-        return _open_cache(folder, len(source))
-    except (OSError, ValueError) as exc:
+            _remove_stale(folder)
+        stack = _open_cache(folder, len(source))
+        if not np.array_equal(stack.removed, source.removed):
+            raise ValueError(f"{folder} does not match {NETWORKS_FILE}")
+        return stack
+    except (OSError, ValueError, KeyError) as exc:
         log.warning("cannot map the networks from %s (%s); loading them into memory", run_dir / "cache", exc)
         return source.select(slice(None))
 
@@ -99,6 +103,14 @@ def _write_cache(source: NetworkFile, folder: Path) -> None:
                 raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _remove_stale(keep: Path) -> None:
+    """Caches of earlier versions of the networks file (each twice its size) go when a new one is
+    written; a process still mapping one keeps reading it until it unmaps (POSIX unlink)."""
+    for other in keep.parent.glob("networks-f64-*"):
+        if other != keep and other.is_dir():
+            shutil.rmtree(other, ignore_errors=True)
 
 
 def _open_cache(folder: Path, count: int) -> NetworkStack:

@@ -390,3 +390,38 @@ def test_a_small_real_run_breast_cancer():
     sets = [set(rng.choice(80, size=s, replace=False).tolist()) for s in (2, 3, 3)]
     box3 = abstract_train(init, spec, X, y, orders, k=3, **opts)
     assert box3.contains(train_without_sets(init, spec, X, y, sets, orders, **opts))
+
+
+def test_last_layer_gradient_bounds_are_attained_for_a_binary_task():
+    """Why the fine-tuning setting needs no linear (CROWN-style) bounds: with only the last layer
+    an interval, ReLU features h >= 0 and two classes, every row's logit difference is largest at
+    one corner of the box, so the per-row bounds on dW_last are all attained there together and
+    the batch-mean bound is the gradient at that corner (up to the float32 rounding allowance):
+    no relaxation, linear or other, can be tighter."""
+    X, y = tiny_data(n=26, d=3, seed=4)
+    spec = parse_arch("2x6")
+    init = initial_parameters(spec, 3, 2, seed=1)
+    g = torch.Generator().manual_seed(0)
+    w = [init[f"layers.{i}.weight"].double() for i in range(3)]
+    b = [init[f"layers.{i}.bias"].double() for i in range(3)]
+    wl, wu, bl, bu = list(w), list(w), list(b), list(b)
+    wl[2], wu[2] = w[2] - 0.05 * torch.rand(w[2].shape, generator=g), w[2] + 0.05 * torch.rand(w[2].shape, generator=g)
+    bl[2], bu[2] = b[2] - 0.05 * torch.rand(b[2].shape, generator=g), b[2] + 0.05 * torch.rand(b[2].shape, generator=g)
+    onehot = F.one_hot(y, 2).double()
+    rows = row_gradient_bounds(wl, wu, bl, bu, X.double(), onehot, first_layer=2)
+    lo, hi = removal_mean_bounds(rows[4], 0)
+
+    def mean_gradient(w_last, b_last):
+        h = torch.relu(torch.relu(X.double() @ w[0].T + b[0]) @ w[1].T + b[1])
+        p = torch.softmax(h @ w_last.T + b_last, dim=1)
+        return ((p - onehot)[:, :, None] * h[:, None, :]).mean(0)
+
+    # the corner where logit 1 - logit 0 is largest for every row at once (h >= 0)
+    top = mean_gradient(torch.stack([wl[2][0], wu[2][1]]), torch.stack([bl[2][0], bu[2][1]]))
+    bottom = mean_gradient(torch.stack([wu[2][0], wl[2][1]]), torch.stack([bu[2][0], bl[2][1]]))
+    assert float((hi - lo).max()) > 1e-3  # a box that matters
+    allowance = 1e-5
+    assert torch.all(hi[1] >= top[1]) and torch.all(hi[1] - top[1] <= allowance)
+    assert torch.all(lo[0] <= top[0]) and torch.all(top[0] - lo[0] <= allowance)
+    assert torch.all(lo[1] <= bottom[1]) and torch.all(bottom[1] - lo[1] <= allowance)
+    assert torch.all(hi[0] >= bottom[0]) and torch.all(hi[0] - bottom[0] <= allowance)

@@ -41,7 +41,8 @@ def runs(tmp_path_factory):
     private = npz(tmp / "private.npz", 24, seed=2)
     tuned = train_run(str(private), tmp / "tuned", init_from=str(public), train_layers="last", agt=2,
                       domain=str(domain), **TRAIN)
-    return {"public": public, "tuned": tuned, "private": private, "domain": domain, "tmp": tmp}
+    own = train_run(str(private), tmp / "own", loo=False, domain=str(domain), **TRAIN)  # N of the private rows
+    return {"public": public, "tuned": tuned, "private": private, "domain": domain, "tmp": tmp, "own": own}
 
 
 def tensors(run) -> dict[str, np.ndarray]:
@@ -104,6 +105,7 @@ def cli(args, capsys) -> tuple[int, str]:
     (["--train-layers", "3"], "layer indices must lie in 0..2"),
     (["--train-layers", "x"], "--train-layers must be all, last or layer indices"),
     (["--init", "{tmp}/nothing"], "--init {tmp}/nothing: run directory"),
+    (["--init", "{tmp}/own"], "--init {tmp}/own: it was trained on every training row of this run"),
 ])
 def test_a_start_that_does_not_fit_is_one_line_and_writes_nothing(runs, tmp_path, capsys, extra, message):
     args = {"--arch": "2x5", "--init": str(runs["public"]), "--domain": str(runs["domain"]), "--train-layers": "last",

@@ -62,10 +62,12 @@ def test_mapped_networks_equal_loaded_are_read_only_and_cached(run, monkeypatch)
 def test_a_changed_networks_file_gets_a_new_cache(tmp_path):
     a = open_run(write_synthetic_run(tmp_path / "a", seed=1))
     mapped_networks(a.path, a.meta)
+    first = sorted((a.path / "cache").glob("networks-f64-*"))
     (a.path / "networks.safetensors").write_bytes(
         (write_synthetic_run(tmp_path / "b", seed=2) / "networks.safetensors").read_bytes())
     _same(mapped_networks(a.path, a.meta), load_networks(a.path))
-    assert len(list((a.path / "cache").glob("networks-f64-*"))) == 2
+    now = sorted((a.path / "cache").glob("networks-f64-*"))
+    assert len(first) == len(now) == 1 and first != now  # the stale copy is gone
 
 
 def test_an_unwritable_cache_falls_back_to_memory(run, monkeypatch, caplog):

@@ -39,11 +39,14 @@ def plain_network(spec: dict, d: int, c: int, seed: int) -> nn.Module:
     return nn.Sequential(*layers[:-1])
 
 
-def plain_loop(X, y, removed_row, spec, c, *, epochs, lr, wd, batch_size, seed) -> list[np.ndarray]:
-    """The textbook loop: SGD, mean cross-entropy over the batch rows other than `removed_row`."""
+def plain_loop(X, y, removed_row, spec, c, *, epochs, lr, wd, batch_size, seed, trainable=None) -> list[np.ndarray]:
+    """The textbook loop: SGD, mean cross-entropy over the batch rows other than `removed_row`;
+    with `trainable`, the optimiser gets only those Linear layers (the fine-tuning variant)."""
     X, y = torch.from_numpy(X), torch.from_numpy(y)
     net = plain_network(spec, X.shape[1], c, seed)
-    opt = torch.optim.SGD(net.parameters(), lr=lr, weight_decay=wd)
+    linears = [m for m in net if isinstance(m, nn.Linear)]
+    chosen = net.parameters() if trainable is None else [p for i in sorted(trainable) for p in linears[i].parameters()]
+    opt = torch.optim.SGD(chosen, lr=lr, weight_decay=wd)
     g = torch.Generator().manual_seed(seed)
     for _ in range(epochs):
         order = torch.randperm(len(X), generator=g)
@@ -88,6 +91,27 @@ def test_vectorised_equals_plain_loop(arch, method):
             np.testing.assert_allclose(got[name][k].numpy(), want, atol=1e-5, rtol=0, err_msg=f"{name} removed={r}")
     # the networks really differ: removing a row changes the result
     assert any(not torch.equal(t[0], t[1]) for t in got.values())
+
+
+@pytest.mark.parametrize("trainable", [{2}, {1}, {0, 2}])
+def test_fine_tuning_some_layers_equals_a_plain_loop_with_the_others_frozen(trainable):
+    X, y = toy()
+    spec = parse_arch("2x8")
+    c, seed, epochs, bs, lr, wd = 3, 7, 4, 5, 0.5, 1e-2
+    removed = torch.tensor([-1, 0, 13, 20], dtype=torch.int64)
+    init = initial_parameters(spec, X.shape[1], c, seed)
+    got = train_networks(init, spec, torch.from_numpy(X), torch.from_numpy(y), removed, batch_orders(len(X), epochs, seed),
+                         lr=lr, weight_decay=wd, batch_size=bs, num_classes=c, trainable=trainable)
+    for k, r in enumerate(removed.tolist()):
+        ref = plain_loop(X, y, r, spec, c, epochs=epochs, lr=lr, wd=wd, batch_size=bs, seed=seed, trainable=trainable)
+        for i in range(3):
+            for j, kind in enumerate(("weight", "bias")):
+                name = f"layers.{i}.{kind}"
+                np.testing.assert_allclose(got[name][k].numpy(), ref[2 * i + j], atol=1e-5, rtol=0, err_msg=name)
+                if i not in trainable:  # frozen: the start, exactly
+                    assert torch.equal(got[name][k], init[name]), name
+                else:
+                    assert not torch.equal(got[name][k], init[name]), name
 
 
 def test_run_directory_networks_match_plain_loop(tmp_path):

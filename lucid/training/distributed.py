@@ -24,7 +24,8 @@ def train_chunk(inputs: dict[str, Any], lo: int, hi: int, options: dict[str, Any
 
     torch.set_num_threads(1)  # as a local chunk: bit-identical arithmetic whatever the worker's cores
     # As in a local run: without it every step's activations are mapped and unmapped again (Dask's
-    # nanny even asks glibc to trim at 64 KiB), and page faults took 2.5x a local run's time.
+    # nanny even asks glibc to trim at 64 KiB), and page faults took 2.5x a local run's time. The
+    # setting stays with the worker process: its heap keeps up to 512 MiB of freed memory.
     keep_freed_memory()
     removed = torch.arange(-1, len(inputs["y"]), dtype=torch.int64)[lo:hi]
     trained = train_networks(

@@ -23,6 +23,7 @@ import torch
 
 from lucid.data import Dataset
 from lucid.errors import LucidError
+from lucid.training.architecture import initial_parameters
 
 
 def parse_train_layers(text: str, spec: dict) -> set[int] | None:
@@ -65,6 +66,10 @@ def pretrained_init(source: str, spec: dict, ds: Dataset) -> tuple[dict[str, tor
     if len(networks) == 0 or int(networks.removed[0]) != -1:
         raise LucidError(f"--init {source}: position 0 of its networks is not N")
     tensors = {name: t[0] for name, t in networks.tensors(0, 1).items() if name != "removed"}
+    expected = {name: tuple(t.shape) for name, t in initial_parameters(spec, ds.input_dim, ds.num_classes, 0).items()}
+    if {name: tuple(t.shape) for name, t in tensors.items()} != expected:
+        raise LucidError(f"--init {source}: its networks file does not hold this architecture's tensors")
+    _check_independent(source, run, ds)
     digest = hashlib.sha256()
     for name in sorted(tensors):
         if tensors[name].dtype != np.float32 or not np.isfinite(tensors[name]).all():
@@ -74,3 +79,32 @@ def pretrained_init(source: str, spec: dict, ds: Dataset) -> tuple[dict[str, tor
     init = {name: torch.from_numpy(np.array(t)) for name, t in tensors.items()}
     record = {"sha256": digest.hexdigest(), "fingerprint": meta.get("training", {}).get("fingerprint")}
     return init, record
+
+
+def _check_independent(source: str, run, ds: Dataset) -> None:
+    """The leave-one-out guarantee assumes the start does not depend on the private rows.
+
+    A start trained on this very training set is refused. A partial overlap is only warned
+    about: tabular data sets hold many identical rows of different people (Adult does), so a
+    shared row is not proof that the start saw this run's row.
+    """
+    import sys
+
+    try:
+        with np.load(run.path / "data.npz", allow_pickle=False) as f:
+            theirs_x, theirs_y = f["X_train"], f["y_train"]
+    except (OSError, KeyError, ValueError) as exc:
+        raise LucidError(f"--init {source}: cannot read its data.npz ({exc})") from None
+
+    def rows(X: np.ndarray, y: np.ndarray) -> set[bytes]:
+        X = np.ascontiguousarray(X, dtype=np.float64)
+        return {X[i].tobytes() + int(y[i]).to_bytes(8, "little", signed=True) for i in range(len(y))}
+
+    ours = rows(ds.X_train, ds.y_train)
+    shared = len(ours & rows(theirs_x, theirs_y))
+    if ours and shared == len(ours):
+        raise LucidError(f"--init {source}: it was trained on every training row of this run, so its N_-i would not "
+                         "be independent of the left-out row; pre-train on other (public) data")
+    if shared:
+        print(f"lucid: warning: {shared} of this run's {len(ours)} training rows also appear among the --init run's "
+              "training rows; the guarantee assumes the start does not depend on them", file=sys.stderr)
