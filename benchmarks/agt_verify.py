@@ -123,7 +123,36 @@ def _verify(work: Path, hyper: str, verify_args: list[str]) -> dict:
             "evaluation": evaluation}
 
 
-def render(name: str, training: dict, rows: list[dict]) -> str:
+def _smooth(work: Path, train_args: list[str], max_k: int, epsilons: list[float]) -> dict:
+    """AGT smooth-sensitivity prediction (one model) from the run's own boxes: N's test labels,
+    each query's stable distance k' (the largest k whose box certifies N's label) and the exact
+    expected accuracy under Cauchy noise 6 exp(-eps k'/6)/eps (lucid.baselines.smooth_sensitivity)."""
+    import numpy as np
+
+    from lucid.agt.stability import stable_distances
+    from lucid.agt.store import load_boxes
+    from lucid.baselines.smooth_sensitivity import probability_of_one
+    from lucid.network import load_networks
+
+    run = work / "run"
+    if not (run / "agt.safetensors").exists():  # cleaned up after an earlier pass: T is deterministic
+        shutil.rmtree(run, ignore_errors=True)
+        _lucid("train", *train_args, "--out", str(run), "--agt", str(max_k), "--no-progress")
+    if json.loads((run / "run.json").read_text())["num_classes"] != 2:
+        return {"unreachable": "the Cauchy mechanism is for binary classifiers"}
+    with np.load(run / "data.npz", allow_pickle=False) as f:
+        X, y = f["X_test"], f["y_test"]
+    labels = load_networks(run, index=slice(0, 1)).forward(X)[0].argmax(axis=1)
+    distance = stable_distances(load_boxes(run), X, labels)
+    accuracy = {}
+    for e in epsilons:
+        p_one = probability_of_one(labels, distance, e)
+        accuracy[f"{e:g}"] = float(np.where(y == 1, p_one, 1.0 - p_one).mean())
+    return {"epsilons": epsilons, "accuracy": accuracy, "noise_free": float((labels == y).mean()),
+            "stable_share": float((distance >= 1).mean()), "mean_distance": float(distance.mean())}
+
+
+def render(name: str, training: dict, rows: list[dict], smooth: dict | None = None) -> str:
     pre = training.get("pretrain")
     lines = [
         f"## {name}: beta_c over the AGT box against the leave-one-out branch-and-bound",
@@ -150,6 +179,11 @@ def render(name: str, training: dict, rows: list[dict]) -> str:
                          f"{b.get('reason', '')} | {b['seconds']:.0f} | {accs} | {noised} |")
     if rows:
         lines += ["", f"N without privacy: {100 * rows[0]['evaluation']['accuracy']['plain']:.1f} % test accuracy."]
+    if smooth and "accuracy" in smooth:
+        accs = " / ".join(f"{100 * a:.1f} % (ε = {e})" for e, a in smooth["accuracy"].items())
+        lines += ["", f"AGT smooth-sensitivity prediction from the same boxes (one model, the paper's nominal ε): "
+                  f"{accs}; queries with k' ≥ 1: {100 * smooth['stable_share']:.1f} %, mean k' "
+                  f"{smooth['mean_distance']:.2f}."]
     return "\n".join(lines) + "\n"
 
 
@@ -181,6 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.render:
         training = json.loads((results / "train.json").read_text())
         rows = [json.loads((results / f"{s}.json").read_text()) for s, _, _ in steps if (results / f"{s}.json").exists()]
+        smooth = json.loads((results / "smooth.json").read_text()) if (results / "smooth.json").exists() else None
     else:
         train_args = shlex.split(args.train)
         pre = None
@@ -194,8 +229,9 @@ def main(argv: list[str] | None = None) -> int:
         for step, hyper, extra in steps:
             rows.append(_step(results, step, lambda h=hyper[1], e=extra: _verify(work, h, e)))
             print(f"{args.name}: {step} done", flush=True)
+        smooth = _step(results, "smooth", lambda: _smooth(work, train_args, max(ks), [0.02, 0.2, 1.0]))
         shutil.rmtree(work, ignore_errors=True)
-    (out / f"{args.name}.md").write_text(render(args.name, training, rows))
+    (out / f"{args.name}.md").write_text(render(args.name, training, rows, smooth))
     print((out / f"{args.name}.md").read_text())
     return 0
 
