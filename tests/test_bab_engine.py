@@ -475,6 +475,32 @@ def test_the_first_singletons_seek_leaks_below_the_cutoff_once(tmp_path, rel_gap
     assert ClassState.from_json(0, cs.to_json()).seekers == cs.seekers
 
 
+@pytest.mark.parametrize("node_time_limit", [None, 5.0, 450.0])
+def test_a_seek_gets_at_most_a_minute_when_it_can_be_retried(tmp_path, node_time_limit, monkeypatch):
+    """A seek looks for a leak (the solver's early incumbents); under a long node limit it would
+    spend the rest on a dual bound that its retry under the cutoff proves faster. Without a node
+    limit there is no retry, so the seek keeps the whole limit (else the node could never be proved)."""
+    import lucid.bab.engine
+    from lucid.bab.schedule import SEEK_TIME_LIMIT
+
+    monkeypatch.setattr(lucid.bab.engine, "PEEL_ROOT_ABOVE", {})
+    values = np.concatenate([[0.0], np.linspace(0.1, 1.0, 10)])
+    engine, analyser, log = make_engine(tmp_path, values, workers=2, node_time_limit=node_time_limit, rel_gap=0.1,
+                                        screen=lambda c, pos: values[pos] + 0.01)
+    cs = engine.run()[0]
+    log.close()
+    assert cs.done and cs.upper >= values.max() - 1e-12
+    started = [e for e in read_events(tmp_path / "log.jsonl") if e["event"] == "started"]
+    sought = [e for e in started if e.get("seek")]
+    others = [e for e in started if not e.get("seek") and e["attempt"] == 1]
+    assert sought and others
+    if node_time_limit is None:
+        assert all(e["time_limit"] is None for e in sought)
+    else:
+        assert all(e["time_limit"] == min(node_time_limit, SEEK_TIME_LIMIT) for e in sought)
+        assert all(e["time_limit"] == node_time_limit for e in others)
+
+
 def test_a_retried_singleton_goes_ahead_of_higher_nodes_on_all_but_one_worker(tmp_path):
     """Longest work first: a retry (it used a whole node limit and cannot be split) starts before
     pending nodes with higher bounds, on at most capacity - 1 workers; with one worker, best-first."""

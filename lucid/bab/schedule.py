@@ -7,7 +7,7 @@ states, executor and settings and uses the engine's rules (`cutoff`, `tolerance`
   of the queue on all but one worker);
 - the node's time limit (the first attempt's limit, grown by RETRY_GROWTH per retry, capped by the
   session's remaining time) and solver threads (more than one only for the last work left);
-- whether the node seeks a leak without the cutoff.
+- whether the node seeks a leak without the cutoff (for at most SEEK_TIME_LIMIT seconds).
 """
 
 from __future__ import annotations
@@ -26,6 +26,11 @@ MAX_SINGLETON_ATTEMPTS = 3
 # doubling (60, 240, 960 s against 60, 120, 240, 480, 960 s), and a larger last limit costs
 # nothing when the node is proved early (figures in benchmarks/results/idle_machine.md).
 RETRY_GROWTH = 4
+# A seek is after a leak (the primal side): its solver finds the incumbents it will find within
+# about a minute (Adult 2x50: the class's best leak at 30 s), and the rest of a long node limit
+# goes into the dual bound, which the seek's own retry under the cutoff proves far faster (Adult
+# 2x50 with 8 000 rows: two 450-s seeks per class, one gaining nothing while its retry took 16 s).
+SEEK_TIME_LIMIT = 60.0
 
 
 
@@ -112,6 +117,8 @@ class Scheduling:
             if seek:
                 cs.seekers += 1
                 cutoff = -INF
+                if self.config.node_limit is not None:  # retries exist: the seek's own retry proves it
+                    limit = min(limit, SEEK_TIME_LIMIT)
             # The last work may use the idle workers' cores: nothing else can ever need them.
             threads = max(1, self.executor.capacity - self.executor.in_flight) if self._last_work(node) else 1
             self._running[(c, node.id)] = self.elapsed()
