@@ -103,12 +103,19 @@ def measure(cmd: list[str], env: dict, cwd: Path) -> dict:
     proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     root = psutil.Process(proc.pid)
     peak_rss = peak_pss = peak_anon = 0.0
-    while proc.poll() is None:
+    while True:
+        # wait4 instead of poll: the exit also yields the kernel's peak RSS of the process, which
+        # covers a command shorter than the sampling interval (serve is seen at most at its start)
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            peak_rss = max(peak_rss, usage.ru_maxrss / 1024)
+            break
         rss = pss = anon = 0
         try:
             tree = [root] + root.children(recursive=True)
         except psutil.NoSuchProcess:
-            break
+            tree = []
         for p in tree:
             try:
                 info = p.memory_full_info()
