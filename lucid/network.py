@@ -240,6 +240,12 @@ class NetworkFile:
         except Exception as exc:
             raise LucidError(f"cannot read {self.path}: {exc}") from None
 
+    def n_tensors(self) -> dict[str, np.ndarray]:
+        """N's raw tensors (position 0, leading axis kept), checked to be N."""
+        if len(self) == 0 or int(self.removed[0]) != -1:
+            raise LucidError(f"{self.path}: position 0 is not N (removed[0] must be -1)")
+        return self.tensors(0, 1)
+
     def select(self, index: slice) -> NetworkStack:
         """Networks at the positions of a contiguous slice, as a float64 `NetworkStack`."""
         start, stop, step = index.indices(len(self))

@@ -78,12 +78,9 @@ def load_upper_bounds(run: Run) -> np.ndarray:
 
 def _load_n(run: Run) -> tuple[list[np.ndarray], list[np.ndarray], str]:
     """N's dense layers (W^T, b) in float64 and a fingerprint of N, reading only N's slices."""
-    from lucid.network import NETWORKS_FILE, NetworkFile, stack_from_tensors
+    from lucid.network import NetworkFile, stack_from_tensors
 
-    source = NetworkFile(run.path, run.meta)
-    if len(source) == 0 or int(source.removed[0]) != -1:
-        raise LucidError(f"{run.path / NETWORKS_FILE}: position 0 is not N (removed[0] must be -1)")
-    tensors = source.tensors(0, 1)
+    tensors = NetworkFile(run.path, run.meta).n_tensors()
     digest = hashlib.sha256(json.dumps(run.meta, sort_keys=True).encode())
     for name in sorted(tensors):
         digest.update(name.encode())

@@ -53,7 +53,7 @@ def pretrained_init(source: str, spec: dict, ds: Dataset) -> tuple[dict[str, tor
 
     try:
         run = open_run(source)
-        networks = NetworkFile(run.path, run.meta)
+        raw = NetworkFile(run.path, run.meta).n_tensors()
     except LucidError as exc:
         raise LucidError(f"--init {source}: {exc}") from None
     meta = run.meta
@@ -63,9 +63,7 @@ def pretrained_init(source: str, spec: dict, ds: Dataset) -> tuple[dict[str, tor
         if theirs != ours:
             hint = " (give both runs the same --domain FILE)" if what == "feature scaling" else ""
             raise LucidError(f"--init {source}: its {what} differs from this run's{hint}")
-    if len(networks) == 0 or int(networks.removed[0]) != -1:
-        raise LucidError(f"--init {source}: position 0 of its networks is not N")
-    tensors = {name: t[0] for name, t in networks.tensors(0, 1).items() if name != "removed"}
+    tensors = {name: t[0] for name, t in raw.items() if name != "removed"}
     expected = {name: tuple(t.shape) for name, t in initial_parameters(spec, ds.input_dim, ds.num_classes, 0).items()}
     if {name: tuple(t.shape) for name, t in tensors.items()} != expected:
         raise LucidError(f"--init {source}: its networks file does not hold this architecture's tensors")
