@@ -90,7 +90,8 @@ def ibp_fixed(box, X: torch.Tensor) -> float:
     return float((certified_classes(box, X.numpy()) >= 0).mean())
 
 
-def run_setting(data: str, name: str, loo_sample: int, log, k: int = 1, epochs_override: int | None = None) -> dict:
+def run_setting(data: str, name: str, loo_sample: int, log, k: int = 1, epochs_override: int | None = None,
+                update: str = "relational") -> dict:
     lr, batch, epochs, finetune = SETTINGS[name]
     epochs = epochs_override or epochs
     X, y, Xt, yt = load(data)
@@ -137,12 +138,12 @@ def run_setting(data: str, name: str, loo_sample: int, log, k: int = 1, epochs_o
         if epoch < 2:
             trace.append((epoch + 1, step + 1, box.max_width()))
 
-    result = {"data": data, "k": k, "setting": name, "lr": lr, "batch": bs, "epochs": epochs, "finetune": finetune,
+    result = {"data": data, "k": k, "update": update, "setting": name, "lr": lr, "batch": bs, "epochs": epochs, "finetune": finetune,
               "n": n, "test_accuracy": acc, "epochs_table": rows}
     t0 = time.time()
     try:
         box = abstract_train(init, spec, X, y, orders, k=k, max_width=DIVERGED, trainable=trainable,
-                             on_epoch=on_epoch, on_step=on_step, **opts)
+                             relational=update == "relational", on_epoch=on_epoch, on_step=on_step, **opts)
     except AgtDiverged as exc:
         result["diverged"] = str(exc)
         result["trace"] = trace
@@ -172,7 +173,10 @@ def render(results: list[dict]) -> str:
                    "| L1 median / max | L2 median / max | IBP-fixed | outcome |")
         out.append("|---|---|---|---|---|---|---|---|---|---|---|")
         for r in (r for r in results if r["data"] == data):
-            head = f"| {r['setting']}{'' if r.get('k', 1) == 1 else ', k = ' + str(r['k'])} | {r['lr']:g} | {r['batch']} | {r['epochs']} | {100 * r['test_accuracy']:.1f} % "
+            label = r["setting"] + ("" if r.get("k", 1) == 1 else f", k = {r['k']}")
+            if r["finetune"]:  # only fine-tuning the last layer has the relational update
+                label += f", {r.get('update', 'interval')} update"
+            head = f"| {label} | {r['lr']:g} | {r['batch']} | {r['epochs']} | {100 * r['test_accuracy']:.1f} % "
             table = r["epochs_table"] or [{"epoch": "-", "layers": None}]
             for i, row in enumerate(table):
                 cells = " | ".join(f"{a:.2g} / {b:.2g}" for a, b in row["layers"]) if row["layers"] else "- | - | -"
@@ -203,6 +207,8 @@ def main() -> None:
     parser.add_argument("--loo-sample", type=int, default=8)
     parser.add_argument("--k", type=int, default=1, help="rows removed (sampled networks still leave one out)")
     parser.add_argument("--epochs", type=int, default=None, help="override the settings' epochs")
+    parser.add_argument("--update", choices=["relational", "interval"], default="relational",
+                        help="AGT's update rule for last-layer fine-tuning (relational: lucid.agt.last_layer)")
     parser.add_argument("--json", default=None)
     parser.add_argument("--render", nargs="+", default=None, help="print markdown tables of saved JSON results")
     args = parser.parse_args()
@@ -214,7 +220,8 @@ def main() -> None:
     log = lambda s: print(s, flush=True)  # noqa: E731
     for data in args.data.split(","):
         for name in names:
-            res = run_setting(data, name, args.loo_sample, log, k=args.k, epochs_override=args.epochs)
+            res = run_setting(data, name, args.loo_sample, log, k=args.k, epochs_override=args.epochs,
+                              update=args.update)
             results.append(res)
             log(json.dumps(res))
             if args.json:

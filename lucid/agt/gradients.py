@@ -74,6 +74,22 @@ def softmax_bounds(zl: torch.Tensor, zu: torch.Tensor) -> tuple[torch.Tensor, to
     return (p_lo - margin).clamp(min=0.0), (p_hi + margin).clamp(max=1.0)
 
 
+def forward_bounds(
+    wl: list[torch.Tensor], wu: list[torch.Tensor], bl: list[torch.Tensor], bu: list[torch.Tensor], x: torch.Tensor,
+) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], list[tuple[torch.Tensor, torch.Tensor]]]:
+    """Interval forward pass over the box: post-activation intervals a_0 = x, ..., a_{L-1} (each
+    containing T's float32 activation) and pre-activation intervals z_1..z_L."""
+    acts = [(x, x)]
+    pre = []
+    for i in range(len(wl)):
+        al, au = acts[-1]
+        zl, zu, _ = affine_nonneg(al, au, wl[i], wu[i], bl[i], bu[i])
+        pre.append((zl, zu))
+        if i < len(wl) - 1:
+            acts.append((zl.clamp(min=0), zu.clamp(min=0)))
+    return acts, pre
+
+
 def row_gradient_bounds(
     wl: list[torch.Tensor], wu: list[torch.Tensor], bl: list[torch.Tensor], bu: list[torch.Tensor],
     x: torch.Tensor, onehot: torch.Tensor, *, first_layer: int = 0,
@@ -83,15 +99,7 @@ def row_gradient_bounds(
     `first_layer`: the backward pass stops there (layers below it get None: not trained).
     """
     n_layers = len(wl)
-    # forward: post-activation intervals a_0 = x, a_1, ..., a_{L-1}; pre-activations z_1..z_L
-    acts = [(x, x)]
-    pre = []
-    for i in range(n_layers):
-        al, au = acts[-1]
-        zl, zu, _ = affine_nonneg(al, au, wl[i], wu[i], bl[i], bu[i])
-        pre.append((zl, zu))
-        if i < n_layers - 1:
-            acts.append((zl.clamp(min=0), zu.clamp(min=0)))
+    acts, pre = forward_bounds(wl, wu, bl, bu, x)
     p_lo, p_hi = softmax_bounds(*pre[-1])
     # d CE / d logits = softmax - onehot (the sample weight is applied to the batch mean)
     dl, du = p_lo - onehot, p_hi - onehot

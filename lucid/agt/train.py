@@ -26,7 +26,8 @@ import torch
 import torch.nn.functional as F
 
 from lucid.agt.cnn import cnn_row_gradient_bounds, conv_names
-from lucid.agt.gradients import removal_mean_bounds, row_gradient_bounds
+from lucid.agt.gradients import forward_bounds, removal_mean_bounds, row_gradient_bounds
+from lucid.agt.last_layer import relational_update_bounds
 from lucid.agt.rounding import ETA, gamma, outward
 from lucid.errors import LucidError
 
@@ -77,6 +78,7 @@ def abstract_train(
     num_classes: int,
     max_width: float = DEFAULT_MAX_WIDTH,
     trainable: set[int] | None = None,
+    relational: bool = True,
     on_epoch: Callable[[int, "AgtBox"], None] | None = None,
     on_step: Callable[[int, int, "AgtBox"], None] | None = None,
 ) -> AgtBox:
@@ -84,6 +86,9 @@ def abstract_train(
 
     `trainable`: layer indices the optimiser updates (default all; a fine-tuning variant of T
     leaves the other layers at their initial values, without weight decay).
+    `relational`: when only the last layer trains, also bound its update relationally
+    (`lucid.agt.last_layer`: keeps SGD's contraction) and keep the tighter end; False gives
+    the plain interval update (for comparison).
     Runs with one torch thread (restored afterwards): on a shared machine small float64 ops
     with several threads spend their time waiting for each other (measured: 200x slower).
     """
@@ -92,13 +97,13 @@ def abstract_train(
     try:
         return _abstract_train(init, spec, X, y, orders, k=k, lr=lr, weight_decay=weight_decay,
                                batch_size=batch_size, num_classes=num_classes, max_width=max_width,
-                               trainable=trainable, on_epoch=on_epoch, on_step=on_step)
+                               trainable=trainable, relational=relational, on_epoch=on_epoch, on_step=on_step)
     finally:
         torch.set_num_threads(threads)
 
 
 def _abstract_train(init, spec, X, y, orders, *, k, lr, weight_decay, batch_size, num_classes, max_width,
-                    trainable, on_epoch, on_step) -> AgtBox:
+                    trainable, relational, on_epoch, on_step) -> AgtBox:
     cnn = spec.get("type", "mlp") == "cnn"
     if int(k) != k or k < 0:
         raise LucidError(f"the number of removed rows k must be a non-negative integer, got {k}")
@@ -119,6 +124,7 @@ def _abstract_train(init, spec, X, y, orders, *, k, lr, weight_decay, batch_size
     n = X.shape[0]
     steps = (n + batch_size - 1) // batch_size
     decay = 1.0 - lr * weight_decay
+    relational_last = relational and not cnn and trainable == {n_layers - 1} and decay > 0
     for epoch in range(orders.shape[0]):
         order = orders[epoch]
         for step, start in enumerate(range(0, n, batch_size)):
@@ -132,6 +138,8 @@ def _abstract_train(init, spec, X, y, orders, *, k, lr, weight_decay, batch_size
                 bu = [upper[f"layers.{i}.bias"] for i in range(n_layers)]
                 dense = row_gradient_bounds(wl, wu, bl, bu, X[rows], onehot_all[rows], first_layer=min(trainable))
                 rowb = [(rb, 0) if j // 2 in trainable else (None, 0) for j, rb in enumerate(dense)]
+            tighter = _relational_last_layer(lower, upper, spec, X[rows], onehot_all[rows], k, lr, decay) \
+                if relational_last else {}
             for name, (rb, extra) in zip(names, rowb):
                 if rb is None:  # a frozen layer (fine-tuning variant)
                     continue
@@ -140,6 +148,9 @@ def _abstract_train(init, spec, X, y, orders, *, k, lr, weight_decay, batch_size
                 a, b = decay * p_lo, decay * p_hi
                 new_lo = torch.minimum(a, b) - lr * g_hi
                 new_hi = torch.maximum(a, b) - lr * g_lo
+                if name in tighter:  # both bounds hold: keep the tighter end
+                    new_lo = torch.maximum(new_lo, tighter[name][0])
+                    new_hi = torch.minimum(new_hi, tighter[name][1])
                 pmax = torch.maximum(p_lo.abs(), p_hi.abs())
                 gmax = torch.maximum(g_lo.abs(), g_hi.abs())
                 newmax = torch.maximum(new_lo.abs(), new_hi.abs())
@@ -154,6 +165,18 @@ def _abstract_train(init, spec, X, y, orders, *, k, lr, weight_decay, batch_size
         if on_epoch is not None:
             on_epoch(epoch, box)
     return box
+
+
+def _relational_last_layer(lower, upper, spec, x, onehot, k, lr, decay) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """`relational_update_bounds` for the one trained (last) layer, by safetensors name."""
+    last = len(spec["hidden"])
+    wl, wu, bl, bu = ([ends[f"layers.{i}.{t}"] for i in range(last + 1)]
+                      for ends, t in ((lower, "weight"), (upper, "weight"), (lower, "bias"), (upper, "bias")))
+    acts, _ = forward_bounds(wl, wu, bl, bu, x)  # acts[-1]: the last layer's input, T's features within rounding
+    w, b = f"layers.{last}.weight", f"layers.{last}.bias"
+    weight, bias = relational_update_bounds(lower[w], upper[w], lower[b], upper[b], *acts[-1], onehot,
+                                            k=k, lr=lr, decay=decay)
+    return {w: weight, b: bias}
 
 
 def _check(box: AgtBox, epoch: int, step: int, steps: int, max_width: float) -> None:

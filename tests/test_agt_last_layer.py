@@ -1,0 +1,184 @@
+"""The relational last-layer update of AGT (lucid/agt/last_layer.py).
+
+One step: the bounds contain decay*theta - lr*g for sampled parameters and removal sets (also
+where the coordinate's map is not monotone), and are attained at the corner the argument names.
+Whole fine-tuning runs: every leave-one-out network (and networks without 2-3 rows) lies inside
+the boxes, which are narrower than the interval update's.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lucid.agt import abstract_train
+from lucid.agt.last_layer import relational_update_bounds
+from lucid.training.architecture import initial_parameters, parse_arch
+from lucid.training.vectorized import batch_orders, train_networks
+
+
+def random_step(seed: int, *, m=5, n_features=3, classes=3, radius=0.4):
+    g = torch.Generator().manual_seed(seed)
+    h = 2 * torch.rand(m, n_features, generator=g, dtype=torch.float64)
+    h[0, 1] = 0.0  # a dead feature in one row
+    y = torch.randint(0, classes, (m,), generator=g)
+    W = torch.randn(classes, n_features, generator=g, dtype=torch.float64)
+    b = torch.randn(classes, generator=g, dtype=torch.float64)
+    wr = radius * torch.rand(classes, n_features, generator=g, dtype=torch.float64)
+    br = radius * torch.rand(classes, generator=g, dtype=torch.float64)
+    return h, F.one_hot(y, classes).double(), (W - wr, W + wr, b - br, b + br)
+
+
+def update(h, onehot, W, b, keep, lr, decay):
+    """decay*theta - lr*(mean gradient over the kept rows) for the augmented last layer [W | b]."""
+    if not keep.any():
+        return decay * torch.cat([W, b[:, None]], 1)
+    p = torch.softmax(h[keep] @ W.T + b, dim=1)
+    d = p - onehot[keep]
+    g = torch.cat([(d[:, :, None] * h[keep][:, None, :]).mean(0), d.mean(0)[:, None]], 1)
+    return decay * torch.cat([W, b[:, None]], 1) - lr * g
+
+
+def removal_sets(m, k):
+    return [torch.tensor([i not in s for i in range(m)]) for j in range(k + 1) for s in itertools.combinations(range(m), j)]
+
+
+@pytest.mark.parametrize("seed,k,lr", [(0, 1, 0.3), (1, 2, 0.5), (2, 1, 8.0), (3, 5, 0.3)])
+def test_one_step_contains_every_sampled_update(seed, k, lr):
+    """lr = 8 makes the map of some coordinates non-monotone (the `rise` correction); k = 5 >= m
+    may empty the batch."""
+    h, onehot, (wl, wu, bl, bu) = random_step(seed)
+    decay = 1 - lr * 1e-3
+    (lw, hw), (lb, hb) = relational_update_bounds(wl, wu, bl, bu, h, h, onehot, k=k, lr=lr, decay=decay)
+    lo, hi = torch.cat([lw, lb[:, None]], 1), torch.cat([hw, hb[:, None]], 1)
+    g = torch.Generator().manual_seed(100 + seed)
+    sets = removal_sets(h.shape[0], min(k, h.shape[0]))
+    for trial in range(3000):
+        tw = torch.rand(wl.shape, generator=g, dtype=torch.float64)
+        tb = torch.rand(bl.shape, generator=g, dtype=torch.float64)
+        if trial % 2:  # corners
+            tw, tb = (tw > 0.5).double(), (tb > 0.5).double()
+        W, b = wl + tw * (wu - wl), bl + tb * (bu - bl)
+        new = update(h, onehot, W, b, sets[trial % len(sets)], lr, decay)
+        assert torch.all(new <= hi) and torch.all(new >= lo), (trial, float((new - hi).max()), float((lo - new).max()))
+
+
+def test_one_step_is_attained_where_the_map_is_monotone():
+    """At theta* (class c's row low, rivals high, coordinate (c, j) at its top) and the worst
+    removal set, the update reaches the upper bound: no sound bound can be lower there."""
+    h, onehot, (wl, wu, bl, bu) = random_step(4)
+    lr, decay, k = 0.3, 1.0, 1
+    (_, hw), (_, hb) = relational_update_bounds(wl, wu, bl, bu, h, h, onehot, k=k, lr=lr, decay=decay)
+    hi = torch.cat([hw, hb[:, None]], 1)
+    classes, cols = hi.shape
+    sets = removal_sets(h.shape[0], k)
+    gap = 0.0
+    for c, j in itertools.product(range(classes), range(cols)):
+        W, b = wu.clone(), bu.clone()
+        W[c], b[c] = wl[c], bl[c]
+        if j < cols - 1:
+            W[c, j] = wu[c, j]
+        else:
+            b[c] = bu[c]
+        best = max(float(update(h, onehot, W, b, keep, lr, decay)[c, j]) for keep in sets)
+        assert best <= float(hi[c, j])
+        gap = max(gap, float(hi[c, j]) - best)
+    assert gap < 1e-5  # float32 rounding allowances only
+
+
+def test_one_step_keeps_the_contraction_the_interval_update_loses():
+    h, onehot, (wl, wu, bl, bu) = random_step(5, radius=1.0)
+    lr, k = 0.5, 1
+    (lw, hw), _ = relational_update_bounds(wl, wu, bl, bu, h, h, onehot, k=k, lr=lr, decay=1.0)
+    from lucid.agt.gradients import removal_mean_bounds, row_gradient_bounds
+
+    rows = row_gradient_bounds([wl], [wu], [bl], [bu], h, onehot)
+    g_lo, g_hi = removal_mean_bounds(rows[0], k)
+    interval_width = (wu - lr * g_lo) - (wl - lr * g_hi)
+    assert torch.all(hw - lw <= interval_width)
+    assert float((interval_width - (hw - lw)).max()) > 0.05
+
+
+MULTI = [  # (classes, arch, epochs, batch, lr, weight decay)
+    (2, "2x6", 6, 4, 0.2, 1e-3),
+    (3, "2x5", 5, 6, 0.3, 1e-4),
+    (4, "6", 4, 7, 0.5, 0.0),
+]
+
+
+def fine_tuning_setup(classes, arch, n=28, d=4, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    X = torch.rand(n, d, generator=g)
+    y = torch.bucketize(X[:, 0] + 0.5 * X[:, 1] + 0.1 * torch.randn(n, generator=g),
+                        torch.linspace(0.2, 1.2, classes - 1))
+    spec = parse_arch(arch)
+    pre = train_networks(initial_parameters(spec, d, classes, seed=2), spec, X.flip(0), y.flip(0), torch.tensor([-1]),
+                         batch_orders(n, 3, seed=5), lr=0.2, weight_decay=0.0, batch_size=5, num_classes=classes)
+    return X, y, spec, {name: t[0] for name, t in pre.items()}
+
+
+@pytest.mark.parametrize("classes,arch,epochs,batch,lr,wd", MULTI)
+def test_every_leave_one_out_network_lies_in_the_relational_box(classes, arch, epochs, batch, lr, wd):
+    X, y, spec, init = fine_tuning_setup(classes, arch)
+    last = len(spec["hidden"])
+    orders = batch_orders(len(y), epochs, seed=0)
+    opts = dict(lr=lr, weight_decay=wd, batch_size=batch, num_classes=classes, trainable={last})
+    nets = train_networks(init, spec, X, y, torch.arange(-1, len(y)), orders, **opts)
+    tight = abstract_train(init, spec, X, y, orders, k=1, **opts)
+    loose = abstract_train(init, spec, X, y, orders, k=1, relational=False, **opts)
+    assert tight.contains(nets) and loose.contains(nets)
+    for name in (f"layers.{last}.weight", f"layers.{last}.bias"):
+        assert torch.all(tight.lower[name] >= loose.lower[name]) and torch.all(tight.upper[name] <= loose.upper[name])
+    w = f"layers.{last}.weight"
+    ratio = float(((tight.upper[w] - tight.lower[w]).median()) / (loose.upper[w] - loose.lower[w]).median())
+    assert ratio < 0.9, ratio
+
+
+def test_networks_without_two_or_three_rows_lie_in_the_relational_k3_box():
+    from tests.test_agt import train_without_sets
+
+    X, y, spec, init = fine_tuning_setup(3, "2x5", seed=1)
+    orders = batch_orders(len(y), 4, seed=1)
+    opts = dict(lr=0.3, weight_decay=1e-4, batch_size=6, num_classes=3)
+    box = abstract_train(init, spec, X, y, orders, k=3, trainable={2}, **opts)
+    first_batch = orders[0][:6].tolist()
+    sets = [{0, 1}, {3, 17, 25}, set(first_batch[:3]), {5, 6}]
+    nets = train_without_sets_frozen(init, spec, X, y, sets, orders, train_without_sets, **opts)
+    assert box.contains(nets)
+    # the stand-in trainer is T's: for one removed row it gives the trainer's network exactly
+    one = train_without_sets_frozen(init, spec, X, y, [{4}], orders, train_without_sets, **opts)
+    ref = train_networks(init, spec, X, y, torch.tensor([4]), orders, trainable={2}, **opts)
+    assert all(torch.equal(one[name], ref[name]) for name in ref)
+
+
+def train_without_sets_frozen(init, spec, X, y, sets, orders, trainer, **opts):
+    """`train_without_sets` with only the last layer trained: the frozen layers' features are the
+    trainer's (`_partial_gradients` computes them with network 0's parameters, the same in all)."""
+    last = len(spec["hidden"])
+    features = X
+    for i in range(last):
+        features = torch.addmm(init[f"layers.{i}.bias"], features, init[f"layers.{i}.weight"].t()).clamp_(min=0)
+    head = {"layers.0.weight": init[f"layers.{last}.weight"], "layers.0.bias": init[f"layers.{last}.bias"]}
+    nets = trainer(head, {"type": "mlp", "hidden": []}, features, y, sets, orders, **opts)
+    out = {f"layers.{i}.{t}": init[f"layers.{i}.{t}"].expand(len(sets), *init[f"layers.{i}.{t}"].shape)
+           for i in range(last) for t in ("weight", "bias")}
+    out[f"layers.{last}.weight"], out[f"layers.{last}.bias"] = nets["layers.0.weight"], nets["layers.0.bias"]
+    return out
+
+
+@pytest.mark.parametrize("classes,arch,epochs,batch,lr,wd", MULTI)
+def test_the_k0_box_holds_the_float32_network_by_its_rounding_allowances(classes, arch, epochs, batch, lr, wd):
+    """k = 0: the box is T's float32 rounding alone, so only the allowances (T's logit error eps,
+    the softmax margin, the product and mean rounding) can hold the trained N."""
+    X, y, spec, init = fine_tuning_setup(classes, arch)
+    last = len(spec["hidden"])
+    orders = batch_orders(len(y), epochs, seed=0)
+    opts = dict(lr=lr, weight_decay=wd, batch_size=batch, num_classes=classes, trainable={last})
+    n = train_networks(init, spec, X, y, torch.tensor([-1, 3]), orders, **opts)
+    box = abstract_train(init, spec, X, y, orders, k=0, **opts)
+    assert box.contains({name: t[:1] for name, t in n.items()})
+    assert not box.contains({name: t[1:] for name, t in n.items()})  # too thin for N_-3
+    assert box.max_width() < 1e-3
