@@ -91,7 +91,7 @@ def ibp_fixed(box, X: torch.Tensor) -> float:
 
 
 def run_setting(data: str, name: str, loo_sample: int, log, k: int = 1, epochs_override: int | None = None,
-                update: str = "relational") -> dict:
+                update: str = "zonotope") -> dict:
     lr, batch, epochs, finetune = SETTINGS[name]
     epochs = epochs_override or epochs
     X, y, Xt, yt = load(data)
@@ -143,7 +143,7 @@ def run_setting(data: str, name: str, loo_sample: int, log, k: int = 1, epochs_o
     t0 = time.time()
     try:
         box = abstract_train(init, spec, X, y, orders, k=k, max_width=DIVERGED, trainable=trainable,
-                             relational=update == "relational", on_epoch=on_epoch, on_step=on_step, **opts)
+                             update=update, on_epoch=on_epoch, on_step=on_step, **opts)
     except AgtDiverged as exc:
         result["diverged"] = str(exc)
         result["trace"] = trace
@@ -174,7 +174,7 @@ def render(results: list[dict]) -> str:
         out.append("|---|---|---|---|---|---|---|---|---|---|---|")
         for r in (r for r in results if r["data"] == data):
             label = r["setting"] + ("" if r.get("k", 1) == 1 else f", k = {r['k']}")
-            if r["finetune"]:  # only fine-tuning the last layer has the relational update
+            if r["finetune"]:  # only fine-tuning the last layer has other update rules
                 label += f", {r.get('update', 'interval')} update"
             head = f"| {label} | {r['lr']:g} | {r['batch']} | {r['epochs']} | {100 * r['test_accuracy']:.1f} % "
             table = r["epochs_table"] or [{"epoch": "-", "layers": None}]
@@ -207,8 +207,8 @@ def main() -> None:
     parser.add_argument("--loo-sample", type=int, default=8)
     parser.add_argument("--k", type=int, default=1, help="rows removed (sampled networks still leave one out)")
     parser.add_argument("--epochs", type=int, default=None, help="override the settings' epochs")
-    parser.add_argument("--update", choices=["relational", "interval"], default="relational",
-                        help="AGT's update rule for last-layer fine-tuning (relational: lucid.agt.last_layer)")
+    parser.add_argument("--update", choices=["zonotope", "corner", "interval"], default="zonotope",
+                        help="AGT's update rule for last-layer fine-tuning (docs/agt.md)")
     parser.add_argument("--json", default=None)
     parser.add_argument("--render", nargs="+", default=None, help="print markdown tables of saved JSON results")
     args = parser.parse_args()

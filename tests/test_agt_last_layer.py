@@ -1,9 +1,11 @@
-"""The relational last-layer update of AGT (lucid/agt/last_layer.py).
+"""AGT's last-layer updates: the corner bound (lucid/agt/last_layer.py) and the zonotope
+(lucid/agt/zonotope.py).
 
-One step: the bounds contain decay*theta - lr*g for sampled parameters and removal sets (also
-where the coordinate's map is not monotone), and are attained at the corner the argument names.
-Whole fine-tuning runs: every leave-one-out network (and networks without 2-3 rows) lies inside
-the boxes, which are narrower than the interval update's.
+One step: the bounds contain decay*theta - lr*g for sampled parameters and removal sets (the
+corner bound also where the coordinate's map is not monotone, and it is attained at the corner
+the argument names; the zonotope for points of the zonotope). Whole fine-tuning runs with 2-4
+classes: every leave-one-out network (and networks without 2-3 rows) lies inside the boxes,
+which are narrower than the interval update's, the zonotope's narrower still.
 """
 
 from __future__ import annotations
@@ -15,7 +17,13 @@ import torch
 import torch.nn.functional as F
 
 from lucid.agt import abstract_train
-from lucid.agt.last_layer import relational_update_bounds
+from lucid.agt.last_layer import corner_update_bounds, last_layer_step
+from lucid.agt.zonotope import Zonotope, zonotope_update
+
+
+def corner_bounds(wl, wu, bl, bu, h, onehot, *, k, lr, decay):
+    """[C, J + 1] bounds of the corner update, for features h known exactly."""
+    return corner_update_bounds(last_layer_step(wl, wu, bl, bu, h, h, onehot), k=k, lr=lr, decay=decay)
 from lucid.training.architecture import initial_parameters, parse_arch
 from lucid.training.vectorized import batch_orders, train_networks
 
@@ -52,8 +60,7 @@ def test_one_step_contains_every_sampled_update(seed, k, lr):
     may empty the batch."""
     h, onehot, (wl, wu, bl, bu) = random_step(seed)
     decay = 1 - lr * 1e-3
-    (lw, hw), (lb, hb) = relational_update_bounds(wl, wu, bl, bu, h, h, onehot, k=k, lr=lr, decay=decay)
-    lo, hi = torch.cat([lw, lb[:, None]], 1), torch.cat([hw, hb[:, None]], 1)
+    lo, hi = corner_bounds(wl, wu, bl, bu, h, onehot, k=k, lr=lr, decay=decay)
     g = torch.Generator().manual_seed(100 + seed)
     sets = removal_sets(h.shape[0], min(k, h.shape[0]))
     for trial in range(3000):
@@ -71,8 +78,7 @@ def test_one_step_is_attained_where_the_map_is_monotone():
     removal set, the update reaches the upper bound: no sound bound can be lower there."""
     h, onehot, (wl, wu, bl, bu) = random_step(4)
     lr, decay, k = 0.3, 1.0, 1
-    (_, hw), (_, hb) = relational_update_bounds(wl, wu, bl, bu, h, h, onehot, k=k, lr=lr, decay=decay)
-    hi = torch.cat([hw, hb[:, None]], 1)
+    _, hi = corner_bounds(wl, wu, bl, bu, h, onehot, k=k, lr=lr, decay=decay)
     classes, cols = hi.shape
     sets = removal_sets(h.shape[0], k)
     gap = 0.0
@@ -92,7 +98,8 @@ def test_one_step_is_attained_where_the_map_is_monotone():
 def test_one_step_keeps_the_contraction_the_interval_update_loses():
     h, onehot, (wl, wu, bl, bu) = random_step(5, radius=1.0)
     lr, k = 0.5, 1
-    (lw, hw), _ = relational_update_bounds(wl, wu, bl, bu, h, h, onehot, k=k, lr=lr, decay=1.0)
+    lo, hi = corner_bounds(wl, wu, bl, bu, h, onehot, k=k, lr=lr, decay=1.0)
+    lw, hw = lo[:, :-1], hi[:, :-1]
     from lucid.agt.gradients import removal_mean_bounds, row_gradient_bounds
 
     rows = row_gradient_bounds([wl], [wu], [bl], [bu], h, onehot)
@@ -100,6 +107,40 @@ def test_one_step_keeps_the_contraction_the_interval_update_loses():
     interval_width = (wu - lr * g_lo) - (wl - lr * g_hi)
     assert torch.all(hw - lw <= interval_width)
     assert float((interval_width - (hw - lw)).max()) > 0.05
+
+
+@pytest.mark.parametrize("seed,k,lr", [(0, 1, 0.3), (1, 2, 0.5), (2, 1, 3.0)])
+def test_one_zonotope_step_holds_the_linearisation_and_every_removal(seed, k, lr):
+    """From Z = c + diag(r) e: for theta anywhere in Z, decay theta - lr g(theta) lies within the new
+    diagonal radius of c' + M (theta - c) (M read off the moved generators), and the effect of every
+    removal set, -lr (g_R - g), lies in the new removal member."""
+    h, onehot, (wl, wu, bl, bu) = random_step(seed, m=6, radius=0.3)
+    decay = 1 - lr * 1e-3
+    lo, hi = torch.cat([wl, bl[:, None]], 1), torch.cat([wu, bu[:, None]], 1)
+    z = Zonotope.from_box(lo, hi)
+    size = z.center.shape[0]
+    step = last_layer_step(wl, wu, bl, bu, h, h, onehot)
+    new = zonotope_update(z, step, k=k, lr=lr, weight_decay=1e-3, max_generators=4 * size)
+    M = new.generators[:, :size] / z.generators.diagonal()[None, :]
+    radius = new.generators[:, size:].diagonal()
+    (offset, gens), = new.removals
+    member_lo, member_hi = offset - gens.diagonal(), offset + gens.diagonal()
+    sets = removal_sets(h.shape[0], k)
+    g = torch.Generator().manual_seed(200 + seed)
+    worst = 0.0
+    for trial in range(2000):
+        t = torch.rand(lo.shape, generator=g, dtype=torch.float64)
+        if trial % 2:
+            t = (t > 0.5).double()
+        theta = lo + t * (hi - lo)
+        W, b = theta[:, :-1], theta[:, -1]
+        full = update(h, onehot, W, b, torch.ones(h.shape[0], dtype=torch.bool), lr, decay).flatten()
+        linear = new.center + M @ (theta.flatten() - z.center)
+        assert torch.all((full - linear).abs() <= radius)
+        worst = max(worst, float(((full - linear).abs() / radius).max()))
+        effect = update(h, onehot, W, b, sets[trial % len(sets)], lr, decay).flatten() - full
+        assert torch.all(effect >= member_lo) and torch.all(effect <= member_hi)
+    assert worst > 0.01  # the radius is not vacuous
 
 
 MULTI = [  # (classes, arch, epochs, batch, lr, weight decay)
@@ -121,29 +162,35 @@ def fine_tuning_setup(classes, arch, n=28, d=4, seed=0):
 
 
 @pytest.mark.parametrize("classes,arch,epochs,batch,lr,wd", MULTI)
-def test_every_leave_one_out_network_lies_in_the_relational_box(classes, arch, epochs, batch, lr, wd):
+def test_every_leave_one_out_network_lies_in_the_boxes_and_each_rule_tightens(classes, arch, epochs, batch, lr, wd):
     X, y, spec, init = fine_tuning_setup(classes, arch)
     last = len(spec["hidden"])
     orders = batch_orders(len(y), epochs, seed=0)
     opts = dict(lr=lr, weight_decay=wd, batch_size=batch, num_classes=classes, trainable={last})
     nets = train_networks(init, spec, X, y, torch.arange(-1, len(y)), orders, **opts)
-    tight = abstract_train(init, spec, X, y, orders, k=1, **opts)
-    loose = abstract_train(init, spec, X, y, orders, k=1, relational=False, **opts)
-    assert tight.contains(nets) and loose.contains(nets)
-    for name in (f"layers.{last}.weight", f"layers.{last}.bias"):
-        assert torch.all(tight.lower[name] >= loose.lower[name]) and torch.all(tight.upper[name] <= loose.upper[name])
+    boxes = {rule: abstract_train(init, spec, X, y, orders, k=1, update=rule, **opts)
+             for rule in ("interval", "corner", "zonotope")}
     w = f"layers.{last}.weight"
-    ratio = float(((tight.upper[w] - tight.lower[w]).median()) / (loose.upper[w] - loose.lower[w]).median())
-    assert ratio < 0.9, ratio
+    widths = {}
+    for rule, box in boxes.items():
+        assert box.contains(nets), rule
+        widths[rule] = float((box.upper[w] - box.lower[w]).median())
+    for tight, loose in (("corner", "interval"), ("zonotope", "corner")):
+        for name in (w, f"layers.{last}.bias"):  # each rule keeps the tighter end of the one before
+            assert torch.all(boxes[tight].lower[name] >= boxes[loose].lower[name])
+            assert torch.all(boxes[tight].upper[name] <= boxes[loose].upper[name])
+    assert widths["corner"] < 0.9 * widths["interval"], widths
+    assert widths["zonotope"] < 0.85 * widths["corner"], widths
 
 
-def test_networks_without_two_or_three_rows_lie_in_the_relational_k3_box():
+@pytest.mark.parametrize("rule", ["corner", "zonotope"])
+def test_networks_without_two_or_three_rows_lie_in_the_k3_box(rule):
     from tests.test_agt import train_without_sets
 
     X, y, spec, init = fine_tuning_setup(3, "2x5", seed=1)
     orders = batch_orders(len(y), 4, seed=1)
     opts = dict(lr=0.3, weight_decay=1e-4, batch_size=6, num_classes=3)
-    box = abstract_train(init, spec, X, y, orders, k=3, trainable={2}, **opts)
+    box = abstract_train(init, spec, X, y, orders, k=3, trainable={2}, update=rule, **opts)
     first_batch = orders[0][:6].tolist()
     sets = [{0, 1}, {3, 17, 25}, set(first_batch[:3]), {5, 6}]
     nets = train_without_sets_frozen(init, spec, X, y, sets, orders, train_without_sets, **opts)
@@ -169,8 +216,9 @@ def train_without_sets_frozen(init, spec, X, y, sets, orders, trainer, **opts):
     return out
 
 
+@pytest.mark.parametrize("rule", ["corner", "zonotope"])
 @pytest.mark.parametrize("classes,arch,epochs,batch,lr,wd", MULTI)
-def test_the_k0_box_holds_the_float32_network_by_its_rounding_allowances(classes, arch, epochs, batch, lr, wd):
+def test_the_k0_box_holds_the_float32_network_by_its_rounding_allowances(classes, arch, epochs, batch, lr, wd, rule):
     """k = 0: the box is T's float32 rounding alone, so only the allowances (T's logit error eps,
     the softmax margin, the product and mean rounding) can hold the trained N."""
     X, y, spec, init = fine_tuning_setup(classes, arch)
@@ -178,7 +226,7 @@ def test_the_k0_box_holds_the_float32_network_by_its_rounding_allowances(classes
     orders = batch_orders(len(y), epochs, seed=0)
     opts = dict(lr=lr, weight_decay=wd, batch_size=batch, num_classes=classes, trainable={last})
     n = train_networks(init, spec, X, y, torch.tensor([-1, 3]), orders, **opts)
-    box = abstract_train(init, spec, X, y, orders, k=0, **opts)
+    box = abstract_train(init, spec, X, y, orders, k=0, update=rule, **opts)
     assert box.contains({name: t[:1] for name, t in n.items()})
     assert not box.contains({name: t[1:] for name, t in n.items()})  # too thin for N_-3
     assert box.max_width() < 1e-3

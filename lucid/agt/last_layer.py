@@ -1,4 +1,10 @@
-"""A relational update for fine-tuning the last layer: the box keeps SGD's contraction.
+"""Fine-tuning the last layer: one step of T bounded over the box, and the corner update.
+
+`LastLayerStep` holds what every bound on a last-layer step needs (the batch's features, the
+box of the augmented layer [W | b], box-wide enclosures of T's softmax and gradient rows); the
+corner update below and the zonotope of `lucid.agt.zonotope` both use it.
+
+The corner update keeps SGD's contraction per coordinate.
 
 The interval update (`lucid.agt.train`) bounds theta' = decay theta - lr g with the top of a
 coordinate and, independently, the smallest gradient anywhere in the box. Those two are never
@@ -40,10 +46,57 @@ exponent and a doubled softmax margin. The caller adds the rounding of T's updat
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from lucid.agt.gradients import RowBounds, affine_nonneg, removal_mean_bounds, softmax_bounds
+from lucid.agt.gradients import RowBounds, affine_nonneg, product_nonneg, removal_mean_bounds, softmax_bounds
 from lucid.agt.rounding import ETA, SOFTMAX_ULPS, U, gamma
+
+
+@dataclass
+class LastLayerStep:
+    """One batch of a last-layer step, bounded over the box. Augmented layout: the bias is the
+    weight of a constant feature 1, so parameters are [C, J + 1] and features [m, J + 1]."""
+
+    hl: torch.Tensor  # [m, J + 1] features, lower (>= 0)
+    hh: torch.Tensor  # [m, J + 1] features, upper
+    lo: torch.Tensor  # [C, J + 1] the box of [W | b]
+    hi: torch.Tensor
+    onehot: torch.Tensor  # [m, C]
+    p_lo: torch.Tensor  # [m, C] T's softmax anywhere in the box (and the exact one)
+    p_hi: torch.Tensor
+    eps: torch.Tensor  # [m, C] T's float32 logit error anywhere in the box
+    rows_lo: torch.Tensor  # [m, C, J + 1] T's gradient rows (p^ - y) h^ anywhere in the box
+    rows_hi: torch.Tensor
+    g_mag: torch.Tensor  # [m, C, J + 1] a bound on |row| in the box
+
+    @property
+    def curvature_bound(self) -> torch.Tensor:
+        """[m, C]: s_b >= p_c (1 - p_c) anywhere in the box."""
+        p_lo, p_hi = self.p_lo, self.p_hi
+        return torch.where((p_lo <= 0.5) & (p_hi >= 0.5), torch.full_like(p_lo, 0.25),
+                           torch.maximum(p_lo * (1 - p_lo), p_hi * (1 - p_hi)))
+
+
+def last_layer_step(w_lo: torch.Tensor, w_hi: torch.Tensor, b_lo: torch.Tensor, b_hi: torch.Tensor,
+                    h_lo: torch.Tensor, h_hi: torch.Tensor, onehot: torch.Tensor) -> LastLayerStep:
+    """The box-wide enclosures of a step: weights [C, J], biases [C], features [m, J] (>= 0)."""
+    m, n_features = h_lo.shape
+    ones = torch.ones(m, 1, dtype=h_lo.dtype, device=h_lo.device)
+    hl = torch.cat([h_lo.clamp(min=0.0), ones], dim=1)
+    hh = torch.cat([h_hi, ones], dim=1)
+    lo = torch.cat([w_lo, b_lo[:, None]], dim=1)
+    hi = torch.cat([w_hi, b_hi[:, None]], dim=1)
+    zero = torch.zeros(lo.shape[0], dtype=lo.dtype, device=lo.device)
+    zl, zu, mag = affine_nonneg(hl, hh, lo, hi, zero, zero)
+    eps = gamma(n_features + 2) * mag + (n_features + 2) * ETA
+    p_lo, p_hi = softmax_bounds(zl, zu)
+    d_lo, d_hi = p_lo - onehot, p_hi - onehot
+    rows_lo, rows_hi = product_nonneg(d_lo[:, :, None], d_hi[:, :, None], hl[:, None, :], hh[:, None, :])
+    g_mag = torch.maximum(d_lo.abs(), d_hi.abs())[:, :, None] * hh[:, None, :]
+    rows_lo, rows_hi = rows_lo - gamma(1) * g_mag - ETA, rows_hi + gamma(1) * g_mag + ETA  # T's product
+    return LastLayerStep(hl, hh, lo, hi, onehot, p_lo, p_hi, eps, rows_lo, rows_hi, g_mag)
 
 
 def _log_rival_sum(diff: torch.Tensor) -> torch.Tensor:
@@ -53,67 +106,45 @@ def _log_rival_sum(diff: torch.Tensor) -> torch.Tensor:
     return torch.logsumexp(diff.masked_fill(diag, -float("inf")), dim=2)
 
 
-def relational_update_bounds(
-    w_lo: torch.Tensor, w_hi: torch.Tensor, b_lo: torch.Tensor, b_hi: torch.Tensor,
-    h_lo: torch.Tensor, h_hi: torch.Tensor, onehot: torch.Tensor, *, k: int, lr: float, decay: float,
-) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
-    """Bounds on decay*theta - lr*g for the last layer's weights [C, J] and biases [C].
+def corner_update_bounds(step: LastLayerStep, *, k: int, lr: float, decay: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Bounds [C, J + 1] on decay*theta - lr*g over the box and every removal of up to k rows.
 
-    For every theta in the box [w_lo, w_hi] x [b_lo, b_hi] and every removal of up to k of the
-    batch's rows; g is T's float32 batch-mean gradient, h in [h_lo, h_hi] ([B, J], >= 0) holds
-    T's float32 features of the batch rows. Returns ((lo_w, hi_w), (lo_b, hi_b)), float64, before
-    the rounding of T's update (the caller's allowance).
+    g is T's float32 batch-mean gradient; the rounding of T's update itself is the caller's.
     """
-    m, n_features = h_lo.shape
-    ones = torch.ones(m, 1, dtype=h_lo.dtype, device=h_lo.device)
-    hl = torch.cat([h_lo.clamp(min=0.0), ones], dim=1)  # the bias is the weight of a constant feature 1
-    hh = torch.cat([h_hi, ones], dim=1)
-    lo = torch.cat([w_lo, b_lo[:, None]], dim=1)  # [C, J + 1]
-    hi = torch.cat([w_hi, b_hi[:, None]], dim=1)
-    zero = torch.zeros(lo.shape[0], dtype=lo.dtype, device=lo.device)
+    hl, hh, lo, hi, onehot = step.hl, step.hh, step.lo, step.hi, step.onehot
+    m, classes = hl.shape[0], lo.shape[0]
+    zero = torch.zeros(classes, dtype=lo.dtype, device=lo.device)
     width = hi - lo  # within one float64 rounding; the allowances below are relative to it
-
-    # Over the whole box: T's logit error eps and the softmax interval (for s_b and magnitudes).
-    zl_box, zu_box, mag = affine_nonneg(hl, hh, lo, hi, zero, zero)
-    eps = gamma(n_features + 2) * mag + (n_features + 2) * ETA
-    p_lo, p_hi = softmax_bounds(zl_box, zu_box)
-    d_mag = torch.maximum((p_lo - onehot).abs(), (p_hi - onehot).abs())  # |p^ - y| in the box, [B, C]
-    g_mag = d_mag[:, :, None] * hh[:, None, :]  # [B, C, J + 1]
 
     # The least logits at the all-lower corner and the largest at the all-upper corner (over
     # h^ in its interval), moved by T's eps.
-    low_lo = affine_nonneg(hl, hh, lo, lo, zero, zero)[0] - eps
-    up_hi = affine_nonneg(hl, hh, hi, hi, zero, zero)[1] + eps
+    low_lo = affine_nonneg(hl, hh, lo, lo, zero, zero)[0] - step.eps
+    up_hi = affine_nonneg(hl, hh, hi, hi, zero, zero)[1] + step.eps
 
-    margin = 2 * (2 * lo.shape[0] + SOFTMAX_ULPS) * U  # T's float32 softmax and this float64 evaluation
+    margin = 2 * (2 * classes + SOFTMAX_ULPS) * U  # T's float32 softmax and this float64 evaluation
     shift_lo = width[None, :, :] * hl[:, None, :]  # [B, C, J + 1]: the coordinate's own move, times h^_j >= h_lo
+    allowance = gamma(classes + 6)
 
     # theta' upper end: p_c smallest at theta* (class c low, rivals high, coordinate j at its top).
     log_up = _log_rival_sum(up_hi[:, None, :] - low_lo[:, :, None])  # [B, c]: log sum_t exp(z_t - z_c), upper
     expo = log_up[:, :, None] - shift_lo
-    expo = expo + gamma(lo.shape[0] + 6) * (log_up.abs()[:, :, None] + shift_lo + 1.0)
+    expo = expo + allowance * (log_up.abs()[:, :, None] + shift_lo + 1.0)
     q = torch.sigmoid(-expo) - margin - onehot[:, :, None]
     row_lo = torch.where(q >= 0, q * hl[:, None, :], q * hh[:, None, :])
 
     # theta' lower end: p_c largest at theta_* (class c high, rivals low, coordinate j at its bottom).
     log_dn = _log_rival_sum(low_lo[:, None, :] - up_hi[:, :, None])
     expo = log_dn[:, :, None] + shift_lo
-    expo = expo - gamma(lo.shape[0] + 6) * (log_dn.abs()[:, :, None] + shift_lo + 1.0)
+    expo = expo - allowance * (log_dn.abs()[:, :, None] + shift_lo + 1.0)
     q = torch.sigmoid(-expo) + margin - onehot[:, :, None]
     row_hi = torch.where(q >= 0, q * hh[:, None, :], q * hl[:, None, :])
 
     # T's product (p^ - y) h^ and this product: relative rounding of each.
-    slack = gamma(2) * (g_mag + torch.maximum(row_lo.abs(), row_hi.abs())) + ETA
-    rows = RowBounds(row_lo - slack, row_hi + slack, g_mag)
-    g_lo, g_hi = removal_mean_bounds(rows, k)
+    slack = gamma(2) * (step.g_mag + torch.maximum(row_lo.abs(), row_hi.abs())) + ETA
+    g_lo, g_hi = removal_mean_bounds(RowBounds(row_lo - slack, row_hi + slack, step.g_mag), k)
 
     # where the coordinate's map is not monotone, the most it can rise against its endpoint
-    s = torch.where((p_lo <= 0.5) & (p_hi >= 0.5), torch.full_like(p_lo, 0.25),
-                    torch.maximum(p_lo * (1 - p_lo), p_hi * (1 - p_hi)))  # max p (1 - p) over [p_lo, p_hi]
     r = max(m - k, 1)
-    curvature = (s.T @ (hh * hh)) / r * (1 + gamma(m + 4))  # [C, J + 1], rounded up
+    curvature = (step.curvature_bound.T @ (hh * hh)) / r * (1 + gamma(m + 4))  # [C, J + 1], rounded up
     rise = (lr * curvature - decay).clamp(min=0.0) * width * (1 + 2 * U)
-
-    new_hi = decay * hi - lr * g_lo + rise
-    new_lo = decay * lo - lr * g_hi - rise
-    return (new_lo[:, :n_features], new_hi[:, :n_features]), (new_lo[:, n_features], new_hi[:, n_features])
+    return decay * lo - lr * g_hi - rise, decay * hi - lr * g_lo + rise

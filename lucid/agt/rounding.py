@@ -46,3 +46,11 @@ def outward(lo: torch.Tensor, hi: torch.Tensor, radius: torch.Tensor | float) ->
 def widen_sum(lo: torch.Tensor, hi: torch.Tensor, mag: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Widen the interval of an n-term sum whose terms have total magnitude <= mag."""
     return outward(lo, hi, gamma(n) * mag + n * ETA)
+
+
+def update_radius(decay: float, lr: float, weight_decay: float, pmax: torch.Tensor, gmax: torch.Tensor,
+                  newmax: torch.Tensor) -> torch.Tensor:
+    """The rounding of T's float32 update d = g + wd p, p' = p - lr d (wd, lr rounded to float32),
+    plus this float64 evaluation: |p' - exact| <= u |p'| + gamma_5 lr (|g| + wd |p|), with margin.
+    pmax, gmax, newmax bound |p|, |g| and |p'|."""
+    return gamma(2) * newmax + gamma(8) * (abs(decay) * pmax + lr * gmax + lr * weight_decay * pmax) + ETA

@@ -27,11 +27,14 @@ import torch.nn.functional as F
 
 from lucid.agt.cnn import cnn_row_gradient_bounds, conv_names
 from lucid.agt.gradients import forward_bounds, removal_mean_bounds, row_gradient_bounds
-from lucid.agt.last_layer import relational_update_bounds
-from lucid.agt.rounding import ETA, gamma, outward
+from lucid.agt.last_layer import LastLayerStep, corner_update_bounds, last_layer_step
+from lucid.agt.rounding import outward, update_radius
+from lucid.agt.zonotope import Zonotope, zonotope_update
 from lucid.errors import LucidError
 
 DEFAULT_MAX_WIDTH = 100.0  # widest parameter interval accepted before the run is declared diverged
+UPDATES = ("zonotope", "corner", "interval")  # the last-layer update rules, tightest first
+ZONOTOPE_ORDER = 4  # at most 4 P generators for P last-layer parameters
 
 
 class AgtDiverged(LucidError):
@@ -78,7 +81,7 @@ def abstract_train(
     num_classes: int,
     max_width: float = DEFAULT_MAX_WIDTH,
     trainable: set[int] | None = None,
-    relational: bool = True,
+    update: str = "zonotope",
     on_epoch: Callable[[int, "AgtBox"], None] | None = None,
     on_step: Callable[[int, int, "AgtBox"], None] | None = None,
 ) -> AgtBox:
@@ -86,9 +89,9 @@ def abstract_train(
 
     `trainable`: layer indices the optimiser updates (default all; a fine-tuning variant of T
     leaves the other layers at their initial values, without weight decay).
-    `relational`: when only the last layer trains, also bound its update relationally
-    (`lucid.agt.last_layer`: keeps SGD's contraction) and keep the tighter end; False gives
-    the plain interval update (for comparison).
+    `update`: when only the last layer trains, how its update is bounded besides the interval
+    update (the box keeps the tightest end): "zonotope" (`lucid.agt.zonotope`, also the corner
+    bound), "corner" (`lucid.agt.last_layer`: per-coordinate contraction), or "interval" alone.
     Runs with one torch thread (restored afterwards): on a shared machine small float64 ops
     with several threads spend their time waiting for each other (measured: 200x slower).
     """
@@ -97,13 +100,13 @@ def abstract_train(
     try:
         return _abstract_train(init, spec, X, y, orders, k=k, lr=lr, weight_decay=weight_decay,
                                batch_size=batch_size, num_classes=num_classes, max_width=max_width,
-                               trainable=trainable, relational=relational, on_epoch=on_epoch, on_step=on_step)
+                               trainable=trainable, update=update, on_epoch=on_epoch, on_step=on_step)
     finally:
         torch.set_num_threads(threads)
 
 
 def _abstract_train(init, spec, X, y, orders, *, k, lr, weight_decay, batch_size, num_classes, max_width,
-                    trainable, relational, on_epoch, on_step) -> AgtBox:
+                    trainable, update, on_epoch, on_step) -> AgtBox:
     cnn = spec.get("type", "mlp") == "cnn"
     if int(k) != k or k < 0:
         raise LucidError(f"the number of removed rows k must be a non-negative integer, got {k}")
@@ -124,7 +127,13 @@ def _abstract_train(init, spec, X, y, orders, *, k, lr, weight_decay, batch_size
     n = X.shape[0]
     steps = (n + batch_size - 1) // batch_size
     decay = 1.0 - lr * weight_decay
-    relational_last = relational and not cnn and trainable == {n_layers - 1} and decay > 0
+    if update not in UPDATES:
+        raise LucidError(f"unknown AGT update {update!r}; choose one of {', '.join(UPDATES)}")
+    last_only = not cnn and trainable == {n_layers - 1} and decay > 0
+    zonotope = None
+    if last_only and update == "zonotope":
+        zonotope = Zonotope.from_box(*_augmented(lower, upper, spec))
+        max_generators = ZONOTOPE_ORDER * zonotope.center.shape[0]
     for epoch in range(orders.shape[0]):
         order = orders[epoch]
         for step, start in enumerate(range(0, n, batch_size)):
@@ -138,8 +147,14 @@ def _abstract_train(init, spec, X, y, orders, *, k, lr, weight_decay, batch_size
                 bu = [upper[f"layers.{i}.bias"] for i in range(n_layers)]
                 dense = row_gradient_bounds(wl, wu, bl, bu, X[rows], onehot_all[rows], first_layer=min(trainable))
                 rowb = [(rb, 0) if j // 2 in trainable else (None, 0) for j, rb in enumerate(dense)]
-            tighter = _relational_last_layer(lower, upper, spec, X[rows], onehot_all[rows], k, lr, decay) \
-                if relational_last else {}
+            tighter: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+            moved: Zonotope | None = None
+            if last_only and update != "interval":
+                bounded = _last_layer_step(lower, upper, spec, X[rows], onehot_all[rows])
+                tighter = _by_name(spec, *corner_update_bounds(bounded, k=k, lr=lr, decay=decay))
+                if zonotope is not None:
+                    moved = zonotope_update(zonotope, bounded, k=k, lr=lr, weight_decay=weight_decay,
+                                            max_generators=max_generators)
             for name, (rb, extra) in zip(names, rowb):
                 if rb is None:  # a frozen layer (fine-tuning variant)
                     continue
@@ -154,29 +169,57 @@ def _abstract_train(init, spec, X, y, orders, *, k, lr, weight_decay, batch_size
                 pmax = torch.maximum(p_lo.abs(), p_hi.abs())
                 gmax = torch.maximum(g_lo.abs(), g_hi.abs())
                 newmax = torch.maximum(new_lo.abs(), new_hi.abs())
-                # T's float32 update d = g + wd p, p' = p - lr d (wd, lr rounded to float32):
-                # |p' - exact| <= u |p'| + gamma_5 lr (|g| + wd |p|); plus this float64 evaluation.
-                radius = gamma(2) * newmax + gamma(8) * (abs(decay) * pmax + lr * gmax + lr * weight_decay * pmax) + ETA
+                radius = update_radius(decay, lr, weight_decay, pmax, gmax, newmax)
                 lower[name], upper[name] = outward(new_lo, new_hi, radius)
+            if zonotope is not None:
+                zonotope = _follow(moved, lower, upper, spec, epoch, step, steps)
             if on_step is not None:
                 on_step(epoch, step, box)
             _check(box, epoch, step, steps, max_width)
+        if zonotope is not None:
+            zonotope.end_epoch()
         box.history.append(_width_stats(box, epoch + 1))
         if on_epoch is not None:
             on_epoch(epoch, box)
     return box
 
 
-def _relational_last_layer(lower, upper, spec, x, onehot, k, lr, decay) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """`relational_update_bounds` for the one trained (last) layer, by safetensors name."""
+def _augmented(lower, upper, spec) -> tuple[torch.Tensor, torch.Tensor]:
+    """The last layer's box as [W | b] ([C, J + 1])."""
+    last = len(spec["hidden"])
+    w, b = f"layers.{last}.weight", f"layers.{last}.bias"
+    return (torch.cat([lower[w], lower[b][:, None]], dim=1), torch.cat([upper[w], upper[b][:, None]], dim=1))
+
+
+def _by_name(spec, lo: torch.Tensor, hi: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """[W | b] bounds split back into the last layer's weight and bias, by safetensors name."""
+    last = len(spec["hidden"])
+    return {f"layers.{last}.weight": (lo[:, :-1], hi[:, :-1]), f"layers.{last}.bias": (lo[:, -1], hi[:, -1])}
+
+
+def _last_layer_step(lower, upper, spec, x, onehot) -> LastLayerStep:
+    """The step's box-wide enclosures for the one trained (last) layer."""
     last = len(spec["hidden"])
     wl, wu, bl, bu = ([ends[f"layers.{i}.{t}"] for i in range(last + 1)]
                       for ends, t in ((lower, "weight"), (upper, "weight"), (lower, "bias"), (upper, "bias")))
     acts, _ = forward_bounds(wl, wu, bl, bu, x)  # acts[-1]: the last layer's input, T's features within rounding
-    w, b = f"layers.{last}.weight", f"layers.{last}.bias"
-    weight, bias = relational_update_bounds(lower[w], upper[w], lower[b], upper[b], *acts[-1], onehot,
-                                            k=k, lr=lr, decay=decay)
-    return {w: weight, b: bias}
+    return last_layer_step(wl[last], wu[last], bl[last], bu[last], *acts[-1], onehot)
+
+
+def _follow(moved: Zonotope | None, lower, upper, spec, epoch: int, step: int, steps: int) -> Zonotope:
+    """Intersect the last layer's box with the moved zonotope's (both hold every reachable
+    network); restart the zonotope from the box where the step was not linearised."""
+    lo, hi = _augmented(lower, upper, spec)
+    if moved is None:
+        return Zonotope.from_box(lo, hi)
+    z_lo, z_hi = moved.bounds(lo.shape)
+    lo, hi = torch.maximum(lo, z_lo), torch.minimum(hi, z_hi)
+    if bool((lo > hi).any()):  # two sound enclosures cannot be disjoint
+        raise LucidError(f"internal error: the AGT box and zonotope are disjoint at epoch {epoch + 1}, "
+                         f"step {step + 1} of {steps}; please report this")
+    for name, (a, b) in _by_name(spec, lo, hi).items():
+        lower[name], upper[name] = a.contiguous(), b.contiguous()
+    return moved
 
 
 def _check(box: AgtBox, epoch: int, step: int, steps: int, max_width: float) -> None:
