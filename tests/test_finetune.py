@@ -80,6 +80,10 @@ def test_every_leave_one_out_network_lies_in_the_boxes_and_the_box_bound_covers_
     for k in (1, 2):
         assert boxes[k].contains(nets)
         assert torch.equal(boxes[k].lower["layers.0.weight"], boxes[k].upper["layers.0.weight"])  # frozen: a point
+    from safetensors import safe_open
+
+    with safe_open(str(runs["tuned"] / "agt.safetensors"), framework="pt") as fh:
+        assert fh.metadata()["update"] == "zonotope"  # last-layer fine-tuning gets the tightest rule
     import shutil
 
     run = tmp_path / "run"

@@ -3,7 +3,8 @@
 Tensors (float64): `k{k}.layers.{i}.weight.lower` / `.upper` [out, in] and
 `k{k}.layers.{i}.bias.lower` / `.upper` [out], for k = 1..K. Metadata (strings): `format`
 (`lucid-agt/1`), `ks` (JSON list), `algorithm` (the training algorithm bounded), `max_width`,
-`rounding` (how float32/float64 rounding is covered).
+`rounding` (how float32/float64 rounding is covered), `update` (the update rule that bounded the
+last layer: `zonotope`, `corner` or `interval`, docs/agt.md).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ def save_boxes(path: str | Path, boxes: list[AgtBox], *, algorithm: str, max_wid
         "algorithm": algorithm,
         "max_width": repr(float(max_width)),
         "rounding": ROUNDING,
+        "update": ",".join(sorted({box.update for box in boxes})),
     }
     write_atomic(path, lambda tmp: save_file(tensors, tmp, metadata=meta))
 

@@ -50,6 +50,7 @@ class AgtBox:
     lower: dict[str, torch.Tensor]
     upper: dict[str, torch.Tensor]
     history: list[dict] = field(default_factory=list)
+    update: str = "interval"  # the update rule that bounded it (see `abstract_train`)
 
     def contains(self, params: dict[str, torch.Tensor]) -> bool:
         """True if every parameter of `params` ([..., shape] float tensors, stacked or not) is inside."""
@@ -134,6 +135,7 @@ def _abstract_train(init, spec, X, y, orders, *, k, lr, weight_decay, batch_size
     if last_only and update == "zonotope":
         zonotope = Zonotope.from_box(*_augmented(lower, upper, spec))
         max_generators = ZONOTOPE_ORDER * zonotope.center.shape[0]
+    box.update = update if last_only else "interval"
     for epoch in range(orders.shape[0]):
         order = orders[epoch]
         for step, start in enumerate(range(0, n, batch_size)):
