@@ -4,9 +4,8 @@
 box of the augmented layer [W | b], box-wide enclosures of T's softmax and gradient rows); the
 corner update below and the zonotope of `lucid.agt.zonotope` both use it.
 
-The corner update keeps SGD's contraction per coordinate.
-
-The interval update (`lucid.agt.train`) bounds theta' = decay theta - lr g with the top of a
+The corner update keeps SGD's contraction per coordinate. The interval update
+(`lucid.agt.train`) bounds theta' = decay theta - lr g with the top of a
 coordinate and, independently, the smallest gradient anywhere in the box. Those two are never
 reached together: the loss is convex in the last layer, so the gradient of a coordinate grows
 with the coordinate, and true SGD contracts a box of starting points by about (1 - lr H) per
@@ -29,7 +28,7 @@ the gradient rows at one point per coordinate (a shift of one logit, cheap for e
 once), then the sort-and-drop of `removal_mean_bounds`. The lower end is symmetric. Where
 lr S_cj <= decay, as in the fine-tuning settings we run, the correction is zero and the width
 evolves like decay*width - lr*(H*width) + lr*(removal + rounding) instead of decay*width + lr*width(g).
-Both this bound and the interval one hold, so the update keeps the tighter of the two.
+Both this bound and the interval one hold, so the box keeps the tighter end (docs/agt.md).
 
 Floating point. T computes float32 features h^ in [h_lo, h_hi] (the interval forward pass),
 float32 logits within eps = gamma_{J+2} (|W| h^ + |b|) of the exact ones (eps bounded over the
