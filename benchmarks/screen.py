@@ -296,14 +296,20 @@ def main(argv=None) -> None:
     classes = None if args.classes is None else [int(c) for c in args.classes.split(",")]
     report_path = Path(args.report)
     saved = report_path.with_suffix(".json")
-    # Earlier rows of other workloads stay in the table (a workload measured again replaces its row).
-    results = [r for r in json.loads(saved.read_text()) if r["workload"] not in names] if saved.exists() else []
+    # Earlier rows of other workloads stay in the table (a workload measured again replaces its row;
+    # with --classes, only those classes' rows).
+    earlier = json.loads(saved.read_text()) if saved.exists() else []
+    results = [r for r in earlier if r["workload"] not in names]
+    kept = {r["workload"]: [row for row in r["rows"] if classes is not None and row["class"] not in classes]
+            for r in earlier if r["workload"] in names}
     stamp = {"command": "python benchmarks/screen.py " + " ".join(sys.argv[1:] if argv is None else argv),
              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
              "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                       cwd=ROOT).stdout.strip()}
     for name in names:
-        results.append({**measure(name, classes, args.lp_sample, args.steps, args.threads), **stamp})
+        result = {**measure(name, classes, args.lp_sample, args.steps, args.threads), **stamp}
+        result["rows"] = sorted(kept.get(name, []) + result["rows"], key=lambda row: row["class"])
+        results.append(result)
         report(results, report_path, args.steps, args.threads)
 
 
