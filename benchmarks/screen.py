@@ -194,6 +194,12 @@ def measure(name: str, classes, lp_sample: int, steps: int, threads: int, lr: fl
             "layers": problem.stack.layer_sizes}
 
 
+def _stamps(result: dict) -> list[tuple[str, str, str]]:
+    """(command, date, commit) of every measurement in a workload's result, oldest rows first."""
+    rows = [tuple(row["measured"][k] for k in ("command", "date", "commit")) for row in result["rows"] if "measured" in row]
+    return rows + [(result["command"], result["date"], result["commit"])]
+
+
 def report(results: list[dict], path: Path, steps: int, threads: int) -> None:
     """Write the table of `results` (each stamped with the command, date and commit that measured it)."""
     import torch
@@ -203,7 +209,7 @@ def report(results: list[dict], path: Path, steps: int, threads: int) -> None:
         "# Screen benchmark (issue 19): leave-one-out networks discarded without a solver",
         "",
         *[f"- `{cmd}` ({when}; commit {commit})" for cmd, when, commit
-          in dict.fromkeys((r["command"], r["date"], r["commit"]) for r in results)],
+          in dict.fromkeys(stamp for r in results for stamp in _stamps(r))],
         f"- Machine: {platform.platform()}, {cpu}, torch {torch.__version__}, {threads} torch thread(s), CPU, float64 "
         "(shared with other jobs: timings are upper estimates)",
         f"- (a) interval = `screen_upper_bounds`; (b) symbolic = `symbolic_screen`, lambda = 1; (c) optimised = "
@@ -300,7 +306,8 @@ def main(argv=None) -> None:
     # with --classes, only those classes' rows).
     earlier = json.loads(saved.read_text()) if saved.exists() else []
     results = [r for r in earlier if r["workload"] not in names]
-    kept = {r["workload"]: [row for row in r["rows"] if classes is not None and row["class"] not in classes]
+    kept = {r["workload"]: [{**row, "measured": row.get("measured") or {k: r[k] for k in ("command", "date", "commit")}}
+                            for row in r["rows"] if classes is not None and row["class"] not in classes]
             for r in earlier if r["workload"] in names}
     stamp = {"command": "python benchmarks/screen.py " + " ".join(sys.argv[1:] if argv is None else argv),
              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
