@@ -15,7 +15,9 @@ With `--pretrain "PUBLIC_DATA flags"`, step 0 trains N alone on public data (`lu
 PUBLIC_DATA --no-loo`) and step 1 starts from it (`--init`): the fine-tuning setting, e.g. only
 the last layer (`--train-layers last` in `--train`). `--adult-split DIR` writes the Adult files
 for it (lucid train's 80/20 split of ../shared/data/adult, seed 0; the first 40 % of the training
-rows are the public set, the other 60 % the private one; a [0, 1] domain file for both).
+rows are the public set, the other 60 % the private one; a [0, 1] domain file for both);
+`--crypto-split DIR` the Crypto ones (the paper's train split is private, the first half of its
+test split public, the other half the test set, as benchmarks/agt.py).
 
 Every step's result is saved as it finishes under OUT/results/*.json, so an interrupted run
 resumes where it stopped (delete a file to redo that step). The markdown table goes to
@@ -92,21 +94,29 @@ def _pretrain(work: Path, args: list[str]) -> dict:
     return {"pretrain_args": args, "seconds": seconds, "run": str(out)}
 
 
-def adult_split(folder: Path) -> None:
-    """The Adult fine-tuning files (see the module docstring)."""
+def fine_tuning_split(data: str, folder: Path) -> None:
+    """The fine-tuning files (see the module docstring) for "adult" or "crypto"."""
     import numpy as np
 
     from lucid.data import prepare_dataset
 
-    ds = prepare_dataset(str(ROOT.parent / "shared" / "data" / "adult" / "adult.npz"), test_fraction=0.2, seed=0)
-    cut = int(0.4 * len(ds.y_train))
+    shared = ROOT.parent / "shared" / "data"
+    if data == "adult":
+        ds = prepare_dataset(str(shared / "adult" / "adult.npz"), test_fraction=0.2, seed=0)
+        cut = int(0.4 * len(ds.y_train))
+        public, private = (ds.X_train[:cut], ds.y_train[:cut]), (ds.X_train[cut:], ds.y_train[cut:])
+        test = (ds.X_test, ds.y_test)
+    else:  # as benchmarks/agt.py: public = the first half of the paper's test split, test = the other half
+        ds = prepare_dataset(str(shared / "crypto" / "train.npz"), test_data=str(shared / "crypto" / "test.npz"), seed=0)
+        half = len(ds.y_test) // 2
+        public, private = (ds.X_test[:half], ds.y_test[:half]), (ds.X_train, ds.y_train)
+        test = (ds.X_test[half:], ds.y_test[half:])
     folder.mkdir(parents=True, exist_ok=True)
-    np.savez(folder / "public.npz", X=ds.X_train[:cut], y=ds.y_train[:cut])
-    np.savez(folder / "private.npz", X=ds.X_train[cut:], y=ds.y_train[cut:])
-    np.savez(folder / "test.npz", X=ds.X_test, y=ds.y_test)
+    for name, (X, y) in (("public", public), ("private", private), ("test", test)):
+        np.savez(folder / f"{name}.npz", X=X, y=y)
     d = ds.input_dim
     (folder / "domain.json").write_text(json.dumps({"lower": [0.0] * d, "upper": [1.0] * d}))
-    print(f"{folder}: public {cut}, private {len(ds.y_train) - cut}, test {len(ds.y_test)} rows")
+    print(f"{folder}: public {len(public[1])}, private {len(private[1])}, test {len(test[1])} rows")
 
 
 def _verify(work: Path, hyper: str, verify_args: list[str]) -> dict:
@@ -199,9 +209,10 @@ def main(argv: list[str] | None = None) -> int:
                    "and start the private run from it (--init)")
     p.add_argument("--render", action="store_true", help="only re-draw OUT/NAME.md from saved results")
     p.add_argument("--adult-split", default=None, metavar="DIR", help="write the Adult fine-tuning files and stop")
+    p.add_argument("--crypto-split", default=None, metavar="DIR", help="write the Crypto fine-tuning files and stop")
     args = p.parse_args(argv)
-    if args.adult_split:
-        adult_split(Path(args.adult_split))
+    if args.adult_split or args.crypto_split:
+        fine_tuning_split("adult" if args.adult_split else "crypto", Path(args.adult_split or args.crypto_split))
         return 0
     if not args.name or not args.train:
         p.error("--name and --train are required")
