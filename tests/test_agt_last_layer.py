@@ -143,6 +143,34 @@ def test_one_zonotope_step_holds_the_linearisation_and_every_removal(seed, k, lr
     assert worst > 0.01  # the radius is not vacuous
 
 
+def test_a_zonotope_centred_outside_the_box_still_bounds_the_step():
+    """After intersections the zonotope's centre can leave the box; the remainder must then use
+    the Jacobian on the segments from the centre, not over the box alone."""
+    h, onehot, _ = random_step(6, m=6, classes=2)
+    # In the box class 1 is far below class 0 (softmax saturated, Jacobian ~ 0); at the centre far
+    # above (saturated again); the segments between cross p = 1/2, where the Jacobian peaks.
+    wl, wu = torch.full((2, 3), -0.01, dtype=torch.float64), torch.full((2, 3), 0.01, dtype=torch.float64)
+    bl, bu = torch.tensor([0.0, -10.05], dtype=torch.float64), torch.tensor([0.0, -9.95], dtype=torch.float64)
+    lr, decay = 2.0, 1.0
+    lo, hi = torch.cat([wl, bl[:, None]], 1), torch.cat([wu, bu[:, None]], 1)
+    centre = (lo + hi) / 2
+    centre[1, -1] = 10.0
+    z = Zonotope(centre.flatten(), torch.diag((hi - lo + (centre - (lo + hi) / 2).abs() + 0.01).flatten()))
+    size = z.center.shape[0]
+    new = zonotope_update(z, last_layer_step(wl, wu, bl, bu, h, h, onehot), k=1, lr=lr, weight_decay=0.0,
+                          max_generators=4 * size)
+    M = new.generators[:, :size] / z.generators.diagonal()[None, :]
+    radius = new.generators[:, size:].diagonal()
+    g = torch.Generator().manual_seed(6)
+    for trial in range(2000):
+        t = torch.rand(lo.shape, generator=g, dtype=torch.float64)
+        if trial % 2:
+            t = (t > 0.5).double()
+        theta = lo + t * (hi - lo)
+        full = update(h, onehot, theta[:, :-1], theta[:, -1], torch.ones(h.shape[0], dtype=torch.bool), lr, decay)
+        assert torch.all((full.flatten() - new.center - M @ (theta.flatten() - z.center)).abs() <= radius), trial
+
+
 MULTI = [  # (classes, arch, epochs, batch, lr, weight decay)
     (2, "2x6", 6, 4, 0.2, 1e-3),
     (3, "2x5", 5, 6, 0.3, 1e-4),

@@ -81,12 +81,15 @@ class LastLayerStep:
 def last_layer_step(w_lo: torch.Tensor, w_hi: torch.Tensor, b_lo: torch.Tensor, b_hi: torch.Tensor,
                     h_lo: torch.Tensor, h_hi: torch.Tensor, onehot: torch.Tensor) -> LastLayerStep:
     """The box-wide enclosures of a step: weights [C, J], biases [C], features [m, J] (>= 0)."""
-    m, n_features = h_lo.shape
-    ones = torch.ones(m, 1, dtype=h_lo.dtype, device=h_lo.device)
+    ones = torch.ones(h_lo.shape[0], 1, dtype=h_lo.dtype, device=h_lo.device)
     hl = torch.cat([h_lo.clamp(min=0.0), ones], dim=1)
     hh = torch.cat([h_hi, ones], dim=1)
-    lo = torch.cat([w_lo, b_lo[:, None]], dim=1)
-    hi = torch.cat([w_hi, b_hi[:, None]], dim=1)
+    return enclose(hl, hh, torch.cat([w_lo, b_lo[:, None]], dim=1), torch.cat([w_hi, b_hi[:, None]], dim=1), onehot)
+
+
+def enclose(hl: torch.Tensor, hh: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, onehot: torch.Tensor) -> LastLayerStep:
+    """`LastLayerStep` for augmented features [m, J + 1] and the box [lo, hi] ([C, J + 1]) of [W | b]."""
+    n_features = hl.shape[1] - 1
     zero = torch.zeros(lo.shape[0], dtype=lo.dtype, device=lo.device)
     zl, zu, mag = affine_nonneg(hl, hh, lo, hi, zero, zero)
     eps = gamma(n_features + 2) * mag + (n_features + 2) * ETA

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 import torch
 
 from lucid.agt.gradients import RowBounds, affine_nonneg, product_nonneg, removal_mean_bounds, softmax_bounds
-from lucid.agt.last_layer import LastLayerStep
+from lucid.agt.last_layer import LastLayerStep, enclose
 from lucid.agt.rounding import ETA, SOFTMAX_ULPS, U, gamma, outward, update_radius
 
 
@@ -187,7 +187,12 @@ def zonotope_update(z: Zonotope, step: LastLayerStep, *, k: int, lr: float, weig
     decay = 1.0 - lr * weight_decay
     size = z.center.shape[0]
     g_lo, g_hi, jac = _point_gradient(step, z.center)
-    j_lo, j_hi = _interval_jacobian(step)
+    # the mean-value remainder needs the Jacobian on every segment from c to a theta in the box:
+    # over the box, widened to hold c where the box (an intersection) does not
+    c = z.center.view(step.lo.shape)
+    segments = step if bool(((c >= step.lo) & (c <= step.hi)).all()) else \
+        enclose(step.hl, step.hh, torch.minimum(step.lo, c), torch.maximum(step.hi, c), step.onehot)
+    j_lo, j_hi = _interval_jacobian(segments)
     # |theta - c| for theta in Z and in the box
     box_lo, box_hi = step.lo.flatten(), step.hi.flatten()
     dev_lo, dev_hi = z.deviation()
