@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from lucid.agt import abstract_train
+from lucid.errors import LucidError
 from lucid.agt.last_layer import corner_update_bounds, last_layer_step
 from lucid.agt.zonotope import Zonotope, zonotope_update
 
@@ -209,6 +210,33 @@ def test_every_leave_one_out_network_lies_in_the_boxes_and_each_rule_tightens(cl
             assert torch.all(boxes[tight].upper[name] <= boxes[loose].upper[name])
     assert widths["corner"] < 0.9 * widths["interval"], widths
     assert widths["zonotope"] < 0.85 * widths["corner"], widths
+
+
+def test_a_batch_that_can_be_emptied_restarts_the_zonotope_and_a_long_epoch_folds_early(monkeypatch):
+    """29 rows in batches of 4: the last batch has one row, so k = 1 can empty it (the zonotope
+    restarts from the box there); a tiny fold limit folds the removal members every step."""
+    import lucid.agt.zonotope as zonotope
+
+    X, y, spec, init = fine_tuning_setup(3, "2x5", n=29, seed=2)
+    orders = batch_orders(29, 4, seed=3)
+    opts = dict(lr=0.3, weight_decay=1e-4, batch_size=4, num_classes=3, trainable={2})
+    nets = train_networks(init, spec, X, y, torch.arange(-1, 29), orders, **opts)
+    restarts = []
+    original = zonotope.Zonotope.from_box
+    monkeypatch.setattr(zonotope.Zonotope, "from_box", classmethod(lambda cls, lo, hi: restarts.append(1) or original(lo, hi)))
+    assert abstract_train(init, spec, X, y, orders, k=1, **opts).contains(nets)
+    assert len(restarts) == 1 + 4  # the start, then once per epoch at the one-row batch
+    monkeypatch.setattr(zonotope, "FOLD_ELEMENTS", 1)
+    assert abstract_train(init, spec, X, y, orders, k=1, **opts).contains(nets)
+
+
+def test_orders_that_are_not_permutations_are_refused():
+    X, y, spec, init = fine_tuning_setup(2, "2x5", n=12)
+    orders = batch_orders(12, 2, seed=0)
+    orders[1, 4] = orders[1, 0]  # a row visited twice in epoch 2, another never
+    with pytest.raises(LucidError, match="epoch 2 is not a permutation"):
+        abstract_train(init, spec, X, y, orders, k=1, lr=0.1, weight_decay=0.0, batch_size=4, num_classes=2,
+                       trainable={2})
 
 
 @pytest.mark.parametrize("rule", ["corner", "zonotope"])

@@ -15,6 +15,11 @@ of at most k rows left out, in float32 as T runs it.
 Per-batch worst case: a set S of k rows is the same set in every epoch, and S meets a batch in
 at most k rows. AGT allows *any* <= k rows of *each* batch independently (and a different
 parameter vector per row bound), a sound over-approximation of the real set of trajectories.
+
+When only the last layer trains, the box is also intersected with the corner bound
+(`lucid.agt.last_layer`) and a zonotope (`lucid.agt.zonotope`). The zonotope uses a tighter,
+per-epoch removal budget: every epoch of T is a permutation of the rows, so S meets at most k
+batches of an epoch, k rows in all. `abstract_train` checks that the orders are permutations.
 """
 
 from __future__ import annotations
@@ -118,6 +123,7 @@ def _abstract_train(init, spec, X, y, orders, *, k, lr, weight_decay, batch_size
     trainable = set(range(n_layers)) if trainable is None else set(trainable)
     if not trainable or not trainable <= set(range(n_layers)):
         raise LucidError(f"trainable layers must be a non-empty subset of 0..{n_layers - 1}, got {sorted(trainable)}")
+    _check_orders(orders, X.shape[0])
     X = X.to(torch.float64)
     if bool((X < 0).any()):
         raise LucidError("abstract gradient training needs inputs in the [0, 1] domain (a feature is negative)")
@@ -184,6 +190,14 @@ def _abstract_train(init, spec, X, y, orders, *, k, lr, weight_decay, batch_size
         if on_epoch is not None:
             on_epoch(epoch, box)
     return box
+
+
+def _check_orders(orders: torch.Tensor, n: int) -> None:
+    """T visits every row once per epoch; the per-epoch removal budget relies on it."""
+    expected = torch.arange(n, dtype=torch.int64)
+    for epoch, order in enumerate(orders):
+        if not torch.equal(order.to(torch.int64).sort().values, expected):
+            raise LucidError(f"the batch order of epoch {epoch + 1} is not a permutation of the {n} training rows")
 
 
 def _augmented(lower, upper, spec) -> tuple[torch.Tensor, torch.Tensor]:
