@@ -257,6 +257,23 @@ def test_networks_without_two_or_three_rows_lie_in_the_k3_box(rule):
     assert all(torch.equal(one[name], ref[name]) for name in ref)
 
 
+def test_every_set_of_up_to_two_rows_lies_in_the_k2_zonotope_box():
+    """All 78 removal sets of at most two of 12 rows (two rows in one batch, or in two batches of
+    the same epoch: the per-epoch hull's convex combinations), 3 batches an epoch, 6 epochs."""
+    from tests.test_agt import train_without_sets
+
+    X, y, spec, init = fine_tuning_setup(3, "2x5", n=12, seed=4)
+    orders = batch_orders(12, 6, seed=2)
+    opts = dict(lr=0.5, weight_decay=1e-4, batch_size=4, num_classes=3)
+    sets = [{i} for i in range(12)] + [set(pair) for pair in itertools.combinations(range(12), 2)]
+    nets = train_without_sets_frozen(init, spec, X, y, sets, orders, train_without_sets, **opts)
+    box = abstract_train(init, spec, X, y, orders, k=2, trainable={2}, **opts)
+    assert box.contains(nets)
+    loose = abstract_train(init, spec, X, y, orders, k=2, trainable={2}, update="corner", **opts)
+    w = "layers.2.weight"
+    assert float((box.upper[w] - box.lower[w]).median()) < float((loose.upper[w] - loose.lower[w]).median())
+
+
 def train_without_sets_frozen(init, spec, X, y, sets, orders, trainer, **opts):
     """`train_without_sets` with only the last layer trained: the frozen layers' features are the
     trainer's (`_partial_gradients` computes them with network 0's parameters, the same in all)."""
