@@ -17,18 +17,28 @@ the current box, which every reachable theta is in too) and a removal set R of t
 - g = the exact mean gradient over all m rows (with T's float32 features h^), J = its Jacobian
   at c (any matrix works: the remainder is measured against the one used);
 - rho = (J~ - J)(theta - c) by the mean-value theorem, J~ inside the interval Jacobian over the
-  box, so |rho| <= |J_box - J| |theta - c|: second order in the box's width;
+  box widened to hold c (the segments from c), so |rho| <= |J_box - J| |theta - c|: second order
+  in the box's width;
 - Delta_R = g_R - g = (j / (m - j)) (g - mean_{b in D} g_b) for the j <= k removed rows D, so
   |Delta_R| <= k / (m - k) times the spread of the box's gradient rows around their mean;
 - e = T's float32 error in the gradient (logits, softmax, products, the weighted sum), bounded
   over the box.
 
-So theta' in c' + (decay I - lr J) G e + box, with c' = decay c - lr g(c) and the box holding
-lr (|rho| + |Delta| + e), the width of g(c)'s own enclosure, this float64 arithmetic and the
-rounding of T's update. The box becomes P new generators. Order reduction (Girard's: the
+So theta' in c' + (decay I - lr J) G e + box - lr Delta_R, with c' = decay c - lr g(c) and the
+box holding lr (|rho| + e), the width of g(c)'s own enclosure, this float64 arithmetic and the
+rounding of T's update; the box becomes P new generators. Order reduction (Girard's: the
 generators with the smallest ||g||_1 - ||g||_inf are replaced by their box) keeps at most
-`max_generators`. A batch that may be emptied (k >= m) is not linearised; the caller restarts
-the zonotope from the box.
+`max_generators`.
+
+The removal term is not added every step. S is fixed and every epoch is a permutation, so S's
+rows fall into at most k batches of an epoch, j_s rows into batch s with sum_s j_s <= k. Since
+j / (m - j) <= (j / k) k / (m - k), the epoch's removal effects, each moved on by the later steps'
+linear maps, are a convex combination (weights j_s / k) of the members "removal at step s"
+(generated with k / (m_s - k)): they lie in the hull of 0 and the members. `Zonotope.removals`
+keeps this epoch's members; `end_epoch` folds their hull's box into the generators.
+
+A batch that may be emptied (k >= m) is not linearised; the caller restarts the zonotope from
+the box (which holds everything so far, removal effects included).
 """
 
 from __future__ import annotations
@@ -159,7 +169,8 @@ def _removal_effect(step: LastLayerStep, k: int) -> tuple[torch.Tensor, torch.Te
 
 def _float32_gradient_error(step: LastLayerStep) -> torch.Tensor:
     """[P] a bound on |T's float32 batch gradient - the exact one| anywhere in the box: its logits
-    (eps moves p_c by at most eps / 2 * 2), the softmax, the products and the weighted sum."""
+    (an error of eps in every logit moves p_c by at most eps / 2; eps is allowed in full), the
+    softmax, the products and the weighted sum."""
     m, classes = step.p_lo.shape
     p_err = (2 * classes + SOFTMAX_ULPS) * U + step.eps.amax(1, keepdim=True)  # [m, 1]
     row = p_err[:, :, None] * step.hh[:, None, :] + gamma(2) * step.g_mag + ETA
