@@ -93,13 +93,15 @@ def forward_bounds(
 def row_gradient_bounds(
     wl: list[torch.Tensor], wu: list[torch.Tensor], bl: list[torch.Tensor], bu: list[torch.Tensor],
     x: torch.Tensor, onehot: torch.Tensor, *, first_layer: int = 0,
+    forward: tuple[list, list] | None = None,
 ) -> list[RowBounds | None]:
     """Per-row gradient intervals [dW0, db0, dW1, db1, ...] (float64) over the parameter box.
 
     `first_layer`: the backward pass stops there (layers below it get None: not trained).
+    `forward`: the caller's `forward_bounds(wl, wu, bl, bu, x)`, when it has it already.
     """
     n_layers = len(wl)
-    acts, pre = forward_bounds(wl, wu, bl, bu, x)
+    acts, pre = forward_bounds(wl, wu, bl, bu, x) if forward is None else forward
     p_lo, p_hi = softmax_bounds(*pre[-1])
     # d CE / d logits = softmax - onehot (the sample weight is applied to the batch mean)
     dl, du = p_lo - onehot, p_hi - onehot

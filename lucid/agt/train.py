@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 from lucid.agt.cnn import cnn_row_gradient_bounds, conv_names
 from lucid.agt.gradients import forward_bounds, removal_mean_bounds, row_gradient_bounds
-from lucid.agt.last_layer import LastLayerStep, corner_update_bounds, last_layer_step
+from lucid.agt.last_layer import corner_update_bounds, last_layer_step
 from lucid.agt.rounding import outward, update_radius
 from lucid.agt.zonotope import Zonotope, zonotope_update
 from lucid.errors import LucidError
@@ -153,12 +153,15 @@ def _abstract_train(init, spec, X, y, orders, *, k, lr, weight_decay, batch_size
                 wu = [upper[f"layers.{i}.weight"] for i in range(n_layers)]
                 bl = [lower[f"layers.{i}.bias"] for i in range(n_layers)]
                 bu = [upper[f"layers.{i}.bias"] for i in range(n_layers)]
-                dense = row_gradient_bounds(wl, wu, bl, bu, X[rows], onehot_all[rows], first_layer=min(trainable))
+                forward = forward_bounds(wl, wu, bl, bu, X[rows])
+                dense = row_gradient_bounds(wl, wu, bl, bu, X[rows], onehot_all[rows], first_layer=min(trainable),
+                                            forward=forward)
                 rowb = [(rb, 0) if j // 2 in trainable else (None, 0) for j, rb in enumerate(dense)]
             tighter: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
             moved: Zonotope | None = None
             if last_only and update != "interval":
-                bounded = _last_layer_step(lower, upper, spec, X[rows], onehot_all[rows])
+                # forward[0][-1]: the last layer's input, T's features within rounding
+                bounded = last_layer_step(wl[-1], wu[-1], bl[-1], bu[-1], *forward[0][-1], onehot_all[rows])
                 tighter = _by_name(spec, *corner_update_bounds(bounded, k=k, lr=lr, decay=decay))
                 if zonotope is not None:
                     moved = zonotope_update(zonotope, bounded, k=k, lr=lr, weight_decay=weight_decay,
@@ -211,15 +214,6 @@ def _by_name(spec, lo: torch.Tensor, hi: torch.Tensor) -> dict[str, tuple[torch.
     """[W | b] bounds split back into the last layer's weight and bias, by safetensors name."""
     last = len(spec["hidden"])
     return {f"layers.{last}.weight": (lo[:, :-1], hi[:, :-1]), f"layers.{last}.bias": (lo[:, -1], hi[:, -1])}
-
-
-def _last_layer_step(lower, upper, spec, x, onehot) -> LastLayerStep:
-    """The step's box-wide enclosures for the one trained (last) layer."""
-    last = len(spec["hidden"])
-    wl, wu, bl, bu = ([ends[f"layers.{i}.{t}"] for i in range(last + 1)]
-                      for ends, t in ((lower, "weight"), (upper, "weight"), (lower, "bias"), (upper, "bias")))
-    acts, _ = forward_bounds(wl, wu, bl, bu, x)  # acts[-1]: the last layer's input, T's features within rounding
-    return last_layer_step(wl[last], wu[last], bl[last], bu[last], *acts[-1], onehot)
 
 
 def _follow(moved: Zonotope | None, lower, upper, spec, epoch: int, step: int, steps: int) -> Zonotope:
