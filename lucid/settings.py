@@ -91,6 +91,9 @@ def default_node_time_limit(time_limit: float | None) -> float | None:
     return max(20.0, time_limit / 8)
 
 
+SPLIT_TIME = 60.0  # the default --split-time
+
+
 @dataclass(frozen=True)
 class VerifySettings:
     """One verification's options (the `lucid verify` flags, and the encoder's fixed knobs).
@@ -105,6 +108,9 @@ class VerifySettings:
     screen: how every single network's bound is screened before any MILP (`SCREENS`; True / False
         are the default / "none"); device: where the symbolic screen's tensors live (cpu, cuda).
     search: the solver-free witness search (root and nodes).
+    split_time: seconds of ReLU-splitting branch and bound a singleton gets before its MILP, on
+        each attempt under a cutoff (`lucid.bounds.relu_split`; at most half the node's limit);
+        0 turns it off (the MILP alone, as `--naive` always does).
     bounds: how N's pre-activation bounds are computed ("lp" or "interval").
     disjunction, obbt, obbt_probe, obbt_share: the encoder's fixed knobs (see `EncodingOptions`).
     seed: k-means' random state when a node is split.
@@ -129,6 +135,7 @@ class VerifySettings:
     screen: str | bool = "optimised"
     device: str = "cpu"
     search: bool = True
+    split_time: float = SPLIT_TIME
     bounds: str = "lp"
     resume: bool = False
     progress: bool = True
@@ -148,6 +155,7 @@ class VerifySettings:
         _non_negative("--tau", self.tau)
         _non_negative("--gap", self.gap)
         _non_negative("--rel-gap", self.rel_gap)
+        _non_negative("--split-time", self.split_time)
         if self.naive and not self.bab:
             raise LucidError("--naive and --no-bab are different variants; give at most one")
         if self.bounds not in BOUND_METHODS:
@@ -160,7 +168,7 @@ class VerifySettings:
         if self.disjunction not in ("bigm", "split"):
             raise LucidError(f"unknown disjunction {self.disjunction!r}; valid: bigm, split")
         object.__setattr__(self, "classes", parse_classes(self.classes))
-        for name in ("time_limit", "node_time_limit", "tau", "gap", "rel_gap"):
+        for name in ("time_limit", "node_time_limit", "tau", "gap", "rel_gap", "split_time"):
             value = getattr(self, name)
             if value is not None:
                 object.__setattr__(self, name, float(value))
@@ -180,6 +188,7 @@ class VerifySettings:
                                         ("--scheduler", self.scheduler is not None),
                                         # the box MILP has no member networks to screen
                                         (f"--screen {self.screen}", self.screen != DEFAULT_SCREEN),
+                                        ("--split-time", self.split_time != SPLIT_TIME),
                                         (f"--device {self.device}", self.device != "cpu")) if on]
         if unused:
             raise LucidError(f"{', '.join(unused)} cannot be combined with --hyper {self.hyper} "

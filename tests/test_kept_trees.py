@@ -73,17 +73,17 @@ def test_a_retry_continues_the_kept_milp_and_its_bound_is_the_exact_one(interrup
     cls, p = 0, 1
     exact = exact_for(stack, p, cls, lower, upper)
     assert math.isfinite(exact)
-    second = analyse_node(problem, cls, [p], settings=VerifySettings(solver="gurobi"), attempt=2, keep_trees=True,
+    second = analyse_node(problem, cls, [p], settings=VerifySettings(solver="gurobi", split_time=0), attempt=2, keep_trees=True,
                           solver_options=SolverOptions(time_limit=30))
     assert second.status == TIME_LIMIT and second.stats["kept"]  # what the executor reads
     assert second.upper >= exact and len(KEPT) == 1
     interrupted_gurobi["stop"] = False
-    third = analyse_node(problem, cls, [p], settings=VerifySettings(solver="gurobi"), attempt=3, keep_trees=True,
+    third = analyse_node(problem, cls, [p], settings=VerifySettings(solver="gurobi", split_time=0), attempt=3, keep_trees=True,
                          solver_options=SolverOptions(time_limit=30))
     assert third.stats["solves"][-1].get("resumed") and len(KEPT) == 0
     assert third.status in (OPTIMAL, INFEASIBLE)
     assert exact <= third.upper <= exact + 1e-5  # the same answer a fresh solve proves
-    fresh = analyse_node(problem, cls, [p], settings=VerifySettings(solver="gurobi"), attempt=2, solver_options=SolverOptions(time_limit=30))
+    fresh = analyse_node(problem, cls, [p], settings=VerifySettings(solver="gurobi", split_time=0), attempt=2, solver_options=SolverOptions(time_limit=30))
     assert third.upper == pytest.approx(fresh.upper, abs=1e-6)
     assert third.lower is not None and third.lower <= exact + 1e-9
 
@@ -94,7 +94,7 @@ def test_a_kept_milp_is_not_continued_for_another_question(interrupted_gurobi):
     stack, lower, upper, problem = _problem()
     cls, p = 0, 1
     exact = exact_for(stack, p, cls, lower, upper)
-    kw = dict(settings=VerifySettings(solver="gurobi"), keep_trees=True, solver_options=SolverOptions(time_limit=30))
+    kw = dict(settings=VerifySettings(solver="gurobi", split_time=0), keep_trees=True, solver_options=SolverOptions(time_limit=30))
     analyse_node(problem, cls, [p], attempt=2, cutoff=exact - 0.2, **kw)
     assert len(KEPT) == 1
     interrupted_gurobi["stop"] = False

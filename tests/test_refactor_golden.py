@@ -22,12 +22,13 @@ from bab_fixtures import write_tiny_run  # noqa: E402
 GOLDEN = Path(__file__).parent / "data" / "verify_golden.json"
 
 # (name, write_tiny_run arguments, verify_run arguments)
-# The first three pin the interval screen (the engine as it was before the symbolic screen); the
-# last ones the default (optimised) screen.
+# The first three pin the interval screen and MILP-only singletons (the engine as it was before
+# the symbolic screen and the ReLU-splitting tier); the last ones the defaults.
 WORKLOADS = [
-    ("two-classes", {"networks": 12, "seed": 2}, {"screen": "interval"}),
-    ("three-classes-rel-gap", {"networks": 10, "seed": 5, "classes": 3}, {"rel_gap": 0.1, "screen": "interval"}),
-    ("no-md-no-ris", {"networks": 9, "seed": 7}, {"md": False, "ris": False, "screen": "interval"}),
+    ("two-classes", {"networks": 12, "seed": 2}, {"screen": "interval", "split_time": 0}),
+    ("three-classes-rel-gap", {"networks": 10, "seed": 5, "classes": 3},
+     {"rel_gap": 0.1, "screen": "interval", "split_time": 0}),
+    ("no-md-no-ris", {"networks": 9, "seed": 7}, {"md": False, "ris": False, "screen": "interval", "split_time": 0}),
     ("two-classes-optimised-screen", {"networks": 12, "seed": 2}, {}),
     ("three-classes-optimised-screen", {"networks": 10, "seed": 5, "classes": 3}, {"rel_gap": 0.1}),
 ]

@@ -249,18 +249,44 @@ def test_witness_search_finds_only_true_leaks_and_never_beats_the_exact_bound():
 
 
 @pytest.mark.parametrize("seed,lo,classes", CASES)
+def test_the_split_tier_proves_singletons_below_a_cutoff_without_a_milp(seed, lo, classes):
+    """A singleton under a cutoff first gets the ReLU-splitting branch and bound: above the exact
+    bound it proves the cutoff alone (no MILP); below it, the MILP still runs and the reported
+    bound is the smaller sound one, never below the exact bound."""
+    stack, lower, upper, problem = make(seed, lo, classes)
+    proved = 0
+    for cls in range(classes):
+        for p in (1, 2):
+            exact = exact_for(stack, p, cls, lower, upper)
+            if exact == -np.inf:
+                continue
+            above = analyse_node(problem, cls, [p], cutoff=exact + 0.05)
+            assert exact <= above.upper <= exact + 0.05 + 1e-5 and above.status == "infeasible"
+            if above.stats["split"]["proved"]:
+                proved += 1
+                assert "solves" not in above.stats  # no MILP
+            below = analyse_node(problem, cls, [p], cutoff=exact - 0.05)
+            assert not below.stats["split"]["proved"] and below.stats["solves"]
+            assert below.upper >= exact - 1e-9
+    assert proved >= 1
+
+
+@pytest.mark.parametrize("seed,lo,classes", CASES)
 @pytest.mark.parametrize("obbt,attempt", [("singletons", 1), ("singletons", 2), (True, 2)])
 def test_a_cutoff_proves_nodes_below_it_and_leaves_nodes_above_it_exact(seed, lo, classes, obbt, attempt):
-    """attempt 1 is the plain bound-focused MILP, later attempts tighten bounds first."""
+    """attempt 1 is the plain bound-focused MILP, later attempts tighten bounds first (the MILP
+    path: the ReLU-splitting tier before it is off here, see the next test)."""
     stack, lower, upper, problem = make(seed, lo, classes)
     encoding = EncodingOptions(obbt=obbt)
+    milp_only = VerifySettings(split_time=0)
     for cls in range(classes):
         for positions in ([1], [2], [1, 2]):
             exact = max(exact_for(stack, p, cls, lower, upper) for p in positions)
             if exact == -np.inf:
                 continue
-            plain = analyse_node(problem, cls, positions, encoding=encoding)
-            above = analyse_node(problem, cls, positions, encoding=encoding, cutoff=exact + 0.05, attempt=attempt)
+            plain = analyse_node(problem, cls, positions, encoding=encoding, settings=milp_only)
+            above = analyse_node(problem, cls, positions, encoding=encoding, cutoff=exact + 0.05, attempt=attempt,
+                                 settings=milp_only)
             if len(positions) == 1:
                 assert bool(above.stats["solves"][0].get("plain")) == (attempt == 1)
             # the leak search is skipped only on a singleton's first attempt (hyper-network nodes
@@ -270,7 +296,8 @@ def test_a_cutoff_proves_nodes_below_it_and_leaves_nodes_above_it_exact(seed, lo
             if len(positions) == 1:
                 # nothing reaches the cutoff: proved so, the bound reported is (about) the cutoff
                 assert above.status == "infeasible" and above.upper <= exact + 0.05
-            below = analyse_node(problem, cls, positions, encoding=encoding, cutoff=exact - 0.05, attempt=attempt)
+            below = analyse_node(problem, cls, positions, encoding=encoding, cutoff=exact - 0.05, attempt=attempt,
+                                 settings=milp_only)
             assert below.upper >= exact
             if len(positions) == 1:  # a singleton's bound is exact with or without the cutoff
                 assert below.upper == pytest.approx(plain.upper, abs=1e-5)

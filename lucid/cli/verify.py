@@ -40,6 +40,9 @@ def _print_summary(result: dict) -> None:
 @click.option("--no-screen", is_flag=True, help="Ablation: the same as --screen none.")
 @click.option("--device", default="cpu", show_default=True, help="Where the symbolic screen runs: cpu or cuda.")
 @click.option("--no-search", is_flag=True, help="Ablation: no heuristic witness search for the lower bound.")
+@click.option("--split-time", type=float, default=60.0, show_default=True,
+              help="Seconds of ReLU-splitting branch and bound per single network before its MILP (at most half "
+                   "the node's limit; 0: off). It proves most networks below the cutoff long before a MILP would.")
 @click.option("--bounds", type=click.Choice(["lp", "interval"]), default="lp", show_default=True,
               help="How N's pre-activation bounds are computed.")
 @click.option("--hyper", default="loo", show_default=True,
@@ -47,7 +50,8 @@ def _print_summary(result: dict) -> None:
                    "network within K removed rows, one MILP per class over the AGT box of `lucid train --agt`).")
 @click.option("--quiet", is_flag=True, help="No live progress display.")
 def command(run_dir, solver, workers, time_limit, node_time_limit, classes, tau, gap, rel_gap, resume, scheduler,
-            no_md, no_ris, no_bab, naive, screen, no_screen, device, no_search, bounds, hyper, quiet) -> None:
+            no_md, no_ris, no_bab, naive, screen, no_screen, device, no_search, split_time, bounds, hyper,
+            quiet) -> None:
     from lucid.bab import verify_run
     from lucid.errors import LucidError
     from lucid.settings import DEFAULT_SCREEN
@@ -60,6 +64,6 @@ def command(run_dir, solver, workers, time_limit, node_time_limit, classes, tau,
         solver=solver, workers=workers, time_limit=time_limit, node_time_limit=node_time_limit,
         classes=classes, tau=tau, gap=gap, rel_gap=rel_gap, md=not no_md, ris=not no_ris, bab=not no_bab, naive=naive,
         resume=resume, scheduler=scheduler, progress=not quiet, screen=screen, device=device, search=not no_search,
-        bounds=bounds, hyper=hyper,
+        split_time=split_time, bounds=bounds, hyper=hyper,
     )
     _print_summary(verify_run(run_dir, settings))

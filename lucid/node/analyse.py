@@ -97,6 +97,11 @@ def analyse_node(
         stats["search_seconds"] = time.perf_counter() - t_search
         stats["search_lower"] = None if known is None else known.confidence
 
+    split = None
+    if positions.size == 1 and math.isfinite(cutoff) and settings.split_time > 0 and not settings.naive:
+        split = _split_singleton(problem, cls, int(positions[0]), cutoff, settings, solver_options, stats)
+        if split.proved:  # every domain is below the cutoff: no MILP needed
+            return NodeOutcome(split.bound, None, None, None, INFEASIBLE, time.perf_counter() - t0, stats)
     upper, statuses, best = -math.inf, [], None
     deadline = None if solver_options.time_limit is None else t0 + solver_options.time_limit
     stats["solves"] = []
@@ -117,7 +122,24 @@ def analyse_node(
         if witness is not None and (best is None or witness.confidence > best.confidence):
             best = witness
         stats["solves"].append({"targets": group, **result.to_json(), **info})
+    if split is not None and statuses:  # both are sound: the smaller holds
+        upper = min(upper, split.bound)
     return combine_outcome(upper, statuses, best, stats, t0)
+
+
+def _split_singleton(problem: VerificationProblem, cls: int, position: int, cutoff: float, settings: VerifySettings,
+                     solver_options: SolverOptions, stats: dict):
+    """The ReLU-splitting branch and bound of one network before its MILP (`lucid.bounds.relu_split`),
+    for at most `settings.split_time` seconds and half the node's limit."""
+    from lucid.bounds.relu_split import split_singleton
+
+    budget = settings.split_time
+    if solver_options.time_limit is not None:
+        budget = min(budget, solver_options.time_limit / 2)
+    res = split_singleton(problem, cls, position, cutoff, time_limit=budget, device=settings.device)
+    stats["split"] = {"upper": encode_float(res.bound), "proved": res.proved, "domains": res.domains,
+                      "seconds": res.seconds}
+    return res
 
 def _encode(problem: VerificationProblem, hyper: HyperNetwork, cls: int, group: list[int], encoding: EncodingOptions,
             n_bounds: LayerBounds, diff: DifferenceBounds, relax_all: bool = False, beta_lower: float = -math.inf):

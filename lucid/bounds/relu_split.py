@@ -1,0 +1,353 @@
+"""ReLU-splitting branch and bound on one leave-one-out network's bound beta*_{c,{i}}, batched
+over domains in torch: the tier between the symbolic screen and the singleton MILP.
+
+The quantity (`lucid.bounds.symbolic`): for a rival t, beta_t = max { (s_c - s_t)(x) : x in the
+box, (s'_c - s'_t)(x) <= 0 }, and beta*_{c,{i}} <= max_t beta_t. The symbolic bound relaxes every
+unstable ReLU of N and of N' at once; what it leaves above beta_t is that relaxation's gap, which
+only splitting closes. A *domain* fixes the sign of some pre-activations: of N's neurons
+(zhat_j >= 0 or <= 0) and of N''s (zhat'_j = zhat_j + deltahat_j >= 0 or <= 0). The domains of a
+split partition the box's trajectories, so beta_t is the maximum over the open domains, and a
+domain whose bound is <= the cutoff is closed for good.
+
+Bound of a domain (beta-CROWN's idea on the joint system of `lucid.bounds.joint`):
+* the split neurons' intervals are cut at 0, and the intervals of zhat, zhat' and deltahat are
+  made consistent through zhat' = zhat + deltahat (each derived bound padded outward by
+  FP_REL times its operands, + FP_ABS; a domain whose intervals cross is empty, hence closed);
+* the ReLU and ReLU-difference relaxations are rebuilt from those intervals (a split neuron is
+  stable: its relaxation is exact);
+* each split constraint enters the objective as a Lagrangian term beta_j * s_j * zhat_j (s_j = +1
+  for ">= 0", -1 for "<= 0", beta_j >= 0), which is >= 0 on the domain and so never lowers the
+  domain's maximum: max_dom f <= max_dom (f + terms) <= the backward pass of f + terms over the
+  relaxation, a superset of the domain's trajectories;
+* the objective (s_c - s_t) - lambda (s'_c - s'_t) (lambda >= 0, weak duality), N's lower slopes
+  alpha and the betas are improved by projected Adam steps, warm-started from the parent; every
+  iterate is sound, and the domain keeps the smallest, further capped by its parent's bound
+  (a subset's maximum is at most its superset's).
+Floating point as in `lucid.bounds.symbolic`: the best iterate's value gets fp_rel times its
+magnitude pass (the betas' absolute values included) + FP_ABS.
+
+Branching: the unsplit neuron (of N or of N') whose relaxation intercepts contribute most to
+the domain's bound (BaBSR's score on the backward pass's chord terms). The batch of open
+domains with the largest bounds is split each round. The result is always a sound upper bound:
+the maximum of the open domains' bounds and of the closed ones'.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from lucid.bounds.interval import FP_ABS, FP_REL
+from lucid.bounds.joint import DTYPE, JointSystem, _all_stable, _diff_relax, _relu_relax, _Relax
+
+
+LEAF_STEPS = 200  # Adam steps for a domain with nothing left to split (its bound is then final)
+
+
+@dataclass
+class SplitResult:
+    """The outcome of `split_upper_bound` for one network and class."""
+
+    bound: float  # sound upper bound on beta*_{c,{i}} (-inf: no input can leak)
+    proved: bool  # bound <= cutoff
+    domains: int  # domains bounded
+    seconds: float
+    per_target: dict[int, float]  # the bound per rival t that N' can reach
+
+
+@dataclass
+class _Domains:
+    """Open domains of one (network, rival) branch and bound; every tensor has the domain axis first."""
+
+    sn: list[torch.Tensor]  # [D, n_k] split sign of N's neuron: +1 (>= 0), -1 (<= 0), 0 (free)
+    sp: list[torch.Tensor]  # the same for N''s neuron zhat'_k
+    lam: torch.Tensor  # [D]
+    alpha: list[torch.Tensor]  # [D, n_k] N's lower slopes
+    beta_n: list[torch.Tensor]  # [D, n_k] >= 0, the multipliers of N's splits
+    beta_p: list[torch.Tensor]  # [D, n_k] >= 0, the multipliers of N''s splits
+    bound: torch.Tensor  # [D] sound upper bound of the domain
+    choice: torch.Tensor  # [D] the neuron to split next (flat index, -1: nothing left to split)
+
+    def __len__(self) -> int:
+        return len(self.bound)
+
+    def take(self, idx: torch.Tensor) -> "_Domains":
+        pick = lambda xs: [x[idx] for x in xs]  # noqa: E731
+        return _Domains(pick(self.sn), pick(self.sp), self.lam[idx], pick(self.alpha), pick(self.beta_n),
+                        pick(self.beta_p), self.bound[idx], self.choice[idx])
+
+    @staticmethod
+    def cat(parts: list["_Domains"]) -> "_Domains":
+        parts = [p for p in parts if len(p)]
+        join = lambda name: [torch.cat([getattr(p, name)[k] for p in parts]) for k in range(len(getattr(parts[0], name)))]  # noqa: E731
+        return _Domains(join("sn"), join("sp"), torch.cat([p.lam for p in parts]), join("alpha"), join("beta_n"),
+                        join("beta_p"), torch.cat([p.bound for p in parts]), torch.cat([p.choice for p in parts]))
+
+
+def _pad(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return FP_REL * (a.abs() + b.abs()) + FP_ABS
+
+
+class _Brancher:
+    """The branch and bound of one network N' and one rival t."""
+
+    def __init__(self, root: JointSystem, cls: int, rival: int, cutoff: float, steps: int, lr: float,
+                 lam_lr: float) -> None:
+        self.root, self.cutoff, self.steps, self.lr, self.lam_lr = root, cutoff, steps, lr, lam_lr
+        self.L = root.L
+        self.sizes = [w.shape[0] for w in root.W[:-1]]
+        self.offsets = np.cumsum([0] + [2 * n for n in self.sizes])
+        C = root.W[-1].shape[0]
+        g = torch.zeros(C, dtype=DTYPE, device=root.device)
+        g[cls], g[rival] = 1.0, -1.0
+        self.g = g
+        self.evaluated = 0
+
+    # -------------------------------------------------------------- one batch of domains
+    def _system(self, d: _Domains, leaves: bool = False) -> tuple[JointSystem, torch.Tensor, list]:
+        """The root system repeated over the domains, with each domain's intervals and
+        relaxations; a mask [D] of the domains found empty; per hidden layer the domain's
+        intervals (l, u, hl, hu) of zhat and zhat'. leaves: the domains have every neuron stable,
+        so delta takes its exact form where N and N' differ (`lucid.bounds.joint._diff_relax`)."""
+        D = len(d)
+        sys_ = self.root.select(np.zeros(D, dtype=np.int64))
+        empty = torch.zeros(D, dtype=torch.bool, device=self.root.device)
+        relax, intervals = [], []
+        exact_below = torch.ones(D, dtype=torch.bool, device=self.root.device) if leaves else None
+        for k in range(self.L - 1):
+            l = self.root.nl[k].expand(D, -1)
+            u = self.root.nu[k].expand(D, -1)
+            dl, du = self.root.dl[k].expand(D, -1), self.root.du[k].expand(D, -1)
+            hl, hu = self.root.hl[k].expand(D, -1), self.root.hu[k].expand(D, -1)
+            sn, sp = d.sn[k], d.sp[k]
+            l = torch.where(sn > 0, l.clamp(min=0), l)
+            u = torch.where(sn < 0, u.clamp(max=0), u)
+            hl = torch.where(sp > 0, hl.clamp(min=0), hl)
+            hu = torch.where(sp < 0, hu.clamp(max=0), hu)
+            # zhat' = zhat + deltahat, each derived bound padded outward
+            hl = torch.maximum(hl, l + dl - _pad(l, dl))
+            hu = torch.minimum(hu, u + du + _pad(u, du))
+            dl = torch.maximum(dl, hl - u - _pad(hl, u))
+            du = torch.minimum(du, hu - l + _pad(hu, l))
+            l = torch.maximum(l, hl - du - _pad(hl, du))
+            u = torch.minimum(u, hu - dl + _pad(hu, dl))
+            empty |= ((l > u) | (hl > hu) | (dl > du)).any(-1)
+            su, tu, sl, unst = _relu_relax(l, u)
+            pu, qu, pl, ql, pz = _diff_relax(l, u, hl, hu, dl, du, exact_below)
+            if exact_below is not None:
+                exact_below = exact_below & _all_stable(l, u, hl, hu)
+            relax.append(_Relax(su, tu, sl, unst, pu, qu, pl, ql, pz))
+            intervals.append((l, u, hl, hu))
+        sys_.relax = relax
+        return sys_, empty, intervals
+
+    def bound(self, d: _Domains, steps: int | None = None, leaves: bool = False) -> _Domains:
+        """Bound every domain of `d` (in place: parameters, bound, choice) and return it.
+        leaves: the domains have nothing left to split (`_system`)."""
+        steps = self.steps if steps is None else steps
+        D = len(d)
+        self.evaluated += D
+        sys_, empty, intervals = self._system(d, leaves)
+        g = self.g.expand(D, 1, -1)
+        lam = d.lam.clone().requires_grad_(True)
+        alphas = [a.clone()[:, None, :].requires_grad_(True) for a in d.alpha]
+        bn = [b.clone()[:, None, :].requires_grad_(True) for b in d.beta_n]
+        bp = [b.clone()[:, None, :].requires_grad_(True) for b in d.beta_p]
+        signs_n = [s.to(DTYPE)[:, None, :] for s in d.sn]
+        signs_p = [s.to(DTYPE)[:, None, :] for s in d.sp]
+        opt = torch.optim.Adam([{"params": [lam], "lr": self.lam_lr}, {"params": [*alphas, *bn, *bp]}], lr=self.lr)
+        best = torch.full((D,), math.inf, dtype=DTYPE, device=g.device)
+        keep = [lam.detach().clone(), [a.detach().clone() for a in alphas], [b.detach().clone() for b in bn],
+                [b.detach().clone() for b in bp]]
+
+        def objective():
+            lam3 = lam[:, None, None]
+            A, E = (1 - lam3) * g, -lam3 * g
+            splits = [(sn * b1, sp * b2) for sn, sp, b1, b2 in zip(signs_n, signs_p, bn, bp)]
+            return A, E, splits
+
+        for step in range(steps + 1):
+            last = step == steps
+            with torch.set_grad_enabled(not last):
+                A, E, splits = objective()
+                val = sys_.backward(A, E, self.L - 1, alphas, splits)[:, 0]
+            v = val.detach()
+            v = torch.where(torch.isnan(v), torch.full_like(v, math.inf), v)
+            better = v < best
+            best = torch.where(better, v, best)
+            keep[0] = torch.where(better, lam.detach(), keep[0])
+            for group, cur in zip(keep[1:], (alphas, bn, bp)):
+                for i, p in enumerate(cur):
+                    group[i] = torch.where(better[:, None, None], p.detach(), group[i])
+            if last:
+                break
+            opt.zero_grad()
+            val.sum().backward()
+            opt.step()
+            with torch.no_grad():
+                lam.clamp_(min=0.0)
+                for a in alphas:
+                    a.clamp_(0.0, 1.0)
+                for b in (*bn, *bp):
+                    b.clamp_(min=0.0)
+        # the best iterate, again, with its floating-point margin and the branching scores
+        with torch.no_grad():
+            lam[:], alphas, bn, bp = keep[0], keep[1], keep[2], keep[3]
+            A, E, splits = objective()
+            trace: list = []
+            val = sys_.backward(A, E, self.L - 1, alphas, splits, trace=trace)[:, 0]
+            mag = sys_.magnitude(A, E, self.L - 1, splits)[:, 0]
+            sound = val + sys_.fp_rel * mag + FP_ABS
+            sound = torch.where(torch.isnan(sound), torch.full_like(sound, math.inf), sound)
+            # a domain where N' cannot rank t >= c (CROWN bound of s'_t - s'_c below 0) is empty too
+            reach = sys_.backward(-g, -g, self.L - 1, alphas, splits)[:, 0]
+            reach = reach + sys_.fp_rel * sys_.magnitude(-g, -g, self.L - 1, splits)[:, 0] + FP_ABS
+            sound = torch.where(empty | (reach < 0), torch.full_like(sound, -math.inf), sound)
+            d.bound = torch.minimum(d.bound, sound)
+            d.lam = keep[0]
+            d.alpha = [a[:, 0] for a in alphas]
+            d.beta_n = [b[:, 0] for b in bn]
+            d.beta_p = [b[:, 0] for b in bp]
+            d.choice = self._choose(d, sys_.relax, intervals, alphas, trace[::-1])
+        return d
+
+    @staticmethod
+    def _choose(d: _Domains, relax: list[_Relax], intervals: list, alphas: list, trace: list) -> torch.Tensor:
+        """Per domain, the flat index of the neuron to split next (-1: none is unstable).
+
+        The score of a neuron is what its relaxation adds to the bound (BaBSR's estimate): the
+        upper chord's intercept where the coefficient is positive, the gap of N's lower slope
+        alpha (max(-alpha l, (1 - alpha) u)) where it is negative, and the intercepts of the delta
+        relaxation (the lower one goes with N's neuron, the upper one with N''s). A domain whose
+        scores all vanish, yet has unstable neurons left (coefficients can be 0), splits the one
+        with the largest |coefficient| times width instead."""
+        primary, fallback = [], []
+        for k, (r, (l, u, hl, hu), a, (az, ed)) in enumerate(zip(relax, intervals, alphas, trace)):
+            az, ed = az[:, 0], ed[:, 0]
+            un = r.unstable & (d.sn[k] == 0)
+            up = (hl < 0) & (hu > 0) & (d.sp[k] == 0)
+            alpha = a[:, 0]
+            low_gap = torch.maximum(-alpha * l, (1 - alpha) * u)
+            sn = az.clamp(min=0) * r.tu + ed.clamp(max=0) * r.ql
+            sp = ed.clamp(min=0) * r.qu
+            primary.append(torch.cat([torch.where(un, sn, 0.0), torch.where(up, sp, 0.0)], 1))
+            fallback.append(torch.cat([torch.where(un, (-az.clamp(max=0)) * low_gap + ed.abs() * (u - l), -1.0),
+                                       torch.where(up, ed.abs() * (hu - hl), -1.0)], 1))
+        primary, fallback = torch.cat(primary, 1), torch.cat(fallback, 1)
+        first, second = primary.max(1), fallback.max(1)
+        none = torch.full_like(first.indices, -1)
+        return torch.where(first.values > 1e-12, first.indices, torch.where(second.values >= 0, second.indices, none))
+
+    def children(self, d: _Domains) -> _Domains:
+        """Split every domain of `d` at its chosen neuron (each domain has a choice >= 0)."""
+        D = len(d)
+        both = d.take(torch.cat([torch.arange(D, device=d.bound.device)] * 2))
+        sign = torch.cat([torch.ones(D, dtype=torch.int8), -torch.ones(D, dtype=torch.int8)]).to(d.bound.device)
+        choice = torch.cat([d.choice, d.choice])
+        rows = torch.arange(2 * D, device=d.bound.device)
+        for k, n in enumerate(self.sizes):
+            lo = int(self.offsets[k])
+            for target, col0 in ((both.sn, lo), (both.sp, lo + n)):
+                hit = (choice >= col0) & (choice < col0 + n)
+                target[k] = target[k].clone()
+                target[k][rows[hit], choice[hit] - col0] = sign[hit]
+        both.beta_n = [b.clone() for b in both.beta_n]
+        both.beta_p = [b.clone() for b in both.beta_p]
+        return both
+
+    def root_domains(self, start_bound: float) -> _Domains:
+        dev = self.root.device
+        zeros8 = [torch.zeros(1, n, dtype=torch.int8, device=dev) for n in self.sizes]
+        zeros = [torch.zeros(1, n, dtype=DTYPE, device=dev) for n in self.sizes]
+        alpha = [r.sl[:1].clone() for r in self.root.relax]
+        return _Domains(zeros8, [z.clone() for z in zeros8], torch.ones(1, dtype=DTYPE, device=dev), alpha,
+                        zeros, [z.clone() for z in zeros],
+                        torch.full((1,), start_bound, dtype=DTYPE, device=dev),
+                        torch.full((1,), -1, dtype=torch.int64, device=dev))
+
+
+def split_upper_bound(n_weights, n_biases, weights, biases, n_lower, n_upper, lower, upper, cls: int,
+                      cutoff: float, *, margin_upper: np.ndarray | None = None, time_limit: float = 10.0,
+                      batch: int = 1024, steps: int = 20, lr: float = 0.125, lam_lr: float = 0.1, max_domains: int = 100_000,
+                      start: np.ndarray | None = None, device: str = "cpu") -> SplitResult:
+    """Sound upper bound on beta*_{cls,{i}} for one network N' (weights[k] [out, in]) against N, by
+    ReLU-splitting branch and bound until every domain is <= `cutoff`, `time_limit` seconds have
+    passed, or `max_domains` are open (module docstring).
+
+    start: optional [C] sound bounds per rival (e.g. the optimised screen's `per_target`); rivals
+    at -inf (N' can never prefer them) or already <= cutoff are skipped."""
+    t0 = time.perf_counter()
+    root = JointSystem(n_weights, n_biases, [np.asarray(w)[None] for w in weights], [np.asarray(b)[None] for b in biases],
+                       n_lower, n_upper, lower, upper, device=device)
+    C = root.W[-1].shape[0]
+    cap = np.full((C, C), np.inf) if margin_upper is None else np.asarray(margin_upper, dtype=np.float64)
+    per_target: dict[int, float] = {}
+    evaluated = 0
+    for t in range(C):
+        if t == cls:
+            continue
+        first = min(math.inf if start is None else float(start[t]), cap[cls, t])
+        if first <= cutoff:  # unreachable (-inf) or already below the cutoff
+            per_target[t] = first
+            continue
+        b = _Brancher(root, cls, t, cutoff, steps, lr, lam_lr)
+        open_ = b.bound(b.root_domains(first), steps=0)
+        # step sizes relative to the bound's scale, lambda's also to the range of N''s margin
+        scale = abs(float(open_.bound[0]))
+        scale = max(scale, 1e-6) if math.isfinite(scale) else 1.0
+        hl, hu = root.hl[-1][0], root.hu[-1][0]
+        spread = max(float(hu[cls] - hl[t]), float(hu[t] - hl[cls]), 1e-6)
+        b.lr, b.lam_lr = lr * scale, lam_lr * scale / spread
+        open_ = b.bound(open_)
+        closed = -math.inf
+        while True:
+            # closed: below the cutoff, or nothing left to split (the relaxation is then as tight
+            # as it gets: the domain keeps its bound, after a longer optimisation)
+            leaf = (open_.choice < 0) & (open_.bound > cutoff)
+            if leaf.any():
+                polished = b.bound(open_.take(torch.nonzero(leaf).flatten()), steps=LEAF_STEPS, leaves=True)
+                open_ = _Domains.cat([open_.take(torch.nonzero(~leaf).flatten()), polished])
+            done = (open_.bound <= cutoff) | (open_.choice < 0)
+            if done.any():
+                closed = max(closed, float(open_.bound[done].max()))
+                open_ = open_.take(torch.nonzero(~done).flatten())
+            if (not len(open_) or closed >= float(open_.bound.max()) or (closed > cutoff > -math.inf)
+                    or time.perf_counter() - t0 > time_limit or len(open_) > max_domains):
+                break
+            order = torch.argsort(open_.bound, descending=True)
+            pick, rest = order[:batch], order[batch:]
+            kids = b.bound(b.children(open_.take(pick)))
+            open_ = _Domains.cat([open_.take(rest), kids])
+        evaluated += b.evaluated
+        per_target[t] = max(closed, float(open_.bound.max()) if len(open_) else -math.inf)
+        if per_target[t] > cutoff:
+            break  # this rival alone already keeps the network above the cutoff
+    for t in range(C):  # rivals not reached (an earlier one already failed): their start bound
+        if t != cls and t not in per_target:
+            per_target[t] = min(math.inf if start is None else float(start[t]), cap[cls, t])
+    bound = max(per_target.values(), default=-math.inf)
+    return SplitResult(bound, bound <= cutoff, evaluated, time.perf_counter() - t0, per_target)
+
+
+# ---------------------------------------------------------------------- adapter for the verifier
+def split_singleton(problem, cls: int, position: int, cutoff: float, *, time_limit: float,
+                    device: str = "cpu") -> SplitResult:
+    """`split_upper_bound` for the network at `position` of problem.stack (a `VerificationProblem`),
+    started from its optimised symbolic bound per rival (`lucid.bounds.symbolic`): rivals N' cannot
+    reach, or already below the cutoff there, are not branched on."""
+    from lucid.bounds.symbolic import singleton_upper_bounds
+    from lucid.node.screen import OPTIMISE_STEPS
+
+    stack = problem.stack
+    n_w, n_b = [w[0] for w in stack.weights], [b[0] for b in stack.biases]
+    ws, bs = [w[position] for w in stack.weights], [b[position] for b in stack.biases]
+    start = singleton_upper_bounds(n_w, n_b, [w[None] for w in ws], [b[None] for b in bs], problem.n_bounds.lower,
+                                   problem.n_bounds.upper, problem.lower, problem.upper, cls, problem.margin_upper,
+                                   steps=OPTIMISE_STEPS, cutoff=cutoff, device=device).per_target[0]
+    return split_upper_bound(n_w, n_b, ws, bs, problem.n_bounds.lower, problem.n_bounds.upper, problem.lower,
+                             problem.upper, cls, cutoff, margin_upper=problem.margin_upper, time_limit=time_limit,
+                             start=start, device=device)
