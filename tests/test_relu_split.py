@@ -62,20 +62,21 @@ def test_every_bound_is_sound_whenever_it_stops(cases):
             assert res.proved == (ex == -math.inf and res.bound == -math.inf)
 
 
-def test_the_finished_bound_is_close_to_exact_with_two_classes(cases):
+def test_the_finished_bound_is_close_to_exact(cases):
     """Without a cutoff it splits until no neuron is left (these tiny networks finish in about a
-    second; the time limit is only a guard); with two classes, where beta_t is beta*, it then ends
-    close to the exact bound, far below its root bound."""
+    second; the time limit is only a guard); it then ends close to the exact bound, far below its
+    root bound (with three classes thanks to mixing the rivals on N's side)."""
     gaps, roots = [], []
     for problem, p, cls, ex in cases:
-        if problem.num_classes == 2 and ex > -math.inf and p == 1:
+        if ex > -math.inf and p == 1:
             root = run(problem, p, cls, -math.inf, time_limit=0.0)
             res = run(problem, p, cls, -math.inf, time_limit=60.0)
             assert ex - 1e-9 <= res.bound <= root.bound
             gaps.append(res.bound - ex)
             roots.append(root.bound - ex)
-    # measured: median gap 0.008 against 1.0 at the root (0.14 without the exact leaf form of delta)
-    assert len(gaps) >= 6 and np.median(gaps) < 0.05 and np.median(roots) > 0.3, (gaps, roots)
+    # measured with two classes: median gap 0.008 against 1.0 at the root (0.14 without the exact
+    # leaf form of delta); with three, 0.016 (0.16 without mixing the rivals)
+    assert len(gaps) >= 10 and np.median(gaps) < 0.05 and np.median(roots) > 0.3, (gaps, roots)
 
 
 def test_it_is_never_looser_than_the_optimised_symbolic_bound(cases):

@@ -20,11 +20,21 @@ Bound of a domain (beta-CROWN's idea on the joint system of `lucid.bounds.joint`
   domain's maximum: max_dom f <= max_dom (f + terms) <= the backward pass of f + terms over the
   relaxation, a superset of the domain's trajectories;
 * the objective (s_c - s_t) - lambda (s'_c - s'_t) (lambda >= 0, weak duality), N's lower slopes
-  alpha and the betas are improved by projected Adam steps, warm-started from the parent; every
-  iterate is sound, and the domain keeps the smallest, further capped by its parent's bound
-  (a subset's maximum is at most its superset's).
+  alpha and the betas are improved by projected Adam steps, warm-started from the parent; with
+  more than two classes N's side is sum_u mu_u (s_c - s_u) with mu on the rivals' simplex (as in
+  `lucid.bounds.symbolic`: C^c_N is at most any such mix), which a domain can adapt to the rival
+  that is N's runner-up there. Every iterate is sound, and the domain keeps the smallest, further
+  capped by its parent's bound (a subset's maximum is at most its superset's);
+* a domain where N' cannot rank t >= c at all (the pass's bound of s'_t - s'_c is < 0) is empty;
+* a domain with every neuron of N and N' stable uses delta's exact form where the two differ
+  (`lucid.bounds.joint._diff_relax`) and more Adam steps (LEAF_STEPS): its bound is final.
+Step sizes are relative: alpha's, beta's and mu's are `lr` times the root bound's magnitude,
+lambda's `lam_lr` times that over the range of N''s margin (the bound moves by about that range
+per unit of lambda: on Adult 2x50's hardest network, steps of 0.05 instead of 0.0005 left the
+bound at 0.0277 after 30 s, where the small steps proved 0.0206 in 18 s).
 Floating point as in `lucid.bounds.symbolic`: the best iterate's value gets fp_rel times its
-magnitude pass (the betas' absolute values included) + FP_ABS.
+magnitude pass (the betas' absolute values included) + FP_ABS, and a mix mu that sums to 1 only up
+to rounding adds |1 - sum mu| (+ C ulps) times a bound on |s_c - s_u| from N's margins.
 
 Branching: the unsplit neuron (of N or of N') whose relaxation intercepts contribute most to
 the domain's bound (BaBSR's score on the backward pass's chord terms). The batch of open
@@ -42,6 +52,7 @@ import numpy as np
 import torch
 
 from lucid.bounds.interval import FP_ABS, FP_REL
+from lucid.bounds.symbolic import _simplex
 from lucid.bounds.joint import DTYPE, JointSystem, _all_stable, _diff_relax, _relu_relax, _Relax
 
 
@@ -69,6 +80,7 @@ class _Domains:
     alpha: list[torch.Tensor]  # [D, n_k] N's lower slopes
     beta_n: list[torch.Tensor]  # [D, n_k] >= 0, the multipliers of N's splits
     beta_p: list[torch.Tensor]  # [D, n_k] >= 0, the multipliers of N''s splits
+    mu: torch.Tensor  # [D, C] weights of N's objective over the rivals u (a point of the simplex, 0 at c)
     bound: torch.Tensor  # [D] sound upper bound of the domain
     choice: torch.Tensor  # [D] the neuron to split next (flat index, -1: nothing left to split)
 
@@ -78,14 +90,15 @@ class _Domains:
     def take(self, idx: torch.Tensor) -> "_Domains":
         pick = lambda xs: [x[idx] for x in xs]  # noqa: E731
         return _Domains(pick(self.sn), pick(self.sp), self.lam[idx], pick(self.alpha), pick(self.beta_n),
-                        pick(self.beta_p), self.bound[idx], self.choice[idx])
+                        pick(self.beta_p), self.mu[idx], self.bound[idx], self.choice[idx])
 
     @staticmethod
     def cat(parts: list["_Domains"]) -> "_Domains":
         parts = [p for p in parts if len(p)]
         join = lambda name: [torch.cat([getattr(p, name)[k] for p in parts]) for k in range(len(getattr(parts[0], name)))]  # noqa: E731
-        return _Domains(join("sn"), join("sp"), torch.cat([p.lam for p in parts]), join("alpha"), join("beta_n"),
-                        join("beta_p"), torch.cat([p.bound for p in parts]), torch.cat([p.choice for p in parts]))
+        flat = lambda name: torch.cat([getattr(p, name) for p in parts])  # noqa: E731
+        return _Domains(join("sn"), join("sp"), flat("lam"), join("alpha"), join("beta_n"), join("beta_p"), flat("mu"),
+                        flat("bound"), flat("choice"))
 
 
 def _pad(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -96,8 +109,11 @@ class _Brancher:
     """The branch and bound of one network N' and one rival t."""
 
     def __init__(self, root: JointSystem, cls: int, rival: int, cutoff: float, steps: int, lr: float,
-                 lam_lr: float) -> None:
+                 lam_lr: float, mix_bound: float | None = None) -> None:
+        """mix_bound: a bound on |s_c - s_u| over the box for every u (more than two classes):
+        N's side of the objective then mixes the rivals (module docstring); None: it does not."""
         self.root, self.cutoff, self.steps, self.lr, self.lam_lr = root, cutoff, steps, lr, lam_lr
+        self.cls, self.rival, self.mix_bound = cls, rival, mix_bound
         self.L = root.L
         self.sizes = [w.shape[0] for w in root.W[:-1]]
         self.offsets = np.cumsum([0] + [2 * n for n in self.sizes])
@@ -105,6 +121,7 @@ class _Brancher:
         g = torch.zeros(C, dtype=DTYPE, device=root.device)
         g[cls], g[rival] = 1.0, -1.0
         self.g = g
+        self.rival_idx = torch.tensor([u for u in range(C) if u != cls], device=root.device)  # mu's simplex
         self.evaluated = 0
 
     # -------------------------------------------------------------- one batch of domains
@@ -154,19 +171,26 @@ class _Brancher:
         sys_, empty, intervals = self._system(d, leaves)
         g = self.g.expand(D, 1, -1)
         lam = d.lam.clone().requires_grad_(True)
+        mix = self.mix_bound is not None
+        mu = d.mu.clone().requires_grad_(mix)
+        e_c = torch.zeros_like(self.g)
+        e_c[self.cls] = 1.0
         alphas = [a.clone()[:, None, :].requires_grad_(True) for a in d.alpha]
         bn = [b.clone()[:, None, :].requires_grad_(True) for b in d.beta_n]
         bp = [b.clone()[:, None, :].requires_grad_(True) for b in d.beta_p]
         signs_n = [s.to(DTYPE)[:, None, :] for s in d.sn]
         signs_p = [s.to(DTYPE)[:, None, :] for s in d.sp]
-        opt = torch.optim.Adam([{"params": [lam], "lr": self.lam_lr}, {"params": [*alphas, *bn, *bp]}], lr=self.lr)
+        opt = torch.optim.Adam([{"params": [lam], "lr": self.lam_lr}, {"params": [*alphas, *bn, *bp, *([mu] if mix else [])]}],
+                               lr=self.lr)
         best = torch.full((D,), math.inf, dtype=DTYPE, device=g.device)
         keep = [lam.detach().clone(), [a.detach().clone() for a in alphas], [b.detach().clone() for b in bn],
-                [b.detach().clone() for b in bp]]
+                [b.detach().clone() for b in bp], mu.detach().clone()]
 
         def objective():
             lam3 = lam[:, None, None]
-            A, E = (1 - lam3) * g, -lam3 * g
+            # sum_u mu_u (e_c - e_u) - lambda (e_c - e_t): N's side mixes the rivals (mu = e_t: plain)
+            A = (mu.sum(1)[:, None, None] * e_c - mu[:, None, :]) - lam3 * g
+            E = -lam3 * g
             splits = [(sn * b1, sp * b2) for sn, sp, b1, b2 in zip(signs_n, signs_p, bn, bp)]
             return A, E, splits
 
@@ -180,7 +204,8 @@ class _Brancher:
             better = v < best
             best = torch.where(better, v, best)
             keep[0] = torch.where(better, lam.detach(), keep[0])
-            for group, cur in zip(keep[1:], (alphas, bn, bp)):
+            keep[4] = torch.where(better[:, None], mu.detach(), keep[4])
+            for group, cur in zip(keep[1:4], (alphas, bn, bp)):
                 for i, p in enumerate(cur):
                     group[i] = torch.where(better[:, None, None], p.detach(), group[i])
             if last:
@@ -194,14 +219,20 @@ class _Brancher:
                     a.clamp_(0.0, 1.0)
                 for b in (*bn, *bp):
                     b.clamp_(min=0.0)
+                if mix:
+                    mu[:, self.rival_idx] = _simplex(mu[:, self.rival_idx])
         # the best iterate, again, with its floating-point margin and the branching scores
         with torch.no_grad():
             lam[:], alphas, bn, bp = keep[0], keep[1], keep[2], keep[3]
+            mu = keep[4]
             A, E, splits = objective()
             trace: list = []
             val = sys_.backward(A, E, self.L - 1, alphas, splits, trace=trace)[:, 0]
             mag = sys_.magnitude(A, E, self.L - 1, splits)[:, 0]
             sound = val + sys_.fp_rel * mag + FP_ABS
+            if mix:  # sum(mu) is 1 only up to rounding: C^c_N <= sum mu_u a_u + |1 - sum mu| |C^c_N|
+                total = mu.sum(1)
+                sound = sound + ((1 - total).abs() + len(self.g) * 2.0 ** -52 * total) * self.mix_bound
             sound = torch.where(torch.isnan(sound), torch.full_like(sound, math.inf), sound)
             # a domain where N' cannot rank t >= c (CROWN bound of s'_t - s'_c below 0) is empty too
             reach = sys_.backward(-g, -g, self.L - 1, alphas, splits)[:, 0]
@@ -209,6 +240,7 @@ class _Brancher:
             sound = torch.where(empty | (reach < 0), torch.full_like(sound, -math.inf), sound)
             d.bound = torch.minimum(d.bound, sound)
             d.lam = keep[0]
+            d.mu = keep[4]
             d.alpha = [a[:, 0] for a in alphas]
             d.beta_n = [b[:, 0] for b in bn]
             d.beta_p = [b[:, 0] for b in bp]
@@ -264,8 +296,10 @@ class _Brancher:
         zeros8 = [torch.zeros(1, n, dtype=torch.int8, device=dev) for n in self.sizes]
         zeros = [torch.zeros(1, n, dtype=DTYPE, device=dev) for n in self.sizes]
         alpha = [r.sl[:1].clone() for r in self.root.relax]
+        mu = torch.zeros(1, len(self.g), dtype=DTYPE, device=dev)
+        mu[0, self.rival] = 1.0
         return _Domains(zeros8, [z.clone() for z in zeros8], torch.ones(1, dtype=DTYPE, device=dev), alpha,
-                        zeros, [z.clone() for z in zeros],
+                        zeros, [z.clone() for z in zeros], mu,
                         torch.full((1,), start_bound, dtype=DTYPE, device=dev),
                         torch.full((1,), -1, dtype=torch.int64, device=dev))
 
@@ -287,6 +321,8 @@ def split_upper_bound(n_weights, n_biases, weights, biases, n_lower, n_upper, lo
     cap = np.full((C, C), np.inf) if margin_upper is None else np.asarray(margin_upper, dtype=np.float64)
     per_target: dict[int, float] = {}
     evaluated = 0
+    # |s_c - s_u| <= max(margin_upper[c, u], margin_upper[u, c]): what mixing the rivals needs
+    mix_bound = float(max(np.max(cap[cls]), np.max(cap[:, cls]))) if C > 2 and margin_upper is not None else None
     for t in range(C):
         if t == cls:
             continue
@@ -294,7 +330,7 @@ def split_upper_bound(n_weights, n_biases, weights, biases, n_lower, n_upper, lo
         if first <= cutoff:  # unreachable (-inf) or already below the cutoff
             per_target[t] = first
             continue
-        b = _Brancher(root, cls, t, cutoff, steps, lr, lam_lr)
+        b = _Brancher(root, cls, t, cutoff, steps, lr, lam_lr, mix_bound)
         open_ = b.bound(b.root_domains(first), steps=0)
         # step sizes relative to the bound's scale, lambda's also to the range of N''s margin
         scale = abs(float(open_.bound[0]))
@@ -324,8 +360,8 @@ def split_upper_bound(n_weights, n_biases, weights, biases, n_lower, n_upper, lo
             open_ = _Domains.cat([open_.take(rest), kids])
         evaluated += b.evaluated
         per_target[t] = max(closed, float(open_.bound.max()) if len(open_) else -math.inf)
-        if per_target[t] > cutoff:
-            break  # this rival alone already keeps the network above the cutoff
+        if per_target[t] > cutoff > -math.inf:
+            break  # this rival alone already keeps the network above the cutoff: nothing to prove
     for t in range(C):  # rivals not reached (an earlier one already failed): their start bound
         if t != cls and t not in per_target:
             per_target[t] = min(math.inf if start is None else float(start[t]), cap[cls, t])
