@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 from bruteforce import exact_for, network, tiny_stack
+from test_bounds import sample_layers
 
 import lucid.bounds.relu_split as rs
 from lucid.bounds.relu_split import split_singleton, split_upper_bound
@@ -123,15 +124,7 @@ def test_every_domain_bound_covers_the_points_sampled_in_it():
     rng = np.random.default_rng(0)
     x = lower + (upper - lower) * rng.random((20000, len(lower)))
 
-    def pre(weights, biases):
-        out, z = [], x
-        for k, (w, b) in enumerate(zip(weights, biases)):
-            h = z @ w.T + b
-            out.append(h)
-            z = np.maximum(h, 0)
-        return out
-
-    hn, hp = pre(nw, nb), pre(ws, bs)
+    hn, hp = sample_layers(nw, nb, x), sample_layers(ws, bs, x)
     feasible = hp[-1][:, 1] >= hp[-1][:, 0]
     checked = 0
     for i in range(len(dom)):

@@ -110,6 +110,22 @@ def _diff_slope_z(l, u, lp, up, exact_below: torch.Tensor) -> torch.Tensor | Non
     return on.to(DTYPE) * -1.0 + off.to(DTYPE)
 
 
+def projected_adam_step(opt: torch.optim.Optimizer, loss: torch.Tensor, *, nonneg=(), unit=(), project=None) -> None:
+    """One step of the bound optimisations: Adam on `loss`, then each tensor of `nonneg` clamped at
+    0 (Lagrange multipliers), of `unit` into [0, 1] (ReLU slopes), and `project()` (e.g. onto a
+    simplex). Any point of that set is a sound choice, so every iterate is a valid bound."""
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    with torch.no_grad():
+        for x in nonneg:
+            x.clamp_(min=0.0)
+        for x in unit:
+            x.clamp_(0.0, 1.0)
+        if project is not None:
+            project()
+
+
 def _all_stable(l, u, lp, up) -> torch.Tensor:
     """[K]: every neuron of the layer stable in N (l >= 0 or u <= 0) and in N' (lp, up)."""
     return (((l >= 0) | (u <= 0)) & ((lp >= 0) | (up <= 0))).all(-1)

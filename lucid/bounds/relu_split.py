@@ -53,7 +53,7 @@ import torch
 
 from lucid.bounds.interval import FP_ABS, FP_REL
 from lucid.bounds.symbolic import _simplex
-from lucid.bounds.joint import DTYPE, JointSystem, _all_stable, _diff_relax, _relu_relax, _Relax
+from lucid.bounds.joint import DTYPE, JointSystem, _all_stable, _diff_relax, _relu_relax, _Relax, projected_adam_step
 
 
 LEAF_STEPS = 200  # Adam steps for a domain with nothing left to split (its bound is then final)
@@ -210,17 +210,8 @@ class _Brancher:
                     group[i] = torch.where(better[:, None, None], p.detach(), group[i])
             if last:
                 break
-            opt.zero_grad()
-            val.sum().backward()
-            opt.step()
-            with torch.no_grad():
-                lam.clamp_(min=0.0)
-                for a in alphas:
-                    a.clamp_(0.0, 1.0)
-                for b in (*bn, *bp):
-                    b.clamp_(min=0.0)
-                if mix:
-                    mu[:, self.rival_idx] = _simplex(mu[:, self.rival_idx])
+            projected_adam_step(opt, val.sum(), nonneg=[lam, *bn, *bp], unit=alphas,
+                                project=self._project_mu(mu) if mix else None)
         # the best iterate, again, with its floating-point margin and the branching scores
         with torch.no_grad():
             lam[:], alphas, bn, bp = keep[0], keep[1], keep[2], keep[3]
@@ -246,6 +237,11 @@ class _Brancher:
             d.beta_p = [b[:, 0] for b in bp]
             d.choice = self._choose(d, sys_.relax, intervals, alphas, trace[::-1])
         return d
+
+    def _project_mu(self, mu: torch.Tensor):
+        def project() -> None:
+            mu[:, self.rival_idx] = _simplex(mu[:, self.rival_idx])
+        return project
 
     @staticmethod
     def _choose(d: _Domains, relax: list[_Relax], intervals: list, alphas: list, trace: list) -> torch.Tensor:

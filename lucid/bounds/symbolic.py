@@ -102,7 +102,7 @@ import numpy as np
 import torch
 
 from lucid.bounds.interval import FP_ABS
-from lucid.bounds.joint import DTYPE, JointSystem, SymbolicDifference, _np
+from lucid.bounds.joint import DTYPE, JointSystem, SymbolicDifference, _np, projected_adam_step
 
 @dataclass
 class SingletonBounds:
@@ -262,15 +262,8 @@ def _chunk_bounds(n_weights, n_biases, weights, biases, n_lower, n_upper, lower,
             out.append(torch.where(torch.isnan(sound), torch.full_like(sound, math.inf), sound))
             if last:
                 break
-            opt.zero_grad()
-            val.sum().backward()
-            opt.step()
-            with torch.no_grad():
-                lam.clamp_(min=0.0)
-                for a in alphas:
-                    a.clamp_(0.0, 1.0)
-                if mu is not None:
-                    mu.copy_(_simplex(mu))
+            projected_adam_step(opt, val.sum(), nonneg=[lam], unit=alphas,
+                                project=None if mu is None else lambda: mu.copy_(_simplex(mu)))
         return out
 
     # every pair at the starting point, then the optimisation on the pairs that can still matter:
