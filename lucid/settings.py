@@ -92,6 +92,7 @@ def default_node_time_limit(time_limit: float | None) -> float | None:
 
 
 SPLIT_TIME = 60.0  # the default --split-time
+SPLIT_GROWTH = 4  # each retry of a singleton gets this many times the split time (as its node limit grows)
 
 
 @dataclass(frozen=True)
@@ -108,9 +109,9 @@ class VerifySettings:
     screen: how every single network's bound is screened before any MILP (`SCREENS`; True / False
         are the default / "none"); device: where the symbolic screen's tensors live (cpu, cuda).
     search: the solver-free witness search (root and nodes).
-    split_time: seconds of ReLU-splitting branch and bound a singleton gets before its MILP, on
-        each attempt under a cutoff (`lucid.bounds.relu_split`; at most half the node's limit);
-        0 turns it off (the MILP alone, as `--naive` always does).
+    split_time: seconds of ReLU-splitting branch and bound a singleton gets before its MILP under a
+        cutoff (`lucid.bounds.relu_split`; `split_budget`: more on retries, at most half the node's
+        limit); 0 turns it off (the MILP alone, as `--naive` always does).
     bounds: how N's pre-activation bounds are computed ("lp" or "interval").
     disjunction, obbt, obbt_probe, obbt_share: the encoder's fixed knobs (see `EncodingOptions`).
     seed: k-means' random state when a node is split.
@@ -222,6 +223,12 @@ class VerifySettings:
     def node_limit(self) -> float | None:
         """The first attempt's node time limit: the user's, or the default derived from --time-limit."""
         return self.node_time_limit if self.node_time_limit is not None else default_node_time_limit(self.time_limit)
+
+    def split_budget(self, attempt: int, node_limit: float | None) -> float:
+        """Seconds of ReLU splitting for a singleton's `attempt` (1 = first): `split_time`, times
+        SPLIT_GROWTH per retry, at most half the node's limit (0: off)."""
+        budget = self.split_time * SPLIT_GROWTH ** max(0, attempt - 1)
+        return budget if node_limit is None else min(budget, node_limit / 2)
 
     @property
     def keep_trees(self) -> bool:

@@ -9,6 +9,7 @@ the solver's witness with the concrete networks to get a true lower bound. The s
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -72,16 +73,31 @@ def analyse_node(
         raise ValueError(f"positions must index leave-one-out networks 1..{len(problem.stack) - 1}")
     # A singleton's retries keep their time-limited MILP (lucid.node.kept_trees); the next retry continues it.
     keep_key = (int(cls), tuple(int(p) for p in positions)) if keep_trees and positions.size == 1 and attempt > 1 else None
+    # A singleton under a cutoff first gets the ReLU-splitting branch and bound (every attempt, with
+    # a budget growing like the node limit): it proves most networks without any MILP.
+    split, split_stats = None, {}
+    if positions.size == 1 and math.isfinite(cutoff) and settings.split_time > 0 and not settings.naive:
+        split = _split_singleton(problem, cls, int(positions[0]), cutoff,
+                                 settings.split_budget(attempt, solver_options.time_limit), settings.device, split_stats)
+        if split.proved:  # every domain is below the cutoff: no MILP needed
+            kept = KEPT.take(problem, keep_key) if keep_key is not None else None
+            if kept is not None:
+                kept.release()
+            return NodeOutcome(split.bound, None, None, None, INFEASIBLE, time.perf_counter() - t0,
+                               {"networks": 1, **split_stats})
     if keep_key is not None:
         kept = KEPT.take(problem, keep_key)
         if kept is not None and kept.level >= slack(cutoff):
-            return _continue_kept(problem, kept, cls, positions, solver, solver_options, t0)
+            out = _continue_kept(problem, kept, cls, positions, solver, solver_options, t0)
+            out.stats.update(split_stats)
+            return _tighter(out, split, cls)
         if kept is not None:  # the cutoff rose since: that model answers a weaker question
             kept.release()
     hyper = hyper_network(problem.stack, positions)
     diff = node_difference_bounds(problem, hyper, positions if encoding.symbolic else None)
     targets = possible_targets(cls, diff.hyper)
-    stats: dict = {"networks": int(positions.size), "bounds_seconds": time.perf_counter() - t0, "targets": targets}
+    stats: dict = {"networks": int(positions.size), "bounds_seconds": time.perf_counter() - t0, "targets": targets,
+                   **split_stats}
     if not targets:
         return NodeOutcome(-math.inf, None, None, None, INFEASIBLE, time.perf_counter() - t0, stats)
     groups = [[t] for t in targets] if (encoding.disjunction == "split" and len(targets) > 1) else [targets]
@@ -97,11 +113,6 @@ def analyse_node(
         stats["search_seconds"] = time.perf_counter() - t_search
         stats["search_lower"] = None if known is None else known.confidence
 
-    split = None
-    if positions.size == 1 and math.isfinite(cutoff) and settings.split_time > 0 and not settings.naive:
-        split = _split_singleton(problem, cls, int(positions[0]), cutoff, settings, solver_options, stats)
-        if split.proved:  # every domain is below the cutoff: no MILP needed
-            return NodeOutcome(split.bound, None, None, None, INFEASIBLE, time.perf_counter() - t0, stats)
     upper, statuses, best = -math.inf, [], None
     deadline = None if solver_options.time_limit is None else t0 + solver_options.time_limit
     stats["solves"] = []
@@ -122,21 +133,27 @@ def analyse_node(
         if witness is not None and (best is None or witness.confidence > best.confidence):
             best = witness
         stats["solves"].append({"targets": group, **result.to_json(), **info})
-    if split is not None and statuses:  # both are sound: the smaller holds
-        upper = min(upper, split.bound)
-    return combine_outcome(upper, statuses, best, stats, t0)
+    return _tighter(combine_outcome(upper, statuses, best, stats, t0), split, cls)
 
 
-def _split_singleton(problem: VerificationProblem, cls: int, position: int, cutoff: float, settings: VerifySettings,
-                     solver_options: SolverOptions, stats: dict):
-    """The ReLU-splitting branch and bound of one network before its MILP (`lucid.bounds.relu_split`),
-    for at most `settings.split_time` seconds and half the node's limit."""
+def _tighter(outcome: NodeOutcome, split, cls: int) -> NodeOutcome:
+    """`outcome` with the splitting tier's bound where that is smaller (both are sound), unless a
+    replayed witness lies above it: that would make the bound wrong, so it is then dropped, loudly."""
+    if split is None or not split.bound < outcome.upper:
+        return outcome
+    if outcome.lower is not None and outcome.lower > split.bound:
+        log.error("UNSOUND: the ReLU-splitting bound %.9g of class %d is below a replayed witness %.9g; ignoring it",
+                  split.bound, cls, outcome.lower)
+        return outcome
+    return dataclasses.replace(outcome, upper=split.bound)
+
+
+def _split_singleton(problem: VerificationProblem, cls: int, position: int, cutoff: float, budget: float,
+                     device: str, stats: dict):
+    """The ReLU-splitting branch and bound of one network before its MILP (`lucid.bounds.relu_split`)."""
     from lucid.bounds.relu_split import split_singleton
 
-    budget = settings.split_time
-    if solver_options.time_limit is not None:
-        budget = min(budget, solver_options.time_limit / 2)
-    res = split_singleton(problem, cls, position, cutoff, time_limit=budget, device=settings.device)
+    res = split_singleton(problem, cls, position, cutoff, time_limit=budget, device=device)
     stats["split"] = {"upper": encode_float(res.bound), "proved": res.proved, "domains": res.domains,
                       "seconds": res.seconds}
     return res
