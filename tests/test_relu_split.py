@@ -147,6 +147,27 @@ def test_the_verifier_adapter_skips_unreachable_rivals_and_stays_sound(cases):
         assert set(res.per_target) == set(range(problem.num_classes)) - {cls}
 
 
+def test_leaks_found_from_the_open_domains_are_real(cases):
+    """An unproved network's search for a leak (from where its open domains peak) returns only
+    replayed leaks: N' does not pick c there, and N's confidence is at most the exact beta*."""
+    from lucid.network import confidence
+
+    found = 0
+    for problem, p, cls, ex in cases:
+        if not math.isfinite(ex) or p > 2:
+            continue
+        res = split_singleton(problem, cls, p, ex - 0.5, time_limit=0.3)
+        assert not res.proved and res.starts is not None
+        w = res.witness
+        if w is None:
+            continue
+        found += 1
+        scores = problem.stack.forward(w.x[None, :])[:, 0, :]
+        assert confidence(scores[p], cls) < 0 and w.confidence <= confidence(scores[0], cls)
+        assert w.confidence <= ex + 1e-9 and np.all(w.x >= problem.lower) and np.all(w.x <= problem.upper)
+    assert found >= 3
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 def test_cuda_gives_a_sound_bound():  # pragma: no cover - only where a GPU exists
     stack, lower, upper, problem = setup(*CASES[0])

@@ -203,13 +203,16 @@ class JointSystem:
         bn . zhat_k and bp . zhat'_k are added at layer k, which never lowers the maximum where
         the signs were chosen so that each term is >= 0 on the domain. trace: a list to which the
         pass appends, per hidden layer from the top down, the coefficients (of z_k, of delta_k)
-        that meet the layer's relaxation, [K, m, n] each (the split heuristic reads them).
-        Returns [K, m]."""
+        that meet the layer's relaxation, [K, m, n] each (the split heuristic reads them), and
+        last the coefficients of the input x, [K, m, d] (the bound is attained at the box corner
+        they point to). Returns [K, m]."""
         const = torch.zeros(A.shape[:2], dtype=DTYPE, device=self.device)
         for k in range(top, -1, -1):
             const = const + A @ self.b[k] + (E * self.db[k][:, None, :]).sum(-1)
             Az = A @ self.W[k] + torch.bmm(E, self.dW[k])
             if k == 0:
+                if trace is not None:
+                    trace.append(Az)
                 break
             Ed = torch.bmm(E, self.Wp[k])
             r = self.relax[k - 1]

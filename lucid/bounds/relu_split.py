@@ -56,7 +56,8 @@ from lucid.bounds.symbolic import _simplex
 from lucid.bounds.joint import DTYPE, JointSystem, _all_stable, _diff_relax, _relu_relax, _Relax, projected_adam_step
 
 
-LEAF_STEPS = 200  # Adam steps for a domain with nothing left to split (its bound is then final)
+LEAF_STEPS = 200
+LEAK_STARTS = 4  # leak searches from the highest open domains of an unproved network  # Adam steps for a domain with nothing left to split (its bound is then final)
 
 
 @dataclass
@@ -68,6 +69,8 @@ class SplitResult:
     domains: int  # domains bounded
     seconds: float
     per_target: dict[int, float]  # the bound per rival t that N' can reach
+    starts: np.ndarray | None = None  # [n, d] where the highest open domains attain their bounds (unproved only)
+    witness: object | None = None  # a replayed leak found from `starts` (`split_singleton`), or None
 
 
 @dataclass
@@ -81,6 +84,7 @@ class _Domains:
     beta_n: list[torch.Tensor]  # [D, n_k] >= 0, the multipliers of N's splits
     beta_p: list[torch.Tensor]  # [D, n_k] >= 0, the multipliers of N''s splits
     mu: torch.Tensor  # [D, C] weights of N's objective over the rivals u (a point of the simplex, 0 at c)
+    x: torch.Tensor  # [D, d] the box corner where the domain's bound is attained (a start for a leak search)
     bound: torch.Tensor  # [D] sound upper bound of the domain
     choice: torch.Tensor  # [D] the neuron to split next (flat index, -1: nothing left to split)
 
@@ -90,7 +94,7 @@ class _Domains:
     def take(self, idx: torch.Tensor) -> "_Domains":
         pick = lambda xs: [x[idx] for x in xs]  # noqa: E731
         return _Domains(pick(self.sn), pick(self.sp), self.lam[idx], pick(self.alpha), pick(self.beta_n),
-                        pick(self.beta_p), self.mu[idx], self.bound[idx], self.choice[idx])
+                        pick(self.beta_p), self.mu[idx], self.x[idx], self.bound[idx], self.choice[idx])
 
     @staticmethod
     def cat(parts: list["_Domains"]) -> "_Domains":
@@ -98,7 +102,7 @@ class _Domains:
         join = lambda name: [torch.cat([getattr(p, name)[k] for p in parts]) for k in range(len(getattr(parts[0], name)))]  # noqa: E731
         flat = lambda name: torch.cat([getattr(p, name) for p in parts])  # noqa: E731
         return _Domains(join("sn"), join("sp"), flat("lam"), join("alpha"), join("beta_n"), join("beta_p"), flat("mu"),
-                        flat("bound"), flat("choice"))
+                        flat("x"), flat("bound"), flat("choice"))
 
 
 def _pad(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -235,6 +239,8 @@ class _Brancher:
             d.alpha = [a[:, 0] for a in alphas]
             d.beta_n = [b[:, 0] for b in bn]
             d.beta_p = [b[:, 0] for b in bp]
+            coef = trace.pop()[:, 0]  # of the input
+            d.x = torch.where(coef > 0, sys_.hi, sys_.lo)
             d.choice = self._choose(d, sys_.relax, intervals, alphas, trace[::-1])
         return d
 
@@ -295,7 +301,7 @@ class _Brancher:
         mu = torch.zeros(1, len(self.g), dtype=DTYPE, device=dev)
         mu[0, self.rival] = 1.0
         return _Domains(zeros8, [z.clone() for z in zeros8], torch.ones(1, dtype=DTYPE, device=dev), alpha,
-                        zeros, [z.clone() for z in zeros], mu,
+                        zeros, [z.clone() for z in zeros], mu, self.root.lo[None].clone(),
                         torch.full((1,), start_bound, dtype=DTYPE, device=dev),
                         torch.full((1,), -1, dtype=torch.int64, device=dev))
 
@@ -317,6 +323,7 @@ def split_upper_bound(n_weights, n_biases, weights, biases, n_lower, n_upper, lo
     cap = np.full((C, C), np.inf) if margin_upper is None else np.asarray(margin_upper, dtype=np.float64)
     per_target: dict[int, float] = {}
     evaluated = 0
+    starts: list[np.ndarray] = []
     # |s_c - s_u| <= max(margin_upper[c, u], margin_upper[u, c]): what mixing the rivals needs
     mix_bound = float(max(np.max(cap[cls]), np.max(cap[:, cls]))) if C > 2 and margin_upper is not None else None
     for t in range(C):
@@ -356,13 +363,17 @@ def split_upper_bound(n_weights, n_biases, weights, biases, n_lower, n_upper, lo
             open_ = _Domains.cat([open_.take(rest), kids])
         evaluated += b.evaluated
         per_target[t] = max(closed, float(open_.bound.max()) if len(open_) else -math.inf)
+        if per_target[t] > cutoff and len(open_):  # where a leak above the cutoff would most likely be
+            top = torch.argsort(open_.bound, descending=True)[:LEAK_STARTS]
+            starts.append(open_.x[top].cpu().numpy())
         if per_target[t] > cutoff > -math.inf:
             break  # this rival alone already keeps the network above the cutoff: nothing to prove
     for t in range(C):  # rivals not reached (an earlier one already failed): their start bound
         if t != cls and t not in per_target:
             per_target[t] = min(math.inf if start is None else float(start[t]), cap[cls, t])
     bound = max(per_target.values(), default=-math.inf)
-    return SplitResult(bound, bound <= cutoff, evaluated, time.perf_counter() - t0, per_target)
+    return SplitResult(bound, bound <= cutoff, evaluated, time.perf_counter() - t0, per_target,
+                       np.concatenate(starts) if starts else None)
 
 
 # ---------------------------------------------------------------------- adapter for the verifier
@@ -380,6 +391,14 @@ def split_singleton(problem, cls: int, position: int, cutoff: float, *, time_lim
     start = singleton_upper_bounds(n_w, n_b, [w[None] for w in ws], [b[None] for b in bs], problem.n_bounds.lower,
                                    problem.n_bounds.upper, problem.lower, problem.upper, cls, problem.margin_upper,
                                    steps=OPTIMISE_STEPS, cutoff=cutoff, device=device).per_target[0]
-    return split_upper_bound(n_w, n_b, ws, bs, problem.n_bounds.lower, problem.n_bounds.upper, problem.lower,
-                             problem.upper, cls, cutoff, margin_upper=problem.margin_upper, time_limit=time_limit,
-                             start=start, device=device)
+    res = split_upper_bound(n_w, n_b, ws, bs, problem.n_bounds.lower, problem.n_bounds.upper, problem.lower,
+                            problem.upper, cls, cutoff, margin_upper=problem.margin_upper, time_limit=time_limit,
+                            start=start, device=device)
+    if res.starts is not None:  # unproved: climb to a real leak from where the open domains peak
+        from lucid.witness.replay import climb
+
+        for x in res.starts:
+            found = climb(stack, np.array([position]), x, cls, problem.lower, problem.upper)
+            if found is not None and (res.witness is None or found.confidence > res.witness.confidence):
+                res.witness = found
+    return res

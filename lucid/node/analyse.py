@@ -112,6 +112,8 @@ def analyse_node(
         known = search_node_witness(problem.stack, positions, cls, problem.lower, problem.upper)
         stats["search_seconds"] = time.perf_counter() - t_search
         stats["search_lower"] = None if known is None else known.confidence
+    if split is not None and split.witness is not None and (known is None or split.witness.confidence > known.confidence):
+        known = split.witness  # the MILP then only has to look above it
 
     upper, statuses, best = -math.inf, [], None
     deadline = None if solver_options.time_limit is None else t0 + solver_options.time_limit
@@ -137,9 +139,20 @@ def analyse_node(
 
 
 def _tighter(outcome: NodeOutcome, split, cls: int) -> NodeOutcome:
-    """`outcome` with the splitting tier's bound where that is smaller (both are sound), unless a
-    replayed witness lies above it: that would make the bound wrong, so it is then dropped, loudly."""
-    if split is None or not split.bound < outcome.upper:
+    """`outcome` with the splitting tier's bound where that is smaller (both are sound) and its
+    leak where that is higher. A replayed witness above a bound makes that bound wrong: the split's
+    is then dropped, loudly (the solver's the same way as in `with_targeted_search`)."""
+    if split is None:
+        return outcome
+    found = split.witness
+    if found is not None and (outcome.lower is None or found.confidence > outcome.lower):
+        outcome = dataclasses.replace(outcome, lower=float(found.confidence), witness=found.x,
+                                      leaking_row=found.leaking_row)
+        if found.confidence > outcome.upper:
+            log.error("UNSOUND node bound for class %d: %.9g < replayed witness %.9g; bound dropped",
+                      cls, outcome.upper, found.confidence)
+            outcome = dataclasses.replace(outcome, upper=math.inf, status=ERROR)
+    if not split.bound < outcome.upper:
         return outcome
     if outcome.lower is not None and outcome.lower > split.bound:
         log.error("UNSOUND: the ReLU-splitting bound %.9g of class %d is below a replayed witness %.9g; ignoring it",
@@ -155,7 +168,7 @@ def _split_singleton(problem: VerificationProblem, cls: int, position: int, cuto
 
     res = split_singleton(problem, cls, position, cutoff, time_limit=budget, device=device)
     stats["split"] = {"upper": encode_float(res.bound), "proved": res.proved, "domains": res.domains,
-                      "seconds": res.seconds}
+                      "seconds": res.seconds, "lower": None if res.witness is None else res.witness.confidence}
     return res
 
 def _encode(problem: VerificationProblem, hyper: HyperNetwork, cls: int, group: list[int], encoding: EncodingOptions,
