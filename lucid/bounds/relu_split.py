@@ -52,12 +52,12 @@ import numpy as np
 import torch
 
 from lucid.bounds.interval import FP_ABS, FP_REL
-from lucid.bounds.symbolic import _simplex
 from lucid.bounds.joint import DTYPE, JointSystem, _all_stable, _diff_relax, _relu_relax, _Relax, projected_adam_step
+from lucid.bounds.symbolic import _simplex
 
 
-LEAF_STEPS = 200
-LEAK_STARTS = 4  # leak searches from the highest open domains of an unproved network  # Adam steps for a domain with nothing left to split (its bound is then final)
+LEAF_STEPS = 200  # Adam steps for a domain with nothing left to split (its bound is then final)
+LEAK_STARTS = 4  # leak searches from the highest open domains of an unproved network
 
 
 @dataclass
