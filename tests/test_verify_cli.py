@@ -218,6 +218,7 @@ def run_main(args, capsys) -> tuple[int, str]:
         (["--node-time-limit", "-1"], "--node-time-limit must be a positive"),
         (["--workers", "0"], "--workers must be a positive"),
         (["--rel-gap", "-0.1"], "--rel-gap must be a non-negative"),
+        (["--split-time", "-5"], "--split-time must be a non-negative"),
     ],
 )
 def test_bad_options_are_one_line_errors(tiny_run, capsys, extra, message):

@@ -145,6 +145,7 @@ CASES = {
     "--no-search": (["--no-search", "--screen", "interval"], lambda r: sum(r.searches.values()) == 0
                     and all(not n["encoding"].search for n in r.nodes)),
     "--bounds": (["--bounds", "interval"], lambda r: r.problems[0].bounds_method == "interval"),
+    "--split-time": (["--split-time", "7"], lambda r: r.nodes and all(n["settings"].split_time == 7.0 for n in r.nodes)),
     "--quiet": (["--quiet"], lambda r: r.displays == [False]),
 }
 
@@ -205,6 +206,7 @@ def test_resume_and_scheduler_reach_the_checkpoint_and_the_executor(run_dir, mon
     ({"tau": math.nan}, "--tau must be a non-negative number"),
     ({"gap": -1}, "--gap must be a non-negative number"),
     ({"rel_gap": math.inf}, "--rel-gap must be a non-negative number"),
+    ({"split_time": -1}, "--split-time must be a non-negative number"),
     ({"naive": True, "bab": False}, "--naive and --no-bab"),
     ({"solver": "cplex"}, "unknown solver 'cplex'"),
     ({"classes": "0,x"}, "class 'x' is not an integer"),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from lucid.settings import VerifySettings
+from lucid.settings import SPLIT_TIME, VerifySettings
 
 
 def _print_summary(result: dict) -> None:
@@ -40,7 +40,7 @@ def _print_summary(result: dict) -> None:
 @click.option("--no-screen", is_flag=True, help="Ablation: the same as --screen none.")
 @click.option("--device", default="cpu", show_default=True, help="Where the symbolic screen runs: cpu or cuda.")
 @click.option("--no-search", is_flag=True, help="Ablation: no heuristic witness search for the lower bound.")
-@click.option("--split-time", type=float, default=60.0, show_default=True,
+@click.option("--split-time", type=float, default=SPLIT_TIME, show_default=True,
               help="Seconds of ReLU-splitting branch and bound per single network before its MILP (at most half "
                    "the node's limit; 0: off). It proves most networks below the cutoff long before a MILP would.")
 @click.option("--bounds", type=click.Choice(["lp", "interval"]), default="lp", show_default=True,
