@@ -308,7 +308,7 @@ class _Brancher:
 
 def split_upper_bound(n_weights, n_biases, weights, biases, n_lower, n_upper, lower, upper, cls: int,
                       cutoff: float, *, margin_upper: np.ndarray | None = None, time_limit: float = 10.0,
-                      batch: int = 1024, steps: int = 20, lr: float = 0.125, lam_lr: float = 0.1, max_domains: int = 100_000,
+                      batch: int = 1024, steps: int = 20, lr: float = 0.125, lam_lr: float = 0.1, max_domains: int = 300_000,
                       start: np.ndarray | None = None, device: str = "cpu") -> SplitResult:
     """Sound upper bound on beta*_{cls,{i}} for one network N' (weights[k] [out, in]) against N, by
     ReLU-splitting branch and bound until every domain is <= `cutoff`, `time_limit` seconds have

@@ -77,14 +77,20 @@ def analyse_node(
     # a budget growing like the node limit): it proves most networks without any MILP.
     split, split_stats = None, {}
     if positions.size == 1 and math.isfinite(cutoff) and settings.split_time > 0 and not settings.naive:
-        split = _split_singleton(problem, cls, int(positions[0]), cutoff,
-                                 settings.split_budget(attempt, solver_options.time_limit), settings.device, split_stats)
+        budget = settings.split_budget(attempt, solver_options.time_limit)
+        split = _split_singleton(problem, cls, int(positions[0]), cutoff, budget, settings.device, split_stats)
         if split.proved:  # every domain is below the cutoff: no MILP needed
             kept = KEPT.take(problem, keep_key) if keep_key is not None else None
             if kept is not None:
                 kept.release()
             return NodeOutcome(split.bound, None, None, None, INFEASIBLE, time.perf_counter() - t0,
                                {"networks": 1, **split_stats})
+        # The MILP gets as long as the split had, not the rest of the node's limit: an unproved node
+        # comes back sooner (retried with both budgets grown) instead of holding its worker while
+        # easier networks wait (Adult 2x50: a 60-s split, then a 390-s MILP that ended unproved too).
+        if solver_options.time_limit is not None:
+            solver_options = SolverOptions(**vars(solver_options))
+            solver_options.time_limit = time.perf_counter() - t0 + budget
     if keep_key is not None:
         kept = KEPT.take(problem, keep_key)
         if kept is not None and kept.level >= slack(cutoff):
