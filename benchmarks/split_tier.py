@@ -96,7 +96,12 @@ def report() -> None:
                      f"{open_}{partial} | {100 * (1 - open_ / r['networks']):.2f} % | {r['budget']:g} | "
                      f"{np.median(secs):.1f} / {secs.max():.1f} / {secs.sum():.0f} | {r['date']}, {r['commit']}, "
                      f"{r['machine']} |")
-    REPORT.write_text("\n".join(lines) + "\n")
+    body = "\n".join(lines) + "\n"
+    if REPORT.exists():  # keep the notes written below the table by hand
+        old = REPORT.read_text()
+        if "\n## Notes" in old:
+            body += old[old.index("\n## Notes"):]
+    REPORT.write_text(body)
 
 
 def main() -> None:
