@@ -126,6 +126,21 @@ def projected_adam_step(opt: torch.optim.Optimizer, loss: torch.Tensor, *, nonne
             project()
 
 
+def outward_pad(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Outward padding of a bound computed as a + b or a - b (FP_REL of the operands, + FP_ABS)."""
+    return FP_REL * (a.abs() + b.abs()) + FP_ABS
+
+
+def consistent(l, u, dl, du, hl, hu):
+    """(dl, du, hl, hu) intersected with what zhat' = zhat + deltahat implies, given zhat in [l, u]:
+    zhat' in [l + dl, u + du], deltahat in [hl - u, hu - l], each derived bound padded outward."""
+    hl = torch.maximum(hl, l + dl - outward_pad(l, dl))
+    hu = torch.minimum(hu, u + du + outward_pad(u, du))
+    dl = torch.maximum(dl, hl - u - outward_pad(hl, u))
+    du = torch.minimum(du, hu - l + outward_pad(hu, l))
+    return dl, du, hl, hu
+
+
 def _all_stable(l, u, lp, up) -> torch.Tensor:
     """[K]: every neuron of the layer stable in N (l >= 0 or u <= 0) and in N' (lp, up)."""
     return (((l >= 0) | (u <= 0)) & ((lp >= 0) | (up <= 0))).all(-1)
@@ -313,13 +328,7 @@ class JointSystem:
             hl, hu = hl.clone(), hu.clone()
             hl[:, stable] = torch.maximum(hl[:, stable], -ub[:, 2 * n + m:])
             hu[:, stable] = torch.minimum(hu[:, stable], ub[:, 2 * n:2 * n + m])
-        l, u = self.nl[k], self.nu[k]
-        pad = lambda a, b: FP_REL * (a.abs() + b.abs()) + FP_ABS  # noqa: E731
-        hl = torch.maximum(hl, l + dl - pad(l, dl))
-        hu = torch.minimum(hu, u + du + pad(u, du))
-        dl = torch.maximum(dl, hl - u - pad(hl, u))
-        du = torch.minimum(du, hu - l + pad(hu, l))
-        return dl, du, hl, hu
+        return consistent(self.nl[k], self.nu[k], dl, du, hl, hu)
 
     def select(self, idx, light: bool = False) -> "JointSystem":
         """The same system for the networks idx (repeats allowed; a shallow copy sharing N's tensors).

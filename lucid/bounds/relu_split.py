@@ -51,8 +51,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from lucid.bounds.interval import FP_ABS, FP_REL
-from lucid.bounds.joint import DTYPE, JointSystem, _all_stable, _diff_relax, _relu_relax, _Relax, projected_adam_step
+from lucid.bounds.interval import FP_ABS
+from lucid.bounds.joint import (DTYPE, JointSystem, _all_stable, _diff_relax, _relu_relax, _Relax, consistent,
+                                outward_pad, projected_adam_step)
 from lucid.bounds.symbolic import _simplex
 
 
@@ -105,18 +106,14 @@ class _Domains:
                         flat("x"), flat("bound"), flat("choice"))
 
 
-def _pad(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    return FP_REL * (a.abs() + b.abs()) + FP_ABS
-
-
 class _Brancher:
     """The branch and bound of one network N' and one rival t."""
 
-    def __init__(self, root: JointSystem, cls: int, rival: int, cutoff: float, steps: int, lr: float,
-                 lam_lr: float, mix_bound: float | None = None) -> None:
+    def __init__(self, root: JointSystem, cls: int, rival: int, steps: int, lr: float, lam_lr: float,
+                 mix_bound: float | None = None) -> None:
         """mix_bound: a bound on |s_c - s_u| over the box for every u (more than two classes):
         N's side of the objective then mixes the rivals (module docstring); None: it does not."""
-        self.root, self.cutoff, self.steps, self.lr, self.lam_lr = root, cutoff, steps, lr, lam_lr
+        self.root, self.steps, self.lr, self.lam_lr = root, steps, lr, lam_lr
         self.cls, self.rival, self.mix_bound = cls, rival, mix_bound
         self.L = root.L
         self.sizes = [w.shape[0] for w in root.W[:-1]]
@@ -150,12 +147,9 @@ class _Brancher:
             hl = torch.where(sp > 0, hl.clamp(min=0), hl)
             hu = torch.where(sp < 0, hu.clamp(max=0), hu)
             # zhat' = zhat + deltahat, each derived bound padded outward
-            hl = torch.maximum(hl, l + dl - _pad(l, dl))
-            hu = torch.minimum(hu, u + du + _pad(u, du))
-            dl = torch.maximum(dl, hl - u - _pad(hl, u))
-            du = torch.minimum(du, hu - l + _pad(hu, l))
-            l = torch.maximum(l, hl - du - _pad(hl, du))
-            u = torch.minimum(u, hu - dl + _pad(hu, dl))
+            dl, du, hl, hu = consistent(l, u, dl, du, hl, hu)
+            l = torch.maximum(l, hl - du - outward_pad(hl, du))
+            u = torch.minimum(u, hu - dl + outward_pad(hu, dl))
             empty |= ((l > u) | (hl > hu) | (dl > du)).any(-1)
             su, tu, sl, unst = _relu_relax(l, u)
             pu, qu, pl, ql, pz = _diff_relax(l, u, hl, hu, dl, du, exact_below)
@@ -253,12 +247,13 @@ class _Brancher:
     def _choose(d: _Domains, relax: list[_Relax], intervals: list, alphas: list, trace: list) -> torch.Tensor:
         """Per domain, the flat index of the neuron to split next (-1: none is unstable).
 
-        The score of a neuron is what its relaxation adds to the bound (BaBSR's estimate): the
-        upper chord's intercept where the coefficient is positive, the gap of N's lower slope
-        alpha (max(-alpha l, (1 - alpha) u)) where it is negative, and the intercepts of the delta
-        relaxation (the lower one goes with N's neuron, the upper one with N''s). A domain whose
-        scores all vanish, yet has unstable neurons left (coefficients can be 0), splits the one
-        with the largest |coefficient| times width instead."""
+        The score of a neuron is what its relaxation's intercepts add to the bound (BaBSR's
+        estimate): N's upper chord where the coefficient is positive, and delta's chords (the
+        lower one goes with N's neuron, the upper one with N''s). A domain whose scores all
+        vanish, yet has unstable neurons left (e.g. only negative coefficients, met by N's lower
+        slope alpha), splits the one whose relaxation is loosest instead: the gap of alpha
+        (max(-alpha l, (1 - alpha) u)) times the coefficient, plus |coefficient| times width.
+        (Scoring alpha's gap in the first rank doubled the domains Adult's top network needed.)"""
         primary, fallback = [], []
         for k, (r, (l, u, hl, hu), a, (az, ed)) in enumerate(zip(relax, intervals, alphas, trace)):
             az, ed = az[:, 0], ed[:, 0]
@@ -285,12 +280,9 @@ class _Brancher:
         rows = torch.arange(2 * D, device=d.bound.device)
         for k, n in enumerate(self.sizes):
             lo = int(self.offsets[k])
-            for target, col0 in ((both.sn, lo), (both.sp, lo + n)):
+            for target, col0 in ((both.sn, lo), (both.sp, lo + n)):  # `take` copied them
                 hit = (choice >= col0) & (choice < col0 + n)
-                target[k] = target[k].clone()
                 target[k][rows[hit], choice[hit] - col0] = sign[hit]
-        both.beta_n = [b.clone() for b in both.beta_n]
-        both.beta_p = [b.clone() for b in both.beta_p]
         return both
 
     def root_domains(self, start_bound: float) -> _Domains:
@@ -333,7 +325,7 @@ def split_upper_bound(n_weights, n_biases, weights, biases, n_lower, n_upper, lo
         if first <= cutoff:  # unreachable (-inf) or already below the cutoff
             per_target[t] = first
             continue
-        b = _Brancher(root, cls, t, cutoff, steps, lr, lam_lr, mix_bound)
+        b = _Brancher(root, cls, t, steps, lr, lam_lr, mix_bound)
         open_ = b.bound(b.root_domains(first), steps=0)
         # step sizes relative to the bound's scale, lambda's also to the range of N''s margin
         scale = abs(float(open_.bound[0]))
