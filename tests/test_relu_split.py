@@ -169,6 +169,72 @@ def test_leaks_found_from_the_open_domains_are_real(cases):
     assert found >= 3
 
 
+def test_the_depth_first_phase_is_sound_and_finishes_near_exact(cases):
+    """With at most two domains kept best first, the search goes depth first at once (and asks
+    the domain LP about stalled children): whenever it stops, the bound is >= beta*, and a
+    finished search ends as close to it as the best-first one."""
+    from lucid.node.domain_lp import DomainLp
+    from lucid.settings import VerifySettings
+
+    gaps = []
+    for problem, p, cls, ex in cases:
+        if p > 2:
+            continue
+        lp = DomainLp(problem, cls, p, VerifySettings().encoding_options())
+        for limit in (0.2, 60.0) if p == 1 else (0.2,):
+            res = run(problem, p, cls, -math.inf, time_limit=limit, max_domains=2, domain_bound=lp.bound)
+            assert res.bound >= ex - 1e-9, (p, cls, res.bound, ex)
+        if math.isfinite(ex) and p == 1:
+            gaps.append(res.bound - ex)
+        if math.isfinite(ex):
+            cut = run(problem, p, cls, ex - 1e-3, time_limit=0.5, max_domains=2, domain_bound=lp.bound)
+            assert not cut.proved and cut.bound >= ex - 1e-9
+    assert len(gaps) >= 10 and np.median(gaps) < 0.05, gaps
+
+
+def test_the_domain_lp_covers_every_sampled_point_of_its_domain():
+    """`DomainLp.bound` for random sign patterns (about half of a sampled input's signs) is >=
+    C^c_N(x) at every sampled input whose activations follow the pattern and where N' ranks
+    t >= c."""
+    from lucid.network import confidence
+    from lucid.node.domain_lp import DomainLp
+    from lucid.settings import VerifySettings
+
+    rng = np.random.default_rng(1)
+    checked = 0
+    for case in CASES[:4]:
+        stack, lower, upper, problem = setup(*case)
+        x = lower + (upper - lower) * rng.random((20000, len(lower)))
+        for p in (1, 2):
+            nw, nb = network(stack, 0)
+            ws, bs = network(stack, p)
+            hn, hp = sample_layers(nw, nb, x), sample_layers(ws, bs, x)
+            for cls in range(case[2]):
+                lp = DomainLp(problem, cls, p, VerifySettings().encoding_options())
+                conf = confidence(hn[-1], cls)
+                exact = exact_for(stack, p, cls, lower, upper)
+                for t in (u for u in range(case[2]) if u != cls):
+                    if not np.any(hp[-1][:, t] >= hp[-1][:, cls]):
+                        continue
+                    for _ in range(6):
+                        # the signs of a random sample where N' ranks t >= c, about half of them kept
+                        i = rng.choice(np.flatnonzero(hp[-1][:, t] >= hp[-1][:, cls]))
+                        sn = [(np.sign(h[i]) * (rng.random(h.shape[1]) < 0.5)).astype(np.int8) for h in hn[:-1]]
+                        sp = [(np.sign(h[i]) * (rng.random(h.shape[1]) < 0.5)).astype(np.int8) for h in hp[:-1]]
+                        inside = hp[-1][:, t] >= hp[-1][:, cls]
+                        for k in range(len(sn)):
+                            inside &= np.all((sn[k] == 0) | (sn[k] * hn[k] >= 0), 1) & np.all((sp[k] == 0) | (sp[k] * hp[k] >= 0), 1)
+                        bound = lp.bound(t, sn, sp)
+                        full = lp.bound(t, [np.sign(h[i]).astype(np.int8) for h in hn[:-1]],
+                                        [np.sign(h[i]).astype(np.int8) for h in hp[:-1]])
+                        # every neuron fixed: the LP is exact on that linear region, so at most beta*
+                        assert full <= exact + 1e-6, (full, exact)
+                        if inside.any():
+                            assert bound >= conf[inside].max() - 1e-9, (case, p, cls, t, bound, conf[inside].max())
+                            checked += 1
+    assert checked >= 20
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 def test_cuda_gives_a_sound_bound():  # pragma: no cover - only where a GPU exists
     stack, lower, upper, problem = setup(*CASES[0])

@@ -26,7 +26,8 @@ def encode_relu(
     name: str,
     relax: np.ndarray | None = None,
 ) -> tuple[np.ndarray, dict]:
-    """Add z = ReLU(zhat) for columns `zhat` with bounds [lower, upper]; return z's columns.
+    """Add z = ReLU(zhat) for columns `zhat` with bounds [lower, upper]; return z's columns and
+    statistics (with "indicator": each neuron's binary column, 1 = active, or -1 if it has none).
 
     Neurons where `relax` is True (and every neuron if relax is all True) get the triangle
     relaxation  z >= 0, z >= zhat, z <= u (zhat - l) / (u - l)  instead of a binary.
@@ -35,6 +36,7 @@ def encode_relu(
     relax = np.zeros(n, dtype=bool) if relax is None else np.asarray(relax, dtype=bool)
     z = np.array(zhat, dtype=np.int64, copy=True)
     active, inactive, unstable = stability(lower, upper)
+    indicator = np.full(n, -1, dtype=np.int64)  # the binary column of each neuron, -1 if none
     n_inactive = int(inactive.sum())
     if n_inactive:
         z[inactive] = b.add_vars(n_inactive, 0.0, 0.0, f"{name}.off")
@@ -50,6 +52,7 @@ def encode_relu(
         b.add_rows(np.stack([zc, zh], 1), [1.0, -1.0], 0.0, np.inf, f"{name}.ge")
         if kind == "exact":
             a = b.add_vars(k, 0.0, 1.0, f"{name}.a", integer=True)
+            indicator[mask] = a
             # z <= zhat - l (1 - a)   and   z <= u a
             b.add_rows(np.stack([zc, zh, a], 1), np.stack([np.ones(k), -np.ones(k), -l], 1), -np.inf, -l, f"{name}.lo")
             b.add_rows(np.stack([zc, a], 1), np.stack([np.ones(k), -u], 1), -np.inf, 0.0, f"{name}.up")
@@ -61,5 +64,6 @@ def encode_relu(
         "relaxed": int(tri.sum()),
         "stable_active": int(active.sum()),
         "stable_inactive": n_inactive,
+        "indicator": indicator,
     }
     return z, stats

@@ -78,7 +78,7 @@ def analyse_node(
     split, split_stats = None, {}
     if positions.size == 1 and math.isfinite(cutoff) and settings.split_time > 0 and not settings.naive:
         budget = settings.split_budget(attempt, solver_options.time_limit)
-        split = _split_singleton(problem, cls, int(positions[0]), cutoff, budget, settings.device, split_stats)
+        split = _split_singleton(problem, cls, int(positions[0]), cutoff, budget, settings.device, encoding, split_stats)
         if split.proved:  # every domain is below the cutoff: no MILP needed
             kept = KEPT.take(problem, keep_key) if keep_key is not None else None
             if kept is not None:
@@ -168,13 +168,17 @@ def _tighter(outcome: NodeOutcome, split, cls: int) -> NodeOutcome:
 
 
 def _split_singleton(problem: VerificationProblem, cls: int, position: int, cutoff: float, budget: float,
-                     device: str, stats: dict):
-    """The ReLU-splitting branch and bound of one network before its MILP (`lucid.bounds.relu_split`)."""
+                     device: str, encoding: EncodingOptions, stats: dict):
+    """The ReLU-splitting branch and bound of one network before its MILP (`lucid.bounds.relu_split`),
+    with the LP of the network's MILP as the second opinion on stalled domains (`lucid.node.domain_lp`)."""
     from lucid.bounds.relu_split import split_singleton
+    from lucid.node.domain_lp import DomainLp
 
-    res = split_singleton(problem, cls, position, cutoff, time_limit=budget, device=device)
+    lp = DomainLp(problem, cls, position, encoding)
+    res = split_singleton(problem, cls, position, cutoff, time_limit=budget, device=device, domain_bound=lp.bound)
     stats["split"] = {"upper": encode_float(res.bound), "proved": res.proved, "domains": res.domains,
-                      "seconds": res.seconds, "lower": None if res.witness is None else res.witness.confidence}
+                      "seconds": res.seconds, "domain_lps": lp.solved,
+                      "lower": None if res.witness is None else res.witness.confidence}
     return res
 
 def _encode(problem: VerificationProblem, hyper: HyperNetwork, cls: int, group: list[int], encoding: EncodingOptions,

@@ -135,7 +135,8 @@ def encode_idp(
             np.abs(prods).max(0).sum(1) + np.maximum(np.abs(hyper.b_lo[0]), np.abs(hyper.b_hi[0])),
         )
 
-    cols: dict = {"n_pre": [], "h_pre": [], "n_post": [], "h_post": []}  # for bound tightening
+    # columns per hidden layer, for bound tightening and per-domain LPs (n_on, h_on: binary per neuron or -1)
+    cols: dict = {"n_pre": [], "h_pre": [], "n_post": [], "h_post": [], "n_on": [], "h_on": []}
     # layer-0 pre-activations a backend may substitute out (lucid.solvers.compact)
     defined: tuple[list, list] = ([], [])
     z, zh = x, x  # N's and N#'s current layer outputs
@@ -175,6 +176,8 @@ def encode_idp(
         zh, s_h = encode_relu(b, zhat_h, hl, hu, f"h{k}", relax=relax)
         cols["n_post"].append(z)
         cols["h_post"].append(zh)
+        cols["n_on"].append(s_n["indicator"])
+        cols["h_on"].append(s_h["indicator"])
         stats["binaries_n"] += s_n["binaries"]
         stats["binaries_hyper"] += s_h["binaries"]
         stats["relaxed"] += s_h["relaxed"]

@@ -15,6 +15,22 @@ LP_TIME_CAP = 10.0  # seconds for one bound LP; a stalled one only costs that bo
 PRIMAL_CAP = 2.0  # of which the warm-started primal simplex gets at most this much
 
 
+def _highs_lp(model: MilpModel, cost: np.ndarray):
+    """`model` as a HiGHS LP (integrality dropped), maximising cost^T x."""
+    import highspy
+
+    lp = highspy.HighsLp()
+    csc = model.A.tocsc()
+    lp.num_col_, lp.num_row_ = model.num_cols, model.num_rows
+    lp.col_cost_ = cost
+    lp.col_lower_, lp.col_upper_ = model.col_lower, model.col_upper
+    lp.row_lower_, lp.row_upper_ = model.row_lower, model.row_upper
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
+    lp.a_matrix_.start_, lp.a_matrix_.index_, lp.a_matrix_.value_ = csc.indptr, csc.indices, csc.data
+    lp.sense_ = highspy.ObjSense.kMaximize
+    return lp
+
+
 class ObjectiveLp:
     """max c^T x over one LP (a `MilpModel` with integrality ignored), for one c after another."""
 
@@ -31,16 +47,7 @@ class ObjectiveLp:
         # default dual simplex would need more iterations), and presolve would throw that basis away.
         self.h.setOptionValue("presolve", "off")
         self.h.setOptionValue("simplex_strategy", 4)
-        lp = highspy.HighsLp()
-        csc = model.A.tocsc()
-        lp.num_col_, lp.num_row_ = model.num_cols, model.num_rows
-        lp.col_cost_ = np.zeros(model.num_cols)
-        lp.col_lower_, lp.col_upper_ = model.col_lower, model.col_upper
-        lp.row_lower_, lp.row_upper_ = model.row_lower, model.row_upper
-        lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
-        lp.a_matrix_.start_, lp.a_matrix_.index_, lp.a_matrix_.value_ = csc.indptr, csc.indices, csc.data
-        lp.sense_ = highspy.ObjSense.kMaximize
-        self.h.passModel(lp)
+        self.h.passModel(_highs_lp(model, np.zeros(model.num_cols)))
         self._all = np.arange(model.num_cols, dtype=np.int32)
         self._ok = highspy.HighsModelStatus.kOptimal
 
@@ -73,3 +80,67 @@ class ObjectiveLp:
         return self.h.getModelStatus() == self._ok
 
 
+
+
+def inequality_multipliers(c: np.ndarray, a: np.ndarray, b: np.ndarray, lower: np.ndarray, upper: np.ndarray,
+                           time_limit: float = 1.0) -> np.ndarray | None:
+    """Multipliers y >= 0 of the rows of max c^T x s.t. a x <= b, lower <= x <= upper (x may be
+    unbounded where lower / upper are infinite): at the LP's optimum, c^T x <= y^T b + max over
+    the bounds of (c - a^T y)^T x is tight. None if HiGHS does not report an optimum in time.
+    A small dense LP solved from scratch; the caller must check whatever it concludes from y."""
+    import highspy
+
+    from lucid.solvers.highs_instance import new_highs
+
+    h = new_highs()
+    h.setOptionValue("threads", 1)
+    h.setOptionValue("time_limit", float(time_limit))
+    lp = highspy.HighsLp()
+    rows, cols = a.shape
+    csc = np.asfortranarray(a, dtype=np.float64)
+    lp.num_col_, lp.num_row_ = cols, rows
+    lp.col_cost_ = np.asarray(c, dtype=np.float64)
+    lp.col_lower_, lp.col_upper_ = np.asarray(lower, dtype=np.float64), np.asarray(upper, dtype=np.float64)
+    lp.row_lower_, lp.row_upper_ = np.full(rows, -highspy.kHighsInf), np.asarray(b, dtype=np.float64)
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
+    lp.a_matrix_.start_ = np.arange(0, rows * cols + 1, rows, dtype=np.int32)
+    lp.a_matrix_.index_ = np.tile(np.arange(rows, dtype=np.int32), cols)
+    lp.a_matrix_.value_ = csc.reshape(-1, order="F")
+    lp.sense_ = highspy.ObjSense.kMaximize
+    h.passModel(lp)
+    h.run()
+    if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
+        return None
+    # HiGHS' row dual of a maximisation is the objective's rate of change in the row's upper end:
+    # >= 0 on these rows up to rounding, which the clip removes (any y >= 0 is a valid multiplier)
+    return np.clip(np.asarray(h.getSolution().row_dual, dtype=np.float64), 0.0, None)
+
+
+class BoundedLp:
+    """max c^T x over one LP (a `MilpModel` with integrality ignored), solved again and again with
+    changing column bounds (a branch and bound's domains fix some columns)."""
+
+    def __init__(self, model: MilpModel, time_limit: float = 1.0) -> None:
+        import highspy
+
+        from lucid.solvers.highs_instance import new_highs
+
+        self.h = new_highs()
+        self.h.setOptionValue("threads", 1)
+        self.time_limit = float(time_limit)
+        self.h.passModel(_highs_lp(model, np.asarray(model.objective, dtype=np.float64)))
+        self._all = np.arange(model.num_cols, dtype=np.int32)
+        self._ok = highspy.HighsModelStatus.kOptimal
+
+    def duals(self, col_lower: np.ndarray, col_upper: np.ndarray) -> np.ndarray | None:
+        """The row duals of the LP with these column bounds (None if not solved to optimality in
+        time; the last basis is kept: a bound change leaves it dual feasible, so the next solve is
+        a short dual simplex)."""
+        self.h.changeColsBounds(len(self._all), self._all, np.asarray(col_lower, dtype=np.float64),
+                                np.asarray(col_upper, dtype=np.float64))
+        self.h.setOptionValue("time_limit", float(self.h.getRunTime() + self.time_limit))  # see ObjectiveLp._run
+        self.h.run()
+        if self.h.getModelStatus() != self._ok:
+            self.h.clearSolver()
+            return None
+        return np.asarray(self.h.getSolution().row_dual, dtype=np.float64)
