@@ -39,6 +39,12 @@ def rigorous_max(model: MilpModel, c: np.ndarray, y: np.ndarray) -> float:
     return float(col.sum() + row.sum() + FP_REL * mag + 1e-300)
 
 
+def dual_bound(model: MilpModel, c: np.ndarray, y: np.ndarray) -> float:
+    """`rigorous_max` with the solver's duals y under either sign convention (whichever bounds
+    tighter: both are sound)."""
+    return min(rigorous_max(model, c, y), rigorous_max(model, c, -y))
+
+
 class LpBoundSolver:
     """Sound bounds max/min c^T x over one LP (a `MilpModel` with integrality ignored): the LP is
     solved by the solver layer (`lucid.solvers.lp`), and only its duals are used, through
@@ -56,7 +62,7 @@ class LpBoundSolver:
         y = self.lp.duals(c, time_limit)
         if y is None:
             return np.inf
-        return min(rigorous_max(self.model, c, y), rigorous_max(self.model, c, -y))
+        return dual_bound(self.model, c, y)
 
 
 def relaxation_model(

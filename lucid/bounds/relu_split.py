@@ -240,8 +240,7 @@ class _Brancher:
             d.beta_p = [b[:, 0] for b in bp]
             coef = trace.pop()[:, 0]  # of the input
             d.x = torch.where(coef > 0, sys_.hi, sys_.lo)
-            primary, fallback = self._scores(d, sys_.relax, intervals, alphas, trace[::-1])
-            d.choice = _pick(primary, fallback)
+            d.choice = self._choose(d, sys_.relax, intervals, alphas, trace[::-1])
         return d
 
     @torch.no_grad()
@@ -340,9 +339,8 @@ class _Brancher:
         return project
 
     @staticmethod
-    def _scores(d: _Domains, relax: list[_Relax], intervals: list, alphas: list, trace: list):
-        """Per domain and neuron (flat index), the branching scores (primary, fallback) [D, n]
-        that `_pick` chooses from.
+    def _choose(d: _Domains, relax: list[_Relax], intervals: list, alphas: list, trace: list) -> torch.Tensor:
+        """Per domain, the flat index of the neuron to split next (-1: none is unstable).
 
         The score of a neuron is what its relaxation's intercepts add to the bound (BaBSR's
         estimate): N's upper chord where the coefficient is positive, and delta's chords (the
@@ -363,24 +361,23 @@ class _Brancher:
             primary.append(torch.cat([torch.where(un, sn, 0.0), torch.where(up, sp, 0.0)], 1))
             fallback.append(torch.cat([torch.where(un, (-az.clamp(max=0)) * low_gap + ed.abs() * (u - l), -1.0),
                                        torch.where(up, ed.abs() * (hu - hl), -1.0)], 1))
-        return torch.cat(primary, 1), torch.cat(fallback, 1)
-
-    def _set_signs(self, d: _Domains, flat: torch.Tensor, sign: torch.Tensor) -> None:
-        """Set, per domain of `d` (whose sign tensors are its own copies), the split sign of the
-        neuron at flat index `flat` (N's neurons of layer k, then N''s, layer after layer)."""
-        rows = torch.arange(len(d), device=flat.device)
-        for k, n in enumerate(self.sizes):
-            lo = int(self.offsets[k])
-            for target, col0 in ((d.sn, lo), (d.sp, lo + n)):
-                hit = (flat >= col0) & (flat < col0 + n)
-                target[k][rows[hit], flat[hit] - col0] = sign[hit]
+        primary, fallback = torch.cat(primary, 1), torch.cat(fallback, 1)
+        first, second = primary.max(1), fallback.max(1)
+        none = torch.full_like(first.indices, -1)
+        return torch.where(first.values > 1e-12, first.indices, torch.where(second.values >= 0, second.indices, none))
 
     def children(self, d: _Domains) -> _Domains:
         """Split every domain of `d` at its chosen neuron (each domain has a choice >= 0)."""
         D = len(d)
-        both = d.take(torch.cat([torch.arange(D, device=d.bound.device)] * 2))  # `take` copies the signs
+        both = d.take(torch.cat([torch.arange(D, device=d.bound.device)] * 2))
         sign = torch.cat([torch.ones(D, dtype=torch.int8), -torch.ones(D, dtype=torch.int8)]).to(d.bound.device)
-        self._set_signs(both, torch.cat([d.choice, d.choice]), sign)
+        choice = torch.cat([d.choice, d.choice])
+        rows = torch.arange(2 * D, device=d.bound.device)
+        for k, n in enumerate(self.sizes):
+            lo = int(self.offsets[k])
+            for target, col0 in ((both.sn, lo), (both.sp, lo + n)):  # `take` copied them
+                hit = (choice >= col0) & (choice < col0 + n)
+                target[k][rows[hit], choice[hit] - col0] = sign[hit]
         return both
 
     def root_domains(self, start_bound: float) -> _Domains:
@@ -394,14 +391,6 @@ class _Brancher:
                         zeros, [z.clone() for z in zeros], mu, self.root.lo[None].clone(),
                         torch.full((1,), start_bound, dtype=DTYPE, device=dev),
                         torch.full((1,), -1, dtype=torch.int64, device=dev))
-
-
-def _pick(primary: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
-    """Per domain, the flat index of the neuron to split next (-1: none is unstable): the best
-    primary score where one is positive, else the best fallback score (`_Brancher._scores`)."""
-    first, second = primary.max(1), fallback.max(1)
-    none = torch.full_like(first.indices, -1)
-    return torch.where(first.values > 1e-12, first.indices, torch.where(second.values >= 0, second.indices, none))
 
 
 def split_upper_bound(n_weights, n_biases, weights, biases, n_lower, n_upper, lower, upper, cls: int,

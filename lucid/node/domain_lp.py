@@ -8,7 +8,7 @@ the domain's neurons fixed: pre-activation bound cut at 0, binary fixed) gave 0.
 found them empty. So a stalled domain gets this LP as a second opinion.
 
 The LP is solved by the solver layer (`lucid.solvers.lp.BoundedLp`) and only its duals are used,
-through `lucid.bounds.lp.rigorous_max` (weak duality over the column bounds): an inaccurate LP can
+through `lucid.bounds.lp.dual_bound` (weak duality over the column bounds): an inaccurate LP can
 loosen the bound, never make it unsound.
 """
 
@@ -19,7 +19,7 @@ import math
 
 import numpy as np
 
-from lucid.bounds.lp import rigorous_max
+from lucid.bounds.lp import dual_bound
 from lucid.hyper import hyper_network
 from lucid.node.encode import EncodingOptions, encode_idp
 from lucid.node.problem import VerificationProblem, node_difference_bounds
@@ -74,5 +74,5 @@ class DomainLp:
             return math.inf
         fixed = copy.copy(model)
         fixed.col_lower, fixed.col_upper = lower, upper
-        value = min(rigorous_max(fixed, model.objective, y), rigorous_max(fixed, model.objective, -y))
+        value = dual_bound(fixed, model.objective, y)
         return float(np.nextafter(value + model.objective_offset, math.inf))

@@ -8,6 +8,7 @@ unsound.
 from __future__ import annotations
 
 import numpy as np
+import scipy.sparse as sp
 
 from lucid.milp.model import MilpModel
 
@@ -80,8 +81,6 @@ class ObjectiveLp:
         return self.h.getModelStatus() == self._ok
 
 
-
-
 def inequality_multipliers(c: np.ndarray, a: np.ndarray, b: np.ndarray, lower: np.ndarray, upper: np.ndarray,
                            time_limit: float = 1.0) -> np.ndarray | None:
     """Multipliers y >= 0 of the rows of max c^T x s.t. a x <= b, lower <= x <= upper (x may be
@@ -92,22 +91,15 @@ def inequality_multipliers(c: np.ndarray, a: np.ndarray, b: np.ndarray, lower: n
 
     from lucid.solvers.highs_instance import new_highs
 
+    rows, cols = a.shape
+    model = MilpModel(A=sp.csr_matrix(np.asarray(a, dtype=np.float64)), row_lower=np.full(rows, -np.inf),
+                      row_upper=np.asarray(b, dtype=np.float64), col_lower=np.asarray(lower, dtype=np.float64),
+                      col_upper=np.asarray(upper, dtype=np.float64), integrality=np.zeros(cols, dtype=bool),
+                      objective=np.asarray(c, dtype=np.float64))
     h = new_highs()
     h.setOptionValue("threads", 1)
     h.setOptionValue("time_limit", float(time_limit))
-    lp = highspy.HighsLp()
-    rows, cols = a.shape
-    csc = np.asfortranarray(a, dtype=np.float64)
-    lp.num_col_, lp.num_row_ = cols, rows
-    lp.col_cost_ = np.asarray(c, dtype=np.float64)
-    lp.col_lower_, lp.col_upper_ = np.asarray(lower, dtype=np.float64), np.asarray(upper, dtype=np.float64)
-    lp.row_lower_, lp.row_upper_ = np.full(rows, -highspy.kHighsInf), np.asarray(b, dtype=np.float64)
-    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
-    lp.a_matrix_.start_ = np.arange(0, rows * cols + 1, rows, dtype=np.int32)
-    lp.a_matrix_.index_ = np.tile(np.arange(rows, dtype=np.int32), cols)
-    lp.a_matrix_.value_ = csc.reshape(-1, order="F")
-    lp.sense_ = highspy.ObjSense.kMaximize
-    h.passModel(lp)
+    h.passModel(_highs_lp(model, model.objective))
     h.run()
     if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
         return None
