@@ -117,7 +117,7 @@ def test_every_domain_bound_covers_the_points_sampled_in_it():
     ws, bs = network(stack, 1)
     root = JointSystem(nw, nb, [w[None] for w in ws], [b[None] for b in bs], problem.n_bounds.lower,
                        problem.n_bounds.upper, lower, upper)
-    br = rs._Brancher(root, 0, 1, 10, 0.1, 0.05)
+    br = rs._Brancher(root, 0, 1, 10, 0.1, 0.05, 0.1)
     dom = br.bound(br.root_domains(math.inf))
     for _ in range(4):
         dom = br.bound(br.children(dom.take(torch.nonzero(dom.choice >= 0).flatten())))

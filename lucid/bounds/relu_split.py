@@ -31,10 +31,16 @@ Bound of a domain (beta-CROWN's idea on the joint system of `lucid.bounds.joint`
   which are those of an LP over the box (`_Brancher.lp_start`); an infeasible LP gives
   multipliers that prove the domain empty (`_certify_empty`). Either way the bound is still the
   backward pass with its margin, followed by more Adam steps (LEAF_STEPS): it is final.
-Step sizes are relative: alpha's, beta's and mu's are `lr` times the root bound's magnitude,
-lambda's `lam_lr` times that over the range of N''s margin (the bound moves by about that range
-per unit of lambda: on Adult 2x50's hardest network, steps of 0.05 instead of 0.0005 left the
-bound at 0.0277 after 30 s, where the small steps proved 0.0206 in 18 s).
+Step sizes follow each parameter's units. N's slopes alpha and the mix mu are dimensionless
+(in [0, 1], on a simplex): `alpha_lr` as is. A beta multiplies a pre-activation, so one unit of it
+moves the bound by about |zhat_j|: `lr` times the root bound's magnitude keeps its steps a small
+share of the bound. Lambda's is `lam_lr` times that magnitude over the range of N''s margin (the
+bound moves by about that range per unit of lambda: on Adult 2x50's hardest network, steps of
+0.05 instead of 0.0005 left the bound at 0.0277 after 30 s, where the small steps proved 0.0206 in
+18 s). Children start from their parent's parameters, so large steps mostly throw a good start
+away: one step size for all of them (alpha's and beta's both 0.0047 there) needed 56 264 domains
+for that network and stood at 0.02193 after 300 s on the next one, these 33 442 and 0.02106
+(benchmarks/results/split_tier.md).
 Floating point as in `lucid.bounds.symbolic`: the best iterate's value gets fp_rel times its
 magnitude pass (the betas' absolute values included) + FP_ABS, and a mix mu that sums to 1 only up
 to rounding adds |1 - sum mu| (+ C ulps) times a bound on |s_c - s_u| from N's margins.
@@ -115,10 +121,10 @@ class _Brancher:
     """The branch and bound of one network N' and one rival t."""
 
     def __init__(self, root: JointSystem, cls: int, rival: int, steps: int, lr: float, lam_lr: float,
-                 mix_bound: float | None = None) -> None:
+                 alpha_lr: float, mix_bound: float | None = None) -> None:
         """mix_bound: a bound on |s_c - s_u| over the box for every u (more than two classes):
         N's side of the objective then mixes the rivals (module docstring); None: it does not."""
-        self.root, self.steps, self.lr, self.lam_lr = root, steps, lr, lam_lr
+        self.root, self.steps, self.lr, self.lam_lr, self.alpha_lr = root, steps, lr, lam_lr, alpha_lr
         self.cls, self.rival, self.mix_bound = cls, rival, mix_bound
         self.L = root.L
         self.sizes = [w.shape[0] for w in root.W[:-1]]
@@ -183,8 +189,8 @@ class _Brancher:
         bp = [b.clone()[:, None, :].requires_grad_(True) for b in d.beta_p]
         signs_n = [s.to(DTYPE)[:, None, :] for s in d.sn]
         signs_p = [s.to(DTYPE)[:, None, :] for s in d.sp]
-        opt = torch.optim.Adam([{"params": [lam], "lr": self.lam_lr}, {"params": [*alphas, *bn, *bp, *([mu] if mix else [])]}],
-                               lr=self.lr)
+        opt = torch.optim.Adam([{"params": [lam], "lr": self.lam_lr}, {"params": [*bn, *bp], "lr": self.lr},
+                                {"params": [*alphas, *([mu] if mix else [])], "lr": self.alpha_lr}])
         best = torch.full((D,), math.inf, dtype=DTYPE, device=g.device)
         keep = [lam.detach().clone(), [a.detach().clone() for a in alphas], [b.detach().clone() for b in bn],
                 [b.detach().clone() for b in bp], mu.detach().clone()]
@@ -395,7 +401,8 @@ class _Brancher:
 
 def split_upper_bound(n_weights, n_biases, weights, biases, n_lower, n_upper, lower, upper, cls: int,
                       cutoff: float, *, margin_upper: np.ndarray | None = None, time_limit: float = 10.0,
-                      batch: int = 1024, steps: int = 20, lr: float = 0.125, lam_lr: float = 0.1, max_domains: int = 300_000,
+                      batch: int = 1024, steps: int = 20, lr: float = 0.0125, lam_lr: float = 0.1, alpha_lr: float = 0.1,
+                      max_domains: int = 300_000,
                       start: np.ndarray | None = None, device: str = "cpu", domain_bound=None) -> SplitResult:
     """Sound upper bound on beta*_{cls,{i}} for one network N' (weights[k] [out, in]) against N, by
     ReLU-splitting branch and bound until every domain is <= `cutoff` or `time_limit` seconds have
@@ -421,9 +428,9 @@ def split_upper_bound(n_weights, n_biases, weights, biases, n_lower, n_upper, lo
         if first <= cutoff:  # unreachable (-inf) or already below the cutoff
             per_target[t] = first
             continue
-        b = _Brancher(root, cls, t, steps, lr, lam_lr, mix_bound)
+        b = _Brancher(root, cls, t, steps, lr, lam_lr, alpha_lr, mix_bound)
         open_ = b.bound(b.root_domains(first), steps=0)
-        # step sizes relative to the bound's scale, lambda's also to the range of N''s margin
+        # beta's and lambda's step sizes relative to the bound's scale, lambda's also to N''s margin range
         scale = abs(float(open_.bound[0]))
         scale = max(scale, 1e-6) if math.isfinite(scale) else 1.0
         hl, hu = root.hl[-1][0], root.hu[-1][0]
