@@ -1,6 +1,7 @@
 """The ReLU-splitting tier (lucid/bounds/relu_split.py) on the networks the optimised screen leaves.
 
   python benchmarks/split_tier.py --tasks digits-2x20:2,digits-2x20:8,adult-2x50:0 --budget 30
+  python benchmarks/split_tier.py --probe adult-2x50:0:1941,1537 --cutoff 0.020626 --budget 900
 
 Per workload and class, at the same lower bound LB as benchmarks/screen.py (the larger of the
 recorded and the replayed one): (c) the optimised screen over every leave-one-out network, then (e)
@@ -8,6 +9,10 @@ recorded and the replayed one): (c) the optimised screen over every leave-one-ou
 is discarded when its bound is <= LB. Results are appended network by network to
 benchmarks/results/split_tier/<workload>-<class>.json, so an interrupted run continues where it
 stopped; the report is benchmarks/results/split_tier.md.
+
+--probe WORKLOAD:CLASS:NETWORKS runs the tier on the named networks alone at `--cutoff` (e.g. a
+class's last open networks at the bound a target needs) and appends one JSON line per network to
+benchmarks/results/split_tier/probes.jsonl.
 """
 
 from __future__ import annotations
@@ -71,6 +76,30 @@ def measure(name: str, cls: int, budget: float, threads: int) -> dict:
     return state
 
 
+def probe(spec: str, cutoff: float, budget: float, threads: int) -> None:
+    import torch
+
+    from screen import RUNS
+
+    from lucid.bounds.relu_split import split_singleton
+    from lucid.node.problem import VerificationProblem
+    from lucid.rundir import open_run
+
+    torch.set_num_threads(threads)
+    name, cls, nets = spec.split(":")
+    problem = VerificationProblem.from_run(open_run(RUNS / name))
+    for p in (int(n) for n in nets.split(",")):
+        res = split_singleton(problem, int(cls), p, cutoff, time_limit=budget)
+        row = {"workload": name, "class": int(cls), "network": p, "cutoff": cutoff, "budget": budget,
+               "bound": res.bound, "proved": bool(res.proved), "domains": res.domains, "seconds": res.seconds,
+               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": _commit(),
+               "machine": f"{platform.platform()}, {threads} torch thread(s)"}
+        print(json.dumps(row), flush=True)
+        OUT.mkdir(parents=True, exist_ok=True)
+        with open(OUT / "probes.jsonl", "a") as f:
+            f.write(json.dumps(row) + "\n")
+
+
 def _commit() -> str:
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
@@ -109,8 +138,15 @@ def main() -> None:
     ap.add_argument("--tasks", default="", help="WORKLOAD:CLASS, comma-separated")
     ap.add_argument("--budget", type=float, default=30.0)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--probe", default="", help="WORKLOAD:CLASS:NET[,NET...]: these networks alone at --cutoff")
+    ap.add_argument("--cutoff", type=float, default=None)
     ap.add_argument("--report-only", action="store_true")
     args = ap.parse_args()
+    if args.probe:
+        if args.cutoff is None:
+            ap.error("--probe needs --cutoff")
+        probe(args.probe, args.cutoff, args.budget, args.threads)
+        return
     if not args.report_only:
         for task in filter(None, args.tasks.split(",")):
             name, cls = task.split(":")

@@ -37,9 +37,9 @@ moves the bound by about |zhat_j|: `lr` times the root bound's magnitude keeps i
 share of the bound. Lambda's is `lam_lr` times that magnitude over the range of N''s margin (the
 bound moves by about that range per unit of lambda: on Adult 2x50's hardest network, steps of
 0.05 instead of 0.0005 left the bound at 0.0277 after 30 s, where the small steps proved 0.0206 in
-18 s). Children start from their parent's parameters, so large steps mostly throw a good start
-away: one step size for all of them (alpha's and beta's both 0.0047 there) needed 56 264 domains
-for that network and stood at 0.02193 after 300 s on the next one, these 33 442 and 0.02106
+18 s). Children start from their parent's parameters, so a beta step that is large against the
+bound throws a good start away, while alpha, on its own scale, may move fast: one step size for
+all of them (0.0047 on that network) took 1.7x the domains there and left the next network open
 (benchmarks/results/split_tier.md).
 Floating point as in `lucid.bounds.symbolic`: the best iterate's value gets fp_rel times its
 magnitude pass (the betas' absolute values included) + FP_ABS, and a mix mu that sums to 1 only up
