@@ -117,6 +117,13 @@ class _Domains:
                         flat("x"), flat("bound"), flat("choice"))
 
 
+def _split_terms(d: _Domains, beta_n: list[torch.Tensor], beta_p: list[torch.Tensor]) -> list:
+    """Per hidden layer, the Lagrangian coefficients (s_j beta_j of zhat_j, s_j beta'_j of zhat'_j),
+    [D, 1, n] each, for `JointSystem.backward`'s `splits` (beta_n, beta_p: [D, 1, n] per layer)."""
+    return [(sn.to(DTYPE)[:, None, :] * b1, sp.to(DTYPE)[:, None, :] * b2)
+            for sn, sp, b1, b2 in zip(d.sn, d.sp, beta_n, beta_p)]
+
+
 class _Brancher:
     """The branch and bound of one network N' and one rival t."""
 
@@ -187,8 +194,6 @@ class _Brancher:
         alphas = [a.clone()[:, None, :].requires_grad_(True) for a in d.alpha]
         bn = [b.clone()[:, None, :].requires_grad_(True) for b in d.beta_n]
         bp = [b.clone()[:, None, :].requires_grad_(True) for b in d.beta_p]
-        signs_n = [s.to(DTYPE)[:, None, :] for s in d.sn]
-        signs_p = [s.to(DTYPE)[:, None, :] for s in d.sp]
         opt = torch.optim.Adam([{"params": [lam], "lr": self.lam_lr}, {"params": [*bn, *bp], "lr": self.lr},
                                 {"params": [*alphas, *([mu] if mix else [])], "lr": self.alpha_lr}])
         best = torch.full((D,), math.inf, dtype=DTYPE, device=g.device)
@@ -200,8 +205,7 @@ class _Brancher:
             # sum_u mu_u (e_c - e_u) - lambda (e_c - e_t): N's side mixes the rivals (mu = e_t: plain)
             A = (mu.sum(1)[:, None, None] * e_c - mu[:, None, :]) - lam3 * g
             E = -lam3 * g
-            splits = [(sn * b1, sp * b2) for sn, sp, b1, b2 in zip(signs_n, signs_p, bn, bp)]
-            return A, E, splits
+            return A, E, _split_terms(d, bn, bp)
 
         for step in range(steps + 1):
             last = step == steps
@@ -331,8 +335,7 @@ class _Brancher:
         the box, with its floating-point margin, is < 0, the domain has no input."""
         g = self.g.expand(len(d), 1, -1)
         lam3 = d.lam[:, None, None]
-        splits = [(sn.to(DTYPE)[:, None, :] * bn[:, None, :], sp.to(DTYPE)[:, None, :] * bp[:, None, :])
-                  for sn, sp, bn, bp in zip(d.sn, d.sp, d.beta_n, d.beta_p)]
+        splits = _split_terms(d, [b[:, None, :] for b in d.beta_n], [b[:, None, :] for b in d.beta_p])
         alphas = [a[:, None, :] for a in d.alpha]
         val = sys_.backward(-lam3 * g, -lam3 * g, self.L - 1, alphas, splits)[:, 0]
         val = val + sys_.fp_rel * sys_.magnitude(-lam3 * g, -lam3 * g, self.L - 1, splits)[:, 0] + FP_ABS
@@ -478,9 +481,13 @@ def _search(b: _Brancher, open_: _Domains, cutoff: float, deadline: float, batch
         # it gets: the domain keeps its bound, after a longer optimisation)
         nonlocal closed
         leaf = (d.choice < 0) & (d.bound > cutoff)
-        if leaf.any():
-            polished = b.bound(b.lp_start(d.take(torch.nonzero(leaf).flatten())), steps=LEAF_STEPS, leaves=True)
-            d = _Domains.cat([d.take(torch.nonzero(~leaf).flatten()), polished])
+        if leaf.any():  # (those the LP's multipliers proved empty need no polishing)
+            started = b.lp_start(d.take(torch.nonzero(leaf).flatten()))
+            empty = started.bound == -math.inf
+            parts = [d.take(torch.nonzero(~leaf).flatten()), started.take(torch.nonzero(empty).flatten())]
+            if not empty.all():
+                parts.append(b.bound(started.take(torch.nonzero(~empty).flatten()), steps=LEAF_STEPS, leaves=True))
+            d = _Domains.cat(parts)
         done = (d.bound <= cutoff) | (d.choice < 0)
         if done.any():
             closed = max(closed, float(d.bound[done].max()))
