@@ -60,7 +60,7 @@ def measure(name: str, cls: int, budget: float, threads: int) -> dict:
                  "screen_seconds": time.perf_counter() - t0, "left": [int(p) for p in left[order]],
                  "screen_bounds": {str(int(p)): float(screened[p - 1]) for p in left}, "done": {},
                  "command": "python " + " ".join(sys.argv), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                 "commit": _commit(), "machine": f"{platform.platform()}, {threads} torch thread(s)"}
+                 "commit": _commit(), "machine": _machine(threads)}
     for p in state["left"]:
         if str(p) in state["done"]:
             continue
@@ -93,11 +93,15 @@ def probe(spec: str, cutoff: float, budget: float, threads: int) -> None:
         row = {"workload": name, "class": int(cls), "network": p, "cutoff": cutoff, "budget": budget,
                "bound": res.bound, "proved": bool(res.proved), "domains": res.domains, "seconds": res.seconds,
                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": _commit(),
-               "machine": f"{platform.platform()}, {threads} torch thread(s)"}
+               "machine": _machine(threads)}
         print(json.dumps(row), flush=True)
         OUT.mkdir(parents=True, exist_ok=True)
         with open(OUT / "probes.jsonl", "a") as f:
             f.write(json.dumps(row) + "\n")
+
+
+def _machine(threads: int) -> str:
+    return f"{platform.platform()}, {threads} torch thread(s)"
 
 
 def _commit() -> str:

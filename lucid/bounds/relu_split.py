@@ -117,11 +117,16 @@ class _Domains:
                         flat("x"), flat("bound"), flat("choice"))
 
 
-def _split_terms(d: _Domains, beta_n: list[torch.Tensor], beta_p: list[torch.Tensor]) -> list:
+def _signs(d: _Domains) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The split signs of N's and N''s neurons as [D, 1, n] floats per hidden layer."""
+    return [s.to(DTYPE)[:, None, :] for s in d.sn], [s.to(DTYPE)[:, None, :] for s in d.sp]
+
+
+def _split_terms(signs: tuple[list, list], beta_n: list[torch.Tensor], beta_p: list[torch.Tensor]) -> list:
     """Per hidden layer, the Lagrangian coefficients (s_j beta_j of zhat_j, s_j beta'_j of zhat'_j),
-    [D, 1, n] each, for `JointSystem.backward`'s `splits` (beta_n, beta_p: [D, 1, n] per layer)."""
-    return [(sn.to(DTYPE)[:, None, :] * b1, sp.to(DTYPE)[:, None, :] * b2)
-            for sn, sp, b1, b2 in zip(d.sn, d.sp, beta_n, beta_p)]
+    [D, 1, n] each, for `JointSystem.backward`'s `splits` (signs: `_signs`; beta_n, beta_p: [D, 1, n]
+    per layer)."""
+    return [(sn * b1, sp * b2) for sn, sp, b1, b2 in zip(*signs, beta_n, beta_p)]
 
 
 class _Brancher:
@@ -194,6 +199,7 @@ class _Brancher:
         alphas = [a.clone()[:, None, :].requires_grad_(True) for a in d.alpha]
         bn = [b.clone()[:, None, :].requires_grad_(True) for b in d.beta_n]
         bp = [b.clone()[:, None, :].requires_grad_(True) for b in d.beta_p]
+        signs = _signs(d)  # once: every step's objective needs them
         opt = torch.optim.Adam([{"params": [lam], "lr": self.lam_lr}, {"params": [*bn, *bp], "lr": self.lr},
                                 {"params": [*alphas, *([mu] if mix else [])], "lr": self.alpha_lr}])
         best = torch.full((D,), math.inf, dtype=DTYPE, device=g.device)
@@ -205,7 +211,7 @@ class _Brancher:
             # sum_u mu_u (e_c - e_u) - lambda (e_c - e_t): N's side mixes the rivals (mu = e_t: plain)
             A = (mu.sum(1)[:, None, None] * e_c - mu[:, None, :]) - lam3 * g
             E = -lam3 * g
-            return A, E, _split_terms(d, bn, bp)
+            return A, E, _split_terms(signs, bn, bp)
 
         for step in range(steps + 1):
             last = step == steps
@@ -335,7 +341,7 @@ class _Brancher:
         the box, with its floating-point margin, is < 0, the domain has no input."""
         g = self.g.expand(len(d), 1, -1)
         lam3 = d.lam[:, None, None]
-        splits = _split_terms(d, [b[:, None, :] for b in d.beta_n], [b[:, None, :] for b in d.beta_p])
+        splits = _split_terms(_signs(d), [b[:, None, :] for b in d.beta_n], [b[:, None, :] for b in d.beta_p])
         alphas = [a[:, None, :] for a in d.alpha]
         val = sys_.backward(-lam3 * g, -lam3 * g, self.L - 1, alphas, splits)[:, 0]
         val = val + sys_.fp_rel * sys_.magnitude(-lam3 * g, -lam3 * g, self.L - 1, splits)[:, 0] + FP_ABS
