@@ -7,7 +7,7 @@ from scipy.optimize import linprog
 
 from lucid.bounds.difference import difference_bounds
 from lucid.bounds.interval import interval_bounds
-from lucid.bounds.lp import LpBoundSolver, lp_bounds, rigorous_max
+from lucid.bounds.lp import LpBoundSolver, lp_bounds, proves_empty, rigorous_max
 from lucid.milp.model import MilpModel
 from lucid.hyper import hyper_network
 
@@ -54,6 +54,43 @@ def test_rigorous_dual_bound_is_above_the_lp_optimum_and_close():
     # any dual vector gives a valid (if loose) bound; zero duals give the box bound
     c = rng.normal(size=4)
     assert rigorous_max(model, c, np.zeros(6)) >= np.abs(c).sum() - 1e-12
+
+
+def test_a_farkas_ray_closes_infeasible_lps_and_no_vector_closes_a_feasible_one():
+    """`BoundedLp` re-solved with changing column boxes (as the splitting tier's domain LP): where
+    scipy finds the LP infeasible, HiGHS' ray proves it (`proves_empty`); where it is feasible, the
+    optimum's duals and random vectors never do."""
+    import copy
+
+    from lucid.solvers.lp import BoundedLp
+
+    rng = np.random.default_rng(3)
+    feasible = infeasible = proved = 0
+    for _ in range(4):
+        A = rng.normal(size=(3, 4))
+        row_lower = rng.uniform(-2.0, 0.5, 3)
+        model = MilpModel(A=A, row_lower=row_lower, row_upper=row_lower + rng.uniform(0.5, 2.0, 3),
+                          col_lower=-np.ones(4), col_upper=np.ones(4), integrality=np.zeros(4, bool),
+                          objective=rng.normal(size=4))
+        lp = BoundedLp(model)
+        for _ in range(15):
+            lo = rng.uniform(-1.0, 0.5, 4)
+            up = np.minimum(lo + rng.uniform(0.0, 1.5, 4), 1.0)
+            ref = linprog(np.zeros(4), A_ub=np.vstack([A, -A]), b_ub=np.concatenate([model.row_upper, -row_lower]),
+                          bounds=list(zip(lo, up)), method="highs")
+            fixed = copy.copy(model)
+            fixed.col_lower, fixed.col_upper = lo, up
+            answer = lp.duals(lo, up)
+            if ref.status == 0:
+                assert answer.optimum is not None
+                feasible += 1
+                for y in (answer.optimum, rng.normal(size=3), 100 * rng.normal(size=3)):
+                    assert not proves_empty(fixed, y)
+            else:
+                assert ref.status == 2 and answer.optimum is None
+                infeasible += 1
+                proved += answer.farkas is not None and proves_empty(fixed, answer.farkas)
+    assert feasible >= 10 and infeasible >= 10 and proved >= 0.8 * infeasible, (feasible, infeasible, proved)
 
 
 @pytest.mark.parametrize("lo", [-1.0, 0.0])

@@ -235,6 +235,39 @@ def test_the_domain_lp_covers_every_sampled_point_of_its_domain():
     assert checked >= 20
 
 
+def test_the_domain_lp_closes_regions_no_input_reaches():
+    """A sampled input's signs of N and N' with one neuron per layer flipped are mostly empty
+    regions: the LP proves many of them so by its Farkas ray (after solving, not from the column
+    bounds), and never one that a sampled input reaches."""
+    from lucid.node.domain_lp import DomainLp
+    from lucid.settings import VerifySettings
+
+    rng = np.random.default_rng(2)
+    closed = 0
+    for case in CASES:
+        stack, lower, upper, problem = setup(*case)
+        x = lower + (upper - lower) * rng.random((20000, len(lower)))
+        hn, hp = sample_layers(*network(stack, 0), x), sample_layers(*network(stack, 1), x)
+        for cls in range(case[2]):
+            lp = DomainLp(problem, cls, 1, VerifySettings().encoding_options())
+            for t in (u for u in range(case[2]) if u != cls):
+                for _ in range(10):
+                    i = rng.integers(len(x))
+                    sn = [np.where(h[i] >= 0, 1, -1).astype(np.int8) for h in hn[:-1]]
+                    sp = [np.where(h[i] >= 0, 1, -1).astype(np.int8) for h in hp[:-1]]
+                    for signs in sn + sp:
+                        j = rng.integers(len(signs))
+                        signs[j] = -signs[j]
+                    solved = lp.solved
+                    if lp.bound(t, sn, sp) == -math.inf and lp.solved > solved:
+                        closed += 1
+                        inside = hp[-1][:, t] >= hp[-1][:, cls]
+                        for k in range(len(sn)):
+                            inside &= np.all(sn[k] * hn[k] >= 0, 1) & np.all(sp[k] * hp[k] >= 0, 1)
+                        assert not inside.any(), (case, cls, t)
+    assert closed >= 20, closed
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 def test_cuda_gives_a_sound_bound():  # pragma: no cover - only where a GPU exists
     stack, lower, upper, problem = setup(*CASES[0])

@@ -45,6 +45,14 @@ def dual_bound(model: MilpModel, c: np.ndarray, y: np.ndarray) -> float:
     return min(rigorous_max(model, c, y), rigorous_max(model, c, -y))
 
 
+def proves_empty(model: MilpModel, ray: np.ndarray) -> bool:
+    """Whether `ray` (a solver's Farkas ray, either sign convention) proves the LP relaxation of
+    `model` infeasible: for any y, 0 <= rigorous_max(model, 0, y) at a feasible point, so a
+    negative value for y = ray or -ray leaves no feasible point (with the same outward rounding)."""
+    zero = np.zeros(model.num_cols)
+    return min(rigorous_max(model, zero, ray), rigorous_max(model, zero, -ray)) < 0.0
+
+
 class LpBoundSolver:
     """Sound bounds max/min c^T x over one LP (a `MilpModel` with integrality ignored): the LP is
     solved by the solver layer (`lucid.solvers.lp`), and only its duals are used, through

@@ -9,7 +9,8 @@ found them empty. So a stalled domain gets this LP as a second opinion.
 
 The LP is solved by the solver layer (`lucid.solvers.lp.BoundedLp`) and only its duals are used,
 through `lucid.bounds.lp.dual_bound` (weak duality over the column bounds): an inaccurate LP can
-loosen the bound, never make it unsound.
+loosen the bound, never make it unsound. An LP the solver finds infeasible closes the domain only
+when its Farkas ray proves that by the same weak duality (`lucid.bounds.lp.proves_empty`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import math
 
 import numpy as np
 
-from lucid.bounds.lp import dual_bound
+from lucid.bounds.lp import dual_bound, proves_empty
 from lucid.hyper import hyper_network
 from lucid.node.encode import EncodingOptions, encode_idp
 from lucid.node.problem import VerificationProblem, node_difference_bounds
@@ -69,10 +70,10 @@ class DomainLp:
         if np.any(lower > upper):  # a split against the encoder's own sound bounds: no input
             return -math.inf
         self.solved += 1
-        y = lp.duals(lower, upper)
-        if y is None:
-            return math.inf
+        answer = lp.duals(lower, upper)
         fixed = copy.copy(model)
         fixed.col_lower, fixed.col_upper = lower, upper
-        value = dual_bound(fixed, model.objective, y)
+        if answer.optimum is None:  # infeasible (no input of the domain), if its ray proves it
+            return -math.inf if answer.farkas is not None and proves_empty(fixed, answer.farkas) else math.inf
+        value = dual_bound(fixed, model.objective, answer.optimum)
         return float(np.nextafter(value + model.objective_offset, math.inf))

@@ -7,6 +7,8 @@ unsound.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import scipy.sparse as sp
 
@@ -123,16 +125,31 @@ class BoundedLp:
         self.h.passModel(_highs_lp(model, np.asarray(model.objective, dtype=np.float64)))
         self._all = np.arange(model.num_cols, dtype=np.int32)
         self._ok = highspy.HighsModelStatus.kOptimal
+        self._infeasible = highspy.HighsModelStatus.kInfeasible
 
-    def duals(self, col_lower: np.ndarray, col_upper: np.ndarray) -> np.ndarray | None:
-        """The row duals of the LP with these column bounds (None if not solved to optimality in
-        time; the last basis is kept: a bound change leaves it dual feasible, so the next solve is
-        a short dual simplex)."""
+    def duals(self, col_lower: np.ndarray, col_upper: np.ndarray) -> BoundDuals:
+        """The row duals of the LP with these column bounds, or its Farkas ray where HiGHS finds it
+        infeasible (neither: not solved in time; the last basis is kept otherwise: a bound change
+        leaves it dual feasible, so the next solve is a short dual simplex)."""
         self.h.changeColsBounds(len(self._all), self._all, np.asarray(col_lower, dtype=np.float64),
                                 np.asarray(col_upper, dtype=np.float64))
         self.h.setOptionValue("time_limit", float(self.h.getRunTime() + self.time_limit))  # see ObjectiveLp._run
         self.h.run()
-        if self.h.getModelStatus() != self._ok:
-            self.h.clearSolver()
-            return None
-        return np.asarray(self.h.getSolution().row_dual, dtype=np.float64)
+        status = self.h.getModelStatus()
+        if status == self._ok:
+            return BoundDuals(optimum=np.asarray(self.h.getSolution().row_dual, dtype=np.float64))
+        ray = None
+        if status == self._infeasible:
+            _, has_ray, values = self.h.getDualRay()
+            ray = np.asarray(values, dtype=np.float64) if has_ray else None
+        self.h.clearSolver()
+        return BoundDuals(farkas=ray)
+
+
+@dataclass(frozen=True)
+class BoundDuals:
+    """One `BoundedLp` solve: the row duals at an optimum, or a Farkas ray of an infeasible LP.
+    Both are only candidates: the caller checks them by weak duality (`lucid.bounds.lp`)."""
+
+    optimum: np.ndarray | None = None
+    farkas: np.ndarray | None = None
