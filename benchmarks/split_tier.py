@@ -64,7 +64,7 @@ def measure(name: str, cls: int, budget: float, threads: int) -> dict:
     for p in state["left"]:
         if str(p) in state["done"]:
             continue
-        res = split_singleton(problem, cls, p, state["lb"], time_limit=budget)
+        res = split_singleton(problem, cls, p, state["lb"], time_limit=budget, give_up=False)
         state["done"][str(p)] = {"bound": res.bound, "proved": bool(res.proved), "domains": res.domains,
                                  "seconds": res.seconds}
         print(f"{name} class {cls} network {p}: {state['screen_bounds'][str(p)]:.5g} -> {res.bound:.5g} "
@@ -89,9 +89,10 @@ def probe(spec: str, cutoff: float, budget: float, threads: int) -> None:
     name, cls, nets = spec.split(":")
     problem = VerificationProblem.from_run(open_run(RUNS / name))
     for p in (int(n) for n in nets.split(",")):
-        res = split_singleton(problem, int(cls), p, cutoff, time_limit=budget)
+        res = split_singleton(problem, int(cls), p, cutoff, time_limit=budget, give_up=False)
         row = {"workload": name, "class": int(cls), "network": p, "cutoff": cutoff, "budget": budget,
                "bound": res.bound, "proved": bool(res.proved), "domains": res.domains, "seconds": res.seconds,
+               "trace": [[round(t, 2), b] for t, b in res.trace],
                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": _commit(),
                "machine": _machine(threads)}
         print(json.dumps(row), flush=True)

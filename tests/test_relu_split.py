@@ -147,6 +147,45 @@ def test_the_verifier_adapter_skips_unreachable_rivals_and_stays_sound(cases):
         assert set(res.per_target) == set(range(problem.num_classes)) - {cls}
 
 
+def test_the_checkpoint_is_asked_once_and_stopping_there_stays_sound(cases):
+    """`checkpoint`: asked once, with the bound and the highest open domains' maximisers inside
+    the box; a True answer stops the search there (`gave_up`) with a bound that is still sound."""
+    for problem, p, cls, ex in cases[::3]:
+        if not math.isfinite(ex):
+            continue
+        calls = []
+
+        def carry_on(bound, xs):
+            calls.append((bound, xs))
+            return False
+
+        res = run(problem, p, cls, ex - 1e-3, time_limit=0.5, checkpoint=(0.0, carry_on))
+        assert res.bound >= ex - 1e-9 and not res.gave_up
+        assert len(calls) <= 1 and all(b > ex - 1e-3 and 1 <= len(xs) <= rs.LEAK_STARTS and np.all(xs >= problem.lower - 1e-12)
+                                       and np.all(xs <= problem.upper + 1e-12) for b, xs in calls)
+        stopped = run(problem, p, cls, ex - 1e-3, time_limit=30.0, checkpoint=(0.0, lambda bound, xs: True))
+        assert stopped.bound >= ex - 1e-9 and not stopped.proved
+        assert stopped.gave_up or stopped.domains <= 1  # (a root that is already final needs no search)
+
+
+def test_the_adapter_gives_up_only_off_track_or_at_a_leak(cases):
+    """`split_singleton` with a cutoff below the exact bound (a leak above it exists): it never
+    proves it; when it gives up, its bound was more than GIVE_UP_EXCESS above the cutoff or it
+    found a leak at the cutoff, and the bound is sound either way."""
+    gave_up = 0
+    for problem, p, cls, ex in cases:
+        if not math.isfinite(ex) or p > 2:
+            continue
+        cutoff = ex - 1e-3
+        res = split_singleton(problem, cls, p, cutoff, time_limit=0.4)
+        assert res.bound >= ex - 1e-9 and not res.proved
+        if res.gave_up:
+            gave_up += 1
+            off_track = res.bound > cutoff + rs.GIVE_UP_EXCESS * abs(cutoff)
+            assert off_track or (res.witness is not None and res.witness.confidence >= cutoff)
+    assert gave_up >= 3, gave_up
+
+
 def test_leaks_found_from_the_open_domains_are_real(cases):
     """An unproved network's search for a leak (from where its open domains peak) returns only
     replayed leaks: N' does not pick c there, and N's confidence is at most the exact beta*."""

@@ -287,10 +287,12 @@ class Engine(AnytimeBounds, Scheduling):
                 else:
                     top.state = STUCK
                 continue
-            # Branch only while workers would otherwise idle: later nodes may be closed by a better
-            # lower bound before they are ever solved.
+            # Branch only when a worker is free for a child: a node split while every worker is
+            # busy would only wait, and after the running nodes report, their leaks can close or
+            # prune it first. (With one worker the order of events is then fixed, not a race
+            # between the split and a result that comes in within milliseconds.)
             pending = sum(1 for n in cs.nodes.values() if n.state == PENDING)
-            if pending >= self.executor.capacity:
+            if pending + self.executor.in_flight >= self.executor.capacity:
                 return
             heapq.heappop(cs.open_heap)
             self._split(cs, top)

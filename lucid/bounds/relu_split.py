@@ -57,7 +57,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -70,6 +70,16 @@ from lucid.bounds.symbolic import _simplex
 
 LEAF_STEPS = 200  # Adam steps for a domain with nothing left to split (its bound is then final)
 LEAK_STARTS = 4  # leak searches from the highest open domains of an unproved network
+TRACE_EVERY = 1.0  # seconds between two points of a search's recorded bound
+# `split_singleton` checks once, after CHECK_SHARE of its time, whether the split is on track to
+# prove the cutoff, and hands the rest of its time to the MILP when it is not: when its bound is
+# still more than GIVE_UP_EXCESS (relative) above the cutoff, or when a leak at the cutoff is found
+# (no relaxation proves a network below a level at which it leaks). Measured on the class's last
+# networks (one thread, benchmarks/results/split_tier.md, "When the split gives up"): Adult 2x50's
+# witness network 1941, which only the split proves, was 7.2 % above its cutoff after 60 s and 3.0 %
+# after 240 s; Crypto 2x100's 1526 and 1387, which only the MILP proved, 39 % / 25 % and 14 % / 8.6 %.
+CHECK_SHARE = 0.25
+GIVE_UP_EXCESS = 0.05
 
 
 @dataclass
@@ -83,6 +93,8 @@ class SplitResult:
     per_target: dict[int, float]  # the bound per rival t that N' can reach
     starts: np.ndarray | None = None  # [n, d] where the highest open domains attain their bounds (unproved only)
     witness: object | None = None  # a replayed leak found from `starts` (`split_singleton`), or None
+    trace: list[tuple[float, float]] = field(default_factory=list)  # (seconds, the searched rival's bound) as it fell
+    gave_up: bool = False  # stopped at the checkpoint (`split_upper_bound`'s `checkpoint`), not at the time limit
 
 
 @dataclass
@@ -412,22 +424,25 @@ def split_upper_bound(n_weights, n_biases, weights, biases, n_lower, n_upper, lo
                       cutoff: float, *, margin_upper: np.ndarray | None = None, time_limit: float = 10.0,
                       batch: int = 1024, steps: int = 20, lr: float = 0.0125, lam_lr: float = 0.1, alpha_lr: float = 0.1,
                       max_domains: int = 300_000,
-                      start: np.ndarray | None = None, device: str = "cpu", domain_bound=None) -> SplitResult:
+                      start: np.ndarray | None = None, device: str = "cpu", domain_bound=None,
+                      checkpoint: tuple[float, object] | None = None) -> SplitResult:
     """Sound upper bound on beta*_{cls,{i}} for one network N' (weights[k] [out, in]) against N, by
     ReLU-splitting branch and bound until every domain is <= `cutoff` or `time_limit` seconds have
     passed (module docstring); best first while at most `max_domains` are open, then depth first
     (`_search`).
 
     start: optional [C] sound bounds per rival (e.g. the optimised screen's `per_target`); rivals
-    at -inf (N' can never prefer them) or already <= cutoff are skipped. domain_bound: see `_search`."""
+    at -inf (N' can never prefer them) or already <= cutoff are skipped. domain_bound, checkpoint:
+    see `_search` (the checkpoint's seconds count from this call's start)."""
     t0 = time.perf_counter()
     root = JointSystem(n_weights, n_biases, [np.asarray(w)[None] for w in weights], [np.asarray(b)[None] for b in biases],
                        n_lower, n_upper, lower, upper, device=device)
     C = root.W[-1].shape[0]
     cap = np.full((C, C), np.inf) if margin_upper is None else np.asarray(margin_upper, dtype=np.float64)
     per_target: dict[int, float] = {}
-    evaluated = 0
+    evaluated, gave_up = 0, False
     starts: list[np.ndarray] = []
+    trace: list[tuple[float, float]] = []
     # |s_c - s_u| <= max(margin_upper[c, u], margin_upper[u, c]): what mixing the rivals needs
     mix_bound = float(max(np.max(cap[cls]), np.max(cap[:, cls]))) if C > 2 and margin_upper is not None else None
     for t in range(C):
@@ -446,26 +461,30 @@ def split_upper_bound(n_weights, n_biases, weights, biases, n_lower, n_upper, lo
         spread = max(float(hu[cls] - hl[t]), float(hu[t] - hl[cls]), 1e-6)
         b.lr, b.lam_lr = lr * scale, lam_lr * scale / spread
         open_ = b.bound(open_)
-        per_target[t], open_ = _search(b, open_, cutoff, t0 + time_limit, batch, max_domains, domain_bound)
+        per_target[t], open_, gave_up = _search(b, open_, cutoff, t0 + time_limit, batch, max_domains, domain_bound,
+                                                trace, t0, checkpoint)
         evaluated += b.evaluated
         if per_target[t] > cutoff and len(open_):  # where a leak above the cutoff would most likely be
             top = torch.argsort(open_.bound, descending=True)[:LEAK_STARTS]
             starts.append(open_.x[top].cpu().numpy())
         if per_target[t] > cutoff > -math.inf:
             break  # this rival alone already keeps the network above the cutoff: nothing to prove
+        checkpoint = None if checkpoint is None or time.perf_counter() - t0 < checkpoint[0] else checkpoint
     for t in range(C):  # rivals not reached (an earlier one already failed): their start bound
         if t != cls and t not in per_target:
             per_target[t] = min(math.inf if start is None else float(start[t]), cap[cls, t])
     bound = max(per_target.values(), default=-math.inf)
     return SplitResult(bound, bound <= cutoff, evaluated, time.perf_counter() - t0, per_target,
-                       np.concatenate(starts) if starts else None)
+                       np.concatenate(starts) if starts else None, trace=trace, gave_up=gave_up)
 
 
 def _search(b: _Brancher, open_: _Domains, cutoff: float, deadline: float, batch: int, pool: int,
-            domain_bound=None) -> tuple[float, _Domains]:
+            domain_bound=None, trace: list | None = None, t0: float = 0.0,
+            checkpoint: tuple[float, object] | None = None) -> tuple[float, _Domains, bool]:
     """Branch and bound from the bounded domains `open_` until every domain is closed (<= cutoff,
     or nothing left to split), a closed one is above the cutoff, or the deadline passes. Returns
-    the sound bound (the maximum over closed and open domains) and the domains left open.
+    the sound bound (the maximum over closed and open domains), the domains left open and whether
+    the checkpoint stopped it.
 
     Best first (the batch of highest bounds is split each round) while at most `pool` domains
     are open: that lowers the anytime bound fastest. Beyond that, each round's reordering of the
@@ -478,9 +497,17 @@ def _search(b: _Brancher, open_: _Domains, cutoff: float, deadline: float, batch
     N''s) -> float, asked in the depth-first phase for the children whose own bound did not
     improve on their parent's (`lucid.node.domain_lp`: the LP of the singleton's MILP, about 6 ms
     against the pass's 0.3, but tighter where the pass stalls: on Adult's witness network, deep
-    domains stuck at 0.0207 by the pass had 0.0178 by the LP)."""
+    domains stuck at 0.0207 by the pass had 0.0178 by the LP).
+
+    trace: where to append (seconds since t0, bound) when the bound falls (at most every
+    TRACE_EVERY seconds) and at the end.
+
+    checkpoint: None, or (seconds since t0, hopeless): once that time has passed, the search asks
+    hopeless(bound, xs) (xs: where the highest open domains attain their bounds) and stops if it
+    answers True. Stopping early changes only how long the search runs: the bound is sound."""
     closed = -math.inf
     stack: list[_Domains] = []
+    stopped = False
 
     def settle(d: _Domains) -> _Domains:
         # closed: below the cutoff, or nothing left to split (the relaxation is then as tight as
@@ -523,8 +550,19 @@ def _search(b: _Brancher, open_: _Domains, cutoff: float, deadline: float, batch
     open_ = settle(open_)
     while True:
         highest = max([float(d.bound.max()) for d in (open_, *stack) if len(d)], default=-math.inf)
-        if highest == -math.inf or closed >= highest or closed > cutoff > -math.inf or time.perf_counter() > deadline:
+        now = time.perf_counter()
+        if trace is not None and (not trace or (max(closed, highest) < trace[-1][1] and now - t0 >= trace[-1][0] + TRACE_EVERY)):
+            trace.append((now - t0, max(closed, highest)))
+        if highest == -math.inf or closed >= highest or closed > cutoff > -math.inf or now > deadline:
             break
+        if checkpoint is not None and now - t0 >= checkpoint[0]:
+            tops = [d.take(torch.argsort(d.bound, descending=True)[:LEAK_STARTS]) for d in (open_, *stack) if len(d)]
+            top = _Domains.cat(tops)
+            xs = top.x[torch.argsort(top.bound, descending=True)[:LEAK_STARTS]].cpu().numpy()
+            hopeless, checkpoint = checkpoint[1], None
+            if hopeless(max(closed, highest), xs):
+                stopped = True
+                break
         if not stack and len(open_) <= pool:
             pick, rest = best_first(open_)
             open_ = _Domains.cat([rest, settle(split(pick, False))])
@@ -540,33 +578,49 @@ def _search(b: _Brancher, open_: _Domains, cutoff: float, deadline: float, batch
         if len(kids):
             stack.append(kids)
     open_ = _Domains.cat([open_, *stack]) if stack else open_
-    return max(closed, float(open_.bound.max()) if len(open_) else -math.inf), open_
+    final = max(closed, float(open_.bound.max()) if len(open_) else -math.inf)
+    if trace is not None:
+        trace.append((time.perf_counter() - t0, final))
+    return final, open_, stopped
 
 
 # ---------------------------------------------------------------------- adapter for the verifier
 def split_singleton(problem, cls: int, position: int, cutoff: float, *, time_limit: float,
-                    device: str = "cpu", domain_bound=None) -> SplitResult:
+                    device: str = "cpu", domain_bound=None, give_up: bool = True) -> SplitResult:
     """`split_upper_bound` for the network at `position` of problem.stack (a `VerificationProblem`),
     started from its optimised symbolic bound per rival (`lucid.bounds.symbolic`): rivals N' cannot
     reach, or already below the cutoff there, are not branched on. domain_bound: see `_search`
-    (the verifier passes `lucid.node.domain_lp.DomainLp(...).bound`)."""
+    (the verifier passes `lucid.node.domain_lp.DomainLp(...).bound`). give_up: stop after
+    CHECK_SHARE of `time_limit` if the split is not on track (GIVE_UP_EXCESS; `gave_up` in the result)."""
     from lucid.bounds.symbolic import singleton_upper_bounds
     from lucid.node.screen import OPTIMISE_STEPS
+    from lucid.witness.replay import climb
 
     stack = problem.stack
     n_w, n_b = [w[0] for w in stack.weights], [b[0] for b in stack.biases]
     ws, bs = [w[position] for w in stack.weights], [b[position] for b in stack.biases]
+    leaks = []
+
+    def leak_from(xs: np.ndarray) -> None:
+        for x in xs:
+            found = climb(stack, np.array([position]), x, cls, problem.lower, problem.upper)
+            if found is not None:
+                leaks.append(found)
+
+    def hopeless(bound: float, xs: np.ndarray) -> bool:
+        if bound > cutoff + GIVE_UP_EXCESS * abs(cutoff):
+            return True
+        leak_from(xs)
+        return any(found.confidence >= cutoff for found in leaks)
+
     start = singleton_upper_bounds(n_w, n_b, [w[None] for w in ws], [b[None] for b in bs], problem.n_bounds.lower,
                                    problem.n_bounds.upper, problem.lower, problem.upper, cls, problem.margin_upper,
                                    steps=OPTIMISE_STEPS, cutoff=cutoff, device=device).per_target[0]
     res = split_upper_bound(n_w, n_b, ws, bs, problem.n_bounds.lower, problem.n_bounds.upper, problem.lower,
                             problem.upper, cls, cutoff, margin_upper=problem.margin_upper, time_limit=time_limit,
-                            start=start, device=device, domain_bound=domain_bound)
+                            start=start, device=device, domain_bound=domain_bound,
+                            checkpoint=(CHECK_SHARE * time_limit, hopeless) if give_up else None)
     if res.starts is not None:  # unproved: climb to a real leak from where the open domains peak
-        from lucid.witness.replay import climb
-
-        for x in res.starts:
-            found = climb(stack, np.array([position]), x, cls, problem.lower, problem.upper)
-            if found is not None and (res.witness is None or found.confidence > res.witness.confidence):
-                res.witness = found
+        leak_from(res.starts)
+    res.witness = max(leaks, key=lambda found: found.confidence, default=None)
     return res

@@ -88,9 +88,10 @@ def analyse_node(
         # The MILP gets as long as the split had, not the rest of the node's limit: an unproved node
         # comes back sooner (retried with both budgets grown) instead of holding its worker while
         # easier networks wait (Adult 2x50: a 60-s split, then a 390-s MILP that ended unproved too).
+        # A split that gave up early leaves the MILP the rest of its budget too.
         if solver_options.time_limit is not None:
             solver_options = SolverOptions(**vars(solver_options))
-            solver_options.time_limit = time.perf_counter() - t0 + budget
+            solver_options.time_limit = max(time.perf_counter() - t0, budget) + budget
     if keep_key is not None:
         kept = KEPT.take(problem, keep_key)
         if kept is not None and kept.level >= slack(cutoff):
@@ -176,7 +177,7 @@ def _split_singleton(problem: VerificationProblem, cls: int, position: int, cuto
 
     lp = DomainLp(problem, cls, position, encoding)
     res = split_singleton(problem, cls, position, cutoff, time_limit=budget, device=device, domain_bound=lp.bound)
-    stats["split"] = {"upper": encode_float(res.bound), "proved": res.proved, "domains": res.domains,
+    stats["split"] = {"upper": encode_float(res.bound), "proved": res.proved, "gave_up": res.gave_up, "domains": res.domains,
                       "seconds": res.seconds, "domain_lps": lp.solved,
                       "lower": None if res.witness is None else res.witness.confidence}
     return res
