@@ -318,3 +318,20 @@ def test_a_cutoff_proves_nodes_below_it_and_leaves_nodes_above_it_exact(seed, lo
             if len(positions) == 1:  # a singleton's bound is exact with or without the cutoff
                 assert below.upper == pytest.approx(plain.upper, abs=1e-5)
             check_lower(stack, below, np.array(positions), cls)
+
+
+def test_a_leak_above_a_proved_bound_drops_that_bound():
+    """`with_leak` (the solver's, the targeted search's and the splitting tier's leaks): a higher
+    leak raises the node's lower bound; one above its "proved" upper bound voids that bound."""
+    from lucid.node.outcome import NodeOutcome, with_leak
+    from lucid.solvers.base import ERROR, TIME_LIMIT
+    from lucid.witness.replay import LeakWitness
+
+    base = NodeOutcome(0.5, 0.2, np.zeros(2), 3, TIME_LIMIT, 1.0, {"solves": []})
+    leak = lambda conf: LeakWitness(np.ones(2), conf, 1, 7, False)  # noqa: E731
+    assert with_leak(base, None, 0) is base and with_leak(base, leak(0.1), 0) is base
+    higher = with_leak(base, leak(0.4), 0)
+    assert (higher.upper, higher.status, higher.lower, higher.leaking_row) == (0.5, TIME_LIMIT, 0.4, 7)
+    above = with_leak(base, leak(0.6), 0)
+    assert above.upper == math.inf and above.status == ERROR and above.lower == 0.6
+    assert above.stats["unsound_bound"] == 0.5 and "unsound_bound" not in base.stats

@@ -22,7 +22,7 @@ from lucid.hyper import HyperNetwork, hyper_network
 from lucid.milp.model import MilpModel
 from lucid.node.encode import EncodingOptions, encode_idp, possible_targets
 from lucid.node.kept_trees import KEPT, KeptTree
-from lucid.node.outcome import NodeOutcome, combine_outcome
+from lucid.node.outcome import NodeOutcome, combine_outcome, with_leak
 from lucid.node.problem import VerificationProblem, node_difference_bounds
 from lucid.node.soundness import contradicts, retry_other, slack, solve_checked, user_bound
 from lucid.witness.replay import LeakWitness, find_leak
@@ -147,18 +147,10 @@ def analyse_node(
 
 def _tighter(outcome: NodeOutcome, split, cls: int) -> NodeOutcome:
     """`outcome` with the splitting tier's bound where that is smaller (both are sound) and its
-    leak where that is higher. A replayed witness above a bound makes that bound wrong: the split's
-    is then dropped, loudly (the solver's the same way as in `with_targeted_search`)."""
+    leak where that is higher (`with_leak`: a leak above the solver's bound drops that bound)."""
     if split is None:
         return outcome
-    found = split.witness
-    if found is not None and (outcome.lower is None or found.confidence > outcome.lower):
-        outcome = dataclasses.replace(outcome, lower=float(found.confidence), witness=found.x,
-                                      leaking_row=found.leaking_row)
-        if found.confidence > outcome.upper:
-            log.error("UNSOUND node bound for class %d: %.9g < replayed witness %.9g; bound dropped",
-                      cls, outcome.upper, found.confidence)
-            outcome = dataclasses.replace(outcome, upper=math.inf, status=ERROR)
+    outcome = with_leak(outcome, split.witness, cls)
     if not split.bound < outcome.upper:
         return outcome
     if outcome.lower is not None and outcome.lower > split.bound:

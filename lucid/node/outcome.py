@@ -72,15 +72,20 @@ def with_targeted_search(problem, cls: int, positions: np.ndarray, outcome: Node
     stats = dict(outcome.stats or {})
     stats["search_seconds"] = time.perf_counter() - t0
     stats["search_lower"] = None if found is None else float(found.confidence)
+    return with_leak(dataclasses.replace(outcome, stats=stats), found, cls)
+
+
+def with_leak(outcome: NodeOutcome, found: LeakWitness | None, cls: int) -> NodeOutcome:
+    """`outcome` with the replayed leak `found` where it beats the outcome's own. A true leak above
+    a "proved" bound means the solver failed: that bound is never used (the node keeps its parent's,
+    inherited one), loudly."""
     if found is None or (outcome.lower is not None and found.confidence <= outcome.lower):
-        return dataclasses.replace(outcome, stats=stats)
-    upper, status = outcome.upper, outcome.status
+        return outcome
+    upper, status, stats = outcome.upper, outcome.status, outcome.stats
     if contradicts(upper, found):
-        # A true leak above a "proved" bound: the solver failed. Never use that bound; the node
-        # keeps its parent's (inherited) bound instead.
         log.error("UNSOUND node bound for class %d: %.9g < replayed witness %.9g; bound dropped",
                   cls, upper, found.confidence)
-        stats["unsound_bound"] = float(upper)
+        stats = {**(stats or {}), "unsound_bound": float(upper)}
         upper, status = math.inf, ERROR
     return dataclasses.replace(outcome, upper=upper, status=status, lower=float(found.confidence),
                                witness=found.x, leaking_row=found.leaking_row, stats=stats)
