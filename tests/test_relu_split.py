@@ -231,6 +231,15 @@ def test_the_depth_first_phase_is_sound_and_finishes_near_exact(cases):
     assert len(gaps) >= 10 and np.median(gaps) < 0.05, gaps
 
 
+def _reached(hn, hp, sn, sp, t, cls) -> np.ndarray:
+    """Which sampled inputs (layer values hn of N, hp of N') lie in the domain of split signs sn,
+    sp (0: free) and have N' rank t >= cls."""
+    inside = hp[-1][:, t] >= hp[-1][:, cls]
+    for k in range(len(sn)):
+        inside &= np.all((sn[k] == 0) | (sn[k] * hn[k] >= 0), 1) & np.all((sp[k] == 0) | (sp[k] * hp[k] >= 0), 1)
+    return inside
+
+
 def test_the_domain_lp_covers_every_sampled_point_of_its_domain():
     """`DomainLp.bound` for random sign patterns (about half of a sampled input's signs) is >=
     C^c_N(x) at every sampled input whose activations follow the pattern and where N' ranks
@@ -260,9 +269,7 @@ def test_the_domain_lp_covers_every_sampled_point_of_its_domain():
                         i = rng.choice(np.flatnonzero(hp[-1][:, t] >= hp[-1][:, cls]))
                         sn = [(np.sign(h[i]) * (rng.random(h.shape[1]) < 0.5)).astype(np.int8) for h in hn[:-1]]
                         sp = [(np.sign(h[i]) * (rng.random(h.shape[1]) < 0.5)).astype(np.int8) for h in hp[:-1]]
-                        inside = hp[-1][:, t] >= hp[-1][:, cls]
-                        for k in range(len(sn)):
-                            inside &= np.all((sn[k] == 0) | (sn[k] * hn[k] >= 0), 1) & np.all((sp[k] == 0) | (sp[k] * hp[k] >= 0), 1)
+                        inside = _reached(hn, hp, sn, sp, t, cls)
                         bound = lp.bound(t, sn, sp)
                         full = lp.bound(t, [np.sign(h[i]).astype(np.int8) for h in hn[:-1]],
                                         [np.sign(h[i]).astype(np.int8) for h in hp[:-1]])
@@ -300,10 +307,7 @@ def test_the_domain_lp_closes_regions_no_input_reaches():
                     solved = lp.solved
                     if lp.bound(t, sn, sp) == -math.inf and lp.solved > solved:
                         closed += 1
-                        inside = hp[-1][:, t] >= hp[-1][:, cls]
-                        for k in range(len(sn)):
-                            inside &= np.all(sn[k] * hn[k] >= 0, 1) & np.all(sp[k] * hp[k] >= 0, 1)
-                        assert not inside.any(), (case, cls, t)
+                        assert not _reached(hn, hp, sn, sp, t, cls).any(), (case, cls, t)
     assert closed >= 20, closed
 
 

@@ -141,6 +141,13 @@ def _split_terms(signs: tuple[list, list], beta_n: list[torch.Tensor], beta_p: l
     return [(sn * b1, sp * b2) for sn, sp, b1, b2 in zip(*signs, beta_n, beta_p)]
 
 
+def _peaks(parts: list[_Domains]) -> np.ndarray:
+    """[<= LEAK_STARTS, d]: where the highest open domains of `parts` attain their bounds (where a
+    leak above the cutoff would most likely be)."""
+    top = _Domains.cat([d.take(torch.argsort(d.bound, descending=True)[:LEAK_STARTS]) for d in parts if len(d)])
+    return top.x[torch.argsort(top.bound, descending=True)[:LEAK_STARTS]].cpu().numpy()
+
+
 class _Brancher:
     """The branch and bound of one network N' and one rival t."""
 
@@ -464,9 +471,8 @@ def split_upper_bound(n_weights, n_biases, weights, biases, n_lower, n_upper, lo
         per_target[t], open_, gave_up = _search(b, open_, cutoff, t0 + time_limit, batch, max_domains, domain_bound,
                                                 trace, t0, checkpoint)
         evaluated += b.evaluated
-        if per_target[t] > cutoff and len(open_):  # where a leak above the cutoff would most likely be
-            top = torch.argsort(open_.bound, descending=True)[:LEAK_STARTS]
-            starts.append(open_.x[top].cpu().numpy())
+        if per_target[t] > cutoff and len(open_):
+            starts.append(_peaks([open_]))
         if per_target[t] > cutoff > -math.inf:
             break  # this rival alone already keeps the network above the cutoff: nothing to prove
         checkpoint = None if checkpoint is None or time.perf_counter() - t0 < checkpoint[0] else checkpoint
@@ -556,11 +562,8 @@ def _search(b: _Brancher, open_: _Domains, cutoff: float, deadline: float, batch
         if highest == -math.inf or closed >= highest or closed > cutoff > -math.inf or now > deadline:
             break
         if checkpoint is not None and now - t0 >= checkpoint[0]:
-            tops = [d.take(torch.argsort(d.bound, descending=True)[:LEAK_STARTS]) for d in (open_, *stack) if len(d)]
-            top = _Domains.cat(tops)
-            xs = top.x[torch.argsort(top.bound, descending=True)[:LEAK_STARTS]].cpu().numpy()
             hopeless, checkpoint = checkpoint[1], None
-            if hopeless(max(closed, highest), xs):
+            if hopeless(max(closed, highest), _peaks([open_, *stack])):
                 stopped = True
                 break
         if not stack and len(open_) <= pool:
@@ -620,7 +623,9 @@ def split_singleton(problem, cls: int, position: int, cutoff: float, *, time_lim
                             problem.upper, cls, cutoff, margin_upper=problem.margin_upper, time_limit=time_limit,
                             start=start, device=device, domain_bound=domain_bound,
                             checkpoint=(CHECK_SHARE * time_limit, hopeless) if give_up else None)
-    if res.starts is not None:  # unproved: climb to a real leak from where the open domains peak
+    # unproved: climb to a real leak from where the open domains peak (unless the checkpoint just
+    # climbed from those same domains and stopped on the leak it found)
+    if res.starts is not None and not (res.gave_up and leaks):
         leak_from(res.starts)
     res.witness = max(leaks, key=lambda found: found.confidence, default=None)
     return res
