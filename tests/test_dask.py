@@ -15,6 +15,7 @@ from click.testing import CliRunner
 from safetensors.numpy import load_file
 
 import lucid.cluster
+import lucid.worker_inputs
 from lucid.bab import verify_run
 from lucid.bab.events import read_events
 from lucid.errors import LucidError
@@ -133,6 +134,38 @@ def verify_reference(tmp_path_factory):
 
 def _pids(client) -> dict[str, int]:
     return client.run(os.getpid)
+
+
+def _holdings(client, name) -> dict[str, object]:
+    def ask(dask_worker):
+        plugin = dask_worker.plugins.get(name)
+        return None if plugin is None else plugin.value
+    return client.run(ask)
+
+
+def test_inputs_held_for_a_run_come_back_on_a_restarted_worker_and_go_on_release(cluster):
+    """Scattered data does not: a worker killed while holding its last replica ended the run."""
+    _, client = cluster
+    value = {"rows": np.arange(6.0)}
+    name = lucid.worker_inputs.hold(client, value, "test")
+    try:
+        victim = sorted(_pids(client).values())[0]
+        os.kill(victim, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # until the nanny's new process has joined
+            pids = set(client.run(os.getpid, on_error="ignore").values())
+            if len(pids) == 2 and victim not in pids:
+                break
+            time.sleep(0.1)
+        holdings = _holdings(client, name)
+        assert victim not in _pids(client).values() and len(holdings) == 2
+        assert all(np.array_equal(h["rows"], value["rows"]) for h in holdings.values())
+        assert client.submit(lambda: lucid.worker_inputs.held_value(name)["rows"].sum(), pure=False).result() == 15
+    finally:
+        lucid.worker_inputs.release(client, name)
+    assert all(h is None for h in _holdings(client, name).values())
+    with pytest.raises(LucidError, match="holds no"):
+        client.submit(lucid.worker_inputs.held_value, name, pure=False).result()
 
 
 def test_verification_on_worker_processes_survives_a_killed_worker(cluster, verify_reference, tmp_path):

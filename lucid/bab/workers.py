@@ -4,7 +4,8 @@ The branch-and-bound queue always stays in the driver; an executor only answers
 "analyse (class, network positions) within this time limit". A MILP is solved with one thread, so
 N workers solve N nodes at once; only the last node of a verification gets the idle workers'
 threads. The verification problem (all networks, the domain, N's bounds) is shipped to each worker
-once — via the pool initializer, or scattered to every Dask worker — not with every task.
+once — via the pool initializer, or held by every Dask worker (`lucid.worker_inputs`) — not with every
+task.
 
 A singleton retry's time-limited MILP stays in the worker that solved it (`lucid.node.kept_trees`);
 the process executor remembers which worker that is, so the engine can send the node's next retry
@@ -250,13 +251,18 @@ class DaskExecutor(Executor):
 
     def __init__(self, problem: Any, settings: VerifySettings, scheduler: Any, workers: int | None) -> None:
         from lucid.cluster import connect
+        from lucid.worker_inputs import hold
 
         super().__init__()
         self._cluster = connect(scheduler)
         self._client = self._cluster.client
         self._address = scheduler if isinstance(scheduler, str) else "the given client"
         self.capacity = workers if workers is not None else self._cluster.workers
-        self._problem = self._client.scatter(problem, broadcast=True)
+        try:
+            self._problem = hold(self._client, problem, "verification-problem")
+        except BaseException:
+            self._cluster.close()
+            raise
         # the scheduler (maybe a Client) stays here; workers only need to know they run on Dask
         self._settings = replace(settings, scheduler="dask")
 
@@ -265,7 +271,7 @@ class DaskExecutor(Executor):
 
     def submit(self, key, cls, positions, time_limit, cutoff, attempt=1, threads=1):
         fut = self._client.submit(
-            analyse_with, self._problem, self._settings, cls, np.asarray(positions), time_limit, cutoff, attempt,
+            _analyse_on_dask, self._problem, self._settings, cls, np.asarray(positions), time_limit, cutoff, attempt,
             threads, pure=False,
         )
         self._watch(key, fut)
@@ -283,12 +289,22 @@ class DaskExecutor(Executor):
         return results
 
     def close(self) -> None:
+        from lucid.worker_inputs import release
+
         for fut in list(self._futures.values()):
             try:
                 fut.cancel()
             except Exception:
                 pass
+        release(self._client, self._problem)
         self._cluster.close()
+
+
+def _analyse_on_dask(problem_name: str, settings: VerifySettings, cls: int, positions: np.ndarray,
+                     time_limit: float | None, cutoff: float, attempt: int, threads: int):
+    from lucid.worker_inputs import held_value
+
+    return analyse_with(held_value(problem_name), settings, cls, positions, time_limit, cutoff, attempt, threads)
 
 
 def _is_lost_cluster(exc: BaseException) -> bool:

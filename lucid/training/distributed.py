@@ -2,8 +2,8 @@
 
 The driver keeps everything that makes a run resumable and atomic (the staging directory, one
 file per finished chunk, the final publish); workers only compute chunks. The training inputs
-(rows, labels, initial parameters, batch orders) are scattered to every worker once, not sent
-with each chunk. A chunk is the same pure function of those inputs as in a local run, computed
+(rows, labels, initial parameters, batch orders) are given to every worker once
+(`lucid.worker_inputs`), not sent with each chunk. A chunk is the same pure function of those inputs as in a local run, computed
 with one torch thread, so the result is bit-identical to a local run. A worker that dies
 mid-chunk loses only that chunk: the scheduler runs it again on another worker.
 """
@@ -15,13 +15,15 @@ from typing import Any, Callable
 import numpy as np
 
 
-def train_chunk(inputs: dict[str, Any], lo: int, hi: int, options: dict[str, Any]) -> dict[str, np.ndarray]:
+def train_chunk(inputs_name: str, lo: int, hi: int, options: dict[str, Any]) -> dict[str, np.ndarray]:
     """Networks lo..hi-1 of the run (position 0 = N): their trained parameters and removed rows."""
     import torch
 
     from lucid.training.resources import keep_freed_memory
     from lucid.training.vectorized import train_networks
+    from lucid.worker_inputs import held_value
 
+    inputs = held_value(inputs_name)
     torch.set_num_threads(1)  # as a local chunk: bit-identical arithmetic whatever the worker's cores
     # As in a local run: without it every step's activations are mapped and unmapped again (Dask's
     # nanny even asks glibc to trim at 64 KiB), and page faults took 2.5x a local run's time. The
@@ -43,11 +45,15 @@ def train_on_cluster(cluster: Any, inputs: dict[str, Any], chunks: dict[int, tup
     """Train every chunk {index: (lo, hi)} on the cluster; `save` each as it arrives."""
     from distributed import as_completed
 
+    from lucid.worker_inputs import hold, release
+
     client = cluster.client
-    shared = client.scatter(inputs, broadcast=True)
-    futures = {client.submit(train_chunk, shared, lo, hi, options, pure=False): c for c, (lo, hi) in chunks.items()}
+    name = hold(client, inputs, "training-inputs")
+    futures: dict[Any, int] = {}
     finished = 0
     try:
+        futures = {client.submit(train_chunk, name, lo, hi, options, pure=False): c
+                   for c, (lo, hi) in chunks.items()}
         for future in as_completed(list(futures)):
             c = futures[future]
             save(c, future.result())
@@ -57,3 +63,4 @@ def train_on_cluster(cluster: Any, inputs: dict[str, Any], chunks: dict[int, tup
                 raise KeyboardInterrupt  # test hook: behave exactly like Ctrl-C
     finally:
         client.cancel(list(futures))
+        release(client, name)
