@@ -166,7 +166,7 @@ def test_gap_stops_early_with_sound_bounds(tmp_path):
     values = np.concatenate([[0.0], rng.uniform(0, 1, size=60)])
     engine, _, _ = make_engine(tmp_path, values, gap=0.5)
     cs = engine.run()[0]
-    assert cs.complete and cs.upper - cs.lower <= 0.5
+    assert cs.complete and cs.upper <= cs.lower + 0.5  # the engine's form: upper - lower may be 1 ulp above
     assert cs.upper >= values[1:].max() - 1e-12 and cs.lower <= values[1:].max() + 1e-12
 
 
@@ -334,9 +334,11 @@ def test_search_witness_is_a_replayed_leak(tmp_path):
     assert found  # this fixture leaks for at least one class
 
 
-def test_nodes_stop_before_the_session_deadline_so_their_bounds_count(tmp_path):
+def test_nodes_stop_before_the_session_deadline_so_their_bounds_count(tmp_path, monkeypatch):
     """A node MILP that uses its whole time limit must still report before the session ends."""
     import time
+
+    import lucid.bab.schedule
 
     values = np.concatenate([[0.0], np.linspace(0, 1, 8)])
     seen_limits = []
@@ -349,9 +351,12 @@ def test_nodes_stop_before_the_session_deadline_so_their_bounds_count(tmp_path):
             out.status = "time_limit"
             return out
 
+    # the product's margin for a 2-s session is 40 ms, less than a busy machine may take to hand
+    # a finished thread's result over; a real session (minutes) has seconds
+    monkeypatch.setattr(lucid.bab.schedule, "deadline_margin", lambda total: 0.5)
     engine, _, _ = make_engine(tmp_path, values, analyser=UsesItsLimit(values), workers=1, time_limit=2.0)
     cs = engine.run()[0]
-    assert seen_limits and seen_limits[0] < 2.0
+    assert seen_limits and seen_limits[0] <= 1.5
     assert cs.solved >= 1  # the root's bound was collected, not lost at the deadline
     assert cs.upper >= 1.0 - 1e-12
 
@@ -460,6 +465,8 @@ def test_the_first_singletons_seek_leaks_below_the_cutoff_once(tmp_path, rel_gap
                                  rel_gap=rel_gap, screen=lambda c, pos: values[pos] + 0.01)
     cs = engine.run()[0]
     log.close()
+    # a seek the class no longer needed may still be running in its thread: let it reach the analyser
+    engine.executor._pool.shutdown(wait=True)
     assert cs.done and cs.upper >= values.max() - 1e-12
     started = [e for e in read_events(tmp_path / "log.jsonl") if e["event"] == "started"]
     sought = [e for e in started if e.get("seek")]
