@@ -41,13 +41,14 @@ RUNS = ROOT / "runs"
 # crypto-2x50: idle_machine.md "Branch-and-bound (issue 6)" (lower 0.944143 / 0.279948);
 # adult-2x50: idle_machine.md sessions 9/10 (best replayed leaks 0.01875 / 0.02945).
 # crypto-2x100: verify_e2e.md (class 0 finished at 0.934666; class 1's lower bound at its 30-minute limit).
-# digits-2x20: the best lower bounds of the time-limited verifications of 2026-11-24 (screen.md's notes;
-# their bounds files are gone with that machine).
+# digits-2x20: the finished verification of 2026-11-25 (verify_e2e.md, every class at u/l <= 1.1), but
+# class 9, where a time-limited verification of 2026-11-24 had replayed a higher leak (2.75133); all
+# rounded down.
 # Every workload also takes the best lower bound in runs/NAME/bounds*.json of the verifications run on it.
 RECORDED_LB = {"crypto-2x50": {0: 0.944143, 1: 0.279948}, "adult-2x50": {0: 0.01875, 1: 0.02945},
                "crypto-2x100": {0: 0.934666, 1: 0.295229},
-               "digits-2x20": {0: 2.98785, 1: 2.38743, 2: 2.03056, 3: 2.60726, 4: 2.72106, 5: 3.72224,
-                               6: 3.09835, 7: 2.52464, 8: 1.98915, 9: 2.75133}}
+               "digits-2x20": {0: 2.98785, 1: 2.3934, 2: 2.40814, 3: 2.60726, 4: 2.72105, 5: 3.72224,
+                               6: 3.09835, 7: 2.54385, 8: 1.98914, 9: 2.75133}}
 
 WORKLOADS = {
     "crypto-2x50": dict(arch="2x50", batch_size=100),
