@@ -32,8 +32,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@contextlib.contextmanager
-def server(run_dir: Path, *args: str, env: dict | None = None):
+def _start(run_dir: Path, args: tuple[str, ...], env: dict | None) -> tuple[subprocess.Popen, str] | None:
+    """A started `lucid serve` and its URL; None if another listener took the chosen port first."""
     port = free_port()
     cmd = [sys.executable, "-m", "lucid", "serve", str(run_dir), "--port", str(port), *args]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})
@@ -42,24 +42,49 @@ def server(run_dir: Path, *args: str, env: dict | None = None):
         deadline = time.monotonic() + 30
         while True:
             if proc.poll() is not None:
-                raise AssertionError(f"server exited early: {proc.stderr.read()}")
+                err = proc.stderr.read()
+                if f"cannot listen on 127.0.0.1:{port}: Address already in use" in err:
+                    proc.stderr.close()
+                    return None
+                raise AssertionError(f"server exited early: {err}")
             try:
                 if httpx.get(url + "/healthz", timeout=1).status_code == 200:
-                    break
+                    return proc, url
             except httpx.HTTPError:
                 pass
             if time.monotonic() > deadline:
                 raise AssertionError("server did not start")
             time.sleep(0.1)
+    except BaseException:
+        _stop(proc)
+        raise
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    proc.stderr.close()
+
+
+@contextlib.contextmanager
+def server(run_dir: Path, *args: str, env: dict | None = None):
+    # The port is free when chosen, but the server binds it a second later: another listener (the
+    # other test worker's) may take it meanwhile; then a fresh port is tried.
+    for _ in range(3):
+        started = _start(run_dir, args, env)
+        if started is not None:
+            break
+    else:
+        raise AssertionError("three chosen ports were taken before the server could listen")
+    proc, url = started
+    try:
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        proc.stderr.close()
+        _stop(proc)
 
 
 @pytest.fixture()
