@@ -8,7 +8,8 @@ recorded and the replayed one): (c) the optimised screen over every leave-one-ou
 `split_singleton(cutoff=LB)` with `--budget` seconds on each network (c) leaves above LB. A network
 is discarded when its bound is <= LB. Results are appended network by network to
 benchmarks/results/split_tier/<workload>-<class>.json, so an interrupted run continues where it
-stopped; the report is benchmarks/results/split_tier.md.
+stopped (a run at another budget or LB starts over and keeps the earlier file as
+<workload>-<class>-<commit>.json); the report is benchmarks/results/split_tier.md.
 
 --probe WORKLOAD:CLASS:NETWORKS runs the tier on the named networks alone at `--cutoff` (e.g. a
 class's last open networks at the bound a target needs) and appends one JSON line per network to
@@ -49,9 +50,13 @@ def measure(name: str, cls: int, budget: float, threads: int) -> dict:
     state = json.loads(path.read_text()) if path.exists() else None
     problem = VerificationProblem.from_run(open_run(RUNS / name))
     positions = np.arange(1, len(problem.stack))
-    if state is None or state.get("budget") != budget:
-        lb = lower_bounds(name, problem, [cls])[cls]
-        level = lb["replayed"] if lb["recorded"] is None else max(lb["replayed"], lb["recorded"])
+    lb = lower_bounds(name, problem, [cls])[cls]
+    level = lb["replayed"] if lb["recorded"] is None else max(lb["replayed"], lb["recorded"])
+    if state is not None and (state.get("budget") != budget or state["lb"] != level):
+        # another question: the earlier answer is kept beside the new one, under its commit
+        path.replace(path.with_name(f"{path.stem}-{state['commit']}.json"))
+        state = None
+    if state is None:
         t0 = time.perf_counter()
         screened = symbolic_screen(problem, cls, positions, steps=OPTIMISE_STEPS, cutoff=level)
         left = positions[screened > level]
