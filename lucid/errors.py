@@ -5,11 +5,24 @@ Anything the user can cause (bad file, bad option, licence too small) is raised 
 Internal bugs stay ordinary exceptions so they are never mistaken for bad input.
 """
 
+import math
+
 
 class LucidError(Exception):
     """An error caused by the user's input or environment, shown as one line."""
 
     exit_code = 2
+
+
+def non_negative_number(value: object, what: str) -> float:
+    """`value` as a float if it is a finite number >= 0; else one line naming `what` and `value`."""
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise LucidError(f"{what} must be a number, got {value!r}") from None
+    if not math.isfinite(number) or number < 0:
+        raise LucidError(f"{what} must be a finite number >= 0, got {value!r}")
+    return number
 
 
 class SolverError(LucidError):

@@ -44,7 +44,7 @@ from lucid.access.ledger import DEFAULT_CLIENT, check_budget, check_client_name
 from lucid.access.mechanism import RandomSource, check_epsilon, exponential_mechanism, needs_noise
 from lucid.access.memo import DEFAULT_MEMO_SIZE, Memo
 from lucid.atomic import read_json
-from lucid.errors import LucidError
+from lucid.errors import LucidError, non_negative_number
 from lucid.rundir import BOUNDS_FORMAT, Run, open_run
 
 BOUNDS_FILE = "bounds.json"
@@ -133,12 +133,7 @@ class LabelOnlyClassifier:
         self.run = run
         self.epsilon = check_epsilon(epsilon)
         self.budget = check_budget(budget)
-        try:
-            self.deadline = float(deadline_ms) / 1e3
-        except (TypeError, ValueError):
-            raise LucidError(f"the deadline must be a number of ms, got {deadline_ms!r}") from None
-        if not math.isfinite(self.deadline) or self.deadline < 0:
-            raise LucidError(f"the deadline must be a finite number of ms >= 0, got {deadline_ms!r}")
+        self.deadline = non_negative_number(deadline_ms, "the deadline in ms") / 1e3
         self.clip = bool(clip)
         self.rng = RandomSource(seed)
         self.num_classes = run.num_classes

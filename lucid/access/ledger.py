@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from lucid.errors import LucidError
+from lucid.errors import LucidError, non_negative_number
 
 DEFAULT_CLIENT = "default"  # the single ledger of a service without per-client API keys
 ALL_CLIENTS = "*"  # ledger row of the memo's own draws (client names cannot contain '*')
@@ -55,15 +55,7 @@ class BudgetExceeded(LucidError):
 
 
 def check_budget(budget: float | None) -> float | None:
-    if budget is None:
-        return None
-    try:
-        value = float(budget)
-    except (TypeError, ValueError):
-        raise LucidError(f"the privacy budget must be a number, got {budget!r}") from None
-    if not math.isfinite(value) or value < 0:
-        raise LucidError(f"the privacy budget must be a finite number >= 0, got {budget!r}")
-    return value
+    return None if budget is None else non_negative_number(budget, "the privacy budget")
 
 
 def within_budget(charge: float, budget: float) -> bool:

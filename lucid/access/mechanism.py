@@ -19,7 +19,7 @@ import threading
 
 import numpy as np
 
-from lucid.errors import LucidError
+from lucid.errors import non_negative_number
 
 _TWO_POW_53 = float(2**53)
 
@@ -54,13 +54,7 @@ def true_label_probability(epsilon: float, num_classes: int) -> float:
 
 
 def check_epsilon(epsilon: float) -> float:
-    try:
-        eps = float(epsilon)
-    except (TypeError, ValueError):
-        raise LucidError(f"epsilon must be a number, got {epsilon!r}") from None
-    if not math.isfinite(eps) or eps < 0:
-        raise LucidError(f"epsilon must be a finite number >= 0, got {epsilon!r}")
-    return eps
+    return non_negative_number(epsilon, "epsilon")
 
 
 def exponential_mechanism(

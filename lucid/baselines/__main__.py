@@ -34,7 +34,8 @@ def _floats(text: str, what: str) -> list[float]:
 def command(run_dir, epsilon, methods, teachers, delta, max_grad_norm, agt_k, json_path) -> None:
     from lucid.atomic import write_json_atomic
     from lucid.baselines.alibi import train_alibi
-    from lucid.baselines.common import check_epsilon, load_run_data, train_plain
+    from lucid.access.mechanism import check_epsilon
+    from lucid.baselines.common import load_run_data, train_plain
     from lucid.baselines.dpcert import train_dpcert
     from lucid.baselines.dpsgd import train_dpsgd
     from lucid.baselines.smooth_sensitivity import run_smooth_sensitivity

@@ -16,7 +16,8 @@ import time
 
 import numpy as np
 
-from lucid.baselines.common import BaselineResult, Dataset, TrainConfig, accuracy, check_epsilon, train_sgd
+from lucid.access.mechanism import check_epsilon
+from lucid.baselines.common import BaselineResult, Dataset, TrainConfig, accuracy, train_sgd
 
 METHOD = "alibi"
 

@@ -163,13 +163,6 @@ def train_plain(data: Dataset, config: TrainConfig) -> BaselineResult:
     return BaselineResult("plain", None, accuracy(model, data.X_test, data.y_test), seconds)
 
 
-def check_epsilon(epsilon: float) -> float:
-    epsilon = float(epsilon)
-    if not (epsilon >= 0 and math.isfinite(epsilon)):
-        raise LucidError(f"epsilon must be a finite number >= 0, got {epsilon}")
-    return epsilon
-
-
 def check_dp_sgd_settings(n: int, delta: float | None, max_grad_norm: float) -> float:
     """Validate the (eps, delta)-DP training settings shared by DP-SGD and DP-CERT; delta defaults to 1/n."""
     delta = 1.0 / n if delta is None else float(delta)

@@ -29,7 +29,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from lucid.baselines.common import BaselineResult, Dataset, TrainConfig, check_dp_sgd_settings, check_epsilon
+from lucid.access.mechanism import check_epsilon
+from lucid.baselines.common import BaselineResult, Dataset, TrainConfig, check_dp_sgd_settings
 from lucid.baselines.models import build_model
 from lucid.errors import LucidError
 

@@ -14,7 +14,8 @@ import warnings
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from lucid.baselines.common import BaselineResult, Dataset, TrainConfig, accuracy, check_dp_sgd_settings, check_epsilon
+from lucid.access.mechanism import check_epsilon
+from lucid.baselines.common import BaselineResult, Dataset, TrainConfig, accuracy, check_dp_sgd_settings
 from lucid.baselines.models import build_model
 
 METHOD = "dpsgd"

@@ -43,7 +43,8 @@ import torch
 
 from lucid.agt import AgtDiverged, abstract_train
 from lucid.agt.stability import stable_distances
-from lucid.baselines.common import BaselineResult, Dataset, TrainConfig, check_epsilon
+from lucid.access.mechanism import check_epsilon
+from lucid.baselines.common import BaselineResult, Dataset, TrainConfig
 from lucid.baselines.models import parse_architecture
 from lucid.baselines.subsample_aggregate import disjoint_parts
 from lucid.errors import LucidError

@@ -18,7 +18,8 @@ from typing import Sequence
 import numpy as np
 from scipy.special import softmax
 
-from lucid.baselines.common import BaselineResult, Dataset, TrainConfig, check_epsilon, predict, train_sgd
+from lucid.access.mechanism import check_epsilon
+from lucid.baselines.common import BaselineResult, Dataset, TrainConfig, predict, train_sgd
 from lucid.errors import LucidError
 
 METHOD = "subsample_aggregate"
