@@ -51,6 +51,28 @@ def test_training_on_a_cluster_is_bit_identical_to_local(cluster, local_run, tmp
     assert (run / "run.json").read_text() == (local_run / "run.json").read_text()
 
 
+def test_training_survives_a_killed_worker_bit_identically(cluster, local_run, tmp_path):
+    """The worker running a chunk dies: the scheduler runs that chunk again on a worker that
+    still (or, restarted, again) holds the training inputs."""
+    _, client = cluster
+    result: dict = {}
+    thread = threading.Thread(target=lambda: result.update(
+        run=train_run("sklearn:wine", tmp_path / "run", scheduler=client, **TRAIN)))
+    thread.start()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not any(client.processing().values()):
+        time.sleep(0.005)
+    busy = [w for w, tasks in client.processing().items() if tasks]
+    if busy:  # (a chunk of this size may already be done: then no worker is busy to kill)
+        os.kill(client.run(os.getpid, workers=busy[:1])[busy[0]], signal.SIGKILL)
+    thread.join(120)
+    assert not thread.is_alive() and result
+    a, b = networks(local_run), networks(result["run"])
+    assert sorted(a) == sorted(b) and all(np.array_equal(a[k], b[k]) for k in a)
+    client.wait_for_workers(2, timeout=60)
+    assert busy  # the kill happened while a chunk ran
+
+
 def test_fine_tuning_one_layer_on_a_cluster_is_bit_identical_to_local(cluster, tmp_path):
     _, client = cluster
     local = train_run("sklearn:wine", tmp_path / "local", train_layers="last", **TRAIN)
