@@ -6,6 +6,7 @@ import contextlib
 import http.client
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -26,65 +27,40 @@ LABELS = ["low", "mid", "high"]
 ALLOWED_HEADERS = {"content-type", "content-length", "date", "www-authenticate"}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _start(run_dir: Path, args: tuple[str, ...], env: dict | None) -> tuple[subprocess.Popen, str] | None:
-    """A started `lucid serve` and its URL; None if another listener took the chosen port first."""
-    port = free_port()
-    cmd = [sys.executable, "-m", "lucid", "serve", str(run_dir), "--port", str(port), *args]
+@contextlib.contextmanager
+def server(run_dir: Path, *args: str, env: dict | None = None):
+    """`lucid serve` on a port the system picks (--port 0; the server names it on stderr)."""
+    cmd = [sys.executable, "-m", "lucid", "serve", str(run_dir), "--port", "0", *args]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})
-    url = f"http://127.0.0.1:{port}"
     try:
+        said = []
+        while not (found := re.search(r" on (http://127\.0\.0\.1:\d+)/v1/predict", "".join(said))):
+            line = proc.stderr.readline()  # the server's stderr closes if it exits early
+            if not line:
+                raise AssertionError(f"server exited early: {''.join(said)}")
+            said.append(line)
+        url = found.group(1)
         deadline = time.monotonic() + 30
         while True:
             if proc.poll() is not None:
-                err = proc.stderr.read()
-                if f"cannot listen on 127.0.0.1:{port}: Address already in use" in err:
-                    proc.stderr.close()
-                    return None
-                raise AssertionError(f"server exited early: {err}")
+                raise AssertionError(f"server exited early: {''.join(said)}{proc.stderr.read()}")
             try:
                 if httpx.get(url + "/healthz", timeout=1).status_code == 200:
-                    return proc, url
+                    break
             except httpx.HTTPError:
                 pass
             if time.monotonic() > deadline:
                 raise AssertionError("server did not start")
             time.sleep(0.1)
-    except BaseException:
-        _stop(proc)
-        raise
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-    proc.stderr.close()
-
-
-@contextlib.contextmanager
-def server(run_dir: Path, *args: str, env: dict | None = None):
-    # The port is free when chosen, but the server binds it a second later: another listener (the
-    # other test worker's) may take it meanwhile; then a fresh port is tried.
-    for _ in range(3):
-        started = _start(run_dir, args, env)
-        if started is not None:
-            break
-    else:
-        raise AssertionError("three chosen ports were taken before the server could listen")
-    proc, url = started
-    try:
         yield url
     finally:
-        _stop(proc)
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        proc.stderr.close()
 
 
 @pytest.fixture()

@@ -44,25 +44,31 @@ def read_api_keys(path: Path) -> dict[str, str]:
     return keys
 
 
-def _check_port_free(host: str, port: int) -> None:
+def _listen(host: str, port: int) -> socket.socket:
+    """The bound socket the server will listen on (port 0: one the system picks). Bound here, not
+    by uvicorn, so that a taken port is one line before anything starts and the port named on
+    stderr is the one bound."""
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except socket.gaierror as exc:
         raise LucidError(f"cannot resolve host {host!r}: {exc}") from None
     family, _, _, _, address = infos[0]
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind(address)
-        except OSError as exc:
-            raise LucidError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        raise LucidError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    return sock
 
 
 @click.command(name="serve")
 @click.argument("run", type=click.Path(path_type=Path))
 @click.option("--epsilon", "-e", type=float, required=True, help="Privacy budget of the exponential mechanism.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Interface to bind (loopback by default).")
-@click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535))
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535),
+              help="Port to bind; 0: a free one, named in the line on stderr.")
 @click.option("--memo", type=click.Path(path_type=Path), default=None,
               help="SQLite memo of answers and privacy ledger [default: RUN/memo.sqlite]. Keep it: "
                    "deleting it lets clients re-sample noisy labels and forgets what they were charged.")
@@ -105,7 +111,8 @@ def command(run: Path, epsilon: float, host: str, port: int, memo: Path | None, 
     memo_path = memo if memo is not None else run / "memo.sqlite"
     clf = LabelOnlyClassifier.from_run(run, epsilon=epsilon, memo=memo_path, clip=clip, memo_size=memo_size,
                                        budget=budget)
-    _check_port_free(host, port)
+    sock = _listen(host, port)
+    port = sock.getsockname()[1]
     app = create_app(clf, api_key=api_key, max_body=max_body, max_batch=max_batch, api_keys=key_table,
                      deadline_ms=deadline_ms)
     auth = f", {len(key_table)} clients" if key_table else (", auth on" if api_key else "")
@@ -115,7 +122,9 @@ def command(run: Path, epsilon: float, host: str, port: int, memo: Path | None, 
         f"{f', deadline {deadline_ms:g} ms' if deadline_ms else ''}); Ctrl-C stops",
         err=True,
     )
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, server_header=False)
     try:
-        uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False, server_header=False)
+        uvicorn.Server(config).run(sockets=[sock])
     finally:
+        sock.close()
         clf.close()
