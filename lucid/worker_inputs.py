@@ -3,8 +3,8 @@ training data.
 
 Scattered data (`client.scatter(..., broadcast=True)`) cannot carry this: Dask's active memory
 manager drops the replicas that no waiting task needs, and a worker killed while holding the last
-one cancels every later task with "lost scattered data", so one dead worker ended the run. A worker
-plugin instead is kept by the scheduler and set up again on every worker that joins, restarted
+one would cancel every later task ("lost scattered data") and so end the run. A worker plugin
+instead is kept by the scheduler and set up again on every worker that joins, restarted
 ones included, so a dead worker costs only the task it was running. The price is one pickled copy
 of the inputs in the scheduler's memory.
 
@@ -14,8 +14,7 @@ Import this module only where `distributed` is installed (the `--scheduler` path
 from __future__ import annotations
 
 import uuid
-from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 from distributed import WorkerPlugin, get_worker
 
@@ -42,15 +41,6 @@ def release(client: Any, name: str) -> None:
         client.unregister_worker_plugin(name)
     except Exception:  # the scheduler went away meanwhile: nothing is left to drop
         pass
-
-
-@contextmanager
-def held(client: Any, value: Any, what: str) -> Iterator[str]:
-    name = hold(client, value, what)
-    try:
-        yield name
-    finally:
-        release(client, name)
 
 
 def held_value(name: str) -> Any:

@@ -34,11 +34,16 @@ def server(run_dir: Path, *args: str, env: dict | None = None):
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})
     try:
         said = []
-        while not (found := re.search(r" on (http://127\.0\.0\.1:\d+)/v1/predict", "".join(said))):
-            line = proc.stderr.readline()  # the server's stderr closes if it exits early
-            if not line:
-                raise AssertionError(f"server exited early: {''.join(said)}")
-            said.append(line)
+        watchdog = threading.Timer(60, proc.kill)  # a server that never says its URL ends the wait
+        watchdog.start()
+        try:
+            while not (found := re.search(r" on (http://127\.0\.0\.1:\d+)/v1/predict", "".join(said))):
+                line = proc.stderr.readline()  # the server's stderr closes when it exits
+                if not line:
+                    raise AssertionError(f"server exited early: {''.join(said)}")
+                said.append(line)
+        finally:
+            watchdog.cancel()
         url = found.group(1)
         deadline = time.monotonic() + 30
         while True:

@@ -116,8 +116,9 @@ def command(run: Path, epsilon: float, host: str, port: int, memo: Path | None, 
     app = create_app(clf, api_key=api_key, max_body=max_body, max_batch=max_batch, api_keys=key_table,
                      deadline_ms=deadline_ms)
     auth = f", {len(key_table)} clients" if key_table else (", auth on" if api_key else "")
+    netloc = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"  # an IPv6 address needs its brackets
     click.echo(
-        f"lucid: serving {run} on http://{f'[{host}]' if ':' in host else host}:{port}/v1/predict (epsilon={clf.epsilon:g}, memo={memo_path}"
+        f"lucid: serving {run} on http://{netloc}/v1/predict (epsilon={clf.epsilon:g}, memo={memo_path}"
         f"{auth}{', clipping' if clip else ''}{f', budget {budget:g} per client' if budget is not None else ''}"
         f"{f', deadline {deadline_ms:g} ms' if deadline_ms else ''}); Ctrl-C stops",
         err=True,

@@ -3,9 +3,10 @@
 The driver keeps everything that makes a run resumable and atomic (the staging directory, one
 file per finished chunk, the final publish); workers only compute chunks. The training inputs
 (rows, labels, initial parameters, batch orders) are given to every worker once
-(`lucid.worker_inputs`), not sent with each chunk. A chunk is the same pure function of those inputs as in a local run, computed
-with one torch thread, so the result is bit-identical to a local run. A worker that dies
-mid-chunk loses only that chunk: the scheduler runs it again on another worker.
+(`lucid.worker_inputs`), not sent with each chunk. A chunk is the same pure function of those
+inputs as in a local run, computed with one torch thread, so the result is bit-identical to a
+local run. A worker that dies mid-chunk loses only that chunk: the scheduler runs it again on
+another worker, which holds the inputs (a restarted one gets them again).
 """
 
 from __future__ import annotations
