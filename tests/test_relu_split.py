@@ -166,6 +166,17 @@ def test_the_checkpoint_is_asked_once_and_stopping_there_stays_sound(cases):
         stopped = run(problem, p, cls, ex - 1e-3, time_limit=30.0, checkpoint=(0.0, lambda bound, xs: True))
         assert stopped.bound >= ex - 1e-9 and not stopped.proved
         assert stopped.gave_up or stopped.domains <= 1  # (a root that is already final needs no search)
+    # once per network, not once per rival: with three classes a provable cutoff searches a second
+    # rival after proving the first (the checkpoint was once asked again there)
+    # (no assertion on proving: a busy machine may stop a search at its limit, which only asks less)
+    asked = 0
+    for problem, p, cls, ex in cases:
+        if math.isfinite(ex) and problem.margin_upper.shape[0] > 2:
+            calls = []
+            run(problem, p, cls, ex + 1e-2, time_limit=5.0, checkpoint=(0.0, lambda b, xs: calls.append(b)))
+            assert len(calls) <= 1, (p, cls, len(calls))
+            asked += len(calls)
+    assert asked
 
 
 def test_the_adapter_gives_up_only_off_track_or_at_a_leak(cases):

@@ -83,6 +83,16 @@ GIVE_UP_EXCESS = 0.05
 
 
 @dataclass
+class _Checkpoint:
+    """`split_upper_bound`'s checkpoint: asked once per network, whichever rival's search passes
+    its time first (the searches of one network share this object)."""
+
+    at: float  # seconds since the network's split started
+    hopeless: object  # (bound, xs) -> bool
+    asked: bool = False
+
+
+@dataclass
 class SplitResult:
     """The outcome of `split_upper_bound` for one network and class."""
 
@@ -439,8 +449,9 @@ def split_upper_bound(n_weights, n_biases, weights, biases, n_lower, n_upper, lo
     (`_search`).
 
     start: optional [C] sound bounds per rival (e.g. the optimised screen's `per_target`); rivals
-    at -inf (N' can never prefer them) or already <= cutoff are skipped. domain_bound, checkpoint:
-    see `_search` (the checkpoint's seconds count from this call's start)."""
+    at -inf (N' can never prefer them) or already <= cutoff are skipped. domain_bound: see
+    `_search`. checkpoint: None, or (seconds from this call's start, hopeless), asked once for the
+    network by the first rival's search to pass that time (`_Checkpoint`, `_search`)."""
     t0 = time.perf_counter()
     root = JointSystem(n_weights, n_biases, [np.asarray(w)[None] for w in weights], [np.asarray(b)[None] for b in biases],
                        n_lower, n_upper, lower, upper, device=device)
@@ -448,6 +459,7 @@ def split_upper_bound(n_weights, n_biases, weights, biases, n_lower, n_upper, lo
     cap = np.full((C, C), np.inf) if margin_upper is None else np.asarray(margin_upper, dtype=np.float64)
     per_target: dict[int, float] = {}
     evaluated, gave_up = 0, False
+    once = None if checkpoint is None else _Checkpoint(*checkpoint)
     starts: list[np.ndarray] = []
     trace: list[tuple[float, float]] = []
     # |s_c - s_u| <= max(margin_upper[c, u], margin_upper[u, c]): what mixing the rivals needs
@@ -469,13 +481,12 @@ def split_upper_bound(n_weights, n_biases, weights, biases, n_lower, n_upper, lo
         b.lr, b.lam_lr = lr * scale, lam_lr * scale / spread
         open_ = b.bound(open_)
         per_target[t], open_, gave_up = _search(b, open_, cutoff, t0 + time_limit, batch, max_domains, domain_bound,
-                                                trace, t0, checkpoint)
+                                                trace, t0, once)
         evaluated += b.evaluated
         if per_target[t] > cutoff and len(open_):
             starts.append(_peaks([open_]))
         if per_target[t] > cutoff > -math.inf:
             break  # this rival alone already keeps the network above the cutoff: nothing to prove
-        checkpoint = None if checkpoint is None or time.perf_counter() - t0 < checkpoint[0] else checkpoint
     for t in range(C):  # rivals not reached (an earlier one already failed): their start bound
         if t != cls and t not in per_target:
             per_target[t] = min(math.inf if start is None else float(start[t]), cap[cls, t])
@@ -486,7 +497,7 @@ def split_upper_bound(n_weights, n_biases, weights, biases, n_lower, n_upper, lo
 
 def _search(b: _Brancher, open_: _Domains, cutoff: float, deadline: float, batch: int, pool: int,
             domain_bound=None, trace: list | None = None, t0: float = 0.0,
-            checkpoint: tuple[float, object] | None = None) -> tuple[float, _Domains, bool]:
+            checkpoint: _Checkpoint | None = None) -> tuple[float, _Domains, bool]:
     """Branch and bound from the bounded domains `open_` until every domain is closed (<= cutoff,
     or nothing left to split), a closed one is above the cutoff, or the deadline passes. Returns
     the sound bound (the maximum over closed and open domains), the domains left open and whether
@@ -508,9 +519,9 @@ def _search(b: _Brancher, open_: _Domains, cutoff: float, deadline: float, batch
     trace: where to append (seconds since t0, bound) when the bound falls (at most every
     TRACE_EVERY seconds) and at the end.
 
-    checkpoint: None, or (seconds since t0, hopeless): once that time has passed, the search asks
-    hopeless(bound, xs) (xs: where the highest open domains attain their bounds) and stops if it
-    answers True. Stopping early changes only how long the search runs: the bound is sound."""
+    checkpoint: None, or a `_Checkpoint` not yet asked: once its time (seconds since t0) has
+    passed, the search asks hopeless(bound, xs) (xs: where the highest open domains attain their
+    bounds) and stops if it answers True. Stopping early changes only how long the search runs: the bound is sound."""
     closed = -math.inf
     stack: list[_Domains] = []
     stopped = False
@@ -561,9 +572,9 @@ def _search(b: _Brancher, open_: _Domains, cutoff: float, deadline: float, batch
             trace.append((now - t0, max(closed, highest)))
         if highest == -math.inf or closed >= highest or closed > cutoff > -math.inf or now > deadline:
             break
-        if checkpoint is not None and now - t0 >= checkpoint[0]:
-            hopeless, checkpoint = checkpoint[1], None
-            if hopeless(max(closed, highest), _peaks([open_, *stack])):
+        if checkpoint is not None and not checkpoint.asked and now - t0 >= checkpoint.at:
+            checkpoint.asked = True
+            if checkpoint.hopeless(max(closed, highest), _peaks([open_, *stack])):
                 stopped = True
                 break
         if not stack and len(open_) <= pool:
