@@ -147,8 +147,26 @@ def conv1d_to_dense(weight: np.ndarray, bias: np.ndarray, length: int) -> tuple[
     return dense.reshape(n_k, c_out * out_len, c_in * length), dense_bias.reshape(n_k, c_out * out_len)
 
 
+def non_finite(tensors: dict[str, np.ndarray]) -> np.ndarray:
+    """[K] bool: which networks of a `networks.safetensors` slice hold a NaN or infinite parameter."""
+    k = len(tensors["removed"])
+    bad = np.zeros(k, dtype=bool)
+    for name, t in tensors.items():
+        if name != "removed" and t.dtype.kind == "f":
+            bad |= ~np.isfinite(t.reshape(k, -1)).all(axis=1)
+    return bad
+
+
+def diverged_message(count: int, total: int | None, first_removed: int) -> str:
+    """The one line for networks with non-finite parameters (a diverged training run)."""
+    which = "N (trained on every row)" if first_removed == -1 else f"the network without row {first_removed}"
+    of = f" of {total}" if total is not None else ""
+    return (f"{count}{of} networks in {NETWORKS_FILE} have non-finite parameters (NaN or infinity), "
+            f"among them {which}: training diverged; train again with a smaller --lr")
+
+
 def stack_from_tensors(tensors: dict[str, np.ndarray], architecture: dict, input_dim: int) -> NetworkStack:
-    """Build the dense IR from the tensors of `networks.safetensors` (see README, run format).
+    """Build the dense IR from the tensors of `networks.safetensors` (docs/formats.md).
 
     CNN runs store `conv.{j}.weight` [K, c_out, c_in, kernel] and `conv.{j}.bias` [K, c_out]
     for the convolutions (input = 1 channel of length d), followed by the usual `layers.{i}.*`
@@ -156,6 +174,9 @@ def stack_from_tensors(tensors: dict[str, np.ndarray], architecture: dict, input
     """
     if "removed" not in tensors:
         raise LucidError(f"{NETWORKS_FILE} has no 'removed' tensor")
+    bad = non_finite(tensors)
+    if bad.any():  # a NaN reads as "cannot leak" in a comparison: refuse before any bound sees it
+        raise LucidError(diverged_message(int(bad.sum()), None, int(tensors["removed"][bad.argmax()])))
     weights: list[np.ndarray] = []
     biases: list[np.ndarray] = []
     length, channels = input_dim, 1
@@ -239,6 +260,21 @@ class NetworkFile:
             return {name: np.ascontiguousarray(self._fh.get_slice(name)[start:stop]) for name in self._names}
         except Exception as exc:
             raise LucidError(f"cannot read {self.path}: {exc}") from None
+
+    def check_finite(self, chunk_bytes: int = 64 << 20) -> None:
+        """Raise the one-line error if any network has a NaN or infinite parameter (streamed)."""
+        if len(self) == 0:
+            return
+        per_network = sum(int(np.prod(self._fh.get_slice(n).get_shape()[1:], dtype=np.int64)) * 8 for n in self._names)
+        step = max(1, chunk_bytes // max(per_network, 1))
+        count, first = 0, None
+        for start in range(0, len(self), step):
+            bad = non_finite(self.tensors(start, min(len(self), start + step)))
+            if bad.any() and first is None:
+                first = int(self.removed[start + int(bad.argmax())])
+            count += int(bad.sum())
+        if count:
+            raise LucidError(diverged_message(count, len(self), first))
 
     def n_tensors(self) -> dict[str, np.ndarray]:
         """N's raw tensors (position 0, leading axis kept), checked to be N."""

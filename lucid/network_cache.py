@@ -58,6 +58,7 @@ def mapped_networks(run_dir: str | Path, meta: dict) -> NetworkStack:
         key = networks_key(run_dir, meta)
         folder = run_dir / "cache" / f"networks-f64-{key}"
         if not folder.is_dir():
+            source.check_finite()  # the whole count in one line, before anything is written
             _write_cache(source, folder)
             _remove_stale(folder)
         stack = _open_cache(folder, len(source))

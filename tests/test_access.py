@@ -82,13 +82,22 @@ def test_released_labels_are_ns_labels_and_noise_follows_the_bounds(run_dir):
     assert noised[cls == 1].all() and not noised[cls == 2].any()
 
 
-def test_confidence_equal_to_the_bound_is_noised(run_dir):
+def test_release_needs_the_bound_plus_the_float_error_of_n(run_dir):
+    """Bounds are about exact arithmetic; N's confidence here is float64, so a confidence less than
+    E_N above the bound is noised (the old rule, confidence > bound, released it)."""
     xn = np.array([[0.5, 0.5]])
     cls, conf = reference_n(run_dir, xn)
-    write_bounds(run_dir, {int(cls[0]): float(conf[0])})
+    c, conf = int(cls[0]), float(conf[0])
+    write_bounds(run_dir, {c: conf})
+    clf = LabelOnlyClassifier.from_run(run_dir, epsilon=1.0, seed=0)
+    err = clf.confidence_error
+    assert 0 < err < 1e-12
+    assert clf.decide(xn)[1].tolist() == [True]
+    write_bounds(run_dir, {c: conf - err / 2})
+    assert conf > conf - err / 2
     clf = LabelOnlyClassifier.from_run(run_dir, epsilon=1.0, seed=0)
     assert clf.decide(xn)[1].tolist() == [True]
-    write_bounds(run_dir, {int(cls[0]): float(np.nextafter(conf[0], -np.inf))})
+    write_bounds(run_dir, {c: conf - 2 * err})
     clf = LabelOnlyClassifier.from_run(run_dir, epsilon=1.0, seed=0)
     assert clf.decide(xn)[1].tolist() == [False]
 

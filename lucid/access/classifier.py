@@ -45,6 +45,7 @@ from lucid.access.mechanism import RandomSource, check_epsilon, exponential_mech
 from lucid.access.memo import DEFAULT_MEMO_SIZE, Memo
 from lucid.atomic import read_json
 from lucid.errors import LucidError, non_negative_number
+from lucid.node.soundness import confidence_error, release_thresholds
 from lucid.rundir import BOUNDS_FORMAT, Run, open_run
 
 BOUNDS_FILE = "bounds.json"
@@ -80,7 +81,9 @@ def _load_n(run: Run) -> tuple[list[np.ndarray], list[np.ndarray], str]:
     """N's dense layers (W^T, b) in float64 and a fingerprint of N, reading only N's slices."""
     from lucid.network import NetworkFile, stack_from_tensors
 
-    tensors = NetworkFile(run.path, run.meta).n_tensors()
+    source = NetworkFile(run.path, run.meta)
+    source.check_finite()  # a diverged leave-one-out network voids every bound: refuse the run
+    tensors = source.n_tensors()
     digest = hashlib.sha256(json.dumps(run.meta, sort_keys=True).encode())
     for name in sorted(tensors):
         digest.update(name.encode())
@@ -151,6 +154,10 @@ class LabelOnlyClassifier:
         if lower.shape != (self.input_dim,) or upper.shape != (self.input_dim,) or (lower > upper).any():
             raise LucidError("run.json: the domain must have lower <= upper, one entry per feature")
         self.domain_lower, self.domain_upper = lower, upper
+        # Released only above max(beta_c, 0) + E_N (lucid.node.soundness): beta_c is about exact
+        # arithmetic, N's confidence here is float64.
+        self.confidence_error = confidence_error([w.T for w in self._weights], self._biases, lower, upper)
+        self.thresholds = release_thresholds(self.bounds, self.confidence_error)
         slack = _DOMAIN_TOLERANCE * np.maximum(1.0, np.maximum(np.abs(lower), np.abs(upper)))
         self._lower_tol, self._upper_tol = lower - slack, upper + slack
         self.memo = memo if isinstance(memo, Memo) else Memo(memo, max_size=memo_size, fingerprint=self.fingerprint)
@@ -236,7 +243,7 @@ class LabelOnlyClassifier:
             cls = s.argmax(axis=1)
             top2 = np.partition(s, -2, axis=1)[:, -2:]
             conf = top2[:, 1] - top2[:, 0]  # = score_c - runner-up (0 on ties)
-        return cls, needs_noise(conf, cls, self.bounds)
+        return cls, needs_noise(conf, cls, self.thresholds)
 
     def predict_network_space(self, xn: np.ndarray, return_noised: bool = False, client: str | None = None):
         """Class ids for in-domain network-space inputs (evaluate uses this on the test split).

@@ -61,6 +61,9 @@ def load_boxes(run_dir: str | Path) -> dict[int, AgtBox]:
                 lower = {key[len(prefix) : -len(".lower")]: fh.get_tensor(key)
                          for key in fh.keys() if key.startswith(prefix) and key.endswith(".lower")}
                 upper = {name: fh.get_tensor(f"{prefix}{name}.upper") for name in lower}
+                if not all(bool(t.isfinite().all()) for t in [*lower.values(), *upper.values()]):
+                    raise LucidError(f"{path}: the AGT box for k={k} has non-finite bounds (NaN or infinity): "
+                                     "its training diverged; train again with a smaller --lr")
                 boxes[int(k)] = AgtBox(int(k), lower, upper)
     except LucidError:
         raise

@@ -218,7 +218,8 @@ def _chunk_bounds(n_weights, n_biases, weights, biases, n_lower, n_upper, lower,
     with torch.no_grad():
         reach = sys_.backward(-G, -G, L - 1) + sys_.fp_rel * (mag_a + md[:, [cls]] + md[:, rivals]) + FP_ABS
     hl, hu = sys_.hl[L - 1], sys_.hu[L - 1]
-    feasible = _np((reach >= 0) & (hu[:, rivals] - hl[:, [cls]] >= 0))
+    # written as 'not provably negative', so a NaN (a diverged network) counts as reachable
+    feasible = _np(~((reach < 0) | (hu[:, rivals] - hl[:, [cls]] < 0)))
     cap = np.full(T, np.inf) if margin_upper is None else np.asarray(margin_upper, dtype=np.float64)[cls, rivals]
     lam_start = torch.tensor(lam0[:, rivals], dtype=DTYPE, device=dev)
 

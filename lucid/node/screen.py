@@ -30,12 +30,12 @@ def screen_upper_bounds(problem: VerificationProblem, cls: int, positions: np.nd
         hl, hu = diff.hyper.lower[-1], diff.hyper.upper[-1]
         best = np.full(len(pos), -np.inf)
         for t in others:
-            feasible = hu[:, t] - hl[:, cls] >= 0
+            feasible = ~(hu[:, t] - hl[:, cls] < 0)  # not "provably < 0": NaN stays feasible
             via_diff = du[:, t] - dl[:, cls]
             via_diff = via_diff + FP_REL * (np.abs(du[:, t]) + np.abs(dl[:, cls])) + 1e-300
-            cand = np.minimum(via_diff, problem.margin_upper[cls, t])
+            cand = np.minimum(np.where(np.isnan(via_diff), np.inf, via_diff), problem.margin_upper[cls, t])
             best = np.where(feasible, np.maximum(best, cand), best)
-        out[start : start + len(pos)] = best
+        out[start : start + len(pos)] = np.where(np.isnan(best), np.inf, best)
     return out
 
 

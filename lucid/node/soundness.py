@@ -95,3 +95,66 @@ def retry_other(model: MilpModel, solver: str, options: SolverOptions, witness: 
             return result
         log.error("fallback solver %s is also below the replayed witness", other)
     return SolveResult(status=ERROR, upper_bound=math.inf, solver=solver, message="bound below a replayed witness")
+
+
+# -- what the access layer may release -------------------------------------------------------
+#
+# Every bound above is about exact (real-number) arithmetic: beta_c >= C_N(x) for every leaking x.
+# The access layer decides with N's confidence computed in float64, which can differ from the
+# exact one by a few ulps of the scores summed. When N' is one float32 step away from N, beta_c
+# can lie within 1e-17 of the true value, so a float confidence a rounding error above beta_c
+# would release a leaking input. The release rule therefore asks for a margin E_N that bounds
+# the float error of N's confidence anywhere in the verified domain.
+
+_UNIT_ROUNDOFF = 2.0 ** -53
+
+
+def _gamma(n: int) -> float:
+    """Higham's gamma_n = n u / (1 - n u): a float sum or dot product of n terms errs by at most
+    gamma_n times the sum of the terms' magnitudes, in any summation order (BLAS blocking, FMA)."""
+    return n * _UNIT_ROUNDOFF / (1.0 - n * _UNIT_ROUNDOFF)
+
+
+def confidence_error(weights: list[np.ndarray], biases: list[np.ndarray], lower: np.ndarray,
+                     upper: np.ndarray) -> float:
+    """A bound on |float64 confidence - exact confidence| of one network at any x in [lower, upper].
+
+    weights[k] is [out, in] (ReLU between layers, none after the last). A float layer
+    zhat = fl(W hhat + b) errs from the exact W hhat + b by at most g (|W| |hhat| + |b|) with
+    g = gamma_(fan-in + 1); an error e in hhat moves z by at most |W| e, and ReLU does not grow
+    it. An enclosure of the float activations gives |hhat| (interval arithmetic, padded by the
+    same g so its own rounding stays inside). The confidence s_c - max_(t != c) s_t adds the
+    error of two scores and one rounded subtraction. Everything is doubled: the bound's own
+    float evaluation and a float argmax that picks another runner-up stay inside it.
+    Non-finite parameters give +inf (nothing can be released on their strength).
+    """
+    lo, hi = np.asarray(lower, dtype=np.float64), np.asarray(upper, dtype=np.float64)
+    err = np.zeros_like(lo)
+    last = len(weights) - 1
+    for k, (w, b) in enumerate(zip(weights, biases)):
+        w, b = np.asarray(w, dtype=np.float64), np.asarray(b, dtype=np.float64)
+        g = _gamma(w.shape[1] + 1)
+        with np.errstate(all="ignore"):
+            size = np.maximum(np.abs(lo), np.abs(hi))
+            magnitude = np.abs(w) @ size + np.abs(b)
+            err = np.abs(w) @ err + g * magnitude
+            centre, radius = (lo + hi) / 2, (hi - lo) / 2
+            mid = w @ centre + b
+            spread = np.abs(w) @ radius + err + 2 * g * magnitude
+            lo, hi = mid - spread, mid + spread
+            if k < last:
+                lo, hi = np.maximum(lo, 0.0), np.maximum(hi, 0.0)
+    with np.errstate(all="ignore"):
+        scores = np.maximum(np.abs(lo), np.abs(hi))
+        total = 2.0 * (2.0 * float(err.max()) + 2.0 * _UNIT_ROUNDOFF * float(scores.max()))
+    return total if math.isfinite(total) else math.inf
+
+
+def release_thresholds(upper: np.ndarray, error: float) -> np.ndarray:
+    """Per class, the float confidence above which N's label may be released: max(beta_c, 0) + E_N,
+    rounded up. Above it the exact confidence exceeds max(beta_c, 0): N's exact label is the float
+    one and no network disagrees with it (beta_c = +inf: never; no leak at all: still > E_N)."""
+    with np.errstate(invalid="ignore"):
+        floor = np.maximum(np.asarray(upper, dtype=np.float64), 0.0) + error
+    floor = np.where(np.isnan(floor), np.inf, floor)
+    return np.nextafter(floor, np.inf)
