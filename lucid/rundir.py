@@ -1,4 +1,4 @@
-"""Reading a run directory (format `lucid-run/1`, documented in README.md).
+"""Reading a run directory (format `lucid-run/1`, documented in docs/formats.md).
 
 RUN/
   run.json               metadata: classes, input dim, domain (network input space), scaler, ...

@@ -26,8 +26,8 @@ Totals per client (`summarise`), each an exact statement about the client's view
 The row for all clients together ('*') counts the memo's draws: what any coalition of clients
 holds at most (a memo hit for a second client reveals nothing the first did not get).
 
-Both iDP statements presuppose that the branch is not observable otherwise; see the README's
-threat model for timing, status codes and refusals.
+Both iDP statements presuppose that the branch is not observable otherwise; see the threat
+model in docs/access.md for timing, status codes and refusals.
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ SUBCOMMANDS = {
     "serve": "Serve label-only, iDP-protected predictions over HTTP.",
     "budget": "Show the privacy ledger: what each client of `lucid serve` has been given.",
     "demo": "Train, verify and evaluate on a bundled data set, end to end.",
+    "report": "Write one self-contained HTML (or Markdown) report of what was proved about a run.",
 }
 
 
