@@ -379,10 +379,14 @@ def test_ledger_totals_on_a_scripted_sequence(run_dir, tmp_path):
         assert t.charged == pytest.approx(0.5 * answers) and t.spent == pytest.approx(0.5 * noised)
         assert 0 < t.spent_tight <= t.spent
     assert totals["default"].by_epsilon == [{"epsilon": 0.5, "answers": 7, "noised": 3, "refused": 0}]
-    # A restart with another epsilon keeps a separate group; totals add up.
-    other = LabelOnlyClassifier.from_run(run_dir, epsilon=2.0, memo=clf.memo, seed=1)
-    other.predict(to_orig(noi[4:5]))  # new to "default": charged at 2.0
-    t = {t.client: t for t in other.ledger()}["default"]
+    # A restart with another epsilon is refused: the stored draws keep theirs (memo_meta.py) ...
+    with pytest.raises(LucidError, match="epsilon = 0.5"):
+        LabelOnlyClassifier.from_run(run_dir, epsilon=2.0, memo=clf.memo, seed=1)
+    # ... while a ledger with several epsilons (a file written before memos recorded theirs) keeps
+    # one group per epsilon, and the totals add up.
+    from lucid.access import summarise
+
+    t = {t.client: t for t in summarise([*clf.memo.ledger_rows(), ("default", 2.0, 1, 1, 0)])}["default"]
     assert (t.answers, t.noised) == (8, 4) and t.spent == pytest.approx(1.5 + 2.0)
     assert t.spent_tight <= t.spent
 
@@ -415,24 +419,41 @@ def test_budget_refuses_on_the_worst_case_whatever_the_branch(run_dir, tmp_path)
 
 
 def test_old_memo_files_are_migrated(tmp_path):
+    """lucid-memo/1 (noised answers only, no ledger): stored answers keep being read, but their
+    epsilon is unknown, so no new answer is drawn into the file; an empty one is simply upgraded.
+    (lucid-memo/2 files: tests/test_serve_hardening.py.)"""
     import sqlite3
 
-    path = tmp_path / "old.sqlite"
-    db = sqlite3.connect(path)
-    db.executescript(
-        "CREATE TABLE memo (key BLOB PRIMARY KEY, label INTEGER NOT NULL, used INTEGER NOT NULL) WITHOUT ROWID;"
-        "CREATE TABLE meta (name TEXT PRIMARY KEY, value);"
-        "INSERT INTO meta VALUES ('format', 'lucid-memo/1'), ('fingerprint', ''), ('count', 1);"
-        "INSERT INTO memo VALUES (x'01', 2, 5);"
-    )
-    db.commit()
-    db.close()
-    memo = Memo(path)
-    assert memo.get_or_put([b"\x01", b"\x02"], np.array([0, 1]), noised=np.array([False, False]),
-                           client="c", epsilon=1.0).tolist() == [2, 1]
-    assert dict(memo._db.execute("SELECT key, noised FROM memo").fetchall()) == {b"\x01": 1, b"\x02": 0}
-    assert memo.ledger_rows() == [("*", 1.0, 1, 0, 0), ("c", 1.0, 2, 1, 0)]
-    assert dict(memo._db.execute("SELECT * FROM meta").fetchall())["format"] == "lucid-memo/2"
+    from lucid.access import read_ledger
+
+    for path, stored in [(tmp_path / "old.sqlite", "INSERT INTO memo VALUES (x'01', 2, 5);"),
+                         (tmp_path / "empty.sqlite", "")]:
+        db = sqlite3.connect(path)
+        db.executescript(
+            "CREATE TABLE memo (key BLOB PRIMARY KEY, label INTEGER NOT NULL, used INTEGER NOT NULL) WITHOUT ROWID;"
+            "CREATE TABLE meta (name TEXT PRIMARY KEY, value);"
+            f"INSERT INTO meta VALUES ('format', 'lucid-memo/1'), ('fingerprint', ''), ('count', {int(bool(stored))});"
+            + stored
+        )
+        db.commit()
+        db.close()
+    with pytest.raises(LucidError, match="cannot be established"):
+        Memo(tmp_path / "old.sqlite", epsilon=1.0)
+    memo = Memo(tmp_path / "old.sqlite")  # as without an epsilon: migrated, but draws nothing new
+    assert memo.lookup(b"\x01") == 2
+    assert dict(memo._db.execute("SELECT key, noised FROM memo").fetchall()) == {b"\x01": 1}
+    meta = dict(memo._db.execute("SELECT * FROM meta").fetchall())
+    assert meta["format"] == "lucid-memo/3" and meta["epsilon"] == "unknown"
+    with pytest.raises(LucidError, match="cannot be established"):
+        memo.get_or_put([b"\x01", b"\x02"], np.array([0, 1]), client="c", epsilon=1.0)
+    memo.close()
+    assert read_ledger(tmp_path / "old.sqlite") == []
+    memo = Memo(tmp_path / "empty.sqlite")
+    assert memo.get_or_put([b"\x02"], np.array([1]), noised=np.array([False]), client="c",
+                           epsilon=1.0).tolist() == [1]
+    assert memo.ledger_rows() == [("*", 1.0, 1, 0, 0), ("c", 1.0, 1, 0, 0)]
+    assert memo.epsilon == 1.0
+    memo.close()
 
 
 def test_eviction_charges_a_fresh_draw_again(tmp_path):

@@ -66,12 +66,19 @@ def test_the_runs_networks_are_the_trainers_with_those_layers_trainable(runs):
     data = np.load(runs["tuned"] / "data.npz")
     X, y = torch.from_numpy(data["X_train"]), torch.from_numpy(data["y_train"])
     init = {k: torch.from_numpy(v[0]) for k, v in tensors(runs["public"]).items() if k != "removed"}
-    removed = torch.tensor([-1, 0, 7, 18])
-    ref = train_networks(init, {"type": "mlp", "hidden": [5, 5]}, X, y, removed, batch_orders(len(y), 3, 0),
-                         lr=0.2, weight_decay=1e-5, batch_size=8, num_classes=2, trainable={2})
+    # every network of the run, as its one chunk: batched kernels may round differently for another
+    # batch of networks, and the claim is bit-identity with what the trainer computes for the run
+    removed = torch.arange(-1, len(y))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the harness trains each chunk
+    try:
+        ref = train_networks(init, {"type": "mlp", "hidden": [5, 5]}, X, y, removed, batch_orders(len(y), 3, 0),
+                             lr=0.2, weight_decay=1e-5, batch_size=8, num_classes=2, trainable={2})
+    finally:
+        torch.set_num_threads(threads)
     nets = tensors(runs["tuned"])
     for name, t in ref.items():
-        assert np.array_equal(nets[name][removed.numpy() + 1], t.numpy()), name
+        assert np.array_equal(nets[name], t.numpy()), name
 
 
 def test_every_leave_one_out_network_lies_in_the_boxes_and_the_box_bound_covers_loo(runs, tmp_path):

@@ -28,8 +28,9 @@ ALLOWED_HEADERS = {"content-type", "content-length", "date", "www-authenticate"}
 
 
 @contextlib.contextmanager
-def server(run_dir: Path, *args: str, env: dict | None = None):
-    """`lucid serve` on a port the system picks (--port 0; the server names it on stderr)."""
+def server(run_dir: Path, *args: str, env: dict | None = None, stderr_lines: list[str] | None = None):
+    """`lucid serve` on a port the system picks (--port 0; the server names it on stderr). The
+    lines it printed up to its URL are appended to `stderr_lines`."""
     cmd = [sys.executable, "-m", "lucid", "serve", str(run_dir), "--port", "0", *args]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})
     try:
@@ -44,6 +45,8 @@ def server(run_dir: Path, *args: str, env: dict | None = None):
                 said.append(line)
         finally:
             watchdog.cancel()
+        if stderr_lines is not None:
+            stderr_lines.extend(said)
         url = found.group(1)
         deadline = time.monotonic() + 30
         while True:
@@ -281,7 +284,7 @@ def test_deadline_holds_every_prediction_response(run_dir):
 
     async def check() -> None:
         transport = httpx.ASGITransport(app=create_app(clf, deadline_ms=60))
-        async with httpx.AsyncClient(transport=transport, base_url="http://lucid") as client:
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
             for body, status in [({"inputs": to_orig([[0.5, 0.5]])}, 200), ({"inputs": [[9.0, -4.8]]}, 422)]:
                 t0 = time.perf_counter()
                 assert (await client.post("/v1/predict", json=body)).status_code == status

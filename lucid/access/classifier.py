@@ -40,11 +40,12 @@ from typing import Any
 
 import numpy as np
 
+from lucid.access.guard import check_deadline_ms
 from lucid.access.ledger import DEFAULT_CLIENT, check_budget, check_client_name
 from lucid.access.mechanism import RandomSource, check_epsilon, exponential_mechanism, needs_noise
 from lucid.access.memo import DEFAULT_MEMO_SIZE, Memo
 from lucid.atomic import read_json
-from lucid.errors import LucidError, non_negative_number
+from lucid.errors import LucidError
 from lucid.node.soundness import confidence_error, release_thresholds
 from lucid.rundir import BOUNDS_FORMAT, Run, open_run
 
@@ -136,7 +137,7 @@ class LabelOnlyClassifier:
         self.run = run
         self.epsilon = check_epsilon(epsilon)
         self.budget = check_budget(budget)
-        self.deadline = non_negative_number(deadline_ms, "the deadline in ms") / 1e3
+        self.deadline = check_deadline_ms(deadline_ms) / 1e3
         self.clip = bool(clip)
         self.rng = RandomSource(seed)
         self.num_classes = run.num_classes
@@ -160,7 +161,10 @@ class LabelOnlyClassifier:
         self.thresholds = release_thresholds(self.bounds, self.confidence_error)
         slack = _DOMAIN_TOLERANCE * np.maximum(1.0, np.maximum(np.abs(lower), np.abs(upper)))
         self._lower_tol, self._upper_tol = lower - slack, upper + slack
-        self.memo = memo if isinstance(memo, Memo) else Memo(memo, max_size=memo_size, fingerprint=self.fingerprint)
+        # The memo records the epsilon and bounds of its draws and refuses others (memo_meta.py).
+        self.memo = (memo.bind(self.epsilon, self.bounds, self.fingerprint) if isinstance(memo, Memo) else
+                     Memo(memo, max_size=memo_size, fingerprint=self.fingerprint, epsilon=self.epsilon,
+                          bounds=self.bounds))
 
     @classmethod
     def from_run(

@@ -156,7 +156,7 @@ def read_ledger(path: str | Path, fingerprint: str | None = None) -> list[tuple[
         db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=30.0)
         try:
             meta = dict(db.execute("SELECT name, value FROM meta").fetchall())
-            if meta.get("format") not in ("lucid-memo/1", "lucid-memo/2"):
+            if meta.get("format") not in ("lucid-memo/1", "lucid-memo/2", "lucid-memo/3"):
                 raise LucidError(f"{path} is not a LUCID memo file")
             if fingerprint and meta.get("fingerprint") and meta["fingerprint"] != fingerprint:
                 raise LucidError(f"the memo {path} belongs to a different model or run")

@@ -20,6 +20,10 @@ Concurrency: `BEGIN IMMEDIATE` serialises writers across processes, a lock seria
 threads of one process, and a batch reads the stored labels and inserts the missing ones in
 the same transaction, so two racing queries for one input both get the first stored draw.
 
+One epsilon per file: every stored draw was made with the epsilon the file records, and a memo
+refuses to answer or charge with another one (lucid/access/memo_meta.py), so a client is always
+charged the epsilon its answers were drawn with.
+
 Bounded: LRU eviction (the paper's policy) once more than `max_size` inputs are stored; an
 evicted input can be re-sampled, which is the price of bounded storage.
 """
@@ -35,10 +39,10 @@ from typing import Callable, Sequence
 import numpy as np
 
 from lucid.access.ledger import ALL_CLIENTS, BudgetExceeded, within_budget
+from lucid.access.memo_meta import (MEMO_FORMAT, OLD_FORMATS, bind_bounds, bind_epsilon, check_fingerprint, migrate,
+                                    new_meta, refuse_other_epsilon)
 from lucid.errors import LucidError
 
-MEMO_FORMAT = "lucid-memo/2"
-_OLD_FORMATS = {"lucid-memo/1"}  # noised answers only; migrated in place on opening
 DEFAULT_MEMO_SIZE = 1_000_000
 _CHUNK = 500  # keys per SELECT ... IN (...), well under SQLite's bound-parameter limit
 _MAX_PENDING_TOUCHES = 10_000  # LRU updates of memo hits kept in memory before a write
@@ -82,11 +86,17 @@ class Memo:
         max_size: int = DEFAULT_MEMO_SIZE,
         fingerprint: str | None = None,
         durable: bool = False,
+        epsilon: float | None = None,
+        bounds: np.ndarray | None = None,
     ) -> None:
+        """`epsilon` (and `bounds`): bind the file to them at once, refusing a file recorded with
+        others (see `bind`); without, the first answer written binds it to its epsilon."""
         if int(max_size) < 1:
             raise LucidError(f"the memo size must be at least 1, got {max_size}")
         self.max_size = int(max_size)
         self.path = None if path is None else Path(path)
+        self._name = "in memory" if self.path is None else str(self.path)
+        self._epsilon: float | None = None
         self._lock = threading.Lock()
         self._pending_touches: dict[bytes, int] = {}
         target = ":memory:" if self.path is None else str(self.path)
@@ -99,32 +109,51 @@ class Memo:
             self._db.execute(f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
             self._db.executescript(_SCHEMA)
             self._init_meta(fingerprint)
+            if epsilon is not None:
+                self.bind(epsilon, bounds)
         except sqlite3.DatabaseError as exc:
+            self._close_quietly()
             raise LucidError(f"cannot use {target} as a memo: {exc}") from None
+        except LucidError:
+            self._close_quietly()
+            raise
+
+    def _close_quietly(self) -> None:
+        """Close a connection that failed to open as a memo (a refused file is not kept open)."""
+        db = getattr(self, "_db", None)
+        if db is not None:
+            db.close()
 
     def _init_meta(self, fingerprint: str | None) -> None:
         with self._transaction() as db:
             meta = dict(db.execute("SELECT name, value FROM meta").fetchall())
             if not meta:
-                db.executemany(
-                    "INSERT INTO meta (name, value) VALUES (?, ?)",
-                    [("format", MEMO_FORMAT), ("fingerprint", fingerprint or ""), ("count", 0)],
-                )
+                new_meta(db, fingerprint)
                 return
-            if meta.get("format") in _OLD_FORMATS:
-                columns = {row[1] for row in db.execute("PRAGMA table_info(memo)")}
-                if "noised" not in columns:  # lucid-memo/1 stored noised answers only
-                    db.execute("ALTER TABLE memo ADD COLUMN noised INTEGER NOT NULL DEFAULT 1")
-                db.execute("UPDATE meta SET value = ? WHERE name = 'format'", (MEMO_FORMAT,))
+            if meta.get("format") in OLD_FORMATS:
+                migrate(db, meta)
             elif meta.get("format") != MEMO_FORMAT:
                 raise LucidError(f"{self.path} is not a {MEMO_FORMAT} memo file")
-            stored = meta.get("fingerprint") or ""
-            if fingerprint and stored and stored != fingerprint:
-                # Answers stored for another model are not draws around this model's labels.
-                raise LucidError(f"the memo {self.path} belongs to a different model or run; use another --memo file")
-            if fingerprint and not stored:
-                db.execute("UPDATE meta SET value = ? WHERE name = 'fingerprint'", (fingerprint,))
+            check_fingerprint(db, meta, fingerprint, self._name)
             self._evict(db, int(meta["count"]))
+
+    def bind(self, epsilon: float, bounds: np.ndarray | None = None, fingerprint: str | None = None) -> "Memo":
+        """Tie this memo to the epsilon (and bounds, and N) it answers with, or refuse in one line:
+        a stored draw keeps the epsilon it was drawn with, so serving it under another epsilon
+        would charge clients the wrong amount (lucid/access/memo_meta.py). Returns the memo."""
+        with self._transaction() as db:
+            meta = dict(db.execute("SELECT name, value FROM meta").fetchall())
+            check_fingerprint(db, meta, fingerprint, self._name)
+            bind_epsilon(db, meta.get("epsilon"), epsilon, self._name)
+            if bounds is not None:
+                bind_bounds(db, meta.get("bounds"), bounds, self._name)
+        self._epsilon = float(epsilon)
+        return self
+
+    @property
+    def epsilon(self) -> float | None:
+        """The epsilon of this memo's draws once bound (None before its first binding or write)."""
+        return self._epsilon
 
     class _Txn:
         def __init__(self, memo: "Memo") -> None:
@@ -212,6 +241,9 @@ class Memo:
         out = np.empty(len(keys), dtype=np.int64)
         if not len(keys):
             return out
+        epsilon = float(epsilon)
+        if self._epsilon is not None:  # draws of another epsilon are never given or charged here
+            refuse_other_epsilon(self._epsilon, epsilon, self._name)
         unique = list(dict.fromkeys(keys))
         # LRU clock: wall-clock nanoseconds (+ position in the batch), so several processes
         # sharing one file need no shared counter; skew only changes which old entry goes first.
@@ -231,15 +263,18 @@ class Memo:
                     if len(self._pending_touches) < _MAX_PENDING_TOUCHES:
                         return out
             with self._transaction() as db:
+                if self._epsilon is None:  # the first write binds a memo opened without an epsilon
+                    recorded = db.execute("SELECT value FROM meta WHERE name = 'epsilon'").fetchone()
+                    bind_epsilon(db, None if recorded is None else recorded[0], epsilon, self._name)
                 stored, seen = self._select(db, unique, client)  # again: another process may have written
                 fresh = [] if client is None else [key for key in unique if key not in seen]
                 if budget is not None and fresh:
                     charged = db.execute(
                         "SELECT COALESCE(SUM(epsilon * answers), 0.0) FROM ledger WHERE client = ?", (client,)
                     ).fetchone()[0]
-                    refused = not within_budget(float(charged) + float(epsilon) * len(fresh), budget)
+                    refused = not within_budget(float(charged) + epsilon * len(fresh), budget)
                 if refused:
-                    db.execute(_LEDGER_REFUSED, (client, float(epsilon)))
+                    db.execute(_LEDGER_REFUSED, (client, epsilon))
                 else:
                     if callable(proposals):
                         missing = np.array([i for i, key in enumerate(keys) if key not in stored], dtype=np.int64)
@@ -261,10 +296,10 @@ class Memo:
                         db.executemany("INSERT INTO memo (key, label, used, noised) VALUES (?, ?, ?, ?)", inserts)
                     if fresh:
                         db.executemany("INSERT INTO seen (key, client) VALUES (?, ?)", [(k, client) for k in fresh])
-                        db.execute(_LEDGER_ADD, (client, float(epsilon), len(fresh),
+                        db.execute(_LEDGER_ADD, (client, epsilon, len(fresh),
                                                  sum(stored[k][1] for k in fresh)))
                     if inserts and client is not None:
-                        db.execute(_LEDGER_ADD, (ALL_CLIENTS, float(epsilon), len(inserts),
+                        db.execute(_LEDGER_ADD, (ALL_CLIENTS, epsilon, len(inserts),
                                                  sum(row[3] for row in inserts)))
                     if self._pending_touches:
                         db.executemany("UPDATE memo SET used = ? WHERE key = ?",
@@ -273,6 +308,7 @@ class Memo:
                     if inserts:
                         count = int(db.execute("SELECT value FROM meta WHERE name = 'count'").fetchone()[0])
                         self._evict(db, count + len(inserts), always_store=True)
+            self._epsilon = epsilon  # committed: recorded in the file (or checked against it)
         except sqlite3.DatabaseError as exc:
             raise MemoError(f"the memo database failed: {exc}") from None
         if refused:

@@ -1,12 +1,14 @@
 """HTTP front end of the label-only classifier (FastAPI; `lucid serve` runs it under uvicorn).
 
     POST /v1/predict  {"inputs": [[...], ...]}  ->  {"labels": [...]}   (original label values)
-    GET  /healthz                                ->  {"status": "ok"}
+    GET  /healthz                                ->  {"status": "ok"}    (HEAD: the status only)
 
 What a client can learn is limited to the labels: no scores, confidences, bounds or which
 branch (released / noised) was taken appear in bodies, headers or errors. Input errors are
-detected before N is evaluated, so their messages depend only on the input and the public
-domain. If answering fails after that point (e.g. the memo database breaks) the error could
+detected before N is evaluated, so their messages depend only on the kind of error, positions
+in the request and the public domain, never echo what the client sent (lucid/access/guard.py).
+For an open network: only application/json bodies (415 otherwise), only allowed Host headers
+(400 otherwise: DNS rebinding), and no redirects (a trailing slash is 404). If answering fails after that point (e.g. the memo database breaks) the error could
 depend on the branch, so the service fails closed: it answers 503 to every later prediction
 until restarted, with one fixed message.
 
@@ -25,18 +27,19 @@ decision counts distinct new inputs, never which branch would have answered them
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
 import threading
 import time
-from typing import Any
+from typing import Any, Sequence
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from lucid.access.classifier import LabelOnlyClassifier
+from lucid.access.guard import (NOT_JSON_MEDIA, UNKNOWN_HOST, BadJson, HostCheck, TooLarge, bearer_client,
+                                check_deadline_ms, is_json_media, parse_inputs)
 from lucid.access.ledger import DEFAULT_CLIENT, BudgetExceeded, check_client_name
 from lucid.errors import LucidError
 
@@ -50,38 +53,23 @@ def _error(status: int, message: str, headers: dict[str, str] | None = None) -> 
     return JSONResponse({"error": message}, status_code=status, headers=headers)
 
 
-def _parse_inputs(body: bytes, max_batch: int) -> list[list[float]]:
-    """The request's rows, or a LucidError naming what is wrong with the request's shape."""
-    try:
-        doc = json.loads(body)
-    except (ValueError, RecursionError):
-        raise _BadJson("the request body is not valid JSON") from None
-    if not isinstance(doc, dict) or "inputs" not in doc:
-        raise LucidError('the request body must be a JSON object {"inputs": [[...], ...]}')
-    if set(doc) != {"inputs"}:
-        raise LucidError(f"unknown field(s) in the request: {sorted(set(doc) - {'inputs'})}")
-    inputs = doc["inputs"]
-    if not isinstance(inputs, list):
-        raise LucidError('"inputs" must be a list of rows')
-    if len(inputs) > max_batch:
-        raise _TooLarge(f"at most {max_batch} inputs per request")
-    for i, row in enumerate(inputs):
-        if not isinstance(row, list):
-            raise LucidError(f"input {i} must be a list of numbers")
-        for value in row:
-            kind = type(value)
-            # bool is an int subclass in Python; JSON true/false is not a feature value.
-            if kind is not float and kind is not int:
-                raise LucidError(f"input {i} contains a non-numeric value")
-    return inputs
+class _HostGuard:
+    """ASGI wrapper: a request whose Host header is not allowed gets 400 and one fixed message,
+    whatever its path (DNS rebinding: lucid/access/guard.py)."""
 
+    def __init__(self, app: Any, hosts: HostCheck) -> None:
+        self.app, self.hosts = app, hosts
+        self.refusal = json.dumps({"error": UNKNOWN_HOST}, separators=(",", ":")).encode()
 
-class _TooLarge(LucidError):
-    pass
-
-
-class _BadJson(LucidError):
-    pass
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            host = next((value for key, value in scope["headers"] if key.lower() == b"host"), None)
+            if not self.hosts.allows(host):
+                await send({"type": "http.response.start", "status": 400, "headers": [
+                    (b"content-type", b"application/json"), (b"content-length", str(len(self.refusal)).encode())]})
+                await send({"type": "http.response.body", "body": self.refusal})
+                return
+        await self.app(scope, receive, send)
 
 
 def create_app(
@@ -91,23 +79,28 @@ def create_app(
     max_batch: int = DEFAULT_MAX_BATCH,
     api_keys: dict[str, str] | None = None,
     deadline_ms: float = 0.0,
+    allowed_hosts: Sequence[str] | None = None,
 ) -> FastAPI:
     """`api_key`: one bearer token (ledger "default"); `api_keys`: client name -> token, one
-    ledger per client. `deadline_ms` > 0 holds each prediction response until then."""
+    ledger per client. `deadline_ms` (0 to MAX_DEADLINE_MS) > 0 holds each prediction response
+    until then. `allowed_hosts`: the Host names answered (default: the loopback names)."""
+    deadline = check_deadline_ms(deadline_ms) / 1e3
+    hosts = HostCheck.default() if allowed_hosts is None else HostCheck(allowed_hosts)
     # Telemetry off: it reads the environment on every request, and the service must not export
-    # request data anywhere by default.
+    # request data anywhere by default. No slash redirects: their Location is built from the
+    # client's Host header.
     app = FastAPI(
-        docs_url=None, redoc_url=None, openapi_url=None, title="LUCID",
+        docs_url=None, redoc_url=None, openapi_url=None, title="LUCID", redirect_slashes=False,
         telemetry={"tracing": False, "metrics": False, "logs": False},
     )
+    app.add_middleware(_HostGuard, hosts=hosts)
     labels: list[Any] = clf.labels
     if api_key is not None and api_keys:
         raise LucidError("give one API key or a table of per-client keys, not both")
     clients = {DEFAULT_CLIENT: api_key} if api_key is not None else dict(api_keys or {})
     if len(set(clients.values())) != len(clients) or not all(clients.values()):
         raise LucidError("API keys must be non-empty and distinct")
-    tokens = [(f"Bearer {token}".encode(), check_client_name(name)) for name, token in clients.items()]
-    deadline = max(0.0, float(deadline_ms)) / 1e3
+    tokens = [(token.encode(), check_client_name(name)) for name, token in clients.items()]
     state = {"failed": False}
     lock = threading.Lock()
 
@@ -120,26 +113,25 @@ def create_app(
     async def internal_error(request: Request, exc: Exception) -> JSONResponse:
         return _error(500, "internal error")
 
-    @app.get("/healthz")
-    async def healthz() -> JSONResponse:
-        if state["failed"]:
-            return _error(503, "service unavailable")
-        return JSONResponse({"status": "ok"})
+    @app.api_route("/healthz", methods=["GET", "HEAD"])
+    async def healthz(request: Request) -> Response:
+        status = 503 if state["failed"] else 200
+        if request.method == "HEAD":  # the status alone, for probes
+            return Response(status_code=status, media_type="application/json")
+        return _error(503, "service unavailable") if status == 503 else JSONResponse({"status": "ok"})
 
     def _json(status: int, doc: dict, extra: list | None = None) -> tuple[int, bytes, list]:
         return status, json.dumps(doc, separators=(",", ":")).encode(), extra or []
 
     async def answer(headers: dict[bytes, bytes], receive: Any) -> tuple[int, bytes, list] | None:
         """(status, JSON body, extra headers) for one POST /v1/predict; None if the client left."""
-        client = DEFAULT_CLIENT
+        client: str | None = DEFAULT_CLIENT
         if tokens:
-            presented = headers.get(b"authorization", b"")
-            client = None
-            for expected, name in tokens:  # every token compared, no early exit
-                if hmac.compare_digest(presented, expected):
-                    client = name
+            client = bearer_client(headers.get(b"authorization"), tokens)
             if client is None:
                 return _json(401, {"error": "missing or invalid bearer token"}, [(b"www-authenticate", b"Bearer")])
+        if not is_json_media(headers.get(b"content-type")):
+            return _json(415, {"error": NOT_JSON_MEDIA})
         too_big = _json(413, {"error": f"the request body must be at most {max_body} bytes"})
         declared = headers.get(b"content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > max_body):
@@ -157,11 +149,11 @@ def create_app(
         if state["failed"]:
             return _json(503, {"error": "service unavailable"})
         try:
-            rows = _parse_inputs(bytes(body), max_batch)
+            rows = parse_inputs(bytes(body), max_batch, clf.input_dim)
             xn = clf.to_network_space(clf.validate(rows)) if rows else None
-        except _TooLarge as exc:
+        except TooLarge as exc:
             return _json(413, {"error": str(exc)})
-        except _BadJson as exc:
+        except BadJson as exc:
             return _json(400, {"error": str(exc)})
         except LucidError as exc:
             return _json(422, {"error": str(exc)})

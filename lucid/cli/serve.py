@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from lucid.access.guard import LOOPBACK_HOSTS
 from lucid.access.memo import DEFAULT_MEMO_SIZE
 from lucid.access.server import DEFAULT_MAX_BATCH, DEFAULT_MAX_BODY
 from lucid.errors import LucidError
@@ -42,6 +43,21 @@ def read_api_keys(path: Path) -> dict[str, str]:
     if not keys:
         raise LucidError(f"--api-keys: {path} lists no clients")
     return keys
+
+
+def startup_warnings(budget: float | None, host: str, allowed_hosts: str | None) -> list[str]:
+    """One line per risky setting the operator may not have meant."""
+    out = []
+    if budget is None:
+        out.append(
+            "no --budget: a client may collect unlimited fresh draws on neighbouring inputs (at epsilon 1, a "
+            "majority vote over 101 inputs one float step apart recovers a 2-class N's label 99 % of the time); "
+            "set --budget TOTAL, see docs/access.md#neighbouring-inputs"
+        )
+    if allowed_hosts is None and host in ("0.0.0.0", "::", ""):
+        out.append(f"--host {host} without --allowed-hosts: only requests whose Host header names localhost, "
+                   "127.0.0.1, [::1] or this address are answered; list the names clients use with --allowed-hosts")
+    return out
 
 
 def _listen(host: str, port: int) -> socket.socket:
@@ -83,21 +99,28 @@ def _listen(host: str, port: int) -> socket.socket:
 @click.option("--budget", type=float, default=None, metavar="TOTAL",
               help="Most epsilon charged per client (epsilon per distinct input answered, released or noised); "
                    "further new inputs get HTTP 429. See `lucid budget`.")
-@click.option("--deadline-ms", type=click.FloatRange(min=0), default=0.0, show_default=True,
-              help="Hold every prediction response until this many ms after its request arrived (0: off).")
+@click.option("--deadline-ms", type=float, default=0.0, show_default=True,
+              help="Hold every prediction response until this many ms after its request arrived (0: off; "
+                   "at most 60000).")
 @click.option("--max-batch", default=DEFAULT_MAX_BATCH, show_default=True, type=click.IntRange(min=1),
               help="Most inputs per request.")
 @click.option("--max-body", default=DEFAULT_MAX_BODY, show_default=True, type=click.IntRange(min=1),
               help="Largest request body in bytes.")
+@click.option("--allowed-hosts", metavar="H1,H2", default=None,
+              help="Host header names answered, comma-separated, each with an optional :port (others get 400: "
+                   "DNS rebinding) [default: the --host address, localhost, 127.0.0.1, [::1]].")
 def command(run: Path, epsilon: float, host: str, port: int, memo: Path | None, memo_size: int, clip: bool,
             api_key_env: str | None, api_keys: Path | None, budget: float | None, deadline_ms: float,
-            max_batch: int, max_body: int) -> None:
+            max_batch: int, max_body: int, allowed_hosts: str | None) -> None:
     """Serve RUN's classifier: POST /v1/predict {"inputs": [[...]]} -> {"labels": [...]}."""
     import uvicorn
 
     from lucid.access.classifier import LabelOnlyClassifier
+    from lucid.access.guard import check_deadline_ms, parse_allowed_hosts
     from lucid.access.server import create_app
 
+    deadline_ms = check_deadline_ms(deadline_ms)
+    hosts = parse_allowed_hosts(allowed_hosts) if allowed_hosts is not None else None
     if api_key_env is not None and api_keys is not None:
         raise LucidError("give --api-key-env or --api-keys, not both")
     key_table = read_api_keys(api_keys) if api_keys is not None else None
@@ -113,8 +136,12 @@ def command(run: Path, epsilon: float, host: str, port: int, memo: Path | None, 
                                        budget=budget)
     sock = _listen(host, port)
     port = sock.getsockname()[1]
+    if hosts is None:
+        hosts = [*LOOPBACK_HOSTS, f"[{host}]" if ":" in host else host]
     app = create_app(clf, api_key=api_key, max_body=max_body, max_batch=max_batch, api_keys=key_table,
-                     deadline_ms=deadline_ms)
+                     deadline_ms=deadline_ms, allowed_hosts=hosts)
+    for line in startup_warnings(budget, host, allowed_hosts):
+        click.echo(f"lucid: warning: {line}", err=True)
     auth = f", {len(key_table)} clients" if key_table else (", auth on" if api_key else "")
     netloc = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"  # an IPv6 address needs its brackets
     click.echo(

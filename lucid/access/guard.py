@@ -1,0 +1,153 @@
+"""What a request (or a caller) must satisfy before N is evaluated, for `lucid serve` on an open
+network: the Host header, the media type, the bearer token, the body's shape, and the limits
+on the deadline.
+
+Every refusal here carries a fixed message: its text depends only on the kind of error, the
+server's configuration (limits, the public input width) and positions in the request (row
+indices), never on what the client sent (a 3 MB unknown field name would otherwise come back as a
+3 MB error body, and whatever a client can place in an error it can place in a victim's page).
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import math
+import re
+from typing import Iterable, Sequence
+
+from lucid.errors import LucidError
+
+# A deadline holds every response; one far beyond any request's work only stalls the service
+# (and its shutdown), and an infinite one never answers. 60 s is far above any batch's work.
+MAX_DEADLINE_MS = 60_000.0
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "[::1]")
+
+BAD_JSON = "the request body is not valid JSON"
+NOT_JSON_MEDIA = "the request body must be application/json"
+UNKNOWN_HOST = "unknown host"
+_NAME = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9._-]+)(?::(\d{1,5}))?$")
+
+
+class TooLarge(LucidError):
+    """More inputs than --max-batch (HTTP 413)."""
+
+
+class BadJson(LucidError):
+    """A body that is not JSON (HTTP 400)."""
+
+
+def check_deadline_ms(value: object) -> float:
+    """`value` as a float if 0 <= value <= MAX_DEADLINE_MS; else one line. NaN would silently turn
+    the deadline off and infinity would hold every answer (and a shutdown) forever."""
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise LucidError(f"the deadline in ms must be a number, got {value!r}") from None
+    if not (math.isfinite(number) and 0.0 <= number <= MAX_DEADLINE_MS):
+        raise LucidError(f"the deadline in ms must be a finite number from 0 (off) to {MAX_DEADLINE_MS:g}, "
+                         f"got {value!r}")
+    return number
+
+
+def _split_host(text: str) -> tuple[str, int | None] | None:
+    """'name[:port]' or '[v6][:port]' -> (lower-case name, port or None); None if malformed."""
+    m = _NAME.match(text)
+    if m is None or (m.group(2) is not None and int(m.group(2)) > 65535):
+        return None
+    return m.group(1).lower(), None if m.group(2) is None else int(m.group(2))
+
+
+class HostCheck:
+    """The Host names a request may carry (DNS rebinding: a page on another site whose name
+    resolves to this server must not be answered). An entry without a port allows any port."""
+
+    def __init__(self, entries: Iterable[str]) -> None:
+        self.allowed: set[tuple[str, int | None]] = set()
+        for entry in entries:
+            parsed = _split_host(entry.strip())
+            if parsed is None:
+                raise LucidError(f"--allowed-hosts: {entry.strip()!r} is not a host name or address "
+                                 "(with an optional :port; IPv6 in brackets)")
+            self.allowed.add(parsed)
+        if not self.allowed:
+            raise LucidError("--allowed-hosts names no host")
+
+    @classmethod
+    def default(cls, bound_host: str | None = None) -> "HostCheck":
+        """The loopback names and, if given, the address the server is bound to."""
+        names = list(LOOPBACK_HOSTS)
+        if bound_host:
+            names.append(f"[{bound_host}]" if ":" in bound_host else bound_host)
+        return cls(names)
+
+    def allows(self, header: bytes | None) -> bool:
+        if not header:
+            return False
+        parsed = _split_host(header.decode("latin-1"))
+        return parsed is not None and ((parsed[0], None) in self.allowed or parsed in self.allowed)
+
+
+def parse_allowed_hosts(text: str) -> list[str]:
+    """`--allowed-hosts a,b:8000,[::1]` -> its entries (checked by HostCheck)."""
+    entries = [e.strip() for e in text.split(",")]
+    if not any(entries) or not all(entries):
+        raise LucidError("--allowed-hosts must be a comma-separated list of host names")
+    HostCheck(entries)
+    return entries
+
+
+def is_json_media(header: bytes | None) -> bool:
+    """application/json, any case, optionally with parameters; a charset, if named, is UTF-8
+    (what JSON is, RFC 8259). Only such a body cannot be sent cross-site by a browser without a
+    CORS preflight, which this service never answers."""
+    if not header:
+        return False
+    media, *params = header.decode("latin-1").split(";")
+    if media.strip().lower() != "application/json":
+        return False
+    for param in params:
+        name, _, value = param.partition("=")
+        if name.strip().lower() == "charset" and value.strip().strip('"').lower() not in ("utf-8", "utf8"):
+            return False
+    return True
+
+
+def bearer_client(header: bytes | None, tokens: Sequence[tuple[bytes, str]]) -> str | None:
+    """The client whose token the Authorization header carries (scheme case-insensitive, RFC
+    7235), or None. Every token is compared, in constant time, whatever the header holds."""
+    scheme, _, presented = (header or b"").partition(b" ")
+    presented = presented.lstrip(b" ") if scheme.lower() == b"bearer" else b""
+    client = None
+    for expected, name in tokens:  # no early exit
+        if hmac.compare_digest(presented, expected):
+            client = name
+    return client
+
+
+def parse_inputs(body: bytes, max_batch: int, width: int) -> list[list[float]]:
+    """The request's rows, or a LucidError with a fixed message (module docstring)."""
+    try:
+        doc = json.loads(body)
+    except (ValueError, RecursionError):
+        raise BadJson(BAD_JSON) from None
+    if not isinstance(doc, dict) or "inputs" not in doc:
+        raise LucidError('the request body must be a JSON object {"inputs": [[...], ...]}')
+    if len(doc) != 1:
+        raise LucidError('the request body must have no field but "inputs"')
+    inputs = doc["inputs"]
+    if not isinstance(inputs, list):
+        raise LucidError('"inputs" must be a list of rows')
+    if len(inputs) > max_batch:
+        raise TooLarge(f"at most {max_batch} inputs per request")
+    for i, row in enumerate(inputs):
+        if not isinstance(row, list):
+            raise LucidError(f"input {i} must be a list of numbers")
+        if len(row) != width:
+            raise LucidError(f"input {i} must have {width} features")
+        for value in row:
+            kind = type(value)
+            # bool is an int subclass in Python; JSON true/false is not a feature value.
+            if kind is not float and kind is not int:
+                raise LucidError(f"input {i} contains a non-numeric value")
+    return inputs

@@ -1,0 +1,116 @@
+"""What a memo file is bound to: N's fingerprint, the epsilon of its draws and the bounds it was
+served with (the `meta` table of the memo's SQLite file; lucid/access/memo.py), and the migration
+of files written before these records existed.
+
+Why the epsilon is recorded: a stored draw keeps the epsilon it was drawn with. A service started
+on the same file with another epsilon would hand those draws out again and charge each client its
+own epsilon for them: after 20 draws at epsilon 10, a restart at 0.1 with a budget of 2 would
+give a client 200-iDP answers while its ledger said 2. So a memo takes the epsilon of its first
+binding and refuses any other one, in one line, at start.
+
+Why the bounds are recorded: they decide which answers were released and which noised. A memo
+refuses a bounds.json that is not the one it was served with, unless every class's bound is at
+most the recorded one: a continued (anytime) verification only lowers bounds, and the stored
+answers stay exactly accounted for, since each keeps the `noised` flag it was given with. Any
+other change (a bounds.json of another verification, or one restored from an older state) is
+refused, as a likely operator mistake.
+
+Files without an epsilon record (lucid-memo/1 and /2) are migrated when opened. Their epsilon is
+adopted only where the file itself proves it: the ledger row of the memo's own draws ('*') names
+exactly one epsilon and every stored answer was given to a client (so its draw is in that row).
+Otherwise the epsilon of the stored answers cannot be established, the file is marked so, and
+it answers nothing more (its ledger stays readable by `lucid budget`). A file with nothing
+stored takes the epsilon of its first binding.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from typing import Any
+
+import numpy as np
+
+from lucid.access.ledger import ALL_CLIENTS
+from lucid.errors import LucidError
+
+MEMO_FORMAT = "lucid-memo/3"
+# /1: noised answers only, no ledger; /2: no epsilon or bounds record. Migrated on opening.
+OLD_FORMATS = ("lucid-memo/1", "lucid-memo/2")
+UNKNOWN = "unknown"  # meta 'epsilon' of a migrated file whose answers' epsilon is not provable
+
+
+def new_meta(db: sqlite3.Connection, fingerprint: str | None) -> None:
+    """A new file: no epsilon or bounds yet (its first binding or answer records them)."""
+    db.executemany("INSERT INTO meta (name, value) VALUES (?, ?)",
+                   [("format", MEMO_FORMAT), ("fingerprint", fingerprint or ""), ("count", 0)])
+
+
+def migrate(db: sqlite3.Connection, meta: dict[str, Any]) -> None:
+    """Bring a lucid-memo/1 or /2 file to the current format, recording its epsilon where the
+    file proves it (module docstring)."""
+    columns = {row[1] for row in db.execute("PRAGMA table_info(memo)")}
+    if "noised" not in columns:  # lucid-memo/1 stored noised answers only
+        db.execute("ALTER TABLE memo ADD COLUMN noised INTEGER NOT NULL DEFAULT 1")
+    if db.execute("SELECT 1 FROM memo LIMIT 1").fetchone() is not None:
+        epsilons = [row[0] for row in db.execute(
+            "SELECT DISTINCT epsilon FROM ledger WHERE client = ? AND answers > 0", (ALL_CLIENTS,))]
+        unlogged = db.execute(
+            "SELECT 1 FROM memo m WHERE NOT EXISTS (SELECT 1 FROM seen s WHERE s.key = m.key) LIMIT 1"
+        ).fetchone()
+        known = meta.get("format") != "lucid-memo/1" and len(epsilons) == 1 and unlogged is None
+        db.execute("INSERT OR REPLACE INTO meta (name, value) VALUES ('epsilon', ?)",
+                   (float(epsilons[0]) if known else UNKNOWN,))
+    db.execute("UPDATE meta SET value = ? WHERE name = 'format'", (MEMO_FORMAT,))
+
+
+def check_fingerprint(db: sqlite3.Connection, meta: dict[str, Any], fingerprint: str | None, name: str) -> None:
+    """Answers stored for another model are not draws around this model's labels: refuse them."""
+    stored = meta.get("fingerprint") or ""
+    if fingerprint and stored and stored != fingerprint:
+        raise LucidError(f"the memo {name} belongs to a different model or run; use another --memo file")
+    if fingerprint and not stored:
+        db.execute("UPDATE meta SET value = ? WHERE name = 'fingerprint'", (fingerprint,))
+
+
+def bind_epsilon(db: sqlite3.Connection, recorded: Any, epsilon: float, name: str) -> None:
+    """Record `epsilon` for a memo without one; refuse a memo recorded with another (one line)."""
+    if recorded is None:
+        db.execute("INSERT INTO meta (name, value) VALUES ('epsilon', ?)", (float(epsilon),))
+    elif recorded == UNKNOWN:
+        raise LucidError(
+            f"the memo {name} was written before memos recorded their epsilon, and the epsilon of its answers "
+            f"cannot be established from its ledger: use a new --memo file (`lucid budget --memo {name}` still "
+            "reads this one's ledger)"
+        )
+    else:
+        refuse_other_epsilon(float(recorded), epsilon, name)
+
+
+def refuse_other_epsilon(recorded: float, epsilon: float, name: str) -> None:
+    """One line naming the memo's epsilon and the two ways on, unless `epsilon` is that one."""
+    if float(epsilon) != recorded:
+        raise LucidError(
+            f"the memo {name} holds answers drawn with epsilon = {recorded!r}, not {float(epsilon)!r}: serve with "
+            f"--epsilon {recorded!r}, or use a new --memo file (it starts new ledgers: keep this file for "
+            "`lucid budget`)"
+        )
+
+
+def bind_bounds(db: sqlite3.Connection, recorded: Any, bounds: np.ndarray, name: str) -> None:
+    """Record the per-class upper bounds; accept equal or tighter ones (updating the record) and
+    refuse any other (module docstring)."""
+    new = np.asarray(bounds, dtype=np.float64)
+    text = json.dumps([float(b) if np.isfinite(b) else None for b in new.tolist()])
+    if recorded is None:
+        db.execute("INSERT INTO meta (name, value) VALUES ('bounds', ?)", (text,))
+        return
+    old = np.array([np.inf if b is None else float(b) for b in json.loads(recorded)], dtype=np.float64)
+    if old.shape != new.shape or not (new <= old).all():
+        raise LucidError(
+            f"the memo {name} holds answers given under other bounds than this run's bounds.json (only a "
+            "continued verification's tighter bounds may replace them): restore that bounds.json, or use a "
+            "new --memo file"
+        )
+    if (new < old).any():
+        db.execute("UPDATE meta SET value = ? WHERE name = 'bounds'", (text,))
