@@ -104,7 +104,7 @@ def lp_singleton_bound(problem, cls: int, position: int) -> float:
     """(d): the LP relaxation (every ReLU relaxed) of the singleton's own MILP, as the verifier
     builds it, solved by HiGHS; its dual bound plus the verifier's safety margin."""
     from lucid.hyper import hyper_network
-    from lucid.node.analyse import _encode
+    from lucid.node.milp_tier import encode_model
     from lucid.node.encode import EncodingOptions, possible_targets
     from lucid.node.problem import node_difference_bounds
     from lucid.node.soundness import user_bound
@@ -116,7 +116,7 @@ def lp_singleton_bound(problem, cls: int, position: int) -> float:
     targets = possible_targets(cls, diff.hyper)
     if not targets:
         return -math.inf
-    model = _encode(problem, hyper, cls, targets, EncodingOptions(), problem.n_bounds, diff, relax_all=True)
+    model = encode_model(problem, hyper, cls, targets, EncodingOptions(), problem.n_bounds, diff, relax_all=True)
     if model is None:
         return -math.inf
     return float(user_bound(solve(model, "highs", SolverOptions()), model))

@@ -40,9 +40,8 @@ def measure(name: str, cls: int, budget: float, threads: int) -> dict:
     from screen import RUNS, lower_bounds
 
     from lucid.bounds.relu_split import split_singleton
-    from lucid.bounds.symbolic import symbolic_screen
+    from lucid.bounds.symbolic import OPTIMISE_STEPS, symbolic_screen
     from lucid.node.problem import VerificationProblem
-    from lucid.node.screen import OPTIMISE_STEPS
     from lucid.rundir import open_run
 
     torch.set_num_threads(threads)

@@ -1,21 +1,24 @@
-"""`VerifySettings`: every option of one verification, typed, validated once, passed unchanged.
+"""Option types: `VerifySettings` (every option of one verification) and the encoder's `EncodingOptions`.
 
 The CLI (or `verify_run`'s keyword arguments) builds one frozen `VerifySettings`; the engine, the
 workers, the node analysis and the solver calls all read this same object, so an option cannot be
 dropped on the way (as `--no-search` once was: the node-level search never saw it). The encoder and
 the backends take their own small parameter objects (`EncodingOptions`, `SolverOptions`), and those
 are built here and nowhere else. The checkpoint and the log store `result_options()`, and a resume
-compares them.
+compares them. `default_of` lets a command-line option take its default from a settings field, so
+each default is written once. Training's options are `lucid.training.settings.TrainSettings`.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 from typing import Any
 
 from lucid.errors import LucidError
+from lucid.solvers import check_solver_spec
+from lucid.solvers.base import SolverOptions
 
 BOUND_METHODS = ("interval", "lp")
 # none: every network goes to the MILPs; interval: interval propagation of the differences;
@@ -24,6 +27,15 @@ BOUND_METHODS = ("interval", "lp")
 # the class's cutoff get their Lagrange multipliers and ReLU slopes optimised.
 SCREENS = ("none", "interval", "symbolic", "optimised")
 DEFAULT_SCREEN = "optimised"
+
+
+def default_of(settings_class: type, name: str) -> Any:
+    """The default of field `name` of a settings dataclass, for a command-line option to use and show:
+    the dataclass is then the one place that default is written."""
+    for f in fields(settings_class):
+        if f.name == name and f.default is not MISSING:
+            return f.default
+    raise ValueError(f"{settings_class.__name__} has no field {name!r} with a default")
 
 
 def parse_hyper(hyper: Any) -> int:
@@ -92,7 +104,47 @@ def default_node_time_limit(time_limit: float | None) -> float | None:
 
 
 SPLIT_TIME = 60.0  # the default --split-time
-SPLIT_GROWTH = 4  # each retry of a singleton gets this many times the split time (as its node limit grows)
+
+
+@dataclass
+class EncodingOptions:
+    """Switches of the encoder (every technique can be turned off for the ablation).
+
+    md / md_pre: matching dependencies z + dl <= z# <= z + du after / before the ReLU.
+    coupling: relational matching dependencies: z# - z tied to zhat# - zhat through ReLU's
+      monotonicity and 1-Lipschitz continuity (lucid.milp.matching.add_relu_coupling).
+    ris / tau: relax-if-similar: an unstable hyper neuron whose pre-activation difference
+      interval is at most tau wide gets the triangle relaxation instead of a binary (never for a
+      singleton, which stays exact).
+    bounds: how N's pre-activation bounds are computed ("interval" or "lp").
+    disjunction: the output disjunction "some class t beats c in N#" for C > 2: "bigm" (one
+      binary per target class, paper 3c) or "split" (one sub-problem per target, max of bounds).
+    search: look for a leaking input without a solver first; its replayed confidence LB is a
+      true lower bound, so the MILP is restricted to beta >= LB (optimum unchanged).
+    symbolic: the node's difference intervals are also bounded by the symbolic (input-dependent)
+      pass of `lucid.bounds.symbolic` for each of its networks, hulled and intersected with the
+      interval ones: tighter matching dependencies, smaller big-M constants, more relax-if-similar.
+    obbt: node-specific bound tightening over the node's own LP relaxation (lucid.bounds.obbt),
+      after a probe solve of `obbt_probe` seconds that supplies a replayed lower bound:
+      True (every node), False (none) or "singletons" (nodes of one network, the default).
+      Tighter neuron bounds mean smaller big-M constants and fewer unstable binaries, which is
+      what lets a solver close a singleton's exact bound; on large hyper-networks the LPs cost
+      more and move the loose interval weights' bounds little, so the time is better spent in
+      the MILP (benchmarks/milp_core.py).
+    """
+
+    md: bool = True
+    md_pre: bool = True
+    coupling: bool = True
+    ris: bool = True
+    tau: float = 0.01
+    bounds: str = "lp"
+    symbolic: bool = False
+    disjunction: str = "bigm"  # one tree shared by all targets; "split" solves one MILP per target
+    obbt: bool | str = "singletons"
+    search: bool = True  # solver-free witness search first (lucid.witness.search.search_node_witness)
+    obbt_probe: float = 5.0
+    obbt_share: float = 0.5  # at most this share of the node's time limit goes to tightening
 
 
 @dataclass(frozen=True)
@@ -110,8 +162,8 @@ class VerifySettings:
         are the default / "none"); device: where the symbolic screen's tensors live (cpu, cuda).
     search: the solver-free witness search (root and nodes).
     split_time: seconds of ReLU-splitting branch and bound a singleton gets before its MILP under a
-        cutoff (`lucid.bounds.relu_split`; `split_budget`: more on retries, at most half the node's
-        limit); 0 turns it off (the MILP alone, as `--naive` always does).
+        cutoff (`lucid.bounds.relu_split`; `lucid.node.budget.NodeBudget`: more on retries, at most half
+        the node's limit); 0 turns it off (the MILP alone, as `--naive` always does).
     bounds: how N's pre-activation bounds are computed ("lp" or "interval").
     disjunction, obbt, obbt_probe, obbt_share: the encoder's fixed knobs (see `EncodingOptions`).
     seed: k-means' random state when a node is split.
@@ -178,8 +230,6 @@ class VerifySettings:
         object.__setattr__(self, "hyper", f"agt:{self.removals}" if self.removals else "loo")
         if self.removals:
             self._check_box_mode()
-        from lucid.solvers import check_solver_spec
-
         check_solver_spec(self.solver)
 
     def _check_box_mode(self) -> None:
@@ -224,12 +274,6 @@ class VerifySettings:
         """The first attempt's node time limit: the user's, or the default derived from --time-limit."""
         return self.node_time_limit if self.node_time_limit is not None else default_node_time_limit(self.time_limit)
 
-    def split_budget(self, attempt: int, node_limit: float | None) -> float:
-        """Seconds of ReLU splitting for a singleton's `attempt` (1 = first): `split_time`, times
-        SPLIT_GROWTH per retry, at most half the node's limit (0: off)."""
-        budget = self.split_time * SPLIT_GROWTH ** max(0, attempt - 1)
-        return budget if node_limit is None else min(budget, node_limit / 2)
-
     @property
     def keep_trees(self) -> bool:
         """A singleton retry's solver tree is kept in its worker (`lucid.node.kept_trees`), except on
@@ -241,19 +285,15 @@ class VerifySettings:
         """A small node whose MILP ends without a witness gets a search aimed at its networks."""
         return self.search and not self.naive
 
-    def encoding_options(self):
+    def encoding_options(self) -> EncodingOptions:
         """The encoder's switches (md also switches the ReLU coupling, as `--no-md` documents)."""
-        from lucid.node.encode import EncodingOptions
-
         return EncodingOptions(md=self.md, md_pre=self.md, coupling=self.md, ris=self.ris, tau=self.tau,
                                disjunction=self.disjunction, obbt=self.obbt, search=self.search,
                                symbolic=self.screen in ("symbolic", "optimised"),
                                obbt_probe=self.obbt_probe, obbt_share=self.obbt_share)
 
-    def solver_options(self, time_limit: float | None, threads: int = 1):
+    def solver_options(self, time_limit: float | None, threads: int = 1) -> SolverOptions:
         """One node solve's options: exact MIP gaps (LUCID's tolerance is applied by the engine)."""
-        from lucid.solvers.base import SolverOptions
-
         return SolverOptions(time_limit=time_limit, threads=int(threads), mip_rel_gap=0.0, mip_abs_gap=0.0)
 
     def result_options(self, classes: list[int]) -> dict:

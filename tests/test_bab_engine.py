@@ -12,19 +12,18 @@ import concurrent.futures as cf
 import heapq
 import math
 import threading
-import time
 from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
 
 from lucid.bab.engine import Engine
-from lucid.bab.schedule import RETRY_GROWTH
 from lucid.bab.state import ClassState
 from lucid.settings import VerifySettings
 from lucid.bab.events import EventLog, read_events
 from lucid.bab.split import choose_k, split_positions
 from lucid.bab.workers import Executor, ThreadExecutor
+from lucid.node.budget import RETRY_GROWTH
 
 
 @dataclass
@@ -338,7 +337,7 @@ def test_nodes_stop_before_the_session_deadline_so_their_bounds_count(tmp_path, 
     """A node MILP that uses its whole time limit must still report before the session ends."""
     import time
 
-    import lucid.bab.schedule
+    import lucid.node.budget
 
     values = np.concatenate([[0.0], np.linspace(0, 1, 8)])
     seen_limits = []
@@ -353,7 +352,7 @@ def test_nodes_stop_before_the_session_deadline_so_their_bounds_count(tmp_path, 
 
     # the product's margin for a 2-s session is 40 ms, less than a busy machine may take to hand
     # a finished thread's result over; a real session (minutes) has seconds
-    monkeypatch.setattr(lucid.bab.schedule, "deadline_margin", lambda total: 0.5)
+    monkeypatch.setattr(lucid.node.budget, "deadline_margin", lambda total: 0.5)
     engine, _, _ = make_engine(tmp_path, values, analyser=UsesItsLimit(values), workers=1, time_limit=2.0)
     cs = engine.run()[0]
     assert seen_limits and seen_limits[0] <= 1.5
@@ -435,11 +434,11 @@ def test_a_class_that_has_not_queued_its_root_is_work_a_singleton_must_not_starv
                     params=np.zeros((len(values), 2)), log=log)
     node = Node(id=0, parent=None, positions=np.array([3]), upper=1.0, state=RUNNING)
     engine.states[0].nodes[0] = node
-    assert not engine._last_work(node)  # class 1 will still queue a root
+    assert not engine.scheduler.last_work(node)  # class 1 will still queue a root
     engine.states[1].done = True
-    assert engine._last_work(node)
+    assert engine.scheduler.last_work(node)
     engine.states[0].nodes[1] = Node(id=1, parent=None, positions=np.array([1, 2]), upper=1.0, state=RUNNING)
-    assert not engine._last_work(node)  # a running hyper-network node may split into new work
+    assert not engine.scheduler.last_work(node)  # a running hyper-network node may split into new work
 
 
 @pytest.mark.parametrize("rel_gap", [0.0, 0.05])
@@ -488,7 +487,7 @@ def test_a_seek_gets_at_most_a_minute_when_it_can_be_retried(tmp_path, node_time
     spend the rest on a dual bound that its retry under the cutoff proves faster. Without a node
     limit there is no retry, so the seek keeps the whole limit (else the node could never be proved)."""
     import lucid.bab.engine
-    from lucid.bab.schedule import SEEK_TIME_LIMIT
+    from lucid.node.budget import SEEK_TIME_LIMIT
 
     monkeypatch.setattr(lucid.bab.engine, "PEEL_ROOT_ABOVE", {})
     values = np.concatenate([[0.0], np.linspace(0.1, 1.0, 10)])
@@ -559,7 +558,7 @@ def test_only_the_last_work_gets_the_idle_workers_threads(tmp_path):
     executor = RecordingExecutor(2)
     engine = Engine(executor, [0], len(values), VerifySettings(time_limit=300.0, node_time_limit=1.0),
                     params=np.zeros((len(values), 2)), log=EventLog(tmp_path / "log.jsonl"))
-    engine._t0 = engine._session_t0 = time.monotonic()
+    engine.session.start()
     cs = engine.states[0]
 
     def pending(node_id, positions, attempts=1):
@@ -569,7 +568,7 @@ def test_only_the_last_work_gets_the_idle_workers_threads(tmp_path):
 
     pending(1, [3])
     pending(2, [1, 2])  # a hyper-network node: it may split into more work
-    engine._submit_ready()
+    engine.scheduler.submit_ready()
     assert [threads for *_, threads in executor.sent] == [1, 1]
     executor.sent.clear()
     executor.completed(0.01)
@@ -578,6 +577,6 @@ def test_only_the_last_work_gets_the_idle_workers_threads(tmp_path):
         node.state = "closed"
     cs.nodes.clear()
     pending(3, [3], attempts=2)  # the only work left: it gets both workers' threads and the remaining time
-    engine._submit_ready()
+    engine.scheduler.submit_ready()
     ((_, _, limit, threads),) = executor.sent
     assert threads == 2 and limit > 250.0

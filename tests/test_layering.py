@@ -1,5 +1,8 @@
-"""The package's import arrows run one way (README, "Architecture"):
+"""The package's import arrows run one way (docs/architecture.md, "Layering"):
 
+- every module of `lucid` sits in one layer of `LAYERS`, and imports only its own layer or lower
+  ones: data flows run dir -> problem -> node analysis -> MILP model -> backend -> engine ->
+  bounds.json -> access, and the foundations under it know nothing of what is built on them;
 - `lucid/milp` (the neutral model and its encodings) imports neither `lucid/bounds` nor anything
   that computes bounds, solves or schedules: bounds reach it as plain arrays;
 - nothing outside `lucid/bab` and the command line imports `lucid/bab` (the engine sits on top);
@@ -18,6 +21,21 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent / "lucid"
 SOLVER_PACKAGES = {"highspy", "gurobipy", "pulp", "pyscipopt"}
+# Lowest first. A module's layer is that of its top-level name under lucid (a package or a module);
+# any `__main__` module is a command line and sits on top.
+LAYERS = [
+    {"__init__", "__version__", "errors", "atomic", "worker_inputs", "cluster"},  # foundations
+    {"network", "network_cache", "data", "rundir", "hyper", "witness"},  # networks and run directories
+    {"milp"},  # the solver-neutral model
+    {"solvers"},  # backends
+    {"bounds"},  # bound propagation, LPs, ReLU splitting
+    {"settings"},  # the typed settings objects
+    {"node", "agt", "training"},  # a node's analysis and encoding; AGT boxes; training
+    {"bab"},  # the branch-and-bound engine
+    {"access"},  # label-only access
+    {"report", "baselines"},  # reports and the baselines
+    {"cli", "__main__"},  # command lines
+]
 
 
 def imports_of(path: Path) -> set[str]:
@@ -40,6 +58,33 @@ def modules() -> dict[str, set[str]]:
 
 def _under(name: str, package: str) -> bool:
     return name == package or name.startswith(package + ".")
+
+
+def layer_of(module: str) -> int:
+    parts = module.split(".")
+    top = "__main__" if parts[-1] == "__main__" else (parts[1] if len(parts) > 1 else parts[0])
+    for rank, names in enumerate(LAYERS):
+        if top in names:
+            return rank
+    raise AssertionError(f"{module} is in no layer of LAYERS: add it where it belongs")
+
+
+def upward_imports(module: str, imports: set[str]) -> list[str]:
+    """The lucid imports of `module` that reach a higher layer than its own."""
+    own = layer_of(module)
+    return sorted(i for i in imports if _under(i, "lucid") and i.count(".") >= 1 and layer_of(i) > own)
+
+
+@pytest.mark.parametrize("module, imports", sorted(modules().items()))
+def test_every_import_stays_in_its_layer_or_goes_down(module, imports):
+    assert not upward_imports(module, imports), f"{module} imports a higher layer: {upward_imports(module, imports)}"
+
+
+def test_the_layer_rule_sees_an_arrow_back_up():
+    assert upward_imports("lucid.bounds.relu_split", {"lucid.node.screen", "lucid.node.screen.OPTIMISE_STEPS"})
+    assert upward_imports("lucid.settings", {"lucid.node.encode"})
+    assert not upward_imports("lucid.node.screen", {"lucid.bounds.symbolic", "lucid.settings"})
+    assert not upward_imports("lucid.baselines.__main__", {"lucid.cli"})
 
 
 @pytest.mark.parametrize("module, imports", sorted(modules().items()))

@@ -14,6 +14,7 @@ from bruteforce import exact_for, network, tiny_stack
 from test_bounds import sample_layers
 
 import lucid.bounds.relu_split as rs
+from lucid.bounds.pair import PairProblem
 from lucid.bounds.relu_split import split_singleton, split_upper_bound
 from lucid.bounds.symbolic import singleton_upper_bounds
 from lucid.node.problem import VerificationProblem
@@ -40,8 +41,9 @@ def setup(seed, hidden, classes, d, lo, noise):
 def run(problem, position, cls, cutoff, **kw):
     ws, bs = network(problem.stack, position)
     nw, nb = network(problem.stack, 0)
-    return split_upper_bound(nw, nb, ws, bs, problem.n_bounds.lower, problem.n_bounds.upper, problem.lower,
-                             problem.upper, cls, cutoff, margin_upper=problem.margin_upper, **kw)
+    pair = PairProblem(nw, nb, [w[None] for w in ws], [b[None] for b in bs], problem.n_bounds.lower,
+                       problem.n_bounds.upper, problem.lower, problem.upper)
+    return split_upper_bound(pair, cls, cutoff, margin_upper=problem.margin_upper, **kw)
 
 
 @pytest.fixture(scope="module")
@@ -84,9 +86,9 @@ def test_it_is_never_looser_than_the_optimised_symbolic_bound(cases):
     for problem, p, cls, ex in cases[::5]:
         ws, bs = network(problem.stack, p)
         nw, nb = network(problem.stack, 0)
-        sym = singleton_upper_bounds(nw, nb, [w[None] for w in ws], [b[None] for b in bs], problem.n_bounds.lower,
-                                     problem.n_bounds.upper, problem.lower, problem.upper, cls, problem.margin_upper,
-                                     steps=20)
+        sym = singleton_upper_bounds(PairProblem(nw, nb, [w[None] for w in ws], [b[None] for b in bs],
+                                                 problem.n_bounds.lower, problem.n_bounds.upper, problem.lower,
+                                                 problem.upper), cls, problem.margin_upper, steps=20)
         res = run(problem, p, cls, -math.inf, time_limit=0.5, start=sym.per_target[0])
         assert ex - 1e-9 <= res.bound <= sym.bound[0]
 
@@ -115,8 +117,8 @@ def test_every_domain_bound_covers_the_points_sampled_in_it():
 
     nw, nb = network(stack, 0)
     ws, bs = network(stack, 1)
-    root = JointSystem(nw, nb, [w[None] for w in ws], [b[None] for b in bs], problem.n_bounds.lower,
-                       problem.n_bounds.upper, lower, upper)
+    root = JointSystem(PairProblem(nw, nb, [w[None] for w in ws], [b[None] for b in bs], problem.n_bounds.lower,
+                                   problem.n_bounds.upper, lower, upper))
     br = rs._Brancher(root, 0, 1, 10, 0.1, 0.05, 0.1)
     dom = br.bound(br.root_domains(math.inf))
     for _ in range(4):

@@ -12,6 +12,7 @@ import pytest
 import torch
 from bruteforce import exact_for, network, tiny_stack
 
+from lucid.bounds.pair import PairProblem
 from lucid.bounds.symbolic import (
     difference_intervals,
     set_upper_bound,
@@ -43,9 +44,9 @@ def setup(seed, hidden, classes, d, lo, noise):
 
 def args(problem, positions):
     st = problem.stack
-    return ([w[0] for w in st.weights], [b[0] for b in st.biases], [w[positions] for w in st.weights],
-            [b[positions] for b in st.biases], problem.n_bounds.lower, problem.n_bounds.upper,
-            problem.lower, problem.upper)
+    return (PairProblem([w[0] for w in st.weights], [b[0] for b in st.biases], [w[positions] for w in st.weights],
+                        [b[positions] for b in st.biases], problem.n_bounds.lower, problem.n_bounds.upper,
+                        problem.lower, problem.upper),)
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ import pytest
 from safetensors.numpy import load_file
 
 from lucid.cli import main
+from lucid.errors import LucidError
 from lucid.training import train_run
 from lucid.training.harness import STOP_AFTER_ENV
 
@@ -163,3 +164,26 @@ def test_cli_subprocess_error_is_one_line(tmp_path):
     assert result.returncode == 2
     assert result.stderr.strip() == f"lucid: error: data file {tmp_path / 'missing.csv'} does not exist"
     assert not (tmp_path / "r").exists()
+
+
+def test_settings_object_and_keywords_are_one_api(tmp_path, csv_data):
+    """`train_run` takes a `TrainSettings`, its fields as keywords, or both (keywords win); an unknown
+    option is one error line; the CLI's defaults are the dataclass's."""
+    from dataclasses import fields
+
+    from lucid.cli.train import command
+    from lucid.training import TrainSettings
+
+    kw = dict(arch="1x3", epochs=2, batch_size=8, progress=False)
+    a = train_run(str(csv_data), tmp_path / "a", **kw)
+    b = train_run(str(csv_data), tmp_path / "b", TrainSettings(**kw))
+    c = train_run(str(csv_data), tmp_path / "c", TrainSettings(**dict(kw, epochs=5)), epochs=2)
+    fingerprints = {json.loads((r / "run.json").read_text())["training"]["fingerprint"] for r in (a, b, c)}
+    assert len(fingerprints) == 1
+    with pytest.raises(LucidError, match=r"^unknown train option\(s\): colour$"):
+        train_run(str(csv_data), tmp_path / "d", colour="red")
+    with pytest.raises(LucidError, match=r"^--lr must be a positive number, got -1$"):
+        TrainSettings(lr=-1)
+    defaults = {p.name: p.default for p in command.params}
+    for f in fields(TrainSettings):
+        assert defaults[f.name] == f.default, f.name

@@ -1,11 +1,11 @@
 """The anytime bounds of a class and the rules that keep them sound.
 
-`AnytimeBounds` is the engine's bookkeeping half (`Engine` inherits it): the tolerance and cutoff
-derived from the best replayed lower bound, when a node may be closed, how a replayed witness
-raises the lower bound, which networks the screen prunes, the anytime upper bound (the largest of
-the best lower bound, every active node's bound and the bound of any node closed within the
-tolerance; it never rises) and how a class finishes. Every rule here only closes work that cannot
-change the reported upper bound, so the bound stays >= beta*_c in every case.
+`AnytimeBounds` holds the rules the engine and its scheduler apply to a class's state: the
+tolerance and cutoff derived from the best replayed lower bound, when a node may be closed, how a
+replayed witness raises the lower bound, which networks the screen prunes, the anytime upper bound
+(the largest of the best lower bound, every active node's bound and the bound of any node closed
+within the tolerance; it never rises) and how a class finishes. Every rule here only closes work
+that cannot change the reported upper bound, so the bound stays >= beta*_c in every case.
 """
 
 from __future__ import annotations
@@ -16,38 +16,48 @@ from typing import Any
 import numpy as np
 
 from lucid.bab.node import CLOSED, OPEN, PENDING, SETTLED, STUCK, Node
+from lucid.bab.session import Session
 from lucid.bab.state import INF, ClassState
+from lucid.settings import VerifySettings
 
 
 class AnytimeBounds:
+    """The bound rules of every class of one verification (the states themselves are passed in)."""
+
+    def __init__(self, settings: VerifySettings, session: Session) -> None:
+        self.settings = settings
+        self.session = session
+
     def tolerance(self, cs: ClassState) -> float:
         """How far above the best lower bound a bound may stay (0: exact)."""
         if cs.lower is None:
             return 0.0
-        return max(self.config.gap, self.config.rel_gap * abs(cs.lower))
+        return max(self.settings.gap, self.settings.rel_gap * abs(cs.lower))
 
     def cutoff(self, cs: ClassState) -> float:
         """The level a node's MILP must get below: lower + tolerance (-inf without a lower bound)."""
-        if cs.lower is None or self.config.naive:
+        if cs.lower is None or self.settings.naive:
             return -INF
         return cs.lower + self.tolerance(cs)
 
-    def _can_close(self, cs: ClassState, node: Node) -> bool:
-        if self.config.naive:
+    def can_close(self, cs: ClassState, node: Node) -> bool:
+        """Whether `node` cannot raise the reported upper bound (infeasible, or within the tolerance)."""
+        if self.settings.naive:
             return node.upper == -INF
         return node.upper == -INF or (cs.lower is not None and node.upper <= cs.lower + self.tolerance(cs))
 
-    def _close(self, cs: ClassState, node: Node, why: str) -> None:
+    def close(self, cs: ClassState, node: Node, why: str) -> None:
+        """Take `node` out of the class; a bound above the best lower one stays in the upper bound."""
         if cs.lower is not None and node.upper > cs.lower:
             # closed within the tolerance: its bound stays part of the reported upper bound
             cs.gap_floor = max(cs.gap_floor, node.upper)
             why = "bound within the gap of the best lower"
         node.state = CLOSED
         cs.nodes.pop(node.id, None)
-        self._emit("closed", cs.cls, node=node.id, parent=node.parent, size=node.size, upper=node.upper, reason=why)
+        self.session.emit("closed", cs.cls, node=node.id, parent=node.parent, size=node.size, upper=node.upper, reason=why)
 
-    def _apply_lower(self, cs: ClassState, value: float, row: int | None, x: Any, source: str, *,
-                     update: bool = True, **extra: Any) -> None:
+    def apply_lower(self, cs: ClassState, value: float, row: int | None, x: Any, source: str, *,
+                    update: bool = True, **extra: Any) -> None:
         """A replayed witness: a true lower bound on beta_c. (`update=False` while the root is not
         queued yet: an empty queue would otherwise read as "everything closed".)"""
         if not math.isfinite(value) or (cs.lower is not None and value <= cs.lower):
@@ -55,15 +65,15 @@ class AnytimeBounds:
         cs.lower = value
         cs.lower_row = None if row is None else int(row)
         cs.lower_witness = None if x is None else [float(v) for v in np.ravel(x)]
-        self._emit("witness", cs.cls, lower=value, leaking_row=cs.lower_row, source=source, **extra)
+        self.session.emit("witness", cs.cls, lower=value, leaking_row=cs.lower_row, source=source, **extra)
         if update:
-            self._update_anytime(cs)
+            self.update(cs)
 
-    def _prune(self, cs: ClassState, positions: np.ndarray, cap: float = INF) -> np.ndarray:
+    def prune(self, cs: ClassState, positions: np.ndarray, cap: float = INF) -> np.ndarray:
         """Drop networks whose screened bound is within the tolerance of the best lower bound
         (<= it when exact): they cannot raise beta_c above the reported upper bound. `cap`: a
         bound of the node they come from, which also bounds each of them."""
-        if cs.screen is None or cs.lower is None or self.config.naive:
+        if cs.screen is None or cs.lower is None or self.settings.naive:
             return positions
         values = cs.screen[positions]
         keep = values > cs.lower + self.tolerance(cs)
@@ -72,7 +82,7 @@ class AnytimeBounds:
             cs.gap_floor = max(cs.gap_floor, float(min(dropped.max(), cap)))
         return positions[keep]
 
-    def _update_anytime(self, cs: ClassState) -> None:
+    def update(self, cs: ClassState) -> None:
         """Anytime upper = max(best lower, every active node's bound); it only ever decreases."""
         if cs.nodes:
             current = cs.active_max()
@@ -85,9 +95,10 @@ class AnytimeBounds:
         state = (cs.upper, cs.lower)
         if state != cs.logged:
             cs.logged = state
-            self._emit("anytime", cs.cls, upper=cs.upper, lower=cs.lower, open=len(cs.nodes), solved=cs.solved)
+            self.session.emit("anytime", cs.cls, upper=cs.upper, lower=cs.lower, open=len(cs.nodes), solved=cs.solved)
 
-    def _finish(self, cs: ClassState, complete: bool, reason: str, within_gap: bool = False) -> None:
+    def finish(self, cs: ClassState, complete: bool, reason: str, within_gap: bool = False) -> None:
+        """End the class with its anytime bounds as they stand (`complete`: no time limit cut it short)."""
         # a node closed within the gap keeps its bound in upper: the finish is then not exact either
         kept = complete and cs.lower is not None and cs.gap_floor > cs.lower
         if kept and not within_gap:
@@ -96,12 +107,12 @@ class AnytimeBounds:
         cs.complete = complete
         cs.reason = reason
         cs.within_gap = complete and (within_gap or kept)
-        cs.seconds = self.elapsed()
-        self._emit("class_done", cs.cls, upper=cs.upper, lower=cs.lower, complete=complete, reason=reason,
-                   within_gap=cs.within_gap, solved=cs.solved, open=len(cs.nodes))
+        cs.seconds = self.session.elapsed()
+        self.session.emit("class_done", cs.cls, upper=cs.upper, lower=cs.lower, complete=complete, reason=reason,
+                          within_gap=cs.within_gap, solved=cs.solved, open=len(cs.nodes))
 
-    def _close_dominated(self, cs: ClassState) -> None:
+    def close_dominated(self, cs: ClassState) -> None:
         """Close every waiting node the best lower bound makes irrelevant (not running ones)."""
         for node in list(cs.nodes.values()):
-            if node.state in (OPEN, PENDING, SETTLED, STUCK) and self._can_close(cs, node):
-                self._close(cs, node, "bound <= best lower")
+            if node.state in (OPEN, PENDING, SETTLED, STUCK) and self.can_close(cs, node):
+                self.close(cs, node, "bound <= best lower")

@@ -13,9 +13,16 @@ from typing import Any
 
 import numpy as np
 
+# analyse_box is looked up through its module at call time, so a test can substitute it.
+import lucid.node.box as box_analysis
+from lucid.bab.events import LOG_FILE, EventLog
 from lucid.errors import LucidError
+from lucid.node.budget import box_class_time_limit
+from lucid.node.problem import VerificationProblem
+from lucid.rundir import bound_entry_value, write_bounds
 from lucid.settings import VerifySettings
 from lucid.solvers.base import ERROR, INFEASIBLE, OPTIMAL, TIME_LIMIT
+from lucid.witness.search import search_class_witness
 
 REASONS = {
     OPTIMAL: "proved: one MILP over the AGT box",
@@ -25,9 +32,9 @@ REASONS = {
 }
 
 
-def load_box(run: Any, k: int):
+def load_box(run: Any, k: int) -> Any:
     """Box k of the run; one error line (naming the run and the stored ks) before any work."""
-    from lucid.agt.store import AGT_FILE, load_boxes
+    from lucid.agt.store import AGT_FILE, load_boxes  # imports torch: only for a box verification
 
     if not (Path(run.path) / AGT_FILE).exists():
         raise LucidError(f"--hyper agt:{k}: {run.path} has no AGT boxes ({AGT_FILE} is missing; "
@@ -40,30 +47,16 @@ def load_box(run: Any, k: int):
     return boxes[k]
 
 
-def _class_limit(settings: VerifySettings, deadline: float | None, classes_left: int) -> float | None:
-    """This class's solver time: --node-time-limit, and a fair share of what --time-limit leaves."""
-    limit = settings.node_time_limit
-    if deadline is not None:
-        share = max((deadline - time.monotonic()) / classes_left, 0.1)
-        limit = share if limit is None else min(limit, share)
-    return limit
-
-
 def verify_box(run: Any, settings: VerifySettings, classes: list[int], result_options: dict, fingerprint: str) -> dict:
     """Bound every class in `classes` over the run's box for `settings.removals` removed rows."""
-    from lucid.agt.store import box_hyper_network
-    from lucid.bab.events import LOG_FILE, EventLog
-    from lucid.node.box import analyse_box, check_box_holds_networks
-    from lucid.node.problem import VerificationProblem
-    from lucid.rundir import bound_entry_value, write_bounds
-    from lucid.witness.search import search_class_witness
+    from lucid.agt.store import box_hyper_network  # imports torch: only for a box verification
 
     k = settings.removals
     box = load_box(run, k)
     problem = VerificationProblem.from_run(run, bounds=settings.bounds, with_points=settings.search)
     loo = np.arange(1, len(problem.stack), dtype=np.int64)  # every N_-i lies in every box with k >= 1
     hyper = box_hyper_network(box, loo, input_dim=run.input_dim)
-    check_box_holds_networks(problem, hyper, f"--hyper agt:{k} on {run.path}")
+    box_analysis.check_box_holds_networks(problem, hyper, f"--hyper agt:{k} on {run.path}")
     run_path = Path(run.path)
     t0 = time.monotonic()
     deadline = None if settings.time_limit is None else t0 + settings.time_limit
@@ -79,8 +72,10 @@ def verify_box(run: Any, settings: VerifySettings, classes: list[int], result_op
             known = search_class_witness(problem, c, loo, points=problem.points) if settings.search and loo.size else None
             if known is not None:
                 log.emit("witness", c, lower=known.confidence, leaking_row=known.leaking_row, source="search")
-            solver_options = settings.solver_options(_class_limit(settings, deadline, len(classes) - i), threads)
-            out = analyse_box(problem, c, hyper, settings, solver_options, loo_positions=loo, known=known)
+            seconds_left = None if deadline is None else deadline - time.monotonic()
+            limit = box_class_time_limit(settings.node_time_limit, seconds_left, len(classes) - i)
+            out = box_analysis.analyse_box(problem, c, hyper, settings, settings.solver_options(limit, threads),
+                                           loo_positions=loo, known=known)
             complete = out.status in (OPTIMAL, INFEASIBLE)
             reason = REASONS.get(out.status, out.status)
             # the events `lucid log` reads: the one node, the class's bounds, its end

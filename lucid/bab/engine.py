@@ -17,51 +17,59 @@ the level is small or infeasible, while the exact bound needs the branch-and-bou
 whole gap between relaxation and optimum (figures in benchmarks/results/idle_machine.md).
 
 A node that hits its time limit keeps its (proved) dual bound and is branched like any other; an
-unproved singleton cannot be branched, so it is retried with `RETRY_GROWTH` times the previous limit
-(until the total time limit, or `MAX_SINGLETON_ATTEMPTS` solves without one) and otherwise keeps
-its sound bound.
+unproved singleton cannot be branched, so it is retried with a longer limit
+(`lucid.node.budget.RETRY_GROWTH` times the previous one; until the total time limit, or
+`MAX_SINGLETON_ATTEMPTS` solves without one) and otherwise keeps its sound bound.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
-import time
+import threading
 from typing import Any, Callable
 
 import numpy as np
 
-from lucid.bab.node import FINAL, OPEN, PENDING, RUNNING, SETTLED, SPLIT, STUCK, Node
 from lucid.bab.anytime import AnytimeBounds
-from lucid.bab.schedule import Scheduling
+from lucid.bab.events import EventLog
+from lucid.bab.node import FINAL, OPEN, PENDING, RUNNING, SETTLED, SPLIT, STUCK, Node
+from lucid.bab.schedule import Scheduler
+from lucid.bab.screening import RefineFn, ScreenBounds, ScreenFn
+from lucid.bab.session import Session
 from lucid.bab.split import PEEL_ROOT_ABOVE, peel_top, split_node
 from lucid.bab.state import INF, ClassState
+from lucid.bab.workers import Executor
 from lucid.errors import LucidError
 from lucid.settings import VerifySettings
 
+
 def _preload_kmeans() -> None:
     try:
-        import sklearn.cluster  # noqa: F401
+        import sklearn.cluster  # noqa: F401  (seconds to import: only when a split is coming)
     except Exception:
         pass
 
 
-class Engine(AnytimeBounds, Scheduling):
-    """Runs the branch-and-bound of several classes on one shared executor (the rules here; which
-    node runs next, where and for how long in `lucid.bab.schedule`)."""
+class Engine:
+    """Runs the branch and bound of several classes on one shared executor.
+
+    The engine owns the node life cycle (seed, solve, split, settle, retry, finish); it holds the
+    collaborators that keep the bounds (`anytime`), the screened bounds (`screening`) and the
+    schedule (`scheduler`), and the `session` whose clock and log they all share."""
 
     def __init__(
         self,
-        executor: Any,
+        executor: Executor,
         classes: list[int],
         num_networks: int,
         config: VerifySettings,
         *,
         params: np.ndarray | Callable[[], np.ndarray] | None = None,
-        screen: Callable[[int, np.ndarray], np.ndarray] | None = None,
-        refine: Callable[[int, np.ndarray, float], np.ndarray] | None = None,
+        screen: ScreenFn | None = None,
+        refine: RefineFn | None = None,
         search: Callable[[int, np.ndarray], Any] | None = None,
-        log: Any = None,
+        log: EventLog | None = None,
         on_progress: Callable[["Engine"], None] | None = None,
         on_checkpoint: Callable[["Engine"], None] | None = None,
         states: dict[int, ClassState] | None = None,
@@ -70,59 +78,30 @@ class Engine(AnytimeBounds, Scheduling):
         self.config = config
         self.num_networks = num_networks  # stack size; positions 1..num_networks-1
         self._params = params
-        self._screen_fn = screen
-        self._refine_fn = None if screen is None else refine
-        self._search_fn = None if config.naive else search
-        self.log = log
+        self._search = None if config.naive else search
         self.on_progress = on_progress
         self.on_checkpoint = on_checkpoint
-        self.states = states if states is not None else {c: self._fresh_state(c) for c in classes}
-        if screen is not None and not config.naive:
+        self.session = Session(log)
+        self.anytime = AnytimeBounds(config, self.session)
+        self.screening = ScreenBounds(num_networks, config, self.anytime, self.session, screen, refine)
+        self.states = states if states is not None else {c: ClassState(cls=c) for c in classes}
+        if self.screening.enabled:
             for c, cs in self.states.items():
                 if cs.screen is None:
-                    cs.screen = self._screen(c)
-        self._running: dict[tuple[int, int], float] = {}
+                    cs.screen = self.screening.initial(c)
+        self.scheduler = Scheduler(executor, self.states, config, self.anytime, self.screening, self.session)
 
-    # --- setup -------------------------------------------------------------------------------------
     def elapsed(self) -> float:
-        return self.log.elapsed() if self.log is not None else time.monotonic() - self._t0
-
-    def _emit(self, event: str, cls: int | None = None, **fields: Any) -> None:
-        if self.log is not None:
-            self.log.emit(event, cls, **fields)
-
-    def _screen(self, c: int) -> np.ndarray:
-        positions = np.arange(1, self.num_networks, dtype=np.int64)
-        values = np.full(self.num_networks, -INF)
-        values[positions] = np.asarray(self._screen_fn(c, positions), dtype=np.float64)
-        return values
-
-    def _refine(self, cs: ClassState, positions: np.ndarray) -> None:
-        """Tighten the screened bounds of the networks in `positions` that are above the class's
-        cutoff and not refined yet (once each: a higher cutoff would not change the optimum)."""
-        if self._refine_fn is None or cs.screen is None or cs.lower is None or self.config.naive:
-            return
-        if cs.refined is None:
-            cs.refined = np.zeros(self.num_networks, dtype=bool)
-        level = cs.lower + self.tolerance(cs)
-        todo = positions[(cs.screen[positions] > level) & ~cs.refined[positions]]
-        if not len(todo):
-            return
-        t0 = self.elapsed()
-        tighter = np.asarray(self._refine_fn(cs.cls, todo, level), dtype=np.float64)
-        cs.screen[todo] = np.minimum(cs.screen[todo], tighter)
-        cs.refined[todo] = True
-        self._emit("refined", cs.cls, networks=len(todo), below=int((cs.screen[todo] <= level).sum()),
-                   seconds=self.elapsed() - t0)
-
-    def _fresh_state(self, c: int) -> ClassState:
-        return ClassState(cls=c)
+        """Seconds of the whole verification (across resumes), as the log and checkpoint count them."""
+        return self.session.elapsed()
 
     def params(self) -> np.ndarray:
+        """The networks' flattened parameters, which k-means splits on (computed on first use)."""
         if callable(self._params):
             self._params = self._params()
         return self._params
 
+    # --- node life cycle ---------------------------------------------------------------------------
     def _new_node(self, cs: ClassState, positions: np.ndarray, upper: float, parent: Node | None,
                   peel: bool = False) -> Node:
         """A child carrying `upper`; with `peel` it skips its MILP and waits, OPEN, to be peeled."""
@@ -136,9 +115,9 @@ class Engine(AnytimeBounds, Scheduling):
         )
         cs.next_id += 1
         cs.nodes[node.id] = node
-        self._emit("queued", cs.cls, node=node.id, parent=node.parent, size=node.size, upper=upper)
-        if self._can_close(cs, node):
-            self._close(cs, node, "bound <= best lower")
+        self.session.emit("queued", cs.cls, node=node.id, parent=node.parent, size=node.size, upper=upper)
+        if self.anytime.can_close(cs, node):
+            self.anytime.close(cs, node, "bound <= best lower")
         elif peel:
             node.state = OPEN
             heapq.heappush(cs.open_heap, (-node.upper, node.id))
@@ -146,15 +125,10 @@ class Engine(AnytimeBounds, Scheduling):
             heapq.heappush(cs.pending_heap, (-node.upper, node.id))
         return node
 
-    def _screened_upper(self, cs: ClassState, positions: np.ndarray) -> float:
-        if cs.screen is None or len(positions) == 0:
-            return INF if len(positions) else -INF
-        return float(cs.screen[positions].max())
-
     def _seed(self, cs: ClassState) -> None:
         """The root node(s) of a fresh class."""
         positions = np.arange(1, self.num_networks, dtype=np.int64)
-        self._emit("class_started", cs.cls, networks=len(positions))
+        self.session.emit("class_started", cs.cls, networks=len(positions))
         if self.config.naive:
             for p in positions:
                 self._new_node(cs, np.array([p]), INF, None)
@@ -162,28 +136,28 @@ class Engine(AnytimeBounds, Scheduling):
             if cs.screen is not None:
                 keep = cs.screen[positions] > -INF  # screened: no input can make it leak
                 if not keep.all():
-                    self._emit("screened", cs.cls, dropped=int((~keep).sum()), kept=int(keep.sum()))
+                    self.session.emit("screened", cs.cls, dropped=int((~keep).sum()), kept=int(keep.sum()))
                 positions = positions[keep]
-            if self._search_fn is not None and len(positions):
+            if self._search is not None and len(positions):
                 # A cheap witness first: with a good lower bound, the screen removes most networks
                 # before the root hyper-network is even built (its MILP is then far tighter).
                 t0 = self.elapsed()
-                found = self._search_fn(cs.cls, positions)
+                found = self._search(cs.cls, positions)
                 if found is not None:
-                    self._apply_lower(cs, float(found.confidence), found.leaking_row, found.x, "search",
-                                      update=False, seconds=self.elapsed() - t0)
-                self._refine(cs, positions)
-                positions = self._prune(cs, positions)
+                    self.anytime.apply_lower(cs, float(found.confidence), found.leaking_row, found.x, "search",
+                                             update=False, seconds=self.elapsed() - t0)
+                self.screening.refine(cs, positions)
+                positions = self.anytime.prune(cs, positions)
             if len(positions):
                 peel = (self.config.bab and cs.screen is not None
                         and len(positions) > PEEL_ROOT_ABOVE.get(self.config.screen, INF))
-                self._new_node(cs, positions, self._screened_upper(cs, positions), None, peel=peel)
-        self._update_anytime(cs)
+                self._new_node(cs, positions, self.screening.upper(cs, positions), None, peel=peel)
+        self.anytime.update(cs)
 
-    # --- node life cycle ---------------------------------------------------------------------------
     def _on_result(self, key: tuple[int, int], outcome: Any) -> None:
+        """A node's analysis reported: take its bound and leak, then close it or queue it as OPEN."""
         c, node_id = key
-        self._running.pop(key, None)
+        self.scheduler.finished(key)
         cs = self.states[c]
         node = cs.nodes.get(node_id)
         if node is None or cs.done or node.state != RUNNING:
@@ -195,7 +169,7 @@ class Engine(AnytimeBounds, Scheduling):
         node.attempts += 1
         cs.solved += 1
         own = float(outcome.upper)
-        screened = self._screened_upper(cs, node.positions)
+        screened = self.screening.upper(cs, node.positions)
         before = min(node.upper, screened)
         node.upper = min(node.upper, own, screened)
         if not node.is_singleton and own >= before and cs.screen is not None and not self.config.naive:
@@ -204,40 +178,41 @@ class Engine(AnytimeBounds, Scheduling):
         node.stats = dict(getattr(outcome, "stats", {}) or {})
         if outcome.lower is not None and math.isfinite(outcome.lower):
             node.lower = float(outcome.lower)
-        self._emit(
+        self.session.emit(
             "solved", c, node=node.id, parent=node.parent, size=node.size, upper=node.upper, milp_upper=own,
             lower=node.lower, status=node.status, seconds=float(getattr(outcome, "seconds", 0.0)),
             leaking_row=outcome.leaking_row, stats=node.stats,
         )
         if node.lower is not None:
-            self._apply_lower(cs, node.lower, outcome.leaking_row, getattr(outcome, "witness", None), "milp",
-                              node=node.id)
-        if self._can_close(cs, node):
-            self._close(cs, node, "infeasible" if node.upper == -INF else "bound <= best lower")
+            self.anytime.apply_lower(cs, node.lower, outcome.leaking_row, getattr(outcome, "witness", None), "milp",
+                                     node=node.id)
+        if self.anytime.can_close(cs, node):
+            self.anytime.close(cs, node, "infeasible" if node.upper == -INF else "bound <= best lower")
         else:
             node.state = OPEN
             heapq.heappush(cs.open_heap, (-node.upper, node.id))
-        self._update_anytime(cs)
+        self.anytime.update(cs)
 
     def _split(self, cs: ClassState, node: Node) -> None:
+        """Replace `node` by its children: peeled singletons, or k-means clusters of its networks."""
         node.state = SPLIT
         cs.nodes.pop(node.id, None)
-        self._refine(cs, node.positions)  # peeling follows the best bounds
-        positions = self._prune(cs, node.positions, node.upper)
+        self.screening.refine(cs, node.positions)  # peeling follows the best bounds
+        positions = self.anytime.prune(cs, node.positions, node.upper)
         if len(positions) == 0:
-            self._emit("closed", cs.cls, node=node.id, parent=node.parent, size=node.size, upper=node.upper,
-                       reason="all networks screened below best lower")
+            self.session.emit("closed", cs.cls, node=node.id, parent=node.parent, size=node.size, upper=node.upper,
+                              reason="all networks screened below best lower")
             return
         if node.peel and len(positions) > 1:
             groups = peel_top(positions, cs.screen, self.executor.capacity)
         else:
             groups = [positions] if len(positions) == 1 else split_node(
                 self.params(), positions, proved=node.proved, random_state=self.config.seed)
-        self._emit("split", cs.cls, node=node.id, parent=node.parent, size=node.size, upper=node.upper,
-                   children=[len(g) for g in groups], dropped=int(node.size - len(positions)),
-                   **({"peel": True} if node.peel else {}))
+        self.session.emit("split", cs.cls, node=node.id, parent=node.parent, size=node.size, upper=node.upper,
+                          children=[len(g) for g in groups], dropped=int(node.size - len(positions)),
+                          **({"peel": True} if node.peel else {}))
         for g in groups:
-            self._new_node(cs, g, min(node.upper, self._screened_upper(cs, g)), node, peel=node.peel and len(g) > 1)
+            self._new_node(cs, g, min(node.upper, self.screening.upper(cs, g)), node, peel=node.peel and len(g) > 1)
 
     def _advance(self, cs: ClassState) -> None:
         """Apply the stopping and closing rules, then branch open nodes while workers would idle.
@@ -249,27 +224,27 @@ class Engine(AnytimeBounds, Scheduling):
         """
         cfg = self.config
         while not cs.done:
-            self._close_dominated(cs)
-            self._update_anytime(cs)
+            self.anytime.close_dominated(cs)
+            self.anytime.update(cs)
             if not cs.nodes:
                 # Everything closed: no network can leak above the best lower bound, or above the
-                # bound of a node closed within the gap (then `_finish` says so).
-                self._finish(cs, True, "all nodes closed")
+                # bound of a node closed within the gap (then `AnytimeBounds.finish` says so).
+                self.anytime.finish(cs, True, "all nodes closed")
                 return
-            if cs.lower is not None and cs.upper - cs.lower <= self.tolerance(cs):
+            if cs.lower is not None and cs.upper - cs.lower <= self.anytime.tolerance(cs):
                 exact = cs.upper <= cs.lower
-                self._finish(cs, True, "upper = lower" if exact else "upper within the gap of the lower bound",
-                             within_gap=not exact)
+                self.anytime.finish(cs, True, "upper = lower" if exact else "upper within the gap of the lower bound",
+                                    within_gap=not exact)
                 return
             best = max(cs.nodes.values(), key=lambda n: (n.upper, n.state == SETTLED))
             if best.state == SETTLED:
                 best.state = FINAL
-                self._emit("final", cs.cls, node=best.id, parent=best.parent, size=best.size, upper=best.upper)
-                self._finish(cs, True, "proved singleton on top" if best.is_singleton else "hyper-network solved")
+                self.session.emit("final", cs.cls, node=best.id, parent=best.parent, size=best.size, upper=best.upper)
+                self.anytime.finish(cs, True, "proved singleton on top" if best.is_singleton else "hyper-network solved")
                 return
             if best.state == STUCK and not any(n.state in (OPEN, PENDING, RUNNING) for n in cs.nodes.values()):
                 # Nothing left that could improve the bound: the unproved bound stands (sound).
-                self._finish(cs, False, "unproved node on top (node time limit)")
+                self.anytime.finish(cs, False, "unproved node on top (node time limit)")
                 return
             while cs.open_heap and (
                 cs.open_heap[0][1] not in cs.nodes or cs.nodes[cs.open_heap[0][1]].state != OPEN
@@ -282,8 +257,8 @@ class Engine(AnytimeBounds, Scheduling):
                 heapq.heappop(cs.open_heap)
                 if top.proved:
                     top.state = SETTLED
-                elif self._retryable(top):
-                    self._retry(cs, top)
+                elif self.scheduler.retryable(top):
+                    self.scheduler.retry(cs, top)
                 else:
                     top.state = STUCK
                 continue
@@ -297,24 +272,18 @@ class Engine(AnytimeBounds, Scheduling):
             heapq.heappop(cs.open_heap)
             self._split(cs, top)
 
-    def _retry(self, cs: ClassState, node: Node) -> None:
-        node.state = PENDING  # keeps its bound
-        heapq.heappush(cs.pending_heap, (-node.upper, node.id))
-        self._emit("retry", cs.cls, node=node.id, parent=node.parent, size=node.size, upper=node.upper,
-                   attempt=node.attempts + 1)
-
     # --- main loop ---------------------------------------------------------------------------------
     def run(self, poll: float = 0.25) -> dict[int, ClassState]:
-        self._t0 = self._session_t0 = time.monotonic()
+        """Verify every class until each is done or the session's time limit ends; `poll`: the
+        longest wait for a result between scheduling rounds. Returns the class states."""
+        self.session.start()
         for cs in self.states.values():
             if cs.done and cs.reason == "time limit" and cs.nodes:
                 # A resumed run continues what the last time limit cut short.
                 cs.done, cs.complete, cs.reason = False, False, ""
-                self._emit("class_reopened", cs.cls, upper=cs.upper, lower=cs.lower, open=len(cs.nodes))
+                self.session.emit("class_reopened", cs.cls, upper=cs.upper, lower=cs.lower, open=len(cs.nodes))
         if self.config.bab and not self.config.naive:
             # scikit-learn takes seconds to import: overlap it with the root MILPs, not the first split.
-            import threading
-
             threading.Thread(target=_preload_kmeans, daemon=True).start()
         for cs in self.states.values():
             if not cs.done and not cs.nodes and cs.solved == 0 and cs.next_id == 0:
@@ -332,12 +301,12 @@ class Engine(AnytimeBounds, Scheduling):
                     dirty = False
                 if all(cs.done for cs in self.states.values()):
                     break
-                if self.config.time_limit is not None and self.session_elapsed() >= self.config.time_limit:
+                if self.config.time_limit is not None and self.session.seconds() >= self.config.time_limit:
                     for cs in self.states.values():
                         if not cs.done:
-                            self._finish(cs, False, "time limit")
+                            self.anytime.finish(cs, False, "time limit")
                     break
-                self._submit_ready()
+                self.scheduler.submit_ready()
                 if self.executor.in_flight == 0 and not any(
                     cs.pending_heap for cs in self.states.values() if not cs.done
                 ):
@@ -345,7 +314,7 @@ class Engine(AnytimeBounds, Scheduling):
                     raise RuntimeError("branch-and-bound stalled with open classes and no work")
                 wait = poll
                 if self.config.time_limit is not None:
-                    wait = max(0.01, min(poll, self.config.time_limit - self.session_elapsed()))
+                    wait = max(0.01, min(poll, self.config.time_limit - self.session.seconds()))
                 results = self.executor.completed(wait)
                 for key, outcome in results:
                     self._on_result(key, outcome)

@@ -15,17 +15,29 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
+# Engine, LiveDisplay, the executors and the class-level witness search are looked up through
+# their modules at call time, so a test or a benchmark can substitute them.
+import lucid.bab.display as live_display
+import lucid.bab.engine as bab_engine
+import lucid.bab.workers as executors
+import lucid.witness.search as witness_search
+from lucid.bab.box import verify_box
+from lucid.bab.checkpoint import CHECKPOINT_FILE, load_checkpoint, run_fingerprint, save_checkpoint
+from lucid.bab.events import LOG_FILE, EventLog, read_events
+from lucid.bab.split import FlatParameters
+from lucid.bab.state import ClassState
 from lucid.errors import LucidError
+from lucid.node.problem import VerificationProblem
+from lucid.node.screen import Screen
+from lucid.rundir import bound_entry_value, open_run, write_bounds
 from lucid.settings import VerifySettings
 
 
-def _reconcile_with_log(states: dict, log_path: Path, result_options: dict, fingerprint: str) -> None:
+def _reconcile_with_log(states: dict[int, ClassState], log_path: Path, result_options: dict, fingerprint: str) -> None:
     """Carry over anytime upper bounds logged after the last checkpoint (a kill -9 can fall between
     a solved node's log event and the next checkpoint). Those bounds were proved by MILPs of this
     same verification (the log's last start/resume has the checkpoint's options), so they are
     sound, and the resumed log's anytime upper keeps never rising."""
-    from lucid.bab.events import read_events
-
     if not log_path.exists():
         return
     try:
@@ -58,19 +70,15 @@ def _terminate_as_interrupt() -> Callable[[], None]:
     return lambda: signal.signal(signal.SIGTERM, previous)
 
 
-def _make_executor(problem: Any, settings: VerifySettings):
-    from lucid.bab.workers import DaskExecutor, ProcessExecutor, ThreadExecutor, analyse_with
-
+def _make_executor(problem: VerificationProblem, settings: VerifySettings) -> executors.Executor:
     if settings.scheduler is not None:
-        return DaskExecutor(problem, settings, settings.scheduler, settings.workers)
+        return executors.DaskExecutor(problem, settings, settings.scheduler, settings.workers)
     if settings.workers == 1:
-        return ThreadExecutor(lambda *args, **kw: analyse_with(problem, settings, *args, **kw), 1)
-    return ProcessExecutor(problem, settings, settings.workers)
+        return executors.ThreadExecutor(lambda *args, **kw: executors.analyse_with(problem, settings, *args, **kw), 1)
+    return executors.ProcessExecutor(problem, settings, settings.workers)
 
 
-def _bounds_entries(engine: Any) -> dict[str, dict]:
-    from lucid.rundir import bound_entry_value
-
+def _bounds_entries(engine: bab_engine.Engine) -> dict[str, dict]:
     out = {}
     for c, cs in sorted(engine.states.items()):
         out[str(c)] = {
@@ -92,14 +100,6 @@ def verify_run(run_dir: str | Path, settings: VerifySettings | None = None, **op
     With `hyper="agt:K"` the bounds hold for every data set within K removed rows (`lucid.bab.box`).
 
     Options are a `VerifySettings` or its fields as keywords (`verify_run(run, time_limit=180)`)."""
-    from lucid.bab.checkpoint import CHECKPOINT_FILE, load_checkpoint, run_fingerprint, save_checkpoint
-    from lucid.bab.display import LiveDisplay
-    from lucid.bab.engine import Engine
-    from lucid.bab.split import FlatParameters
-    from lucid.bab.events import LOG_FILE, EventLog
-    from lucid.bab.state import ClassState
-    from lucid.rundir import open_run, write_bounds
-
     if settings is None:
         settings = VerifySettings.from_options(**options)
     elif options:
@@ -114,8 +114,6 @@ def verify_run(run_dir: str | Path, settings: VerifySettings | None = None, **op
     except OSError as exc:
         raise LucidError(f"cannot read the networks of {run_path}: {exc}") from None
     if settings.removals:  # --hyper agt:K: one MILP per class over the AGT box, no branch-and-bound
-        from lucid.bab.box import verify_box
-
         return verify_box(run, settings, classes, result_options, fingerprint)
     states = None
     elapsed_before = 0.0
@@ -131,9 +129,6 @@ def verify_run(run_dir: str | Path, settings: VerifySettings | None = None, **op
         _reconcile_with_log(states, run_path / LOG_FILE, result_options, fingerprint)
 
     # Only now the expensive part (loading every network, N's bounds): bad input has failed fast.
-    from lucid.node.problem import VerificationProblem
-    from lucid.node.screen import Screen
-
     problem = VerificationProblem.from_run(run, bounds=settings.bounds, with_points=settings.search)
     if len(problem.stack) < 2:
         raise LucidError(f"{run.path} has no leave-one-out networks to verify")
@@ -141,11 +136,7 @@ def verify_run(run_dir: str | Path, settings: VerifySettings | None = None, **op
         settings = replace(settings, workers=os.cpu_count() or 1)
     executor = _make_executor(problem, settings)
     screen = None if settings.screen == "none" else Screen(problem, settings.screen, settings.device)
-    search = None
-    if settings.search:
-        from lucid.witness.search import search_class_witness
-
-        search = partial(search_class_witness, problem, points=problem.points)
+    search = partial(witness_search.search_class_witness, problem, points=problem.points) if settings.search else None
 
     log = EventLog(run_path / LOG_FILE, elapsed_before=elapsed_before, append=settings.resume)
     all_options = dict(result_options, workers=executor.capacity, time_limit=settings.time_limit,
@@ -154,7 +145,7 @@ def verify_run(run_dir: str | Path, settings: VerifySettings | None = None, **op
              networks=len(problem.stack) - 1,
              run_fingerprint=fingerprint)
 
-    def checkpoint(engine: Engine) -> None:
+    def checkpoint(engine: bab_engine.Engine) -> None:
         save_checkpoint(ckpt_path, fingerprint=fingerprint, options=result_options, elapsed=engine.elapsed(),
                         classes={str(c): cs.to_json() for c, cs in engine.states.items()})
 
@@ -162,11 +153,12 @@ def verify_run(run_dir: str | Path, settings: VerifySettings | None = None, **op
     engine = None
     restore = _terminate_as_interrupt()
     try:
-        with LiveDisplay(title, enabled=settings.progress) as display:
-            engine = Engine(executor, classes, len(problem.stack), settings, params=FlatParameters(problem.stack),
-                            screen=None if screen is None else screen.initial,
-                            refine=screen.refine if screen is not None and screen.refines else None, search=search, log=log, on_progress=display.update,
-                            on_checkpoint=checkpoint, states=states)
+        with live_display.LiveDisplay(title, enabled=settings.progress) as display:
+            engine = bab_engine.Engine(
+                executor, classes, len(problem.stack), settings, params=FlatParameters(problem.stack),
+                screen=None if screen is None else screen.initial,
+                refine=screen.refine if screen is not None and screen.refines else None, search=search, log=log,
+                on_progress=display.update, on_checkpoint=checkpoint, states=states)
             engine.run()
     except KeyboardInterrupt:
         if engine is not None:

@@ -1,67 +1,56 @@
 """Which node runs next, on which worker, with how much time and how many solver threads.
 
-`Scheduling` is the engine's scheduling half (`Engine` inherits it). It reads the engine's class
-states, executor and settings and uses the engine's rules (`cutoff`, `tolerance`, `_can_close`,
-`_prune`, `_close`, `_retry`); it decides:
+`Scheduler` decides, over the class states it shares with the engine:
 - which pending node starts next (least busy class first, best bound first; singleton retries ahead
   of the queue on all but one worker);
-- the node's time limit (the first attempt's limit, grown by RETRY_GROWTH per retry, capped by the
-  session's remaining time) and solver threads (more than one only for the last work left);
-- whether the node seeks a leak without the cutoff (for at most SEEK_TIME_LIMIT seconds).
+- the node's time limit (`lucid.node.budget.attempt_time_limit`) and solver threads (more than one
+  only for the last work left);
+- whether the node seeks a leak without the cutoff;
+- whether an unproved singleton is retried.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
-import time
 
+from lucid.bab.anytime import AnytimeBounds
 from lucid.bab.node import FINAL, OPEN, PENDING, RUNNING, SETTLED, STUCK, Node
+from lucid.bab.screening import ScreenBounds
+from lucid.bab.session import Session
 from lucid.bab.state import INF, ClassState
+from lucid.bab.workers import Executor
+from lucid.node.budget import attempt_time_limit
+from lucid.settings import VerifySettings
 
+# Without --time-limit, an unproved singleton gets this many attempts, then keeps its sound bound.
 MAX_SINGLETON_ATTEMPTS = 3
-# Each retry repeats the leak search, probe and OBBT (and, without a kept tree, restarts the
-# MILP), so a short growth pays those costs, and the time-limited attempts before the one that
-# proves the node, too often. Growing 4x reaches a given proof time in fewer attempts than
-# doubling (60, 240, 960 s against 60, 120, 240, 480, 960 s), and a larger last limit costs
-# nothing when the node is proved early (figures in benchmarks/results/idle_machine.md).
-RETRY_GROWTH = 4
-# A seek is after a leak (the primal side): its solver finds the incumbents it will find within
-# about a minute (Adult 2x50: the class's best leak at 30 s), and the rest of a long node limit
-# goes into the dual bound, which the seek's own retry under the cutoff proves far faster (Adult
-# 2x50 with 8 000 rows: two 450-s seeks per class, one gaining nothing while its retry took 16 s).
-SEEK_TIME_LIMIT = 60.0
 
 
+class Scheduler:
+    """Starts pending nodes on the executor's free workers and keeps track of the running ones."""
 
-def deadline_margin(time_limit: float) -> float:
-    """Node MILPs stop this long before the session's deadline, so their bounds are collected."""
-    return min(3.0, 0.02 * time_limit)
+    def __init__(self, executor: Executor, states: dict[int, ClassState], settings: VerifySettings,
+                 anytime: AnytimeBounds, screening: ScreenBounds, session: Session) -> None:
+        self.executor = executor
+        self.states = states
+        self.settings = settings
+        self.anytime = anytime
+        self.screening = screening
+        self.session = session
+        self.running: dict[tuple[int, int], float] = {}  # (class, node id) -> when it started
 
+    def finished(self, key: tuple[int, int]) -> None:
+        """The node `key` has reported (or was lost): its worker is free."""
+        self.running.pop(key, None)
 
-class Scheduling:
-    def session_elapsed(self) -> float:
-        """Seconds since this invocation started: --time-limit applies per invocation, so a resumed
-        run gets the full limit again (elapsed() continues across resumes, for the log)."""
-        return time.monotonic() - self._session_t0
-
-    def _node_time_limit(self, node: Node) -> float | None:
-        limit = self.config.node_limit
-        if limit is not None:
-            limit = limit * (RETRY_GROWTH ** max(0, node.attempts))
-        if self.config.time_limit is not None:
-            total = self.config.time_limit
-            remaining = max(0.05, total - self.session_elapsed() - deadline_margin(total))
-            limit = remaining if limit is None or self._last_work(node) else min(limit, remaining)
-        return limit
-
-    def _last_work(self, node: Node) -> bool:
+    def last_work(self, node: Node) -> bool:
         """Whether no other work can ever wait for `node`'s worker: it is a singleton and every other
         node of every unfinished class is a running singleton or finished (singletons never split).
 
         Then a node time limit only restarts the node, repeating its OBBT and (without a kept tree)
         its MILP, while the other workers have nothing to do; so the node gets all the remaining
-        time at once."""
+        time at once, and the idle workers' solver threads."""
         if not node.is_singleton:
             return False
         for cs in self.states.values():
@@ -76,58 +65,66 @@ class Scheduling:
                     return False
         return True
 
-    def _submit_ready(self) -> None:
+    def submit_ready(self) -> None:
         """Fill free worker slots, one class after another (least busy class first)."""
         while self.executor.in_flight < self.executor.capacity:
-            candidates = []
-            for c, cs in self.states.items():
-                if cs.done:
-                    continue
-                while cs.pending_heap and (
-                    cs.pending_heap[0][1] not in cs.nodes or cs.nodes[cs.pending_heap[0][1]].state != PENDING
-                ):
-                    heapq.heappop(cs.pending_heap)
-                if cs.pending_heap:
-                    busy = sum(1 for (k, _) in self._running if k == c)
-                    candidates.append((busy, cs.pending_heap[0][0], c))
-            if not candidates:
+            chosen = self._next_node()
+            if chosen is None:
                 return
-            retry = self._preferred_retry()
-            if retry is not None:
-                cs, node = retry
-                c = cs.cls
-            else:
-                _, _, c = min(candidates)
-                cs = self.states[c]
-                _, node_id = heapq.heappop(cs.pending_heap)
-                node = cs.nodes[node_id]
-            self._refine(cs, node.positions)
-            kept = self._prune(cs, node.positions, node.upper)
+            cs, node = chosen
+            self.screening.refine(cs, node.positions)
+            kept = self.anytime.prune(cs, node.positions, node.upper)
             if len(kept) < node.size:
-                self._emit("pruned", c, node=node.id, parent=node.parent, size=node.size, kept=len(kept))
+                self.session.emit("pruned", cs.cls, node=node.id, parent=node.parent, size=node.size, kept=len(kept))
                 node.positions = kept
-                node.upper = min(node.upper, self._screened_upper(cs, kept)) if len(kept) else -INF
-            if self._can_close(cs, node):
-                self._close(cs, node, "bound <= best lower")
+                node.upper = min(node.upper, self.screening.upper(cs, kept)) if len(kept) else -INF
+            if self.anytime.can_close(cs, node):
+                self.anytime.close(cs, node, "bound <= best lower")
                 continue
-            node.state = RUNNING
-            limit = self._node_time_limit(node)
-            cutoff = self.cutoff(cs)
-            seek = self._seeks_leak(cs, node)
-            if seek:
-                cs.seekers += 1
-                cutoff = -INF
-                if self.config.node_limit is not None:  # retries exist: the seek's own retry proves it
-                    limit = min(limit, SEEK_TIME_LIMIT)
-            # The last work may use the idle workers' cores: nothing else can ever need them.
-            threads = max(1, self.executor.capacity - self.executor.in_flight) if self._last_work(node) else 1
-            self._running[(c, node.id)] = self.elapsed()
-            extra = {"seek": True} if seek else {}
-            if threads > 1:
-                extra["threads"] = threads
-            self._emit("started", c, node=node.id, parent=node.parent, size=node.size, upper=node.upper,
-                       time_limit=limit, attempt=node.attempts + 1, **extra)
-            self.executor.submit((c, node.id), c, node.positions, limit, cutoff, node.attempts + 1, threads)
+            self._start(cs, node)
+
+    def _next_node(self) -> tuple[ClassState, Node] | None:
+        """A preferred retry, else the best pending node of the least busy class; None: none pending."""
+        candidates = []
+        for c, cs in self.states.items():
+            if cs.done:
+                continue
+            while cs.pending_heap and (
+                cs.pending_heap[0][1] not in cs.nodes or cs.nodes[cs.pending_heap[0][1]].state != PENDING
+            ):
+                heapq.heappop(cs.pending_heap)
+            if cs.pending_heap:
+                busy = sum(1 for (k, _) in self.running if k == c)
+                candidates.append((busy, cs.pending_heap[0][0], c))
+        if not candidates:
+            return None
+        retry = self._preferred_retry()
+        if retry is not None:
+            return retry
+        _, _, c = min(candidates)
+        cs = self.states[c]
+        _, node_id = heapq.heappop(cs.pending_heap)
+        return cs, cs.nodes[node_id]
+
+    def _start(self, cs: ClassState, node: Node) -> None:
+        """Send `node` to a worker, with its time limit, cutoff and solver threads."""
+        node.state = RUNNING
+        last_work = self.last_work(node)
+        cutoff = self.anytime.cutoff(cs)
+        seek = self._seeks_leak(cs, node)
+        if seek:
+            cs.seekers += 1
+            cutoff = -INF
+        limit = attempt_time_limit(self.settings, node.attempts, self.session.seconds(), last_work=last_work, seek=seek)
+        # The last work may use the idle workers' cores: nothing else can ever need them.
+        threads = max(1, self.executor.capacity - self.executor.in_flight) if last_work else 1
+        self.running[(cs.cls, node.id)] = self.session.elapsed()
+        extra = {"seek": True} if seek else {}
+        if threads > 1:
+            extra["threads"] = threads
+        self.session.emit("started", cs.cls, node=node.id, parent=node.parent, size=node.size, upper=node.upper,
+                          time_limit=limit, attempt=node.attempts + 1, **extra)
+        self.executor.submit((cs.cls, node.id), cs.cls, node.positions, limit, cutoff, node.attempts + 1, threads)
 
     def _preferred_retry(self) -> tuple[ClassState, Node] | None:
         """A singleton retry to start before the best-first choice, or None.
@@ -144,22 +141,22 @@ class Scheduling:
         unproved singleton still waiting in the open queue (where best-first would only retry it
         once it reached the top)."""
         lanes = self.executor.capacity - 1
-        busy = sum(1 for (c, nid) in self._running
+        busy = sum(1 for (c, nid) in self.running
                    if (n := self.states[c].nodes.get(nid)) is not None and n.attempts > 0)
         if busy >= lanes:
             return None
 
         def candidate(cs: ClassState, node: Node | None) -> bool:
             return (node is not None and node.attempts > 0 and node.is_singleton
-                    and (node.state == PENDING or (node.state == OPEN and self._retryable(node)))
-                    and not self._can_close(cs, node))
+                    and (node.state == PENDING or (node.state == OPEN and self.retryable(node)))
+                    and not self.anytime.can_close(cs, node))
 
         choice = None
         continuable = set(self.executor.continuable())
         for cs in self.states.values():
             if cs.done:
                 continue
-            level = self.cutoff(cs)
+            level = self.anytime.cutoff(cs)
             for _, nid in (*cs.pending_heap, *cs.open_heap):
                 node = cs.nodes.get(nid)
                 if candidate(cs, node):
@@ -171,7 +168,7 @@ class Scheduling:
             return None
         _, cs, node = choice
         if node.state == OPEN:
-            self._retry(cs, node)
+            self.retry(cs, node)
         return cs, node
 
     def _seeks_leak(self, cs: ClassState, node: Node) -> bool:
@@ -184,11 +181,17 @@ class Scheduling:
         early and so raise the level every later singleton has to be proved below, which makes all of
         those proofs easier."""
         return (node.is_singleton and node.attempts == 0 and cs.seekers < self.executor.capacity
-                and self.tolerance(cs) > 0 and not self.config.naive)
+                and self.anytime.tolerance(cs) > 0 and not self.settings.naive)
 
-    def _retryable(self, node: Node) -> bool:
+    def retryable(self, node: Node) -> bool:
         """An unproved singleton gets another attempt with a longer node time limit; with a total
         time limit it keeps growing until that ends, else it gives up after a few."""
-        return (node.is_singleton and not node.proved and self.config.node_limit is not None
-                and (node.attempts < MAX_SINGLETON_ATTEMPTS or self.config.time_limit is not None))
+        return (node.is_singleton and not node.proved and self.settings.node_limit is not None
+                and (node.attempts < MAX_SINGLETON_ATTEMPTS or self.settings.time_limit is not None))
 
+    def retry(self, cs: ClassState, node: Node) -> None:
+        """Queue `node` again; it keeps its bound meanwhile."""
+        node.state = PENDING
+        heapq.heappush(cs.pending_heap, (-node.upper, node.id))
+        self.session.emit("retry", cs.cls, node=node.id, parent=node.parent, size=node.size, upper=node.upper,
+                          attempt=node.attempts + 1)

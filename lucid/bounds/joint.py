@@ -7,6 +7,7 @@ docstring; this module is the machinery `symbolic.py`'s bounds are computed with
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass, field
 
@@ -15,6 +16,7 @@ import torch
 
 from lucid.bounds.difference import difference_bounds
 from lucid.bounds.interval import FP_ABS, FP_REL, LayerBounds
+from lucid.bounds.pair import PairProblem
 
 PAD_REL = 1e-14
 DTYPE = torch.float64
@@ -157,38 +159,37 @@ class SymbolicDifference:
 class JointSystem:
     """N (shared) and K networks N' in one batched backward linear-bound pass."""
 
-    def __init__(self, n_weights, n_biases, weights, biases, n_lower, n_upper, lower, upper,
-                 *, device: str | torch.device = "cpu", intermediate: str = "symbolic",
+    def __init__(self, pair: PairProblem, *, device: str | torch.device = "cpu", intermediate: str = "symbolic",
                  intermediate_steps: int = 0, intermediate_lr: float = 0.05):
         if intermediate not in ("symbolic", "interval"):
             raise ValueError(f"intermediate must be 'symbolic' or 'interval', not {intermediate!r}")
         dev = torch.device(device)
         self.device = dev
         self.intermediate_steps, self.intermediate_lr = int(intermediate_steps), float(intermediate_lr)
-        self.L = len(n_weights)
-        self.K = weights[0].shape[0]
-        self.W = [_t(w, dev) for w in n_weights]
-        self.b = [_t(b, dev) for b in n_biases]
-        self.Wp = [_t(w, dev) for w in weights]
+        self.L = len(pair.n_weights)
+        self.K = pair.count
+        self.W = [_t(w, dev) for w in pair.n_weights]
+        self.b = [_t(b, dev) for b in pair.n_biases]
+        self.Wp = [_t(w, dev) for w in pair.weights]
         self.dW = [wp - w for wp, w in zip(self.Wp, self.W)]
-        self.db = [_t(bp, dev) - b for bp, b in zip(biases, self.b)]
+        self.db = [_t(bp, dev) - b for bp, b in zip(pair.biases, self.b)]
         self.aW = [w.abs() for w in self.W]
         self.aWp = [w.abs() for w in self.Wp]
         self.adW = [w.abs() for w in self.dW]
         self.ab = [b.abs() for b in self.b]
         self.adb = [b.abs() for b in self.db]
-        self.nl = [_t(x, dev) for x in n_lower]
-        self.nu = [_t(x, dev) for x in n_upper]
-        self.lo = _t(lower, dev)
-        self.hi = _t(upper, dev)
+        self.nl = [_t(x, dev) for x in pair.n_lower]
+        self.nu = [_t(x, dev) for x in pair.n_upper]
+        self.lo = _t(pair.lower, dev)
+        self.hi = _t(pair.upper, dev)
         self.amax = torch.maximum(self.lo.abs(), self.hi.abs())
         # gamma_n for the longest chain of additions of a pass (about 6 sums per width and layer)
         self.fp_rel = max(FP_REL, 2.0 ** -52 * (6 * (sum(w.shape[0] for w in self.W) + self.W[0].shape[1]) + 16))
         # interval start: the existing propagation (numpy)
-        nb = LayerBounds([np.asarray(x) for x in n_lower], [np.asarray(x) for x in n_upper])
-        ws = [np.asarray(w, dtype=np.float64) for w in weights]
-        bs = [np.asarray(b, dtype=np.float64) for b in biases]
-        diff = difference_bounds(list(n_weights), list(n_biases), ws, ws, bs, bs, nb, lower, upper)
+        nb = LayerBounds([np.asarray(x) for x in pair.n_lower], [np.asarray(x) for x in pair.n_upper])
+        ws = [np.asarray(w, dtype=np.float64) for w in pair.weights]
+        bs = [np.asarray(b, dtype=np.float64) for b in pair.biases]
+        diff = difference_bounds(list(pair.n_weights), list(pair.n_biases), ws, ws, bs, bs, nb, pair.lower, pair.upper)
         self.dl, self.du, self.hl, self.hu = [], [], [], []
         self.relax: list[_Relax] = []
         for k in range(self.L):
@@ -214,7 +215,7 @@ class JointSystem:
 
         A, E: [K, m, n_top]. alphas: None or a list (hidden layers < top) of [K, m, n] lower slopes
         used for N's unstable neurons. splits: None or a list (hidden layers < top) of pairs
-        (bn, bp), [K, m, n] each: Lagrangian terms of split constraints (`lucid.bounds.relu_split`):
+        (bn, bp), [K, m, n] each: Lagrangian terms of split constraints (`lucid.bounds.split_lagrangian`):
         bn . zhat_k and bp . zhat'_k are added at layer k, which never lowers the maximum where
         the signs were chosen so that each term is >= 0 on the domain. trace: a list to which the
         pass appends, per hidden layer from the top down, the coefficients (of z_k, of delta_k)
@@ -333,8 +334,6 @@ class JointSystem:
     def select(self, idx, light: bool = False) -> "JointSystem":
         """The same system for the networks idx (repeats allowed; a shallow copy sharing N's tensors).
         light: only what `backward` needs (no magnitude passes, no intervals)."""
-        import copy
-
         ix = torch.as_tensor(np.asarray(idx, dtype=np.int64), device=self.device)
         sub = copy.copy(self)
         sub.K = len(ix)
@@ -348,5 +347,3 @@ class JointSystem:
         return SymbolicDifference(LayerBounds([_np(x) for x in self.dl], [_np(x) for x in self.du]),
                                   LayerBounds([_np(x) for x in self.hl], [_np(x) for x in self.hu]))
 
-
-# ---------------------------------------------------------------------- public, plain arrays

@@ -103,6 +103,10 @@ import torch
 
 from lucid.bounds.interval import FP_ABS
 from lucid.bounds.joint import DTYPE, JointSystem, SymbolicDifference, _np, projected_adam_step
+from lucid.bounds.pair import PairProblem
+
+OPTIMISE_STEPS = 60  # Adam steps of the optimised screen (benchmarks/results/screen.md: 60 at lr 0.02)
+
 
 @dataclass
 class SingletonBounds:
@@ -112,29 +116,24 @@ class SingletonBounds:
     iterates: list[np.ndarray] = field(default_factory=list)  # [K, C] sound Lagrangian bound of every iterate
 
 
-def difference_intervals(n_weights, n_biases, weights, biases, n_lower, n_upper, lower, upper, *,
-                         intermediate: str = "symbolic", device: str = "cpu",
+def difference_intervals(pair: PairProblem, *, intermediate: str = "symbolic", device: str = "cpu",
                          intermediate_steps: int = 0) -> SymbolicDifference:
-    """Sound intervals of deltahat_k = zhat'_k - zhat_k and zhat'_k for every network N' (all layers).
-
-    n_weights[k] [out, in] (N); weights[k] [K, out, in] (the networks N'); n_lower/n_upper: N's
-    pre-activation bounds per layer. The last layer's intervals come from the backward pass too.
+    """Sound intervals of deltahat_k = zhat'_k - zhat_k and zhat'_k for every network N' of `pair`
+    (all layers). The last layer's intervals come from the backward pass too.
     intermediate_steps: alpha-optimise N's lower slopes per bound (that many Adam steps)."""
-    sys_ = JointSystem(n_weights, n_biases, weights, biases, n_lower, n_upper, lower, upper,
-                       device=device, intermediate=intermediate, intermediate_steps=intermediate_steps)
+    sys_ = JointSystem(pair, device=device, intermediate=intermediate, intermediate_steps=intermediate_steps)
     k = sys_.L - 1
     dl, du, hl, hu = sys_._tighten(k, sys_.dl[k], sys_.du[k], sys_.hl[k], sys_.hu[k], every=True)
     sys_.dl[k], sys_.du[k], sys_.hl[k], sys_.hu[k] = dl, du, hl, hu
     return sys_.differences()
 
 
-def singleton_upper_bounds(n_weights, n_biases, weights, biases, n_lower, n_upper, lower, upper, cls: int,
-                           margin_upper: np.ndarray | None = None, *, lam: float | np.ndarray = 1.0,
-                           alpha: float | None = None, steps: int = 0, lr: float = 0.02,
+def singleton_upper_bounds(pair: PairProblem, cls: int, margin_upper: np.ndarray | None = None, *,
+                           lam: float | np.ndarray = 1.0, alpha: float | None = None, steps: int = 0, lr: float = 0.02,
                            intermediate: str = "symbolic", device: str = "cpu", chunk: int = 512,
                            keep_iterates: bool = False, cutoff: float | None = None,
                            mix: bool = True, refine_steps: int = 0) -> SingletonBounds:
-    """Sound upper bounds on beta*_{cls,{i}} for K networks N' against N (module docstring).
+    """Sound upper bounds on beta*_{cls,{i}} for the K networks N' of `pair` against N (module docstring).
 
     lam: the starting lambda (scalar or [K, C]); alpha: None = CROWN's default slopes, else one
     starting slope in [0, 1] for every unstable neuron of N; steps: projected Adam steps (0 = just
@@ -145,8 +144,8 @@ def singleton_upper_bounds(n_weights, n_biases, weights, biases, n_lower, n_uppe
     refine_steps: the networks whose bound is still above the cutoff (all, without one) are bounded
     again with alpha-optimised intermediate bounds (that many Adam steps per layer); per rival the
     smaller of the two sound bounds is kept (`iterates` are those of the first pass)."""
-    K = weights[0].shape[0]
-    C = n_weights[-1].shape[0]
+    K = pair.count
+    C = pair.n_weights[-1].shape[0]
     lam_arr = np.broadcast_to(np.asarray(lam, dtype=np.float64), (K, C)) if np.ndim(lam) else np.full((K, C), float(lam))
     if np.any(lam_arr < 0) or (alpha is not None and not 0 <= alpha <= 1):
         raise ValueError("lambda must be >= 0 and alpha in [0, 1]")
@@ -156,16 +155,15 @@ def singleton_upper_bounds(n_weights, n_biases, weights, biases, n_lower, n_uppe
     iterates: list[np.ndarray] = []
     for start in range(0, K, chunk):
         sl = slice(start, min(start + chunk, K))
-        ws, bs = [w[sl] for w in weights], [b[sl] for b in biases]
-        res = _chunk_bounds(n_weights, n_biases, ws, bs, n_lower, n_upper, lower, upper, cls, margin_upper,
-                            lam_arr[sl], alpha, steps, lr, intermediate, device, keep_iterates, cutoff, mix)
+        part = pair.networks(sl)
+        res = _chunk_bounds(part, cls, margin_upper, lam_arr[sl], alpha, steps, lr, intermediate, device,
+                            keep_iterates, cutoff, mix)
         if refine_steps > 0 and intermediate == "symbolic":
             # the networks still above the cutoff again, with alpha-optimised intermediate bounds
             idx = np.flatnonzero(res.bound > (-np.inf if cutoff is None else cutoff))
             if len(idx):
-                ref = _chunk_bounds(n_weights, n_biases, [w[idx] for w in ws], [b[idx] for b in bs], n_lower, n_upper,
-                                    lower, upper, cls, margin_upper, lam_arr[sl][idx], alpha, steps, lr, intermediate,
-                                    device, False, None, mix, intermediate_steps=refine_steps)
+                ref = _chunk_bounds(part.networks(idx), cls, margin_upper, lam_arr[sl][idx], alpha, steps, lr,
+                                    intermediate, device, False, None, mix, intermediate_steps=refine_steps)
                 res.per_target[idx] = np.minimum(res.per_target[idx], ref.per_target)
                 res.lagrangian[idx] = np.fmin(res.lagrangian[idx], ref.lagrangian)
                 res.bound[idx] = res.per_target[idx].max(axis=1)
@@ -177,11 +175,9 @@ def singleton_upper_bounds(n_weights, n_biases, weights, biases, n_lower, n_uppe
     return SingletonBounds(bound, per_target, lagr, iterates)
 
 
-def set_upper_bound(n_weights, n_biases, weights, biases, n_lower, n_upper, lower, upper, cls: int,
-                    margin_upper: np.ndarray | None = None, **opts) -> float:
-    """Upper bound on max_{i in S} beta*_{cls,{i}} for the set S of networks given (max of singletons)."""
-    res = singleton_upper_bounds(n_weights, n_biases, weights, biases, n_lower, n_upper, lower, upper, cls,
-                                 margin_upper, **opts)
+def set_upper_bound(pair: PairProblem, cls: int, margin_upper: np.ndarray | None = None, **opts) -> float:
+    """Upper bound on max_{i in S} beta*_{cls,{i}} for the set S of networks N' of `pair` (max of singletons)."""
+    res = singleton_upper_bounds(pair, cls, margin_upper, **opts)
     return float(res.bound.max()) if len(res.bound) else -math.inf
 
 
@@ -195,13 +191,11 @@ def _simplex(v: torch.Tensor) -> torch.Tensor:
     return (v - theta).clamp(min=0)
 
 
-def _chunk_bounds(n_weights, n_biases, weights, biases, n_lower, n_upper, lower, upper, cls, margin_upper,
-                  lam0, alpha0, steps, lr, intermediate, device, keep_iterates, cutoff, mix,
-                  intermediate_steps=0) -> SingletonBounds:
-    sys_ = JointSystem(n_weights, n_biases, weights, biases, n_lower, n_upper, lower, upper,
-                       device=device, intermediate=intermediate, intermediate_steps=intermediate_steps)
+def _chunk_bounds(pair: PairProblem, cls, margin_upper, lam0, alpha0, steps, lr, intermediate, device, keep_iterates,
+                  cutoff, mix, intermediate_steps=0) -> SingletonBounds:
+    sys_ = JointSystem(pair, device=device, intermediate=intermediate, intermediate_steps=intermediate_steps)
     K, L, dev = sys_.K, sys_.L, sys_.device
-    C = n_weights[-1].shape[0]
+    C = pair.n_weights[-1].shape[0]
     rivals = [t for t in range(C) if t != cls]
     T = len(rivals)
     g = torch.zeros(T, C, dtype=DTYPE, device=dev)  # rows: e_c - e_t
@@ -317,7 +311,7 @@ class _Rows:
 def symbolic_screen(problem, cls: int, positions, *, steps: int = 0, lr: float = 0.02, lam: float = 1.0,
                     intermediate: str = "symbolic", device: str = "cpu", chunk: int = 512,
                     cutoff: float | None = None, refine_steps: int = 0) -> np.ndarray:
-    """Drop-in for `lucid.node.screen.screen_upper_bounds`: sound upper bounds on beta*_{cls,{i}} for the
+    """Drop-in for the interval screen (`screen_upper_bounds`): sound upper bounds on beta*_{cls,{i}} for the
     networks at `positions` of problem.stack ([len(positions)], -inf where no rival is reachable).
 
     Reads only problem.stack, .lower, .upper, .n_bounds, .margin_upper and .num_classes.
@@ -331,10 +325,8 @@ def symbolic_screen(problem, cls: int, positions, *, steps: int = 0, lr: float =
     stack = problem.stack
     n_w = [w[0] for w in stack.weights]
     n_b = [b[0] for b in stack.biases]
-    res = singleton_upper_bounds(
-        n_w, n_b, [_Rows(w, positions) for w in stack.weights], [_Rows(b, positions) for b in stack.biases],
-        problem.n_bounds.lower, problem.n_bounds.upper, problem.lower, problem.upper, cls, problem.margin_upper,
-        lam=lam, steps=steps, lr=lr, intermediate=intermediate, device=device, chunk=chunk, cutoff=cutoff,
-        refine_steps=refine_steps,
-    )
+    pair = PairProblem(n_w, n_b, [_Rows(w, positions) for w in stack.weights], [_Rows(b, positions) for b in stack.biases],
+                       problem.n_bounds.lower, problem.n_bounds.upper, problem.lower, problem.upper)
+    res = singleton_upper_bounds(pair, cls, problem.margin_upper, lam=lam, steps=steps, lr=lr, intermediate=intermediate,
+                                 device=device, chunk=chunk, cutoff=cutoff, refine_steps=refine_steps)
     return res.bound

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
-from lucid.settings import SPLIT_TIME, VerifySettings
+from lucid.settings import DEFAULT_SCREEN, VerifySettings, default_of
+
+
+def _default(name: str) -> Any:
+    return default_of(VerifySettings, name)
 
 
 def _print_summary(result: dict) -> None:
@@ -18,34 +24,34 @@ def _print_summary(result: dict) -> None:
 
 @click.command("verify", help="Compute per-class iDP decision bounds (branch-and-bound over hyper-networks).")
 @click.argument("run_dir", type=click.Path(file_okay=False, path_type=str))
-@click.option("--solver", default="highs", show_default=True, help="MILP backend: highs, gurobi, cbc, scip or auto; A+B cross-checks every node with both and keeps the larger proved bound.")
-@click.option("--workers", type=int, default=None, help="Parallel node MILPs (default: number of cores).")
-@click.option("--time-limit", type=float, default=None, help="Total seconds (anytime bounds are reported when it ends).")
-@click.option("--node-time-limit", type=float, default=None, help="Seconds per node MILP (default with --time-limit: an eighth of it, at least 20 s; without: none). A node that hits it keeps its proved bound and is split.")
-@click.option("--classes", default=None, help="Comma-separated class ids, e.g. 0,1 (default: all).")
-@click.option("--tau", type=float, default=0.01, show_default=True, help="Relax-if-similar threshold.")
-@click.option("--gap", type=float, default=0.0, show_default=True, help="Stop when upper - lower <= GAP.")
-@click.option("--rel-gap", type=float, default=0.0, show_default=True,
+@click.option("--solver", default=_default("solver"), show_default=True, help="MILP backend: highs, gurobi, cbc, scip or auto; A+B cross-checks every node with both and keeps the larger proved bound.")
+@click.option("--workers", type=int, default=_default("workers"), help="Parallel node MILPs (default: number of cores).")
+@click.option("--time-limit", type=float, default=_default("time_limit"), help="Total seconds (anytime bounds are reported when it ends).")
+@click.option("--node-time-limit", type=float, default=_default("node_time_limit"), help="Seconds per node MILP (default with --time-limit: an eighth of it, at least 20 s; without: none). A node that hits it keeps its proved bound and is split.")
+@click.option("--classes", default=_default("classes"), help="Comma-separated class ids, e.g. 0,1 (default: all).")
+@click.option("--tau", type=float, default=_default("tau"), show_default=True, help="Relax-if-similar threshold.")
+@click.option("--gap", type=float, default=_default("gap"), show_default=True, help="Stop when upper - lower <= GAP.")
+@click.option("--rel-gap", type=float, default=_default("rel_gap"), show_default=True,
               help="Stop when upper <= lower + REL_GAP * |lower| (0.1: within 10 per cent). Nodes then only have to be "
                    "proved below that level, which is far cheaper than exact bounds.")
 @click.option("--resume", is_flag=True, help="Continue from RUN/verify.checkpoint.json.")
-@click.option("--scheduler", default=None, help="Dask scheduler address (tcp://host:8786) to solve nodes on.")
+@click.option("--scheduler", default=_default("scheduler"), help="Dask scheduler address (tcp://host:8786) to solve nodes on.")
 @click.option("--no-md", is_flag=True, help="Ablation: no matching dependencies.")
 @click.option("--no-ris", is_flag=True, help="Ablation: no relax-if-similar.")
 @click.option("--no-bab", is_flag=True, help="Ablation: one hyper-network of all networks (paper's H/HM).")
 @click.option("--naive", is_flag=True, help="Ablation: one MILP per network (paper's Naive).")
 @click.option("--screen", default=None,
               help="How each network is screened before any MILP: none, interval, symbolic or optimised "
-                   "(default: optimised; all are sound, tighter ones leave fewer networks to the MILPs).")
+                   f"(default: {DEFAULT_SCREEN}; all are sound, tighter ones leave fewer networks to the MILPs).")
 @click.option("--no-screen", is_flag=True, help="Ablation: the same as --screen none.")
-@click.option("--device", default="cpu", show_default=True, help="Where the symbolic screen runs: cpu or cuda.")
+@click.option("--device", default=_default("device"), show_default=True, help="Where the symbolic screen and the ReLU-splitting tier run: cpu or cuda.")
 @click.option("--no-search", is_flag=True, help="Ablation: no heuristic witness search for the lower bound.")
-@click.option("--split-time", type=float, default=SPLIT_TIME, show_default=True,
+@click.option("--split-time", type=float, default=_default("split_time"), show_default=True,
               help="Seconds of ReLU-splitting branch and bound per single network before its MILP (at most half "
                    "the node's limit; 0: off). It proves most networks below the cutoff long before a MILP would.")
-@click.option("--bounds", type=click.Choice(["lp", "interval"]), default="lp", show_default=True,
+@click.option("--bounds", type=click.Choice(["lp", "interval"]), default=_default("bounds"), show_default=True,
               help="How N's pre-activation bounds are computed.")
-@click.option("--hyper", default="loo", show_default=True,
+@click.option("--hyper", default=_default("hyper"), show_default=True,
               help="What is verified: loo (the run's leave-one-out networks, branch-and-bound) or agt:K (every "
                    "network within K removed rows, one MILP per class over the AGT box of `lucid train --agt`).")
 @click.option("--quiet", is_flag=True, help="No live progress display.")
@@ -54,7 +60,6 @@ def command(run_dir, solver, workers, time_limit, node_time_limit, classes, tau,
             quiet) -> None:
     from lucid.bab import verify_run
     from lucid.errors import LucidError
-    from lucid.settings import DEFAULT_SCREEN
 
     if no_screen and screen not in (None, "none"):
         raise LucidError(f"--no-screen and --screen {screen} contradict each other; give one")

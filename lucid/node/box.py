@@ -18,7 +18,7 @@ import numpy as np
 
 from lucid.errors import LucidError
 from lucid.hyper import HyperNetwork
-from lucid.node.analyse import _encode, _model_info, _solve_once
+from lucid.node.milp_tier import encode_model, model_info, solve_once
 from lucid.node.encode import possible_targets
 from lucid.node.outcome import NodeOutcome, combine_outcome
 from lucid.node.problem import VerificationProblem, node_difference_bounds
@@ -67,14 +67,14 @@ def analyse_box(
     targets = possible_targets(cls, diff.hyper)
     stats: dict = {"bounds_seconds": time.perf_counter() - t0, "targets": targets, "solves": []}
     floor = slack(known.confidence) if known is not None else -math.inf
-    model = _encode(problem, hyper, cls, targets, encoding, problem.n_bounds, diff, beta_lower=floor) if targets else None
+    model = encode_model(problem, hyper, cls, targets, encoding, problem.n_bounds, diff, beta_lower=floor) if targets else None
     if model is None:
         # no class can beat cls in any box network; a known leak would contradict that (-> ERROR)
         return combine_outcome(-math.inf, [INFEASIBLE], known, stats, t0)
     opts = replace(solver_options, focus="bound") if known is not None else solver_options
     positions = np.zeros(0, dtype=np.int64) if loo_positions is None else np.asarray(loo_positions, dtype=np.int64)
-    bound, result, witness = _solve_once(problem, model, cls, settings.solver, opts, positions, known=known,
+    bound, result, witness = solve_once(problem, model, cls, settings.solver, opts, positions, known=known,
                                          floor=floor)
     best = max((w for w in (witness, known) if w is not None), key=lambda w: w.confidence, default=None)
-    stats["solves"].append({"targets": targets, **result.to_json(), **_model_info(model)})
+    stats["solves"].append({"targets": targets, **result.to_json(), **model_info(model)})
     return combine_outcome(bound, [result.status], best, stats, t0)

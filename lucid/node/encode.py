@@ -13,8 +13,6 @@ the bias (an interval for N#).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from lucid.bounds.difference import DifferenceBounds
@@ -25,47 +23,7 @@ from lucid.milp.model import MilpModel
 from lucid.milp.relax import relax_if_similar
 from lucid.milp.relu import encode_relu, stability
 from lucid.hyper import HyperNetwork
-
-
-@dataclass
-class EncodingOptions:
-    """Switches of the encoder (every technique can be turned off for the ablation).
-
-    md / md_pre: matching dependencies z + dl <= z# <= z + du after / before the ReLU.
-    coupling: relational matching dependencies: z# - z tied to zhat# - zhat through ReLU's
-      monotonicity and 1-Lipschitz continuity (lucid.milp.matching.add_relu_coupling).
-    ris / tau: relax-if-similar: an unstable hyper neuron whose pre-activation difference
-      interval is at most tau wide gets the triangle relaxation instead of a binary (never for a
-      singleton, which stays exact).
-    bounds: how N's pre-activation bounds are computed ("interval" or "lp").
-    disjunction: the output disjunction "some class t beats c in N#" for C > 2: "bigm" (one
-      binary per target class, paper 3c) or "split" (one sub-problem per target, max of bounds).
-    search: look for a leaking input without a solver first; its replayed confidence LB is a
-      true lower bound, so the MILP is restricted to beta >= LB (optimum unchanged).
-    symbolic: the node's difference intervals are also bounded by the symbolic (input-dependent)
-      pass of `lucid.bounds.symbolic` for each of its networks, hulled and intersected with the
-      interval ones: tighter matching dependencies, smaller big-M constants, more relax-if-similar.
-    obbt: node-specific bound tightening over the node's own LP relaxation (lucid.bounds.obbt),
-      after a probe solve of `obbt_probe` seconds that supplies a replayed lower bound:
-      True (every node), False (none) or "singletons" (nodes of one network, the default).
-      Tighter neuron bounds mean smaller big-M constants and fewer unstable binaries, which is
-      what lets a solver close a singleton's exact bound; on large hyper-networks the LPs cost
-      more and move the loose interval weights' bounds little, so the time is better spent in
-      the MILP (benchmarks/milp_core.py).
-    """
-
-    md: bool = True
-    md_pre: bool = True
-    coupling: bool = True
-    ris: bool = True
-    tau: float = 0.01
-    bounds: str = "lp"
-    symbolic: bool = False
-    disjunction: str = "bigm"  # one tree shared by all targets; "split" solves one MILP per target
-    obbt: bool | str = "singletons"
-    search: bool = True  # solver-free witness search first (lucid.witness.search.search_node_witness)
-    obbt_probe: float = 5.0
-    obbt_share: float = 0.5  # at most this share of the node's time limit goes to tightening
+from lucid.settings import EncodingOptions
 
 
 def _affine_rows(b: ModelBuilder, out_cols: np.ndarray, in_cols: np.ndarray, w: np.ndarray, lo, hi,
@@ -109,133 +67,207 @@ def encode_idp(
     the caller splits); `margin_upper[c, t]` are optional sound upper bounds of s_c - s_t for N.
     `relax_all` gives every ReLU the triangle relaxation (the LP used for bound tightening);
     `beta_lower` restricts beta to a known true lower bound of beta* (the optimum is unchanged).
+    The blocks are added in a fixed order (columns and rows keep their positions and names), which
+    bound tightening, per-domain LPs and the compact form rely on.
     """
-    L = len(weights)
-    exact = hyper.exact
     targets = possible_targets(cls, diff.hyper) if targets is None else list(targets)
     if not targets:
         return None
     b = ModelBuilder()
+    x, offset, shift = _input_domain(b, lower, upper)
+    stats = {"exact_hyper": hyper.exact, "shifted": shift, "binaries_n": 0, "binaries_hyper": 0, "relaxed": 0,
+             "md_rows": 0}
+    scores, scores_h, cols, defined = _layers(b, x, offset, weights, biases, n_bounds, hyper, diff, options, relax_all,
+                                              stats)
+    beta = _objective(b, n_bounds, cls, margin_upper, beta_lower)
+    cols["beta"] = beta
+    stats["_columns"] = cols  # not JSON: dropped from reported statistics
+    if defined[0]:
+        stats["_defined"] = (np.concatenate(defined[0]), np.concatenate(defined[1]))
+    _confidence(b, beta, scores, cls)
+    _leak_disjunction(b, scores_h, cls, targets, diff.hyper, stats)
+    stats["targets"] = targets
+    stats["binaries"] = stats["binaries_n"] + stats["binaries_hyper"] + stats.get("binaries_out", 0)
+    return b.build(x, offset if shift else np.zeros(0), stats)
+
+
+def _input_domain(b: ModelBuilder, lower: np.ndarray, upper: np.ndarray) -> tuple[np.ndarray, np.ndarray, bool]:
+    """3b, x in the domain: the input columns, shifted to x' = x - lower when the domain has a
+    negative lower bound (module docstring). Returns the columns, the offset and whether it shifts."""
     lower = np.asarray(lower, dtype=np.float64)
     upper = np.asarray(upper, dtype=np.float64)
     shift = bool(np.any(lower < 0))
     offset = lower if shift else np.zeros_like(lower)
-    x = b.add_vars(len(lower), lower - offset, upper - offset, "x")
-    stats = {"exact_hyper": exact, "shifted": shift, "binaries_n": 0, "binaries_hyper": 0, "relaxed": 0, "md_rows": 0}
+    return b.add_vars(len(lower), lower - offset, upper - offset, "x"), offset, shift
 
-    # layer-0 biases after the shift x = offset + x'
+
+def _shifted_biases(weights: list[np.ndarray], biases: list[np.ndarray], hyper: HyperNetwork,
+                    offset: np.ndarray) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
+    """Layer 0's biases after the shift x = offset + x': N's, and N#'s interval (one point when
+    N# is a single network), widened by the rounding of the interval products."""
     n_b0 = biases[0] + weights[0] @ offset
-    if exact:
-        h_b0_lo = h_b0_hi = hyper.b_lo[0] + hyper.w_lo[0] @ offset
-    else:
-        prods = np.stack([hyper.w_lo[0] * offset, hyper.w_hi[0] * offset])
-        h_b0_lo, h_b0_hi = widen(
-            hyper.b_lo[0] + prods.min(0).sum(1),
-            hyper.b_hi[0] + prods.max(0).sum(1),
-            np.abs(prods).max(0).sum(1) + np.maximum(np.abs(hyper.b_lo[0]), np.abs(hyper.b_hi[0])),
-        )
+    if hyper.exact:
+        h_b0 = hyper.b_lo[0] + hyper.w_lo[0] @ offset
+        return n_b0, (h_b0, h_b0)
+    prods = np.stack([hyper.w_lo[0] * offset, hyper.w_hi[0] * offset])
+    return n_b0, widen(
+        hyper.b_lo[0] + prods.min(0).sum(1),
+        hyper.b_hi[0] + prods.max(0).sum(1),
+        np.abs(prods).max(0).sum(1) + np.maximum(np.abs(hyper.b_lo[0]), np.abs(hyper.b_hi[0])),
+    )
 
-    # columns per hidden layer, for bound tightening and per-domain LPs (n_on, h_on: binary per neuron or -1)
+
+def _layers(b: ModelBuilder, x: np.ndarray, offset: np.ndarray, weights: list[np.ndarray], biases: list[np.ndarray],
+            n_bounds: LayerBounds, hyper: HyperNetwork, diff: DifferenceBounds, options: EncodingOptions,
+            relax_all: bool, stats: dict) -> tuple[np.ndarray, np.ndarray, dict, tuple[list, list]]:
+    """N's layers (3d, 3f) and N#'s (3e, 3g), layer by layer, with the matching dependencies and
+    relax-if-similar (3b) that tie each layer of N# to N's. Returns the score columns of N and N#,
+    the columns per hidden layer (for bound tightening and per-domain LPs; n_on, h_on: the binary
+    per neuron or -1) and layer 0's pre-activations a backend may substitute out with their rows
+    (`lucid.solvers.compact`)."""
+    L = len(weights)
+    n_b0, h_b0 = _shifted_biases(weights, biases, hyper, offset)
     cols: dict = {"n_pre": [], "h_pre": [], "n_post": [], "h_post": [], "n_on": [], "h_on": []}
-    # layer-0 pre-activations a backend may substitute out (lucid.solvers.compact)
     defined: tuple[list, list] = ([], [])
     z, zh = x, x  # N's and N#'s current layer outputs
     for k in range(L):
-        nl, nu = n_bounds.lower[k], n_bounds.upper[k]
-        hl, hu = diff.hyper.lower[k], diff.hyper.upper[k]
-        n_out = len(nl)
-        zhat = b.add_vars(n_out, nl, nu, f"n{k}.zhat")
-        bias = n_b0 if k == 0 else biases[k]
-        n_rows = _affine_rows(b, zhat, z, weights[k], bias, bias, f"n{k}.aff")
-        zhat_h = b.add_vars(n_out, hl, hu, f"h{k}.zhat")
+        zhat, n_rows = _network_affine(b, k, z, weights[k], n_b0 if k == 0 else biases[k], n_bounds)
+        zhat_h, h_rows = _hyper_affine(b, k, zh, hyper, h_b0 if k == 0 else (hyper.b_lo[k], hyper.b_hi[k]), diff)
         cols["n_pre"].append(zhat)
         cols["h_pre"].append(zhat_h)
-        if exact:
-            hb = h_b0_lo if k == 0 else hyper.b_lo[k]
-            h_rows = _affine_rows(b, zhat_h, zh, hyper.w_lo[k], hb, hb, f"h{k}.aff")
-        else:
-            blo = h_b0_lo if k == 0 else hyper.b_lo[k]
-            bhi = h_b0_hi if k == 0 else hyper.b_hi[k]
-            _affine_rows(b, zhat_h, zh, hyper.w_lo[k], blo, np.inf, f"h{k}.wlo")
-            _affine_rows(b, zhat_h, zh, hyper.w_hi[k], -np.inf, bhi, f"h{k}.whi")
-        if options.md_pre and not pre_row_implied(k, exact):
+        if options.md_pre and not pre_row_implied(k, hyper.exact):
             stats["md_rows"] += add_matching(b, zhat, zhat_h, diff.pre.lower[k], diff.pre.upper[k], f"md{k}.pre")
         if k == 0 and L > 1:
-            unstable = stability(nl, nu)[2]
-            defined[0].append(zhat[unstable])
-            defined[1].append(n_rows[unstable])
-            if exact:
-                unstable = stability(hl, hu)[2]
-                defined[0].append(zhat_h[unstable])
-                defined[1].append(h_rows[unstable])
+            _substitutable(defined, zhat, n_rows, n_bounds, zhat_h, h_rows, diff, hyper.exact)
         if k == L - 1:
-            z, zh = zhat, zhat_h
-            break
-        z, s_n = encode_relu(b, zhat, nl, nu, f"n{k}", relax=np.full(n_out, relax_all))
-        relax = relax_if_similar(diff.pre.lower[k], diff.pre.upper[k], options.ris, options.tau, exact) | relax_all
-        zh, s_h = encode_relu(b, zhat_h, hl, hu, f"h{k}", relax=relax)
-        cols["n_post"].append(z)
-        cols["h_post"].append(zh)
-        cols["n_on"].append(s_n["indicator"])
-        cols["h_on"].append(s_h["indicator"])
-        stats["binaries_n"] += s_n["binaries"]
-        stats["binaries_hyper"] += s_h["binaries"]
-        stats["relaxed"] += s_h["relaxed"]
-        coupled = np.zeros(n_out, dtype=bool)
-        if options.coupling:
-            rows, coupled = add_relu_coupling(
-                b, zhat, zhat_h, z, zh, diff.pre.lower[k], diff.pre.upper[k], f"md{k}.relu"
-            )
-            stats["md_rows"] += rows
-        if options.md:
-            implied = None
-            if options.md_pre:  # the coupling's implication needs dhat's interval as a row
-                implied = implied_post_rows(diff.pre.lower[k], diff.pre.upper[k], diff.post.lower[k],
-                                            diff.post.upper[k], coupled,
-                                            stability(nl, nu)[1] & stability(hl, hu)[1])
-            stats["md_rows"] += add_matching(b, z, zh, diff.post.lower[k], diff.post.upper[k], f"md{k}.post",
-                                             implied=implied)
+            return zhat, zhat_h, cols, defined
+        z, zh = _relus(b, k, zhat, zhat_h, n_bounds, diff, options, relax_all, hyper.exact, cols, stats)
+        _post_matching(b, k, zhat, zhat_h, z, zh, n_bounds, diff, options, stats)
+    raise ValueError("a network needs at least one layer")
 
-    s, sh = z, zh
+
+def _network_affine(b: ModelBuilder, k: int, z: np.ndarray, w: np.ndarray, bias: np.ndarray,
+                    n_bounds: LayerBounds) -> tuple[np.ndarray, np.ndarray]:
+    """3d: N's pre-activations zhat_k = W_k z_{k-1} + b_k (equality rows), bounded by N's bounds."""
+    zhat = b.add_vars(len(n_bounds.lower[k]), n_bounds.lower[k], n_bounds.upper[k], f"n{k}.zhat")
+    return zhat, _affine_rows(b, zhat, z, w, bias, bias, f"n{k}.aff")
+
+
+def _hyper_affine(b: ModelBuilder, k: int, zh: np.ndarray, hyper: HyperNetwork, bias: tuple[np.ndarray, np.ndarray],
+                  diff: DifferenceBounds) -> tuple[np.ndarray, np.ndarray | None]:
+    """3e: N#'s pre-activations between the interval weights' sums (two inequalities), or one
+    equality row per neuron when N# is a single network; bias: (lower, upper). Returns the columns
+    and, for a single network, its equality rows."""
+    n_out = len(diff.hyper.lower[k])
+    zhat_h = b.add_vars(n_out, diff.hyper.lower[k], diff.hyper.upper[k], f"h{k}.zhat")
+    if hyper.exact:
+        return zhat_h, _affine_rows(b, zhat_h, zh, hyper.w_lo[k], bias[0], bias[0], f"h{k}.aff")
+    _affine_rows(b, zhat_h, zh, hyper.w_lo[k], bias[0], np.inf, f"h{k}.wlo")
+    _affine_rows(b, zhat_h, zh, hyper.w_hi[k], -np.inf, bias[1], f"h{k}.whi")
+    return zhat_h, None
+
+
+def _substitutable(defined: tuple[list, list], zhat: np.ndarray, n_rows: np.ndarray, n_bounds: LayerBounds,
+                   zhat_h: np.ndarray, h_rows: np.ndarray | None, diff: DifferenceBounds, exact: bool) -> None:
+    """Layer 0's unstable pre-activations of N (and of N# when it is a single network) with the
+    equality rows that define them: a backend may substitute them out (`lucid.solvers.compact`)."""
+    unstable = stability(n_bounds.lower[0], n_bounds.upper[0])[2]
+    defined[0].append(zhat[unstable])
+    defined[1].append(n_rows[unstable])
+    if exact:
+        unstable = stability(diff.hyper.lower[0], diff.hyper.upper[0])[2]
+        defined[0].append(zhat_h[unstable])
+        defined[1].append(h_rows[unstable])
+
+
+def _relus(b: ModelBuilder, k: int, zhat: np.ndarray, zhat_h: np.ndarray, n_bounds: LayerBounds,
+           diff: DifferenceBounds, options: EncodingOptions, relax_all: bool, exact: bool, cols: dict,
+           stats: dict) -> tuple[np.ndarray, np.ndarray]:
+    """3f / 3g: the ReLUs of N (big-M, exact unless `relax_all`) and of N# (big-M, or the triangle
+    relaxation where relax-if-similar, 3b's phi_RiS, applies; never for a single network). Returns
+    both post-activations."""
+    nl, nu = n_bounds.lower[k], n_bounds.upper[k]
+    z, s_n = encode_relu(b, zhat, nl, nu, f"n{k}", relax=np.full(len(nl), relax_all))
+    relax = relax_if_similar(diff.pre.lower[k], diff.pre.upper[k], options.ris, options.tau, exact) | relax_all
+    zh, s_h = encode_relu(b, zhat_h, diff.hyper.lower[k], diff.hyper.upper[k], f"h{k}", relax=relax)
+    cols["n_post"].append(z)
+    cols["h_post"].append(zh)
+    cols["n_on"].append(s_n["indicator"])
+    cols["h_on"].append(s_h["indicator"])
+    stats["binaries_n"] += s_n["binaries"]
+    stats["binaries_hyper"] += s_h["binaries"]
+    stats["relaxed"] += s_h["relaxed"]
+    return z, zh
+
+
+def _post_matching(b: ModelBuilder, k: int, zhat: np.ndarray, zhat_h: np.ndarray, z: np.ndarray, zh: np.ndarray,
+                   n_bounds: LayerBounds, diff: DifferenceBounds, options: EncodingOptions, stats: dict) -> None:
+    """3b's phi_MD after the ReLU: the relational coupling of z# - z to zhat# - zhat, then the
+    matching rows z + dl <= z# <= z + du that the coupling does not already imply."""
+    hl, hu = diff.hyper.lower[k], diff.hyper.upper[k]
+    coupled = np.zeros(len(zhat), dtype=bool)
+    if options.coupling:
+        rows, coupled = add_relu_coupling(b, zhat, zhat_h, z, zh, diff.pre.lower[k], diff.pre.upper[k], f"md{k}.relu")
+        stats["md_rows"] += rows
+    if options.md:
+        implied = None
+        if options.md_pre:  # the coupling's implication needs dhat's interval as a row
+            both_off = stability(n_bounds.lower[k], n_bounds.upper[k])[1] & stability(hl, hu)[1]
+            implied = implied_post_rows(diff.pre.lower[k], diff.pre.upper[k], diff.post.lower[k], diff.post.upper[k],
+                                        coupled, both_off)
+        stats["md_rows"] += add_matching(b, z, zh, diff.post.lower[k], diff.post.upper[k], f"md{k}.post",
+                                         implied=implied)
+
+
+def _objective(b: ModelBuilder, n_bounds: LayerBounds, cls: int, margin_upper: np.ndarray | None,
+               beta_lower: float) -> int:
+    """3a: maximise beta. Its column is bounded above by N's smallest margin bound and below by
+    the larger of `beta_lower` and the smallest value C_N^c can take: beta* >= min over the
+    domain of C_N^c whenever the node is feasible, so that finite floor never cuts off the
+    optimum (and keeps every column bounded for rigorous duals). Returns beta's column."""
     nl, nu = n_bounds.lower[-1], n_bounds.upper[-1]
     others = [t for t in range(len(nl)) if t != cls]
+
     def margin(t: int) -> float:
         interval = nu[cls] - nl[t] + 1e-12 * (abs(nu[cls]) + abs(nl[t]))
         return min(interval, margin_upper[cls, t]) if margin_upper is not None else interval
 
     beta_ub = min(margin(t) for t in others)
-    # beta* >= min over the domain of C_N^c whenever the node is feasible, so this finite
-    # lower bound never cuts off the optimum (and keeps every column bounded for rigorous duals)
     floor = min(nl[cls] - nu[t] for t in others)
     floor -= 1e-9 * (1 + abs(floor))
-    beta = b.add_vars(1, min(max(beta_lower, floor), beta_ub), beta_ub, "beta")
-    cols["beta"] = int(beta[0])
-    stats["_columns"] = cols  # not JSON: dropped from reported statistics
-    if defined[0]:
-        stats["_defined"] = (np.concatenate(defined[0]), np.concatenate(defined[1]))
-    b.objective[int(beta[0])] = 1.0
-    # beta - s_c + s_t <= 0
+    beta = int(b.add_vars(1, min(max(beta_lower, floor), beta_ub), beta_ub, "beta")[0])
+    b.objective[beta] = 1.0
+    return beta
+
+
+def _confidence(b: ModelBuilder, beta: int, scores: np.ndarray, cls: int) -> None:
+    """3c, N is confident by beta: s_c - s_t >= beta for every t != c (rows beta - s_c + s_t <= 0)."""
+    others = [t for t in range(len(scores)) if t != cls]
     b.add_rows(
-        np.stack([np.full(len(others), beta[0]), np.full(len(others), s[cls]), s[others]], 1),
+        np.stack([np.full(len(others), beta), np.full(len(others), scores[cls]), scores[others]], 1),
         [1.0, -1.0, 1.0],
         -np.inf,
         0.0,
         "conf",
     )
-    hl, hu = diff.hyper.lower[-1], diff.hyper.upper[-1]
+
+
+def _leak_disjunction(b: ModelBuilder, scores_h: np.ndarray, cls: int, targets: list[int], hyper_bounds: LayerBounds,
+                      stats: dict) -> None:
+    """3c, N# does not predict c: s#_t >= s#_c for some target t. One row for a single target;
+    otherwise one binary q_t per target, sum q >= 1 and s#_t - s#_c >= gap_t (1 - q_t), gap_t < 0
+    a lower bound of s#_t - s#_c. When some target always beats c in N#, the disjunction holds
+    everywhere and needs no row."""
+    hl, hu = hyper_bounds.lower[-1], hyper_bounds.upper[-1]
     if len(targets) == 1:
         t = targets[0]
-        b.add_rows(np.array([[sh[t], sh[cls]]]), [1.0, -1.0], 0.0, np.inf, "leak")
-    else:
-        gaps = np.array([hl[t] - hu[cls] for t in targets])  # lower bounds of s#_t - s#_c
-        if np.all(gaps < 0):
-            q = b.add_vars(len(targets), 0.0, 1.0, "q", integer=True)
-            stats["binaries_out"] = len(targets)
-            b.add_rows(q[None, :], np.ones((1, len(targets))), 1.0, np.inf, "leak.any")
-            # s#_t - s#_c >= gap_t (1 - q_t)
-            tcols = sh[targets]
-            b.add_rows(np.stack([tcols, np.full(len(targets), sh[cls]), q], 1), np.stack([np.ones(len(targets)), -np.ones(len(targets)), gaps], 1), gaps, np.inf, "leak")
-        # else some target always beats c in N#: the disjunction holds everywhere
-    stats["targets"] = targets
-    stats["binaries"] = stats["binaries_n"] + stats["binaries_hyper"] + stats.get("binaries_out", 0)
-    return b.build(x, offset if shift else np.zeros(0), stats)
+        b.add_rows(np.array([[scores_h[t], scores_h[cls]]]), [1.0, -1.0], 0.0, np.inf, "leak")
+        return
+    gaps = np.array([hl[t] - hu[cls] for t in targets])  # lower bounds of s#_t - s#_c
+    if np.all(gaps < 0):
+        q = b.add_vars(len(targets), 0.0, 1.0, "q", integer=True)
+        stats["binaries_out"] = len(targets)
+        b.add_rows(q[None, :], np.ones((1, len(targets))), 1.0, np.inf, "leak.any")
+        tcols = scores_h[targets]
+        b.add_rows(np.stack([tcols, np.full(len(targets), scores_h[cls]), q], 1),
+                   np.stack([np.ones(len(targets)), -np.ones(len(targets)), gaps], 1), gaps, np.inf, "leak")

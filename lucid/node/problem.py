@@ -15,6 +15,7 @@ import numpy as np
 
 from lucid.bounds.difference import DifferenceBounds, difference_bounds, intersect_differences
 from lucid.bounds.interval import FP_REL, LayerBounds, interval_bounds
+from lucid.bounds.pair import PairProblem
 from lucid.errors import LucidError
 from lucid.hyper import HyperNetwork
 from lucid.network import NetworkStack
@@ -143,9 +144,10 @@ def node_difference_bounds(problem: VerificationProblem, hyper: HyperNetwork,
     pre = hyp = None
     for start in range(0, len(positions), SYMBOLIC_CHUNK):  # chunks bound the memory of the pass
         chunk = positions[start:start + SYMBOLIC_CHUNK]
-        sym = difference_intervals(problem.n_weights, problem.n_biases, [w[chunk] for w in problem.stack.weights],
-                                   [b[chunk] for b in problem.stack.biases], problem.n_bounds.lower,
-                                   problem.n_bounds.upper, problem.lower, problem.upper)
+        pair = PairProblem(problem.n_weights, problem.n_biases, [w[chunk] for w in problem.stack.weights],
+                           [b[chunk] for b in problem.stack.biases], problem.n_bounds.lower, problem.n_bounds.upper,
+                           problem.lower, problem.upper)
+        sym = difference_intervals(pair)
         pre, hyp = _hull(sym.pre, pre), _hull(sym.hyper, hyp)
     return intersect_differences(diff, pre, hyp)
 

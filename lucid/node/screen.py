@@ -39,8 +39,6 @@ def screen_upper_bounds(problem: VerificationProblem, cls: int, positions: np.nd
     return out
 
 
-OPTIMISE_STEPS = 60  # Adam steps of the optimised screen (benchmarks/results/screen.md: 60 at lr 0.02)
-
 
 class Screen:
     """The screen a verification asked for (`VerifySettings.screen`), for the engine.
@@ -70,6 +68,6 @@ class Screen:
         return self.method == "optimised"
 
     def refine(self, cls: int, positions: np.ndarray, cutoff: float) -> np.ndarray:
-        from lucid.bounds.symbolic import symbolic_screen
+        from lucid.bounds.symbolic import OPTIMISE_STEPS, symbolic_screen
 
         return symbolic_screen(self.problem, cls, positions, steps=OPTIMISE_STEPS, cutoff=cutoff, device=self.device)

@@ -1,5 +1,6 @@
 """Training N and every leave-one-out network N_-i (algorithm T, see docs/training.md)."""
 
 from lucid.training.harness import default_chunk_size, train_run
+from lucid.training.settings import TrainSettings
 
-__all__ = ["train_run", "default_chunk_size"]
+__all__ = ["TrainSettings", "train_run", "default_chunk_size"]

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import shutil
 import threading
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -25,88 +25,41 @@ import torch
 
 from lucid.agt.store import AGT_FILE, save_boxes
 from lucid.data import Dataset, prepare_dataset
-from lucid.errors import LucidError
 from lucid.rundir import RUN_FORMAT
-from lucid.training.architecture import check_arch_fits, initial_parameters, parse_arch
-from lucid.training.finetune import parse_train_layers, pretrained_init
+from lucid.training.architecture import check_arch_fits, initial_parameters
+from lucid.training.finetune import pretrained_init
 from lucid.training.progress import TrainingProgress
-from lucid.training.agt_options import agt_width, check_agt_options, stage_agt_boxes
+from lucid.training.agt_options import stage_agt_boxes
+from lucid.training.settings import ALGORITHM, TrainSettings
 from lucid.training.resources import MEMORY_BUDGET, chunk_bytes, cores, default_chunk_size, keep_freed_memory
 from lucid.training.staging import chunk_name, existing_run_matches, open_staging, publish, save_arrays, save_tensors
 from lucid.training.vectorized import batch_orders, train_networks
 
-ALGORITHM = "lucid-loo-sgd/1"  # docs/training.md defines it; bump if T ever changes
 STOP_AFTER_ENV = "LUCID_TRAIN_STOP_AFTER_CHUNKS"  # test hook: simulate Ctrl-C after N new chunks
 
 
-def train_run(
-    data: str,
-    out: str | Path,
-    *,
-    arch: str = "2x50",
-    epochs: int = 50,
-    lr: float = 0.1,
-    weight_decay: float = 1e-5,
-    batch_size: int = 1024,
-    seed: int = 0,
-    test_fraction: float = 0.2,
-    test_data: str | None = None,
-    label: str | None = None,
-    domain: str | None = None,
-    device: str = "cpu",
-    chunk_size: int | None = None,
-    progress: bool = True,
-    scheduler: Any = None,
-    agt: int = 0,
-    agt_max_width: float | None = None,
-    loo: bool = True,
-    init_from: str | None = None,
-    train_layers: str = "all",
-) -> Path:
+def train_run(data: str, out: str | Path, settings: TrainSettings | None = None, **options: Any) -> Path:
     """Train N and every leave-one-out network N_-i; write (or resume, or keep) the run at `out`.
 
-    `scheduler`: train the chunks on a Dask cluster (`tcp://HOST:8786`, `local:N` or a Client;
-    see `lucid.cluster`) instead of this process's threads; the result is bit-identical.
-    `agt=K` also stores the abstract-gradient-training boxes for k = 1..K (`agt.safetensors`,
-    docs/agt.md); `loo=False` trains N alone (for `agt`, or as another run's pre-trained start).
-    `init_from` (a run directory) starts from that run's N instead of T's seeded initialisation and
-    `train_layers` (`all`, `last`, `0,2`) chooses the layers SGD updates: the fine-tuning variant
-    of T (`lucid.training.finetune`)."""
-    _check_options(epochs, lr, weight_decay, batch_size, chunk_size)
-    check_agt_options(agt, agt_max_width)
-    dev = _device(device)
-    if scheduler is not None and dev.type != "cpu":
-        raise LucidError("--scheduler trains on the workers' CPUs; leave out --device")
-    spec = parse_arch(arch)
-    trainable = parse_train_layers(train_layers, spec)
-    ds = prepare_dataset(data, label=label, test_data=test_data, test_fraction=test_fraction, seed=seed, domain=domain)
+    Options are a `TrainSettings` or its fields as keywords (`train_run(data, out, arch="2x10")`);
+    keywords given with a `TrainSettings` replace its fields. `scheduler` trains the chunks on a
+    Dask cluster instead of this process's threads, with a bit-identical result; `agt=K` also
+    stores the abstract-gradient-training boxes for k = 1..K (`agt.safetensors`, docs/agt.md);
+    `loo=False` trains N alone (for `agt`, or as another run's pre-trained start); `init_from` and
+    `train_layers` select the fine-tuning variant of T (`lucid.training.finetune`)."""
+    if settings is None:
+        settings = TrainSettings.from_options(**options)
+    elif options:
+        settings = replace(settings, **options)
+    spec = settings.spec
+    ds = prepare_dataset(data, label=settings.label, test_data=settings.test_data,
+                         test_fraction=settings.test_fraction, seed=settings.seed, domain=settings.domain)
     check_arch_fits(spec, ds.input_dim)
-    if init_from is not None:
-        init, init_record = pretrained_init(init_from, spec, ds)
+    if settings.init_from is not None:
+        init, init_record = pretrained_init(settings.init_from, spec, ds)
     else:
-        init, init_record = initial_parameters(spec, ds.input_dim, ds.num_classes, seed), None
-    training = {
-        "algorithm": ALGORITHM,
-        "optimizer": "sgd",
-        "momentum": 0.0,
-        "loss": "cross_entropy",
-        "lr": float(lr),
-        "weight_decay": float(weight_decay),
-        "epochs": int(epochs),
-        "batch_size": int(batch_size),
-        "seed": int(seed),
-        "test_fraction": None if test_data is not None else float(test_fraction),
-        "test_data": test_data,
-    }
-    if agt:  # only when asked: runs without AGT keep their fingerprints
-        training["agt"] = {"max_k": int(agt), "max_width": agt_width(agt_max_width)}
-    if not loo:
-        training["loo"] = False
-    if init_record is not None:  # only when asked, like agt: other runs keep their fingerprints
-        training["init"] = init_record
-    if trainable is not None:
-        training["trainable_layers"] = sorted(trainable)
-    meta = _run_json(ds, spec, training)
+        init, init_record = initial_parameters(spec, ds.input_dim, ds.num_classes, settings.seed), None
+    meta = _run_json(ds, spec, settings.training_record(init_record))
     fingerprint = _fingerprint(meta, ds)
     meta["training"]["fingerprint"] = fingerprint
 
@@ -119,38 +72,38 @@ def train_run(
 
     # Connect before anything is written: an unreachable or mismatched cluster leaves no trace.
     cluster = None
-    if scheduler is not None:
+    if settings.scheduler is not None:
         from lucid.cluster import connect
 
-        cluster = connect(scheduler)
+        cluster = connect(settings.scheduler)
     try:
-        return _train(ds, spec, meta, out, partial, fingerprint, init, trainable, epochs=epochs, lr=lr,
-                      weight_decay=weight_decay, batch_size=batch_size, seed=seed, dev=dev, chunk_size=chunk_size,
-                      progress=progress, cluster=cluster, agt=int(agt), agt_max_width=agt_width(agt_max_width),
-                      loo=loo)
+        return _train(ds, meta, out, partial, init, settings, cluster)
     finally:
         if cluster is not None:
             cluster.close()
 
 
-def _train(ds: Dataset, spec: dict, meta: dict, out: Path, partial: Path, fingerprint: str,
-           init: dict[str, torch.Tensor], trainable: set[int] | None, *, epochs: int, lr: float,
-           weight_decay: float, batch_size: int, seed: int, dev: torch.device, chunk_size: int | None,
-           progress: bool, cluster: Any, agt: int, agt_max_width: float, loo: bool) -> Path:
+def _train(ds: Dataset, meta: dict, out: Path, partial: Path, init: dict[str, torch.Tensor],
+           settings: TrainSettings, cluster: Any) -> Path:
+    spec, fingerprint = meta["architecture"], meta["training"]["fingerprint"]
+    epochs, batch_size, progress, dev = settings.epochs, settings.batch_size, settings.progress, settings.torch_device
+    # T's SGD step, as every chunk (local or on a Dask worker) is given it
+    sgd = {"lr": settings.lr, "weight_decay": settings.weight_decay, "batch_size": batch_size,
+           "num_classes": ds.num_classes, "trainable": settings.trainable}
     n = len(ds.y_train)
+    chunk_size = settings.chunk_size
     if chunk_size is None:
         chunk_size = default_chunk_size(spec, ds.input_dim, ds.num_classes, n, batch_size)
-    orders = batch_orders(n, epochs, seed)
+    orders = batch_orders(n, epochs, settings.seed)
     boxes = None
-    if agt and not (partial / AGT_FILE).exists():  # a resumed run keeps its boxes
+    if settings.agt and not (partial / AGT_FILE).exists():  # a resumed run keeps its boxes
         # before anything is written: a diverging bound stops the command with nothing on disk
-        boxes = stage_agt_boxes(ds, spec, init, orders, agt, agt_max_width, lr=lr, weight_decay=weight_decay,
-                                batch_size=batch_size, trainable=trainable, progress=progress)
+        boxes = stage_agt_boxes(ds, spec, init, orders, settings)
     chunk_size = open_staging(partial, fingerprint, chunk_size)
     if boxes is not None:
-        save_boxes(partial / AGT_FILE, boxes, algorithm=ALGORITHM, max_width=agt_max_width)
+        save_boxes(partial / AGT_FILE, boxes, algorithm=ALGORITHM, max_width=settings.agt_width)
     # position 0 = N, position j = without row j-1 (with --no-loo: N alone)
-    removed_all = torch.arange(-1, n if loo else 0, dtype=torch.int64)
+    removed_all = torch.arange(-1, n if settings.loo else 0, dtype=torch.int64)
     total = len(removed_all)
     bounds = [(s, min(s + chunk_size, total)) for s in range(0, total, chunk_size)]
     X = torch.from_numpy(ds.X_train).to(dev)
@@ -163,11 +116,9 @@ def _train(ds: Dataset, spec: dict, meta: dict, out: Path, partial: Path, finger
 
         inputs = {"X": ds.X_train, "y": ds.y_train, "orders": orders.numpy(), "spec": spec,
                   "init": {k: v.numpy() for k, v in init.items()}}
-        options = {"lr": lr, "weight_decay": weight_decay, "batch_size": batch_size, "num_classes": ds.num_classes,
-                   "trainable": trainable}
         with TrainingProgress(total=total, enabled=progress) as bar:
             bar.advance(total - sum(bounds[c][1] - bounds[c][0] for c in todo))
-            train_on_cluster(cluster, inputs, {c: bounds[c] for c in todo}, options,
+            train_on_cluster(cluster, inputs, {c: bounds[c] for c in todo}, sgd,
                              save=lambda c, arrays: save_arrays(partial / chunk_name(c), arrays),
                              advance=bar.advance, stop_after=stop_after)
         publish(partial, out, meta, ds, len(bounds))
@@ -186,11 +137,7 @@ def _train(ds: Dataset, spec: dict, meta: dict, out: Path, partial: Path, finger
                 raise _Stopped
             bar.advance(per_epoch)
 
-        trained = train_networks(
-            init, spec, X, y, removed_all[lo:hi], orders,
-            lr=lr, weight_decay=weight_decay, batch_size=batch_size, num_classes=ds.num_classes,
-            trainable=trainable, on_epoch=on_epoch,
-        )
+        trained = train_networks(init, spec, X, y, removed_all[lo:hi], orders, **sgd, on_epoch=on_epoch)
         trained["removed"] = removed_all[lo:hi]
         save_tensors(partial / chunk_name(c), trained)
 
@@ -225,31 +172,6 @@ def _train(ds: Dataset, spec: dict, meta: dict, out: Path, partial: Path, finger
 
 
 # ------------------------------------------------------------------------------------- helpers
-
-
-def _check_options(epochs: int, lr: float, weight_decay: float, batch_size: int, chunk_size: int | None) -> None:
-    if int(epochs) != epochs or epochs < 1:
-        raise LucidError(f"--epochs must be a positive integer, got {epochs}")
-    if int(batch_size) != batch_size or batch_size < 1:
-        raise LucidError(f"--batch-size must be a positive integer, got {batch_size}")
-    if not (math.isfinite(lr) and lr > 0):
-        raise LucidError(f"--lr must be a positive number, got {lr}")
-    if not (math.isfinite(weight_decay) and weight_decay >= 0):
-        raise LucidError(f"--weight-decay must be a non-negative number, got {weight_decay}")
-    if chunk_size is not None and (int(chunk_size) != chunk_size or chunk_size < 1):
-        raise LucidError(f"--chunk-size must be a positive integer, got {chunk_size}")
-
-
-def _device(device: str) -> torch.device:
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, ValueError):
-        raise LucidError(f"unknown device '{device}' (use cpu or cuda)") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise LucidError("--device cuda was requested but CUDA is not available here")
-    if dev.type not in ("cpu", "cuda"):
-        raise LucidError(f"unsupported device '{device}' (use cpu or cuda)")
-    return dev
 
 
 class _Stopped(Exception):

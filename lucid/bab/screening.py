@@ -1,0 +1,70 @@
+"""The screened bound of every network, per class, as the engine and its scheduler use it.
+
+A screen bounds each single network without a solver; a node's bound is at most the largest
+screened bound of its networks. The optimised screen also refines, once per network, the bounds
+of the networks a node is about to solve that are still above the class's cutoff.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from lucid.bab.anytime import AnytimeBounds
+from lucid.bab.session import Session
+from lucid.bab.state import INF, ClassState
+from lucid.settings import VerifySettings
+
+ScreenFn = Callable[[int, np.ndarray], np.ndarray]  # (class, positions) -> sound bound per network
+RefineFn = Callable[[int, np.ndarray, float], np.ndarray]  # (class, positions, level) -> tighter bounds
+
+
+class ScreenBounds:
+    """Computes, refines and reads the per-network screened bounds stored in each `ClassState`."""
+
+    def __init__(self, num_networks: int, settings: VerifySettings, anytime: AnytimeBounds, session: Session,
+                 screen: ScreenFn | None = None, refine: RefineFn | None = None) -> None:
+        self.num_networks = num_networks  # stack size; positions 1..num_networks-1
+        self.settings = settings
+        self.anytime = anytime
+        self.session = session
+        self._screen = screen
+        self._refine = None if screen is None else refine
+
+    @property
+    def enabled(self) -> bool:
+        """Whether classes get screened bounds (a screen was given and the run is not --naive)."""
+        return self._screen is not None and not self.settings.naive
+
+    def initial(self, c: int) -> np.ndarray:
+        """Class `c`'s screened bound per position (position 0, N itself: -inf)."""
+        positions = np.arange(1, self.num_networks, dtype=np.int64)
+        values = np.full(self.num_networks, -INF)
+        values[positions] = np.asarray(self._screen(c, positions), dtype=np.float64)
+        return values
+
+    def refine(self, cs: ClassState, positions: np.ndarray) -> None:
+        """Tighten the screened bounds of the networks in `positions` that are above the class's
+        cutoff and not refined yet (once each: a higher cutoff would not change the optimum)."""
+        if self._refine is None or cs.screen is None or cs.lower is None or self.settings.naive:
+            return
+        if cs.refined is None:
+            cs.refined = np.zeros(self.num_networks, dtype=bool)
+        level = cs.lower + self.anytime.tolerance(cs)
+        todo = positions[(cs.screen[positions] > level) & ~cs.refined[positions]]
+        if not len(todo):
+            return
+        t0 = self.session.elapsed()
+        tighter = np.asarray(self._refine(cs.cls, todo, level), dtype=np.float64)
+        cs.screen[todo] = np.minimum(cs.screen[todo], tighter)
+        cs.refined[todo] = True
+        self.session.emit("refined", cs.cls, networks=len(todo), below=int((cs.screen[todo] <= level).sum()),
+                          seconds=self.session.elapsed() - t0)
+
+    @staticmethod
+    def upper(cs: ClassState, positions: np.ndarray) -> float:
+        """The largest screened bound of `positions` (+inf unscreened, -inf for no networks)."""
+        if cs.screen is None or len(positions) == 0:
+            return INF if len(positions) else -INF
+        return float(cs.screen[positions].max())

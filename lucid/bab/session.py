@@ -1,0 +1,36 @@
+"""One invocation of the engine: its clock and where its events go."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from lucid.bab.events import EventLog
+
+
+class Session:
+    """The engine's clock and event sink, shared by its collaborators.
+
+    Two clocks, because they answer different questions: `elapsed` is the verification's age for
+    the log and the checkpoint (with a log it continues across resumes), `seconds` is this
+    invocation's age, which --time-limit bounds (a resumed run gets the full limit again)."""
+
+    def __init__(self, log: EventLog | None = None) -> None:
+        self.log = log
+        self._started = time.monotonic()
+
+    def start(self) -> None:
+        """The invocation starts now (its time limit runs from here)."""
+        self._started = time.monotonic()
+
+    def seconds(self) -> float:
+        """Seconds since this invocation started."""
+        return time.monotonic() - self._started
+
+    def elapsed(self) -> float:
+        """Seconds of the whole verification, as the log counts them."""
+        return self.log.elapsed() if self.log is not None else self.seconds()
+
+    def emit(self, event: str, cls: int | None = None, **fields: Any) -> None:
+        if self.log is not None:
+            self.log.emit(event, cls, **fields)

@@ -1,0 +1,39 @@
+"""What every bound of N against networks N' starts from: both networks' layers, N's neuron
+bounds and the input box. The joint system (`lucid.bounds.joint`), the symbolic bounds
+(`lucid.bounds.symbolic`) and the ReLU splitting (`lucid.bounds.relu_split`) all take one
+`PairProblem`, so the arrays cannot be passed in a wrong order or one of them forgotten.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Sequence
+
+import numpy as np
+
+
+@dataclass(frozen=True, eq=False)
+class PairProblem:
+    """N against K networks N' over an input box (eq=False: the fields are arrays).
+
+    The networks N' are stacked on a leading axis: weights[k] [K, out, in], biases[k] [K, out].
+    Any array that can be sliced along that axis will do (`symbolic_screen` passes views that
+    gather one chunk at a time)."""
+
+    n_weights: Sequence[np.ndarray]  # N's layers, [out, in]
+    n_biases: Sequence[np.ndarray]  # [out]
+    weights: Sequence[np.ndarray]  # the networks N', [K, out, in] per layer
+    biases: Sequence[np.ndarray]  # [K, out]
+    n_lower: Sequence[np.ndarray]  # N's pre-activation bounds per layer (the LP-tightened ones)
+    n_upper: Sequence[np.ndarray]
+    lower: np.ndarray  # the input box
+    upper: np.ndarray
+
+    @property
+    def count(self) -> int:
+        """K, the number of networks N'."""
+        return self.weights[0].shape[0]
+
+    def networks(self, idx: slice | np.ndarray) -> "PairProblem":
+        """The same problem for the networks N' at `idx` (a slice or an index array) only."""
+        return replace(self, weights=[w[idx] for w in self.weights], biases=[b[idx] for b in self.biases])

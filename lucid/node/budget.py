@@ -1,0 +1,139 @@
+"""How a node's time is divided: the one place that rule lives.
+
+The rule has two halves, one per side of the executor:
+- the engine gives every attempt at a node a time limit (`attempt_time_limit`): the first
+  attempt's limit grown RETRY_GROWTH-fold per retry, capped by what the session's --time-limit
+  leaves (less `deadline_margin`), all of that for the last work left, at most SEEK_TIME_LIMIT for
+  a seek; a box verification shares the session among its classes (`box_class_time_limit`);
+- the node analysis divides its attempt's limit among its stages (`NodeBudget`): the
+  ReLU-splitting tier, the MILP after it, each target group, the climb from the relaxation, the
+  probe solve, bound tightening and the final MILP.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from lucid.settings import EncodingOptions, VerifySettings
+
+# Each retry repeats the leak search, probe and OBBT (and, without a kept tree, restarts the
+# MILP), so a short growth pays those costs, and the time-limited attempts before the one that
+# proves the node, too often. Growing 4x reaches a given proof time in fewer attempts than
+# doubling (60, 240, 960 s against 60, 120, 240, 480, 960 s), and a larger last limit costs
+# nothing when the node is proved early (figures in benchmarks/results/idle_machine.md).
+RETRY_GROWTH = 4
+# A seek is after a leak (the primal side): its solver finds the incumbents it will find within
+# about a minute (Adult 2x50: the class's best leak at 30 s), and the rest of a long node limit
+# goes into the dual bound, which the seek's own retry under the cutoff proves far faster (Adult
+# 2x50 with 8 000 rows: two 450-s seeks per class, one gaining nothing while its retry took 16 s).
+SEEK_TIME_LIMIT = 60.0
+# Each retry of a singleton gets this many times the split time, as its node limit grows.
+SPLIT_GROWTH = 4
+# The split gets at most this share of the node's limit: the MILP must keep time of its own.
+SPLIT_SHARE = 0.5
+# The probe solve that supplies a lower bound for tightening: at most this share of its stage.
+PROBE_SHARE = 0.25
+# The climb from the LP relaxation's maximiser is a heuristic: a few seconds, a small share.
+CLIMB_TIME = 5.0
+CLIMB_SHARE = 0.05
+# A solve given less time than this returns before it has read its model; an attempt whose
+# session is nearly over still gets this little, so it returns the bounds it has.
+MIN_STAGE_TIME = 0.1
+MIN_ATTEMPT_TIME = 0.05
+
+
+def deadline_margin(time_limit: float) -> float:
+    """Node MILPs stop this long before the session's deadline, so their bounds are collected."""
+    return min(3.0, 0.02 * time_limit)
+
+
+def attempt_time_limit(settings: VerifySettings, attempts: int, session_seconds: float, *, last_work: bool,
+                       seek: bool) -> float | None:
+    """Seconds for a node's next attempt, after `attempts` earlier ones, `session_seconds` into
+    this invocation (None: no limit).
+
+    `last_work`: nothing else can ever need the node's worker, so a shorter limit would only
+    restart the node (repeating its tightening and, without a kept tree, its MILP): it gets all of
+    the session's remaining time. `seek`: the attempt looks for a leak without the cutoff; when
+    the node can be retried (a node limit exists) it gets at most SEEK_TIME_LIMIT."""
+    limit = settings.node_limit
+    if limit is not None:
+        limit = limit * (RETRY_GROWTH ** max(0, attempts))
+    if settings.time_limit is not None:
+        total = settings.time_limit
+        remaining = max(MIN_ATTEMPT_TIME, total - session_seconds - deadline_margin(total))
+        limit = remaining if limit is None or last_work else min(limit, remaining)
+    if seek and settings.node_limit is not None:
+        limit = min(limit, SEEK_TIME_LIMIT)
+    return limit
+
+
+def box_class_time_limit(node_time_limit: float | None, seconds_left: float | None, classes_left: int) -> float | None:
+    """A box verification's MILP for one class: --node-time-limit, and a fair share of what
+    --time-limit leaves (`seconds_left`; None: no total limit) among the classes still to do."""
+    limit = node_time_limit
+    if seconds_left is not None:
+        share = max(seconds_left / classes_left, MIN_STAGE_TIME)
+        limit = share if limit is None else min(limit, share)
+    return limit
+
+
+@dataclass(frozen=True)
+class NodeBudget:
+    """One node analysis's time and its division among the stages (seconds; None: no limit).
+
+    `start` is the time.perf_counter() at which `time_limit` began to run: every stage's allowance
+    is measured from it, so a stage that overruns shortens the ones after it, never the total."""
+
+    time_limit: float | None
+    start: float
+    split_time: float = 0.0  # the ReLU-splitting tier's allowance for this attempt
+    obbt_probe: float = 5.0
+    obbt_share: float = 0.5
+
+    @classmethod
+    def for_attempt(cls, settings: VerifySettings, encoding: EncodingOptions, time_limit: float | None,
+                    attempt: int, start: float) -> "NodeBudget":
+        """The budget of a node's `attempt` (1 = first): --split-time grows SPLIT_GROWTH-fold per
+        retry, as the node limit does, up to SPLIT_SHARE of the limit. The tightening knobs come
+        from `encoding`, which ablation experiments may set apart from `settings`."""
+        split = settings.split_time * SPLIT_GROWTH ** max(0, attempt - 1)
+        if time_limit is not None:
+            split = min(split, time_limit * SPLIT_SHARE)
+        return cls(time_limit, start, split, encoding.obbt_probe, encoding.obbt_share)
+
+    def after_split(self, now: float) -> "NodeBudget":
+        """The budget once the split ended unproved at `now`: the MILP gets as long as the split
+        had, not the rest of the node's limit, so an unproved node comes back sooner (retried with
+        both allowances grown) instead of holding its worker while easier networks wait (Adult
+        2x50: a 60-s split, then a 390-s MILP that ended unproved too). A split that gave up early
+        leaves the MILP the rest of its allowance too."""
+        if self.time_limit is None:
+            return self
+        return replace(self, time_limit=max(now - self.start, self.split_time) + self.split_time)
+
+    def seconds_left(self, now: float) -> float | None:
+        """What is left at `now` (at least MIN_STAGE_TIME, so a late stage still reports a bound)."""
+        if self.time_limit is None:
+            return None
+        return max(self.time_limit - (now - self.start), MIN_STAGE_TIME)
+
+    def from_now(self, now: float) -> "NodeBudget":
+        """The rest of this budget as one of its own from `now`: a target group's, which its probe,
+        tightening and final MILP divide in turn."""
+        return replace(self, time_limit=self.seconds_left(now), start=now)
+
+    @property
+    def climb_time(self) -> float:
+        """The climb from the relaxation's maximiser (a heuristic)."""
+        return CLIMB_TIME if self.time_limit is None else min(CLIMB_TIME, CLIMB_SHARE * self.time_limit)
+
+    @property
+    def probe_time(self) -> float:
+        """The short probe solve whose replayed witness restricts the tightening LPs."""
+        return self.obbt_probe if self.time_limit is None else min(self.obbt_probe, self.time_limit * PROBE_SHARE)
+
+    @property
+    def tightening_deadline(self) -> float | None:
+        """When bound tightening stops (a perf_counter time): it may take `obbt_share` of the limit."""
+        return None if self.time_limit is None else self.start + self.time_limit * self.obbt_share
