@@ -2,7 +2,7 @@
 
 For one singleton S = {N'} and for the hyper-network of the first H leave-one-out networks,
 per class, every combination of the selected {solver} x {bounds} x {md} x {ris} x {obbt}
-is solved by `lucid.node.analyse.analyse_node` with a time limit. Make a run first, e.g.
+is solved by `lucid.analysis.analyse.analyse_node` with a time limit. Make a run first, e.g.
 
     lucid train ../shared/data/crypto/train.npz --test-data ../shared/data/crypto/test.npz \\
         --arch 2x50 --batch-size 100 --out /tmp/crypto-run
@@ -27,13 +27,13 @@ import time
 
 import numpy as np
 
-from lucid.node.encode import EncodingOptions
+from lucid.analysis.encode import EncodingOptions
 from lucid.rundir import open_run
 from lucid.settings import VerifySettings
 from lucid.solvers import SolverOptions, available_solvers
-from lucid.node.analyse import analyse_node
-from lucid.node.problem import VerificationProblem
-from lucid.node.screen import screen_upper_bounds
+from lucid.analysis.analyse import analyse_node
+from lucid.analysis.problem import VerificationProblem
+from lucid.analysis.screen import screen_upper_bounds
 
 MD = {"off": (False, False), "post": (True, False), "prepost": (True, True)}
 

@@ -81,8 +81,8 @@ def step(n: int, name: str, args: argparse.Namespace) -> dict:
                   test_data=str(test), progress=False, scheduler=args.scheduler)
         out = {"seconds": time.perf_counter() - t0, "networks": n + 1}
     elif name == "screen":
-        from lucid.node.problem import VerificationProblem
-        from lucid.node.screen import Screen, screen_upper_bounds
+        from lucid.analysis.problem import VerificationProblem
+        from lucid.analysis.screen import Screen, screen_upper_bounds
         from lucid.witness.search import search_class_witness
 
         problem = VerificationProblem.from_run(open_run(run), with_points=True)

@@ -3,7 +3,7 @@
 For every workload and class: the share of the networks N_-i whose sound upper bound on
 beta*_{c,{i}} is <= the class's lower bound LB (such a network can never raise the class's bound,
 so the BaB drops it), for
-  (a) interval:  today's `lucid.node.screen.screen_upper_bounds` (interval difference propagation),
+  (a) interval:  today's `lucid.analysis.screen.screen_upper_bounds` (interval difference propagation),
   (b) symbolic:  `lucid.bounds.symbolic.symbolic_screen`, lambda = 1, CROWN slopes,
   (c) optimised: the same with projected Adam steps on lambda and the alpha slopes,
   (d) LP:        the LP relaxation of each singleton's own MILP (encoder with relax_all=True,
@@ -104,10 +104,10 @@ def lp_singleton_bound(problem, cls: int, position: int) -> float:
     """(d): the LP relaxation (every ReLU relaxed) of the singleton's own MILP, as the verifier
     builds it, solved by HiGHS; its dual bound plus the verifier's safety margin."""
     from lucid.hyper import hyper_network
-    from lucid.node.milp_tier import encode_model
-    from lucid.node.encode import EncodingOptions, possible_targets
-    from lucid.node.problem import node_difference_bounds
-    from lucid.node.soundness import user_bound
+    from lucid.analysis.milp_tier import encode_model
+    from lucid.analysis.encode import EncodingOptions, possible_targets
+    from lucid.analysis.problem import node_difference_bounds
+    from lucid.analysis.soundness import user_bound
     from lucid.solvers import solve
     from lucid.solvers.base import SolverOptions
 
@@ -155,8 +155,8 @@ def measure(name: str, classes, lp_sample: int, steps: int, threads: int, lr: fl
 
     from lucid.bounds.symbolic import symbolic_screen
     from lucid.rundir import open_run
-    from lucid.node.problem import VerificationProblem
-    from lucid.node.screen import screen_upper_bounds
+    from lucid.analysis.problem import VerificationProblem
+    from lucid.analysis.screen import screen_upper_bounds
 
     torch.set_num_threads(threads)
     problem = VerificationProblem.from_run(open_run(RUNS / name))
@@ -262,8 +262,8 @@ def timing(name: str, cls: int, lb: float, steps: int, threads: int, repeats: in
 
     from lucid.bounds.symbolic import symbolic_screen
     from lucid.rundir import open_run
-    from lucid.node.problem import VerificationProblem
-    from lucid.node.screen import screen_upper_bounds
+    from lucid.analysis.problem import VerificationProblem
+    from lucid.analysis.screen import screen_upper_bounds
 
     torch.set_num_threads(threads)
     problem = VerificationProblem.from_run(open_run(RUNS / name))

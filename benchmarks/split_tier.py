@@ -41,7 +41,7 @@ def measure(name: str, cls: int, budget: float, threads: int) -> dict:
 
     from lucid.bounds.relu_split import split_singleton
     from lucid.bounds.symbolic import OPTIMISE_STEPS, symbolic_screen
-    from lucid.node.problem import VerificationProblem
+    from lucid.analysis.problem import VerificationProblem
     from lucid.rundir import open_run
 
     torch.set_num_threads(threads)
@@ -86,7 +86,7 @@ def probe(spec: str, cutoff: float, budget: float, threads: int) -> None:
     from screen import RUNS
 
     from lucid.bounds.relu_split import split_singleton
-    from lucid.node.problem import VerificationProblem
+    from lucid.analysis.problem import VerificationProblem
     from lucid.rundir import open_run
 
     torch.set_num_threads(threads)

@@ -162,14 +162,14 @@ class VerifySettings:
         are the default / "none"); device: where the symbolic screen's tensors live (cpu, cuda).
     search: the solver-free witness search (root and nodes).
     split_time: seconds of ReLU-splitting branch and bound a singleton gets before its MILP under a
-        cutoff (`lucid.bounds.relu_split`; `lucid.node.budget.NodeBudget`: more on retries, at most half
+        cutoff (`lucid.bounds.relu_split`; `lucid.analysis.budget.NodeBudget`: more on retries, at most half
         the node's limit); 0 turns it off (the MILP alone, as `--naive` always does).
     bounds: how N's pre-activation bounds are computed ("lp" or "interval").
     disjunction, obbt, obbt_probe, obbt_share: the encoder's fixed knobs (see `EncodingOptions`).
     seed: k-means' random state when a node is split.
     hyper: what the verified networks are: "loo" (the run's leave-one-out networks, by
         branch-and-bound over their hyper-networks) or "agt:K" (every network within K removed
-        rows, through the run's AGT box: one MILP per class, `lucid.node.box`).
+        rows, through the run's AGT box: one MILP per class, `lucid.analysis.agt_box`).
     """
 
     solver: str = "highs"
@@ -276,7 +276,7 @@ class VerifySettings:
 
     @property
     def keep_trees(self) -> bool:
-        """A singleton retry's solver tree is kept in its worker (`lucid.node.kept_trees`), except on
+        """A singleton retry's solver tree is kept in its worker (`lucid.analysis.kept_trees`), except on
         Dask, which decides itself where a task runs."""
         return self.scheduler is None
 

@@ -1,4 +1,4 @@
-"""`lucid verify RUN --hyper agt:K`: one MILP per class over the run's AGT box (lucid.node.box).
+"""`lucid verify RUN --hyper agt:K`: one MILP per class over the run's AGT box (lucid.analysis.agt_box).
 
 The box contains every network trained without up to K rows, in particular every leave-one-out
 network when K >= 1, so its bound can never be below the exact leave-one-out bound of the same
@@ -158,16 +158,16 @@ def test_the_cli_writes_the_kind_of_bound_and_the_access_layer_reads_it(runs, tm
 
 
 def test_the_flags_reach_the_box_analysis(runs, tmp_path, monkeypatch):
-    import lucid.node.box
+    import lucid.analysis.agt_box
 
     seen = []
-    original = lucid.node.box.analyse_box
+    original = lucid.analysis.agt_box.analyse_box
 
     def analyse_box(problem, cls, hyper, settings, solver_options, **kw):
         seen.append((cls, settings, solver_options))
         return original(problem, cls, hyper, settings, solver_options, **kw)
 
-    monkeypatch.setattr(lucid.node.box, "analyse_box", analyse_box)
+    monkeypatch.setattr(lucid.analysis.agt_box, "analyse_box", analyse_box)
     run = fresh(runs["agt2"], tmp_path)
     args = ["verify", str(run), "--hyper", "agt:2", "--workers", "1", "--quiet", "--time-limit", "40",
             "--node-time-limit", "7", "--classes", "1", "--no-search"]

@@ -1,6 +1,6 @@
 """Queue logic of the branch-and-bound engine, with a deterministic in-test analyser.
 
-`FakeAnalyser` is a TEST DOUBLE for lucid.node.analyse.analyse_node: every network i has a known true
+`FakeAnalyser` is a TEST DOUBLE for lucid.analysis.analyse.analyse_node: every network i has a known true
 bound v[i]; a node's "MILP" returns max(v[S]) + slack * (|S| - 1) (a sound, set-monotone over-
 approximation, exact for singletons) and, as the replayed witness, v of the set's smallest member
 (a true lower bound). The real analyser is exercised in test_verify_cli.py.
@@ -21,9 +21,9 @@ from lucid.bab.engine import Engine
 from lucid.bab.state import ClassState
 from lucid.settings import VerifySettings
 from lucid.bab.events import EventLog, read_events
-from lucid.bab.split import choose_k, split_positions
+from lucid.bab.partition import choose_k, split_positions
 from lucid.bab.workers import Executor, ThreadExecutor
-from lucid.node.budget import RETRY_GROWTH
+from lucid.analysis.budget import RETRY_GROWTH
 
 
 @dataclass
@@ -236,7 +236,7 @@ def test_split_is_a_deterministic_partition():
 
 
 def test_small_unfinished_sets_go_to_singletons():
-    from lucid.bab.split import UNPROVED_SINGLETONS_AT, split_node
+    from lucid.bab.partition import UNPROVED_SINGLETONS_AT, split_node
 
     rng = np.random.default_rng(1)
     # one outlier among near-identical networks: k-means would peel it off and keep the rest together
@@ -277,7 +277,7 @@ def test_a_useless_hyper_network_milp_makes_the_node_peel_its_top_screened_netwo
 
 
 def test_a_large_screened_root_is_peeled_without_a_hyper_network_milp(tmp_path):
-    from lucid.bab.split import PEEL_ROOT_ABOVE
+    from lucid.bab.partition import PEEL_ROOT_ABOVE
 
     rng = np.random.default_rng(7)
     n = PEEL_ROOT_ABOVE["interval"] + 8
@@ -293,7 +293,7 @@ def test_a_large_screened_root_is_peeled_without_a_hyper_network_milp(tmp_path):
 
 
 def test_peel_top_partitions_by_screened_bound():
-    from lucid.bab.split import peel_top
+    from lucid.bab.partition import peel_top
 
     screen = np.array([0.0, 0.3, 0.9, 0.1, 0.5])
     groups = peel_top(np.array([1, 2, 3, 4]), screen, 2)
@@ -311,8 +311,8 @@ def test_search_witness_is_a_replayed_leak(tmp_path):
     from lucid.witness.search import search_class_witness
     from lucid.network import confidence
     from lucid.rundir import open_run
-    from lucid.node.analyse import analyse_node
-    from lucid.node.problem import VerificationProblem
+    from lucid.analysis.analyse import analyse_node
+    from lucid.analysis.problem import VerificationProblem
 
     run = open_run(write_tiny_run(tmp_path / "run", networks=6, seed=2))
     problem = VerificationProblem.from_run(run, bounds="interval")
@@ -337,7 +337,7 @@ def test_nodes_stop_before_the_session_deadline_so_their_bounds_count(tmp_path, 
     """A node MILP that uses its whole time limit must still report before the session ends."""
     import time
 
-    import lucid.node.budget
+    import lucid.analysis.budget
 
     values = np.concatenate([[0.0], np.linspace(0, 1, 8)])
     seen_limits = []
@@ -352,7 +352,7 @@ def test_nodes_stop_before_the_session_deadline_so_their_bounds_count(tmp_path, 
 
     # the product's margin for a 2-s session is 40 ms, less than a busy machine may take to hand
     # a finished thread's result over; a real session (minutes) has seconds
-    monkeypatch.setattr(lucid.node.budget, "deadline_margin", lambda total: 0.5)
+    monkeypatch.setattr(lucid.analysis.budget, "deadline_margin", lambda total: 0.5)
     engine, _, _ = make_engine(tmp_path, values, analyser=UsesItsLimit(values), workers=1, time_limit=2.0)
     cs = engine.run()[0]
     assert seen_limits and seen_limits[0] <= 1.5
@@ -487,7 +487,7 @@ def test_a_seek_gets_at_most_a_minute_when_it_can_be_retried(tmp_path, node_time
     spend the rest on a dual bound that its retry under the cutoff proves faster. Without a node
     limit there is no retry, so the seek keeps the whole limit (else the node could never be proved)."""
     import lucid.bab.engine
-    from lucid.node.budget import SEEK_TIME_LIMIT
+    from lucid.analysis.budget import SEEK_TIME_LIMIT
 
     monkeypatch.setattr(lucid.bab.engine, "PEEL_ROOT_ABOVE", {})
     values = np.concatenate([[0.0], np.linspace(0.1, 1.0, 10)])

@@ -4,11 +4,11 @@ import numpy as np
 import pytest
 from bruteforce import exact_for, tiny_stack
 
-from lucid.node.encode import EncodingOptions
-from lucid.node.encode import encode_idp
+from lucid.analysis.encode import EncodingOptions
+from lucid.analysis.encode import encode_idp
 from lucid.hyper import hyper_network
 from lucid.solvers import SolverOptions, solve
-from lucid.node.problem import VerificationProblem, node_difference_bounds
+from lucid.analysis.problem import VerificationProblem, node_difference_bounds
 
 
 def raw_bound(problem, cls, positions, options, targets=None):
@@ -123,7 +123,7 @@ def test_relu_coupling_never_loosens_the_lp_relaxation():
 
 @pytest.mark.parametrize("positions", [[1], [1, 2, 3]])
 def test_leaving_out_implied_matching_rows_changes_no_bound(monkeypatch, positions):
-    import lucid.node.encode as idp
+    import lucid.analysis.encode as idp
 
     stack = tiny_stack(4, hidden=(6, 6), noise=0.5)
     lower, upper = np.zeros(2), np.ones(2)

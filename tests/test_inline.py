@@ -7,13 +7,13 @@ import pytest
 import scipy.sparse as sp
 from bruteforce import tiny_stack
 
-from lucid.node.encode import EncodingOptions
-from lucid.node.encode import encode_idp
+from lucid.analysis.encode import EncodingOptions
+from lucid.analysis.encode import encode_idp
 from lucid.solvers.compact import inline_defined_columns
 from lucid.hyper import hyper_network
 from lucid.solvers import SolverOptions, available_solvers, solve
 from lucid.solvers.solution_check import REPLAY_TOLERANCE, replay_solution
-from lucid.node.problem import VerificationProblem, node_difference_bounds
+from lucid.analysis.problem import VerificationProblem, node_difference_bounds
 
 
 def models(positions, relax_all, d=3, seed=4):

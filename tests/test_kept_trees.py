@@ -12,11 +12,11 @@ from test_solvers import market_split
 
 import lucid.solvers.gurobi_backend as gurobi_backend
 from lucid.bab.workers import Executor, ProcessExecutor, ThreadExecutor
-from lucid.node.kept_trees import KEPT
+from lucid.analysis.kept_trees import KEPT
 from lucid.settings import VerifySettings
 from lucid.solvers import INFEASIBLE, OPTIMAL, TIME_LIMIT, SolverOptions, available_solvers, resume, solve
-from lucid.node.analyse import analyse_node
-from lucid.node.problem import VerificationProblem
+from lucid.analysis.analyse import analyse_node
+from lucid.analysis.problem import VerificationProblem
 
 needs_gurobi = pytest.mark.skipif(not available_solvers()["gurobi"], reason="gurobipy not installed")
 

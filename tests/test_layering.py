@@ -30,7 +30,7 @@ LAYERS = [
     {"solvers"},  # backends
     {"bounds"},  # bound propagation, LPs, ReLU splitting
     {"settings"},  # the typed settings objects
-    {"node", "agt", "training"},  # a node's analysis and encoding; AGT boxes; training
+    {"analysis", "agt", "training"},  # a node's analysis and encoding; AGT boxes; training
     {"bab"},  # the branch-and-bound engine
     {"access"},  # label-only access
     {"report", "baselines"},  # reports and the baselines
@@ -81,9 +81,9 @@ def test_every_import_stays_in_its_layer_or_goes_down(module, imports):
 
 
 def test_the_layer_rule_sees_an_arrow_back_up():
-    assert upward_imports("lucid.bounds.relu_split", {"lucid.node.screen", "lucid.node.screen.OPTIMISE_STEPS"})
-    assert upward_imports("lucid.settings", {"lucid.node.encode"})
-    assert not upward_imports("lucid.node.screen", {"lucid.bounds.symbolic", "lucid.settings"})
+    assert upward_imports("lucid.bounds.relu_split", {"lucid.analysis.screen", "lucid.analysis.screen.OPTIMISE_STEPS"})
+    assert upward_imports("lucid.settings", {"lucid.analysis.encode"})
+    assert not upward_imports("lucid.analysis.screen", {"lucid.bounds.symbolic", "lucid.settings"})
     assert not upward_imports("lucid.baselines.__main__", {"lucid.cli"})
 
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from lucid.access.evaluate import leaking_set
-from lucid.bab.split import FlatParameters
+from lucid.bab.partition import FlatParameters
 from lucid.errors import LucidError
 from lucid.network import NetworkFile, load_networks
 from lucid.network_cache import mapped_networks

@@ -23,8 +23,8 @@ from lucid.bounds.pair import PairProblem
 from lucid.bounds.relu_split import split_upper_bound
 from lucid.errors import LucidError
 from lucid.network import NetworkStack
-from lucid.node.problem import VerificationProblem
-from lucid.node.screen import Screen, screen_upper_bounds
+from lucid.analysis.problem import VerificationProblem
+from lucid.analysis.screen import Screen, screen_upper_bounds
 
 
 def lucid(*args: str) -> subprocess.CompletedProcess:

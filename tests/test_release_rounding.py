@@ -3,7 +3,7 @@
 Bounds are proved about real numbers; the access layer computes N's confidence in float64. When
 N' is one float32 step away from N the exact beta* and a proved bound can lie 1e-17 apart, less
 than the rounding error of the float confidence, so the release rule adds a bound E_N on that error
-(`lucid.node.soundness.confidence_error` / `release_thresholds`). Checked here against exact
+(`lucid.analysis.soundness.confidence_error` / `release_thresholds`). Checked here against exact
 rational arithmetic (`fractions.Fraction`: every float is a dyadic rational, so sums and products
 of the stored parameters and inputs are exact).
 """
@@ -24,8 +24,8 @@ from lucid.access import LabelOnlyClassifier
 from lucid.bounds.pair import PairProblem
 from lucid.bounds.relu_split import split_upper_bound
 from lucid.network import NetworkStack, load_networks
-from lucid.node.problem import VerificationProblem
-from lucid.node.soundness import confidence_error, release_thresholds
+from lucid.analysis.problem import VerificationProblem
+from lucid.analysis.soundness import confidence_error, release_thresholds
 
 LOWER, UPPER = np.zeros(2), np.ones(2)
 

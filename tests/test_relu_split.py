@@ -17,7 +17,7 @@ import lucid.bounds.relu_split as rs
 from lucid.bounds.pair import PairProblem
 from lucid.bounds.relu_split import split_singleton, split_upper_bound
 from lucid.bounds.symbolic import singleton_upper_bounds
-from lucid.node.problem import VerificationProblem
+from lucid.analysis.problem import VerificationProblem
 
 # (seed, hidden, classes, input dim, domain lower end, perturbation size)
 CASES = [
@@ -225,7 +225,7 @@ def test_the_depth_first_phase_is_sound_and_finishes_near_exact(cases):
     """With at most two domains kept best first, the search goes depth first at once (and asks
     the domain LP about stalled children): whenever it stops, the bound is >= beta*, and a
     finished search ends as close to it as the best-first one."""
-    from lucid.node.domain_lp import DomainLp
+    from lucid.analysis.domain_lp import DomainLp
     from lucid.settings import VerifySettings
 
     gaps = []
@@ -258,7 +258,7 @@ def test_the_domain_lp_covers_every_sampled_point_of_its_domain():
     C^c_N(x) at every sampled input whose activations follow the pattern and where N' ranks
     t >= c."""
     from lucid.network import confidence
-    from lucid.node.domain_lp import DomainLp
+    from lucid.analysis.domain_lp import DomainLp
     from lucid.settings import VerifySettings
 
     rng = np.random.default_rng(1)
@@ -298,7 +298,7 @@ def test_the_domain_lp_closes_regions_no_input_reaches():
     """A sampled input's signs of N and N' with one neuron per layer flipped are mostly empty
     regions: the LP proves many of them so by its Farkas ray (after solving, not from the column
     bounds), and never one that a sampled input reaches."""
-    from lucid.node.domain_lp import DomainLp
+    from lucid.analysis.domain_lp import DomainLp
     from lucid.settings import VerifySettings
 
     rng = np.random.default_rng(2)

@@ -19,8 +19,8 @@ from lucid.bounds.symbolic import (
     singleton_upper_bounds,
     symbolic_screen,
 )
-from lucid.node.problem import VerificationProblem
-from lucid.node.screen import screen_upper_bounds
+from lucid.analysis.problem import VerificationProblem
+from lucid.analysis.screen import screen_upper_bounds
 
 # (seed, hidden, classes, input dim, domain lower end, perturbation size)
 CASES = [
@@ -204,7 +204,7 @@ def wine_run(tmp_path_factory):
 
 
 def test_real_leave_one_out_networks_against_the_exact_milp(wine_run):
-    from lucid.node.analyse import analyse_node
+    from lucid.analysis.analyse import analyse_node
 
     problem = wine_run
     positions = np.arange(1, len(problem.stack))
@@ -281,7 +281,7 @@ def test_a_nodes_symbolic_intervals_hold_every_member_and_are_tighter(case):
     propagation intersected with the hull of the members' symbolic intervals. Every member's
     sampled pre- and post-activation differences and pre-activations stay inside."""
     from lucid.hyper import hyper_network
-    from lucid.node.problem import node_difference_bounds
+    from lucid.analysis.problem import node_difference_bounds
 
     stack, lower, upper, problem = setup(*CASES[case])
     hyper = hyper_network(stack, POSITIONS)

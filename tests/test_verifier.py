@@ -8,14 +8,14 @@ import pytest
 from bruteforce import exact_for, exact_singleton_bound, grid_leak_max, network, tiny_stack
 
 import lucid.solvers
-from lucid.node.encode import EncodingOptions
+from lucid.analysis.encode import EncodingOptions
 from lucid.network import confidence, stack_from_tensors
 from lucid.witness.replay import find_leak
 from lucid.settings import VerifySettings
 from lucid.solvers import SolverOptions, available_solvers
-from lucid.node.analyse import analyse_node
-from lucid.node.problem import VerificationProblem
-from lucid.node.screen import screen_upper_bounds
+from lucid.analysis.analyse import analyse_node
+from lucid.analysis.problem import VerificationProblem
+from lucid.analysis.screen import screen_upper_bounds
 
 CASES = [(0, -1.0, 2), (2, 0.0, 2), (1, -1.0, 3)]
 
@@ -323,7 +323,7 @@ def test_a_cutoff_proves_nodes_below_it_and_leaves_nodes_above_it_exact(seed, lo
 def test_a_leak_above_a_proved_bound_drops_that_bound():
     """`with_leak` (the solver's, the targeted search's and the splitting tier's leaks): a higher
     leak raises the node's lower bound; one above its "proved" upper bound voids that bound."""
-    from lucid.node.outcome import NodeOutcome, with_leak
+    from lucid.analysis.outcome import NodeOutcome, with_leak
     from lucid.solvers.base import ERROR, TIME_LIMIT
     from lucid.witness.replay import LeakWitness
 

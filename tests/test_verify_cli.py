@@ -1,4 +1,4 @@
-"""`lucid verify` end to end with the real node analyser (lucid.node.analyse.analyse_node) on tiny runs."""
+"""`lucid verify` end to end with the real node analyser (lucid.analysis.analyse.analyse_node) on tiny runs."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from lucid.bab.events import read_events
 
 
 # Safety margins differ between the MILPs of different node sets (the margin grows with the model's
-# big-M constants, see lucid.node.soundness.safety_margin), so two exact runs may differ by a few 1e-6.
+# big-M constants, see lucid.analysis.soundness.safety_margin), so two exact runs may differ by a few 1e-6.
 MARGIN_SLACK = 1e-5
 
 

@@ -14,9 +14,9 @@ import lucid.bounds.symbolic
 import lucid.witness.search
 import lucid.witness.replay
 import lucid.solvers
-import lucid.node.analyse
-import lucid.node.problem
-import lucid.node.screen
+import lucid.analysis.analyse
+import lucid.analysis.problem
+import lucid.analysis.screen
 from lucid.cli import cli as main
 from lucid.errors import LucidError
 from lucid.settings import VerifySettings
@@ -39,11 +39,11 @@ class Recorder:
         self.searches = {"class": 0, "node": 0, "climb": 0}
         self.problems: list = []
         self.displays: list[bool] = []
-        original_analyse = lucid.node.analyse.analyse_node
+        original_analyse = lucid.analysis.analyse.analyse_node
         original_solve = lucid.solvers.solve
-        original_screen = lucid.node.screen.screen_upper_bounds
+        original_screen = lucid.analysis.screen.screen_upper_bounds
         original_symbolic = lucid.bounds.symbolic.symbolic_screen
-        original_from_run = lucid.node.problem.VerificationProblem.from_run.__func__
+        original_from_run = lucid.analysis.problem.VerificationProblem.from_run.__func__
         recorder = self
 
         def analyse_node(problem, cls, positions, **kw):
@@ -94,15 +94,15 @@ class Recorder:
             def update(self, engine):
                 pass
 
-        monkeypatch.setattr(lucid.node.analyse, "analyse_node", analyse_node)
+        monkeypatch.setattr(lucid.analysis.analyse, "analyse_node", analyse_node)
         monkeypatch.setattr(lucid.solvers, "solve", solve)
-        monkeypatch.setattr(lucid.node.screen, "screen_upper_bounds", screen)
+        monkeypatch.setattr(lucid.analysis.screen, "screen_upper_bounds", screen)
         monkeypatch.setattr(lucid.bounds.symbolic, "symbolic_screen", symbolic)
-        monkeypatch.setattr(lucid.node.analyse, "search_node_witness", counted("node", lucid.node.analyse.search_node_witness))
+        monkeypatch.setattr(lucid.analysis.analyse, "search_node_witness", counted("node", lucid.analysis.analyse.search_node_witness))
         monkeypatch.setattr(lucid.witness.search, "search_class_witness",
                             counted("class", lucid.witness.search.search_class_witness))
         monkeypatch.setattr(lucid.witness.replay, "climb", counted("climb", lucid.witness.replay.climb))
-        monkeypatch.setattr(lucid.node.problem.VerificationProblem, "from_run", classmethod(from_run))
+        monkeypatch.setattr(lucid.analysis.problem.VerificationProblem, "from_run", classmethod(from_run))
         monkeypatch.setattr(lucid.bab.engine, "Engine", Engine)
         monkeypatch.setattr("lucid.bab.display.LiveDisplay", Display)
 
@@ -256,7 +256,7 @@ def test_workers_keep_solver_trees_except_on_dask(monkeypatch, scheduler, keeps)
     import numpy as np
 
     import lucid.bab.workers
-    from lucid.node.outcome import NodeOutcome
+    from lucid.analysis.outcome import NodeOutcome
 
     seen = {}
 
@@ -264,7 +264,7 @@ def test_workers_keep_solver_trees_except_on_dask(monkeypatch, scheduler, keeps)
         seen.update(kw)
         return NodeOutcome(upper=1.0, lower=None, witness=None, leaking_row=None, status="optimal", seconds=0.0)
 
-    monkeypatch.setattr(lucid.node.analyse, "analyse_node", analyse_node)
+    monkeypatch.setattr(lucid.analysis.analyse, "analyse_node", analyse_node)
     settings = VerifySettings(scheduler=scheduler, search=False)
     lucid.bab.workers.analyse_with(object(), settings, 0, np.array([1]), 5.0, -math.inf, 2, 3)
     assert seen["keep_trees"] is keeps and seen["attempt"] == 2 and seen["settings"] is settings

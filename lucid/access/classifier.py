@@ -46,7 +46,7 @@ from lucid.access.mechanism import RandomSource, check_epsilon, exponential_mech
 from lucid.access.memo import DEFAULT_MEMO_SIZE, Memo
 from lucid.atomic import read_json
 from lucid.errors import LucidError
-from lucid.node.soundness import confidence_error, release_thresholds
+from lucid.analysis.soundness import confidence_error, release_thresholds
 from lucid.rundir import BOUNDS_FORMAT, Run, open_run
 
 BOUNDS_FILE = "bounds.json"
@@ -155,7 +155,7 @@ class LabelOnlyClassifier:
         if lower.shape != (self.input_dim,) or upper.shape != (self.input_dim,) or (lower > upper).any():
             raise LucidError("run.json: the domain must have lower <= upper, one entry per feature")
         self.domain_lower, self.domain_upper = lower, upper
-        # Released only above max(beta_c, 0) + E_N (lucid.node.soundness): beta_c is about exact
+        # Released only above max(beta_c, 0) + E_N (lucid.analysis.soundness): beta_c is about exact
         # arithmetic, N's confidence here is float64.
         self.confidence_error = confidence_error([w.T for w in self._weights], self._biases, lower, upper)
         self.thresholds = release_thresholds(self.bounds, self.confidence_error)

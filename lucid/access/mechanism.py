@@ -1,7 +1,7 @@
 """LUCID-Inference (paper Algorithm 2): release N's label or draw one with the exponential mechanism.
 
 A query's label is N's class c when N's confidence (score_c minus the runner-up) exceeds the
-class's release threshold, max(beta_c, 0) + E_N (`lucid.node.soundness.release_thresholds`): the
+class's release threshold, max(beta_c, 0) + E_N (`lucid.analysis.soundness.release_thresholds`): the
 verifier proved that above the iDP decision bound beta_c no single training row changes the label,
 and E_N covers the float64 rounding of the confidence computed here, so releasing it leaks nothing. Otherwise the label is drawn from the
 exponential mechanism with utility u(c) = 1, u(c') = 0 (sensitivity 1):
@@ -82,5 +82,5 @@ def exponential_mechanism(
 
 def needs_noise(confidences: np.ndarray, classes: np.ndarray, thresholds: np.ndarray) -> np.ndarray:
     """True where the label must be noised: confidence <= the class's release threshold
-    (`lucid.node.soundness.release_thresholds`: beta_c plus N's float error; +inf = nothing proved)."""
+    (`lucid.analysis.soundness.release_thresholds`: beta_c plus N's float error; +inf = nothing proved)."""
     return ~(np.asarray(confidences) > thresholds[np.asarray(classes, dtype=np.int64)])

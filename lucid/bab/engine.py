@@ -18,7 +18,7 @@ whole gap between relaxation and optimum (figures in benchmarks/results/idle_mac
 
 A node that hits its time limit keeps its (proved) dual bound and is branched like any other; an
 unproved singleton cannot be branched, so it is retried with a longer limit
-(`lucid.node.budget.RETRY_GROWTH` times the previous one; until the total time limit, or
+(`lucid.analysis.budget.RETRY_GROWTH` times the previous one; until the total time limit, or
 `MAX_SINGLETON_ATTEMPTS` solves without one) and otherwise keeps its sound bound.
 """
 
@@ -37,7 +37,7 @@ from lucid.bab.node import FINAL, OPEN, PENDING, RUNNING, SETTLED, SPLIT, STUCK,
 from lucid.bab.schedule import Scheduler
 from lucid.bab.screening import RefineFn, ScreenBounds, ScreenFn
 from lucid.bab.session import Session
-from lucid.bab.split import PEEL_ROOT_ABOVE, peel_top, split_node
+from lucid.bab.partition import PEEL_ROOT_ABOVE, peel_top, split_node
 from lucid.bab.state import INF, ClassState
 from lucid.bab.workers import Executor
 from lucid.errors import LucidError

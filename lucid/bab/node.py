@@ -38,7 +38,7 @@ class Node:
     depth: int = 0
     stats: dict = field(default_factory=dict)
     # a hyper-network MILP over (a superset of) these networks did not beat their screened bounds:
-    # split by peeling off the top-screened networks as singletons instead (lucid.bab.split.peel_top)
+    # split by peeling off the top-screened networks as singletons instead (lucid.bab.partition.peel_top)
     peel: bool = False
 
     @property

@@ -21,14 +21,14 @@ import lucid.bab.display as live_display
 import lucid.bab.engine as bab_engine
 import lucid.bab.workers as executors
 import lucid.witness.search as witness_search
-from lucid.bab.box import verify_box
+from lucid.bab.agt_run import verify_box
 from lucid.bab.checkpoint import CHECKPOINT_FILE, load_checkpoint, run_fingerprint, save_checkpoint
 from lucid.bab.events import LOG_FILE, EventLog, read_events
-from lucid.bab.split import FlatParameters
+from lucid.bab.partition import FlatParameters
 from lucid.bab.state import ClassState
 from lucid.errors import LucidError
-from lucid.node.problem import VerificationProblem
-from lucid.node.screen import Screen
+from lucid.analysis.problem import VerificationProblem
+from lucid.analysis.screen import Screen
 from lucid.rundir import bound_entry_value, open_run, write_bounds
 from lucid.settings import VerifySettings
 
@@ -97,7 +97,7 @@ def _bounds_entries(engine: bab_engine.Engine) -> dict[str, dict]:
 
 def verify_run(run_dir: str | Path, settings: VerifySettings | None = None, **options: Any) -> dict:
     """Compute per-class iDP decision bounds of a run; writes and returns the bounds.json content.
-    With `hyper="agt:K"` the bounds hold for every data set within K removed rows (`lucid.bab.box`).
+    With `hyper="agt:K"` the bounds hold for every data set within K removed rows (`lucid.bab.agt_run`).
 
     Options are a `VerifySettings` or its fields as keywords (`verify_run(run, time_limit=180)`)."""
     if settings is None:

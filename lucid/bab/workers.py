@@ -7,7 +7,7 @@ threads. The verification problem (all networks, the domain, N's bounds) is ship
 once — via the pool initializer, or held by every Dask worker (`lucid.worker_inputs`) — not with every
 task.
 
-A singleton retry's time-limited MILP stays in the worker that solved it (`lucid.node.kept_trees`);
+A singleton retry's time-limited MILP stays in the worker that solved it (`lucid.analysis.kept_trees`);
 the process executor remembers which worker that is, so the engine can send the node's next retry
 there and the solver continues its tree (`Executor.continuable`).
 """
@@ -28,7 +28,7 @@ from lucid.settings import VerifySettings
 
 # analyse(cls, positions, time_limit, cutoff, attempt) -> NodeOutcome-like object; cutoff: the level
 # below which the engine does not need the node's bound; attempt: 1 the first time a node is
-# analysed, then 2, 3, ... (see lucid.node.analyse.analyse_node)
+# analysed, then 2, 3, ... (see lucid.analysis.analyse.analyse_node)
 AnalyseFn = Callable[[int, np.ndarray, float | None, float, int], Any]
 
 
@@ -59,7 +59,7 @@ class Executor:
         return set(range(self.capacity)) - set(self._where.values())
 
     def continuable(self) -> list[Any]:
-        """Keys whose kept solver tree sits on a worker that is idle now (see `lucid.node.kept_trees`)."""
+        """Keys whose kept solver tree sits on a worker that is idle now (see `lucid.analysis.kept_trees`)."""
         idle = self._idle_workers()
         return [k for k, w in self._kept.items() if w in idle and k not in self._where]
 
@@ -117,7 +117,7 @@ class ThreadExecutor(Executor):
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
-        from lucid.node.kept_trees import KEPT
+        from lucid.analysis.kept_trees import KEPT
 
         KEPT.clear()
 
@@ -186,8 +186,8 @@ def _die_with(driver_pid: int) -> None:
 def analyse_with(problem: Any, settings: VerifySettings, cls: int, positions: np.ndarray, time_limit: float | None,
                  cutoff: float = -float("inf"), attempt: int = 1, threads: int = 1):
     """One node analysis (runs in a worker)."""
-    from lucid.node.analyse import analyse_node
-    from lucid.node.outcome import wants_targeted_search, with_targeted_search
+    from lucid.analysis.analyse import analyse_node
+    from lucid.analysis.outcome import wants_targeted_search, with_targeted_search
 
     outcome = analyse_node(problem, cls, positions, settings=settings,
                            solver_options=settings.solver_options(time_limit, threads), cutoff=cutoff, attempt=attempt,

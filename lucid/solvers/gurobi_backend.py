@@ -91,7 +91,7 @@ class GurobiTree:
     Gurobi resumes an interrupted solve where it stopped when `optimize()` is called again on the
     unmodified model (node count and dual bound carry on; a new TimeLimit and Threads are taken
     as they are). Without it a singleton's retry would rebuild the model and re-solve from the
-    root, throwing every earlier attempt's tree away (see `lucid.node.kept_trees`)."""
+    root, throwing every earlier attempt's tree away (see `lucid.analysis.kept_trees`)."""
 
     def __init__(self, m, env, x, model: MilpModel, compact: MilpModel, expand, seconds: float) -> None:
         self._m, self._env, self._x = m, env, x

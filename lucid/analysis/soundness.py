@@ -47,7 +47,7 @@ def slack(lb: float) -> float:
     """LB loosened so that solver tolerances never turn beta >= LB into a false infeasibility.
 
     The relative part keeps the slab beta in [LB - slack, beta*] from being numerically thin:
-    HiGHS once cut a slab 1.3e-5 thick away at the root (see `lucid.node.analyse`)."""
+    HiGHS once cut a slab 1.3e-5 thick away at the root (see `lucid.analysis.analyse`)."""
     return lb - 1e-5 * (1 + abs(lb)) - 1e-2 * abs(lb) if math.isfinite(lb) else -math.inf
 
 def user_bound(result: SolveResult, model: MilpModel) -> float:

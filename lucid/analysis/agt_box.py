@@ -18,11 +18,11 @@ import numpy as np
 
 from lucid.errors import LucidError
 from lucid.hyper import HyperNetwork
-from lucid.node.milp_tier import encode_model, model_info, solve_once
-from lucid.node.encode import possible_targets
-from lucid.node.outcome import NodeOutcome, combine_outcome
-from lucid.node.problem import VerificationProblem, node_difference_bounds
-from lucid.node.soundness import slack
+from lucid.analysis.milp_tier import encode_model, model_info, solve_once
+from lucid.analysis.encode import possible_targets
+from lucid.analysis.outcome import NodeOutcome, combine_outcome
+from lucid.analysis.problem import VerificationProblem, node_difference_bounds
+from lucid.analysis.soundness import slack
 from lucid.settings import VerifySettings
 from lucid.solvers.base import INFEASIBLE, SolverOptions
 from lucid.witness.replay import LeakWitness

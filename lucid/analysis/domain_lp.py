@@ -3,7 +3,7 @@
 The splitting tier (`lucid.bounds.relu_split`) bounds a domain (some pre-activations of N and N'
 fixed in sign) by a Lagrangian backward pass: cheap, but on a hard network it can stall, its
 children no better than itself, deep in the tree. On Adult 2x50's witness network such domains
-had 0.0207 from the pass, where the LP relaxation of the encoded MILP (`lucid.node.encode`, with
+had 0.0207 from the pass, where the LP relaxation of the encoded MILP (`lucid.analysis.encode`, with
 the domain's neurons fixed: pre-activation bound cut at 0, binary fixed) gave 0.0178 and the MILP
 found them empty. So a stalled domain gets this LP as a second opinion.
 
@@ -22,8 +22,8 @@ import numpy as np
 
 from lucid.bounds.lp import dual_bound, proves_empty
 from lucid.hyper import hyper_network
-from lucid.node.encode import EncodingOptions, encode_idp
-from lucid.node.problem import VerificationProblem, node_difference_bounds
+from lucid.analysis.encode import EncodingOptions, encode_idp
+from lucid.analysis.problem import VerificationProblem, node_difference_bounds
 
 
 class DomainLp:

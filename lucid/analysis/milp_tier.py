@@ -3,7 +3,7 @@
 `NodeModels` holds what every model of one node shares; `GroupBound` bounds the node for one group
 of target classes. Every solve goes through `solve_once`, which adds the floating-point safety
 margin, replays the solver's witness and sends a bound below a replayed witness to another backend
-(`lucid.node.soundness`). How the group's time is divided among its solves: `lucid.node.budget`.
+(`lucid.analysis.soundness`). How the group's time is divided among its solves: `lucid.analysis.budget`.
 """
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ from lucid.bounds.interval import FP_REL, LayerBounds
 from lucid.bounds.obbt import tighten_node_bounds
 from lucid.hyper import HyperNetwork, hyper_network
 from lucid.milp.model import MilpModel
-from lucid.node.budget import NodeBudget
-from lucid.node.encode import encode_idp, possible_targets
-from lucid.node.kept_trees import KEPT, KeptTree
-from lucid.node.problem import VerificationProblem, node_difference_bounds
-from lucid.node.soundness import contradicts, retry_other, slack, solve_checked, user_bound
+from lucid.analysis.budget import NodeBudget
+from lucid.analysis.encode import encode_idp, possible_targets
+from lucid.analysis.kept_trees import KEPT, KeptTree
+from lucid.analysis.problem import VerificationProblem, node_difference_bounds
+from lucid.analysis.soundness import contradicts, retry_other, slack, solve_checked, user_bound
 from lucid.rundir import encode_float
 from lucid.settings import EncodingOptions
 from lucid.solvers.base import ERROR, INFEASIBLE, OPTIMAL, TIME_LIMIT, SolveResult, SolverOptions
@@ -221,7 +221,7 @@ def solve_once(problem: VerificationProblem, model: MilpModel, cls: int, solver:
     `known` one (HiGHS once fell 1.3e-5 below a searched witness after root cuts, with no
     incumbent of its own) is a solver failure and the model goes to another backend.
     `floor`: the model only has the points with beta >= floor, so its bound is max(dual, floor).
-    `keep` / `tree`: ask for a continuable result / continue a kept one (`lucid.node.kept_trees`)."""
+    `keep` / `tree`: ask for a continuable result / continue a kept one (`lucid.analysis.kept_trees`)."""
     result = solve_checked(model, solver, opts, keep=keep, tree=tree)
     bound = max(user_bound(result, model), floor)
     witness = None

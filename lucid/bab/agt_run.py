@@ -14,11 +14,11 @@ from typing import Any
 import numpy as np
 
 # analyse_box is looked up through its module at call time, so a test can substitute it.
-import lucid.node.box as box_analysis
+import lucid.analysis.agt_box as box_analysis
 from lucid.bab.events import LOG_FILE, EventLog
 from lucid.errors import LucidError
-from lucid.node.budget import box_class_time_limit
-from lucid.node.problem import VerificationProblem
+from lucid.analysis.budget import box_class_time_limit
+from lucid.analysis.problem import VerificationProblem
 from lucid.rundir import bound_entry_value, write_bounds
 from lucid.settings import VerifySettings
 from lucid.solvers.base import ERROR, INFEASIBLE, OPTIMAL, TIME_LIMIT

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from lucid.node.soundness import contradicts
+from lucid.analysis.soundness import contradicts
 from lucid.solvers.base import ERROR, INFEASIBLE, OPTIMAL, TIME_LIMIT
 from lucid.witness.replay import LeakWitness
 

@@ -8,7 +8,7 @@ the backend can continue it (Gurobi), stays in the worker process, and the node'
 resumes its tree.
 
 Soundness: a kept model is the same model, with the same floor (the beta level it is restricted
-to), so a resumed solve's dual bound means exactly what it meant before; `lucid.node.analyse` applies
+to), so a resumed solve's dual bound means exactly what it meant before; `lucid.analysis.analyse` applies
 the safety margin, the witness replay and the cross-checks to it like to any other solve. A model
 is only resumed for the same verification problem, class and networks, and only while its floor
 is at least the level the caller now needs, so resuming never answers a different question.

@@ -4,7 +4,7 @@ beta*_{c,S} = max beta  s.t.  exists x in the domain with C_N^c(x) >= beta and C
 C^c(x) = score_c - max_{c' != c} score_c'. `analyse_node` encodes Eq. 3 for the hyper-network
 of S, solves it, adds the floating-point safety margin to the solver's dual bound, and replays
 the solver's witness with the concrete networks to get a true lower bound. The soundness rules it
-applies live in `lucid.node.soundness`; how its time is divided, in `lucid.node.budget`.
+applies live in `lucid.analysis.soundness`; how its time is divided, in `lucid.analysis.budget`.
 """
 
 from __future__ import annotations
@@ -17,20 +17,20 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from lucid.node.budget import NodeBudget
-from lucid.node.domain_lp import DomainLp
-from lucid.node.kept_trees import KEPT, KeptTree
-from lucid.node.milp_tier import GroupBound, NodeModels, final_solve
-from lucid.node.outcome import NodeOutcome, combine_outcome, with_leak
-from lucid.node.problem import VerificationProblem
-from lucid.node.soundness import slack
+from lucid.analysis.budget import NodeBudget
+from lucid.analysis.domain_lp import DomainLp
+from lucid.analysis.kept_trees import KEPT, KeptTree
+from lucid.analysis.milp_tier import GroupBound, NodeModels, final_solve
+from lucid.analysis.outcome import NodeOutcome, combine_outcome, with_leak
+from lucid.analysis.problem import VerificationProblem
+from lucid.analysis.soundness import slack
 from lucid.rundir import encode_float
 from lucid.settings import EncodingOptions, VerifySettings
 from lucid.solvers.base import INFEASIBLE, SolverOptions
 from lucid.witness.replay import LeakWitness
 from lucid.witness.search import search_node_witness
 
-# lucid.node.box (and benchmarks/screen.py) still import these three from here.
+# lucid.analysis.agt_box (and benchmarks/screen.py) still import these three from here.
 
 if TYPE_CHECKING:
     from lucid.bounds.relu_split import SplitResult
@@ -66,7 +66,7 @@ def analyse_node(
     attempt is a plain bound-focused MILP (see `GroupBound`); later ones add bound tightening.
 
     `keep_trees`: a singleton retry that stops at its time limit keeps its solver tree in this
-    process, and the next retry of the same node continues it (`lucid.node.kept_trees`)."""
+    process, and the next retry of the same node continues it (`lucid.analysis.kept_trees`)."""
     t0 = time.perf_counter()
     settings = settings or VerifySettings()
     encoding = encoding or settings.encoding_options()
@@ -117,7 +117,7 @@ def _splits_first(settings: VerifySettings, positions: np.ndarray, cutoff: float
 
 
 def _kept_tree_key(cls: int, positions: np.ndarray) -> tuple | None:
-    """A singleton's retries keep their time-limited MILP (`lucid.node.kept_trees`) under this key."""
+    """A singleton's retries keep their time-limited MILP (`lucid.analysis.kept_trees`) under this key."""
     return (int(cls), tuple(int(p) for p in positions)) if positions.size == 1 else None
 
 
@@ -195,7 +195,7 @@ def _tighter(outcome: NodeOutcome, split: SplitResult | None, cls: int) -> NodeO
 def _split_singleton(problem: VerificationProblem, cls: int, position: int, cutoff: float, seconds: float,
                      device: str, encoding: EncodingOptions, stats: dict) -> SplitResult:
     """The ReLU-splitting branch and bound of one network before its MILP (`lucid.bounds.relu_split`),
-    with the LP of the network's MILP as the second opinion on stalled domains (`lucid.node.domain_lp`)."""
+    with the LP of the network's MILP as the second opinion on stalled domains (`lucid.analysis.domain_lp`)."""
     from lucid.bounds.relu_split import split_singleton  # imports torch: only when the tier runs
 
     lp = DomainLp(problem, cls, position, encoding)

@@ -7,7 +7,7 @@ import numpy as np
 
 from lucid.bounds.difference import difference_bounds
 from lucid.bounds.interval import FP_REL
-from lucid.node.problem import VerificationProblem
+from lucid.analysis.problem import VerificationProblem
 
 
 def screen_upper_bounds(problem: VerificationProblem, cls: int, positions: np.ndarray, chunk: int = 128) -> np.ndarray:
