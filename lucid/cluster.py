@@ -13,6 +13,7 @@ import importlib.metadata
 from dataclasses import dataclass
 from typing import Any
 
+import lucid
 from lucid.errors import LucidError
 
 DISTRIBUTION = "lucid-idp"
@@ -23,7 +24,6 @@ def _local_version() -> str:
     try:
         return importlib.metadata.version(DISTRIBUTION)
     except importlib.metadata.PackageNotFoundError:  # running from a source tree
-        import lucid
 
         return lucid.__version__
 

@@ -12,11 +12,13 @@ witness replay never lose precision relative to the trained networks.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
+from safetensors import safe_open
 
 from lucid.errors import LucidError
 
@@ -207,7 +209,6 @@ def stack_from_tensors(tensors: dict[str, np.ndarray], architecture: dict, input
 
 
 def _read_meta(run_dir: Path, meta: dict | None) -> dict:
-    import json
 
     if meta is not None:
         return meta
@@ -227,7 +228,6 @@ class NetworkFile:
     """
 
     def __init__(self, run_dir: str | Path, meta: dict | None = None) -> None:
-        from safetensors import safe_open
 
         self.run_dir = Path(run_dir)
         self.meta = _read_meta(self.run_dir, meta)

@@ -19,6 +19,7 @@ import numpy as np
 
 from lucid.atomic import read_json, write_json_atomic
 from lucid.errors import LucidError
+from lucid.network import load_networks
 
 RUN_FORMAT = "lucid-run/1"
 BOUNDS_FORMAT = "lucid-bounds/1"
@@ -82,7 +83,6 @@ class Run:
         return self.path / "cache"
 
     def networks(self):
-        from lucid.network import load_networks
 
         return load_networks(self.path, self.meta)
 

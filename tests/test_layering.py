@@ -105,3 +105,67 @@ def test_the_checker_sees_lazy_imports(tmp_path):
     source = tmp_path / "m.py"
     source.write_text("def f():\n    import highspy\n    from lucid.bab.engine import Engine\n")
     assert {"highspy", "lucid.bab.engine", "lucid.bab.engine.Engine"} <= imports_of(source)
+
+
+# Imports sit at the top of a module, except the heavy optional packages (and the lucid modules
+# that load one at import time), which are imported where they are used so that `lucid serve`,
+# `lucid log` or a solver-free path do not pay for them; command-line modules import their
+# subcommands lazily by design.
+HEAVY_PACKAGES = {"torch", "gurobipy", "highspy", "pyscipopt", "pulp", "distributed", "dask", "matplotlib", "opacus",
+                  "sklearn", "scipy", "networkx", "rich", "uvicorn", "fastapi", "starlette", "dp_accounting",
+                  "safetensors.torch", "onnx", "onnxruntime", "psycopg", "psycopg_pool"}
+
+
+def _import_names(node: ast.AST) -> list[str]:
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+        return [node.module]
+    return []
+
+
+def _module_of(name: str, known: set[str]) -> str | None:
+    while name and name not in known:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def _parsed() -> dict[str, ast.Module]:
+    out = {}
+    for path in sorted(ROOT.rglob("*.py")):
+        name = str(path.relative_to(ROOT.parent).with_suffix("")).replace("/", ".").removesuffix(".__init__")
+        out[name] = ast.parse(path.read_text(), str(path))
+    return out
+
+
+def heavy(name: str, top_level: dict[str, set[str]], seen: frozenset = frozenset()) -> bool:
+    """Whether importing `name` (a package or a lucid module) loads a heavy package."""
+    if any(name == p or name.startswith(p + ".") for p in HEAVY_PACKAGES):
+        return True
+    module = _module_of(name, set(top_level)) if name.startswith("lucid") else None
+    if module is None or module in seen:
+        return False
+    return any(heavy(i, top_level, seen | {module}) for i in top_level[module])
+
+
+def lazy_imports_that_could_be_at_the_top(trees: dict[str, ast.Module]) -> list[str]:
+    top_level = {m: {n for node in tree.body for n in _import_names(node)} for m, tree in trees.items()}
+    found = []
+    for module, tree in trees.items():
+        if _under(module, "lucid.cli") or module.endswith("__main__"):
+            continue
+        for fn in ast.walk(tree):
+            if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                for node in ast.walk(fn):
+                    found += [f"{module}:{node.lineno} {n}" for n in _import_names(node) if not heavy(n, top_level)]
+    return sorted(set(found))
+
+
+def test_imports_are_at_the_top_unless_heavy():
+    assert not lazy_imports_that_could_be_at_the_top(_parsed())
+
+
+def test_the_top_rule_sees_a_light_lazy_import():
+    trees = {"lucid.a": ast.parse("import torch\n"), "lucid.b": ast.parse("def f():\n    import json\n"),
+             "lucid.c": ast.parse("def f():\n    from lucid.a import x\n    import torch\n    from lucid.b import y\n")}
+    assert lazy_imports_that_could_be_at_the_top(trees) == ["lucid.b:2 json", "lucid.c:4 lucid.b"]

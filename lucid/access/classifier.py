@@ -41,12 +41,13 @@ from typing import Any
 import numpy as np
 
 from lucid.access.guard import check_deadline_ms
-from lucid.access.ledger import DEFAULT_CLIENT, check_budget, check_client_name
+from lucid.access.ledger import DEFAULT_CLIENT, DEFAULT_DELTA, check_budget, check_client_name, summarise
 from lucid.access.mechanism import RandomSource, check_epsilon, exponential_mechanism, needs_noise
 from lucid.access.memo import DEFAULT_MEMO_SIZE, Memo
+from lucid.analysis.soundness import confidence_error, release_thresholds
 from lucid.atomic import read_json
 from lucid.errors import LucidError
-from lucid.analysis.soundness import confidence_error, release_thresholds
+from lucid.network import NetworkFile, stack_from_tensors
 from lucid.rundir import BOUNDS_FORMAT, Run, open_run
 
 BOUNDS_FILE = "bounds.json"
@@ -80,7 +81,6 @@ def load_upper_bounds(run: Run) -> np.ndarray:
 
 def _load_n(run: Run) -> tuple[list[np.ndarray], list[np.ndarray], str]:
     """N's dense layers (W^T, b) in float64 and a fingerprint of N, reading only N's slices."""
-    from lucid.network import NetworkFile, stack_from_tensors
 
     source = NetworkFile(run.path, run.meta)
     source.check_finite()  # a diverged leave-one-out network voids every bound: refuse the run
@@ -287,7 +287,6 @@ class LabelOnlyClassifier:
 
     def ledger(self, delta: float | None = None) -> list:
         """The privacy ledger of this classifier's memo: one ClientTotals per client."""
-        from lucid.access.ledger import DEFAULT_DELTA, summarise
 
         return summarise(self.memo.ledger_rows(), DEFAULT_DELTA if delta is None else delta)
 

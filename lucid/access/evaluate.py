@@ -13,6 +13,7 @@ single-query time as `lucid_single_query`).
 
 from __future__ import annotations
 
+import hashlib
 import math
 import time
 from pathlib import Path
@@ -23,8 +24,9 @@ import numpy as np
 from lucid.access.classifier import LabelOnlyClassifier
 from lucid.access.mechanism import RandomSource, check_epsilon, exponential_mechanism
 from lucid.access.memo import Memo
+from lucid.atomic import write_atomic
 from lucid.errors import LucidError
-from lucid.network import NetworkFile, NetworkStack
+from lucid.network import NetworkFile, NetworkStack, confidence
 from lucid.rundir import open_run
 
 _FORWARD_BUDGET_BYTES = 16 * 1024 * 1024  # activations held at once by the Naive-iDP pass
@@ -125,13 +127,11 @@ def evaluate_run(
 
 def rng_seed(seed: int, key: str) -> int:
     """A distinct, reproducible seed per (seed, epsilon) so LUCID's draws differ across epsilons."""
-    import hashlib
 
     return int.from_bytes(hashlib.sha256(f"{seed}:{key}".encode()).digest()[:8], "little")
 
 
 def _confidences(clf: LabelOnlyClassifier, x: np.ndarray) -> np.ndarray:
-    from lucid.network import confidence
 
     return confidence(clf.scores(x))
 
@@ -175,7 +175,6 @@ def plot_confidences(plot_data: dict[str, Any], path: str | Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from lucid.atomic import write_atomic
 
     conf, classes, bounds = plot_data["confidence"], plot_data["classes"], plot_data["bounds"]
     labels = plot_data["labels"]

@@ -14,10 +14,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors import safe_open
 
 from lucid.agt.train import AgtBox
 from lucid.atomic import write_atomic
 from lucid.errors import LucidError
+from lucid.hyper import HyperNetwork
 
 AGT_FILE = "agt.safetensors"
 AGT_FORMAT = "lucid-agt/1"
@@ -45,7 +47,6 @@ def save_boxes(path: str | Path, boxes: list[AgtBox], *, algorithm: str, max_wid
 
 def load_boxes(run_dir: str | Path) -> dict[int, AgtBox]:
     """Every box stored in RUN/agt.safetensors, by k."""
-    from safetensors import safe_open
 
     path = Path(run_dir) / AGT_FILE
     if not path.exists():
@@ -82,7 +83,6 @@ def box_hyper_network(box: AgtBox, positions: np.ndarray | list[int], input_dim:
     needs `input_dim`.
     """
     from lucid.agt.cnn import lower_conv
-    from lucid.hyper import HyperNetwork
 
     w_lo, w_hi, b_lo, b_hi = [], [], [], []
     length, j = input_dim, 0

@@ -13,12 +13,14 @@ from pathlib import Path
 
 import numpy as np
 
+from lucid.atomic import write_atomic
 from lucid.bounds.difference import DifferenceBounds, difference_bounds, intersect_differences
 from lucid.bounds.interval import FP_REL, LayerBounds, interval_bounds
 from lucid.bounds.pair import PairProblem
 from lucid.errors import LucidError
 from lucid.hyper import HyperNetwork
 from lucid.network import NetworkStack
+from lucid.network_cache import mapped_networks
 from lucid.settings import BOUND_METHODS
 
 log = logging.getLogger(__name__)
@@ -64,7 +66,6 @@ class VerificationProblem:
                 points = run.data().get("X_train")
             except LucidError:
                 points = None  # the search then samples the domain only
-        from lucid.network_cache import mapped_networks
 
         stack = mapped_networks(run.path, run.meta)  # float64, shared by the worker processes
         lower, upper = _check_domain(stack, *run.domain)
@@ -80,7 +81,6 @@ class VerificationProblem:
                 log.warning("ignoring unreadable cache file %s", path)
         n_bounds, margin = compute_n_bounds(stack, lower, upper, bounds)
         try:
-            from lucid.atomic import write_atomic
 
             def write(tmp: str) -> None:
                 with open(tmp, "wb") as fh:

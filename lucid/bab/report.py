@@ -6,6 +6,7 @@ import math
 from collections import defaultdict
 from pathlib import Path
 
+from lucid.atomic import write_atomic
 from lucid.bab.events import parse_float
 
 
@@ -71,7 +72,6 @@ def bab_tree(events: list[dict]):
 def write_tree(events: list[dict], path: str | Path) -> int:
     import networkx as nx
 
-    from lucid.atomic import write_atomic
 
     g = bab_tree(events)
     for _, attrs in g.nodes(data=True):
@@ -88,7 +88,6 @@ def plot_curves(events: list[dict], path: str | Path, title: str = "") -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from lucid.atomic import write_atomic
 
     curves = anytime_curves(events)
     fig, axes = plt.subplots(1, max(1, len(curves)), figsize=(5 * max(1, len(curves)), 3.6), squeeze=False)

@@ -14,15 +14,24 @@ there and the solver continues its tree (`Executor.continuable`).
 
 from __future__ import annotations
 
+import concurrent.futures
 import concurrent.futures as cf
+import ctypes
+import inspect
 import multiprocessing
 import os
 import queue
+import signal
+import sys
+import threading
+import time
 from dataclasses import replace
 from typing import Any, Callable
 
 import numpy as np
 
+from lucid.analysis.kept_trees import KEPT
+from lucid.cluster import connect
 from lucid.errors import LucidError
 from lucid.settings import VerifySettings
 
@@ -117,13 +126,11 @@ class ThreadExecutor(Executor):
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
-        from lucid.analysis.kept_trees import KEPT
 
         KEPT.clear()
 
 
 def _accepts(fn: Callable, name: str) -> bool:
-    import inspect
 
     try:
         params = inspect.signature(fn).parameters
@@ -137,7 +144,6 @@ _WORKER_STATE: dict = {}
 
 
 def _init_worker(problem: Any, settings: VerifySettings, driver_pid: int | None = None) -> None:
-    import signal
 
     # Ctrl-C is handled by the driver (it checkpoints and stops the pool); workers must not print
     # their own KeyboardInterrupt tracebacks.
@@ -159,14 +165,9 @@ def _die_with(driver_pid: int) -> None:
     Otherwise the worker finishes its MILP and any queued ones for nobody (seen: two orphans at
     full load for an hour after their driver was killed, halving the next run's speed). Linux
     kills it with the driver (PR_SET_PDEATHSIG); elsewhere a daemon thread polls the parent pid."""
-    import signal
-    import sys
-    import threading
-    import time
 
     if sys.platform.startswith("linux"):
         try:
-            import ctypes
 
             if ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL)) == 0:  # PR_SET_PDEATHSIG
                 if os.getppid() != driver_pid:  # it died before the request was in place
@@ -250,7 +251,6 @@ class DaskExecutor(Executor):
     itself ends the verification with one error line; every solved node is in the checkpoint."""
 
     def __init__(self, problem: Any, settings: VerifySettings, scheduler: Any, workers: int | None) -> None:
-        from lucid.cluster import connect
         from lucid.worker_inputs import hold
 
         super().__init__()
@@ -309,7 +309,6 @@ def _analyse_on_dask(problem_name: str, settings: VerifySettings, cls: int, posi
 
 def _is_lost_cluster(exc: BaseException) -> bool:
     """A failure of the cluster, not of the analysis (those are reported as themselves)."""
-    import concurrent.futures
 
     from distributed.comm.core import CommClosedError
 

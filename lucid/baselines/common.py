@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from lucid.errors import LucidError
+from lucid.rundir import open_run
 
 
 @dataclass
@@ -95,7 +96,6 @@ def check_data(
 
 def load_run_data(run_dir: str | Path) -> tuple[Dataset, TrainConfig]:
     """The splits and the training configuration of a LUCID run directory (baselines on any run)."""
-    from lucid.rundir import open_run
 
     run = open_run(run_dir)
     data = run.data()

@@ -19,21 +19,21 @@ from pathlib import Path
 
 from lucid.errors import LucidError
 from lucid.report.facts import ReportFacts
+from lucid.report.html import write_html
+from lucid.report.markdown import write_markdown
+from lucid.report.sections import build_document
 
 FORMATS = ("html", "md")
 
 
 def write_report(facts: ReportFacts, out: str | Path, fmt: str = "html") -> list[Path]:
     """Render `facts` in `fmt` and write it (atomically) to `out`; return every file written."""
-    from lucid.report.sections import build_document
 
     if fmt not in FORMATS:
         raise LucidError(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")
     doc = build_document(facts)
     if fmt == "html":
-        from lucid.report.html import write_html
 
         return write_html(doc, out)
-    from lucid.report.markdown import write_markdown
 
     return write_markdown(doc, out)

@@ -19,10 +19,22 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from lucid import __version__
+from lucid.access.ledger import DEFAULT_DELTA, read_ledger, summarise
 from lucid.atomic import read_json
 from lucid.errors import LucidError
-from lucid.report.facts import (BaselineFacts, BaselineRow, ClassBound, ClassLog, EvaluationFacts, LedgerFacts,
-                                LedgerRow, ReportFacts, TrainingFacts, VerificationFacts)
+from lucid.network import NetworkFile
+from lucid.report.facts import (
+    BaselineFacts,
+    BaselineRow,
+    ClassBound,
+    ClassLog,
+    EvaluationFacts,
+    LedgerFacts,
+    LedgerRow,
+    ReportFacts,
+    TrainingFacts,
+    VerificationFacts,
+)
 from lucid.rundir import BOUNDS_FILE, Run, open_run
 
 BASELINES_FILE = "baselines.json"
@@ -99,7 +111,6 @@ def _num(v: Any) -> float | None:
 
 def _training(run: Run) -> TrainingFacts:
     from lucid.access.classifier import _scaler
-    from lucid.network import NetworkFile
 
     meta, t = run.meta, run.meta.get("training") or {}
     offset, scale = _scaler(run)
@@ -184,7 +195,6 @@ def _evaluation(run: Run, epsilons: list[tuple[str, float]], seed: int | None,
 
 def _ledger(run: Run, memo: str | Path | None) -> tuple[LedgerFacts | None, str]:
     from lucid.access.classifier import _load_n
-    from lucid.access.ledger import DEFAULT_DELTA, read_ledger, summarise
 
     path = Path(memo) if memo is not None else run.path / MEMO_FILE
     if memo is None and not path.exists():

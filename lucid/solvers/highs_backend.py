@@ -23,6 +23,7 @@ import numpy as np
 
 from lucid.milp.model import MilpModel
 from lucid.solvers.base import ERROR, INFEASIBLE, OPTIMAL, TIME_LIMIT, SolveResult, SolverOptions
+from lucid.solvers.highs_instance import new_highs
 
 # Options that keep HiGHS sound on our fixture; callers may add more via `extra`, never remove.
 SOUND_OPTIONS: dict[str, object] = {"presolve": "off"}
@@ -59,7 +60,6 @@ def solve_highs(
 ) -> SolveResult:
     import highspy
 
-    from lucid.solvers.highs_instance import new_highs
     from lucid.solvers.mps import to_highs_lp
 
     t0 = time.perf_counter()

@@ -13,6 +13,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from lucid.milp.model import MilpModel
+from lucid.solvers.highs_instance import new_highs
 
 LP_TIME_CAP = 10.0  # seconds for one bound LP; a stalled one only costs that bound (+inf)
 PRIMAL_CAP = 2.0  # of which the warm-started primal simplex gets at most this much
@@ -40,7 +41,6 @@ class ObjectiveLp:
     def __init__(self, model: MilpModel) -> None:
         import highspy
 
-        from lucid.solvers.highs_instance import new_highs
 
         self.model = model
         self.h = new_highs()
@@ -91,7 +91,6 @@ def inequality_multipliers(c: np.ndarray, a: np.ndarray, b: np.ndarray, lower: n
     A small dense LP solved from scratch; the caller must check whatever it concludes from y."""
     import highspy
 
-    from lucid.solvers.highs_instance import new_highs
 
     rows, cols = a.shape
     model = MilpModel(A=sp.csr_matrix(np.asarray(a, dtype=np.float64)), row_lower=np.full(rows, -np.inf),
@@ -117,7 +116,6 @@ class BoundedLp:
     def __init__(self, model: MilpModel, time_limit: float = 1.0) -> None:
         import highspy
 
-        from lucid.solvers.highs_instance import new_highs
 
         self.h = new_highs()
         self.h.setOptionValue("threads", 1)

@@ -13,12 +13,12 @@ import numpy as np
 import scipy.sparse as sp
 
 from lucid.atomic import write_atomic
-from lucid.milp.model import MilpModel
 from lucid.errors import LucidError
+from lucid.milp.model import MilpModel
+from lucid.solvers.highs_instance import new_highs
 
 
 def _highs():
-    from lucid.solvers.highs_instance import new_highs
 
     return new_highs()
 

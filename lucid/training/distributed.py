@@ -15,12 +15,13 @@ from typing import Any, Callable
 
 import numpy as np
 
+from lucid.training.resources import keep_freed_memory
+
 
 def train_chunk(inputs_name: str, lo: int, hi: int, options: dict[str, Any]) -> dict[str, np.ndarray]:
     """Networks lo..hi-1 of the run (position 0 = N): their trained parameters and removed rows."""
     import torch
 
-    from lucid.training.resources import keep_freed_memory
     from lucid.training.vectorized import train_networks
     from lucid.worker_inputs import held_value
 

@@ -17,12 +17,15 @@ same way; give both runs the same `--domain FILE` when the data sets' ranges dif
 from __future__ import annotations
 
 import hashlib
+import sys
 
 import numpy as np
 import torch
 
 from lucid.data import Dataset
 from lucid.errors import LucidError
+from lucid.network import NetworkFile
+from lucid.rundir import open_run
 from lucid.training.architecture import initial_parameters
 
 
@@ -48,8 +51,6 @@ def parse_train_layers(text: str, spec: dict) -> set[int] | None:
 
 def pretrained_init(source: str, spec: dict, ds: Dataset) -> tuple[dict[str, torch.Tensor], dict]:
     """N of the run at `source` as float32 initial parameters, and the record run.json keeps of it."""
-    from lucid.network import NetworkFile
-    from lucid.rundir import open_run
 
     try:
         run = open_run(source)
@@ -86,7 +87,6 @@ def _check_independent(source: str, run, ds: Dataset) -> None:
     about: tabular data sets hold many identical rows of different people (Adult does), so a
     shared row is not proof that the start saw this run's row.
     """
-    import sys
 
     try:
         with np.load(run.path / "data.npz", allow_pickle=False) as f:

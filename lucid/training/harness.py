@@ -24,14 +24,16 @@ import numpy as np
 import torch
 
 from lucid.agt.store import AGT_FILE, save_boxes
+from lucid.cluster import connect
 from lucid.data import Dataset, prepare_dataset
 from lucid.rundir import RUN_FORMAT
+from lucid.training.agt_options import stage_agt_boxes
 from lucid.training.architecture import check_arch_fits, initial_parameters
+from lucid.training.distributed import train_on_cluster
 from lucid.training.finetune import pretrained_init
 from lucid.training.progress import TrainingProgress
-from lucid.training.agt_options import stage_agt_boxes
-from lucid.training.settings import ALGORITHM, TrainSettings
 from lucid.training.resources import MEMORY_BUDGET, chunk_bytes, cores, default_chunk_size, keep_freed_memory
+from lucid.training.settings import ALGORITHM, TrainSettings
 from lucid.training.staging import chunk_name, existing_run_matches, open_staging, publish, save_arrays, save_tensors
 from lucid.training.vectorized import batch_orders, train_networks
 
@@ -73,7 +75,6 @@ def train_run(data: str, out: str | Path, settings: TrainSettings | None = None,
     # Connect before anything is written: an unreachable or mismatched cluster leaves no trace.
     cluster = None
     if settings.scheduler is not None:
-        from lucid.cluster import connect
 
         cluster = connect(settings.scheduler)
     try:
@@ -112,7 +113,6 @@ def _train(ds: Dataset, meta: dict, out: Path, partial: Path, init: dict[str, to
     stop = threading.Event()
     stop_after = int(os.environ.get(STOP_AFTER_ENV, "0") or 0)
     if cluster is not None:
-        from lucid.training.distributed import train_on_cluster
 
         inputs = {"X": ds.X_train, "y": ds.y_train, "orders": orders.numpy(), "spec": spec,
                   "init": {k: v.numpy() for k, v in init.items()}}

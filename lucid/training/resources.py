@@ -3,6 +3,8 @@ parallel per core, and glibc's handling of freed memory."""
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import math
 import os
 import sys
@@ -20,8 +22,6 @@ def keep_freed_memory() -> None:
     maps and unmaps them every step, and the page faults cost ~40% of the training CPU time
     (measured). Freed memory then stays in the process's heap, bounded by the chunk working set.
     """
-    import ctypes
-    import ctypes.util
 
     name = ctypes.util.find_library("c")
     if not name or not sys.platform.startswith("linux"):

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors.numpy import load_file, save_file
 
 from lucid.agt.store import AGT_FILE
 from lucid.atomic import write_atomic, write_json_atomic
@@ -73,14 +74,12 @@ def save_tensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:
 
 
 def save_arrays(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    from safetensors.numpy import save_file
 
     write_atomic(path, lambda tmp: save_file({k: np.ascontiguousarray(v) for k, v in arrays.items()}, tmp))
 
 
 def publish(partial: Path, out: Path, meta: dict, ds: Dataset, n_chunks: int) -> None:
     """Assemble the chunks into the final directory inside the staging area, then rename it to `out`."""
-    from safetensors.numpy import load_file, save_file
 
     chunks = [load_file(str(partial / chunk_name(c))) for c in range(n_chunks)]
     stacked = {name: np.concatenate([ch[name] for ch in chunks]) for name in chunks[0]}
