@@ -38,6 +38,15 @@ def default_of(settings_class: type, name: str) -> Any:
     raise ValueError(f"{settings_class.__name__} has no field {name!r} with a default")
 
 
+def settings_from_options(settings_class: type, what: str, options: dict[str, Any]) -> Any:
+    """A settings dataclass from keyword options; an unknown name is one error line (naming `what`
+    options), not a TypeError."""
+    unknown = sorted(set(options) - {f.name for f in fields(settings_class)})
+    if unknown:
+        raise LucidError(f"unknown {what} option(s): {', '.join(unknown)}")
+    return settings_class(**options)
+
+
 def parse_hyper(hyper: Any) -> int:
     """--hyper: "loo" (hyper-networks over the leave-one-out networks) -> 0; "agt:K" (the run's
     AGT parameter box for up to K removed rows, docs/agt.md) -> K >= 1."""
@@ -253,11 +262,7 @@ class VerifySettings:
     @classmethod
     def from_options(cls, **options: Any) -> "VerifySettings":
         """From keyword options; an unknown name is one error line, not a TypeError."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(options) - known)
-        if unknown:
-            raise LucidError(f"unknown verify option(s): {', '.join(unknown)}")
-        return cls(**options)
+        return settings_from_options(cls, "verify", options)
 
     # --- what the parts of the verifier read ------------------------------------------------------
     def resolve_classes(self, num_classes: int) -> list[int]:

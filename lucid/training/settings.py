@@ -10,13 +10,14 @@ path) enters the run's fingerprint.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from lucid.agt.train import DEFAULT_MAX_WIDTH
 from lucid.errors import LucidError
+from lucid.settings import settings_from_options
 from lucid.training.architecture import parse_arch
 from lucid.training.finetune import parse_train_layers
 
@@ -96,11 +97,7 @@ class TrainSettings:
     @classmethod
     def from_options(cls, **options: Any) -> "TrainSettings":
         """From keyword options; an unknown name is one error line, not a TypeError."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(options) - known)
-        if unknown:
-            raise LucidError(f"unknown train option(s): {', '.join(unknown)}")
-        return cls(**options)
+        return settings_from_options(cls, "train", options)
 
     # --- what the harness reads ---------------------------------------------------------------------
     @property
