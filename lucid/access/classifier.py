@@ -79,7 +79,7 @@ def load_upper_bounds(run: Run) -> np.ndarray:
     return upper
 
 
-def _load_n(run: Run) -> tuple[list[np.ndarray], list[np.ndarray], str]:
+def load_n(run: Run) -> tuple[list[np.ndarray], list[np.ndarray], str]:
     """N's dense layers (W^T, b) in float64 and a fingerprint of N, reading only N's slices."""
 
     source = NetworkFile(run.path, run.meta)
@@ -95,7 +95,8 @@ def _load_n(run: Run) -> tuple[list[np.ndarray], list[np.ndarray], str]:
     return weights, biases, digest.hexdigest()
 
 
-def _scaler(run: Run) -> tuple[np.ndarray, np.ndarray]:
+def read_scaler(run: Run) -> tuple[np.ndarray, np.ndarray]:
+    """(offset, scale) of run.json's affine scaler: x_net = (x - offset) * scale (identity if absent)."""
     d = run.input_dim
     scaler = run.meta.get("scaler") or {"type": "affine", "offset": [0.0] * d, "scale": [1.0] * d}
     if scaler.get("type", "affine") != "affine":
@@ -147,10 +148,10 @@ class LabelOnlyClassifier:
             raise LucidError(f"run.json lists {len(self.labels)} labels for {self.num_classes} classes")
         self.classes_ = np.asarray(self.labels)
         self.bounds = load_upper_bounds(run)
-        self._weights, self._biases, self.fingerprint = _load_n(run)
+        self._weights, self._biases, self.fingerprint = load_n(run)
         if self._weights[0].shape[0] != self.input_dim or self._weights[-1].shape[1] != self.num_classes:
             raise LucidError("networks.safetensors does not match run.json's input_dim / num_classes")
-        self.offset, self.scale = _scaler(run)
+        self.offset, self.scale = read_scaler(run)
         lower, upper = run.domain
         if lower.shape != (self.input_dim,) or upper.shape != (self.input_dim,) or (lower > upper).any():
             raise LucidError("run.json: the domain must have lower <= upper, one entry per feature")

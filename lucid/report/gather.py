@@ -110,10 +110,10 @@ def _num(v: Any) -> float | None:
 
 
 def _training(run: Run) -> TrainingFacts:
-    from lucid.access.classifier import _scaler
+    from lucid.access.classifier import read_scaler
 
     meta, t = run.meta, run.meta.get("training") or {}
-    offset, scale = _scaler(run)
+    offset, scale = read_scaler(run)
     lower, upper = run.domain
     with np.errstate(divide="ignore", invalid="ignore"):
         lo = np.where(scale != 0, offset + lower / scale, np.nan)
@@ -194,13 +194,13 @@ def _evaluation(run: Run, epsilons: list[tuple[str, float]], seed: int | None,
 
 
 def _ledger(run: Run, memo: str | Path | None) -> tuple[LedgerFacts | None, str]:
-    from lucid.access.classifier import _load_n
+    from lucid.access.classifier import load_n
 
     path = Path(memo) if memo is not None else run.path / MEMO_FILE
     if memo is None and not path.exists():
         return None, (f"no memo at {path}: the run has not been served with `lucid serve` (or pass --memo), "
                       "so there is no privacy ledger")
-    totals = summarise(read_ledger(path, _load_n(run)[2]), DEFAULT_DELTA)
+    totals = summarise(read_ledger(path, load_n(run)[2]), DEFAULT_DELTA)
     rows = tuple(LedgerRow(t.client, t.answers, t.noised, t.refused, t.charged, t.spent, t.spent_tight)
                  for t in totals)
     note = "" if rows else f"{path}: the memo exists but no answers have been recorded yet"
