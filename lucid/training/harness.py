@@ -16,7 +16,7 @@ import os
 import shutil
 import threading
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
-from dataclasses import replace
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -51,8 +51,9 @@ def train_run(data: str, out: str | Path, settings: TrainSettings | None = None,
     `train_layers` select the fine-tuning variant of T (`lucid.training.finetune`)."""
     if settings is None:
         settings = TrainSettings.from_options(**options)
-    elif options:
-        settings = replace(settings, **options)
+    elif options:  # through from_options: an unknown keyword is one error line
+        settings = TrainSettings.from_options(**{**{f.name: getattr(settings, f.name) for f in fields(settings)},
+                                                 **options})
     spec = settings.spec
     ds = prepare_dataset(data, label=settings.label, test_data=settings.test_data,
                          test_fraction=settings.test_fraction, seed=settings.seed, domain=settings.domain)
