@@ -47,6 +47,12 @@ def settings_from_options(settings_class: type, what: str, options: dict[str, An
     return settings_class(**options)
 
 
+def settings_with_options(settings: Any, what: str, options: dict[str, Any]) -> Any:
+    """`settings` with some fields replaced by keyword options, checked like `settings_from_options`."""
+    current = {f.name: getattr(settings, f.name) for f in fields(settings)}
+    return settings_from_options(type(settings), what, {**current, **options})
+
+
 def parse_hyper(hyper: Any) -> int:
     """--hyper: "loo" (hyper-networks over the leave-one-out networks) -> 0; "agt:K" (the run's
     AGT parameter box for up to K removed rows, docs/agt.md) -> K >= 1."""

@@ -30,7 +30,7 @@ from lucid.errors import LucidError
 from lucid.analysis.problem import VerificationProblem
 from lucid.analysis.screen import Screen
 from lucid.rundir import bound_entry_value, open_run, write_bounds
-from lucid.settings import VerifySettings
+from lucid.settings import VerifySettings, settings_with_options
 
 
 def _reconcile_with_log(states: dict[int, ClassState], log_path: Path, result_options: dict, fingerprint: str) -> None:
@@ -103,7 +103,7 @@ def verify_run(run_dir: str | Path, settings: VerifySettings | None = None, **op
     if settings is None:
         settings = VerifySettings.from_options(**options)
     elif options:
-        settings = replace(settings, **options)
+        settings = settings_with_options(settings, "verify", options)
     run = open_run(run_dir)
     classes = settings.resolve_classes(run.num_classes)
     result_options = settings.result_options(classes)

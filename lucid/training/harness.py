@@ -16,7 +16,6 @@ import os
 import shutil
 import threading
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
-from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +26,7 @@ from lucid.agt.store import AGT_FILE, save_boxes
 from lucid.cluster import connect
 from lucid.data import Dataset, prepare_dataset
 from lucid.rundir import RUN_FORMAT
+from lucid.settings import settings_with_options
 from lucid.training.agt_options import stage_agt_boxes
 from lucid.training.architecture import check_arch_fits, initial_parameters
 from lucid.training.distributed import train_on_cluster
@@ -51,9 +51,8 @@ def train_run(data: str, out: str | Path, settings: TrainSettings | None = None,
     `train_layers` select the fine-tuning variant of T (`lucid.training.finetune`)."""
     if settings is None:
         settings = TrainSettings.from_options(**options)
-    elif options:  # through from_options: an unknown keyword is one error line
-        settings = TrainSettings.from_options(**{**{f.name: getattr(settings, f.name) for f in fields(settings)},
-                                                 **options})
+    elif options:
+        settings = settings_with_options(settings, "train", options)
     spec = settings.spec
     ds = prepare_dataset(data, label=settings.label, test_data=settings.test_data,
                          test_fraction=settings.test_fraction, seed=settings.seed, domain=settings.domain)
