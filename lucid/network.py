@@ -163,7 +163,7 @@ def diverged_message(count: int, total: int | None, first_removed: int) -> str:
     """The one line for networks with non-finite parameters (a diverged training run)."""
     which = "N (trained on every row)" if first_removed == -1 else f"the network without row {first_removed}"
     of = f" of {total}" if total is not None else ""
-    return (f"{count}{of} networks in {NETWORKS_FILE} have non-finite parameters (NaN or infinity), "
+    return (f"{count}{of} networks have non-finite parameters (NaN or infinity), "
             f"among them {which}: training diverged; train again with a smaller --lr")
 
 
@@ -209,7 +209,6 @@ def stack_from_tensors(tensors: dict[str, np.ndarray], architecture: dict, input
 
 
 def _read_meta(run_dir: Path, meta: dict | None) -> dict:
-
     if meta is not None:
         return meta
     try:
@@ -228,7 +227,6 @@ class NetworkFile:
     """
 
     def __init__(self, run_dir: str | Path, meta: dict | None = None) -> None:
-
         self.run_dir = Path(run_dir)
         self.meta = _read_meta(self.run_dir, meta)
         self.path = self.run_dir / NETWORKS_FILE

@@ -83,7 +83,6 @@ class Run:
         return self.path / "cache"
 
     def networks(self):
-
         return load_networks(self.path, self.meta)
 
     def data(self) -> dict[str, np.ndarray]:

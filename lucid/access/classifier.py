@@ -41,7 +41,15 @@ from typing import Any
 import numpy as np
 
 from lucid.access.guard import check_deadline_ms
-from lucid.access.ledger import DEFAULT_CLIENT, DEFAULT_DELTA, check_budget, check_client_name, summarise
+from lucid.access.ledger import (
+    DEFAULT_CLIENT,
+    DEFAULT_DELTA,
+    ClientTotals,
+    check_budget,
+    check_client_name,
+    read_ledger,
+    summarise,
+)
 from lucid.access.mechanism import RandomSource, check_epsilon, exponential_mechanism, needs_noise
 from lucid.access.memo import DEFAULT_MEMO_SIZE, Memo
 from lucid.analysis.soundness import confidence_error, release_thresholds
@@ -81,10 +89,7 @@ def load_upper_bounds(run: Run) -> np.ndarray:
 
 def load_n(run: Run) -> tuple[list[np.ndarray], list[np.ndarray], str]:
     """N's dense layers (W^T, b) in float64 and a fingerprint of N, reading only N's slices."""
-
-    source = NetworkFile(run.path, run.meta)
-    source.check_finite()  # a diverged leave-one-out network voids every bound: refuse the run
-    tensors = source.n_tensors()
+    tensors = NetworkFile(run.path, run.meta).n_tensors()
     digest = hashlib.sha256(json.dumps(run.meta, sort_keys=True).encode())
     for name in sorted(tensors):
         digest.update(name.encode())
@@ -93,6 +98,12 @@ def load_n(run: Run) -> tuple[list[np.ndarray], list[np.ndarray], str]:
     weights = [np.ascontiguousarray(w[0].T) for w in stack.weights]
     biases = [np.ascontiguousarray(b[0]) for b in stack.biases]
     return weights, biases, digest.hexdigest()
+
+
+def run_ledger(run: Run, memo: str | Path, delta: float = DEFAULT_DELTA) -> list[ClientTotals]:
+    """The privacy ledger of a memo that served this run (checked to be N's), one total per client:
+    what `lucid budget` prints and `lucid report` shows."""
+    return summarise(read_ledger(memo, load_n(run)[2]), delta)
 
 
 def read_scaler(run: Run) -> tuple[np.ndarray, np.ndarray]:
@@ -148,6 +159,9 @@ class LabelOnlyClassifier:
             raise LucidError(f"run.json lists {len(self.labels)} labels for {self.num_classes} classes")
         self.classes_ = np.asarray(self.labels)
         self.bounds = load_upper_bounds(run)
+        # A diverged leave-one-out network voids every bound: refuse the run (the whole file, streamed;
+        # `lucid budget` and `lucid report` only need N's fingerprint from load_n and skip this).
+        NetworkFile(run.path, run.meta).check_finite()
         self._weights, self._biases, self.fingerprint = load_n(run)
         if self._weights[0].shape[0] != self.input_dim or self._weights[-1].shape[1] != self.num_classes:
             raise LucidError("networks.safetensors does not match run.json's input_dim / num_classes")
@@ -288,7 +302,6 @@ class LabelOnlyClassifier:
 
     def ledger(self, delta: float | None = None) -> list:
         """The privacy ledger of this classifier's memo: one ClientTotals per client."""
-
         return summarise(self.memo.ledger_rows(), DEFAULT_DELTA if delta is None else delta)
 
     def close(self) -> None:

@@ -127,12 +127,10 @@ def evaluate_run(
 
 def rng_seed(seed: int, key: str) -> int:
     """A distinct, reproducible seed per (seed, epsilon) so LUCID's draws differ across epsilons."""
-
     return int.from_bytes(hashlib.sha256(f"{seed}:{key}".encode()).digest()[:8], "little")
 
 
 def _confidences(clf: LabelOnlyClassifier, x: np.ndarray) -> np.ndarray:
-
     return confidence(clf.scores(x))
 
 

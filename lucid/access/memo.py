@@ -44,6 +44,7 @@ from lucid.access.memo_meta import (MEMO_FORMAT, OLD_FORMATS, bind_bounds, bind_
 from lucid.errors import LucidError
 
 DEFAULT_MEMO_SIZE = 1_000_000
+MEMO_FILE = "memo.sqlite"  # RUN/memo.sqlite: lucid serve's answers and ledger by default
 _CHUNK = 500  # keys per SELECT ... IN (...), well under SQLite's bound-parameter limit
 _MAX_PENDING_TOUCHES = 10_000  # LRU updates of memo hits kept in memory before a write
 

@@ -47,7 +47,6 @@ def save_boxes(path: str | Path, boxes: list[AgtBox], *, algorithm: str, max_wid
 
 def load_boxes(run_dir: str | Path) -> dict[int, AgtBox]:
     """Every box stored in RUN/agt.safetensors, by k."""
-
     path = Path(run_dir) / AGT_FILE
     if not path.exists():
         raise LucidError(f"{path} does not exist (train the run with `lucid train ... --agt K`)")

@@ -65,7 +65,6 @@ def wants_targeted_search(outcome: NodeOutcome, positions: np.ndarray) -> bool:
 
 def with_targeted_search(problem, cls: int, positions: np.ndarray, outcome: NodeOutcome) -> NodeOutcome:
     """`outcome` with the best leak a search aimed at the node's networks finds, if it is better."""
-
     t0 = time.perf_counter()
     found = witness_search.search_class_witness(problem, cls, np.asarray(positions), points=problem.points, samples=1024,
                                  starts=8, steps=10)

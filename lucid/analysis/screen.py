@@ -39,7 +39,6 @@ def screen_upper_bounds(problem: VerificationProblem, cls: int, positions: np.nd
     return out
 
 
-
 class Screen:
     """The screen a verification asked for (`VerifySettings.screen`), for the engine.
 

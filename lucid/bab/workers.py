@@ -131,7 +131,6 @@ class ThreadExecutor(Executor):
 
 
 def _accepts(fn: Callable, name: str) -> bool:
-
     try:
         params = inspect.signature(fn).parameters
     except (TypeError, ValueError):
@@ -144,7 +143,6 @@ _WORKER_STATE: dict = {}
 
 
 def _init_worker(problem: Any, settings: VerifySettings, driver_pid: int | None = None) -> None:
-
     # Ctrl-C is handled by the driver (it checkpoints and stops the pool); workers must not print
     # their own KeyboardInterrupt tracebacks.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -309,7 +307,6 @@ def _analyse_on_dask(problem_name: str, settings: VerifySettings, cls: int, posi
 
 def _is_lost_cluster(exc: BaseException) -> bool:
     """A failure of the cluster, not of the analysis (those are reported as themselves)."""
-
     from distributed.comm.core import CommClosedError
 
     return isinstance(exc, (CommClosedError, concurrent.futures.CancelledError, OSError))

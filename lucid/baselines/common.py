@@ -96,7 +96,6 @@ def check_data(
 
 def load_run_data(run_dir: str | Path) -> tuple[Dataset, TrainConfig]:
     """The splits and the training configuration of a LUCID run directory (baselines on any run)."""
-
     run = open_run(run_dir)
     data = run.data()
     for key in ("X_train", "y_train", "X_test", "y_test"):

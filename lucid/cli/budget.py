@@ -23,15 +23,15 @@ def command(run: Path, memo: Path | None, delta: float | None, as_json: bool) ->
     epsilon per distinct noised answer, an (epsilon, 0)-iDP guarantee for the client's labels;
     spent (delta): the optimal (epsilon, delta)-iDP composition of those noised answers.
     """
-    from lucid.access.classifier import load_n
-    from lucid.access.ledger import DEFAULT_DELTA, format_table, read_ledger, summarise
+    from lucid.access.classifier import run_ledger
+    from lucid.access.ledger import DEFAULT_DELTA, format_table
+    from lucid.access.memo import MEMO_FILE
     from lucid.rundir import open_run
 
     if not run.is_dir():
         raise LucidError(f"run directory {run} does not exist")
-    path = memo if memo is not None else run / "memo.sqlite"
-    fingerprint = load_n(open_run(run))[2]
-    totals = summarise(read_ledger(path, fingerprint), DEFAULT_DELTA if delta is None else delta)
+    path = memo if memo is not None else run / MEMO_FILE
+    totals = run_ledger(open_run(run), path, DEFAULT_DELTA if delta is None else delta)
     if as_json:
         click.echo(json.dumps({"memo": str(path), "clients": [t.to_json() for t in totals]}, indent=2))
     elif not totals:

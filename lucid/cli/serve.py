@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from lucid.access.guard import LOOPBACK_HOSTS
-from lucid.access.memo import DEFAULT_MEMO_SIZE
+from lucid.access.memo import DEFAULT_MEMO_SIZE, MEMO_FILE
 from lucid.access.server import DEFAULT_MAX_BATCH, DEFAULT_MAX_BODY
 from lucid.errors import LucidError
 
@@ -131,7 +131,7 @@ def command(run: Path, epsilon: float, host: str, port: int, memo: Path | None, 
             raise LucidError(f"--api-key-env: the environment variable {api_key_env} is not set or empty")
     if not run.is_dir():
         raise LucidError(f"run directory {run} does not exist")
-    memo_path = memo if memo is not None else run / "memo.sqlite"
+    memo_path = memo if memo is not None else run / MEMO_FILE
     clf = LabelOnlyClassifier.from_run(run, epsilon=epsilon, memo=memo_path, clip=clip, memo_size=memo_size,
                                        budget=budget)
     sock = _listen(host, port)

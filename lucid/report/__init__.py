@@ -28,7 +28,6 @@ FORMATS = ("html", "md")
 
 def write_report(facts: ReportFacts, out: str | Path, fmt: str = "html") -> list[Path]:
     """Render `facts` in `fmt` and write it (atomically) to `out`; return every file written."""
-
     if fmt not in FORMATS:
         raise LucidError(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")
     doc = build_document(facts)

@@ -3,8 +3,8 @@
 Every number comes from the code path that produces it elsewhere, so the report cannot drift from
 `lucid evaluate` / `lucid budget`: bounds through `load_upper_bounds` (the access layer's own
 validation) and bounds.json, accuracy through `lucid.access.evaluate.evaluate_run`, the ledger
-through `lucid.access.ledger.read_ledger` + `summarise`. The verification log is read by the CLI
-layer (only it and the engine may import `lucid.bab`) and handed in as `ClassLog`s.
+through `lucid.access.classifier.run_ledger` (as `lucid budget`). The verification log is read by
+the CLI layer (only it and the engine may import `lucid.bab`) and handed in as `ClassLog`s.
 Checks that need no computation (bounds.json, memo, baseline file) run before the evaluation,
 so bad input fails fast.
 """
@@ -19,7 +19,8 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from lucid import __version__
-from lucid.access.ledger import DEFAULT_DELTA, read_ledger, summarise
+from lucid.access.ledger import DEFAULT_DELTA
+from lucid.access.memo import MEMO_FILE
 from lucid.atomic import read_json
 from lucid.errors import LucidError
 from lucid.network import NetworkFile
@@ -38,7 +39,6 @@ from lucid.report.facts import (
 from lucid.rundir import BOUNDS_FILE, Run, open_run
 
 BASELINES_FILE = "baselines.json"
-MEMO_FILE = "memo.sqlite"
 _EDGE_TOLERANCE = 1e-6  # network-space distance at which a data extreme "touches" the box
 
 
@@ -194,13 +194,13 @@ def _evaluation(run: Run, epsilons: list[tuple[str, float]], seed: int | None,
 
 
 def _ledger(run: Run, memo: str | Path | None) -> tuple[LedgerFacts | None, str]:
-    from lucid.access.classifier import load_n
+    from lucid.access.classifier import run_ledger
 
     path = Path(memo) if memo is not None else run.path / MEMO_FILE
     if memo is None and not path.exists():
         return None, (f"no memo at {path}: the run has not been served with `lucid serve` (or pass --memo), "
                       "so there is no privacy ledger")
-    totals = summarise(read_ledger(path, load_n(run)[2]), DEFAULT_DELTA)
+    totals = run_ledger(run, path)
     rows = tuple(LedgerRow(t.client, t.answers, t.noised, t.refused, t.charged, t.spent, t.spent_tight)
                  for t in totals)
     note = "" if rows else f"{path}: the memo exists but no answers have been recorded yet"

@@ -19,7 +19,6 @@ from lucid.solvers.highs_instance import new_highs
 
 
 def _highs():
-
     return new_highs()
 
 

@@ -51,7 +51,6 @@ def parse_train_layers(text: str, spec: dict) -> set[int] | None:
 
 def pretrained_init(source: str, spec: dict, ds: Dataset) -> tuple[dict[str, torch.Tensor], dict]:
     """N of the run at `source` as float32 initial parameters, and the record run.json keeps of it."""
-
     try:
         run = open_run(source)
         raw = NetworkFile(run.path, run.meta).n_tensors()

@@ -17,7 +17,7 @@ from lucid.agt.store import AGT_FILE
 from lucid.atomic import write_atomic, write_json_atomic
 from lucid.data import Dataset
 from lucid.errors import LucidError
-from lucid.network import NETWORKS_FILE, non_finite
+from lucid.network import NETWORKS_FILE, diverged_message, non_finite
 
 
 def existing_run_matches(out: Path, fingerprint: str) -> bool:
@@ -74,21 +74,20 @@ def save_tensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:
 
 
 def save_arrays(path: Path, arrays: dict[str, np.ndarray]) -> None:
-
     write_atomic(path, lambda tmp: save_file({k: np.ascontiguousarray(v) for k, v in arrays.items()}, tmp))
 
 
 def publish(partial: Path, out: Path, meta: dict, ds: Dataset, n_chunks: int) -> None:
     """Assemble the chunks into the final directory inside the staging area, then rename it to `out`."""
-
     chunks = [load_file(str(partial / chunk_name(c))) for c in range(n_chunks)]
     stacked = {name: np.concatenate([ch[name] for ch in chunks]) for name in chunks[0]}
     del chunks
     bad = non_finite(stacked)
     if bad.any():  # never publish: the chunks stay, so the same command ends here again at once
-        raise LucidError(f"training diverged: {int(bad.sum())} of {len(bad)} networks have non-finite parameters "
-                         f"(NaN or infinity) with --lr {meta['training']['lr']:g}; train again with a smaller --lr "
-                         f"(the unfinished run is kept in {partial}: delete it to discard it)")
+        first = int(stacked["removed"][bad.argmax()])
+        raise LucidError(diverged_message(int(bad.sum()), len(bad), first)
+                         + f" (this run: --lr {meta['training']['lr']:g}; the unfinished run is kept in {partial}: "
+                         "delete it to discard it)")
     final = partial / "final"
     if final.exists():
         shutil.rmtree(final)
