@@ -47,10 +47,14 @@ def bound_entry_value(v: float | None, *, upper: bool) -> float | None:
     return float(v)
 
 
-def write_bounds(run_dir: str | Path, bounds: dict[str, dict], *, solver: str, options: dict[str, Any]) -> dict:
+def write_bounds(run_dir: str | Path, bounds: dict[str, dict], *, solver: str, options: dict[str, Any],
+                 regions: dict | None = None) -> dict:
     """Write RUN/bounds.json (lucid-bounds/1) atomically and return its content; `bounds` maps a
-    class id to its entry (upper, lower, complete, exact, seconds, nodes, reason, leaking_row)."""
+    class id to its entry (upper, lower, complete, exact, seconds, nodes, reason, leaking_row);
+    `regions`: the per-box bounds of `lucid verify --regions K` (lucid/regions.py)."""
     content = {"format": BOUNDS_FORMAT, "solver": solver, "options": options, "bounds": bounds}
+    if regions is not None:
+        content["regions"] = regions
     write_json_atomic(Path(run_dir) / BOUNDS_FILE, content)
     return content
 
@@ -110,3 +114,19 @@ def open_run(path: str | Path) -> Run:
         if key not in meta:
             raise LucidError(f"{meta_path} lacks the '{key}' field")
     return Run(path, meta)
+
+
+def read_scaler(run: Run) -> tuple[np.ndarray, np.ndarray]:
+    """(offset, scale) of run.json's affine scaler: x_net = (x - offset) * scale (identity if absent)."""
+    d = run.input_dim
+    scaler = run.meta.get("scaler") or {"type": "affine", "offset": [0.0] * d, "scale": [1.0] * d}
+    if scaler.get("type", "affine") != "affine":
+        raise LucidError(f"run.json: unsupported scaler type {scaler.get('type')!r}")
+    try:
+        offset = np.asarray(scaler["offset"], dtype=np.float64).reshape(d)
+        scale = np.asarray(scaler["scale"], dtype=np.float64).reshape(d)
+    except (KeyError, ValueError, TypeError):
+        raise LucidError(f"run.json: the scaler needs 'offset' and 'scale' lists of length {d}") from None
+    if not (np.isfinite(offset).all() and np.isfinite(scale).all()):
+        raise LucidError("run.json: the scaler has non-finite values")
+    return offset, scale

@@ -185,6 +185,8 @@ class VerifySettings:
     hyper: what the verified networks are: "loo" (the run's leave-one-out networks, by
         branch-and-bound over their hyper-networks) or "agt:K" (every network within K removed
         rows, through the run's AGT box: one MILP per class, `lucid.analysis.agt_box`).
+    regions: up to this many boxes of the domain get their own bounds (`lucid.bab.regions`; 1: one
+        bound per class); public_inputs: an .npz of public inputs that weighs where boxes are cut.
     """
 
     solver: str = "highs"
@@ -213,6 +215,8 @@ class VerifySettings:
     obbt_share: float = 0.5
     seed: int = 0
     hyper: str = "loo"
+    regions: int = 1
+    public_inputs: str | None = None
 
     def __post_init__(self) -> None:
         _positive("--time-limit", self.time_limit)
@@ -242,6 +246,7 @@ class VerifySettings:
                 object.__setattr__(self, name, float(value))
         if self.workers is not None:
             object.__setattr__(self, "workers", int(self.workers))
+        self._check_regions()
         object.__setattr__(self, "hyper", f"agt:{self.removals}" if self.removals else "loo")
         if self.removals:
             self._check_box_mode()
@@ -259,6 +264,21 @@ class VerifySettings:
         if unused:
             raise LucidError(f"{', '.join(unused)} cannot be combined with --hyper {self.hyper} "
                              "(one MILP per class over the AGT box: no branch-and-bound, no checkpoint)")
+
+    def _check_regions(self) -> None:
+        if isinstance(self.regions, bool) or not isinstance(self.regions, int) or self.regions < 1:
+            raise LucidError(f"--regions must be a whole number >= 1, got {self.regions!r}")
+        if self.public_inputs is not None:
+            object.__setattr__(self, "public_inputs", str(self.public_inputs))
+        if self.regions == 1:
+            if self.public_inputs is not None:
+                raise LucidError("--public-inputs only weighs the boxes of --regions K (K > 1)")
+            return
+        unused = [flag for flag, on in (("--scheduler", self.scheduler is not None), ("--naive", self.naive),
+                                        ("--no-bab", not self.bab), (f"--hyper {self.hyper}", self.removals > 0))
+                  if on]
+        if unused:
+            raise LucidError(f"{', '.join(unused)} cannot be combined with --regions (yet)")
 
     @property
     def removals(self) -> int:
@@ -312,7 +332,7 @@ class VerifySettings:
         return {"solver": self.solver, "tau": self.tau, "gap": self.gap, "rel_gap": self.rel_gap, "md": self.md,
                 "ris": self.ris, "bab": self.bab, "naive": self.naive, "screen": self.screen, "search": self.search,
                 "bounds": self.bounds, "node_time_limit": self.node_time_limit, "classes": list(classes),
-                "hyper": self.hyper}
+                "hyper": self.hyper, "regions": self.regions, "public_inputs": self.public_inputs}
 
     def to_json(self) -> dict:
         out = {f.name: getattr(self, f.name) for f in fields(self)}  # not asdict: it deep-copies a Client

@@ -25,7 +25,7 @@ SOLVER_PACKAGES = {"highspy", "gurobipy", "pulp", "pyscipopt"}
 # any `__main__` module is a command line and sits on top.
 LAYERS = [
     {"__init__", "__version__", "errors", "atomic", "worker_inputs", "cluster"},  # foundations
-    {"network", "network_cache", "data", "rundir", "hyper", "witness"},  # networks and run directories
+    {"network", "network_cache", "data", "rundir", "regions", "hyper", "witness"},  # networks and run directories
     {"milp"},  # the solver-neutral model
     {"solvers"},  # backends
     {"bounds"},  # bound propagation, LPs, ReLU splitting

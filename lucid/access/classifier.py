@@ -52,11 +52,13 @@ from lucid.access.ledger import (
 )
 from lucid.access.mechanism import RandomSource, check_epsilon, exponential_mechanism, needs_noise
 from lucid.access.memo import DEFAULT_MEMO_SIZE, Memo
+from lucid.access.memo_meta import BoundsRecord
 from lucid.analysis.soundness import confidence_error, release_thresholds
 from lucid.atomic import read_json
 from lucid.errors import LucidError
 from lucid.network import NetworkFile, stack_from_tensors
-from lucid.rundir import BOUNDS_FORMAT, Run, open_run
+from lucid.regions import RegionTree
+from lucid.rundir import BOUNDS_FORMAT, Run, open_run, read_scaler
 
 BOUNDS_FILE = "bounds.json"
 # Inputs this close (relative) outside the box are rounding noise from scaling: clip them in.
@@ -65,11 +67,24 @@ _DOMAIN_TOLERANCE = 1e-9
 
 def load_upper_bounds(run: Run) -> np.ndarray:
     """beta_c per class from RUN/bounds.json; +inf where nothing is proved (every input noised)."""
+    return load_bounds(run)[0]
+
+
+def load_bounds(run: Run) -> tuple[np.ndarray, RegionTree | None]:
+    """(beta_c per class, the per-box bounds of `lucid verify --regions` or None) from RUN/bounds.json."""
     path = run.path / BOUNDS_FILE
     doc = read_json(path, missing=f"{path} does not exist: run `lucid verify {run.path}` first",
                     unreadable=f"{path} is corrupt")
     if not isinstance(doc, dict) or doc.get("format") != BOUNDS_FORMAT or not isinstance(doc.get("bounds"), dict):
         raise LucidError(f"{path} is not a {BOUNDS_FORMAT} file")
+    upper = _class_bounds(doc, run, path)
+    regions = None
+    if doc.get("regions") is not None:
+        regions = RegionTree.from_json(doc["regions"], *run.domain, run.num_classes, str(path))
+    return upper, regions
+
+
+def _class_bounds(doc: dict, run: Run, path: Path) -> np.ndarray:
     upper = np.full(run.num_classes, np.inf)
     for key, entry in doc["bounds"].items():
         try:
@@ -104,22 +119,6 @@ def run_ledger(run: Run, memo: str | Path, delta: float = DEFAULT_DELTA) -> list
     """The privacy ledger of a memo that served this run (checked to be N's), one total per client:
     what `lucid budget` prints and `lucid report` shows."""
     return summarise(read_ledger(memo, load_n(run)[2]), delta)
-
-
-def read_scaler(run: Run) -> tuple[np.ndarray, np.ndarray]:
-    """(offset, scale) of run.json's affine scaler: x_net = (x - offset) * scale (identity if absent)."""
-    d = run.input_dim
-    scaler = run.meta.get("scaler") or {"type": "affine", "offset": [0.0] * d, "scale": [1.0] * d}
-    if scaler.get("type", "affine") != "affine":
-        raise LucidError(f"run.json: unsupported scaler type {scaler.get('type')!r}")
-    try:
-        offset = np.asarray(scaler["offset"], dtype=np.float64).reshape(d)
-        scale = np.asarray(scaler["scale"], dtype=np.float64).reshape(d)
-    except (KeyError, ValueError, TypeError):
-        raise LucidError(f"run.json: the scaler needs 'offset' and 'scale' lists of length {d}") from None
-    if not (np.isfinite(offset).all() and np.isfinite(scale).all()):
-        raise LucidError("run.json: the scaler has non-finite values")
-    return offset, scale
 
 
 def _hold_until(deadline: float) -> None:
@@ -158,7 +157,7 @@ class LabelOnlyClassifier:
         if len(self.labels) != self.num_classes:
             raise LucidError(f"run.json lists {len(self.labels)} labels for {self.num_classes} classes")
         self.classes_ = np.asarray(self.labels)
-        self.bounds = load_upper_bounds(run)
+        self.bounds, self.regions = load_bounds(run)
         # A diverged leave-one-out network voids every bound: refuse the run (the whole file, streamed;
         # `lucid budget` and `lucid report` only need N's fingerprint from load_n and skip this).
         NetworkFile(run.path, run.meta).check_finite()
@@ -174,12 +173,19 @@ class LabelOnlyClassifier:
         # arithmetic, N's confidence here is float64.
         self.confidence_error = confidence_error([w.T for w in self._weights], self._biases, lower, upper)
         self.thresholds = release_thresholds(self.bounds, self.confidence_error)
+        served = BoundsRecord(self.bounds)
+        if self.regions is not None:
+            # Per box: an input's threshold is its leaf's (lucid/regions.py), found by a walk of the
+            # same length for every input. Rows of non-leaf nodes are never selected.
+            self._lookup = self.regions.lookup_arrays()
+            self.region_thresholds = release_thresholds(np.array(self.regions.bound_upper), self.confidence_error)
+            served = BoundsRecord(np.array(self.regions.bound_upper), self.regions.digest())
         slack = _DOMAIN_TOLERANCE * np.maximum(1.0, np.maximum(np.abs(lower), np.abs(upper)))
         self._lower_tol, self._upper_tol = lower - slack, upper + slack
         # The memo records the epsilon and bounds of its draws and refuses others (memo_meta.py).
-        self.memo = (memo.bind(self.epsilon, self.bounds, self.fingerprint) if isinstance(memo, Memo) else
+        self.memo = (memo.bind(self.epsilon, served, self.fingerprint) if isinstance(memo, Memo) else
                      Memo(memo, max_size=memo_size, fingerprint=self.fingerprint, epsilon=self.epsilon,
-                          bounds=self.bounds))
+                          bounds=served))
 
     @classmethod
     def from_run(
@@ -262,7 +268,9 @@ class LabelOnlyClassifier:
             cls = s.argmax(axis=1)
             top2 = np.partition(s, -2, axis=1)[:, -2:]
             conf = top2[:, 1] - top2[:, 0]  # = score_c - runner-up (0 on ties)
-        return cls, needs_noise(conf, cls, self.thresholds)
+        if self.regions is None:
+            return cls, needs_noise(conf, cls, self.thresholds)
+        return cls, needs_noise(conf, cls, self.region_thresholds[self._lookup.locate(xn)])
 
     def predict_network_space(self, xn: np.ndarray, return_noised: bool = False, client: str | None = None):
         """Class ids for in-domain network-space inputs (evaluate uses this on the test split).

@@ -2,7 +2,9 @@
 
 On the run's test split, per epsilon:
   plain        N's accuracy without protection;
-  lucid        Algorithm 2: noise only where N's confidence <= the class's iDP-DB (bounds.json);
+  lucid        Algorithm 2: noise only where N's confidence <= the class's iDP-DB (bounds.json;
+               with `lucid verify --regions`, the bound of the input's box);
+  lucid_global with regions only: the same with one bound per class (side by side);
   naive_noise  the exponential mechanism on every query;
   naive_idp    every query through all n+1 networks; noise exactly where they disagree
                (the exact leaking set: sound and tight, but pays n+1 forward passes per query).
@@ -13,6 +15,7 @@ single-query time as `lucid_single_query`).
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import math
 import time
@@ -95,6 +98,13 @@ def evaluate_run(
     naive_idp_ms = (time.perf_counter() - started) * 1e3 / len(x)
 
     accuracy: dict[str, Any] = {"plain": float(np.mean(n_cls == y)), "lucid": {}, "naive_noise": {}, "naive_idp": {}}
+    noised_fraction = {"lucid": float(noised.mean()), "naive_noise": 1.0, "naive_idp": float(leaking.mean())}
+    global_clf = None
+    if clf.regions is not None:  # the same run with one bound per class, side by side
+        global_clf = copy.copy(clf)
+        global_clf.regions = None
+        accuracy["lucid_global"] = {}
+        noised_fraction["lucid_global"] = float(global_clf.decide(x)[1].mean())
     lucid_ms = []
     for key, eps in epsilons:
         clf.epsilon, clf.memo, clf.rng = eps, Memo(None), RandomSource(None if seed is None else rng_seed(seed, key))
@@ -102,6 +112,10 @@ def evaluate_run(
         lucid_labels = clf.predict_network_space(x)
         lucid_ms.append((time.perf_counter() - t0) * 1e3 / len(x))
         accuracy["lucid"][key] = float(np.mean(lucid_labels == y))
+        if global_clf is not None:
+            global_clf.epsilon, global_clf.memo, global_clf.rng = eps, Memo(None), RandomSource(
+                None if seed is None else rng_seed(seed, "global:" + key))
+            accuracy["lucid_global"][key] = float(np.mean(global_clf.predict_network_space(x) == y))
         accuracy["naive_noise"][key] = float(np.mean(exponential_mechanism(n_cls, run.num_classes, eps, rng) == y))
         idp_labels = n_cls.copy()
         idp_labels[leaking] = exponential_mechanism(n_cls[leaking], run.num_classes, eps, rng)
@@ -111,7 +125,7 @@ def evaluate_run(
 
     result = {
         "accuracy": accuracy,
-        "noised_fraction": {"lucid": float(noised.mean()), "naive_noise": 1.0, "naive_idp": float(leaking.mean())},
+        "noised_fraction": noised_fraction,
         "access_ms": {
             "lucid": float(np.median(lucid_ms)),
             "naive_idp": float(naive_idp_ms),
@@ -145,23 +159,26 @@ def _time_single(clf: LabelOnlyClassifier, x: np.ndarray) -> float:
 def markdown_table(result: dict[str, Any], epsilons: list[tuple[str, float]]) -> str:
     acc = result["accuracy"]
     pct = lambda v: f"{100 * v:.1f} %"  # noqa: E731
-    lines = [
-        "| ε | N (no privacy) | LUCID | Naive-Noise | Naive-iDP |",
-        "|---|---|---|---|---|",
-    ]
+    regions = "lucid_global" in acc  # LUCID is then region-wise, next to its global bounds
+    head = "| ε | N (no privacy) | LUCID (regions) | LUCID (global) |" if regions else "| ε | N (no privacy) | LUCID |"
+    lines = [head + " Naive-Noise | Naive-iDP |", "|---|---|---|---|---|" + ("---|" if regions else "")]
     for key, _ in epsilons:
+        glob = f" {pct(acc['lucid_global'][key])} |" if regions else ""
         lines.append(
-            f"| {key} | {pct(acc['plain'])} | {pct(acc['lucid'][key])} | {pct(acc['naive_noise'][key])} "
+            f"| {key} | {pct(acc['plain'])} | {pct(acc['lucid'][key])} |{glob} {pct(acc['naive_noise'][key])} "
             f"| {pct(acc['naive_idp'][key])} |"
         )
     nf, ms = result["noised_fraction"], result["access_ms"]
+    cols = "| | LUCID (regions) | LUCID (global) |" if regions else "| | LUCID |"
+    glob_nf = f" {pct(nf['lucid_global'])} |" if regions else ""
+    dash = " – |" if regions else ""
     lines += [
         "",
-        "| | LUCID | Naive-Noise | Naive-iDP |",
-        "|---|---|---|---|",
-        f"| test inputs noised | {pct(nf['lucid'])} | {pct(nf['naive_noise'])} | {pct(nf['naive_idp'])} |",
-        f"| access time per query (batched) | {ms['lucid']:.4f} ms | – | {ms['naive_idp']:.4f} ms |",
-        f"| access time, single query | {ms['lucid_single_query']:.4f} ms | – | – |",
+        cols + " Naive-Noise | Naive-iDP |",
+        "|---|---|---|---|" + ("---|" if regions else ""),
+        f"| test inputs noised | {pct(nf['lucid'])} |{glob_nf} {pct(nf['naive_noise'])} | {pct(nf['naive_idp'])} |",
+        f"| access time per query (batched) | {ms['lucid']:.4f} ms |{dash} – | {ms['naive_idp']:.4f} ms |",
+        f"| access time, single query | {ms['lucid_single_query']:.4f} ms |{dash} – | – |",
     ]
     return "\n".join(lines)
 

@@ -82,5 +82,9 @@ def exponential_mechanism(
 
 def needs_noise(confidences: np.ndarray, classes: np.ndarray, thresholds: np.ndarray) -> np.ndarray:
     """True where the label must be noised: confidence <= the class's release threshold
-    (`lucid.analysis.soundness.release_thresholds`: beta_c plus N's float error; +inf = nothing proved)."""
-    return ~(np.asarray(confidences) > thresholds[np.asarray(classes, dtype=np.int64)])
+    (`lucid.analysis.soundness.release_thresholds`: beta_c plus N's float error; +inf = nothing proved).
+    `thresholds`: [C], or [B, C] with one row per input (its region's, `lucid.regions`)."""
+    classes = np.asarray(classes, dtype=np.int64)
+    if thresholds.ndim == 2:
+        return ~(np.asarray(confidences) > thresholds[np.arange(len(classes)), classes])
+    return ~(np.asarray(confidences) > thresholds[classes])

@@ -39,7 +39,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from lucid.access.ledger import ALL_CLIENTS, BudgetExceeded, within_budget
-from lucid.access.memo_meta import (MEMO_FORMAT, OLD_FORMATS, bind_bounds, bind_epsilon, check_fingerprint, migrate,
+from lucid.access.memo_meta import (MEMO_FORMAT, BoundsRecord, OLD_FORMATS, bind_bounds, bind_epsilon, check_fingerprint, migrate,
                                     new_meta, refuse_other_epsilon)
 from lucid.errors import LucidError
 
@@ -88,7 +88,7 @@ class Memo:
         fingerprint: str | None = None,
         durable: bool = False,
         epsilon: float | None = None,
-        bounds: np.ndarray | None = None,
+        bounds: np.ndarray | BoundsRecord | None = None,
     ) -> None:
         """`epsilon` (and `bounds`): bind the file to them at once, refusing a file recorded with
         others (see `bind`); without, the first answer written binds it to its epsilon."""
@@ -138,7 +138,7 @@ class Memo:
             check_fingerprint(db, meta, fingerprint, self._name)
             self._evict(db, int(meta["count"]))
 
-    def bind(self, epsilon: float, bounds: np.ndarray | None = None, fingerprint: str | None = None) -> "Memo":
+    def bind(self, epsilon: float, bounds: np.ndarray | BoundsRecord | None = None, fingerprint: str | None = None) -> "Memo":
         """Tie this memo to the epsilon (and bounds, and N) it answers with, or refuse in one line:
         a stored draw keeps the epsilon it was drawn with, so serving it under another epsilon
         would charge clients the wrong amount (lucid/access/memo_meta.py). Returns the memo."""

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -97,20 +98,49 @@ def refuse_other_epsilon(recorded: float, epsilon: float, name: str) -> None:
         )
 
 
-def bind_bounds(db: sqlite3.Connection, recorded: Any, bounds: np.ndarray, name: str) -> None:
-    """Record the per-class upper bounds; accept equal or tighter ones (updating the record) and
-    refuse any other (module docstring)."""
-    new = np.asarray(bounds, dtype=np.float64)
-    text = json.dumps([float(b) if np.isfinite(b) else None for b in new.tolist()])
+@dataclass(frozen=True)
+class BoundsRecord:
+    """The bounds a memo's answers were given under: one per class ([C]), or with --regions one per
+    box and class ([M, C]) together with the partition's digest (lucid/regions.py)."""
+
+    upper: np.ndarray
+    regions: str | None = None
+
+    def to_text(self) -> str:
+        values = np.asarray(self.upper, dtype=np.float64)
+        listed = [_finite_or_none(v) for v in values] if values.ndim == 1 else [
+            [_finite_or_none(v) for v in row] for row in values]
+        return json.dumps(listed if self.regions is None else {"regions": self.regions, "bounds": listed})
+
+    @classmethod
+    def from_text(cls, text: str) -> "BoundsRecord":
+        doc = json.loads(text)
+        regions = None
+        if isinstance(doc, dict):
+            regions, doc = doc.get("regions"), doc.get("bounds")
+        upper = np.array(doc, dtype=object)
+        upper = np.where(upper == None, np.inf, upper).astype(np.float64)  # noqa: E711 (element-wise)
+        return cls(upper, regions)
+
+
+def _finite_or_none(v: float) -> float | None:
+    return float(v) if np.isfinite(v) else None  # +inf: nothing proved (JSON has no infinity)
+
+
+def bind_bounds(db: sqlite3.Connection, recorded: Any, bounds: np.ndarray | BoundsRecord, name: str) -> None:
+    """Record the upper bounds; accept equal or tighter ones over the same boxes (updating the
+    record) and refuse any other (module docstring)."""
+    new = bounds if isinstance(bounds, BoundsRecord) else BoundsRecord(np.asarray(bounds, dtype=np.float64))
+    text = new.to_text()
     if recorded is None:
         db.execute("INSERT INTO meta (name, value) VALUES ('bounds', ?)", (text,))
         return
-    old = np.array([np.inf if b is None else float(b) for b in json.loads(recorded)], dtype=np.float64)
-    if old.shape != new.shape or not (new <= old).all():
+    old = BoundsRecord.from_text(recorded)
+    if old.regions != new.regions or old.upper.shape != new.upper.shape or not (new.upper <= old.upper).all():
         raise LucidError(
             f"the memo {name} holds answers given under other bounds than this run's bounds.json (only a "
-            "continued verification's tighter bounds may replace them): restore that bounds.json, or use a "
-            "new --memo file"
+            "continued verification's tighter bounds over the same regions may replace them): restore that "
+            "bounds.json, or use a new --memo file"
         )
-    if (new < old).any():
+    if (new.upper < old.upper).any():
         db.execute("UPDATE meta SET value = ? WHERE name = 'bounds'", (text,))

@@ -19,7 +19,7 @@ from lucid.errors import LucidError
 CHECKPOINT_FILE = "verify.checkpoint.json"
 CHECKPOINT_FORMAT = "lucid-bab-checkpoint/1"
 # Options added after the format was fixed: a checkpoint without them was made with these values.
-OPTION_DEFAULTS = {"rel_gap": 0.0, "hyper": "loo"}
+OPTION_DEFAULTS = {"rel_gap": 0.0, "hyper": "loo", "regions": 1, "public_inputs": None}
 
 
 def run_fingerprint(run_dir: Path) -> str:
@@ -32,7 +32,9 @@ def run_fingerprint(run_dir: Path) -> str:
     return h.hexdigest()
 
 
-def save_checkpoint(path: Path, *, fingerprint: str, options: dict, elapsed: float, classes: dict) -> None:
+def save_checkpoint(path: Path, *, fingerprint: str, options: dict, elapsed: float, classes: dict,
+                    extra: dict | None = None) -> None:
+    """`extra`: more top-level entries (a --regions run's tree and leaks)."""
     write_json_atomic(
         path,
         {
@@ -41,6 +43,7 @@ def save_checkpoint(path: Path, *, fingerprint: str, options: dict, elapsed: flo
             "options": options,
             "elapsed": elapsed,
             "classes": classes,
+            **(extra or {}),
         },
     )
 

@@ -8,12 +8,10 @@ RUN/verify.log.jsonl (lucid.bab.events) and the resume checkpoint (lucid.bab.che
 from __future__ import annotations
 
 import os
-import signal
-import threading
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 # Engine, LiveDisplay, the executors and the class-level witness search are looked up through
 # their modules at call time, so a test or a benchmark can substitute them.
@@ -25,6 +23,8 @@ from lucid.bab.agt_run import verify_box
 from lucid.bab.checkpoint import CHECKPOINT_FILE, load_checkpoint, run_fingerprint, save_checkpoint
 from lucid.bab.events import LOG_FILE, EventLog, read_events
 from lucid.bab.partition import FlatParameters
+from lucid.bab.regions import verify_regions
+from lucid.bab.session import terminate_as_interrupt
 from lucid.bab.state import ClassState
 from lucid.errors import LucidError
 from lucid.analysis.problem import VerificationProblem
@@ -55,19 +55,6 @@ def _reconcile_with_log(states: dict[int, ClassState], log_path: Path, result_op
         if e.get("event") == "anytime" and e.get("class") in states and e.get("upper") is not None:
             cs = states[e["class"]]
             cs.upper = min(cs.upper, float(e["upper"]))
-
-
-def _terminate_as_interrupt() -> Callable[[], None]:
-    """Treat SIGTERM (kill, timeout, a job scheduler) like Ctrl-C: checkpoint, stop the workers,
-    exit 130. Returns the function that restores the previous handler (main thread only)."""
-    if threading.current_thread() is not threading.main_thread():
-        return lambda: None
-
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    return lambda: signal.signal(signal.SIGTERM, previous)
 
 
 def _make_executor(problem: VerificationProblem, settings: VerifySettings) -> executors.Executor:
@@ -115,6 +102,8 @@ def verify_run(run_dir: str | Path, settings: VerifySettings | None = None, **op
         raise LucidError(f"cannot read the networks of {run_path}: {exc}") from None
     if settings.removals:  # --hyper agt:K: one MILP per class over the AGT box, no branch-and-bound
         return verify_box(run, settings, classes, result_options, fingerprint)
+    if settings.regions > 1:  # per-box bounds (lucid.bab.regions)
+        return verify_regions(run, settings, classes, result_options, fingerprint)
     states = None
     elapsed_before = 0.0
     if settings.resume:
@@ -151,7 +140,7 @@ def verify_run(run_dir: str | Path, settings: VerifySettings | None = None, **op
 
     title = f"lucid verify {run_path.name} ({settings.solver}, {executor.capacity} workers)"
     engine = None
-    restore = _terminate_as_interrupt()
+    restore = terminate_as_interrupt()
     try:
         with live_display.LiveDisplay(title, enabled=settings.progress) as display:
             engine = bab_engine.Engine(

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import signal
+import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 from lucid.bab.events import EventLog
 
@@ -34,3 +36,16 @@ class Session:
     def emit(self, event: str, cls: int | None = None, **fields: Any) -> None:
         if self.log is not None:
             self.log.emit(event, cls, **fields)
+
+
+def terminate_as_interrupt() -> Callable[[], None]:
+    """Treat SIGTERM (kill, timeout, a job scheduler) like Ctrl-C: checkpoint, stop the workers,
+    exit 130. Returns the function that restores the previous handler (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    return lambda: signal.signal(signal.SIGTERM, previous)

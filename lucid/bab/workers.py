@@ -102,6 +102,28 @@ class Executor:
     def in_flight(self) -> int:
         return len(self._futures)
 
+    def rebind(self, problem: Any) -> None:
+        """Analyse `problem` from now on (a --regions run's next box). Waits for the analyses still
+        running and drops their results and kept trees: they answered another box's question, and
+        a new engine reuses the same node keys."""
+        for future in list(self._futures.values()):
+            try:
+                future.result()
+            except BaseException:
+                pass
+        while True:
+            try:
+                self._done.get_nowait()
+            except queue.Empty:
+                break
+        self._futures.clear()
+        self._where.clear()
+        self._kept.clear()
+        self._rebind_workers(problem)
+
+    def _rebind_workers(self, problem: Any) -> None:
+        """Give the workers the new problem (the in-process executor reads it from its caller)."""
+
     def close(self) -> None:
         pass
 
@@ -123,6 +145,9 @@ class ThreadExecutor(Executor):
     def submit(self, key, cls, positions, time_limit, cutoff, attempt=1, threads=1):
         extra = {"threads": threads} if threads > 1 and self._takes_threads else {}
         self._watch(key, self._pool.submit(self._analyse, cls, positions, time_limit, cutoff, attempt, **extra))
+
+    def _rebind_workers(self, problem: Any) -> None:
+        KEPT.clear()
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -196,6 +221,11 @@ def analyse_with(problem: Any, settings: VerifySettings, cls: int, positions: np
     return outcome
 
 
+def _rebind_worker(problem: Any) -> None:
+    _WORKER_STATE["problem"] = problem
+    KEPT.clear()  # the trees of the last problem can never be continued
+
+
 def _analyse_in_process(cls: int, positions: np.ndarray, time_limit: float | None, cutoff: float, attempt: int,
                         threads: int = 1):
     return analyse_with(_WORKER_STATE["problem"], _WORKER_STATE["settings"], cls, positions, time_limit, cutoff,
@@ -229,6 +259,10 @@ class ProcessExecutor(Executor):
             worker = min(range(self.capacity), key=list(self._where.values()).count)
         future = self._pools[worker].submit(_analyse_in_process, cls, positions, time_limit, cutoff, attempt, threads)
         self._watch(key, future, worker)
+
+    def _rebind_workers(self, problem: Any) -> None:
+        for future in [pool.submit(_rebind_worker, problem) for pool in self._pools]:
+            future.result()
 
     def close(self) -> None:
         # Running MILPs cannot be cancelled through the pool API; their time limits are capped by

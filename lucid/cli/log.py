@@ -1,13 +1,21 @@
-"""`lucid log RUN`: render a verification log (table), follow it live, plot it, export the tree."""
+"""`lucid log RUN`: render a verification log (table), follow it live, plot it, export the tree.
+
+A run verified with `--regions K` also gets a table of its leaf boxes, and `--plot` draws those
+boxes projected on two features (`--features`), coloured by one class's bound (`--class`).
+"""
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from lucid.errors import LucidError
+
+if TYPE_CHECKING:  # the report module pulls in numpy and the run directory code: only when used
+    from lucid.bab.report import RegionView
 
 
 def _fmt(v) -> str:
@@ -16,7 +24,7 @@ def _fmt(v) -> str:
     return fmt(v)
 
 
-def _render(events: list[dict], max_rows: int):
+def _render(events: list[dict], max_rows: int, regions: RegionView | None = None):
     from rich.console import Group
     from rich.table import Table
 
@@ -46,18 +54,101 @@ def _render(events: list[dict], max_rows: int):
             ratio = "-" if lo is None or up is None or lo <= 0 else f"{up / lo:.4f}"
             table.add_row(f"{t:.2f}", _fmt(lo), _fmt(up), _fmt(gap), ratio)
         parts.append(table)
+    if regions is not None:
+        parts.append(_region_table(regions))
     return Group(*parts)
+
+
+def _region_table(view: RegionView):
+    """One row per leaf box: where it is, and per class `upper / lower` of its bound."""
+    from rich.table import Table
+
+    from lucid.bab.report import region_rows
+
+    tree = view.tree
+    table = Table(
+        title=(f"regions: {len(tree.leaves())} boxes, depth {tree.depth} (from {view.source}; "
+               "thresholds in data units)"),
+        title_justify="left",
+        caption=("class c: the bound proved in the box / the best leak found there (- : none); * : its "
+                 "verification stopped before it finished (the bound is still sound). seconds - : not "
+                 "verified yet, the box keeps its parent's bound."),
+        caption_justify="left",
+    )
+    table.add_column("box", justify="right")
+    table.add_column("depth", justify="right")
+    for c in range(tree.num_classes):
+        table.add_column(f"class {c}", justify="right", no_wrap=True)
+    table.add_column("seconds", justify="right")
+    # Last, so that on a narrow terminal only the longest column wraps and the numbers stay aligned.
+    table.add_column("box constraints")
+    for row in region_rows(view):
+        cells = [f"{_fmt(row.upper[c])} / {_fmt_lower(row.lower[c])}{'' if row.complete[c] else ' *'}"
+                 for c in range(tree.num_classes)]
+        table.add_row(str(row.box), str(row.depth), *cells, f"{row.seconds:.2f}" if row.verified else "-",
+                      row.description)
+    return table
+
+
+def _fmt_lower(v: float) -> str:
+    return "-" if v == float("-inf") else _fmt(v)  # -inf: no leak found in this box
+
+
+def _regions_or_none(run_dir: Path, events: list[dict]) -> RegionView | None:
+    from lucid.bab.report import load_regions
+
+    return load_regions(run_dir, events)
+
+
+def _region_plot_choice(view: RegionView, features: str | None, cls: int | None) -> tuple[tuple[int, int], int]:
+    """(features, class) of the region plot: the user's, checked, or the defaults."""
+    from lucid.bab.report import default_class, default_features, parse_features
+
+    chosen = default_features(view.tree) if features is None else parse_features(features, view)
+    c = default_class(view.tree) if cls is None else cls
+    if not 0 <= c < view.tree.num_classes:
+        raise LucidError(f"--class {c} is out of range (the run has {view.tree.num_classes} classes: "
+                         f"0..{view.tree.num_classes - 1})")
+    return chosen, c
+
+
+def _check_region_options(features: str | None, cls: int | None, plot_path: Path | None,
+                          view: RegionView | None, events: list[dict]) -> None:
+    if features is None and cls is None:
+        return
+    if plot_path is None:
+        raise LucidError("--features and --class choose what --plot draws: give --plot FILE too")
+    if view is None and not _regions_started(events):
+        _no_regions("this run has no regions")
+
+
+def _regions_started(events: list[dict]) -> bool:
+    """The log's latest run was started with --regions (its boxes may not be logged yet)."""
+    starts = [e for e in events if e.get("event") in ("started", "resumed")]
+    return bool(starts and starts[-1].get("regions"))
+
+
+def _no_regions(why: str) -> None:
+    raise LucidError(f"--features and --class need a run verified with `lucid verify --regions K`; {why}")
 
 
 @click.command("log", help="Render a verification log (table, plot, branch-and-bound tree).")
 @click.argument("run_dir", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--follow", is_flag=True, help="Keep watching a running verification until it finishes.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Write a figure of the anytime [lower, upper] curves (e.g. FILE.png).")
+              help="Write a figure (e.g. FILE.png): the anytime [lower, upper] curves, or for a run "
+                   "verified with --regions its boxes.")
+@click.option("--features", default=None, metavar="I,J",
+              help="Region plot: the two features to project the boxes on (index or name) "
+                   "[default: the two split most often].")
+@click.option("--class", "cls", type=int, default=None,
+              help="Region plot: the class whose bound colours the boxes "
+                   "[default: the class whose box bounds differ most].")
 @click.option("--tree", "tree_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Export the branch-and-bound tree as GraphML (networkx).")
 @click.option("--rows", type=int, default=20, show_default=True, help="Anytime rows shown per class.")
-def command(run_dir: Path, follow: bool, plot_path: Path | None, tree_path: Path | None, rows: int) -> None:
+def command(run_dir: Path, follow: bool, plot_path: Path | None, features: str | None, cls: int | None,
+            tree_path: Path | None, rows: int) -> None:
     from rich.console import Console
 
     from lucid.bab.events import LOG_FILE, read_events
@@ -73,24 +164,45 @@ def command(run_dir: Path, follow: bool, plot_path: Path | None, tree_path: Path
         events = read_events(path)
     except (OSError, UnicodeDecodeError) as exc:
         raise LucidError(f"cannot read {path}: {exc}") from None
+    regions = _regions_or_none(run_dir, events)
+    # Bad plot options fail before anything is printed or followed.
+    _check_region_options(features, cls, plot_path, regions, events)
+    if plot_path is not None:
+        from lucid.bab.report import figure_format
+
+        figure_format(plot_path)
+        if regions is not None:
+            _region_plot_choice(regions, features, cls)
     console = Console()
     if follow:
         from rich.live import Live
 
-        with Live(_render(events, rows), console=console, refresh_per_second=2) as live:
+        with Live(_render(events, rows, regions), console=console, refresh_per_second=2) as live:
             while not any(e.get("event") == "finished" for e in events):
                 time.sleep(1.0)
                 events = read_events(path)
-                live.update(_render(events, rows))
+                regions = _regions_or_none(run_dir, events)
+                live.update(_render(events, rows, regions))
     else:
-        console.print(_render(events, rows))
+        console.print(_render(events, rows, regions))
     if plot_path is not None:
-        from lucid.bab.report import plot_curves
-
-        plot_curves(events, plot_path, title=str(run_dir))
+        _write_plot(run_dir, events, regions, plot_path, features, cls)
         console.print(f"wrote {plot_path}")
     if tree_path is not None:
         from lucid.bab.report import write_tree
 
         n = write_tree(events, tree_path)
         console.print(f"wrote {tree_path} ({n} nodes)")
+
+
+def _write_plot(run_dir: Path, events: list[dict], regions: RegionView | None, plot_path: Path,
+                features: str | None, cls: int | None) -> None:
+    from lucid.bab.report import plot_curves, plot_regions
+
+    if regions is None:
+        if features is not None or cls is not None:  # a --regions run with no box logged yet
+            _no_regions("no box of this run is verified yet")
+        plot_curves(events, plot_path, title=str(run_dir))
+        return
+    chosen, c = _region_plot_choice(regions, features, cls)
+    plot_regions(regions, plot_path, chosen, c, title=run_dir.name)

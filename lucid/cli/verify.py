@@ -54,10 +54,16 @@ def _print_summary(result: dict) -> None:
 @click.option("--hyper", default=_default("hyper"), show_default=True,
               help="What is verified: loo (the run's leave-one-out networks, branch-and-bound) or agt:K (every "
                    "network within K removed rows, one MILP per class over the AGT box of `lucid train --agt`).")
+@click.option("--regions", type=int, default=_default("regions"), show_default=True,
+              help="Up to K boxes of the domain, each with its own bounds: inputs are noised only where their box "
+                   "can leak (1: one bound per class). --time-limit bounds the whole run.")
+@click.option("--public-inputs", type=click.Path(dir_okay=False, path_type=str), default=None,
+              help="An .npz with an array X of public inputs (the data's units) that weighs where --regions cuts "
+                   "(default: uniform samples of the domain). Never the training rows.")
 @click.option("--quiet", is_flag=True, help="No live progress display.")
 def command(run_dir, solver, workers, time_limit, node_time_limit, classes, tau, gap, rel_gap, resume, scheduler,
             no_md, no_ris, no_bab, naive, screen, no_screen, device, no_search, split_time, bounds, hyper,
-            quiet) -> None:
+            regions, public_inputs, quiet) -> None:
     from lucid.bab import verify_run
     from lucid.errors import LucidError
 
@@ -69,6 +75,9 @@ def command(run_dir, solver, workers, time_limit, node_time_limit, classes, tau,
         solver=solver, workers=workers, time_limit=time_limit, node_time_limit=node_time_limit,
         classes=classes, tau=tau, gap=gap, rel_gap=rel_gap, md=not no_md, ris=not no_ris, bab=not no_bab, naive=naive,
         resume=resume, scheduler=scheduler, progress=not quiet, screen=screen, device=device, search=not no_search,
-        split_time=split_time, bounds=bounds, hyper=hyper,
+        split_time=split_time, bounds=bounds, hyper=hyper, regions=regions, public_inputs=public_inputs,
     )
-    _print_summary(verify_run(run_dir, settings))
+    result = verify_run(run_dir, settings)
+    _print_summary(result)
+    if "regions" in result:
+        click.echo(f"{result['regions']['leaves']} regions (`lucid log {run_dir}` lists each box's bounds)")

@@ -36,7 +36,7 @@ from lucid.report.facts import (
     TrainingFacts,
     VerificationFacts,
 )
-from lucid.rundir import BOUNDS_FILE, Run, open_run
+from lucid.rundir import BOUNDS_FILE, Run, open_run, read_scaler
 
 BASELINES_FILE = "baselines.json"
 _EDGE_TOLERANCE = 1e-6  # network-space distance at which a data extreme "touches" the box
@@ -110,8 +110,6 @@ def _num(v: Any) -> float | None:
 
 
 def _training(run: Run) -> TrainingFacts:
-    from lucid.access.classifier import read_scaler
-
     meta, t = run.meta, run.meta.get("training") or {}
     offset, scale = read_scaler(run)
     lower, upper = run.domain

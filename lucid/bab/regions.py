@@ -1,0 +1,368 @@
+"""`lucid verify --regions K`: per-class bounds for up to K boxes of the domain (lucid/regions.py).
+
+The domain is verified first, as without regions. Then, while the time limit and K allow, the
+leaf box that noises the most *public* probability mass is split in two and both halves are
+verified by the same branch-and-bound, restricted to their box: N's bounds, the screen, the
+splitting tier, the MILPs and the witness search all see the smaller box. A child starts from
+what its parent proved: the parent's per-network screened bounds (sound over any sub-box), the
+parent's bound as a cap, and the parent's best leak when it lies in the child's box.
+
+What "mass" means here: a sample of the domain that is public — a file of public inputs
+(`--public-inputs`, in the data's units) or, without one, uniform samples of the domain. A sample
+point x counts as noised in its leaf when N's confidence at x is <= the leaf's bound for N's
+class at x. The training rows are never used to choose boxes. Whatever chooses them, the
+guarantee holds (lucid/regions.py).
+
+Anytime: a box that is not verified yet (or was cut short) keeps its parent's bound. The tree,
+its bounds and the best leaks are checkpointed after every box (RUN/verify.checkpoint.json), so
+`--resume` continues from the last finished box; the log gets one `region` event per box.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import replace
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+
+import lucid.bab.display as live_display
+import lucid.bab.engine as bab_engine
+import lucid.bab.workers as executors
+import lucid.witness.search as witness_search
+from lucid.bab.checkpoint import CHECKPOINT_FILE, load_checkpoint, save_checkpoint
+from lucid.bab.events import LOG_FILE, EventLog
+from lucid.bab.partition import FlatParameters
+from lucid.bab.session import terminate_as_interrupt
+from lucid.bab.state import ClassState
+from lucid.analysis.problem import VerificationProblem
+from lucid.analysis.screen import Screen
+from lucid.errors import LucidError
+from lucid.network import confidence
+from lucid.regions import MAX_DEPTH, RegionTree
+from lucid.rundir import Run, bound_entry_value, read_scaler, write_bounds
+from lucid.settings import VerifySettings
+
+UNIFORM_SAMPLES = 4096  # public sample of the domain when no --public-inputs file is given
+
+
+def verify_regions(run: Run, settings: VerifySettings, classes: list[int], result_options: dict,
+                   fingerprint: str) -> dict:
+    """Region-wise bounds of a run (module docstring); writes and returns bounds.json's content."""
+    run_path = Path(run.path)
+    ckpt_path = run_path / CHECKPOINT_FILE
+    lower, upper = run.domain
+    tree, leaks, elapsed_before = None, {}, 0.0
+    if settings.resume:
+        saved = load_checkpoint(ckpt_path, fingerprint=fingerprint, options=result_options)
+        try:
+            tree = RegionTree.from_json(saved["regions"], lower, upper, run.num_classes, str(ckpt_path))
+            leaks = {int(k): {int(c): w for c, w in v.items()} for k, v in saved["leaks"].items()}
+        except (KeyError, TypeError, ValueError, AttributeError):
+            raise LucidError(f"checkpoint {ckpt_path} is not a --regions checkpoint; delete it and run "
+                             "without --resume") from None
+        elapsed_before = float(saved["elapsed"])
+    sample = public_sample(run, settings)
+
+    root = VerificationProblem.from_run(run, bounds=settings.bounds, with_points=settings.search)
+    if len(root.stack) < 2:
+        raise LucidError(f"{run.path} has no leave-one-out networks to verify")
+    if tree is None:
+        tree = RegionTree(root.lower, root.upper, run.num_classes)
+    if settings.workers is None:
+        settings = replace(settings, workers=os.cpu_count() or 1)
+    scores = root.stack.select(slice(0, 1)).forward(sample)[0]
+    sample_class, sample_conf = scores.argmax(axis=1), confidence(scores)
+
+    log = EventLog(run_path / LOG_FILE, elapsed_before=elapsed_before, append=settings.resume)
+    all_options = dict(result_options, workers=settings.workers, time_limit=settings.time_limit, scheduler=None)
+    log.emit("resumed" if settings.resume else "started", None, options=all_options, settings=settings.to_json(),
+             networks=len(root.stack) - 1, run_fingerprint=fingerprint, regions=settings.regions)
+    started = time.monotonic()
+    holder = _ProblemHolder(root)
+    executor = _make_executor(holder, settings)
+    screens: dict[int, dict[int, np.ndarray]] = {}  # node -> class -> per-network screened bounds
+    restore = terminate_as_interrupt()
+
+    def checkpoint() -> None:
+        save_checkpoint(ckpt_path, fingerprint=fingerprint, options=result_options,
+                        elapsed=elapsed_before + time.monotonic() - started, classes={},
+                        extra={"regions": tree.to_json(),
+                               "leaks": {str(k): {str(c): w for c, w in v.items()} for k, v in leaks.items()}})
+
+    try:
+        while True:
+            left = None if settings.time_limit is None else settings.time_limit - (time.monotonic() - started)
+            if left is not None and left <= 0:
+                break
+            todo = [i for i in tree.leaves() if not tree.verified[i]]
+            leaf_of, noised = noised_mask(tree, sample, sample_class, sample_conf)
+            massive = set(leaf_of[noised].tolist())  # boxes with noised public mass come first
+            todo = [i for i in todo if i in massive] or ([] if _can_split(tree, sample, sample_class, sample_conf,
+                                                                          settings.regions) else todo)
+            if not todo:
+                leaf = choose_leaf(tree, sample, sample_class, sample_conf, settings.regions)
+                if leaf is None:
+                    break
+                feature, threshold = choose_split(tree, leaf, sample, sample_class, sample_conf, leaks.get(leaf, {}))
+                children = tree.split(leaf, feature, threshold)
+                log.emit("region_split", None, box=leaf, feature=feature, threshold=threshold, children=list(children))
+                checkpoint()
+                continue
+            node = todo[0]
+            limit = None if left is None else box_time(left, tree, settings.regions, node)
+            _verify_box(tree, node, root, holder, executor, settings, classes, limit, screens, leaks, log)
+            checkpoint()
+    except KeyboardInterrupt:
+        checkpoint()  # every finished box is kept; resume continues from here
+        raise
+    finally:
+        restore()
+        executor.close()
+        log.close()
+    entries = _bounds_entries(tree, classes, leaks, time.monotonic() - started,
+                              settings_exact=settings.gap == 0 and settings.rel_gap == 0)
+    result = write_bounds(run_path, entries, solver=settings.solver, options=all_options, regions=tree.to_json())
+    with EventLog(run_path / LOG_FILE, elapsed_before=elapsed_before + time.monotonic() - started, append=True) as tail:
+        tail.emit("finished", None, bounds=result["bounds"], regions=len(tree.leaves()))
+    return result
+
+
+# --- where to work --------------------------------------------------------------------------------
+def public_sample(run: Run, settings: VerifySettings) -> np.ndarray:
+    """The public points that weigh the boxes (network space, inside the domain)."""
+    lower, upper = run.domain
+    if settings.public_inputs is None:
+        rng = np.random.default_rng(settings.seed)
+        return lower + (upper - lower) * rng.random((UNIFORM_SAMPLES, len(lower)))
+    path = Path(settings.public_inputs)
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            X = np.asarray(npz["X"], dtype=np.float64)
+    except FileNotFoundError:
+        raise LucidError(f"--public-inputs: {path} does not exist") from None
+    except (KeyError, ValueError, OSError) as exc:
+        raise LucidError(f"--public-inputs: {path} must be a .npz file with an array X ({exc})") from None
+    if X.ndim != 2 or X.shape[1] != len(lower) or len(X) == 0:
+        raise LucidError(f"--public-inputs: X must have shape [rows, {len(lower)}], got {list(X.shape)}")
+    if not np.isfinite(X).all():
+        raise LucidError("--public-inputs: X has NaN or infinite values")
+    offset, scale = read_scaler(run)
+    return np.clip((X - offset) * scale, lower, upper)
+
+
+def noised_mask(tree: RegionTree, sample: np.ndarray, sample_class: np.ndarray,
+                sample_conf: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(leaf of each sample point, whether the point is noised under its leaf's bound)."""
+    leaf = tree.locate(sample)
+    bounds = np.array(tree.bound_upper)[leaf, sample_class]
+    return leaf, ~(sample_conf > np.maximum(bounds, 0.0))
+
+
+def _can_split(tree: RegionTree, sample: np.ndarray, sample_class: np.ndarray, sample_conf: np.ndarray,
+               max_leaves: int) -> bool:
+    return choose_leaf(tree, sample, sample_class, sample_conf, max_leaves) is not None
+
+
+def choose_leaf(tree: RegionTree, sample: np.ndarray, sample_class: np.ndarray, sample_conf: np.ndarray,
+                max_leaves: int) -> int | None:
+    """The leaf with the most noised sample points (None: K leaves already, or nothing to gain)."""
+    if len(tree.leaves()) >= max_leaves:
+        return None
+    leaf, noised = noised_mask(tree, sample, sample_class, sample_conf)
+    counts = np.bincount(leaf[noised], minlength=len(tree))
+    candidates = [i for i in tree.leaves() if counts[i] > 1 and tree.depth_of(i) < MAX_DEPTH
+                  and _splittable(tree, i)]
+    if not candidates:
+        return None
+    return max(candidates, key=lambda i: (counts[i], -i))
+
+
+def choose_split(tree: RegionTree, node: int, sample: np.ndarray, sample_class: np.ndarray,
+                 sample_conf: np.ndarray, node_leaks: dict[int, dict]) -> tuple[int, float]:
+    """Where to cut `node`'s box, from its noised sample points P and its known leaks.
+
+    A *trim* cuts just outside P's range on one feature: one child holds all of P in a narrower
+    box, the other holds no public mass (and is not verified unless time is left over). Leaks with
+    high confidence usually sit far from the data, so shrinking the box around P is what lowers
+    its bound; the trim that moves the most leaks away from P, then removes the largest share of
+    the box's width, is taken if it removes at least `MIN_TRIM` of it. Otherwise the box is cut
+    between the two middle points of P on the feature that leaves most of P on a side without a
+    leak (or, without leaks, cuts P most evenly)."""
+    lo, hi = tree.box(node)
+    leaf, noised = noised_mask(tree, sample, sample_class, sample_conf)
+    points = sample[(leaf == node) & noised]
+    witnesses = [np.asarray(w["x"], dtype=np.float64) for w in node_leaks.values()]
+    trims = []
+    for f in np.flatnonzero(hi - lo > 0):
+        a, b = float(points[:, f].min()), float(points[:, f].max())
+        width = hi[f] - lo[f]
+        if lo[f] < a:  # x >= a goes right: P stays right, [lo, a) is cut off
+            trims.append((sum(w[f] < a for w in witnesses), (a - lo[f]) / width, int(f), a))
+        above = float(np.nextafter(b, np.inf))
+        if above < hi[f]:  # b < above: P stays left, [above, hi] is cut off
+            trims.append((sum(w[f] >= above for w in witnesses), (hi[f] - above) / width, int(f), above))
+    if trims:
+        moved, removed, f, t = max(trims)
+        if removed >= MIN_TRIM:
+            return f, t
+    best, best_score = None, None
+    for f in range(len(lo)):
+        threshold = _middle_cut(points[:, f], lo[f], hi[f])
+        if threshold is None:
+            continue
+        right = points[:, f] >= threshold
+        sides = (int((~right).sum()), int(right.sum()))
+        leak_sides = {int(w[f] >= threshold) for w in witnesses}
+        clean = sum(n for side, n in enumerate(sides) if side not in leak_sides)
+        score = (clean if witnesses else 0, min(sides), hi[f] - lo[f])
+        if best_score is None or score > best_score:
+            best, best_score = (f, threshold), score
+    if best is None:  # every noised point sits at one value: halve the widest side
+        f = int(np.argmax(hi - lo))
+        best = (f, float(lo[f] + (hi[f] - lo[f]) / 2))
+    return best
+
+
+MIN_TRIM = 0.1  # a trim must cut off at least this share of the box's width on its feature
+
+
+def _middle_cut(values: np.ndarray, lo: float, hi: float) -> float | None:
+    """A threshold strictly inside (lo, hi) between the two middle distinct values (None if all equal)."""
+    v = np.unique(values)
+    if len(v) < 2:
+        return None
+    m = len(v) // 2
+    t = float(v[m - 1] + (v[m] - v[m - 1]) / 2)
+    return t if lo < t < hi else None
+
+
+def _splittable(tree: RegionTree, node: int) -> bool:
+    lo, hi = tree.box(node)
+    return bool(np.any(hi - lo > 0))
+
+
+def box_time(left: float, tree: RegionTree, max_leaves: int, node: int) -> float:
+    """Seconds for the next box: the root gets 1 / (1 + log2 K) of the run, every later box an
+    equal share of what is left among the boxes with public mass that may still come (a split
+    makes one such box, a trim's other half has none; unused time flows on)."""
+    if node == 0:
+        return left / (1.0 + math.log2(max_leaves))
+    waiting = sum(1 for i in tree.leaves() if not tree.verified[i])
+    to_come = max(0, max_leaves - len(tree.leaves()))
+    return left / max(1, waiting + to_come)
+
+
+# --- one box --------------------------------------------------------------------------------------
+class _ProblemHolder:
+    """The problem the in-process executor analyses (swapped per box)."""
+
+    def __init__(self, problem: VerificationProblem) -> None:
+        self.problem = problem
+
+
+def _make_executor(holder: _ProblemHolder, settings: VerifySettings) -> executors.Executor:
+    if settings.workers == 1:
+        return executors.ThreadExecutor(
+            lambda *args, **kw: executors.analyse_with(holder.problem, settings, *args, **kw), 1)
+    return executors.ProcessExecutor(holder.problem, settings, settings.workers)
+
+
+def _box_problem(tree: RegionTree, node: int, root: VerificationProblem) -> VerificationProblem:
+    if node == 0:
+        return root
+    lo, hi = tree.box(node)
+    problem = VerificationProblem.from_stack(root.stack, lo, hi, bounds=root.bounds_method)
+    if root.points is not None:
+        inside = np.all((root.points >= lo) & (root.points <= hi), axis=1)
+        problem.points = root.points[inside] if inside.any() else None
+    return problem
+
+
+def _verify_box(tree: RegionTree, node: int, root: VerificationProblem, holder: _ProblemHolder,
+                executor: executors.Executor, settings: VerifySettings, classes: list[int], limit: float | None,
+                screens: dict, leaks: dict, log: EventLog) -> None:
+    t0 = time.monotonic()
+    problem = _box_problem(tree, node, root)
+    holder.problem = problem
+    executor.rebind(problem)
+    box_settings = replace(settings, time_limit=limit, resume=False)
+    parent = tree.parent[node]
+    parent_screens = screens.get(parent, {})
+    screen = None if settings.screen == "none" else Screen(problem, settings.screen, settings.device)
+
+    def initial(c: int, positions: np.ndarray) -> np.ndarray:
+        own = screen.initial(c, positions)
+        prior = parent_screens.get(c)
+        return own if prior is None else np.minimum(own, prior[positions])
+
+    # A class whose bound is already <= 0 here releases every confident input: nothing to gain.
+    open_classes = [c for c in classes if tree.bound_upper[node][c] > 0]
+    lo, hi = tree.box(node)
+    if not open_classes:
+        tree.record(node, tree.bound_upper[node], tree.bound_lower[node], 0.0, np.ones(tree.num_classes, bool))
+        log.emit("region", None, box=node, parent=None if parent < 0 else parent, depth=tree.depth_of(node),
+                 box_lower=lo.tolist(), box_upper=hi.tolist(), seconds=0.0, skipped=True)
+        return
+    classes = open_classes
+    states = {c: ClassState(cls=c) for c in classes}
+    for c, leak in leaks.get(parent, {}).items():
+        x = np.asarray(leak["x"], dtype=np.float64)
+        if c in states and np.all(x >= lo) and np.all(x <= hi):  # a leak of the parent's inside this box
+            states[c].lower, states[c].lower_row, states[c].lower_witness = leak["value"], leak["row"], leak["x"]
+    search = (partial(witness_search.search_class_witness, problem, points=problem.points)
+              if settings.search else None)
+    title = f"lucid verify --regions: box {node} of at most {2 * settings.regions - 1}"
+    with live_display.LiveDisplay(title, enabled=settings.progress) as display:
+        engine = bab_engine.Engine(
+            executor, classes, len(problem.stack), box_settings, params=FlatParameters(problem.stack),
+            screen=None if screen is None else initial,
+            refine=screen.refine if screen is not None and screen.refines else None, search=search,
+            on_progress=display.update, states=states)
+        engine.run()
+    upper = tree.bound_upper[node].copy()  # classes not verified here keep what they had (<= 0)
+    lower = np.full(tree.num_classes, -np.inf)
+    complete = ~(upper > 0)
+    leaks[node] = {}
+    screens[node] = {}
+    for c, cs in engine.states.items():
+        upper[c] = cs.upper
+        complete[c] = cs.complete
+        if cs.lower is not None:
+            lower[c] = cs.lower
+            leaks[node][c] = {"x": cs.lower_witness, "row": cs.lower_row, "value": cs.lower}
+        if cs.screen is not None:
+            screens[node][c] = cs.screen
+    tree.record(node, upper, lower, time.monotonic() - t0, complete)
+    log.emit("region", None, box=node, parent=None if parent < 0 else parent, depth=tree.depth_of(node),
+             box_lower=lo.tolist(), box_upper=hi.tolist(), seconds=round(time.monotonic() - t0, 3),
+             complete={str(c): bool(cs.complete) for c, cs in engine.states.items()},
+             upper={str(c): bound_entry_value(tree.bound_upper[node][c], upper=True) for c in classes},
+             lower={str(c): bound_entry_value(tree.bound_lower[node][c], upper=False) for c in classes})
+
+
+def _bounds_entries(tree: RegionTree, classes: list[int], leaks: dict, seconds: float,
+                    settings_exact: bool) -> dict[str, dict]:
+    """bounds.json's per-class entries: the domain's bound as the leaves prove it."""
+    upper = tree.leaf_upper()
+    lower = tree.best_lower()
+    complete = tree.leaves_complete()
+    out = {}
+    for c in classes:
+        row = None
+        for node_leaks in leaks.values():
+            leak = node_leaks.get(c)
+            if leak is not None and leak["value"] == lower[c]:
+                row = leak["row"]
+        # complete: every leaf's verification of the class finished (without --gap: exact per leaf)
+        done = bool(complete[c])
+        out[str(c)] = {"upper": bound_entry_value(upper[c], upper=True),
+                       "lower": bound_entry_value(lower[c], upper=False),
+                       "complete": done, "exact": done and settings_exact, "seconds": round(seconds, 3),
+                       "nodes": len(tree), "reason": "regions", "leaking_row": row}
+    return out
+
+

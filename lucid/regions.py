@@ -1,0 +1,310 @@
+"""Region-wise decision bounds: a partition of the verified domain into axis-aligned boxes, each
+with its own per-class bound (bounds.json's `regions`, written by `lucid verify --regions K`).
+
+The partition is a binary tree. A node splits its box at `threshold` on one `feature`: an input
+goes to the right child when x[feature] >= threshold and to the left child otherwise, so every
+point of the domain, boundary points included, reaches exactly one leaf. Each child is verified
+over its *closed* box ([lower, threshold] or [threshold, upper] on that feature), which contains
+every point the walk sends to it (the left box also holds the boundary plane, which is harmless:
+a bound over a larger set is still a bound).
+
+Why a released label stays safe, whatever chose the boxes: an input x is released only when N's
+confidence at x is above the bound of x's leaf for N's class, and that bound is at least every
+leaking confidence inside the leaf's box (it is verified over that box, and a node's bound is
+capped by its parent's, which holds over a superset). The choice of boxes only decides which
+sound bound is compared with.
+
+`locate` walks the tree a fixed number of steps (the tree's depth) for every input: a leaf points
+to itself, so a shallow leaf costs the same as a deep one, and the walk is vectorised over a batch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from lucid.errors import LucidError
+from lucid.rundir import bound_entry_value
+
+REGIONS_FORMAT = "lucid-regions/1"
+MAX_DEPTH = 24  # a deeper tree would make every lookup walk that many steps
+
+
+@dataclass
+class RegionTree:
+    """The boxes and their bounds. Arrays are indexed by node id (0 is the root, the domain)."""
+
+    lower: np.ndarray  # [d] the domain
+    upper: np.ndarray
+    num_classes: int
+    feature: list[int] = field(default_factory=lambda: [-1])  # -1: a leaf
+    threshold: list[float] = field(default_factory=lambda: [math.inf])
+    children: list[tuple[int, int]] = field(default_factory=lambda: [(0, 0)])  # a leaf: itself twice
+    parent: list[int] = field(default_factory=lambda: [-1])
+    bound_upper: list[np.ndarray] = field(default_factory=list)  # [C] per node: +inf where nothing is proved
+    bound_lower: list[np.ndarray] = field(default_factory=list)  # [C] per node: best leaking confidence, -inf none
+    complete: list[np.ndarray] = field(default_factory=list)  # [C] per node: its verification finished
+    verified: list[bool] = field(default_factory=lambda: [False])
+    seconds: list[float] = field(default_factory=lambda: [0.0])
+
+    def __post_init__(self) -> None:
+        self.lower = np.asarray(self.lower, dtype=np.float64)
+        self.upper = np.asarray(self.upper, dtype=np.float64)
+        if not self.bound_upper:
+            self.bound_upper = [np.full(self.num_classes, np.inf)]
+            self.bound_lower = [np.full(self.num_classes, -np.inf)]
+            self.complete = [np.zeros(self.num_classes, dtype=bool)]
+
+    # --- structure --------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.feature)
+
+    def is_leaf(self, node: int) -> bool:
+        return self.feature[node] < 0
+
+    def leaves(self) -> list[int]:
+        return [i for i in range(len(self)) if self.is_leaf(i)]
+
+    def depth_of(self, node: int) -> int:
+        depth = 0
+        while self.parent[node] >= 0:
+            node, depth = self.parent[node], depth + 1
+        return depth
+
+    @property
+    def depth(self) -> int:
+        """The number of steps every lookup walks (the deepest leaf's depth)."""
+        return max(self.depth_of(i) for i in self.leaves())
+
+    def box(self, node: int) -> tuple[np.ndarray, np.ndarray]:
+        """The closed box node `node` is verified over."""
+        path = []
+        while self.parent[node] >= 0:
+            path.append(node)
+            node = self.parent[node]
+        lo, hi = self.lower.copy(), self.upper.copy()
+        for child in reversed(path):
+            p = self.parent[child]
+            f, t = self.feature[p], self.threshold[p]
+            if child == self.children[p][0]:
+                hi[f] = min(hi[f], t)
+            else:
+                lo[f] = max(lo[f], t)
+        return lo, hi
+
+    def split(self, node: int, feature: int, threshold: float) -> tuple[int, int]:
+        """Split leaf `node` at `threshold` on `feature` (strictly inside its box); the children
+        start with the node's bounds (sound over any sub-box) and are not verified yet."""
+        if not self.is_leaf(node):
+            raise ValueError(f"region {node} is already split")
+        lo, hi = self.box(node)
+        if not (0 <= feature < len(lo)) or not (lo[feature] < threshold < hi[feature]):
+            raise ValueError(f"threshold {threshold!r} is not inside region {node}'s box on feature {feature}")
+        if self.depth_of(node) >= MAX_DEPTH:
+            raise ValueError(f"region {node} is at the maximum depth {MAX_DEPTH}")
+        left, right = len(self), len(self) + 1
+        for _ in (left, right):
+            self.feature.append(-1)
+            self.threshold.append(math.inf)
+            self.parent.append(node)
+            self.bound_upper.append(self.bound_upper[node].copy())
+            self.bound_lower.append(np.full(self.num_classes, -np.inf))
+            self.complete.append(np.zeros(self.num_classes, dtype=bool))
+            self.verified.append(False)
+            self.seconds.append(0.0)
+        self.children += [(left, left), (right, right)]
+        self.feature[node], self.threshold[node] = int(feature), float(threshold)
+        self.children[node] = (left, right)
+        return left, right
+
+    def record(self, node: int, upper: np.ndarray, lower: np.ndarray, seconds: float = 0.0,
+               complete: np.ndarray | None = None) -> None:
+        """A verification of `node`'s box: its upper bounds are capped by the parent's (which hold
+        over a superset), its lower bounds are leaks inside the box; ancestors' lower bounds rise."""
+        upper = np.asarray(upper, dtype=np.float64)
+        parent = self.parent[node]
+        cap = self.bound_upper[node] if parent < 0 else np.minimum(self.bound_upper[node], self.bound_upper[parent])
+        self.bound_upper[node] = np.minimum(upper, cap)
+        self.bound_lower[node] = np.maximum(self.bound_lower[node], np.asarray(lower, dtype=np.float64))
+        self.verified[node] = True
+        self.seconds[node] += float(seconds)
+        if complete is not None:
+            self.complete[node] = np.asarray(complete, dtype=bool)
+        up = parent
+        while up >= 0:
+            self.bound_lower[up] = np.maximum(self.bound_lower[up], self.bound_lower[node])
+            up = self.parent[up]
+
+    def leaf_upper(self) -> np.ndarray:
+        """[C]: the domain's bound per class as the leaves prove it (max over the leaves, which cover
+        the domain), never above the root's own."""
+        leaves = np.array([self.bound_upper[i] for i in self.leaves()])
+        return np.minimum(leaves.max(axis=0), self.bound_upper[0])
+
+    def best_lower(self) -> np.ndarray:
+        return self.bound_lower[0].copy()
+
+    def leaves_complete(self) -> np.ndarray:
+        """[C]: every leaf's verification of the class finished (its bound is exact per leaf)."""
+        return np.array([self.complete[i] for i in self.leaves()]).all(axis=0)
+
+    # --- lookup -----------------------------------------------------------------------------------
+    def lookup_arrays(self) -> "RegionLookup":
+        return RegionLookup(np.array([max(f, 0) for f in self.feature], dtype=np.int64),
+                            np.array(self.threshold, dtype=np.float64),
+                            np.array(self.children, dtype=np.int64), self.depth)
+
+    def locate(self, X: np.ndarray) -> np.ndarray:
+        """The leaf of each row of X (network space, inside the domain)."""
+        return self.lookup_arrays().locate(X)
+
+    # --- JSON -------------------------------------------------------------------------------------
+    def to_json(self) -> dict[str, Any]:
+        nodes = []
+        for i in range(len(self)):
+            lo, hi = self.box(i)
+            nodes.append({
+                "id": i,
+                "parent": None if self.parent[i] < 0 else self.parent[i],
+                "split": None if self.is_leaf(i) else {"feature": self.feature[i], "threshold": self.threshold[i],
+                                                       "left": self.children[i][0], "right": self.children[i][1]},
+                "lower": lo.tolist(),
+                "upper": hi.tolist(),
+                "verified": self.verified[i],
+                "seconds": round(self.seconds[i], 3),
+                "bounds": {str(c): {"upper": bound_entry_value(self.bound_upper[i][c], upper=True),
+                                    "lower": bound_entry_value(self.bound_lower[i][c], upper=False),
+                                    "complete": bool(self.complete[i][c])} for c in range(self.num_classes)},
+            })
+        return {"format": REGIONS_FORMAT, "depth": self.depth, "leaves": len(self.leaves()), "nodes": nodes}
+
+    @classmethod
+    def from_json(cls, doc: Any, lower: np.ndarray, upper: np.ndarray, num_classes: int, where: str) -> "RegionTree":
+        """Read and check a `regions` section against the run's domain; one error line if it is not a
+        partition of that domain or a bound is malformed."""
+        def bad(why: str) -> LucidError:
+            return LucidError(f"{where}: the regions section {why}")
+
+        if not isinstance(doc, dict) or doc.get("format") != REGIONS_FORMAT or not isinstance(doc.get("nodes"), list):
+            raise bad(f"is not a {REGIONS_FORMAT} section")
+        nodes = doc["nodes"]
+        if not nodes or len(nodes) % 2 == 0:
+            raise bad("must list the root and two children per split")
+        tree = cls(lower, upper, num_classes)
+        by_id = {}
+        for entry in nodes:
+            if not isinstance(entry, dict) or not isinstance(entry.get("id"), int) or entry["id"] in by_id:
+                raise bad("has a node without a unique integer id")
+            by_id[entry["id"]] = entry
+        if sorted(by_id) != list(range(len(nodes))):
+            raise bad("must number its nodes 0..n-1")
+        order = sorted((e for e in nodes if e.get("split") is not None), key=lambda e: _split_child(e, bad))
+        for entry in order:
+            split = entry["split"]
+            try:
+                feature, threshold = split["feature"], float(split["threshold"])
+                left, right = split["left"], split["right"]
+            except (KeyError, TypeError, ValueError):
+                raise bad(f"has a malformed split at node {entry['id']}") from None
+            if isinstance(feature, bool) or not isinstance(feature, int) or entry["id"] >= len(tree):
+                raise bad(f"has a malformed split at node {entry['id']}")
+            try:
+                got = tree.split(entry["id"], feature, threshold)
+            except ValueError as exc:
+                raise bad(f"is not a partition of the domain ({exc})") from None
+            if got != (left, right):
+                raise bad(f"numbers the children of node {entry['id']} out of order")
+        if len(tree) != len(nodes):
+            raise bad("has nodes that no split creates")
+        for i, entry in by_id.items():
+            bounds = entry.get("bounds")
+            if not isinstance(bounds, dict):
+                raise bad(f"has no bounds at node {i}")
+            up = np.full(num_classes, np.inf)
+            low = np.full(num_classes, -np.inf)
+            for key, value in bounds.items():
+                try:
+                    c = int(key)
+                except ValueError:
+                    raise bad(f"has a class key {key!r} that is not an integer at node {i}") from None
+                if not 0 <= c < num_classes or not isinstance(value, dict):
+                    raise bad(f"has a bound for an unknown class {key!r} at node {i}")
+                up[c] = _read_number(value.get("upper"), np.inf, bad, i)
+                low[c] = _read_number(value.get("lower"), -np.inf, bad, i)
+            tree.bound_upper[i] = up
+            tree.bound_lower[i] = low
+            tree.complete[i] = np.array([bool((bounds.get(str(c)) or {}).get("complete", False))
+                                         for c in range(num_classes)])
+            tree.verified[i] = bool(entry.get("verified", False))
+            tree.seconds[i] = float(entry.get("seconds", 0.0) or 0.0)
+        for i, entry in by_id.items():  # the boxes it states must be the ones its splits make
+            lo, hi = tree.box(i)
+            try:
+                same = np.array_equal(np.asarray(entry["lower"], float), lo) and np.array_equal(
+                    np.asarray(entry["upper"], float), hi)
+            except (KeyError, TypeError, ValueError):
+                same = False
+            if not same:
+                raise bad(f"states a box for node {i} that its splits of this run's domain do not make")
+        # A child's bound is capped by its parent's when it is recorded; re-apply the cap so a
+        # hand-edited file can only make the served bounds smaller-or-equal to what is sound.
+        for i in range(1, len(tree)):
+            tree.bound_upper[i] = np.minimum(tree.bound_upper[i], tree.bound_upper[tree.parent[i]])
+        return tree
+
+    def digest(self) -> str:
+        """A fingerprint of the partition (not of its bounds): the memo records it."""
+        h = hashlib.sha256(self.lower.tobytes() + self.upper.tobytes())
+        h.update(json.dumps([self.feature, self.threshold, self.children]).encode())
+        return h.hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class RegionLookup:
+    """The tree as arrays for the fixed-depth walk (a leaf's children are itself)."""
+
+    feature: np.ndarray  # [M]
+    threshold: np.ndarray  # [M] (+inf at a leaf: always 'left', i.e. itself)
+    children: np.ndarray  # [M, 2]
+    depth: int
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_children_list", self.children.tolist())
+
+    def locate(self, X: np.ndarray) -> np.ndarray:
+        X = np.asarray(X, dtype=np.float64)
+        # Every node's test for every row at once, then `depth` steps for every row and every tree
+        # path (a leaf's children are itself), so the work does not depend on the input's box.
+        right = (X[:, self.feature] >= self.threshold).astype(np.int64)  # [B, M]
+        if len(X) == 1:  # one query: the same walk on Python lists is ~10x faster than numpy's
+            bits, children, node = right[0].tolist(), self._children_list, 0
+            for _ in range(self.depth):
+                node = children[node][bits[node]]
+            return np.array([node], dtype=np.int64)
+        rows = np.arange(len(X))
+        node = np.zeros(len(X), dtype=np.int64)
+        for _ in range(self.depth):
+            node = self.children[node, right[rows, node]]
+        return node
+
+
+def _split_child(entry: dict, bad) -> int:
+    split = entry["split"]
+    if not isinstance(split, dict) or not isinstance(split.get("left"), int):
+        raise bad(f"has a malformed split at node {entry.get('id')}")
+    return split["left"]
+
+
+def _read_number(value: Any, missing: float, bad, node: int) -> float:
+    if value is None:
+        return missing
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise bad(f"has a bound that is not a finite number or null at node {node}")
+    return float(value)
+
+

@@ -1,0 +1,329 @@
+"""Region-wise decision bounds (`lucid verify --regions K`, lucid/regions.py, lucid/bab/regions.py).
+
+The oracle: on tiny 2-D runs the exact beta*_{c,{i}} of every network over every box is computed
+by polygon enumeration (tests/bruteforce.py, no code shared with lucid), and every verified box's
+upper bound must be >= the largest of them; every released input must agree with all networks.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bab_fixtures import write_tiny_run  # noqa: E402
+from bruteforce import exact_for  # noqa: E402
+
+from lucid.access.classifier import LabelOnlyClassifier  # noqa: E402
+from lucid.access.evaluate import leaking_set  # noqa: E402
+from lucid.access.memo import Memo  # noqa: E402
+from lucid.analysis.problem import VerificationProblem  # noqa: E402
+from lucid.bab import verify_run  # noqa: E402
+from lucid.errors import LucidError  # noqa: E402
+from lucid.regions import MAX_DEPTH, RegionTree  # noqa: E402
+from lucid.rundir import open_run  # noqa: E402
+
+
+def random_tree(seed: int, d: int = 3, splits: int = 12, classes: int = 2) -> RegionTree:
+    rng = np.random.default_rng(seed)
+    tree = RegionTree(np.zeros(d), np.ones(d), classes)
+    for _ in range(splits):
+        leaf = int(rng.choice(tree.leaves()))
+        lo, hi = tree.box(leaf)
+        f = int(rng.integers(d))
+        if hi[f] - lo[f] < 1e-6:
+            continue
+        # thresholds on a coarse grid, so that test points can sit exactly on them
+        t = float(np.round(lo[f] + (hi[f] - lo[f]) * rng.uniform(0.2, 0.8), 3))
+        if lo[f] < t < hi[f]:
+            tree.split(leaf, f, t)
+    for i in range(len(tree)):  # parents come before their children: caps apply in order
+        own = rng.uniform(0, 1, classes)
+        tree.bound_upper[i] = own if i == 0 else np.minimum(own, tree.bound_upper[tree.parent[i]])
+    return tree
+
+
+# --- the partition ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("seed", range(5))
+def test_every_point_boundaries_included_reaches_exactly_one_leaf_whose_box_holds_it(seed):
+    tree = random_tree(seed)
+    rng = np.random.default_rng(100 + seed)
+    X = rng.random((3000, 3))
+    # points exactly on every threshold plane, and on the domain's faces and corners
+    planes = [(tree.feature[i], tree.threshold[i]) for i in range(len(tree)) if not tree.is_leaf(i)]
+    for k, (f, t) in enumerate(planes):
+        X[k * 20:(k + 1) * 20, f] = t
+    X[-8:] = np.array(np.meshgrid([0, 1], [0, 1], [0, 1])).reshape(3, -1).T
+    leaf = tree.locate(X)
+    leaves = set(tree.leaves())
+    assert set(leaf.tolist()) <= leaves
+    # exactly one: the half-open boxes (x >= threshold goes right) of the leaves are disjoint and
+    # cover the domain; recompute membership independently from the boxes and the rule
+    member = np.zeros((len(X), len(tree)), dtype=bool)
+    for i in leaves:
+        inside = np.ones(len(X), dtype=bool)
+        node = i
+        while tree.parent[node] >= 0:
+            p = tree.parent[node]
+            f, t = tree.feature[p], tree.threshold[p]
+            inside &= (X[:, f] >= t) if node == tree.children[p][1] else (X[:, f] < t)
+            node = p
+        member[:, i] = inside
+        lo, hi = tree.box(i)
+        assert np.all((X[leaf == i] >= lo) & (X[leaf == i] <= hi))  # the verified closed box holds it
+    assert (member.sum(axis=1) == 1).all()
+    assert (member[np.arange(len(X)), leaf]).all()
+    # one row at a time (the single-query path) gives the same leaves
+    assert all(tree.locate(X[k:k + 1])[0] == leaf[k] for k in range(0, len(X), 37))
+
+
+def test_lookup_walks_the_same_number_of_steps_for_every_leaf():
+    tree = random_tree(3)
+    lookup = tree.lookup_arrays()
+    depths = {tree.depth_of(i) for i in tree.leaves()}
+    assert len(depths) > 1 and lookup.depth == max(depths)
+    # a leaf's children are itself: walking further never leaves it, so a shallow leaf costs
+    # the same `depth` steps as the deepest one
+    for i in tree.leaves():
+        assert tuple(lookup.children[i]) == (i, i) and math.isinf(lookup.threshold[i])
+
+
+def test_split_rules_and_bound_caps():
+    tree = RegionTree(np.zeros(2), np.ones(2), 2)
+    with pytest.raises(ValueError):
+        tree.split(0, 0, 1.0)  # on the box's face: not inside
+    with pytest.raises(ValueError):
+        tree.split(0, 2, 0.5)  # no such feature
+    tree.record(0, np.array([0.5, 0.2]), np.array([0.1, -np.inf]))
+    left, right = tree.split(0, 0, 0.5)
+    assert np.array_equal(tree.bound_upper[left], [0.5, 0.2])  # starts from the parent's bound
+    tree.record(left, np.array([0.9, 0.1]), np.array([0.3, 0.05]))  # a child cannot exceed its parent
+    assert np.array_equal(tree.bound_upper[left], [0.5, 0.1])
+    assert tree.bound_lower[0][0] == 0.3 and tree.bound_lower[0][1] == 0.05  # a leak is the parent's too
+    assert np.array_equal(tree.leaf_upper(), [0.5, 0.2])
+    node = 0
+    for _ in range(MAX_DEPTH):
+        lo, hi = tree.box(node)
+        node = tree.split(node, 1, float(lo[1] + (hi[1] - lo[1]) / 2))[0] if tree.is_leaf(node) else \
+            tree.children[node][0]
+    with pytest.raises(ValueError):
+        tree.split(node, 1, float(np.mean(tree.box(node)[0][1] + tree.box(node)[1][1]) / 2))
+
+
+def test_json_round_trip_and_one_line_refusals():
+    tree = random_tree(1)
+    doc = json.loads(json.dumps(tree.to_json()))
+    back = RegionTree.from_json(doc, np.zeros(3), np.ones(3), 2, "bounds.json")
+    assert back.digest() == tree.digest()
+    assert all(np.array_equal(a, b) for a, b in zip(back.bound_upper, tree.bound_upper))
+    X = np.random.default_rng(0).random((500, 3))
+    assert np.array_equal(back.locate(X), tree.locate(X))
+
+    def refused(mutate, domain=(np.zeros(3), np.ones(3))) -> str:
+        bad = json.loads(json.dumps(doc))
+        mutate(bad)
+        with pytest.raises(LucidError) as err:
+            RegionTree.from_json(bad, *domain, 2, "bounds.json")
+        assert "\n" not in str(err.value)
+        return str(err.value)
+
+    split_node = next(n for n in doc["nodes"] if n["split"])
+    assert "partition" in refused(lambda d: d["nodes"][split_node["id"]]["split"].update(threshold=7.0))
+    assert "box" in refused(lambda d: None, domain=(np.zeros(3), np.full(3, 2.0)))  # another domain
+    assert "finite" in refused(lambda d: d["nodes"][0]["bounds"]["0"].update(upper="inf"))
+    assert "lucid-regions/1" in refused(lambda d: d.update(format="lucid-regions/0"))
+    assert "0..n-1" in refused(lambda d: d["nodes"].__setitem__(1, {**d["nodes"][1], "id": 99}))
+    # a child's stated bound above its parent's is capped, never trusted
+    raised = json.loads(json.dumps(doc))
+    child = split_node["split"]["left"]
+    raised["nodes"][child]["bounds"]["0"]["upper"] = 50.0
+    capped = RegionTree.from_json(raised, np.zeros(3), np.ones(3), 2, "bounds.json")
+    assert capped.bound_upper[child][0] <= capped.bound_upper[split_node["id"]][0]
+
+
+# --- verification against the exact per-box oracle -------------------------------------------------
+@pytest.fixture(scope="module")
+def region_run(tmp_path_factory):
+    path = write_tiny_run(tmp_path_factory.mktemp("regions") / "run", networks=6, seed=4, spread=(0.03, 0.08, 0.2))
+    verify_run(path, regions=7, time_limit=60, workers=1, progress=False)
+    return path
+
+
+def test_every_box_bound_is_above_the_exact_leaking_confidence_in_that_box(region_run):
+    run = open_run(region_run)
+    doc = json.loads((region_run / "bounds.json").read_text())
+    tree = RegionTree.from_json(doc["regions"], *run.domain, run.num_classes, "bounds.json")
+    assert len(tree.leaves()) > 1 and all(tree.verified)
+    stack = VerificationProblem.from_run(run, bounds="interval").stack
+    checked = 0
+    for node in range(len(tree)):
+        lo, hi = tree.box(node)
+        for c in range(run.num_classes):
+            exact = max(exact_for(stack, p, c, lo, hi) for p in range(1, len(stack)))
+            upper = tree.bound_upper[node][c]
+            assert upper >= exact - 1e-9 or (upper == -1.0 and exact == -np.inf), (node, c, upper, exact)
+            if np.isfinite(tree.bound_lower[node][c]):
+                assert tree.bound_lower[node][c] <= exact + 1e-9  # a lower bound is a real leak here
+            checked += 1
+    assert checked == len(tree) * run.num_classes
+    # the top-level bound is the leaves' maximum, and at least the exact bound of the domain
+    for c in range(run.num_classes):
+        exact = max(exact_for(stack, p, c, *run.domain) for p in range(1, len(stack)))
+        top = doc["bounds"][str(c)]["upper"]
+        assert top is None or top >= exact - 1e-9 or (top == -1.0 and exact == -np.inf)
+
+
+def test_regions_release_no_leaking_input_and_noise_less_than_the_global_bound(region_run):
+    run = open_run(region_run)
+    clf = LabelOnlyClassifier(run, epsilon=1.0, memo=Memo(None))
+    assert clf.regions is not None
+    g = np.linspace(0, 1, 161)
+    X = np.array(np.meshgrid(g, g)).reshape(2, -1).T  # includes every 1/160 plane and the faces
+    X = np.vstack([X, np.random.default_rng(1).random((4000, 2))])
+    for node in range(len(clf.regions)):  # and points on every split plane
+        if not clf.regions.is_leaf(node):
+            f, t = clf.regions.feature[node], clf.regions.threshold[node]
+            plane = np.random.default_rng(node).random((200, 2))
+            plane[:, f] = t
+            X = np.vstack([X, plane])
+    _, noised = clf.decide(X)
+    leaking = leaking_set(VerificationProblem.from_run(run, bounds="interval").stack, X)
+    assert not (leaking & ~noised).any()
+    global_clf = LabelOnlyClassifier(run, epsilon=1.0, memo=Memo(None))
+    global_clf.regions = None
+    _, noised_global = global_clf.decide(X)
+    assert not (noised & ~noised_global).any()  # a box's bound never exceeds the global one
+    assert noised.sum() < noised_global.sum()  # and here the regions release more
+
+
+def test_resume_continues_from_the_last_finished_box(tmp_path, monkeypatch):
+    import lucid.bab.regions as regions
+
+    path = write_tiny_run(tmp_path / "run", networks=5, seed=2, spread=(0.03, 0.08, 0.2))
+    calls = []
+    real = regions._verify_box
+
+    def interrupted(tree, node, *args, **kw):
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        calls.append(node)
+        return real(tree, node, *args, **kw)
+
+    monkeypatch.setattr(regions, "_verify_box", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        verify_run(path, regions=5, time_limit=60, workers=1, progress=False)
+    assert not (path / "bounds.json").exists()
+    saved = json.loads((path / "verify.checkpoint.json").read_text())
+    done = [n["id"] for n in saved["regions"]["nodes"] if n["verified"]]
+    assert done == calls == [0, 1, 2]
+    monkeypatch.setattr(regions, "_verify_box", lambda tree, node, *a, **k: (calls.append(node), real(tree, node, *a, **k)))
+    with pytest.raises(LucidError, match="different options"):
+        verify_run(path, regions=6, time_limit=60, workers=1, progress=False, resume=True)
+    result = verify_run(path, regions=5, time_limit=60, workers=1, progress=False, resume=True)
+    assert calls[3] == 3  # boxes 0-2 were not verified again
+    nodes = result["regions"]["nodes"]
+    assert result["regions"]["leaves"] <= 5 and all(n["verified"] for n in nodes)
+    for k in done:  # the finished boxes kept their splits and bounds
+        assert nodes[k]["bounds"] == saved["regions"]["nodes"][k]["bounds"]
+    events = [json.loads(line) for line in (path / "verify.log.jsonl").read_text().splitlines()]
+    assert [e["box"] for e in events if e["event"] == "region"] == calls
+
+
+def test_memo_refuses_bounds_over_other_regions(region_run, tmp_path):
+    run = open_run(region_run)
+    memo_path = tmp_path / "memo.sqlite"
+    clf = LabelOnlyClassifier(run, epsilon=1.0, memo=memo_path)
+    clf.predict_network_space(np.array([[0.5, 0.5]]))
+    clf.close()
+    original = (region_run / "bounds.json").read_text()
+    try:
+        doc = json.loads(original)
+        del doc["regions"]
+        (region_run / "bounds.json").write_text(json.dumps(doc))
+        with pytest.raises(LucidError, match="other bounds"):
+            LabelOnlyClassifier(run, epsilon=1.0, memo=memo_path)
+    finally:
+        (region_run / "bounds.json").write_text(original)
+    LabelOnlyClassifier(run, epsilon=1.0, memo=memo_path).close()  # the same regions: accepted
+
+
+def test_evaluate_shows_regions_next_to_the_global_bounds(region_run, tmp_path):
+    from lucid.access.evaluate import evaluate_run, markdown_table
+
+    data = dict(np.load(region_run / "data.npz"))
+    rng = np.random.default_rng(5)
+    data["X_test"] = rng.random((300, 2)).astype(np.float32)
+    data["y_test"] = rng.integers(0, 2, 300)
+    copy = tmp_path / "run"
+    copy.mkdir()
+    for name in ("run.json", "networks.safetensors", "bounds.json"):
+        (copy / name).write_bytes((region_run / name).read_bytes())
+    np.savez(copy / "data.npz", **data)
+    result, _ = evaluate_run(copy, [("0", 0.0), ("1", 1.0)], seed=0)
+    nf = result["noised_fraction"]
+    assert nf["lucid"] <= nf["lucid_global"] and nf["naive_idp"] <= nf["lucid"]
+    assert set(result["accuracy"]["lucid_global"]) == {"0", "1"}
+    table = markdown_table(result, [("0", 0.0), ("1", 1.0)])
+    assert "LUCID (regions)" in table and "LUCID (global)" in table
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--regions", "0"], "--regions must be a whole number >= 1"),
+    (["--public-inputs", "x.npz"], "--public-inputs only weighs the boxes"),
+    (["--regions", "4", "--naive"], "--naive cannot be combined with --regions"),
+    (["--regions", "4", "--public-inputs", "missing.npz"], "missing.npz does not exist"),
+])
+def test_bad_region_options_get_one_line_and_exit_2(tmp_path, capsys, args, message):
+    from lucid.cli import main
+
+    path = write_tiny_run(tmp_path / "run", networks=3, seed=1)
+    with pytest.raises(SystemExit) as exc:
+        main(["verify", str(path), "--quiet", "--time-limit", "5", *args])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2, err
+    assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert not (path / "bounds.json").exists()
+
+
+def test_queries_in_a_shallow_and_a_deep_box_do_the_same_work_and_take_the_same_time(region_run):
+    """The box an input falls in must not show in what the service does or how long it takes."""
+    import time
+
+    run = open_run(region_run)
+    clf = LabelOnlyClassifier(run, epsilon=1.0, memo=Memo(None), seed=0)
+    tree = clf.regions
+    X = np.random.default_rng(3).random((20000, 2))
+    leaf = tree.locate(X)
+    depth = {i: tree.depth_of(i) for i in tree.leaves()}
+    shallow = min((i for i in depth if (leaf == i).sum() >= 50), key=depth.get)
+    deep = max((i for i in depth if (leaf == i).sum() >= 50), key=depth.get)
+    assert depth[deep] > depth[shallow]
+    a, b = X[leaf == shallow][:50], X[leaf == deep][:50]
+    traces = {}
+    for name, rows in (("shallow", a), ("deep", b)):
+        memo = Memo(None)
+        clf.memo = memo.bind(1.0)
+        statements: list[str] = []
+        memo._db.set_trace_callback(statements.append)
+        for i in range(20):
+            clf.predict_network_space(rows[i:i + 1])
+        memo._db.set_trace_callback(None)
+        import re
+
+        traces[name] = [re.sub(r"[xX]'[0-9a-fA-F]*'|-?\d+(\.\d+)?", "?", s) for s in statements]
+    assert traces["shallow"] == traces["deep"]
+    # time: single decisions, interleaved so machine load hits both alike
+    times = {"shallow": [], "deep": []}
+    for rep in range(3):
+        for i in range(50):
+            for name, rows in (("shallow", a), ("deep", b)):
+                t0 = time.perf_counter()
+                clf.decide(rows[i:i + 1])
+                times[name].append(time.perf_counter() - t0)
+    ms, md = np.median(times["shallow"]), np.median(times["deep"])
+    assert abs(ms - md) <= 0.25 * max(ms, md) + 5e-6, (ms, md)
