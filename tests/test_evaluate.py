@@ -69,7 +69,7 @@ def test_results_match_an_independent_computation(run_dir):
     leaking = brute_force_leaking(run_dir, x)
 
     result, plot = evaluate_run(run_dir, parse_epsilons("0, 0.50,2000"), seed=3)
-    assert set(result) == {"accuracy", "noised_fraction", "access_ms"}
+    assert set(result) == {"accuracy", "expected_accuracy", "noised_fraction", "access_ms"}
     acc = result["accuracy"]
     assert set(acc) == {"plain", "lucid", "naive_noise", "naive_idp"}
     for name in ("lucid", "naive_noise", "naive_idp"):
@@ -87,6 +87,15 @@ def test_results_match_an_independent_computation(run_dir):
     expected = (released_correct + noised.sum() / 3) / len(y)
     assert acc["lucid"]["0"] == pytest.approx(expected, abs=0.12)
     assert acc["naive_noise"]["0"] == pytest.approx(1 / 3, abs=0.12)
+    # The expectation over the draws, exactly: at eps = 0 the same formula; at eps = 0.5 a noised
+    # answer is N's label with probability 1 / (1 + 2 exp(-0.25)), each other label with the rest / 2.
+    mean = result["expected_accuracy"]
+    assert mean["lucid"]["0"] == pytest.approx(expected, abs=1e-12)
+    assert mean["naive_noise"]["0"] == pytest.approx(1 / 3, abs=1e-12)
+    p = 1 / (1 + 2 * np.exp(-0.25))
+    by_hand = np.where(leaking, np.where(cls == y, p, (1 - p) / 2), cls == y).mean()
+    assert mean["naive_idp"]["0.50"] == pytest.approx(by_hand, abs=1e-12)
+    assert mean["lucid"]["2000"] == pytest.approx(acc["plain"], abs=1e-12)
     assert all(v > 0 for v in result["access_ms"].values())
     # These hand-written bounds are not sound: the evaluation must notice it.
     assert plot["released_but_leaking"] == int(np.sum(~noised & leaking)) > 0

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from bab_fixtures import write_tiny_run
 from lucid.bab.display import fmt
-from lucid.bab.report import (
+from lucid.bab.region_report import (
     RegionView,
     default_class,
     default_features,
@@ -117,7 +117,8 @@ def test_table_of_a_run_still_going_comes_from_the_log(region_run, tmp_path):
     nodes = {n["id"]: n for n in json.loads((region_run / "bounds.json").read_text())["regions"]["nodes"]}
     parent = nodes[splits[-1]["box"]]["bounds"]
     for child in splits[-1]["children"]:
-        assert rows[child][2:4] == [f"{fmt(parent[c]['upper'])} / - *" for c in ("0", "1")]
+        assert rows[child][2:4] == [f"{'+inf' if parent[c]['upper'] is None else fmt(parent[c]['upper'])} / - *"
+                                    for c in ("0", "1")]
         assert rows[child][4] == "-"  # seconds: not verified yet
     assert all(rows[box][4] != "-" for box in set(rows) - set(splits[-1]["children"]))
 

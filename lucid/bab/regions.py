@@ -20,7 +20,6 @@ its bounds and the best leaks are checkpointed after every box (RUN/verify.check
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from dataclasses import replace
@@ -113,8 +112,12 @@ def verify_regions(run: Run, settings: VerifySettings, classes: list[int], resul
                 checkpoint()
                 continue
             node = todo[0]
-            limit = None if left is None else box_time(left, tree, settings.regions, node)
-            _verify_box(tree, node, root, holder, executor, settings, classes, limit, screens, leaks, log)
+            limit = None if left is None else box_time(left, settings.time_limit, tree, settings.regions, node)
+            # The classes the box's noised public points have: the others keep the parent's bound
+            # (all of them in a box without noised mass, verified only when time is left over).
+            noised_here = set(sample_class[(leaf_of == node) & noised].tolist())
+            box_classes = [c for c in classes if c in noised_here] or classes
+            _verify_box(tree, node, root, holder, executor, settings, box_classes, limit, screens, leaks, log)
             checkpoint()
     except KeyboardInterrupt:
         checkpoint()  # every finished box is kept; resume continues from here
@@ -245,15 +248,21 @@ def _splittable(tree: RegionTree, node: int) -> bool:
     return bool(np.any(hi - lo > 0))
 
 
-def box_time(left: float, tree: RegionTree, max_leaves: int, node: int) -> float:
-    """Seconds for the next box: the root gets 1 / (1 + log2 K) of the run, every later box an
-    equal share of what is left among the boxes with public mass that may still come (a split
-    makes one such box, a trim's other half has none; unused time flows on)."""
+def box_time(left: float, total: float, tree: RegionTree, max_leaves: int, node: int) -> float:
+    """Seconds for the next box. The root gets half the run (what it leaves unused flows on).
+    Every later box gets an equal share of what is left among the boxes with noised mass that may
+    still come (a split makes one such box; a trim's other half has none), but at least
+    `MIN_BOX_SHARE` of the run: a box cut short keeps its parent's bound, so a few boxes verified
+    to the end are worth more than many barely started (a larger K then refines further only
+    when the earlier boxes finish early)."""
     if node == 0:
-        return left / (1.0 + math.log2(max_leaves))
+        return left / 2
     waiting = sum(1 for i in tree.leaves() if not tree.verified[i])
     to_come = max(0, max_leaves - len(tree.leaves()))
-    return left / max(1, waiting + to_come)
+    return min(left, max(MIN_BOX_SHARE * total, left / max(1, waiting + to_come)))
+
+
+MIN_BOX_SHARE = 1 / 32
 
 
 # --- one box --------------------------------------------------------------------------------------

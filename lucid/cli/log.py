@@ -15,7 +15,7 @@ import click
 from lucid.errors import LucidError
 
 if TYPE_CHECKING:  # the report module pulls in numpy and the run directory code: only when used
-    from lucid.bab.report import RegionView
+    from lucid.bab.region_report import RegionView
 
 
 def _fmt(v) -> str:
@@ -63,7 +63,7 @@ def _region_table(view: RegionView):
     """One row per leaf box: where it is, and per class `upper / lower` of its bound."""
     from rich.table import Table
 
-    from lucid.bab.report import region_rows
+    from lucid.bab.region_report import region_rows
 
     tree = view.tree
     table = Table(
@@ -95,14 +95,14 @@ def _fmt_lower(v: float) -> str:
 
 
 def _regions_or_none(run_dir: Path, events: list[dict]) -> RegionView | None:
-    from lucid.bab.report import load_regions
+    from lucid.bab.region_report import load_regions
 
     return load_regions(run_dir, events)
 
 
 def _region_plot_choice(view: RegionView, features: str | None, cls: int | None) -> tuple[tuple[int, int], int]:
     """(features, class) of the region plot: the user's, checked, or the defaults."""
-    from lucid.bab.report import default_class, default_features, parse_features
+    from lucid.bab.region_report import default_class, default_features, parse_features
 
     chosen = default_features(view.tree) if features is None else parse_features(features, view)
     c = default_class(view.tree) if cls is None else cls
@@ -197,7 +197,8 @@ def command(run_dir: Path, follow: bool, plot_path: Path | None, features: str |
 
 def _write_plot(run_dir: Path, events: list[dict], regions: RegionView | None, plot_path: Path,
                 features: str | None, cls: int | None) -> None:
-    from lucid.bab.report import plot_curves, plot_regions
+    from lucid.bab.region_report import plot_regions
+    from lucid.bab.report import plot_curves
 
     if regions is None:
         if features is not None or cls is not None:  # a --regions run with no box logged yet
