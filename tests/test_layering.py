@@ -26,6 +26,7 @@ SOLVER_PACKAGES = {"highspy", "gurobipy", "pulp", "pyscipopt"}
 LAYERS = [
     {"__init__", "__version__", "errors", "atomic", "worker_inputs", "cluster"},  # foundations
     {"network", "network_cache", "data", "rundir", "regions", "hyper", "witness"},  # networks and run directories
+    {"interop"},  # ONNX / state-dict import and export of run directories, VNN-LIB queries
     {"milp"},  # the solver-neutral model
     {"solvers"},  # backends
     {"bounds"},  # bound propagation, LPs, ReLU splitting

@@ -1,6 +1,6 @@
 """The `lucid` command line.
 
-Each subcommand lives in its own module (`lucid/cli/<name>.py`, exposing `command`) and is
+Each subcommand lives in its own module (`lucid/cli/<name>.py`, or `MODULES[name]`, exposing `command`) and is
 imported only when used, so `lucid serve` does not pay for torch/solver imports of `verify`.
 Every user error (LucidError or a click usage error) becomes one line on stderr and exit 2.
 """
@@ -23,7 +23,11 @@ SUBCOMMANDS = {
     "budget": "Show the privacy ledger: what each client of `lucid serve` has been given.",
     "demo": "Train, verify and evaluate on a bundled data set, end to end.",
     "report": "Write one self-contained HTML (or Markdown) report of what was proved about a run.",
+    "import": "Build a run directory from networks trained elsewhere (ONNX or PyTorch state dicts).",
+    "export": "Write a run's networks as ONNX, and singleton iDP queries as ONNX + VNN-LIB.",
 }
+# `import` is a Python keyword, so the interop pair lives in `<name>_cmd.py`.
+MODULES = {"import": "import_cmd", "export": "export_cmd"}
 
 
 class LazyGroup(click.Group):
@@ -33,10 +37,11 @@ class LazyGroup(click.Group):
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         if name not in SUBCOMMANDS:
             return None
+        path = f"lucid.cli.{MODULES.get(name, name)}"
         try:
-            module = importlib.import_module(f"lucid.cli.{name}")
+            module = importlib.import_module(path)
         except ModuleNotFoundError as exc:
-            if exc.name == f"lucid.cli.{name}":
+            if exc.name == path:
                 return None
             raise
         return module.command

@@ -9,6 +9,12 @@ from __future__ import annotations
 
 from lucid.report.facts import ReportFacts
 
+EXTERNAL = "external"  # run.json's training algorithm of an imported run (lucid/interop/importer.py)
+EXTERNAL_T = ("The networks were trained outside LUCID and imported (`lucid import`): the leave-one-out "
+              "networks are the ones supplied for each row, and the guarantee is about exactly those networks. "
+              "LUCID checked the networks, not how they were trained: if the training algorithm would not "
+              "reproduce them from D without a row, the guarantee does not describe it.")
+
 
 def covered(facts: ReportFacts) -> tuple[tuple[str, str], ...]:
     """(short claim, explanation) pairs for what the guarantee covers on this run."""
@@ -28,9 +34,10 @@ def covered(facts: ReportFacts) -> tuple[tuple[str, str], ...]:
          "without such a row gives the same label; every other answer is drawn by the exponential "
          "mechanism (ε-iDP)."),
         ("For the training algorithm T exactly as run",
-         f"The leave-one-out networks are what T ({t.algorithm}: plain SGD, seed {t.seed}, the seeded batch "
-         "order shared by all networks) produces without each row; the guarantee is about that "
-         "deterministic T and nothing else."
+         (EXTERNAL_T if t.algorithm == EXTERNAL else
+          f"The leave-one-out networks are what T ({t.algorithm}: plain SGD, seed {t.seed}, the seeded batch "
+          "order shared by all networks) produces without each row; the guarantee is about that "
+          "deterministic T and nothing else.")
          + (" The pre-trained start of this fine-tuned run is a constant of T: the guarantee assumes it "
             "does not depend on the private rows." if t.fine_tuned_from else "")),
         ("Repeated queries of one input",
@@ -59,9 +66,11 @@ def not_covered(facts: ReportFacts) -> tuple[tuple[str, str], ...]:
          "the leaking rows' indices, the ledger and the domain in it are derived from the private data and "
          "are not protected by the guarantee: do not publish it to clients."),
         ("Training randomness and other training runs",
-         "The seed is fixed and recorded, so T's randomness is not a source of privacy here; the guarantee "
-         "says nothing about networks trained with another seed, other hyper-parameters, other data or "
-         "another algorithm, or about releasing N's weights or scores."),
+         ("LUCID did not train these networks, so whatever randomness their training had is not a source "
+          "of privacy here" if t.algorithm == EXTERNAL else
+          "The seed is fixed and recorded, so T's randomness is not a source of privacy here")
+         + "; the guarantee says nothing about networks trained with another seed, other hyper-parameters, "
+         "other data or another algorithm, or about releasing N's weights or scores."),
         ("Neighbours other than removing one row" if all(c.removals == 1 for c in facts.verification.classes)
          else "Neighbours other than removals",
          "iDP here compares D with D minus its own rows (one row, or up to the verified group size). "

@@ -1,0 +1,64 @@
+"""One plain dense ReLU network as read from, or written to, a file outside LUCID.
+
+`DenseNet` is the common form of every reader and writer of this package: float32 weights
+[out, in] and biases [out] of the affine layers, a ReLU after every layer but the last (the
+stacked layout of networks.safetensors, docs/formats.md). LUCID stores float32, so a parameter
+is accepted in another float type only when float32 holds it exactly: otherwise the bounds would
+be about rounded networks, not the ones supplied.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from lucid.errors import LucidError
+
+
+@dataclass
+class DenseNet:
+    weights: list[np.ndarray]  # float32 [out, in]
+    biases: list[np.ndarray]  # float32 [out]
+
+    @property
+    def layer_sizes(self) -> list[int]:
+        """[input, hidden..., output] widths."""
+        return [int(self.weights[0].shape[1])] + [int(w.shape[0]) for w in self.weights]
+
+
+def exact_float32(value: np.ndarray, what: str) -> np.ndarray:
+    """`value` as float32, refusing a type or a value that float32 does not hold exactly."""
+    a = np.asarray(value)
+    if a.dtype == np.float32:
+        return a
+    if a.dtype.kind != "f":
+        raise LucidError(f"{what} has dtype {a.dtype}; LUCID reads floating-point parameters only")
+    cast = a.astype(np.float32)
+    if not np.array_equal(cast.astype(a.dtype), a, equal_nan=True):
+        raise LucidError(f"{what} is {a.dtype} with values float32 cannot hold exactly; LUCID stores float32 "
+                         "networks, so convert them to float32 before importing (the bounds are about the stored ones)")
+    return cast
+
+
+def checked_net(weights: list[np.ndarray], biases: list[np.ndarray], source: str) -> DenseNet:
+    """A `DenseNet` whose layers chain (out of layer k = in of layer k+1) and whose biases fit."""
+    if not weights:
+        raise LucidError(f"{source}: no dense layer found")
+    ws = [exact_float32(w, f"{source}: layer {k}'s weight") for k, w in enumerate(weights)]
+    bs = [exact_float32(b, f"{source}: layer {k}'s bias") for k, b in enumerate(biases)]
+    for k, (w, b) in enumerate(zip(ws, bs)):
+        if w.ndim != 2 or b.shape != (w.shape[0],):
+            raise LucidError(f"{source}: layer {k} has weight {tuple(w.shape)} and bias {tuple(b.shape)}; "
+                             "expected [out, in] and [out]")
+        if k and w.shape[1] != ws[k - 1].shape[0]:
+            raise LucidError(f"{source}: layer {k} takes {w.shape[1]} inputs but layer {k - 1} gives {ws[k - 1].shape[0]}")
+    return DenseNet(ws, bs)
+
+
+def non_finite_layer(net: DenseNet) -> int | None:
+    """The first layer holding a NaN or infinite parameter, or None."""
+    for k, (w, b) in enumerate(zip(net.weights, net.biases)):
+        if not (np.isfinite(w).all() and np.isfinite(b).all()):
+            return k
+    return None

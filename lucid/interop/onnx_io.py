@@ -1,0 +1,265 @@
+"""Dense ReLU networks as ONNX, read and written with the `onnx` library.
+
+Written: a chain Gemm (transB=1, so the weight is stored [out, in] exactly as in
+networks.safetensors), Relu, Gemm, ..., with one input "x" [batch, input_dim] in the networks'
+input space (after the run's scaler) and float32 initializers bit-identical to the run's.
+
+Read: a chain of Gemm, MatMul (optionally followed by the Add of its bias), Relu, and
+Flatten / Reshape that keep the [batch, features] layout; constants come from initializers or
+Constant nodes. Anything else (another op, a branch, a ReLU after the last layer, two dense layers
+without a ReLU between them) is refused in one line naming the op and the file: LUCID verifies
+exactly this kind of network, so it must not guess what another op means.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from lucid.atomic import write_atomic
+from lucid.errors import LucidError
+from lucid.interop.dense import DenseNet, checked_net
+
+INPUT_NAME = "x"
+OPSET = 13  # Gemm with an optional C, Flatten, Reshape, Relu and Concat as VNN-COMP tools read them
+IR_VERSION = 8  # the IR of opset 13: older verifiers' onnx readers refuse newer IRs
+SUPPORTED = "Gemm, MatMul (+ Add), Relu, Flatten and Reshape"
+
+
+# ------------------------------------------------------------------------------------- writing
+
+
+def _layers(net: DenseNet, prefix: str, source: str, nodes: list, inits: list) -> str:
+    """Append `net`'s Gemm/Relu chain acting on `source`; returns the name of its scores."""
+    h = source
+    last = len(net.weights) - 1
+    for k, (w, b) in enumerate(zip(net.weights, net.biases)):
+        wn, bn, out = f"{prefix}layers.{k}.weight", f"{prefix}layers.{k}.bias", f"{prefix}gemm{k}"
+        inits += [numpy_helper.from_array(np.ascontiguousarray(w, dtype=np.float32), wn),
+                  numpy_helper.from_array(np.ascontiguousarray(b, dtype=np.float32), bn)]
+        nodes.append(helper.make_node("Gemm", [h, wn, bn], [out], name=out, transB=1))
+        h = out
+        if k < last:
+            nodes.append(helper.make_node("Relu", [h], [f"{prefix}relu{k}"], name=f"{prefix}relu{k}"))
+            h = f"{prefix}relu{k}"
+    return h
+
+
+def _model(nodes: list, inits: list, input_dim: int, output: str, width: int, doc: str) -> onnx.ModelProto:
+    graph = helper.make_graph(
+        nodes, "lucid", [helper.make_tensor_value_info(INPUT_NAME, TensorProto.FLOAT, ["batch", input_dim])],
+        [helper.make_tensor_value_info(output, TensorProto.FLOAT, ["batch", width])], initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="lucid",
+                              doc_string=doc)
+    model.ir_version = IR_VERSION
+    onnx.checker.check_model(model)
+    return model
+
+
+def network_model(net: DenseNet, doc: str = "") -> onnx.ModelProto:
+    """One network: input "x" [batch, d], output "scores" [batch, C]."""
+    nodes: list = []
+    inits: list = []
+    scores = _layers(net, "", INPUT_NAME, nodes, inits)
+    nodes.append(helper.make_node("Identity", [scores], ["scores"], name="scores"))
+    return _model(nodes, inits, net.layer_sizes[0], "scores", net.layer_sizes[-1], doc)
+
+
+def margin_matrix(num_classes: int, cls: int) -> np.ndarray:
+    """[C-1, C]: row j is e_cls - e_u for the j-th class u != cls (ascending), so that
+    margins = scores @ M.T holds s_cls - s_u: the terms of the confidence in cls."""
+    others = [u for u in range(num_classes) if u != cls]
+    m = np.zeros((len(others), num_classes), dtype=np.float32)
+    m[:, cls] = 1.0
+    m[np.arange(len(others)), others] = -1.0
+    return m
+
+
+def joint_model(n: DenseNet, other: DenseNet, cls: int, doc: str = "") -> onnx.ModelProto:
+    """N ⊕ N_-i for class `cls`: one input "x" [batch, d], output "margins" [batch, 2(C-1)]:
+    s_N[cls] - s_N[u] for u != cls, then s_i[cls] - s_i[t] for t != cls (ascending u, t)."""
+    num_classes = n.layer_sizes[-1]
+    nodes: list = []
+    inits = [numpy_helper.from_array(margin_matrix(num_classes, cls), "margin")]
+    parts = []
+    for prefix, net in (("N.", n), ("i.", other)):
+        scores = _layers(net, prefix, INPUT_NAME, nodes, inits)
+        nodes.append(helper.make_node("Gemm", [scores, "margin"], [f"{prefix}margins"], name=f"{prefix}margins",
+                                      transB=1))
+        parts.append(f"{prefix}margins")
+    nodes.append(helper.make_node("Concat", parts, ["margins"], name="margins", axis=1))
+    return _model(nodes, inits, n.layer_sizes[0], "margins", 2 * (num_classes - 1), doc)
+
+
+def save_model(model: onnx.ModelProto, path: str | Path) -> None:
+    write_atomic(path, lambda tmp: onnx.save_model(model, tmp))
+
+
+# ------------------------------------------------------------------------------------- reading
+
+
+def _attrs(node) -> dict:
+    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
+
+def _dims(value_info) -> list[int | None]:
+    shape = value_info.type.tensor_type.shape
+    return [d.dim_value if d.HasField("dim_value") else None for d in shape.dim]
+
+
+class _Chain:
+    """The walk along the graph: the running tensor's name, rank and width, and the layers so far."""
+
+    def __init__(self, path: Path, name: str, dims: list[int | None]) -> None:
+        self.path = path
+        self.current = name
+        self.rank = len(dims)
+        known = all(d is not None for d in dims[1:])
+        self.width: int | None = int(np.prod(dims[1:], dtype=np.int64)) if known and self.rank >= 2 else None
+        self.weights: list[np.ndarray] = []
+        self.biases: list[np.ndarray | None] = []
+        self.relu: list[bool] = []
+        self.open_matmul = False  # the last layer was a MatMul whose Add may follow
+
+    def fail(self, node, why: str) -> None:
+        raise LucidError(f"{self.path}: {node.op_type} node '{node.name or node.output[0]}' {why}")
+
+    def dense(self, node, w: np.ndarray, b: np.ndarray | None) -> None:
+        if self.rank != 2:
+            self.fail(node, f"acts on a rank-{self.rank} tensor; LUCID reads [batch, features] (Flatten it first)")
+        if self.weights and not self.relu[-1]:
+            self.fail(node, "follows a dense layer without a Relu between them; LUCID reads Relu after every layer but the last")
+        if self.width is not None and w.shape[1] != self.width:
+            self.fail(node, f"takes {w.shape[1]} inputs but its input has {self.width} features")
+        self.weights.append(w)
+        self.biases.append(b)
+        self.relu.append(False)
+        self.width = int(w.shape[0])
+
+
+def read_onnx(path: str | Path) -> DenseNet:
+    """The dense ReLU network of an ONNX file (see the module docstring for what is read)."""
+    path = Path(path)
+    try:
+        model = onnx.load(str(path))
+    except FileNotFoundError:
+        raise LucidError(f"{path} does not exist") from None
+    except Exception as exc:  # protobuf's DecodeError and friends: a damaged or non-ONNX file
+        raise LucidError(f"cannot read {path} as ONNX: {_first_line(exc)}") from None
+    graph = model.graph
+    consts = {init.name: numpy_helper.to_array(init) for init in graph.initializer}
+    inputs = [i for i in graph.input if i.name not in consts]
+    if len(inputs) != 1 or len(graph.output) != 1:
+        raise LucidError(f"{path}: the graph has {len(inputs)} inputs and {len(graph.output)} outputs; "
+                         "LUCID reads one input and one output")
+    dims = _dims(inputs[0])
+    if len(dims) < 2:
+        raise LucidError(f"{path}: the input '{inputs[0].name}' has shape {dims}; LUCID needs a batch axis first")
+    chain = _Chain(path, inputs[0].name, dims)
+    for node in graph.node:
+        if node.domain not in ("", "ai.onnx"):
+            chain.fail(node, f"is from the op set '{node.domain}'; LUCID imports {SUPPORTED} only")
+        if node.op_type == "Constant":
+            consts[node.output[0]] = _constant(node, path)
+            continue
+        data = [name for name in node.input if name and name not in consts]
+        if data != [chain.current]:
+            chain.fail(node, "does not act on the previous layer's output alone; LUCID imports a plain chain of layers")
+        _step(chain, node, consts)
+        chain.current = node.output[0]
+    if chain.current != graph.output[0].name:
+        raise LucidError(f"{path}: the graph's output '{graph.output[0].name}' is not the end of its chain of layers")
+    if not chain.weights:
+        raise LucidError(f"{path}: no dense layer (Gemm or MatMul) found")
+    if chain.relu[-1]:
+        raise LucidError(f"{path}: a Relu follows the last layer; LUCID reads the scores before any activation")
+    biases = [np.zeros(w.shape[0], dtype=w.dtype) if b is None else b for w, b in zip(chain.weights, chain.biases)]
+    return checked_net(chain.weights, biases, str(path))
+
+
+def _step(chain: _Chain, node, consts: dict[str, np.ndarray]) -> None:
+    op, attrs = node.op_type, _attrs(node)
+    after_matmul, chain.open_matmul = chain.open_matmul, False
+    if op == "Gemm":
+        if attrs.get("transA", 0) or attrs.get("alpha", 1.0) != 1.0 or attrs.get("beta", 1.0) != 1.0:
+            chain.fail(node, "has transA, alpha or beta other than the defaults; LUCID imports y = x W^T + b only")
+        w = _const(chain, node, consts, 1, ndim=2)
+        w = w if attrs.get("transB", 0) else w.T
+        b = _const(chain, node, consts, 2, ndim=None) if len(node.input) > 2 and node.input[2] else None
+        chain.dense(node, w, None if b is None else _bias(chain, node, b, w.shape[0]))
+    elif op == "MatMul":
+        if node.input[1] not in consts:
+            chain.fail(node, "multiplies by a tensor that is not a constant")
+        w = _const(chain, node, consts, 1, ndim=2)
+        chain.dense(node, w.T, None)
+        chain.open_matmul = True
+    elif op == "Add":
+        if not after_matmul:
+            chain.fail(node, "does not add the bias of a MatMul; LUCID imports Add only right after MatMul")
+        other = [name for name in node.input if name != chain.current]
+        if len(other) != 1:
+            chain.fail(node, "does not add a constant bias")
+        chain.biases[-1] = _bias(chain, node, consts[other[0]], chain.weights[-1].shape[0])
+    elif op == "Relu":
+        if not chain.weights or chain.relu[-1]:
+            chain.fail(node, "does not follow a dense layer; LUCID reads one Relu after each layer but the last")
+        chain.relu[-1] = True
+    elif op == "Flatten":
+        if attrs.get("axis", 1) != 1:
+            chain.fail(node, "flattens at an axis other than 1, which would mix the batch with the features")
+        chain.rank = 2
+    elif op == "Reshape":
+        _reshape(chain, node, consts, attrs)
+    elif op == "Identity":
+        chain.open_matmul = after_matmul
+    else:
+        chain.fail(node, f"is not supported; LUCID imports {SUPPORTED} only")
+
+
+def _reshape(chain: _Chain, node, consts: dict[str, np.ndarray], attrs: dict) -> None:
+    """Only a reshape to [batch, features] is read: [0, w], [0, -1], or [-1, w] with w the known width."""
+    if len(node.input) < 2 or node.input[1] not in consts:
+        chain.fail(node, "has a shape that is not a constant")
+    shape = [int(v) for v in np.asarray(consts[node.input[1]]).ravel()]
+    keeps_batch = (len(shape) == 2 and not attrs.get("allowzero", 0)
+                   and ((shape[0] == 0 and (shape[1] == -1 or shape[1] > 0))
+                        or (shape[0] == -1 and chain.width is not None and shape[1] == chain.width)))
+    if not keeps_batch:
+        chain.fail(node, f"reshapes to {shape}, which does not keep the [batch, features] layout")
+    if shape[1] > 0:
+        if chain.width is not None and shape[1] != chain.width:
+            chain.fail(node, f"reshapes {chain.width} features to {shape[1]}")
+        chain.width = shape[1]
+    chain.rank = 2
+
+
+def _const(chain: _Chain, node, consts: dict[str, np.ndarray], i: int, ndim: int | None) -> np.ndarray:
+    if len(node.input) <= i or node.input[i] not in consts:
+        chain.fail(node, f"has an input {i} that is not a constant")
+    value = np.asarray(consts[node.input[i]])
+    if ndim is not None and value.ndim != ndim:
+        chain.fail(node, f"has a weight of shape {tuple(value.shape)}; expected a matrix")
+    return value
+
+
+def _bias(chain: _Chain, node, b: np.ndarray, width: int) -> np.ndarray:
+    """A bias that broadcasts to [width] along the features only (shape (), (1,), (w,) or (1, w))."""
+    b = np.asarray(b)
+    if b.size not in (1, width) or (b.ndim == 2 and b.shape[0] != 1) or b.ndim > 2:
+        chain.fail(node, f"adds a tensor of shape {tuple(b.shape)}, not a bias of {width} values")
+    return np.broadcast_to(b.reshape(-1), (width,)).copy()
+
+
+def _constant(node, path: Path) -> np.ndarray:
+    attrs = _attrs(node)
+    if "value" not in attrs:
+        raise LucidError(f"{path}: Constant node '{node.name or node.output[0]}' holds no tensor value")
+    return numpy_helper.to_array(attrs["value"])
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -1,0 +1,83 @@
+"""Dense ReLU networks from PyTorch state dicts: `.pt` / `.pth` (read with
+`torch.load(..., weights_only=True)`, which never runs pickled code) or `.safetensors`.
+
+A state dict holds parameters, not the forward pass, so LUCID reads it as a stack of
+`torch.nn.Linear` layers with a ReLU between every two (`nn.Sequential(Linear, ReLU, ...,
+Linear)`): every entry must be a `NAME.weight` [out, in] or `NAME.bias` [out], and the layers are
+taken in the natural order of their NAMEs (0 < 2 < 10, fc1 < fc2), checked to chain.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+from safetensors import safe_open
+
+from lucid.errors import LucidError
+from lucid.interop.dense import DenseNet, checked_net
+
+
+def read_torch(path: str | Path) -> DenseNet:
+    """A `.pt` / `.pth` file holding a state dict (`torch.save(model.state_dict(), path)`)."""
+    import torch
+
+    path = Path(path)
+    try:
+        obj = torch.load(str(path), map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise LucidError(f"{path} does not exist") from None
+    except Exception as exc:  # unpickling refused, damaged file, ...
+        text = str(exc).strip()
+        raise LucidError(f"cannot read {path} with torch.load(weights_only=True) (save model.state_dict(), "
+                         f"not the model): {text.splitlines()[0] if text else type(exc).__name__}") from None
+    if not isinstance(obj, Mapping) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
+        raise LucidError(f"{path} does not hold a state dict of tensors (save model.state_dict())")
+    # numpy has no bfloat16; float32 holds every bfloat16 exactly.
+    arrays = {str(k): (v.float() if v.dtype == torch.bfloat16 else v).detach().cpu().numpy() for k, v in obj.items()}
+    return from_state_dict(arrays, str(path))
+
+
+def read_safetensors(path: str | Path) -> DenseNet:
+    path = Path(path)
+    try:
+        with safe_open(str(path), framework="numpy") as fh:
+            arrays = {name: fh.get_tensor(name) for name in fh.keys()}
+    except FileNotFoundError:
+        raise LucidError(f"{path} does not exist") from None
+    except Exception as exc:  # safetensors raises its own error types for damaged files
+        raise LucidError(f"cannot read {path} as safetensors: {exc}") from None
+    return from_state_dict(arrays, str(path))
+
+
+def _natural(name: str) -> list:
+    # re.split with a group alternates text and digits, so ints and strings never meet in a comparison
+    return [int(t) if i % 2 else t for i, t in enumerate(re.split(r"(\d+)", name))]
+
+
+def from_state_dict(arrays: dict[str, np.ndarray], source: str) -> DenseNet:
+    """The Linear/ReLU stack of a state dict (see the module docstring)."""
+    weights: dict[str, np.ndarray] = {}
+    biases: dict[str, np.ndarray] = {}
+    for name, value in arrays.items():
+        prefix, _, kind = name.rpartition(".")
+        if kind == "weight" and prefix:
+            weights[prefix] = value
+        elif kind == "bias" and prefix:
+            biases[prefix] = value
+        else:
+            raise LucidError(f"{source}: entry '{name}' {tuple(value.shape)} is not a Linear layer's weight or bias; "
+                             "LUCID imports Linear/ReLU stacks only")
+    stray = sorted(set(biases) - set(weights))
+    if stray:
+        raise LucidError(f"{source}: '{stray[0]}.bias' has no weight beside it")
+    order = sorted(weights, key=_natural)
+    for prefix in order:
+        if weights[prefix].ndim != 2:
+            raise LucidError(f"{source}: '{prefix}.weight' has shape {tuple(weights[prefix].shape)}; "
+                             "LUCID imports Linear layers ([out, in]) only")
+    ws = [weights[p] for p in order]
+    bs = [biases[p] if p in biases else np.zeros(weights[p].shape[0], dtype=weights[p].dtype) for p in order]
+    return checked_net(ws, bs, f"{source} (layers in the order {', '.join(order)})")

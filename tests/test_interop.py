@@ -1,0 +1,433 @@
+"""`lucid export` / `lucid import` (lucid/interop, docs/interop.md): ONNX round trips bit for bit,
+onnxruntime agrees with LUCID's forward pass, networks trained by a plain PyTorch script verify to
+the exact oracle, the VNN-LIB query holds exactly at leaks, and bad input is one line, exit 2 and
+nothing written."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from bab_fixtures import write_tiny_run
+from bruteforce import exact_for
+from onnx import TensorProto, helper, numpy_helper
+from safetensors.numpy import load_file
+
+from lucid.cli import main
+from lucid.network import confidence, load_networks
+from lucid.rundir import open_run
+
+
+def ort_run(path: Path, x: np.ndarray) -> np.ndarray:
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return session.run(None, {"x": np.asarray(x, dtype=np.float32)})[0]
+
+
+def run_cli(args, capsys) -> tuple[int, str]:
+    with pytest.raises(SystemExit) as exc:
+        main([str(a) for a in args])
+        raise SystemExit(0)
+    return int(exc.value.code or 0), capsys.readouterr().err
+
+
+def verify(run: Path) -> dict:
+    main(["verify", str(run), "--time-limit", "30", "--workers", "1", "--quiet"])
+    return json.loads((run / "bounds.json").read_text())["bounds"]
+
+
+# ------------------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("interop")
+
+
+@pytest.fixture(scope="module")
+def tiny_run(work) -> Path:
+    return write_tiny_run(work / "run", networks=6, seed=2)
+
+
+@pytest.fixture(scope="module")
+def exported(work, tiny_run) -> Path:
+    main(["export", str(tiny_run), "--out", str(work / "exported"), "--all"])
+    return work / "exported"
+
+
+@pytest.fixture(scope="module")
+def imported(work, tiny_run, exported) -> Path:
+    main(["import", "--manifest", str(exported / "manifest.json"), "--data", str(tiny_run / "data.npz"),
+          "--out", str(work / "imported")])
+    return work / "imported"
+
+
+@pytest.fixture(scope="module")
+def bounds(tiny_run, imported) -> tuple[dict, dict]:
+    return verify(tiny_run), verify(imported)
+
+
+# ------------------------------------------------------------------------------------- round trip
+
+
+def test_round_trip_is_bit_identical_and_verifies_to_the_same_bounds(tiny_run, imported, bounds):
+    original, back = load_file(str(tiny_run / "networks.safetensors")), load_file(str(imported / "networks.safetensors"))
+    assert original.keys() == back.keys()
+    for name in original:
+        assert original[name].dtype == back[name].dtype and original[name].shape == back[name].shape, name
+        assert original[name].tobytes() == back[name].tobytes(), name
+    meta = open_run(imported).meta
+    assert meta["training"]["algorithm"] == "external" and meta["training"]["version"] == "exported"
+    assert meta["domain"] == open_run(tiny_run).meta["domain"] and meta["labels"] == [0, 1]
+    first, second = bounds
+    assert first.keys() == second.keys()
+    for c in first:
+        for key in ("upper", "lower", "complete", "exact", "leaking_row"):
+            assert first[c][key] == second[c][key], (c, key, first[c], second[c])
+
+
+def test_onnxruntime_matches_lucids_float64_forward_pass(work, tiny_run, exported, imported):
+    x = np.random.default_rng(0).uniform(-0.5, 1.5, size=(512, 2)).astype(np.float32)
+    for run, onnx_dir in ((tiny_run, exported), (imported, work / "reexported")):
+        if run == imported:  # the imported run's networks, written out again
+            main(["export", str(imported), "--out", str(onnx_dir), "--all"])
+        stack = load_networks(run)
+        reference = stack.forward(x.astype(np.float64))
+        for position, row in enumerate(stack.removed):
+            name = "N.onnx" if row == -1 else f"n{row}.onnx"
+            got = ort_run(onnx_dir / name, x)
+            assert got.shape == reference[position].shape
+            assert np.abs(got - reference[position]).max() <= 1e-5, (run, name)
+    for name in (exported / "N.onnx", work / "reexported" / "n3.onnx"):  # the exported form, as documented
+        model = onnx.load(str(name))
+        assert [n.op_type for n in model.graph.node] == ["Gemm", "Relu", "Gemm", "Relu", "Gemm", "Identity"]
+        assert model.graph.input[0].name == "x"
+        assert all(numpy_helper.to_array(i).dtype == np.float32 for i in model.graph.initializer)
+
+
+def _matmul_model(net_w: list[np.ndarray], net_b: list[np.ndarray], path: Path) -> None:
+    """The other forms the reader accepts: [batch, 1, d] input, Flatten, MatMul + Add, Reshape, a Constant."""
+    nodes = [helper.make_node("Flatten", ["x"], ["f"], axis=1)]
+    inits, h = [], "f"
+    for k, (w, b) in enumerate(zip(net_w, net_b)):
+        inits.append(numpy_helper.from_array(np.ascontiguousarray(w.T), f"w{k}"))
+        nodes.append(helper.make_node("Constant", [], [f"b{k}"], value=numpy_helper.from_array(b, f"bv{k}")))
+        nodes += [helper.make_node("MatMul", [h, f"w{k}"], [f"m{k}"]), helper.make_node("Add", [f"m{k}", f"b{k}"], [f"a{k}"])]
+        h = f"a{k}"
+        if k < len(net_w) - 1:
+            nodes.append(helper.make_node("Relu", [h], [f"r{k}"]))
+            h = f"r{k}"
+    inits.append(numpy_helper.from_array(np.array([0, -1], dtype=np.int64), "shape"))
+    nodes.append(helper.make_node("Reshape", [h, "shape"], ["scores"]))
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 1, 2])],
+                              [helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["n", 2])], initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.save_model(model, str(path))
+
+
+def test_matmul_add_flatten_and_reshape_graphs_import_exactly(work, tiny_run):
+    stack = load_networks(tiny_run)
+    files = work / "matmul"
+    files.mkdir()
+    entries = []
+    for position, row in enumerate(stack.removed):
+        w = [x[position].astype(np.float32) for x in stack.weights]
+        b = [x[position].astype(np.float32) for x in stack.biases]
+        _matmul_model(w, b, files / f"m{position}.onnx")
+        entries.append({"file": f"m{position}.onnx", "removed": None if row == -1 else int(row)})
+    (files / "manifest.json").write_text(json.dumps({"training": {"name": "hand-written"}, "networks": entries}))
+    with np.load(tiny_run / "data.npz") as npz:  # the other data form: X, y (every row a training row)
+        np.savez(files / "data.npz", X=npz["X_train"], y=npz["y_train"])
+    main(["import", "--manifest", str(files / "manifest.json"), "--data", str(files / "data.npz"),
+          "--out", str(work / "matmul-run")])
+    original, back = load_file(str(tiny_run / "networks.safetensors")), load_file(str(work / "matmul-run" / "networks.safetensors"))
+    assert all(np.array_equal(original[k], back[k]) for k in original)
+    x = np.random.default_rng(1).uniform(size=(64, 1, 2)).astype(np.float32)
+    got = ort_run(files / "m2.onnx", x)
+    assert np.abs(got - load_networks(work / "matmul-run").forward(x[:, 0].astype(np.float64))[2]).max() <= 1e-5
+
+
+# ------------------------------------------------------------------------------------- PyTorch
+
+
+def _torch_networks(directory: Path, X: np.ndarray, y: np.ndarray) -> list[dict]:
+    """N and one network per left-out row, by a plain PyTorch script: same start, full-batch SGD."""
+    import torch
+    from safetensors.torch import save_file
+
+    torch.manual_seed(0)
+    start = torch.nn.Sequential(torch.nn.Linear(2, 8), torch.nn.ReLU(), torch.nn.Linear(8, 8), torch.nn.ReLU(),
+                                torch.nn.Linear(8, 2)).state_dict()
+    entries = []
+    for left_out in [None, *range(len(X))]:
+        model = torch.nn.Sequential(torch.nn.Linear(2, 8), torch.nn.ReLU(), torch.nn.Linear(8, 8), torch.nn.ReLU(),
+                                    torch.nn.Linear(8, 2))
+        model.load_state_dict(start)
+        keep = [i for i in range(len(X)) if i != left_out]
+        xs, ys = torch.tensor(X[keep]), torch.tensor(y[keep])
+        optimiser = torch.optim.SGD(model.parameters(), lr=0.5)
+        for _ in range(40):
+            optimiser.zero_grad()
+            torch.nn.functional.cross_entropy(model(xs), ys).backward()
+            optimiser.step()
+        if left_out is None:  # N as .safetensors, the others as .pt: both readers
+            save_file(model.state_dict(), str(directory / "N.safetensors"))
+            entries.append({"file": "N.safetensors", "removed": None})
+        else:
+            torch.save(model.state_dict(), directory / f"n{left_out}.pt")
+            entries.append({"file": f"n{left_out}.pt", "removed": left_out})
+    return entries
+
+
+def test_pytorch_state_dicts_import_and_verify_to_the_exact_bound(tmp_path):
+    X = np.array([[0.1, 0.2], [0.3, 0.8], [0.45, 0.5], [0.6, 0.4], [0.8, 0.9], [0.9, 0.1]], dtype=np.float32)
+    y = np.array([0, 1, 1, 0, 1, 0])
+    X_test = np.random.default_rng(0).uniform(size=(20, 2)).astype(np.float32)
+    np.savez(tmp_path / "data.npz", X_train=X, y_train=y, X_test=X_test, y_test=(X_test[:, 1] > X_test[:, 0]).astype(np.int64))
+    entries = _torch_networks(tmp_path, X, y)
+    (tmp_path / "manifest.json").write_text(json.dumps({
+        "training": {"name": "plain-sgd", "version": "1", "description": "40 full-batch SGD steps, lr 0.5"},
+        "networks": entries[::-1], "labels": ["no", "yes"]}))  # any order: the stack is N, then rows 0..n-1
+    run = tmp_path / "run"
+    main(["import", "--manifest", str(tmp_path / "manifest.json"), "--data", str(tmp_path / "data.npz"), "--out", str(run)])
+    stack = load_networks(run)
+    assert stack.removed.tolist() == [-1, 0, 1, 2, 3, 4, 5] and stack.layer_sizes == [2, 8, 8, 2]
+    result = verify(run)
+    lower, upper = open_run(run).domain
+    leaks = 0
+    for c in (0, 1):
+        exact = max(exact_for(stack, p, c, lower, upper) for p in range(1, len(stack)))
+        b = result[str(c)]
+        assert b["complete"], b
+        if exact == -np.inf:
+            assert b["lower"] is None and b["upper"] <= 0, b
+            continue
+        leaks += 1
+        assert b["upper"] >= exact - 1e-9 and b["upper"] <= exact + 1e-5, (c, b, exact)
+        assert b["lower"] is not None and b["lower"] <= exact + 1e-9, (c, b, exact)
+    assert leaks, "the data set should make some leave-one-out network disagree"
+    # the access layer and the evaluation work on an imported run
+    from lucid.access import LabelOnlyClassifier
+
+    labels = LabelOnlyClassifier.from_run(run, epsilon=1.0, seed=0).predict(X_test)
+    assert set(labels.tolist()) <= {"no", "yes"}
+    main(["evaluate", str(run), "--epsilon", "0,1", "--seed", "0"])
+    main(["report", str(run), "--format", "md", "--out", str(tmp_path / "report.md")])
+    assert "trained outside LUCID" in (tmp_path / "report.md").read_text()
+
+
+# ------------------------------------------------------------------------------------- VNN-LIB
+
+
+def _sexprs(text: str) -> list:
+    tokens = re.findall(r"\(|\)|[^\s()]+", re.sub(r";[^\n]*", "", text))
+    stack: list[list] = [[]]
+    for tok in tokens:
+        if tok == "(":
+            stack.append([])
+        elif tok == ")":
+            done = stack.pop()
+            stack[-1].append(done)
+        else:
+            stack[-1].append(tok)
+    assert len(stack) == 1
+    return stack[0]
+
+
+def vnnlib_holds(text: str, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """[B] bool: whether the property (our own forms only) holds at inputs x [B, d] with outputs y."""
+    values = {**{f"X_{j}": x[:, j] for j in range(x.shape[1])}, **{f"Y_{j}": y[:, j] for j in range(y.shape[1])}}
+
+    def term(t):
+        return values[t] if t in values else float(t)
+
+    def holds(e):
+        op, *args = e
+        if op == "and":
+            return np.logical_and.reduce([holds(a) for a in args])
+        if op == "or":
+            return np.logical_or.reduce([holds(a) for a in args])
+        if op == "<=":
+            return term(args[0]) <= term(args[1])
+        if op == ">=":
+            return term(args[0]) >= term(args[1])
+        raise AssertionError(f"unexpected form {e}")
+
+    ok = np.ones(len(x), dtype=bool)
+    for e in _sexprs(text):
+        if e[0] == "declare-const":
+            assert e[2] == "Real" and (e[1] in values), e
+        else:
+            assert e[0] == "assert", e
+            ok &= holds(e[1])
+    return ok
+
+
+def test_the_vnnlib_query_is_satisfied_at_a_leak_and_nowhere_above_the_bound(work, tiny_run, bounds):
+    verified = bounds[0]
+    cls = max(verified, key=lambda c: verified[c]["lower"] if verified[c]["lower"] is not None else -np.inf)
+    row = verified[cls]["leaking_row"]
+    cls = int(cls)
+    stack = load_networks(tiny_run)
+    position = int(stack.positions_of([row])[0])
+    # a leak by dense sampling of the 2-D domain, with room for float32 rounding on both sides
+    g = np.stack(np.meshgrid(np.linspace(0, 1, 401), np.linspace(0, 1, 401)), -1).reshape(-1, 2)
+    scores = stack.forward(g)
+    conf_n, conf_i = confidence(scores[0], cls), confidence(scores[position], cls)
+    leak = conf_i <= -1e-4
+    assert leak.any()
+    best = int(np.flatnonzero(leak)[np.argmax(conf_n[leak])])
+    assert conf_n[best] <= verified[str(cls)]["upper"] + 1e-9
+    q = work / "query"
+    main(["export", str(tiny_run), "--out", str(q), "--class", str(cls), "--network", str(row),
+          "--beta", repr(float(conf_n[best]) - 1e-4)])
+    onnx_path, vnnlib = q / f"query-c{cls}-n{row}.onnx", q / f"query-c{cls}-n{row}.vnnlib"
+    x = g[best][None].astype(np.float32)
+    y = ort_run(onnx_path, x)
+    assert y.shape == (1, 2)  # C - 1 margins of N, then of N_-row
+    margins = np.array([[scores[p][best, cls] - scores[p][best, u] for u in range(2) if u != cls] for p in (0, position)])
+    assert np.abs(y[0] - margins.ravel()).max() <= 1e-5
+    assert vnnlib_holds(vnnlib.read_text(), x, y).all()
+
+    # beta = the proved upper bound (the default): no sampled input is a counterexample
+    main(["export", str(tiny_run), "--out", str(q), "--class", str(cls), "--network", str(row)])
+    text = vnnlib.read_text()
+    assert f"(assert (>= Y_0 {np.format_float_positional(verified[str(cls)]['upper'], unique=True, trim='0')}))" in text
+    samples = np.random.default_rng(0).uniform(size=(10_000, 2)).astype(np.float32)
+    assert not vnnlib_holds(text, samples, ort_run(onnx_path, samples)).any()
+    # ... while the same samples do hold leaks below it (the evaluator is not vacuous)
+    low = text.replace(f"(assert (>= Y_0 {np.format_float_positional(verified[str(cls)]['upper'], unique=True, trim='0')}))",
+                       "(assert (>= Y_0 -1000.0))")
+    assert vnnlib_holds(low, samples, ort_run(onnx_path, samples)).any()
+
+
+def test_export_by_position_and_a_three_class_query(tmp_path):
+    run = write_tiny_run(tmp_path / "run3", networks=4, classes=3, seed=1)
+    main(["export", str(run), "--out", str(tmp_path / "q"), "--class", "1", "--position", "2", "--beta", "0.5"])
+    stack = load_networks(run)
+    row = int(stack.removed[2])
+    text = (tmp_path / "q" / f"query-c1-n{row}.vnnlib").read_text()
+    assert "(assert (>= Y_0 0.5))" in text and "(assert (>= Y_1 0.5))" in text
+    assert "(assert (or (and (<= Y_2 0.0)) (and (<= Y_3 0.0))))" in text
+    x = np.random.default_rng(0).uniform(size=(200, 2)).astype(np.float32)
+    y = ort_run(tmp_path / "q" / f"query-c1-n{row}.onnx", x)
+    scores = stack.forward(x.astype(np.float64))
+    want = np.concatenate([scores[p][:, [1]] - scores[p][:, [0, 2]] for p in (0, 2)], axis=1)
+    assert np.abs(y - want).max() <= 1e-5
+    n_conf, i_conf = confidence(scores[0], 1), confidence(scores[2], 1)
+    clear = (np.abs(n_conf - 0.5) > 1e-4) & (np.abs(i_conf) > 1e-4)  # away from float32 ties
+    assert np.array_equal(vnnlib_holds(text, x, y)[clear], ((n_conf >= 0.5) & (i_conf <= 0))[clear])
+
+
+# ------------------------------------------------------------------------------------- bad input
+
+
+def _edit(path: Path, change) -> None:
+    model = onnx.load(str(path))
+    change(model)
+    onnx.save_model(model, str(path))
+
+
+def _sigmoid(model) -> None:
+    for node in model.graph.node:
+        if node.op_type == "Relu":
+            node.op_type = "Sigmoid"
+
+
+def _nan(model) -> None:
+    init = model.graph.initializer[0]
+    w = numpy_helper.to_array(init).copy()
+    w.flat[0] = np.nan
+    init.CopyFrom(numpy_helper.from_array(w, init.name))
+
+
+def _wider(model) -> None:
+    """A first layer that takes 3 inputs instead of 2."""
+    init = model.graph.initializer[0]
+    w = numpy_helper.to_array(init)
+    init.CopyFrom(numpy_helper.from_array(np.concatenate([w, w[:, :1]], axis=1), init.name))
+    model.graph.input[0].type.tensor_type.shape.dim[1].dim_value = 3
+
+
+CASES = {
+    "duplicate row": ("manifest", lambda m: m["networks"][3].update(removed=1), "training row 1 appears twice"),
+    "missing row": ("manifest", lambda m: m["networks"].pop(4), "no network for training row 3"),
+    "two Ns": ("manifest", lambda m: m["networks"][2].update(removed=None), "N (removed null) appears twice"),
+    "row out of range": ("manifest", lambda m: m["networks"].append({"file": "n0.onnx", "removed": 9}), "6 training rows"),
+    "unsupported op": ("n2.onnx", _sigmoid, "Sigmoid node"),
+    "NaN weight": ("n4.onnx", _nan, "NaN or infinite"),
+    "network width": ("n1.onnx", _wider, "differ from N's"),
+    "data width": ("data", None, "N takes 2 inputs but the data has 3 features"),
+    "pickled module": ("n0.pt", None, "torch.load(weights_only=True)"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_bad_input_is_one_line_exit_2_and_nothing_written(case, tmp_path, exported, tiny_run, capsys):
+    import shutil
+
+    files = tmp_path / "files"
+    shutil.copytree(exported, files)
+    manifest = json.loads((files / "manifest.json").read_text())
+    data = tmp_path / "data.npz"
+    shutil.copy(tiny_run / "data.npz", data)
+    what, change, message = CASES[case]
+    if what == "manifest":
+        change(manifest)
+    elif what == "data":
+        with np.load(tiny_run / "data.npz") as npz:
+            arrays = dict(npz)
+        arrays["X_train"] = np.concatenate([arrays["X_train"], arrays["X_train"][:, :1]], axis=1)
+        arrays["X_test"] = np.zeros((0, 3), dtype=np.float32)
+        np.savez(data, **arrays)
+    elif what.endswith(".pt"):
+        import torch
+
+        torch.save(torch.nn.Sequential(torch.nn.Linear(2, 4)), files / what)
+        manifest["networks"][1]["file"] = what
+    else:
+        _edit(files / what, change)
+    (files / "manifest.json").write_text(json.dumps(manifest))
+    out = tmp_path / "out"
+    code, err = run_cli(["import", "--manifest", files / "manifest.json", "--data", data, "--out", out], capsys)
+    assert code == 2, err
+    assert len(err.strip().splitlines()) == 1 and err.startswith("lucid: error: ") and message in err, err
+    assert not out.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data.npz", "files"]  # no staging left either
+
+
+def test_export_refuses_bad_queries_in_one_line(tmp_path, tiny_run, capsys):
+    for args, message in [
+        (["--class", "0", "--network", "99"], "no network trained without training row 99"),
+        (["--class", "5", "--network", "0"], "--class must be 0..1"),
+        (["--class", "0", "--position", "0"], "position 0 is N"),
+        (["--class", "0", "--network", "0", "--position", "1"], "not both"),
+        (["--network", "0"], "give --class too"),
+    ]:
+        code, err = run_cli(["export", tiny_run, "--out", tmp_path / "q", *args], capsys)
+        assert code == 2 and len(err.strip().splitlines()) == 1 and message in err, (args, err)
+    assert not (tmp_path / "q").exists()
+
+
+def test_state_dict_reader_orders_layers_naturally_and_keeps_float32_exact():
+    from lucid.errors import LucidError
+    from lucid.interop.state_dict import from_state_dict
+
+    rng = np.random.default_rng(0)
+    w2, w10 = rng.normal(size=(3, 2)).astype(np.float32), rng.normal(size=(2, 3)).astype(np.float32)
+    net = from_state_dict({"10.weight": w10, "2.weight": w2.astype(np.float64), "2.bias": np.ones(3, np.float16)}, "sd")
+    assert net.layer_sizes == [2, 3, 2] and net.weights[0].dtype == np.float32
+    assert np.array_equal(net.weights[0], w2) and np.array_equal(net.biases[1], np.zeros(2, np.float32))
+    for arrays, message in [
+        ({"0.weight": w2.astype(np.float64) + 1e-12}, "float32 cannot hold exactly"),
+        ({"0.weight": w2, "1.running_mean": np.zeros(3)}, "not a Linear layer's weight or bias"),
+        ({"0.weight": w2, "1.weight": w2}, "takes 2 inputs but layer 0 gives 3"),
+    ]:
+        with pytest.raises(LucidError, match=message):
+            from_state_dict(arrays, "sd")
