@@ -1,19 +1,22 @@
 """Label-only, iDP-protected access to a trained run (paper Algorithm 2, LUCID-Inference)."""
 
 from lucid.access.classifier import LabelOnlyClassifier, load_upper_bounds
-from lucid.access.ledger import BudgetExceeded, ClientTotals, optimal_composition, read_ledger, summarise
+from lucid.access.ledger import (BudgetExceeded, ClientTotals, EpsilonPlan, optimal_composition, plan_epsilon,
+                                 read_ledger, summarise)
 from lucid.access.mechanism import RandomSource, exponential_mechanism, true_label_probability
 from lucid.access.memo import Memo
 
 __all__ = [
     "BudgetExceeded",
     "ClientTotals",
+    "EpsilonPlan",
     "LabelOnlyClassifier",
     "Memo",
     "RandomSource",
     "exponential_mechanism",
     "load_upper_bounds",
     "optimal_composition",
+    "plan_epsilon",
     "read_ledger",
     "summarise",
     "true_label_probability",

@@ -47,6 +47,7 @@ from lucid.access.ledger import (
     ClientTotals,
     check_budget,
     check_client_name,
+    check_total_budget,
     read_ledger,
     summarise,
 )
@@ -144,10 +145,12 @@ class LabelOnlyClassifier:
         memo_size: int = DEFAULT_MEMO_SIZE,
         budget: float | None = None,
         deadline_ms: float = 0.0,
+        total_budget: float | None = None,
     ) -> None:
         self.run = run
         self.epsilon = check_epsilon(epsilon)
         self.budget = check_budget(budget)
+        self.total_budget = check_total_budget(total_budget)
         self.deadline = check_deadline_ms(deadline_ms) / 1e3
         self.clip = bool(clip)
         self.rng = RandomSource(seed)
@@ -198,13 +201,16 @@ class LabelOnlyClassifier:
         memo_size: int = DEFAULT_MEMO_SIZE,
         budget: float | None = None,
         deadline_ms: float = 0.0,
+        total_budget: float | None = None,
     ) -> "LabelOnlyClassifier":
         """Open a run directory. `memo`: a SQLite file path (persistent; use one in production),
         an existing `Memo`, or None for an in-memory memo that is lost when the process exits.
         `budget`: the most epsilon each client may be charged (lucid.access.ledger); a query that
-        would exceed it raises BudgetExceeded. `deadline_ms`: see the module docstring."""
+        would exceed it raises BudgetExceeded. `total_budget`: the same for all clients together
+        (the ledger's '*' row: epsilon per memo draw given to any client). `deadline_ms`: see the
+        module docstring."""
         return cls(open_run(path), epsilon, memo, clip=clip, seed=seed, memo_size=memo_size, budget=budget,
-                   deadline_ms=deadline_ms)
+                   deadline_ms=deadline_ms, total_budget=total_budget)
 
     # -- validation -------------------------------------------------------------------------
     def validate(self, X: Any) -> np.ndarray:
@@ -277,7 +283,8 @@ class LabelOnlyClassifier:
 
         Every row does the same work whatever its branch (module docstring). `client` names the
         ledger charged (default: the single ledger "default"); with a budget, a batch whose new
-        inputs would exceed the client's budget raises BudgetExceeded and nothing is answered.
+        inputs would exceed the client's budget, or the total budget of all clients, raises
+        BudgetExceeded and nothing is answered.
 
         Bounds are read once, at construction: a later, tighter bounds.json (anytime verification
         continuing) takes effect on restart; the older, larger bound stays sound meanwhile.
@@ -291,7 +298,7 @@ class LabelOnlyClassifier:
         keys = [buf[i : i + width] for i in range(0, len(buf), width)]
         client = DEFAULT_CLIENT if client is None else check_client_name(client)
         out = self.memo.get_or_put(keys, proposal, noised=noised, client=client, epsilon=self.epsilon,
-                                   budget=self.budget)
+                                   budget=self.budget, total_budget=self.total_budget)
         return (out, noised) if return_noised else out
 
     def predict_index(self, X: Any, client: str | None = None) -> np.ndarray:

@@ -24,7 +24,12 @@ Totals per client (`summarise`), each an exact statement about the client's view
              exactly the bit (confidence <= beta_c) the guarantee does not cover, and a budget
              on `spent` would reveal it through the moment the client is refused.
 The row for all clients together ('*') counts the memo's draws: what any coalition of clients
-holds at most (a memo hit for a second client reveals nothing the first did not get).
+holds at most (a memo hit for a second client reveals nothing the first did not get). A total
+budget caps that row's `charged`, for the same reason a client's budget caps its own.
+
+Planning (`plan_epsilon`, `lucid serve --target-epsilon`, `lucid budget --plan`): the per-answer
+epsilon whose Q-fold composition is (E, delta)-iDP under the same accountant as `spent_tight`,
+and the per-client budget Q * epsilon, which lets a client be answered Q distinct inputs.
 
 Both iDP statements presuppose that the branch is not observable otherwise; see the threat
 model in docs/access.md for timing, status codes and refusals.
@@ -54,8 +59,12 @@ class BudgetExceeded(LucidError):
     """A client's next answers would take its worst-case charge above the budget (HTTP 429)."""
 
 
-def check_budget(budget: float | None) -> float | None:
-    return None if budget is None else non_negative_number(budget, "the privacy budget")
+def check_budget(budget: float | None, what: str = "the privacy budget") -> float | None:
+    return None if budget is None else non_negative_number(budget, what)
+
+
+def check_total_budget(total: float | None) -> float | None:
+    return check_budget(total, "the total privacy budget")
 
 
 def within_budget(charge: float, budget: float) -> bool:
@@ -78,6 +87,12 @@ def _grid_step(eps: float, steps: int) -> float:
     return step
 
 
+def check_delta(delta: float) -> float:
+    if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not 0 < delta < 1:
+        raise LucidError(f"delta must be in (0, 1), got {delta!r}")
+    return float(delta)
+
+
 def optimal_composition(groups: Iterable[tuple[float, int]], delta: float) -> float:
     """Smallest epsilon' with (epsilon', delta)-DP for the adaptive composition of `k` eps-DP
     mechanisms per (eps, k) group, from dp-accounting's privacy-loss distributions.
@@ -90,8 +105,7 @@ def optimal_composition(groups: Iterable[tuple[float, int]], delta: float) -> fl
     rounded up (pessimistic). (`PLDAccountant.compose(event, count)` is not used: in
     dp-accounting 0.6.0 it ignores `count` for randomized-response events.)
     """
-    if not isinstance(delta, (int, float)) or not 0 < delta < 1:
-        raise LucidError(f"delta must be in (0, 1), got {delta!r}")
+    check_delta(delta)
     events = [(float(e), int(k)) for e, k in groups if e > 0 and k > 0]
     basic_rest = sum(e * k for e, k in events if e > _TIGHT_MAX_EPSILON)
     events = [(e, k) for e, k in events if e <= _TIGHT_MAX_EPSILON]
@@ -108,6 +122,100 @@ def optimal_composition(groups: Iterable[tuple[float, int]], delta: float) -> fl
         total = composed if total is None else total.compose(composed)
     tight = float(total.get_epsilon_for_delta(delta))
     return min(tight, sum(e * k for e, k in events)) + basic_rest
+
+
+# The accountant's cost grows with Q (a privacy-loss distribution over 2Q + 1 losses, about 1 s
+# per composition at 10^7); planning composes some 40 times.
+MAX_PLAN_QUERIES = 10_000_000
+_PLAN_DIGITS = 6  # the planned epsilon is a 6-digit decimal: what `:g` prints, and reproducible
+_PLAN_RTOL = 1e-7  # bisection stops below the 6th digit (the last step is done on decimals)
+
+
+@dataclass(frozen=True)
+class EpsilonPlan:
+    """Per-answer epsilon for a target (E, delta) over Q noised answers per client."""
+
+    target: float  # E
+    delta: float
+    queries: int  # Q
+    epsilon: float  # per answer: Q of them compose to at most (E, delta) (optimal_composition)
+    budget: float  # per client: Q * epsilon, the charge of Q distinct answers (what --budget caps)
+    composed: float  # what Q answers at `epsilon` compose to, <= E
+    basic_epsilon: float  # E / Q: the per-answer epsilon basic composition alone allows
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    def describe(self) -> str:
+        return "\n".join([
+            f"target: (epsilon {self.target:g}, delta {self.delta:g})-iDP for the labels of "
+            f"{self.queries} distinct answers per client",
+            f"per-answer epsilon: {self.epsilon:g}  ({self.queries} answers compose to {self.composed:.8g} "
+            "at this delta, dp-accounting)",
+            f"per-client budget: {self.budget:.6g}  (charged epsilon of {self.queries} distinct answers, "
+            "released or noised)",
+            f"basic composition alone would allow: per-answer epsilon {self.basic_epsilon:g} "
+            f"({self.epsilon / self.basic_epsilon:.3g} times less)",
+            # 12 digits: the budget check's relative slack (1e-9) still admits all Q answers.
+            f"to pin it: lucid serve RUN --epsilon {self.epsilon:g} --budget {self.budget:.12g}",
+        ])
+
+
+def check_plan(target: float, delta: float, queries: int) -> tuple[float, float, int]:
+    """(E, delta, Q) checked: E finite > 0, 0 < delta < 1, Q an integer in 1..MAX_PLAN_QUERIES."""
+    try:
+        target = float(target)
+    except (TypeError, ValueError):
+        raise LucidError(f"the target epsilon must be a number, got {target!r}") from None
+    if not math.isfinite(target) or target <= 0:
+        raise LucidError(f"the target epsilon must be a finite number > 0, got {target!r}")
+    if isinstance(queries, bool) or not isinstance(queries, int) or not 1 <= queries <= MAX_PLAN_QUERIES:
+        raise LucidError(f"the number of queries must be an integer from 1 to {MAX_PLAN_QUERIES}, got {queries!r}")
+    return target, check_delta(delta), queries
+
+
+def _decimal_below(eps: float) -> tuple[int, int]:
+    """(m, e) with m an integer of at most _PLAN_DIGITS digits and float(m * 10^e) <= eps."""
+    e = math.floor(math.log10(eps)) - (_PLAN_DIGITS - 1)
+    m = math.floor(eps / 10.0 ** e)
+    while _decimal(m, e) > eps:  # the division rounded up
+        m -= 1
+    return m, e
+
+
+def _decimal(m: int, e: int) -> float:
+    return float(f"{m}e{e}")
+
+
+def plan_epsilon(target: float, delta: float, queries: int) -> EpsilonPlan:
+    """The largest per-answer epsilon (a 6-digit decimal) such that `queries` epsilon-iDP answers
+    compose to at most (target, delta) under `optimal_composition`, by bisection on epsilon.
+
+    The result is a short decimal, not the bisection's last float, because the memo binds its
+    file to the epsilon it serves: the same plan must give the same epsilon on every restart, and
+    an operator must be able to pass it as --epsilon. The next 6-digit decimal above it composes
+    to more than the target, so rounding loses at most one unit in the 6th digit.
+    """
+    target, delta, queries = check_plan(target, delta, queries)
+
+    def fits(eps: float) -> bool:
+        return optimal_composition([(eps, queries)], delta) <= target
+
+    # E / Q always fits (optimal_composition never exceeds basic composition); double to a
+    # bracket [lo, hi] with hi not fitting (basic composition takes over above 30, so it ends).
+    lo = target / queries
+    hi = 2.0 * lo
+    while fits(hi):
+        lo, hi = hi, 2.0 * hi
+    while hi - lo > _PLAN_RTOL * lo:
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    m, e = _decimal_below(lo)
+    while fits(_decimal(m + 1, e)):  # lo sat just below a 6-digit decimal that still fits
+        m += 1
+    eps = _decimal(m, e)
+    return EpsilonPlan(target, delta, queries, eps, eps * queries, optimal_composition([(eps, queries)], delta),
+                       target / queries)
 
 
 @dataclass

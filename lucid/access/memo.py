@@ -74,6 +74,27 @@ ON CONFLICT (client, epsilon) DO UPDATE SET refused = refused + 1
 """
 
 
+def _charged(db: sqlite3.Connection, client: str) -> float:
+    """A ledger row's worst-case charge: epsilon per distinct answer, released or noised."""
+    row = db.execute("SELECT COALESCE(SUM(epsilon * answers), 0.0) FROM ledger WHERE client = ?", (client,))
+    return float(row.fetchone()[0])
+
+
+def _refusal(db: sqlite3.Connection, client: str | None, epsilon: float, fresh: int, budget: float | None,
+             draws: int, total_budget: float | None) -> str | None:
+    """The fixed message refusing a call whose `fresh` keys (new to this client) would exceed its
+    budget, or whose `draws` (keys new to the memo) would exceed the all-clients total; None if
+    it fits. Both count epsilon per key, never whether it is noised: the branch stays hidden."""
+    if budget is not None and fresh and not within_budget(_charged(db, client) + epsilon * fresh, budget):
+        return (f"the privacy budget of {budget:g} is spent for this client: only inputs it was answered "
+                "before are answered now")
+    if total_budget is not None and draws and not within_budget(
+            _charged(db, ALL_CLIENTS) + epsilon * draws, total_budget):
+        return (f"the total privacy budget of {total_budget:g} of this service is spent: only inputs "
+                "answered before are answered now")
+    return None
+
+
 class MemoError(LucidError):
     """The memo database failed while answering (disk full, locked too long, corrupt)."""
 
@@ -224,6 +245,7 @@ class Memo:
         client: str | None = None,
         epsilon: float = 0.0,
         budget: float | None = None,
+        total_budget: float | None = None,
     ) -> np.ndarray:
         """The stored label of each key; keys not stored yet get (and keep) their proposal.
 
@@ -237,7 +259,10 @@ class Memo:
         answer keeps the flag it was stored with, as the client gets that stored answer). With a `budget`, a call whose
         new keys would take the client's worst-case charge (epsilon per distinct key, noised or
         not) above it stores nothing and raises BudgetExceeded; the decision therefore depends
-        only on which inputs the client asked, never on which branch answered them.
+        only on which inputs the client asked, never on which branch answered them. With a
+        `total_budget`, a call whose keys not stored yet would take the all-clients row's charge
+        (epsilon per memo draw given to a client) above it is refused the same way; that decision
+        depends on which inputs anyone asked, never on the branch either.
         """
         out = np.empty(len(keys), dtype=np.int64)
         if not len(keys):
@@ -249,7 +274,7 @@ class Memo:
         # LRU clock: wall-clock nanoseconds (+ position in the batch), so several processes
         # sharing one file need no shared counter; skew only changes which old entry goes first.
         now = time.time_ns()
-        refused = False
+        refusal: str | None = None
         try:
             # Fast path, no write transaction: a stored label never changes, so if every key is
             # already stored (and, with a client, already charged to it) the answer is final.
@@ -269,12 +294,10 @@ class Memo:
                     bind_epsilon(db, None if recorded is None else recorded[0], epsilon, self._name)
                 stored, seen = self._select(db, unique, client)  # again: another process may have written
                 fresh = [] if client is None else [key for key in unique if key not in seen]
-                if budget is not None and fresh:
-                    charged = db.execute(
-                        "SELECT COALESCE(SUM(epsilon * answers), 0.0) FROM ledger WHERE client = ?", (client,)
-                    ).fetchone()[0]
-                    refused = not within_budget(float(charged) + epsilon * len(fresh), budget)
-                if refused:
+                draws = 0 if client is None else sum(key not in stored for key in unique)
+                # Checked and charged in this one transaction: exact across processes.
+                refusal = _refusal(db, client, epsilon, len(fresh), budget, draws, total_budget)
+                if refusal:
                     db.execute(_LEDGER_REFUSED, (client, epsilon))
                 else:
                     if callable(proposals):
@@ -312,11 +335,8 @@ class Memo:
             self._epsilon = epsilon  # committed: recorded in the file (or checked against it)
         except sqlite3.DatabaseError as exc:
             raise MemoError(f"the memo database failed: {exc}") from None
-        if refused:
-            raise BudgetExceeded(
-                f"the privacy budget of {budget:g} is spent for this client: only inputs it was answered "
-                "before are answered now"
-            )
+        if refusal:
+            raise BudgetExceeded(refusal)
         return out
 
     def ledger_rows(self) -> list[tuple[str, float, int, int, int]]:

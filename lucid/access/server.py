@@ -21,7 +21,8 @@ deployments that also want memo hits, batch sizes or machine noise hidden behind
 Accounting: each bearer token names a client; its answers are charged to that client's ledger
 (lucid.access.ledger; one ledger, "default", without tokens). With a budget, a request whose new
 inputs would take the client's worst-case charge above it gets 429 and one fixed message; the
-decision counts distinct new inputs, never which branch would have answered them.
+decision counts distinct new inputs, never which branch would have answered them. A total budget
+(all clients together) is refused the same way.
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from lucid.access.guard import LOOPBACK_HOSTS
+from lucid.access.ledger import EpsilonPlan
 from lucid.access.memo import DEFAULT_MEMO_SIZE, MEMO_FILE
 from lucid.access.server import DEFAULT_MAX_BATCH, DEFAULT_MAX_BODY
 from lucid.errors import LucidError
@@ -45,19 +46,41 @@ def read_api_keys(path: Path) -> dict[str, str]:
     return keys
 
 
-def startup_warnings(budget: float | None, host: str, allowed_hosts: str | None) -> list[str]:
+def startup_warnings(budget: float | None, host: str, allowed_hosts: str | None,
+                     total_budget: float | None = None) -> list[str]:
     """One line per risky setting the operator may not have meant."""
     out = []
-    if budget is None:
+    if budget is None and total_budget is None:
         out.append(
-            "no --budget: a client may collect unlimited fresh draws on neighbouring inputs (at epsilon 1, a "
-            "majority vote over 101 inputs one float step apart recovers a 2-class N's label 99 % of the time); "
-            "set --budget TOTAL, see docs/access.md#neighbouring-inputs"
+            "no --budget or --total-budget: clients may collect unlimited fresh draws on neighbouring inputs (at "
+            "epsilon 1, a majority vote over 101 inputs one float step apart recovers a 2-class N's label 99 % of "
+            "the time); set --budget TOTAL (or --target-epsilon E --queries Q) and --total-budget, see "
+            "docs/access.md#neighbouring-inputs"
         )
     if allowed_hosts is None and host in ("0.0.0.0", "::", ""):
         out.append(f"--host {host} without --allowed-hosts: only requests whose Host header names localhost, "
                    "127.0.0.1, [::1] or this address are answered; list the names clients use with --allowed-hosts")
     return out
+
+
+def resolve_epsilon(epsilon: float | None, budget: float | None, target: float | None, delta: float | None,
+                    queries: int | None) -> tuple[float, float | None, EpsilonPlan | None]:
+    """(epsilon, per-client budget, the plan they came from) from --epsilon/--budget or from
+    --target-epsilon/--delta/--queries, which choose both (lucid.access.ledger.plan_epsilon)."""
+    from lucid.access.ledger import DEFAULT_DELTA, check_plan, plan_epsilon
+
+    if target is None:
+        if delta is not None or queries is not None:
+            raise LucidError("--delta and --queries go with --target-epsilon")
+        if epsilon is None:
+            raise LucidError("give --epsilon E, or --target-epsilon E --queries Q")
+        return epsilon, budget, None
+    if epsilon is not None or budget is not None:
+        raise LucidError("--target-epsilon chooses --epsilon and --budget: give one or the other, not both")
+    if queries is None:
+        raise LucidError("--target-epsilon needs --queries Q: the distinct answers per client it is planned for")
+    plan = plan_epsilon(*check_plan(target, DEFAULT_DELTA if delta is None else delta, queries))
+    return plan.epsilon, plan.budget, plan
 
 
 def _listen(host: str, port: int) -> socket.socket:
@@ -79,9 +102,22 @@ def _listen(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _budget_note(budget: float | None, total_budget: float | None, plan: EpsilonPlan | None) -> str:
+    """The budgets' part of the start line."""
+    note = ""
+    if budget is not None:
+        note += f", budget {budget:g} per client"
+    if plan is not None:
+        note += f" ({plan.queries} answers: ({plan.target:g}, {plan.delta:g})-iDP)"
+    if total_budget is not None:
+        note += f", total budget {total_budget:g}"
+    return note
+
+
 @click.command(name="serve")
 @click.argument("run", type=click.Path(path_type=Path))
-@click.option("--epsilon", "-e", type=float, required=True, help="Privacy budget of the exponential mechanism.")
+@click.option("--epsilon", "-e", type=float, default=None,
+              help="Privacy budget of the exponential mechanism (or choose it with --target-epsilon).")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Interface to bind (loopback by default).")
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535),
               help="Port to bind; 0: a free one, named in the line on stderr.")
@@ -99,6 +135,16 @@ def _listen(host: str, port: int) -> socket.socket:
 @click.option("--budget", type=float, default=None, metavar="TOTAL",
               help="Most epsilon charged per client (epsilon per distinct input answered, released or noised); "
                    "further new inputs get HTTP 429. See `lucid budget`.")
+@click.option("--total-budget", type=float, default=None, metavar="TOTAL",
+              help="Most epsilon charged to all clients together (epsilon per input the memo draws for any "
+                   "client: `lucid budget`'s all-clients row); further new inputs get HTTP 429.")
+@click.option("--target-epsilon", type=float, default=None, metavar="E",
+              help="Choose --epsilon and --budget so that --queries distinct answers per client compose to "
+                   "(E, --delta)-iDP (as `lucid budget --plan` prints); not with --epsilon or --budget.")
+@click.option("--delta", type=float, default=None, metavar="D",
+              help="delta of --target-epsilon [default: 1e-6].")
+@click.option("--queries", type=int, default=None, metavar="Q",
+              help="Distinct answers per client that --target-epsilon plans for (the budget is Q answers).")
 @click.option("--deadline-ms", type=float, default=0.0, show_default=True,
               help="Hold every prediction response until this many ms after its request arrived (0: off; "
                    "at most 60000).")
@@ -109,8 +155,9 @@ def _listen(host: str, port: int) -> socket.socket:
 @click.option("--allowed-hosts", metavar="H1,H2", default=None,
               help="Host header names answered, comma-separated, each with an optional :port (others get 400: "
                    "DNS rebinding) [default: the --host address, localhost, 127.0.0.1, [::1]].")
-def command(run: Path, epsilon: float, host: str, port: int, memo: Path | None, memo_size: int, clip: bool,
-            api_key_env: str | None, api_keys: Path | None, budget: float | None, deadline_ms: float,
+def command(run: Path, epsilon: float | None, host: str, port: int, memo: Path | None, memo_size: int, clip: bool,
+            api_key_env: str | None, api_keys: Path | None, budget: float | None, total_budget: float | None,
+            target_epsilon: float | None, delta: float | None, queries: int | None, deadline_ms: float,
             max_batch: int, max_body: int, allowed_hosts: str | None) -> None:
     """Serve RUN's classifier: POST /v1/predict {"inputs": [[...]]} -> {"labels": [...]}."""
     import uvicorn
@@ -119,6 +166,7 @@ def command(run: Path, epsilon: float, host: str, port: int, memo: Path | None, 
     from lucid.access.guard import check_deadline_ms, parse_allowed_hosts
     from lucid.access.server import create_app
 
+    epsilon, budget, plan = resolve_epsilon(epsilon, budget, target_epsilon, delta, queries)
     deadline_ms = check_deadline_ms(deadline_ms)
     hosts = parse_allowed_hosts(allowed_hosts) if allowed_hosts is not None else None
     if api_key_env is not None and api_keys is not None:
@@ -133,20 +181,20 @@ def command(run: Path, epsilon: float, host: str, port: int, memo: Path | None, 
         raise LucidError(f"run directory {run} does not exist")
     memo_path = memo if memo is not None else run / MEMO_FILE
     clf = LabelOnlyClassifier.from_run(run, epsilon=epsilon, memo=memo_path, clip=clip, memo_size=memo_size,
-                                       budget=budget)
+                                       budget=budget, total_budget=total_budget)
     sock = _listen(host, port)
     port = sock.getsockname()[1]
     if hosts is None:
         hosts = [*LOOPBACK_HOSTS, f"[{host}]" if ":" in host else host]
     app = create_app(clf, api_key=api_key, max_body=max_body, max_batch=max_batch, api_keys=key_table,
                      deadline_ms=deadline_ms, allowed_hosts=hosts)
-    for line in startup_warnings(budget, host, allowed_hosts):
+    for line in startup_warnings(budget, host, allowed_hosts, total_budget):
         click.echo(f"lucid: warning: {line}", err=True)
     auth = f", {len(key_table)} clients" if key_table else (", auth on" if api_key else "")
     netloc = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"  # an IPv6 address needs its brackets
     click.echo(
         f"lucid: serving {run} on http://{netloc}/v1/predict (epsilon={clf.epsilon:g}, memo={memo_path}"
-        f"{auth}{', clipping' if clip else ''}{f', budget {budget:g} per client' if budget is not None else ''}"
+        f"{auth}{', clipping' if clip else ''}{_budget_note(budget, total_budget, plan)}"
         f"{f', deadline {deadline_ms:g} ms' if deadline_ms else ''}); Ctrl-C stops",
         err=True,
     )
