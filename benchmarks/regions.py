@@ -119,6 +119,38 @@ def time_split(run: Path) -> dict:
             "skipped_boxes": sum(1 for e in boxes if e.get("skipped"))}
 
 
+def why_noised(run: Path) -> dict:
+    """What keeps the over-noised test inputs (noised, yet no network disagrees) noised: their box's
+    bound is exact for the box (the box's shape: a leak elsewhere in the box is that high), or its
+    verification was cut short (time), or the box was never verified (it keeps its parent's)."""
+    from lucid.access.classifier import LabelOnlyClassifier
+    from lucid.access.evaluate import leaking_set
+    from lucid.access.memo import Memo
+    from lucid.network import NetworkFile, confidence
+    from lucid.rundir import open_run
+
+    r = open_run(run)
+    clf = LabelOnlyClassifier(r, epsilon=1.0, memo=Memo(None))
+    x = np.clip(np.asarray(r.data()["X_test"], np.float64), clf.domain_lower, clf.domain_upper) + 0.0
+    cls, noised = clf.decide(x)
+    over = noised & ~leaking_set(NetworkFile(r.path, r.meta), x)
+    out = {"over_noised": int(over.sum()), "box_exact": 0, "box_cut_short": 0, "box_not_verified": 0,
+           "confidence_over_bound": []}
+    tree = clf.regions
+    if tree is None:
+        return out
+    leaf = tree.locate(x)
+    conf = confidence(clf.scores(x))
+    for i in np.flatnonzero(over):
+        node, c = int(leaf[i]), int(cls[i])
+        key = ("box_not_verified" if not tree.verified[node] else
+               "box_exact" if tree.complete[node][c] else "box_cut_short")
+        out[key] += 1
+        bound = tree.bound_upper[node][c]
+        out["confidence_over_bound"].append(round(float(conf[i] / bound), 3) if bound > 0 else None)
+    return out
+
+
 def run_one(name: str, k: int, args: argparse.Namespace) -> None:
     from lucid.access.evaluate import evaluate_run
 
@@ -129,7 +161,7 @@ def run_one(name: str, k: int, args: argparse.Namespace) -> None:
             result, plot = evaluate_run(RUNS / name / f"K{k}", EPSILONS, seed=0)
             record.update(noised=result["noised_fraction"], accuracy=result["accuracy"],
                           expected_accuracy=result["expected_accuracy"],
-                          released_but_leaking=plot["released_but_leaking"])
+                          released_but_leaking=plot["released_but_leaking"], why_noised=why_noised(RUNS / name / f"K{k}"))
             out.write_text(json.dumps(record, indent=1) + "\n")
         print(f"{name} K={k}: done before", file=sys.stderr)
         return
@@ -154,7 +186,7 @@ def run_one(name: str, k: int, args: argparse.Namespace) -> None:
         "noised": result["noised_fraction"], "accuracy": result["accuracy"],
         "expected_accuracy": result["expected_accuracy"],
         "single_query_ms": result["access_ms"]["lucid_single_query"], "batched_ms": result["access_ms"]["lucid"],
-        "released_but_leaking": plot["released_but_leaking"], "time": time_split(run),
+        "released_but_leaking": plot["released_but_leaking"], "time": time_split(run), "why_noised": why_noised(run),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": f"{platform.platform()}, {os.cpu_count()} cores",
     }
@@ -171,8 +203,9 @@ def render() -> str:
              "Accuracy at ε = 0 / 0.2 / 1 (%), expected over the mechanism's draws. Single query: in-process "
              "`predict_network_space` of one row.", "",
              "| workload | K | leaves | limit s | noised regions | noised global | noised Naive-iDP | acc regions | "
-             "acc global | acc Naive-iDP | single query ms | root s / other boxes s (boxes) | released but leaking |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "acc global | acc Naive-iDP | single query ms | root s / other boxes s (boxes) | released but leaking | "
+             "over-noised: box exact / cut short / not verified |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         a, nf, t = r.get("expected_accuracy", r["accuracy"]), r["noised"], r["time"]
         accs = lambda key: " / ".join(pct(a[key][e]) for e, _ in EPSILONS) if key in a else "–"  # noqa: E731
@@ -181,10 +214,17 @@ def render() -> str:
             f"| {r['workload']} | {r['K']} | {r['leaves']} | {r['time_limit']:g} | {pct(nf['lucid'])} | "
             f"{pct(nf.get('lucid_global', nf['lucid']))} | {pct(nf['naive_idp'])} | {accs('lucid')} | {accs(glob)} | "
             f"{accs('naive_idp')} | {r['single_query_ms']:.3f} | {t['root_s'] or 0:.0f} / {t['other_boxes_s']:.0f} "
-            f"({t['boxes']}) | {r['released_but_leaking']} |")
+            f"({t['boxes']}) | {r['released_but_leaking']} | {_why(r)} |")
     if rows:
         lines += ["", f"Machine: {rows[-1]['machine']}; workers {rows[-1]['workers']}."]
     return "\n".join(lines) + "\n"
+
+
+def _why(r: dict) -> str:
+    w = r.get("why_noised")
+    if not w or r["K"] == 1:
+        return f"{w['over_noised']} (one global bound)" if w else "–"
+    return f"{w['over_noised']}: {w['box_exact']} / {w['box_cut_short']} / {w['box_not_verified']}"
 
 
 def main() -> None:
