@@ -327,3 +327,49 @@ def test_queries_in_a_shallow_and_a_deep_box_do_the_same_work_and_take_the_same_
                 times[name].append(time.perf_counter() - t0)
     ms, md = np.median(times["shallow"]), np.median(times["deep"])
     assert abs(ms - md) <= 0.25 * max(ms, md) + 5e-6, (ms, md)
+
+
+def test_a_box_target_is_a_level_to_prove_below_never_a_bound_by_itself():
+    from lucid.bab.anytime import AnytimeBounds
+    from lucid.bab.regions import box_targets
+    from lucid.bab.session import Session
+    from lucid.bab.state import ClassState
+    from lucid.settings import VerifySettings
+
+    classes_of = np.array([0, 0, 0, 0, 1, 1])
+    conf = np.array([0.2, 0.5, 0.6, 0.9, 0.3, 0.4])
+    targets = box_targets(classes_of, conf, [0, 1], known_lower=np.array([0.4, -np.inf]))
+    # only the points above the box's known leak count; the level sits just below their low quantile
+    from lucid.bab.regions import TARGET_MARGIN, TARGET_QUANTILE
+
+    assert targets[0] == pytest.approx((1 - TARGET_MARGIN) * np.quantile([0.5, 0.6, 0.9], TARGET_QUANTILE))
+    assert targets[1] == pytest.approx((1 - TARGET_MARGIN) * np.quantile([0.3, 0.4], TARGET_QUANTILE))
+    assert targets[0] < 0.5 and targets[1] < 0.3  # below every point it is meant to release
+    anytime = AnytimeBounds(VerifySettings(), Session())
+    cs = ClassState(cls=0, target=0.8)
+    assert anytime.tolerance(cs) == 0.0  # no leak known: no level can be claimed yet
+    cs.lower = 0.5
+    assert anytime.tolerance(cs) == pytest.approx(0.3) and anytime.cutoff(cs) == pytest.approx(0.8)
+    cs.lower = 0.9  # a leak above the target: the class is back to exact
+    assert anytime.tolerance(cs) == 0.0
+    assert AnytimeBounds(VerifySettings(naive=True), Session()).tolerance(ClassState(cls=0, lower=0.1, target=1.0)) == 0.0
+
+
+def test_rebind_drops_the_results_of_the_previous_problem():
+    """After a box, a late result of its analyses must never reach the next box's engine, which
+    reuses the same node keys."""
+    import concurrent.futures as cf
+    import threading
+
+    from lucid.bab.workers import Executor
+
+    ex = Executor()
+    old = cf.Future()
+    ex._watch((0, 0), old)
+    threading.Timer(0.2, lambda: old.set_result("old box")).start()
+    ex.rebind(problem=None, grace=0.0)  # waits for it here (nothing to replace in-process)
+    new = cf.Future()
+    ex._watch((0, 0), new)
+    ex._done.put((ex._generation - 1, (0, 0), old))  # a straggler of the old problem, reported late
+    new.set_result("new box")
+    assert ex.completed(timeout=1.0) == [((0, 0), "new box")]

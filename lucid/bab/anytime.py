@@ -29,10 +29,14 @@ class AnytimeBounds:
         self.session = session
 
     def tolerance(self, cs: ClassState) -> float:
-        """How far above the best lower bound a bound may stay (0: exact)."""
+        """How far above the best lower bound a bound may stay (0: exact); with a class target, up
+        to it (a bound <= the target is all the caller needs, and it is kept in upper)."""
         if cs.lower is None:
             return 0.0
-        return max(self.settings.gap, self.settings.rel_gap * abs(cs.lower))
+        tolerance = max(self.settings.gap, self.settings.rel_gap * abs(cs.lower))
+        if cs.target is not None and not self.settings.naive:
+            tolerance = max(tolerance, cs.target - cs.lower)
+        return tolerance
 
     def cutoff(self, cs: ClassState) -> float:
         """The level a node's MILP must get below: lower + tolerance (-inf without a lower bound)."""

@@ -38,6 +38,10 @@ class ClassState:
     pending_heap: list = field(default_factory=list)  # (-upper, id) of PENDING nodes
     logged: tuple = ()  # (upper, lower) of the last anytime event
     seekers: int = 0  # singletons analysed once without the cutoff, to find the best leak early
+    # A level that is good enough (a --regions box: proving the class below it releases the box's
+    # noised public points); like --gap, nodes proved below it are closed with their bound kept in
+    # upper. Set per box by lucid.bab.regions, never checkpointed.
+    target: float | None = None
 
     # --- bookkeeping ---------------------------------------------------------------------------
     def active_max(self) -> float:

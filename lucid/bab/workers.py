@@ -51,13 +51,17 @@ class Executor:
         self._futures: dict[Any, Any] = {}
         self._where: dict[Any, int] = {}  # running key -> worker index
         self._kept: dict[Any, int] = {}  # key -> the worker holding its kept tree
+        # Bumped by `rebind`: a result of an earlier problem's analysis that reports late (a worker
+        # replaced mid-analysis) is dropped, never taken for the new engine's node of the same key.
+        self._generation = 0
 
     def _watch(self, key: Any, future: Any, worker: int = 0) -> None:
         self._futures[key] = future
         self._where[key] = worker
         if self._kept.get(key, worker) != worker:
             del self._kept[key]  # continued elsewhere from scratch; that worker's copy is stale
-        future.add_done_callback(lambda f, key=key: self._done.put((key, f)))
+        generation = self._generation
+        future.add_done_callback(lambda f, key=key: self._done.put((generation, key, f)))
 
     def submit(self, key: Any, cls: int, positions: np.ndarray, time_limit: float | None, cutoff: float,
                attempt: int = 1, threads: int = 1) -> None:
@@ -80,7 +84,13 @@ class Executor:
         except queue.Empty:
             return out
         while True:
-            key, future = item
+            generation, key, future = item
+            if generation != self._generation:
+                try:
+                    item = self._done.get_nowait()
+                except queue.Empty:
+                    return out
+                continue
             self._futures.pop(key, None)
             worker = self._where.pop(key, 0)
             try:
@@ -102,24 +112,29 @@ class Executor:
     def in_flight(self) -> int:
         return len(self._futures)
 
-    def rebind(self, problem: Any) -> None:
-        """Analyse `problem` from now on (a --regions run's next box). Waits for the analyses still
-        running and drops their results and kept trees: they answered another box's question, and
-        a new engine reuses the same node keys."""
-        for future in list(self._futures.values()):
-            try:
-                future.result()
-            except BaseException:
-                pass
+    def rebind(self, problem: Any, grace: float | None = None) -> None:
+        """Analyse `problem` from now on (a --regions run's next box). The analyses still running
+        answer another box's question, and a new engine reuses the same node keys: their results
+        and kept trees are dropped. They get `grace` seconds to end (None: as long as they take);
+        then the workers running them are replaced (`_replace_busy_workers`)."""
+        futures = list(self._futures.values())
+        _, running = cf.wait(futures, timeout=grace)
+        if running:
+            self._replace_busy_workers({self._where[k] for k, f in self._futures.items() if f in running})
         while True:
             try:
                 self._done.get_nowait()
             except queue.Empty:
                 break
+        self._generation += 1
         self._futures.clear()
         self._where.clear()
         self._kept.clear()
         self._rebind_workers(problem)
+
+    def _replace_busy_workers(self, workers: set[int]) -> None:
+        """Stop the given workers' analyses (the in-process executor cannot: it waits for them)."""
+        cf.wait(list(self._futures.values()))
 
     def _rebind_workers(self, problem: Any) -> None:
         """Give the workers the new problem (the in-process executor reads it from its caller)."""
@@ -239,14 +254,19 @@ class ProcessExecutor(Executor):
     def __init__(self, problem: Any, settings: VerifySettings, workers: int) -> None:
         super().__init__()
         self.capacity = workers
+        self._settings = settings
+        self._pools = [self._new_pool(problem) for _ in range(workers)]
+
+    def _new_pool(self, problem: Any) -> cf.ProcessPoolExecutor:
         # spawn, not fork: the driver runs threads (rich display, pool feeders) that fork would copy
         # in an arbitrary state.
-        context = multiprocessing.get_context("spawn")
-        self._pools = [
-            cf.ProcessPoolExecutor(max_workers=1, mp_context=context, initializer=_init_worker,
-                                   initargs=(problem, settings, os.getpid()))
-            for _ in range(workers)
-        ]
+        return cf.ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
+                                      initializer=_init_worker, initargs=(problem, self._settings, os.getpid()))
+
+    def _replace_busy_workers(self, workers: set[int]) -> None:
+        for w in workers:  # the problem is set again by _rebind_workers right after
+            _stop_pool(self._pools[w])
+            self._pools[w] = self._new_pool(None)
 
     def submit(self, key, cls, positions, time_limit, cutoff, attempt=1, threads=1):
         idle = self._idle_workers()
@@ -268,13 +288,17 @@ class ProcessExecutor(Executor):
         # Running MILPs cannot be cancelled through the pool API; their time limits are capped by
         # the remaining total time, but a stop (time limit reached, gap closed) should not wait.
         for pool in self._pools:
-            processes = list(getattr(pool, "_processes", {}).values())
-            pool.shutdown(wait=False, cancel_futures=True)
-            for p in processes:
-                try:
-                    p.terminate()
-                except Exception:
-                    pass
+            _stop_pool(pool)
+
+
+def _stop_pool(pool: cf.ProcessPoolExecutor) -> None:
+    processes = list(getattr(pool, "_processes", {}).values())
+    pool.shutdown(wait=False, cancel_futures=True)
+    for p in processes:
+        try:
+            p.terminate()
+        except Exception:
+            pass
 
 
 class DaskExecutor(Executor):
