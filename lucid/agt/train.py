@@ -114,6 +114,9 @@ def abstract_train(
 def _abstract_train(init, spec, X, y, orders, *, k, lr, weight_decay, batch_size, num_classes, max_width,
                     trainable, update, on_epoch, on_step) -> AgtBox:
     cnn = spec.get("type", "mlp") == "cnn"
+    if spec.get("type", "mlp") not in ("mlp", "cnn"):  # anything else would be bounded as an MLP: wrong
+        raise LucidError(f"abstract gradient training bounds MLPs and the 1-D CNN only, not a {spec.get('type')!r} "
+                         "architecture (docs/agt.md)")
     if int(k) != k or k < 0:
         raise LucidError(f"the number of removed rows k must be a non-negative integer, got {k}")
     n_layers = len(spec["hidden"]) + 1

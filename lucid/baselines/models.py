@@ -15,13 +15,15 @@ from lucid.training.architecture import CNN_SPEC, ReferenceNet, check_arch_fits,
 
 
 def parse_architecture(arch: str | dict) -> dict:
-    """'2x50' / 'cnn' / a run.json `architecture` object -> a normalised architecture dict."""
+    """'2x50' / 'cnn' / a run.json `architecture` object (also a 2-D CNN's) -> a normalised architecture dict."""
     if not isinstance(arch, dict):
         return parse_arch(str(arch))
     kind = arch.get("type", "mlp")
     try:
         if kind == "mlp":
             spec = {"type": "mlp", "hidden": [int(h) for h in arch.get("hidden", [])]}
+        elif kind == "cnn2d":  # re-parsed from its spec: the same checks as `lucid train`
+            return parse_arch(str(arch["spec"]), arch["input_shape"])
         elif kind == "cnn":
             spec = {
                 "type": "cnn",
@@ -30,8 +32,8 @@ def parse_architecture(arch: str | dict) -> dict:
                 "hidden": [int(h) for h in arch.get("hidden", CNN_SPEC["hidden"])],
             }
         else:
-            raise LucidError(f"unknown architecture type {kind!r} (expected 'mlp' or 'cnn')")
-    except (TypeError, ValueError):
+            raise LucidError(f"unknown architecture type {kind!r} (expected 'mlp', 'cnn' or 'cnn2d')")
+    except (KeyError, TypeError, ValueError):
         raise LucidError(f"malformed architecture {arch!r}") from None
     if not spec["hidden"] or min(spec["hidden"]) < 1:
         raise LucidError(f"architecture {arch!r} needs at least one hidden layer of width >= 1")

@@ -19,7 +19,12 @@ def _default(name: str) -> Any:
 @click.command(name="train")
 @click.argument("data")
 @click.option("--out", "out", required=True, type=click.Path(), help="Run directory to write (created atomically).")
-@click.option("--arch", default=_default("arch"), show_default=True, help="MLP as DEPTHxWIDTH (2x50) or widths (50,20), or 'cnn'.")
+@click.option("--arch", default=_default("arch"), show_default=True,
+              help="MLP as DEPTHxWIDTH (2x50) or widths (50,20), 'cnn' (the paper's 1-D CNN), or a 2-D CNN as "
+                   "layers: conv(OUT,KERNEL,stride=1,pad=0),...,fc(WIDTH),... (needs --input-shape).")
+@click.option("--input-shape", default=_default("input_shape"),
+              help="C,H,W of the images a conv(...) --arch reads (e.g. 1,8,8): the features are the "
+                   "C-H-W flattened image.")
 @click.option("--epochs", default=_default("epochs"), show_default=True, type=int)
 @click.option("--lr", default=_default("lr"), show_default=True, type=float, help="SGD learning rate.")
 @click.option("--weight-decay", default=_default("weight_decay"), show_default=True, type=float)

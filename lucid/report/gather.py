@@ -147,6 +147,9 @@ def _architecture(spec: Any, run: Run) -> str:
     if spec.get("type") == "cnn":
         return (f"CNN: 1-D convolutions {spec.get('conv_channels')} (kernel {spec.get('kernel_size')}), "
                 f"then dense {dense}, ReLU")
+    if spec.get("type") == "cnn2d":
+        shape = "x".join(str(v) for v in spec.get("input_shape", []))
+        return f"CNN: {spec.get('spec')} on {shape} (C x H x W) images, ReLU"
     return f"MLP {dense}, ReLU"
 
 

@@ -10,6 +10,7 @@ import os
 import sys
 
 from lucid.data import Dataset
+from lucid.network import conv2d_output_hw
 
 MEMORY_BUDGET = 3 * 2**30  # bytes of working memory per chunk (stays under ~4 GiB with overheads)
 MAX_CHUNK = 64  # cache-friendly (benchmarks/results/idle_machine.md), and a fine resume granularity
@@ -54,6 +55,10 @@ def bytes_per_network(spec: dict, input_dim: int, num_classes: int, n: int, batc
             channels = c
         widths[-1] = channels * length
         flat = channels * length
+    elif spec["type"] == "cnn2d":
+        conv_params, conv_widths, flat = _conv2d_sizes(spec)
+        n_params += conv_params
+        widths += conv_widths
     else:
         flat = input_dim
     sizes = [flat] + list(spec["hidden"]) + [num_classes]
@@ -62,6 +67,20 @@ def bytes_per_network(spec: dict, input_dim: int, num_classes: int, n: int, batc
     rows = min(batch_size, n)
     per_network = 4 * (4 * n_params + 6 * rows * sum(widths))  # float32: params/grads/copies, acts
     return per_network
+
+
+def _conv2d_sizes(spec: dict) -> tuple[int, list[int], int]:
+    """(parameters, activation widths, flattened output width) of a 2-D CNN's convolutions; each
+    layer's width counts its output and its unfolded (im2col) input, as conv2d may build it."""
+    channels, height, width = spec["input_shape"]
+    n_params, widths = 0, []
+    for layer in spec["conv"]:
+        k = layer["kernel"]
+        n_params += layer["channels"] * channels * k * k + layer["channels"]
+        height, width = conv2d_output_hw(height, width, (k, k), layer["stride"], layer["pad"])
+        widths.append((layer["channels"] + channels * k * k) * height * width)
+        channels = layer["channels"]
+    return n_params, widths, channels * height * width
 
 
 def chunk_bytes(spec: dict, ds: Dataset, chunk_size: int, batch_size: int) -> int:

@@ -22,14 +22,17 @@ from lucid.training.architecture import parse_arch
 from lucid.training.finetune import parse_train_layers
 
 ALGORITHM = "lucid-loo-sgd/1"  # docs/training.md defines it; bump if T ever changes
+AGT_ARCHITECTURES = ("mlp", "cnn")  # what lucid.agt can bound (2-D convolutions: not implemented)
 
 
 @dataclass(frozen=True)
 class TrainSettings:
     """One training run's options (the `lucid train` flags; docs/training.md).
 
-    arch: `DxW`, comma-separated widths or `cnn`. epochs, lr, weight_decay, batch_size, seed: T's
-        SGD (the seed also draws the initialisation, the batch order and the test split).
+    arch: `DxW`, comma-separated widths, `cnn`, or a layer list `conv(8,3,pad=1),fc(32)` (a 2-D CNN).
+    input_shape: `C,H,W` of a layer list with conv layers (the features are the C-H-W flattened image).
+    epochs, lr, weight_decay, batch_size, seed: T's SGD (the seed also draws the initialisation, the
+        batch order and the test split).
     test_fraction / test_data: the test split, taken from the data or from another file.
     label: a CSV's label column (None: the last); domain: a JSON file of public bounds.
     device: where the chunks train (cpu, cuda); chunk_size: networks per chunk (None: derived
@@ -43,6 +46,7 @@ class TrainSettings:
     """
 
     arch: str = "2x50"
+    input_shape: str | None = None
     epochs: int = 50
     lr: float = 0.1
     weight_decay: float = 1e-5
@@ -83,10 +87,16 @@ class TrainSettings:
         device = self.torch_device  # rejects an unknown device, or cuda where there is none
         if self.scheduler is not None and device.type != "cpu":
             raise LucidError("--scheduler trains on the workers' CPUs; leave out --device")
-        parse_train_layers(self.train_layers, self.spec)  # also checks arch
+        spec = self.spec  # checks arch and input_shape
+        parse_train_layers(self.train_layers, spec)
+        if agt and spec["type"] not in AGT_ARCHITECTURES:
+            raise LucidError("--agt bounds MLPs and the 1-D CNN (--arch cnn) only; 2-D convolutions (conv(...) layers) "
+                             "are not supported (docs/agt.md)")
         # prepare_dataset checks this too; here it fails before the data is read, as it always has
         if not (0 <= self.test_fraction < 1) or not math.isfinite(self.test_fraction):
             raise LucidError(f"--test-fraction must be in [0, 1), got {self.test_fraction}")
+        if self.input_shape is not None and not isinstance(self.input_shape, str):  # (1, 8, 8) from Python
+            object.__setattr__(self, "input_shape", ",".join(str(int(v)) for v in self.input_shape))
         for name in ("epochs", "batch_size", "chunk_size", "agt"):
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, int(getattr(self, name)))
@@ -116,7 +126,7 @@ class TrainSettings:
     @property
     def spec(self) -> dict:
         """The architecture as run.json records it (a fresh dict on every call)."""
-        return parse_arch(self.arch)
+        return parse_arch(self.arch, self.input_shape)
 
     @property
     def trainable(self) -> set[int] | None:

@@ -6,12 +6,14 @@ batch), which make its loss exactly the mean cross-entropy over the rows it keep
 K per-network losses has, for each network's parameters, exactly that network's gradient, so the
 K SGD steps are independent even though they run as one batched computation.
 
-Three implementations of the same step:
+The implementations of the step:
 - `mlp`: hand-written forward/backward with batched matmuls in a [K, features, batch] layout.
   The first layer sees the same input rows for every network, so its forward and weight
   gradient are single large GEMMs over all K networks at once.
 - `cnn`: the same kernels on the CNN's dense (Toeplitz) lowering, gradients folded onto the kernels.
 - `autograd`: torch autograd on [K, ...] parameter tensors (MLP and CNN; a cross-check).
+- `cnn2d`: 2-D CNNs (layer lists, `lucid.training.layer_spec`): autograd over one grouped conv2d
+  per layer for all K networks (their channels stacked), then the batched dense layers.
 """
 
 from __future__ import annotations
@@ -65,9 +67,10 @@ def train_networks(
     k = len(removed)
     params = {name: p.to(device).unsqueeze(0).repeat((k,) + (1,) * p.ndim).contiguous() for name, p in init.items()}
     removed = removed.to(device)
-    if method == "auto":
-        method = "mlp" if spec["type"] == "mlp" else "cnn"
-    step = {"mlp": _MlpStep, "cnn": _CnnStep, "autograd": _AutogradStep}[method](params, spec, num_classes)
+    if method == "auto" or (method == "autograd" and spec["type"] == "cnn2d"):  # cnn2d's own step is autograd
+        method = {"mlp": "mlp", "cnn": "cnn", "cnn2d": "cnn2d"}[spec["type"]]
+    step = {"mlp": _MlpStep, "cnn": _CnnStep, "autograd": _AutogradStep, "cnn2d": _Cnn2dStep}[method](
+        params, spec, num_classes)
     first = 0
     if trainable is not None:
         if method != "mlp":
@@ -230,7 +233,8 @@ class _AutogradStep:
         self.parameters = [params[name] for name in self.names]
         self.num_classes = num_classes
 
-    def _scores(self, xb: torch.Tensor) -> torch.Tensor:
+    def scores(self, xb: torch.Tensor) -> torch.Tensor:
+        """[K, B, C]: every network's scores on the batch (the forward pass the gradients differentiate)."""
         p = dict(zip(self.names, self.parameters))
         k = self.parameters[0].shape[0]
         batch = xb.shape[0]
@@ -243,20 +247,56 @@ class _AutogradStep:
             h = h.reshape(k, batch, -1)  # channel-major, as torch's flatten(1)
         else:
             h = xb.unsqueeze(0).expand(k, batch, xb.shape[1])
+        return self._dense(h, p)
+
+    def _dense(self, h: torch.Tensor, p: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The dense layers on per-network features h [K, B, width] -> [K, B, C]."""
         for i in range(self.n_dense):
             h = torch.baddbmm(p[f"layers.{i}.bias"].unsqueeze(1), h, p[f"layers.{i}.weight"].transpose(1, 2))
             if i < self.n_dense - 1:
                 h = torch.relu(h)
-        return h  # [K, B, C]
+        return h
 
     def gradients(self, xb: torch.Tensor, yb: torch.Tensor, onehot: torch.Tensor, w: torch.Tensor) -> list[torch.Tensor]:
         with torch.enable_grad():
             for t in self.parameters:
                 t.requires_grad_(True)
-            scores = self._scores(xb)
+            scores = self.scores(xb)
             k, batch, c = scores.shape
             ce = F.cross_entropy(scores.reshape(k * batch, c), yb.repeat(k), reduction="none").view(k, batch)
             grads = torch.autograd.grad((ce * w).sum(), self.parameters)
             for t in self.parameters:
                 t.requires_grad_(False)
         return list(grads)
+
+
+class _Cnn2dStep(_AutogradStep):
+    """A 2-D CNN, K networks at once: each convolution is one conv2d over the networks' stacked channels.
+
+    The first convolution reads the shared input image, so the K kernels act as one convolution
+    with K * c_out output channels; every later one runs with groups=K, so network k's channels
+    meet only network k's kernels. The output [B, K * c, H, W] is network k's C-H-W features at
+    channels k*c..(k+1)*c, flattened as torch's `flatten(1)` of one network's [B, c, H, W]. The
+    weighted loss and autograd are `_AutogradStep`'s: each network gets exactly its own gradient.
+    """
+
+    def __init__(self, params: dict[str, torch.Tensor], spec: dict, num_classes: int) -> None:
+        self.convs = [dict(layer) for layer in spec["conv"]]
+        self.image = tuple(int(v) for v in spec["input_shape"])
+        self.n_conv = len(self.convs)
+        self.n_dense = len(spec["hidden"]) + 1
+        self.names = [f"conv.{j}.{t}" for j in range(self.n_conv) for t in ("weight", "bias")]
+        self.names += [f"layers.{i}.{t}" for i in range(self.n_dense) for t in ("weight", "bias")]
+        self.parameters = [params[name] for name in self.names]
+        self.num_classes = num_classes
+
+    def scores(self, xb: torch.Tensor) -> torch.Tensor:
+        p = dict(zip(self.names, self.parameters))
+        k, batch = self.parameters[0].shape[0], xb.shape[0]
+        h = xb.reshape(batch, *self.image)
+        for j, layer in enumerate(self.convs):
+            weight, bias = p[f"conv.{j}.weight"], p[f"conv.{j}.bias"]  # [K, out, in, kh, kw], [K, out]
+            h = F.conv2d(h, weight.flatten(0, 1), bias.flatten(), stride=layer["stride"], padding=layer["pad"],
+                         groups=1 if j == 0 else k)
+            h = torch.relu(h)
+        return self._dense(h.reshape(batch, k, -1).transpose(0, 1), p)
