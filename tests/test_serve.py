@@ -28,11 +28,14 @@ ALLOWED_HEADERS = {"content-type", "content-length", "date", "www-authenticate"}
 
 
 @contextlib.contextmanager
-def server(run_dir: Path, *args: str, env: dict | None = None, stderr_lines: list[str] | None = None):
+def server(run_dir: Path, *args: str, env: dict | None = None, stderr_lines: list[str] | None = None,
+           procs: list | None = None):
     """`lucid serve` on a port the system picks (--port 0; the server names it on stderr). The
-    lines it printed up to its URL are appended to `stderr_lines`."""
+    lines it printed up to its URL are appended to `stderr_lines`, its process to `procs`."""
     cmd = [sys.executable, "-m", "lucid", "serve", str(run_dir), "--port", "0", *args]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})
+    if procs is not None:
+        procs.append(proc)
     try:
         said = []
         watchdog = threading.Timer(60, proc.kill)  # a server that never says its URL ends the wait

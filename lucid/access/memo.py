@@ -46,7 +46,7 @@ from lucid.errors import LucidError
 DEFAULT_MEMO_SIZE = 1_000_000
 MEMO_FILE = "memo.sqlite"  # RUN/memo.sqlite: lucid serve's answers and ledger by default
 _CHUNK = 500  # keys per SELECT ... IN (...), well under SQLite's bound-parameter limit
-_MAX_PENDING_TOUCHES = 10_000  # LRU updates of memo hits kept in memory before a write
+_MAX_PENDING_TOUCHES = 10_000  # LRU updates of memo hits kept in memory (written sooner if an eviction needs them)
 
 # memo: one stored answer per input; noised: 1 if it was drawn by the mechanism.
 # seen: which client has already been answered (and charged for) which input; a row goes when
@@ -218,9 +218,11 @@ class Memo:
         return count
 
     def _select(
-        self, db: sqlite3.Connection, unique: Sequence[bytes], client: str | None
+        self, db: sqlite3.Connection, unique: Sequence[bytes], client: str | None, stop_at_miss: bool = False
     ) -> tuple[dict[bytes, tuple[int, int]], set[bytes]]:
-        """({key: (label, noised)} of the stored keys, the keys `client` has been answered)."""
+        """({key: (label, noised)} of the stored keys, the keys `client` has been answered). With
+        `stop_at_miss`, only part of them once a key is missing (not stored, or not answered to
+        `client`): the read-only fast path needs all or nothing, and a new batch is read once, not twice."""
         stored: dict[bytes, tuple[int, int]] = {}
         seen: set[bytes] = set()
         for start in range(0, len(unique), _CHUNK):
@@ -235,6 +237,9 @@ class Memo:
                 stored[key] = (label, noised)
                 if was_seen:
                     seen.add(key)
+            done = start + len(part)
+            if stop_at_miss and (len(stored) < done or (client is not None and len(seen) < done)):
+                break
         return stored, seen
 
     def get_or_put(
@@ -278,10 +283,10 @@ class Memo:
         try:
             # Fast path, no write transaction: a stored label never changes, so if every key is
             # already stored (and, with a client, already charged to it) the answer is final.
-            # Their LRU positions are updated lazily, with the next write (losing them in a crash
+            # Their LRU positions are updated lazily, by a later write (losing them in a crash
             # only changes which entry is evicted first).
             with self._lock:
-                stored, seen = self._select(self._db, unique, client)
+                stored, seen = self._select(self._db, unique, client, stop_at_miss=True)
                 if len(stored) == len(unique) and (client is None or len(seen) == len(unique)):
                     for i, key in enumerate(keys):
                         out[i] = stored[key][0]
@@ -325,13 +330,20 @@ class Memo:
                     if inserts and client is not None:
                         db.execute(_LEDGER_ADD, (ALL_CLIENTS, epsilon, len(inserts),
                                                  sum(row[3] for row in inserts)))
-                    if self._pending_touches:
+                    count = 0
+                    if inserts:
+                        count = int(db.execute("SELECT value FROM meta WHERE name = 'count'").fetchone()[0])
+                        count += len(inserts)
+                    # The LRU positions of earlier hits: written once enough are pending, or when an
+                    # eviction needs them; not by every small write, which would pay for the hits
+                    # of every batch before it (a single-row request writing 10 000 of them).
+                    if self._pending_touches and (len(self._pending_touches) >= _MAX_PENDING_TOUCHES
+                                                  or count > self.max_size):
                         db.executemany("UPDATE memo SET used = ? WHERE key = ?",
                                        [(t, k) for k, t in self._pending_touches.items()])
                         self._pending_touches.clear()
                     if inserts:
-                        count = int(db.execute("SELECT value FROM meta WHERE name = 'count'").fetchone()[0])
-                        self._evict(db, count + len(inserts), always_store=True)
+                        self._evict(db, count, always_store=True)
             self._epsilon = epsilon  # committed: recorded in the file (or checked against it)
         except sqlite3.DatabaseError as exc:
             raise MemoError(f"the memo database failed: {exc}") from None

@@ -1,18 +1,39 @@
-"""`lucid serve RUN --epsilon E`: label-only, iDP-protected predictions over HTTP."""
+"""`lucid serve RUN --epsilon E`: label-only, iDP-protected predictions over HTTP.
+
+`--workers N` forks N server processes after the listening socket is bound: they accept on that one
+socket (the kernel hands each connection to one of them) and share the memo file, whose SQLite
+transactions keep answers and budgets exact across processes (lucid/access/memo.py). Forking, not
+SO_REUSEPORT: a second `lucid serve` started by mistake on the same port fails with one line
+instead of silently taking a share of the connections. The parent only forwards SIGTERM / Ctrl-C;
+a worker that ends on its own stops the others, so the service never runs with fewer workers than
+it announced.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import functools
+import multiprocessing
 import os
+import signal
 import socket
+import sys
+import traceback
 from pathlib import Path
+from types import FrameType
+from typing import Any, Callable
 
 import click
 
 from lucid.access.guard import LOOPBACK_HOSTS
 from lucid.access.ledger import EpsilonPlan
+from lucid.access.limits import ServeLimits, ensure_open_files
 from lucid.access.memo import DEFAULT_MEMO_SIZE, MEMO_FILE
 from lucid.access.server import DEFAULT_MAX_BATCH, DEFAULT_MAX_BODY
 from lucid.errors import LucidError
+
+_DEFAULTS = ServeLimits()
 
 
 def read_api_keys(path: Path) -> dict[str, str]:
@@ -114,6 +135,108 @@ def _budget_note(budget: float | None, total_budget: float | None, plan: Epsilon
     return note
 
 
+def _stop(signum: int, frame: FrameType | None) -> None:
+    """SIGTERM after uvicorn's graceful stop (uvicorn raises it again once done): end normally, so the
+    prediction pool and the memo are closed, instead of dying on the default handler."""
+    raise SystemExit(0)
+
+
+def _serve_process(clf: Any, app: Any, sock: socket.socket, host: str, port: int, limits: ServeLimits) -> None:
+    """Serve `app` on `sock` in this process until SIGTERM or Ctrl-C, then close the pool and the memo."""
+    import uvicorn
+
+    from lucid.access.protocol import guarded_protocol
+
+    config = uvicorn.Config(
+        app, host=host, port=port, log_level="warning", access_log=False, server_header=False,
+        http=guarded_protocol(limits), ws="none", timeout_keep_alive=limits.idle_timeout,  # type: ignore[arg-type]
+        h11_max_incomplete_event_size=limits.max_header_bytes,
+        timeout_graceful_shutdown=limits.shutdown_timeout,  # type: ignore[arg-type]
+    )
+    previous = signal.signal(signal.SIGTERM, _stop)
+    try:
+        uvicorn.Server(config).run(sockets=[sock])
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        for pool in app.state.pools:
+            pool.shutdown(wait=True, cancel_futures=True)  # a decision under way finishes first
+        sock.close()
+        clf.close()
+
+
+def _worker(start: Callable[[], None]) -> None:
+    """The body of a forked worker process: serve, then leave without the parent's clean-up."""
+    code = 0
+    try:
+        start()
+    except KeyboardInterrupt:  # Ctrl-C reaches every process of the terminal's group
+        pass
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 0
+    except LucidError as exc:
+        click.echo(f"lucid: error: {exc}", err=True)
+        code = LucidError.exit_code
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _supervise(pids: list[int]) -> int:
+    """Wait for the workers; SIGTERM or Ctrl-C stops them all, and so does one ending on its own
+    (its exit status, at least 1, is returned)."""
+    alive = set(pids)
+    stopping = False
+    code = 0
+
+    def stop(signum: int | None = None, frame: FrameType | None = None) -> None:
+        nonlocal stopping
+        stopping = True
+        for pid in alive:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        while alive:
+            pid, status = os.wait()
+            alive.discard(pid)
+            if not stopping:
+                ended = os.waitstatus_to_exitcode(status)
+                if ended != LucidError.exit_code:  # a worker's own error line was printed already
+                    click.echo(f"lucid: error: a worker process ended unexpectedly (exit status {ended}); "
+                               "stopping the others", err=True)
+                code = max(ended, 1)
+                stop()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return code
+
+
+def _serve_workers(open_classifier: Callable[[], Any], app_options: dict, sock: socket.socket, host: str,
+                   port: int, limits: ServeLimits) -> int:
+    """Fork `limits.workers` processes serving on `sock`, each with its own classifier (an SQLite
+    connection must not cross a fork) and one shared fail-closed flag; wait for them."""
+    from lucid.access.server import create_app
+
+    failed = multiprocessing.RawValue(ctypes.c_bool, False)
+
+    def start() -> None:
+        clf = open_classifier()
+        _serve_process(clf, create_app(clf, **app_options, failed=failed), sock, host, port, limits)
+
+    pids = []
+    for _ in range(limits.workers):
+        pid = os.fork()
+        if pid == 0:
+            _worker(start)
+        pids.append(pid)
+    sock.close()
+    return _supervise(pids)
+
+
 @click.command(name="serve")
 @click.argument("run", type=click.Path(path_type=Path))
 @click.option("--epsilon", "-e", type=float, default=None,
@@ -148,24 +271,46 @@ def _budget_note(budget: float | None, total_budget: float | None, plan: Epsilon
 @click.option("--deadline-ms", type=float, default=0.0, show_default=True,
               help="Hold every prediction response until this many ms after its request arrived (0: off; "
                    "at most 60000).")
-@click.option("--max-batch", default=DEFAULT_MAX_BATCH, show_default=True, type=click.IntRange(min=1),
-              help="Most inputs per request.")
+@click.option("--max-rows", "--max-batch", "max_batch", default=DEFAULT_MAX_BATCH, show_default=True,
+              type=click.IntRange(min=1), help="Most inputs (rows) per request (413 above).")
 @click.option("--max-body", default=DEFAULT_MAX_BODY, show_default=True, type=click.IntRange(min=1),
               help="Largest request body in bytes.")
 @click.option("--allowed-hosts", metavar="H1,H2", default=None,
               help="Host header names answered, comma-separated, each with an optional :port (others get 400: "
                    "DNS rebinding) [default: the --host address, localhost, 127.0.0.1, [::1]].")
+@click.option("--workers", type=int, default=_DEFAULTS.workers, show_default=True,
+              help="Server processes sharing the port, the memo and the ledger.")
+@click.option("--threads", type=int, default=_DEFAULTS.threads, show_default=True,
+              help="Threads per worker that parse and answer request bodies, off the event loop (as many again "
+                   "for bodies up to 64 KiB, so that batches never hold up small requests).")
+@click.option("--max-connections", type=int, default=_DEFAULTS.max_connections, show_default=True,
+              help="Open connections per worker; further ones get 503 and are closed.")
+@click.option("--max-header-bytes", type=int, default=_DEFAULTS.max_header_bytes, show_default=True,
+              help="Largest request line plus headers (431 above).")
+@click.option("--idle-timeout", type=float, default=_DEFAULTS.idle_timeout, show_default=True, metavar="S",
+              help="Close a connection without a request under way after S seconds.")
+@click.option("--header-timeout", type=float, default=_DEFAULTS.header_timeout, show_default=True, metavar="S",
+              help="A request line and headers must arrive within S seconds of their first byte (408).")
+@click.option("--body-timeout", type=float, default=_DEFAULTS.body_timeout, show_default=True, metavar="S",
+              help="A request body must arrive within S seconds of its headers (408); a response the client "
+                   "stops reading is dropped after S seconds.")
+@click.option("--shutdown-timeout", type=float, default=_DEFAULTS.shutdown_timeout, show_default=True,
+              metavar="S", help="On SIGTERM, requests already received get S seconds to be answered.")
 def command(run: Path, epsilon: float | None, host: str, port: int, memo: Path | None, memo_size: int, clip: bool,
             api_key_env: str | None, api_keys: Path | None, budget: float | None, total_budget: float | None,
             target_epsilon: float | None, delta: float | None, queries: int | None, deadline_ms: float,
-            max_batch: int, max_body: int, allowed_hosts: str | None) -> None:
+            max_batch: int, max_body: int, allowed_hosts: str | None, workers: int, threads: int,
+            max_connections: int, max_header_bytes: int, idle_timeout: float, header_timeout: float,
+            body_timeout: float, shutdown_timeout: float) -> None:
     """Serve RUN's classifier: POST /v1/predict {"inputs": [[...]]} -> {"labels": [...]}."""
-    import uvicorn
-
     from lucid.access.classifier import LabelOnlyClassifier
     from lucid.access.guard import check_deadline_ms, parse_allowed_hosts
     from lucid.access.server import create_app
 
+    limits = ServeLimits(idle_timeout=idle_timeout, header_timeout=header_timeout, body_timeout=body_timeout,
+                         shutdown_timeout=shutdown_timeout, max_header_bytes=max_header_bytes,
+                         max_connections=max_connections, threads=threads, workers=workers)
+    ensure_open_files(limits.max_connections)
     epsilon, budget, plan = resolve_epsilon(epsilon, budget, target_epsilon, delta, queries)
     deadline_ms = check_deadline_ms(deadline_ms)
     hosts = parse_allowed_hosts(allowed_hosts) if allowed_hosts is not None else None
@@ -180,16 +325,19 @@ def command(run: Path, epsilon: float | None, host: str, port: int, memo: Path |
     if not run.is_dir():
         raise LucidError(f"run directory {run} does not exist")
     memo_path = memo if memo is not None else run / MEMO_FILE
-    clf = LabelOnlyClassifier.from_run(run, epsilon=epsilon, memo=memo_path, clip=clip, memo_size=memo_size,
-                                       budget=budget, total_budget=total_budget)
+    open_classifier = functools.partial(LabelOnlyClassifier.from_run, run, epsilon=epsilon, memo=memo_path,
+                                        clip=clip, memo_size=memo_size, budget=budget, total_budget=total_budget)
+    clf = open_classifier()  # also refuses a memo of another epsilon or other bounds, before listening
     sock = _listen(host, port)
     port = sock.getsockname()[1]
     if hosts is None:
         hosts = [*LOOPBACK_HOSTS, f"[{host}]" if ":" in host else host]
-    app = create_app(clf, api_key=api_key, max_body=max_body, max_batch=max_batch, api_keys=key_table,
-                     deadline_ms=deadline_ms, allowed_hosts=hosts)
+    app_options = dict(api_key=api_key, max_body=max_body, max_batch=max_batch, api_keys=key_table,
+                       deadline_ms=deadline_ms, allowed_hosts=hosts, threads=limits.threads)
+    app = create_app(clf, **app_options)
     for line in startup_warnings(budget, host, allowed_hosts, total_budget):
         click.echo(f"lucid: warning: {line}", err=True)
+    click.echo(f"lucid: limits: {limits.describe()}; requests up to {max_batch} rows and {max_body} B", err=True)
     auth = f", {len(key_table)} clients" if key_table else (", auth on" if api_key else "")
     netloc = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"  # an IPv6 address needs its brackets
     click.echo(
@@ -198,9 +346,12 @@ def command(run: Path, epsilon: float | None, host: str, port: int, memo: Path |
         f"{f', deadline {deadline_ms:g} ms' if deadline_ms else ''}); Ctrl-C stops",
         err=True,
     )
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, server_header=False)
-    try:
-        uvicorn.Server(config).run(sockets=[sock])
-    finally:
-        sock.close()
-        clf.close()
+    if limits.workers == 1:
+        _serve_process(clf, app, sock, host, port, limits)
+        return
+    for pool in app.state.pools:
+        pool.shutdown()
+    clf.close()  # each worker opens its own: an SQLite connection must not cross a fork
+    code = _serve_workers(open_classifier, app_options, sock, host, port, limits)
+    if code:
+        sys.exit(code)

@@ -1,0 +1,445 @@
+"""`lucid serve` under load: stalled connections, large batches and single-row clients together
+(scenario A), and the throughput of new single-row requests with 1 and 2 worker processes
+(scenario B).
+
+    python benchmarks/serve_load.py [--run RUN] [--stalled 1000] [--seconds 20] [--rows 10000,1000]
+                                    [--throughput-seconds 10] [--connections 16] [--report FILE.md]
+
+Scenario A: `--stalled` connections are held open the whole time, a third each sending nothing,
+half a request line, or a body one byte a second (each reopened when the server closes it, as an
+attacker would); two clients post batches in a loop (8 bodies of new inputs, then repeated), of
+each size in `--rows` in turn (a new server each: --max-rows is the knob of the single-row wait);
+one client, in a process of its own, sends new single rows (a random pause of 0-20 ms
+between them) and reports p50/p99 latency and errors; the server's peak RSS is sampled every
+0.25 s (psutil if installed, else /proc).
+
+Scenario B: `--connections` keep-alive connections from two client processes send new single-row
+requests as fast as the server answers, against `lucid serve --workers 1` and then `--workers 2`.
+On a 2-core machine the two client processes share the cores with the server, so the numbers are
+a lower bound of what the server alone could do; the report says how many cores there were.
+
+The client is plain asyncio over sockets, for both scenarios: neither wrk nor hey can hold stalled
+connections beside other clients, and hey repeats one body (memo hits, not new inputs), so they
+would not measure these scenarios (nor were they on PATH where this was written). The run defaults
+to a synthetic Crypto-shaped network (7 features, 2x50, 2 classes) written to a scratch directory:
+the server's load does not depend on what N computes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import os
+import random
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+_LENGTH = re.compile(rb"content-length:\s*(\d+)", re.I)
+
+
+# -- the run and its inputs -----------------------------------------------------------------------
+def make_inputs(run: Path):
+    """A function n -> n new inputs of the verified domain, in original units, as JSON-ready lists."""
+    from lucid.rundir import open_run, read_scaler
+
+    r = open_run(run)
+    lower, upper = r.domain
+    offset, scale = read_scaler(r)
+    rng = np.random.default_rng()
+
+    def inputs(n: int) -> list:
+        xn = lower + rng.random((n, len(lower))) * (upper - lower)
+        return (xn / scale + offset).tolist()
+
+    return inputs
+
+
+def synthetic_run(scratch: Path) -> Path:
+    from synthetic_runs import write_synthetic_run
+
+    return write_synthetic_run(scratch / "run", num_classes=2, input_dim=7, hidden=(50, 50),
+                               bounds={0: 0.5, 1: 0.5})
+
+
+# -- the server -----------------------------------------------------------------------------------
+@contextmanager
+def serve(run: Path, scratch: Path, *args: str) -> Iterator[tuple[int, subprocess.Popen]]:
+    """`lucid serve RUN` on a free port with a new memo; (port, process). Its stderr goes to a file
+    (a pipe nobody reads would block it)."""
+    memo = scratch / f"memo-{time.monotonic_ns()}.sqlite"
+    log = open(scratch / "server.log", "a+")
+    cmd = [sys.executable, "-m", "lucid", "serve", str(run), "--port", "0", "-e", "1", "--budget", "1e12",
+           "--memo", str(memo), *args]
+    start = log.tell()
+    proc = subprocess.Popen(cmd, stderr=log, stdout=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while not (m := re.search(r"on http://[^:]+:(\d+)/v1/predict", _read_from(log, start))):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"lucid serve did not start: {_read_from(log, start)}")
+            time.sleep(0.1)
+        port = int(m.group(1))
+        asyncio.run(_wait_ready(port))
+        yield port, proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+def _read_from(log, start: int) -> str:
+    log.flush()
+    with open(log.name) as f:
+        f.seek(start)
+        return f.read()
+
+
+async def _wait_ready(port: int) -> None:
+    for _ in range(300):
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nconnection: close\r\n\r\n")
+            if (await reader.read()).startswith(b"HTTP/1.1 200"):
+                writer.close()
+                return
+        except OSError:
+            pass
+        await asyncio.sleep(0.1)
+    raise SystemExit("lucid serve did not answer /healthz")
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident memory of the server process and its worker processes."""
+    try:
+        import psutil
+    except ImportError:
+        psutil = None
+    if psutil is not None:
+        try:
+            proc = psutil.Process(pid)
+            return sum(p.memory_info().rss for p in [proc, *proc.children(recursive=True)])
+        except psutil.Error:
+            return 0
+    total = 0
+    pids = [pid, *_children(pid)]
+    for p in pids:
+        try:
+            status = Path(f"/proc/{p}/status").read_text()
+            total += int(re.search(r"VmRSS:\s+(\d+) kB", status).group(1)) * 1024
+        except (OSError, AttributeError):
+            pass
+    return total
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+@contextmanager
+def peak_rss(pid: int) -> Iterator[list[int]]:
+    """Sample the server's RSS every 0.25 s while the block runs; the peak is out[0]."""
+    out, stop = [0], threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            out[0] = max(out[0], rss_bytes(pid))
+            stop.wait(0.25)
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    try:
+        yield out
+    finally:
+        stop.set()
+        thread.join()
+
+
+# -- the asyncio HTTP client ------------------------------------------------------------------------
+async def post(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, body: bytes) -> tuple[int, bytes]:
+    """One POST /v1/predict on a keep-alive connection: (status, body)."""
+    writer.write(b"POST /v1/predict HTTP/1.1\r\nHost: localhost\r\ncontent-type: application/json\r\n"
+                 b"content-length: %d\r\n\r\n" % len(body) + body)
+    await writer.drain()
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = _LENGTH.search(head)
+    return int(head.split(b" ", 2)[1]), await reader.readexactly(int(length.group(1)) if length else 0)
+
+
+class Stalled:
+    """`count` connections held open, reopened whenever the server closes one."""
+
+    KINDS = ("nothing", "half line", "slow body")
+
+    def __init__(self, port: int, count: int) -> None:
+        self.port, self.count = port, count
+        self.open = 0
+        self.closed_by_server = 0
+        self.failed_connects = 0
+        self.stop = asyncio.Event()
+
+    async def run(self) -> None:
+        tasks = []
+        for i in range(self.count):
+            tasks.append(asyncio.create_task(self._hold(self.KINDS[i % 3])))
+            if i % 50 == 49:
+                await asyncio.sleep(0.05)  # open them over about a second, not in one burst
+        await asyncio.gather(*tasks)
+
+    async def _hold(self, kind: str) -> None:
+        while not self.stop.is_set():
+            try:
+                reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
+            except OSError:
+                self.failed_connects += 1
+                await asyncio.sleep(0.5)
+                continue
+            self.open += 1
+            try:
+                if kind == "half line":
+                    writer.write(b"POST /v1/pre")
+                elif kind == "slow body":
+                    writer.write(b"POST /v1/predict HTTP/1.1\r\nHost: localhost\r\ncontent-type: application/json"
+                                 b"\r\ncontent-length: 1000000\r\n\r\n{")
+                while not self.stop.is_set():
+                    if kind == "slow body":
+                        writer.write(b" ")
+                    try:
+                        if await asyncio.wait_for(reader.read(4096), timeout=1.0) == b"":
+                            break
+                    except asyncio.TimeoutError:
+                        continue
+                    # A response (408, 503): the server ends the connection after it.
+                else:
+                    break
+                self.closed_by_server += 1
+            except OSError:
+                self.closed_by_server += 1
+            finally:
+                self.open -= 1
+                writer.close()
+
+
+async def batches(port: int, bodies: list[bytes], stop: asyncio.Event, out: dict) -> None:
+    """Post `bodies` in a loop (new inputs, then memo hits) until `stop`."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    i = 0
+    while not stop.is_set():
+        t0 = time.perf_counter()
+        try:
+            status, _ = await post(reader, writer, bodies[i % len(bodies)])
+        except (OSError, asyncio.IncompleteReadError):
+            out["errors"] += 1
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            continue
+        out["latencies"].append(time.perf_counter() - t0)
+        out["errors"] += status != 200
+        i += 1
+    writer.close()
+
+
+async def singles(port: int, inputs, seconds: float, out: dict) -> None:
+    """Sequential single-row requests with a random 0-20 ms pause between them."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        body = json.dumps({"inputs": inputs(1)}).encode()
+        t0 = time.perf_counter()
+        try:
+            status, _ = await post(reader, writer, body)
+        except (OSError, asyncio.IncompleteReadError):
+            out["errors"] += 1
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            continue
+        out["latencies"].append(time.perf_counter() - t0)
+        out["errors"] += status != 200
+        await asyncio.sleep(random.uniform(0, 0.02))
+    writer.close()
+
+
+def _singles_process(port: int, run: str, seconds: float, queue) -> None:
+    """The single-row client in a process of its own: the batch and stalled clients' event loop
+    must not add to the latencies it measures."""
+    out: dict = {"latencies": [], "errors": 0}
+    asyncio.run(singles(port, make_inputs(Path(run)), seconds, out))
+    queue.put(out)
+
+
+async def scenario_a(port: int, run: Path, inputs, stalled: int, seconds: float, rows: int) -> dict:
+    holder = Stalled(port, stalled)
+    holding = asyncio.create_task(holder.run())
+    for _ in range(100):  # until (nearly) all are open
+        if holder.open >= stalled * 0.98:
+            break
+        await asyncio.sleep(0.1)
+    opened = holder.open
+    # Built before the clock starts, so that the client's JSON encoding does not compete with it.
+    bodies = [json.dumps({"inputs": inputs(rows)}).encode() for _ in range(8)]
+    stop = asyncio.Event()
+    large: dict = {"latencies": [], "errors": 0}
+    posting = [asyncio.create_task(batches(port, bodies[k::2], stop, large)) for k in (0, 1)]
+    await asyncio.sleep(1.0)
+    queue = multiprocessing.Queue()
+    client = multiprocessing.Process(target=_singles_process, args=(port, str(run), seconds, queue))
+    client.start()
+    while client.is_alive() and queue.empty():
+        await asyncio.sleep(0.1)
+    single = await asyncio.to_thread(queue.get)
+    client.join()
+    stop.set()
+    await asyncio.gather(*posting)
+    still_open = holder.open
+    holder.stop.set()
+    await holding
+    return {"single": single, "large": large, "stalled_opened": opened, "stalled_open_at_end": still_open,
+            "closed_by_server": holder.closed_by_server, "failed_connects": holder.failed_connects}
+
+
+def _throughput_process(port: int, connections: int, seconds: float, run: str, queue) -> None:
+    inputs = make_inputs(Path(run))
+
+    async def one(out: list) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            body = json.dumps({"inputs": inputs(1)}).encode()
+            t0 = time.perf_counter()
+            status, _ = await post(reader, writer, body)
+            out.append((time.perf_counter() - t0, status))
+        writer.close()
+
+    async def main() -> list:
+        out: list = []
+        await asyncio.gather(*(one(out) for _ in range(connections)))
+        return out
+
+    queue.put(asyncio.run(main()))
+
+
+def scenario_b(port: int, run: Path, connections: int, seconds: float) -> dict:
+    """New single-row requests from two client processes; requests per second, p50/p99, errors."""
+    queue = multiprocessing.Queue()
+    procs = [multiprocessing.Process(target=_throughput_process, args=(port, n, seconds, str(run), queue))
+             for n in (connections // 2, connections - connections // 2)]
+    for p in procs:
+        p.start()
+    results = [queue.get() for _ in procs]
+    for p in procs:
+        p.join()
+    done = [r for part in results for r in part]
+    latencies = np.array([d for d, _ in done])
+    return {"requests": len(done), "per_second": len(done) / seconds, "errors": sum(s != 200 for _, s in done),
+            "p50": float(np.percentile(latencies, 50)), "p99": float(np.percentile(latencies, 99))}
+
+
+# -- the report -----------------------------------------------------------------------------------
+def ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.1f} ms"
+
+
+def report(args, runs_a: dict[int, tuple[dict, int]], b: dict[int, dict], b_rss: dict[int, int], loads: list,
+           run_note: str) -> str:
+    lines = [
+        "# `lucid serve` under load (`benchmarks/serve_load.py`)",
+        "",
+        f"Machine: {os.cpu_count()} cores; load average {loads[0]} at the start, {loads[1]} at the end. "
+        f"{args.note}",
+        "",
+        f"Run: {run_note}. Command: `python benchmarks/serve_load.py --stalled {args.stalled} --seconds "
+        f"{args.seconds:g} --rows {args.rows} --throughput-seconds {args.throughput_seconds:g} --connections "
+        f"{args.connections}`. Client: asyncio (wrk and hey were not on PATH; neither can hold stalled "
+        "connections beside other clients anyway). Server: `lucid serve` with its default limits "
+        "(`--max-rows` set to the batch size).",
+        "",
+        f"## A: {args.stalled} stalled connections, two batch clients, one single-row client",
+        "",
+        "| batch rows | single-row requests (errors) | single-row p50 | **single-row p99** | max | batches "
+        "(errors), median | stalled: open at start / end, closed by the server | server peak RSS |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for rows, (a, rss) in runs_a.items():
+        single, large = np.array(a["single"]["latencies"]), np.array(a["large"]["latencies"])
+        lines.append(
+            f"| {rows} | {len(single)} ({a['single']['errors']}) | {ms(np.percentile(single, 50))} | "
+            f"**{ms(np.percentile(single, 99))}** | {ms(single.max())} | {len(large)} ({a['large']['errors']}), "
+            f"{ms(np.median(large))} | {a['stalled_opened']} / {a['stalled_open_at_end']}, {a['closed_by_server']} "
+            f"(failed connects: {a['failed_connects']}) | {rss / 2**20:.0f} MiB |")
+    lines += [
+        "",
+        "## B: throughput of new single-row requests",
+        "",
+        f"{args.connections} keep-alive connections from 2 client processes, {args.throughput_seconds:g} s per "
+        f"setting; every request is a new input (a memo write). With {os.cpu_count()} cores the client "
+        "processes and the server share the same cores.",
+        "",
+        "| `--workers` | requests/s | p50 | p99 | errors | peak RSS |",
+        "|---|---|---|---|---|---|",
+    ]
+    for workers, row in b.items():
+        lines.append(f"| {workers} | {row['per_second']:.0f} | {ms(row['p50'])} | {ms(row['p99'])} | "
+                     f"{row['errors']} | {b_rss[workers] / 2**20:.0f} MiB |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--run", type=Path, default=None, help="a run directory with bounds.json [synthetic]")
+    parser.add_argument("--stalled", type=int, default=1000)
+    parser.add_argument("--seconds", type=float, default=20.0, help="scenario A's single-row client")
+    parser.add_argument("--rows", default="10000,1000", help="rows per batch in scenario A, comma-separated")
+    parser.add_argument("--throughput-seconds", type=float, default=10.0)
+    parser.add_argument("--connections", type=int, default=16, help="scenario B's connections")
+    parser.add_argument("--report", type=Path, default=ROOT / "benchmarks" / "results" / "serve_load.md")
+    parser.add_argument("--note", default="", help="a sentence on the machine's state, for the report")
+    args = parser.parse_args()
+    scratch = Path(tempfile.mkdtemp(prefix="serve-load-"))
+    try:
+        run = args.run if args.run is not None else synthetic_run(scratch)
+        run_note = str(args.run) if args.run is not None else "synthetic, 7 features, 2x50, 2 classes"
+        inputs = make_inputs(run)
+        loads = [" / ".join(f"{x:.1f}" for x in os.getloadavg())]
+        runs_a = {}
+        for rows in (int(r) for r in args.rows.split(",")):
+            with serve(run, scratch, "--max-rows", str(rows)) as (port, proc), peak_rss(proc.pid) as peak:
+                a = asyncio.run(scenario_a(port, run, inputs, args.stalled, args.seconds, rows))
+                runs_a[rows] = (a, peak[0])
+            print(f"rows {rows}: " + json.dumps({k: v for k, v in a.items() if k not in ("single", "large")}),
+                  file=sys.stderr)
+        b, b_rss = {}, {}
+        for workers in (1, 2):
+            with serve(run, scratch, "--workers", str(workers)) as (port, proc), peak_rss(proc.pid) as peak:
+                b[workers] = scenario_b(port, run, args.connections, args.throughput_seconds)
+                b_rss[workers] = peak[0]
+            print(f"workers {workers}: {b[workers]}", file=sys.stderr)
+        loads.append(" / ".join(f"{x:.1f}" for x in os.getloadavg()))
+        text = report(args, runs_a, b, b_rss, loads, run_note)
+        args.report.parent.mkdir(parents=True, exist_ok=True)
+        args.report.write_text(text)
+        print(text)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,172 @@
+"""HTTP/1.1 connections of `lucid serve`: a deadline on every phase in which the server waits on the
+client, a cap on the request head, a cap on connections, and a stop that does not wait for
+requests still arriving.
+
+uvicorn covers part of this: `timeout_keep_alive` closes a connection idle *between* requests, h11's
+`max_incomplete_event_size` caps the request head, and `timeout_graceful_shutdown` bounds the wait
+for running requests at a stop. It does not time a new connection that sends nothing, a request
+line or headers that trickle in, or a body that never ends (each held a connection forever), and
+its `limit_concurrency` answers 503 to *every* request once that many connections are open, so a
+few stalled connections would refuse all honest clients. This subclass of uvicorn's h11 protocol
+adds the rest, driven by h11's view of the client:
+
+    idle   (no request under way, nothing buffered)  --idle-timeout     close
+    head   (part of a request line or headers)       --header-timeout   408, close
+    body   (headers read, body still arriving)       --body-timeout     408, close
+    (request read: the server's turn)                no deadline; --shutdown-timeout at a stop
+
+A deadline runs from the start of its phase and is not extended by further bytes, so a client that
+sends one byte at a time gains nothing. A response the client stops reading (the send buffer stays
+full) is dropped after --body-timeout. The head cap is checked on the raw bytes before h11 parses
+them: h11's own `max_incomplete_event_size` only bounds a head still incomplete, so a larger one
+that arrives in one read would pass. h11 rather than httptools because httptools buffered a 50 MB
+header before any check could run; h11 costs tens of microseconds per request.
+
+Every answer given here is one of a few fixed JSON bodies, like the application's own errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from typing import Any
+
+import h11
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from lucid.access.limits import ServeLimits
+
+
+def _raw_response(status: int, reason: str, message: str) -> bytes:
+    """A complete response that ends the connection (written outside h11, which is then closed)."""
+    body = json.dumps({"error": message}, separators=(",", ":")).encode()
+    head = (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\nconnection: close\r\n\r\n")
+    return head.encode("ascii") + body
+
+
+_HEAD_END = re.compile(rb"\r?\n\r?\n")  # h11 also accepts bare LF line endings
+
+TIMED_OUT = _raw_response(408, "Request Timeout", "the request did not arrive in time")
+HEAD_TOO_LARGE = _raw_response(431, "Request Header Fields Too Large", "the request headers are too large")
+BAD_REQUEST = _raw_response(400, "Bad Request", "invalid HTTP request")
+TOO_MANY_CONNECTIONS = _raw_response(503, "Service Unavailable", "too many connections")
+
+
+class GuardedH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol with the deadlines and caps of the module docstring. Use
+    `guarded_protocol(limits)`, which binds the limits, as uvicorn's `http=` class."""
+
+    limits: ServeLimits = ServeLimits()
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        self._phase: str | None = None
+        self._deadline: asyncio.TimerHandle | None = None
+        self._send_deadline: asyncio.TimerHandle | None = None
+        super().connection_made(transport)
+        if len(self.connections) > self.limits.max_connections:
+            self._refuse(TOO_MANY_CONNECTIONS)  # at once: it must not hold a slot until a timeout
+            return
+        self._watch()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._set_phase(None)
+        self._cancel_send_deadline()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self.conn.their_state is h11.IDLE and self._head_too_large(data):
+            self._refuse(HEAD_TOO_LARGE)
+            return
+        super().data_received(data)
+        self._watch()
+
+    def on_response_complete(self) -> None:
+        # A pipelined request read while this one was answered is parsed now: check its head first.
+        if self.conn.their_state is h11.DONE and self._head_too_large(b""):
+            self._refuse(HEAD_TOO_LARGE)
+            return
+        super().on_response_complete()
+        self._watch()
+
+    def send_400_response(self, msg: str) -> None:
+        """h11 refused the request as malformed HTTP: a fixed JSON 400, like every other error."""
+        self._refuse(BAD_REQUEST)
+
+    def _head_too_large(self, data: bytes) -> bool:
+        """Whether the request head being received (h11's buffer, then `data`) exceeds the cap."""
+        pending = self.conn.trailing_data[0]
+        buffered = pending + data if pending else data
+        end = _HEAD_END.search(buffered)
+        return (end.end() if end else len(buffered)) > self.limits.max_header_bytes
+
+    def _refuse(self, response: bytes) -> None:
+        self.transport.write(response)
+        self.transport.close()
+
+    def shutdown(self) -> None:
+        """A stop closes at once every connection whose request is still arriving: it cannot be
+        answered before it arrives, and a stalled client would hold the stop up to --shutdown-timeout."""
+        if self.cycle is not None and not self.cycle.response_started and self.conn.their_state is h11.SEND_BODY:
+            self.transport.close()
+            return
+        super().shutdown()
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._send_deadline is None:
+            self._send_deadline = self.loop.call_later(self.limits.body_timeout, self.transport.abort)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self._cancel_send_deadline()
+
+    # -- the phase deadlines ------------------------------------------------------------------
+    def _current_phase(self) -> str | None:
+        """What the server is waiting on the client for, from h11's state (None: nothing)."""
+        if self.transport.is_closing():
+            return None
+        state = self.conn.their_state
+        if state is h11.SEND_BODY:
+            return "body"
+        if state is h11.IDLE:
+            return "head" if self.conn.trailing_data[0] else "idle"
+        return None
+
+    def _watch(self) -> None:
+        phase = self._current_phase()
+        if phase != self._phase:
+            self._set_phase(phase)
+
+    def _set_phase(self, phase: str | None) -> None:
+        """Enter `phase`: its deadline starts now (the previous phase's is cancelled)."""
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+        self._phase = phase
+        if phase is not None:
+            timeout = {"idle": self.limits.idle_timeout, "head": self.limits.header_timeout,
+                       "body": self.limits.body_timeout}[phase]
+            self._deadline = self.loop.call_later(timeout, self._expire)
+
+    def _expire(self) -> None:
+        self._deadline = None
+        if self.transport.is_closing():
+            return
+        # A 408 only where no response has begun on this request; an idle connection just closes.
+        if self._phase == "head" or (self._phase == "body" and not (self.cycle and self.cycle.response_started)):
+            self._refuse(TIMED_OUT)
+        else:
+            self.transport.close()
+
+    def _cancel_send_deadline(self) -> None:
+        if self._send_deadline is not None:
+            self._send_deadline.cancel()
+            self._send_deadline = None
+
+
+def guarded_protocol(limits: ServeLimits) -> type[GuardedH11Protocol]:
+    """GuardedH11Protocol bound to `limits` (uvicorn instantiates the class itself, per connection)."""
+    attributes: dict[str, Any] = {"limits": limits}
+    return type("GuardedH11Protocol", (GuardedH11Protocol,), attributes)
