@@ -216,7 +216,9 @@ def render() -> str:
             f"{accs('naive_idp')} | {r['single_query_ms']:.3f} | {t['root_s'] or 0:.0f} / {t['other_boxes_s']:.0f} "
             f"({t['boxes']}) | {r['released_but_leaking']} | {_why(r)} |")
     if rows:
-        lines += ["", f"Machine: {rows[-1]['machine']}; workers {rows[-1]['workers']}."]
+        lines += ["", f"Machine: {rows[-1]['machine']}; workers {rows[-1]['workers']}.",
+                  "", "What bounds each missed target, and the choices behind these runs: "
+                  "[regions_findings.md](regions_findings.md)."]
     return "\n".join(lines) + "\n"
 
 
