@@ -373,3 +373,16 @@ def test_rebind_drops_the_results_of_the_previous_problem():
     ex._done.put((ex._generation - 1, (0, 0), old))  # a straggler of the old problem, reported late
     new.set_result("new box")
     assert ex.completed(timeout=1.0) == [((0, 0), "new box")]
+
+
+def test_the_report_says_the_bounds_are_per_box(region_run, tmp_path):
+    from lucid.cli import main
+
+    leaves = json.loads((region_run / "bounds.json").read_text())["regions"]["leaves"]
+    out = tmp_path / "report.md"
+    try:
+        main(["report", str(region_run), "-o", str(out), "--format", "md"])
+    except SystemExit as exc:
+        assert exc.code in (0, None)
+    text = out.read_text()
+    assert f"cut into {leaves} boxes" in text and "its own box" in text

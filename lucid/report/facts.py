@@ -106,6 +106,7 @@ class VerificationFacts:
     options: tuple[tuple[str, Any], ...]
     classes: tuple[ClassBound, ...]
     log_present: bool
+    regions: int = 1  # leaves of `lucid verify --regions K` (1: one bound per class)
 
 
 @dataclass(frozen=True)

@@ -92,9 +92,11 @@ def _verification(run: Run, class_logs: Mapping[int, ClassLog] | None) -> Verifi
             nodes=None if e.get("nodes") is None else int(e["nodes"]),
             leaking_row=None if e.get("leaking_row") is None else int(e["leaking_row"]),
             removals=int(e.get("removals", 1)), log=(class_logs or {}).get(c)))
+    regions = doc.get("regions")
     return VerificationFacts(solver=str(doc.get("solver", "?")), hyper=str(options.get("hyper", "loo")),
                              options=tuple(sorted(options.items())), classes=tuple(classes),
-                             log_present=class_logs is not None)
+                             log_present=class_logs is not None,
+                             regions=int(regions.get("leaves", 1)) if isinstance(regions, dict) else 1)
 
 
 def _num(v: Any) -> float | None:

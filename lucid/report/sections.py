@@ -145,6 +145,11 @@ def _bounds(f: ReportFacts) -> Section:
                   "confidence above it gets the same label from all networks and is released; the lower bound is a "
                   "replayed input that leaks, so the exact decision bound lies between them."),
         Table("bounds-table", header, rows)]
+    if v.regions > 1:
+        blocks.append(Paragraph(f"Region-wise bounds: the domain is cut into {v.regions} boxes, each with its own "
+                                "bound per class (`lucid log RUN` lists them); an input is released when N's "
+                                "confidence is above the bound of its own box. The table shows each class's bound "
+                                "over the whole domain (the largest box bound).", "note"))
     if any(c.removals > 1 for c in v.classes):
         blocks.append(Paragraph("Classes verified over an AGT box hold for every data set within K removed rows "
                                 "of D (group iDP).", "note"))
