@@ -103,13 +103,13 @@ def verify_regions(run: Run, settings: VerifySettings, classes: list[int], resul
             todo = [i for i in tree.leaves() if not tree.verified[i]]
             leaf_of, noised = noised_mask(tree, sample, sample_class, sample_conf)
             massive = set(leaf_of[noised].tolist())  # boxes with noised public mass come first
-            todo = [i for i in todo if i in massive] or ([] if _can_split(tree, sample, sample_class, sample_conf,
-                                                                          settings.regions) else todo)
+            leaf = choose_leaf(tree, leaf_of, noised, settings.regions)
+            todo = [i for i in todo if i in massive] or ([] if leaf is not None else todo)
             if not todo:
-                leaf = choose_leaf(tree, sample, sample_class, sample_conf, settings.regions)
                 if leaf is None:
                     break
-                feature, threshold = choose_split(tree, leaf, sample, sample_class, sample_conf, leaks.get(leaf, {}))
+                feature, threshold = choose_split(tree, leaf, sample[(leaf_of == leaf) & noised],
+                                                  leaks.get(leaf, {}))
                 children = tree.split(leaf, feature, threshold)
                 log.emit("region_split", None, box=leaf, feature=feature, threshold=threshold, children=list(children))
                 checkpoint()
@@ -174,18 +174,12 @@ def noised_mask(tree: RegionTree, sample: np.ndarray, sample_class: np.ndarray,
     return leaf, ~(sample_conf > np.maximum(bounds, 0.0))
 
 
-def _can_split(tree: RegionTree, sample: np.ndarray, sample_class: np.ndarray, sample_conf: np.ndarray,
-               max_leaves: int) -> bool:
-    return choose_leaf(tree, sample, sample_class, sample_conf, max_leaves) is not None
-
-
-def choose_leaf(tree: RegionTree, sample: np.ndarray, sample_class: np.ndarray, sample_conf: np.ndarray,
-                max_leaves: int) -> int | None:
-    """The leaf with the most noised sample points (None: K leaves already, or nothing to gain)."""
+def choose_leaf(tree: RegionTree, leaf_of: np.ndarray, noised: np.ndarray, max_leaves: int) -> int | None:
+    """The leaf with the most noised sample points (`noised_mask`'s output; None: K leaves already,
+    or nothing to gain)."""
     if len(tree.leaves()) >= max_leaves:
         return None
-    leaf, noised = noised_mask(tree, sample, sample_class, sample_conf)
-    counts = np.bincount(leaf[noised], minlength=len(tree))
+    counts = np.bincount(leaf_of[noised], minlength=len(tree))
     candidates = [i for i in tree.leaves() if counts[i] > 1 and tree.depth_of(i) < MAX_DEPTH
                   and _splittable(tree, i)]
     if not candidates:
@@ -193,9 +187,8 @@ def choose_leaf(tree: RegionTree, sample: np.ndarray, sample_class: np.ndarray, 
     return max(candidates, key=lambda i: (counts[i], -i))
 
 
-def choose_split(tree: RegionTree, node: int, sample: np.ndarray, sample_class: np.ndarray,
-                 sample_conf: np.ndarray, node_leaks: dict[int, dict]) -> tuple[int, float]:
-    """Where to cut `node`'s box, from its noised sample points P and its known leaks.
+def choose_split(tree: RegionTree, node: int, points: np.ndarray, node_leaks: dict[int, dict]) -> tuple[int, float]:
+    """Where to cut `node`'s box, from its noised sample points P (`points`) and its known leaks.
 
     A *trim* cuts just outside P's range on one feature: one child holds all of P in a narrower
     box, the other holds no public mass (and is not verified unless time is left over). Leaks with
@@ -205,8 +198,6 @@ def choose_split(tree: RegionTree, node: int, sample: np.ndarray, sample_class: 
     between the two middle points of P on the feature that leaves most of P on a side without a
     leak (or, without leaks, cuts P most evenly)."""
     lo, hi = tree.box(node)
-    leaf, noised = noised_mask(tree, sample, sample_class, sample_conf)
-    points = sample[(leaf == node) & noised]
     witnesses = [np.asarray(w["x"], dtype=np.float64) for w in node_leaks.values()]
     trims = []
     for f in np.flatnonzero(hi - lo > 0):
