@@ -226,10 +226,14 @@ class _AutogradStep:
     """Autograd on [K, ...] parameter tensors; supports the 1-D CNN (convs as unfold + einsum)."""
 
     def __init__(self, params: dict[str, torch.Tensor], spec: dict, num_classes: int) -> None:
-        self.n_conv = len(spec.get("conv_channels", [])) if spec["type"] == "cnn" else 0
-        self.n_dense = len(spec["hidden"]) + 1
-        self.names = [f"conv.{j}.{t}" for j in range(self.n_conv) for t in ("weight", "bias")]
-        self.names += [f"layers.{i}.{t}" for i in range(self.n_dense) for t in ("weight", "bias")]
+        self._bind(params, len(spec.get("conv_channels", [])) if spec["type"] == "cnn" else 0,
+                   len(spec["hidden"]) + 1, num_classes)
+
+    def _bind(self, params: dict[str, torch.Tensor], n_conv: int, n_dense: int, num_classes: int) -> None:
+        """The parameters autograd differentiates: the convolutions', then the dense layers'."""
+        self.n_conv, self.n_dense = n_conv, n_dense
+        self.names = [f"conv.{j}.{t}" for j in range(n_conv) for t in ("weight", "bias")]
+        self.names += [f"layers.{i}.{t}" for i in range(n_dense) for t in ("weight", "bias")]
         self.parameters = [params[name] for name in self.names]
         self.num_classes = num_classes
 
@@ -283,12 +287,7 @@ class _Cnn2dStep(_AutogradStep):
     def __init__(self, params: dict[str, torch.Tensor], spec: dict, num_classes: int) -> None:
         self.convs = [dict(layer) for layer in spec["conv"]]
         self.image = tuple(int(v) for v in spec["input_shape"])
-        self.n_conv = len(self.convs)
-        self.n_dense = len(spec["hidden"]) + 1
-        self.names = [f"conv.{j}.{t}" for j in range(self.n_conv) for t in ("weight", "bias")]
-        self.names += [f"layers.{i}.{t}" for i in range(self.n_dense) for t in ("weight", "bias")]
-        self.parameters = [params[name] for name in self.names]
-        self.num_classes = num_classes
+        self._bind(params, len(self.convs), len(spec["hidden"]) + 1, num_classes)
 
     def scores(self, xb: torch.Tensor) -> torch.Tensor:
         p = dict(zip(self.names, self.parameters))
