@@ -11,7 +11,9 @@ attacker would); two clients post batches in a loop (8 bodies of new inputs, the
 each size in `--rows` in turn (a new server each: --max-rows is the knob of the single-row wait);
 one client, in a process of its own, sends new single rows (a random pause of 0-20 ms
 between them) and reports p50/p99 latency and errors; the server's peak RSS is sampled every
-0.25 s (psutil if installed, else /proc).
+0.25 s (psutil if installed, else /proc). All of them connect from 127.0.0.1, so scenario A turns
+the per-address connection cap off (`--max-connections-per-ip 100000`): it measures the server with
+1 000 stalled connections open, which one address could otherwise not hold.
 
 Scenario B: `--connections` keep-alive connections from two client processes send new single-row
 requests as fast as the server answers, against `lucid serve --workers 1` and then `--workers 2`.
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import multiprocessing
 import os
@@ -42,7 +45,7 @@ import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -241,41 +244,39 @@ class Stalled:
                 writer.close()
 
 
-async def batches(port: int, bodies: list[bytes], stop: asyncio.Event, out: dict) -> None:
-    """Post `bodies` in a loop (new inputs, then memo hits) until `stop`."""
+async def request_loop(port: int, next_body: Callable[[], bytes], done: Callable[[], bool], out: dict,
+                       pause: Callable[[], float] | None = None) -> None:
+    """POST `next_body()` on one keep-alive connection until `done()`, each response's latency into
+    out["latencies"] and every non-200 answer or dropped connection into out["errors"] (a dropped
+    connection is opened again); `pause()` seconds between requests. Every client here is this loop."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    i = 0
-    while not stop.is_set():
-        t0 = time.perf_counter()
-        try:
-            status, _ = await post(reader, writer, bodies[i % len(bodies)])
-        except (OSError, asyncio.IncompleteReadError):
-            out["errors"] += 1
-            reader, writer = await asyncio.open_connection("127.0.0.1", port)
-            continue
-        out["latencies"].append(time.perf_counter() - t0)
-        out["errors"] += status != 200
-        i += 1
-    writer.close()
-
-
-async def singles(port: int, inputs, seconds: float, out: dict) -> None:
-    """Sequential single-row requests with a random 0-20 ms pause between them."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        body = json.dumps({"inputs": inputs(1)}).encode()
+    while not done():
+        body = next_body()
         t0 = time.perf_counter()
         try:
             status, _ = await post(reader, writer, body)
         except (OSError, asyncio.IncompleteReadError):
             out["errors"] += 1
+            writer.close()
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
             continue
         out["latencies"].append(time.perf_counter() - t0)
         out["errors"] += status != 200
-        await asyncio.sleep(random.uniform(0, 0.02))
+        if pause is not None:
+            await asyncio.sleep(pause())
     writer.close()
+
+
+async def batches(port: int, bodies: list[bytes], stop: asyncio.Event, out: dict) -> None:
+    """Post `bodies` in a loop (new inputs, then memo hits) until `stop`."""
+    await request_loop(port, itertools.cycle(bodies).__next__, stop.is_set, out)
+
+
+async def singles(port: int, inputs, seconds: float, out: dict) -> None:
+    """Sequential single-row requests with a random 0-20 ms pause between them."""
+    end = time.monotonic() + seconds
+    await request_loop(port, lambda: json.dumps({"inputs": inputs(1)}).encode(), lambda: time.monotonic() >= end,
+                       out, pause=lambda: random.uniform(0, 0.02))
 
 
 def _singles_process(port: int, run: str, seconds: float, queue) -> None:
@@ -317,24 +318,17 @@ async def scenario_a(port: int, run: Path, inputs, stalled: int, seconds: float,
 
 
 def _throughput_process(port: int, connections: int, seconds: float, run: str, queue) -> None:
+    """`connections` clients sending new single rows as fast as they are answered, for `seconds`."""
     inputs = make_inputs(Path(run))
+    out: dict = {"latencies": [], "errors": 0}
+    end = time.monotonic() + seconds
 
-    async def one(out: list) -> None:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:
-            body = json.dumps({"inputs": inputs(1)}).encode()
-            t0 = time.perf_counter()
-            status, _ = await post(reader, writer, body)
-            out.append((time.perf_counter() - t0, status))
-        writer.close()
+    async def main() -> None:
+        await asyncio.gather(*(request_loop(port, lambda: json.dumps({"inputs": inputs(1)}).encode(),
+                                            lambda: time.monotonic() >= end, out) for _ in range(connections)))
 
-    async def main() -> list:
-        out: list = []
-        await asyncio.gather(*(one(out) for _ in range(connections)))
-        return out
-
-    queue.put(asyncio.run(main()))
+    asyncio.run(main())
+    queue.put(out)
 
 
 def scenario_b(port: int, run: Path, connections: int, seconds: float) -> dict:
@@ -347,9 +341,9 @@ def scenario_b(port: int, run: Path, connections: int, seconds: float) -> dict:
     results = [queue.get() for _ in procs]
     for p in procs:
         p.join()
-    done = [r for part in results for r in part]
-    latencies = np.array([d for d, _ in done])
-    return {"requests": len(done), "per_second": len(done) / seconds, "errors": sum(s != 200 for _, s in done),
+    latencies = np.array([d for part in results for d in part["latencies"]])
+    return {"requests": len(latencies), "per_second": len(latencies) / seconds,
+            "errors": sum(part["errors"] for part in results),
             "p50": float(np.percentile(latencies, 50)), "p99": float(np.percentile(latencies, 99))}
 
 
@@ -370,7 +364,9 @@ def report(args, runs_a: dict[int, tuple[dict, int]], b: dict[int, dict], b_rss:
         f"{args.seconds:g} --rows {args.rows} --throughput-seconds {args.throughput_seconds:g} --connections "
         f"{args.connections}`. Client: asyncio (wrk and hey were not on PATH; neither can hold stalled "
         "connections beside other clients anyway). Server: `lucid serve` with its default limits "
-        "(`--max-rows` set to the batch size).",
+        "(`--max-rows` set to the batch size; in A `--max-connections-per-ip 100000`, since every client, "
+        "the stalled ones included, comes from 127.0.0.1: with the default of 64 an attacker on one address "
+        "would hold at most 64 of them).",
         "",
         f"## A: {args.stalled} stalled connections, two batch clients, one single-row client",
         "",
@@ -421,7 +417,10 @@ def main() -> None:
         loads = [" / ".join(f"{x:.1f}" for x in os.getloadavg())]
         runs_a = {}
         for rows in (int(r) for r in args.rows.split(",")):
-            with serve(run, scratch, "--max-rows", str(rows)) as (port, proc), peak_rss(proc.pid) as peak:
+            # Every client here, the stalled ones included, comes from 127.0.0.1: without the per-address cap
+            # (100 000: none below --max-connections), which would refuse all but 64 of them at once.
+            with serve(run, scratch, "--max-rows", str(rows), "--max-connections-per-ip", "100000") as (port, proc), \
+                    peak_rss(proc.pid) as peak:
                 a = asyncio.run(scenario_a(port, run, inputs, args.stalled, args.seconds, rows))
                 runs_a[rows] = (a, peak[0])
             print(f"rows {rows}: " + json.dumps({k: v for k, v in a.items() if k not in ("single", "large")}),

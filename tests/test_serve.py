@@ -2,87 +2,23 @@
 
 from __future__ import annotations
 
-import contextlib
 import http.client
 import json
-import os
-import re
 import socket
 import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
 
-from synthetic_runs import write_bounds, write_synthetic_run
 from lucid.network import confidence, load_networks
+from serve_helpers import LABELS, run_dir, server, to_orig  # noqa: F401 (run_dir: a fixture)
+from synthetic_runs import write_bounds
 
-OFFSET = np.array([10.0, -5.0])
-SCALE = np.array([0.5, 2.0])
-LABELS = ["low", "mid", "high"]
 ALLOWED_HEADERS = {"content-type", "content-length", "date", "www-authenticate"}
-
-
-@contextlib.contextmanager
-def server(run_dir: Path, *args: str, env: dict | None = None, stderr_lines: list[str] | None = None,
-           procs: list | None = None):
-    """`lucid serve` on a port the system picks (--port 0; the server names it on stderr). The
-    lines it printed up to its URL are appended to `stderr_lines`, its process to `procs`."""
-    cmd = [sys.executable, "-m", "lucid", "serve", str(run_dir), "--port", "0", *args]
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})
-    if procs is not None:
-        procs.append(proc)
-    try:
-        said = []
-        watchdog = threading.Timer(60, proc.kill)  # a server that never says its URL ends the wait
-        watchdog.start()
-        try:
-            while not (found := re.search(r" on (http://127\.0\.0\.1:\d+)/v1/predict", "".join(said))):
-                line = proc.stderr.readline()  # the server's stderr closes when it exits
-                if not line:
-                    raise AssertionError(f"server exited early: {''.join(said)}")
-                said.append(line)
-        finally:
-            watchdog.cancel()
-        if stderr_lines is not None:
-            stderr_lines.extend(said)
-        url = found.group(1)
-        deadline = time.monotonic() + 30
-        while True:
-            if proc.poll() is not None:
-                raise AssertionError(f"server exited early: {''.join(said)}{proc.stderr.read()}")
-            try:
-                if httpx.get(url + "/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise AssertionError("server did not start")
-            time.sleep(0.1)
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        proc.stderr.close()
-
-
-@pytest.fixture()
-def run_dir(tmp_path):
-    return write_synthetic_run(
-        tmp_path / "run", labels=LABELS, offset=OFFSET, scale=SCALE, bounds={0: 0.3, 1: None, 2: -1.0}
-    )
-
-
-def to_orig(xn):
-    return (np.asarray(xn) / SCALE + OFFSET).tolist()
 
 
 def test_labels_only_auth_and_every_bad_request(run_dir, tmp_path):

@@ -14,29 +14,8 @@ import pytest
 
 from lucid.access import LabelOnlyClassifier, Memo
 from lucid.errors import LucidError
-from synthetic_runs import write_bounds, write_synthetic_run
-from test_serve import server
-
-OFFSET = np.array([10.0, -5.0])
-SCALE = np.array([0.5, 2.0])
-LABELS = ["low", "mid", "high"]
-
-
-@pytest.fixture()
-def run_dir(tmp_path):
-    return write_synthetic_run(
-        tmp_path / "run", labels=LABELS, offset=OFFSET, scale=SCALE, bounds={0: 0.3, 1: None, 2: -1.0}
-    )
-
-
-def to_orig(xn) -> list[list[float]]:
-    return (np.asarray(xn) / SCALE + OFFSET).tolist()
-
-
-def one_line(exc: pytest.ExceptionInfo) -> str:
-    message = str(exc.value)
-    assert "\n" not in message
-    return message
+from serve_helpers import one_line, run_dir, serve_cli, server, to_orig  # noqa: F401 (run_dir: a fixture)
+from synthetic_runs import write_bounds
 
 
 # -- 1. the memo records its epsilon and bounds -------------------------------------------------
@@ -138,30 +117,6 @@ def test_serve_refuses_a_memo_of_another_epsilon_end_to_end(run_dir, tmp_path):
         proc.stderr.close()
 
 
-def _serve_cli(run_dir, args, capsys, monkeypatch) -> tuple[object, str]:
-    """`lucid serve` in process up to the point where uvicorn would run: (exit code or 'started',
-    stderr)."""
-    import uvicorn
-
-    from lucid.cli import main
-
-    class Started(Exception):
-        pass
-
-    def config(*args, **kwargs):  # before uvicorn configures logging onto the captured stderr
-        raise Started
-
-    monkeypatch.setattr(uvicorn, "Config", config)
-    try:
-        main(["serve", str(run_dir), "--port", "0", *args])
-        code: object = 0
-    except Started:
-        code = "started"
-    except SystemExit as exc:
-        code = exc.code
-    return code, capsys.readouterr().err
-
-
 # -- 2. the deadline is finite, >= 0 and at most 60 s -------------------------------------------
 @pytest.mark.parametrize("text", ["nan", "inf", "-inf", "1e30", "-1", "60001"])
 def test_bad_deadlines_are_refused_everywhere(run_dir, tmp_path, capsys, monkeypatch, text):
@@ -173,7 +128,7 @@ def test_bad_deadlines_are_refused_everywhere(run_dir, tmp_path, capsys, monkeyp
     with pytest.raises(LucidError, match="deadline"):
         create_app(clf, deadline_ms=float(text))
     clf.close()
-    code, err = _serve_cli(run_dir, ["-e", "1", "--memo", str(tmp_path / "m.sqlite"), f"--deadline-ms={text}"],
+    code, err = serve_cli(run_dir, ["-e", "1", "--memo", str(tmp_path / "m.sqlite"), f"--deadline-ms={text}"],
                            capsys, monkeypatch)
     assert code == 2 and err.startswith("lucid: error:") and "deadline" in err and len(err.splitlines()) == 1
 
@@ -188,18 +143,18 @@ def test_a_deadline_up_to_the_maximum_is_accepted(run_dir, tmp_path, capsys, mon
     create_app(clf, deadline_ms=0)
     create_app(clf, deadline_ms=MAX_DEADLINE_MS)
     clf.close()
-    code, _ = _serve_cli(run_dir, ["-e", "1", "--memo", str(tmp_path / "m.sqlite"), "--deadline-ms", "60000",
+    code, _ = serve_cli(run_dir, ["-e", "1", "--memo", str(tmp_path / "m.sqlite"), "--deadline-ms", "60000",
                                    "--budget", "5"], capsys, monkeypatch)
     assert code == "started"
 
 
 # -- 5. the startup warnings ----------------------------------------------------------------------
 def test_serve_warns_without_a_budget(run_dir, tmp_path, capsys, monkeypatch):
-    code, err = _serve_cli(run_dir, ["-e", "1", "--memo", str(tmp_path / "m.sqlite")], capsys, monkeypatch)
+    code, err = serve_cli(run_dir, ["-e", "1", "--memo", str(tmp_path / "m.sqlite")], capsys, monkeypatch)
     warnings = [line for line in err.splitlines() if line.startswith("lucid: warning:")]
     assert code == "started" and len(warnings) == 1
     assert "--budget" in warnings[0] and "docs/access.md" in warnings[0] and "neighbour" in warnings[0]
-    code, err = _serve_cli(run_dir, ["-e", "1", "--memo", str(tmp_path / "m.sqlite"), "--budget", "10"],
+    code, err = serve_cli(run_dir, ["-e", "1", "--memo", str(tmp_path / "m.sqlite"), "--budget", "10"],
                            capsys, monkeypatch)
     assert code == "started" and "warning" not in err
     from lucid.cli.serve import startup_warnings
@@ -211,7 +166,7 @@ def test_serve_warns_without_a_budget(run_dir, tmp_path, capsys, monkeypatch):
 
 def test_serve_refuses_bad_allowed_hosts(run_dir, tmp_path, capsys, monkeypatch):
     for value in ("", "a b", "[::1", "host:port", ","):
-        code, err = _serve_cli(run_dir, ["-e", "1", "--budget", "1", "--memo", str(tmp_path / "m.sqlite"),
+        code, err = serve_cli(run_dir, ["-e", "1", "--budget", "1", "--memo", str(tmp_path / "m.sqlite"),
                                          f"--allowed-hosts={value}"], capsys, monkeypatch)
         assert code == 2 and "--allowed-hosts" in err and len(err.splitlines()) == 1, value
 
@@ -310,6 +265,47 @@ def test_hosts_redirects_head_and_the_bearer_scheme(run_dir):
             assert (await c.get("/healthz", headers={"host": "10.0.0.5:8443"})).status_code == 200
             assert (await c.get("/healthz", headers={"host": "10.0.0.5"})).status_code == 400
             assert (await c.get("/healthz", headers={"host": "localhost"})).status_code == 400
+
+    asyncio.run(check())
+
+
+def test_the_health_probe_is_cheap_and_bounded():
+    """/healthz's memo probe (MemoHealth): a database that does not answer makes it say "unreachable"
+    within its timeout, however long the query hangs; twenty checks at once start one probe, not
+    twenty; an answer is reused for the cache time; a probe that raises counts as unreachable."""
+    import threading
+    import time
+
+    from lucid.access.server import MemoHealth
+
+    class Store:
+        name = "postgresql://lucid@db/lucid"
+
+        def __init__(self, answer, delay: float = 0.0) -> None:
+            self.answer, self.delay, self.calls = answer, delay, 0
+            self.release = threading.Event()
+
+        def reachable(self, timeout: float) -> bool:
+            self.calls += 1
+            if self.delay:
+                self.release.wait(self.delay)
+            if isinstance(self.answer, Exception):
+                raise self.answer
+            return self.answer
+
+    async def check() -> None:
+        hung = Store(True, delay=30)
+        health = MemoHealth(hung, timeout=0.2, cache_s=0.0)
+        started = time.monotonic()
+        assert await asyncio.gather(*(health.ok() for _ in range(20))) == [False] * 20
+        assert time.monotonic() - started < 2 and hung.calls == 1
+        assert not await health.ok() and hung.calls == 1  # still the one probe, still hung
+        hung.release.set()
+        fine = Store(True)
+        health = MemoHealth(fine, timeout=0.2, cache_s=60.0)
+        assert await health.ok() and await health.ok() and fine.calls == 1  # the cached answer
+        assert not await MemoHealth(Store(OSError("boom")), timeout=0.2).ok()
+        assert await MemoHealth(object()).ok()  # a store without a probe: nothing to check
 
     asyncio.run(check())
 

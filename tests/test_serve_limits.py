@@ -20,57 +20,8 @@ import psutil
 import pytest
 
 from lucid.access.limits import ServeLimits
-from synthetic_runs import write_synthetic_run
-from test_serve import server
-from test_serve_hardening import _serve_cli
-
-OFFSET = np.array([10.0, -5.0])
-SCALE = np.array([0.5, 2.0])
-LABELS = ["low", "mid", "high"]
-JSON = {"content-type": "application/json"}
-
-
-@pytest.fixture()
-def run_dir(tmp_path):
-    return write_synthetic_run(
-        tmp_path / "run", labels=LABELS, offset=OFFSET, scale=SCALE, bounds={0: 0.3, 1: None, 2: -1.0}
-    )
-
-
-def to_orig(xn) -> list[list[float]]:
-    return (np.asarray(xn) / SCALE + OFFSET).tolist()
-
-
-def port_of(url: str) -> int:
-    return int(url.rsplit(":", 1)[1])
-
-
-def connect(url: str, data: bytes = b"") -> socket.socket:
-    sock = socket.create_connection(("127.0.0.1", port_of(url)), timeout=10)
-    if data:
-        sock.sendall(data)
-    return sock
-
-
-def until_closed(sock: socket.socket, limit: float = 10.0) -> bytes:
-    """Everything the server sends until it closes the connection (AssertionError after `limit` s)."""
-    got = b""
-    sock.settimeout(limit)
-    try:
-        while chunk := sock.recv(65536):
-            got += chunk
-    except socket.timeout:
-        raise AssertionError(f"still open after {limit} s; received {got[:60]!r}") from None
-    except ConnectionResetError:
-        pass
-    finally:
-        sock.close()
-    return got
-
-
-def request(url: str, body: bytes, extra: bytes = b"") -> bytes:
-    return (b"POST /v1/predict HTTP/1.1\r\nHost: localhost\r\ncontent-type: application/json\r\n" + extra
-            + b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+from serve_helpers import (JSON, connect, httpx_post, port_of, read_response, request, run_dir,  # noqa: F401
+                           serve_cli, server, to_orig, until_closed)
 
 
 # -- 1. every connection phase has a deadline ---------------------------------------------------
@@ -127,13 +78,6 @@ def test_every_phase_in_which_the_server_waits_on_a_client_has_a_deadline(run_di
     assert answers["new"] == b"" and answers["after a response"].startswith(b"HTTP/1.1 200")
 
 
-def httpx_post(url: str, doc: dict) -> tuple[int, dict]:
-    import httpx
-
-    r = httpx.post(url + "/v1/predict", json=doc)
-    return r.status_code, r.json()
-
-
 # -- 1. the header cap and the connection cap ---------------------------------------------------
 def test_request_heads_and_connections_are_capped(run_dir, tmp_path):
     args = ["-e", "1", "--budget", "100", "--memo", str(tmp_path / "m.sqlite"), "--max-header-bytes", "4096",
@@ -163,6 +107,95 @@ def test_request_heads_and_connections_are_capped(run_dir, tmp_path):
         assert ok.startswith(b"HTTP/1.1 200")
         for sock in held:
             sock.close()
+
+
+def test_one_address_cannot_take_every_connection(run_dir, tmp_path):
+    """Measured before: one address could open every connection the worker allows, shutting out
+    every other client. Now its --max-connections-per-ip + 1-th open connection gets 503 and is
+    closed at once; another address (127.0.0.2, also loopback) is still served, and a closed
+    connection gives its address the slot back."""
+    args = ["-e", "1", "--budget", "100", "--memo", str(tmp_path / "m.sqlite"), "--max-connections", "50",
+            "--max-connections-per-ip", "3", "--idle-timeout", "30"]
+    healthz = b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nconnection: close\r\n\r\n"
+    with server(run_dir, *args) as url:
+        time.sleep(0.3)  # the start-up probes' connections are gone
+        held = [connect(url) for _ in range(3)]  # idle: they hold their slots
+        time.sleep(0.2)
+        refused = until_closed(connect(url, healthz), limit=5)
+        assert refused.startswith(b"HTTP/1.1 503") and refused.endswith(
+            b'{"error":"too many connections from this address"}'), refused
+        other = [connect(url, source="127.0.0.2") for _ in range(3)]  # its own 3
+        answered = until_closed(connect(url, healthz, source="127.0.0.3"), limit=5)
+        assert answered.startswith(b"HTTP/1.1 200") and answered.endswith(b'{"status":"ok"}')
+        held.pop().close()
+        time.sleep(0.2)
+        again = until_closed(connect(url, healthz), limit=5)
+        assert again.startswith(b"HTTP/1.1 200"), again
+        for sock in [*held, *other]:
+            assert sock.fileno() != -1
+            sock.close()
+
+
+def test_client_addresses_are_grouped_for_the_cap():
+    from lucid.access.limits import client_group
+
+    assert client_group("203.0.113.7") == "203.0.113.7"
+    assert client_group("::ffff:203.0.113.7") == "203.0.113.7"  # an IPv4 client on a dual-stack socket
+    assert client_group("2001:db8:1:2:aaaa::1") == client_group("2001:db8:1:2:ffff::9") == "2001:db8:1:2::/64"
+    assert client_group("2001:db8:1:3::1") != client_group("2001:db8:1:2::1")
+    assert client_group("fe80::1%eth0") == "fe80::/64"
+    assert client_group(None) is None and client_group("/run/lucid.sock") is None
+
+
+# -- 1. request bodies: refused at --max-body before they are read -------------------------------
+def test_a_body_over_max_body_is_refused_before_it_is_read(run_dir, tmp_path):
+    """A Content-Length over --max-body gets 413 at once, before a byte of the body is sent (so none
+    is buffered); the slow body that follows is read and dropped until --body-timeout closes the
+    connection. A chunked body (no length to check) gets 413 as soon as it passes the cap, while it is
+    still arriving, and the worker's memory does not grow with what a client sends after that."""
+    procs: list[subprocess.Popen] = []
+    args = ["-e", "1", "--budget", "100", "--memo", str(tmp_path / "m.sqlite"), "--max-body", "1000",
+            "--body-timeout", "2"]
+    too_large = b'{"error":"the request body must be at most 1000 bytes"}'
+    with server(run_dir, *args, procs=procs) as url:
+        sock = connect(url, b"POST /v1/predict HTTP/1.1\r\nHost: localhost\r\ncontent-type: application/json\r\n"
+                            b"content-length: 10000000000\r\n\r\n")
+        started = time.monotonic()
+        answer = read_response(sock, limit=2)
+        assert answer.startswith(b"HTTP/1.1 413") and answer.endswith(too_large), answer
+        assert time.monotonic() - started < 1
+        try:  # the slow body: a byte every 0.1 s, until the server closes the connection
+            while time.monotonic() - started < 8:
+                sock.sendall(b" ")
+                time.sleep(0.1)
+        except OSError:
+            pass
+        closed = time.monotonic() - started
+        sock.close()
+        assert 1.5 < closed < 5, closed
+
+        chunked = connect(url, b"POST /v1/predict HTTP/1.1\r\nHost: localhost\r\n"
+                               b"content-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n")
+        chunked.settimeout(0.3)
+        for _ in range(10):  # 1000 bytes: at the cap, not over it
+            chunked.sendall(b"64\r\n" + b" " * 100 + b"\r\n")
+            time.sleep(0.03)
+        with pytest.raises(socket.timeout):
+            chunked.recv(65536)  # no answer yet: the body may still end within the cap
+        chunked.sendall(b"1\r\n \r\n")  # byte 1001
+        answer = read_response(chunked, limit=2)
+        assert answer.startswith(b"HTTP/1.1 413") and answer.endswith(too_large), answer
+        worker = psutil.Process(procs[0].pid)
+        before = worker.memory_info().rss
+        sent = 0
+        try:  # 64 MB more, as fast as the server reads: read and dropped, never held
+            while sent < 64_000_000:
+                chunked.sendall(b"10000\r\n" + b" " * 65536 + b"\r\n")
+                sent += 65536
+        except OSError:
+            pass
+        chunked.close()
+        assert worker.memory_info().rss - before < 16_000_000
 
 
 # -- 1. a stop does not wait for stalled clients ------------------------------------------------
@@ -328,19 +361,21 @@ def test_a_response_the_client_stops_reading_is_dropped():
     ("--idle-timeout", "0"), ("--idle-timeout", "nan"), ("--header-timeout", "inf"), ("--body-timeout", "-1"),
     ("--shutdown-timeout", "3601"), ("--shutdown-timeout", "nan"), ("--workers", "0"), ("--workers", "65"),
     ("--threads", "0"), ("--max-connections", "0"), ("--max-header-bytes", "100"), ("--max-rows", "0"),
+    ("--max-connections-per-ip", "0"), ("--max-connections-per-ip", "100001"), ("--max-connections-per-ip", "x"),
 ])
 def test_bad_limits_are_refused_in_one_line(run_dir, tmp_path, capsys, monkeypatch, option, value):
-    code, err = _serve_cli(run_dir, ["-e", "1", "--budget", "1", "--memo", str(tmp_path / "m.sqlite"),
+    code, err = serve_cli(run_dir, ["-e", "1", "--budget", "1", "--memo", str(tmp_path / "m.sqlite"),
                                      f"{option}={value}"], capsys, monkeypatch)
     assert code == 2 and err.startswith("lucid: error:") and option in err and len(err.splitlines()) == 1, err
 
 
 def test_the_start_lines_name_the_limits(run_dir, tmp_path, capsys, monkeypatch):
-    code, err = _serve_cli(run_dir, ["-e", "1", "--budget", "1", "--memo", str(tmp_path / "m.sqlite")],
+    code, err = serve_cli(run_dir, ["-e", "1", "--budget", "1", "--memo", str(tmp_path / "m.sqlite")],
                            capsys, monkeypatch)
     assert code == "started"
-    assert ("lucid: limits: 1 worker x 4 threads (+4 for small requests), 1024 connections per worker, headers up to 16384 B; "
-            "timeouts: idle 5 s, headers 10 s, body 30 s, stop 10 s; requests up to 10000 rows and 4194304 B") in err
+    assert ("lucid: limits: 1 worker x 4 threads (+4 for small requests), 1024 connections per worker (64 per client "
+            "address), headers up to 16384 B; timeouts: idle 5 s, headers 10 s, body 30 s, stop 10 s; requests up to "
+            "10000 rows and 4194304 B") in err
     assert ServeLimits().describe() in err
 
 

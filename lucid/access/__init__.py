@@ -4,7 +4,7 @@ from lucid.access.classifier import LabelOnlyClassifier, load_upper_bounds
 from lucid.access.ledger import (BudgetExceeded, ClientTotals, EpsilonPlan, optimal_composition, plan_epsilon,
                                  read_ledger, summarise)
 from lucid.access.mechanism import RandomSource, exponential_mechanism, true_label_probability
-from lucid.access.memo import Memo
+from lucid.access.memo import Memo, MemoStore, open_memo
 
 __all__ = [
     "BudgetExceeded",
@@ -12,9 +12,11 @@ __all__ = [
     "EpsilonPlan",
     "LabelOnlyClassifier",
     "Memo",
+    "MemoStore",
     "RandomSource",
     "exponential_mechanism",
     "load_upper_bounds",
+    "open_memo",
     "optimal_composition",
     "plan_epsilon",
     "read_ledger",

@@ -48,11 +48,10 @@ from lucid.access.ledger import (
     check_budget,
     check_client_name,
     check_total_budget,
-    read_ledger,
     summarise,
 )
 from lucid.access.mechanism import RandomSource, check_epsilon, exponential_mechanism, needs_noise
-from lucid.access.memo import DEFAULT_MEMO_SIZE, Memo
+from lucid.access.memo import DEFAULT_MEMO_SIZE, MemoStore, open_memo, read_memo_ledger
 from lucid.access.memo_meta import BoundsRecord
 from lucid.analysis.soundness import confidence_error, release_thresholds
 from lucid.atomic import read_json
@@ -119,7 +118,7 @@ def load_n(run: Run) -> tuple[list[np.ndarray], list[np.ndarray], str]:
 def run_ledger(run: Run, memo: str | Path, delta: float = DEFAULT_DELTA) -> list[ClientTotals]:
     """The privacy ledger of a memo that served this run (checked to be N's), one total per client:
     what `lucid budget` prints and `lucid report` shows."""
-    return summarise(read_ledger(memo, load_n(run)[2]), delta)
+    return summarise(read_memo_ledger(memo, load_n(run)[2]), delta)
 
 
 def _hold_until(deadline: float) -> None:
@@ -139,7 +138,7 @@ class LabelOnlyClassifier:
         self,
         run: Run,
         epsilon: float,
-        memo: str | Path | Memo | None = None,
+        memo: str | Path | MemoStore | None = None,
         clip: bool = False,
         seed: int | None = None,
         memo_size: int = DEFAULT_MEMO_SIZE,
@@ -186,16 +185,16 @@ class LabelOnlyClassifier:
         slack = _DOMAIN_TOLERANCE * np.maximum(1.0, np.maximum(np.abs(lower), np.abs(upper)))
         self._lower_tol, self._upper_tol = lower - slack, upper + slack
         # The memo records the epsilon and bounds of its draws and refuses others (memo_meta.py).
-        self.memo = (memo.bind(self.epsilon, served, self.fingerprint) if isinstance(memo, Memo) else
-                     Memo(memo, max_size=memo_size, fingerprint=self.fingerprint, epsilon=self.epsilon,
-                          bounds=served))
+        self.memo: MemoStore = (
+            memo.bind(self.epsilon, served, self.fingerprint) if isinstance(memo, MemoStore) else
+            open_memo(memo, max_size=memo_size, fingerprint=self.fingerprint, epsilon=self.epsilon, bounds=served))
 
     @classmethod
     def from_run(
         cls,
         path: str | Path,
         epsilon: float,
-        memo: str | Path | Memo | None = None,
+        memo: str | Path | MemoStore | None = None,
         clip: bool = False,
         seed: int | None = None,
         memo_size: int = DEFAULT_MEMO_SIZE,
@@ -203,8 +202,9 @@ class LabelOnlyClassifier:
         deadline_ms: float = 0.0,
         total_budget: float | None = None,
     ) -> "LabelOnlyClassifier":
-        """Open a run directory. `memo`: a SQLite file path (persistent; use one in production),
-        an existing `Memo`, or None for an in-memory memo that is lost when the process exits.
+        """Open a run directory. `memo`: a SQLite file path (persistent; use one in production), a
+        `postgresql://` URL (a database several replicas share), an open memo (`Memo`,
+        `PostgresMemo`), or None for an in-memory memo that is lost when the process exits.
         `budget`: the most epsilon each client may be charged (lucid.access.ledger); a query that
         would exceed it raises BudgetExceeded. `total_budget`: the same for all clients together
         (the ledger's '*' row: epsilon per memo draw given to any client). `deadline_ms`: see the

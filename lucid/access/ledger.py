@@ -41,7 +41,7 @@ import math
 import sqlite3
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 from lucid.errors import LucidError, non_negative_number
 
@@ -256,26 +256,35 @@ def summarise(rows: Sequence[tuple[str, float, int, int, int]], delta: float = D
 
 def read_ledger(path: str | Path, fingerprint: str | None = None) -> list[tuple[str, float, int, int, int]]:
     """The ledger rows of a memo file, read-only (the service may be running). With the
-    `fingerprint` of a run's N, a memo written for another model is refused."""
+    `fingerprint` of a run's N, a memo written for another model is refused. (A PostgreSQL memo:
+    lucid.access.memo.read_memo_ledger.)"""
     path = Path(path)
     if not path.is_file():
         raise LucidError(f"{path} does not exist: no memo, so no answers have been given with it (or pass --memo)")
     try:
         db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=30.0)
         try:
-            meta = dict(db.execute("SELECT name, value FROM meta").fetchall())
-            if meta.get("format") not in ("lucid-memo/1", "lucid-memo/2", "lucid-memo/3"):
-                raise LucidError(f"{path} is not a LUCID memo file")
-            if fingerprint and meta.get("fingerprint") and meta["fingerprint"] != fingerprint:
-                raise LucidError(f"the memo {path} belongs to a different model or run")
-            if meta["format"] == "lucid-memo/1":
-                return []  # written before the ledger existed
-            return [tuple(r) for r in db.execute(
-                "SELECT client, epsilon, answers, noised, refused FROM ledger ORDER BY client, epsilon")]
+            return ledger_of(db, str(path), fingerprint)
         finally:
             db.close()
     except sqlite3.DatabaseError as exc:
         raise LucidError(f"cannot read the ledger in {path}: {exc}") from None
+
+
+def ledger_of(db: Any, name: str, fingerprint: str | None = None) -> list[tuple[str, float, int, int, int]]:
+    """The ledger rows of an open memo database (SQLite or PostgreSQL: `db.execute` with `?`
+    placeholders), checked to be a LUCID memo and, with `fingerprint`, to be N's; sorted by client
+    and epsilon."""
+    meta = dict(db.execute("SELECT name, value FROM meta").fetchall())
+    if meta.get("format") not in ("lucid-memo/1", "lucid-memo/2", "lucid-memo/3"):
+        raise LucidError(f"{name} is not a LUCID memo")
+    if fingerprint and meta.get("fingerprint") and meta["fingerprint"] != fingerprint:
+        raise LucidError(f"the memo {name} belongs to a different model or run")
+    if meta["format"] == "lucid-memo/1":
+        return []  # written before the ledger existed
+    rows = db.execute("SELECT client, epsilon, answers, noised, refused FROM ledger").fetchall()
+    # Sorted here, not by ORDER BY: a PostgreSQL collation may not put '*' first as SQLite does.
+    return sorted((str(c), float(e), int(a), int(n), int(r)) for c, e, a, n, r in rows)
 
 
 def format_table(totals: Sequence[ClientTotals]) -> str:

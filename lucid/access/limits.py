@@ -4,13 +4,15 @@ A public endpoint meets clients that stall on purpose (open a connection and sen
 request line, headers or a body one byte at a time) or by accident. Each such connection holds a
 socket, a buffer and, once its request is read, a task; without limits a few thousand of them
 exhaust the process. So every phase in which the server waits on the client has a deadline, the
-request head has a size cap, and the number of connections has a cap (lucid/access/protocol.py);
+request head has a size cap, and the number of connections has a cap, in all and per client address
+(lucid/access/protocol.py), so that one address cannot take every connection of the service;
 the model work runs in a bounded pool of threads (lucid/access/server.py). The defaults are meant
 to be kept by a public deployment: docs/access.md#limits.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import resource
 from dataclasses import dataclass
@@ -38,6 +40,7 @@ _COUNTS = {
     "--workers": ("workers", 1, MAX_WORKERS),
     "--threads": ("threads", 1, MAX_THREADS),
     "--max-connections": ("max_connections", 1, MAX_CONNECTIONS),
+    "--max-connections-per-ip": ("max_connections_per_ip", 1, MAX_CONNECTIONS),
     "--max-header-bytes": ("max_header_bytes", MIN_HEADER_BYTES, MAX_HEADER_BYTES),
 }
 
@@ -54,6 +57,8 @@ class ServeLimits:
     shutdown_timeout: on SIGTERM, requests already received get this long to be answered.
     max_header_bytes: the most bytes of a request line plus headers (431 above).
     max_connections: open connections per worker process (503 and close above).
+    max_connections_per_ip: open connections per worker process from one client address (an IPv6
+        client: its /64), 503 and close above; at max_connections or more, no separate cap.
     threads: the prediction threads of each worker process (as many again for small bodies).
     workers: server processes sharing the listening socket, the memo and the ledger.
     """
@@ -64,6 +69,7 @@ class ServeLimits:
     shutdown_timeout: float = 10.0
     max_header_bytes: int = 16 * 1024
     max_connections: int = 1024
+    max_connections_per_ip: int = 64
     threads: int = 4
     workers: int = 1
 
@@ -77,9 +83,28 @@ class ServeLimits:
         """The limits' part of `lucid serve`'s start lines."""
         return (f"{self.workers} worker{'s' if self.workers > 1 else ''} x {self.threads} threads "
                 f"(+{self.threads} for small requests), "
-                f"{self.max_connections} connections per worker, headers up to {self.max_header_bytes} B; "
+                f"{self.max_connections} connections per worker ({self.max_connections_per_ip} per client address), "
+                f"headers up to {self.max_header_bytes} B; "
                 f"timeouts: idle {self.idle_timeout:g} s, headers {self.header_timeout:g} s, "
                 f"body {self.body_timeout:g} s, stop {self.shutdown_timeout:g} s")
+
+
+def client_group(host: object) -> str | None:
+    """The address a connection from `host` (its peer address) is counted under by the per-address
+    cap: an IPv4 address as is (also written IPv4-mapped, ::ffff:a.b.c.d), an IPv6 address by its /64
+    (one host is usually given a whole /64, so per-address counting would not hold it back). None for
+    a peer that is no IP address (a Unix socket): not counted."""
+    if not isinstance(host, str):
+        return None
+    try:
+        address = ipaddress.ip_address(host.split("%", 1)[0])  # without an IPv6 zone index
+    except ValueError:
+        return None
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            return str(address.ipv4_mapped)
+        return str(ipaddress.IPv6Network((address, 64), strict=False))
+    return str(address)
 
 
 def _check_seconds(option: str, value: object, zero_ok: bool) -> None:

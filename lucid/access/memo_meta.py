@@ -1,6 +1,8 @@
-"""What a memo file is bound to: N's fingerprint, the epsilon of its draws and the bounds it was
-served with (the `meta` table of the memo's SQLite file; lucid/access/memo.py), and the migration
-of files written before these records existed.
+"""What a memo is bound to: N's fingerprint, the epsilon of its draws and the bounds it was
+served with (the `meta` table of the memo's database, SQLite or PostgreSQL; lucid/access/memo.py),
+and the migration of SQLite files written before these records existed. The functions run the
+same statements on either database (a PostgreSQL `meta` value is TEXT: numbers come back as text,
+hence the float() and int() wherever one is read).
 
 Why the epsilon is recorded: a stored draw keeps the epsilon it was drawn with. A service started
 on the same file with another epsilon would hand those draws out again and charge each client its
@@ -26,14 +28,16 @@ stored takes the epsilon of its first binding.
 from __future__ import annotations
 
 import json
-import sqlite3
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from lucid.access.ledger import ALL_CLIENTS
 from lucid.errors import LucidError
+
+if TYPE_CHECKING:  # memo_store imports this module
+    from lucid.access.memo_store import Session
 
 MEMO_FORMAT = "lucid-memo/3"
 # /1: noised answers only, no ledger; /2: no epsilon or bounds record. Migrated on opening.
@@ -41,13 +45,13 @@ OLD_FORMATS = ("lucid-memo/1", "lucid-memo/2")
 UNKNOWN = "unknown"  # meta 'epsilon' of a migrated file whose answers' epsilon is not provable
 
 
-def new_meta(db: sqlite3.Connection, fingerprint: str | None) -> None:
+def new_meta(db: Session, fingerprint: str | None) -> None:
     """A new file: no epsilon or bounds yet (its first binding or answer records them)."""
     db.executemany("INSERT INTO meta (name, value) VALUES (?, ?)",
                    [("format", MEMO_FORMAT), ("fingerprint", fingerprint or ""), ("count", 0)])
 
 
-def migrate(db: sqlite3.Connection, meta: dict[str, Any]) -> None:
+def migrate(db: Session, meta: dict[str, Any]) -> None:
     """Bring a lucid-memo/1 or /2 file to the current format, recording its epsilon where the
     file proves it (module docstring)."""
     columns = {row[1] for row in db.execute("PRAGMA table_info(memo)")}
@@ -65,24 +69,24 @@ def migrate(db: sqlite3.Connection, meta: dict[str, Any]) -> None:
     db.execute("UPDATE meta SET value = ? WHERE name = 'format'", (MEMO_FORMAT,))
 
 
-def check_fingerprint(db: sqlite3.Connection, meta: dict[str, Any], fingerprint: str | None, name: str) -> None:
+def check_fingerprint(db: Session, meta: dict[str, Any], fingerprint: str | None, name: str) -> None:
     """Answers stored for another model are not draws around this model's labels: refuse them."""
     stored = meta.get("fingerprint") or ""
     if fingerprint and stored and stored != fingerprint:
-        raise LucidError(f"the memo {name} belongs to a different model or run; use another --memo file")
+        raise LucidError(f"the memo {name} belongs to a different model or run; use another --memo file or database")
     if fingerprint and not stored:
         db.execute("UPDATE meta SET value = ? WHERE name = 'fingerprint'", (fingerprint,))
 
 
-def bind_epsilon(db: sqlite3.Connection, recorded: Any, epsilon: float, name: str) -> None:
+def bind_epsilon(db: Session, recorded: Any, epsilon: float, name: str) -> None:
     """Record `epsilon` for a memo without one; refuse a memo recorded with another (one line)."""
     if recorded is None:
         db.execute("INSERT INTO meta (name, value) VALUES ('epsilon', ?)", (float(epsilon),))
     elif recorded == UNKNOWN:
         raise LucidError(
             f"the memo {name} was written before memos recorded their epsilon, and the epsilon of its answers "
-            f"cannot be established from its ledger: use a new --memo file (`lucid budget --memo {name}` still "
-            "reads this one's ledger)"
+            f"cannot be established from its ledger: use a new --memo file or database (`lucid budget --memo {name}` "
+            "still reads this one's ledger)"
         )
     else:
         refuse_other_epsilon(float(recorded), epsilon, name)
@@ -93,7 +97,7 @@ def refuse_other_epsilon(recorded: float, epsilon: float, name: str) -> None:
     if float(epsilon) != recorded:
         raise LucidError(
             f"the memo {name} holds answers drawn with epsilon = {recorded!r}, not {float(epsilon)!r}: serve with "
-            f"--epsilon {recorded!r}, or use a new --memo file (it starts new ledgers: keep this file for "
+            f"--epsilon {recorded!r}, or use a new --memo file or database (it starts new ledgers: keep this one for "
             "`lucid budget`)"
         )
 
@@ -127,7 +131,7 @@ def _finite_or_none(v: float) -> float | None:
     return float(v) if np.isfinite(v) else None  # +inf: nothing proved (JSON has no infinity)
 
 
-def bind_bounds(db: sqlite3.Connection, recorded: Any, bounds: np.ndarray | BoundsRecord, name: str) -> None:
+def bind_bounds(db: Session, recorded: Any, bounds: np.ndarray | BoundsRecord, name: str) -> None:
     """Record the upper bounds; accept equal or tighter ones over the same boxes (updating the
     record) and refuse any other (module docstring)."""
     new = bounds if isinstance(bounds, BoundsRecord) else BoundsRecord(np.asarray(bounds, dtype=np.float64))
@@ -140,7 +144,7 @@ def bind_bounds(db: sqlite3.Connection, recorded: Any, bounds: np.ndarray | Boun
         raise LucidError(
             f"the memo {name} holds answers given under other bounds than this run's bounds.json (only a "
             "continued verification's tighter bounds over the same regions may replace them): restore that "
-            "bounds.json, or use a new --memo file"
+            "bounds.json, or use a new --memo file or database"
         )
     if (new.upper < old.upper).any():
         db.execute("UPDATE meta SET value = ? WHERE name = 'bounds'", (text,))

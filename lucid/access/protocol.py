@@ -1,6 +1,6 @@
 """HTTP/1.1 connections of `lucid serve`: a deadline on every phase in which the server waits on the
-client, a cap on the request head, a cap on connections, and a stop that does not wait for
-requests still arriving.
+client, a cap on the request head, caps on connections (in all, and per client address), and a stop
+that does not wait for requests still arriving.
 
 uvicorn covers part of this: `timeout_keep_alive` closes a connection idle *between* requests, h11's
 `max_incomplete_event_size` caps the request head, and `timeout_graceful_shutdown` bounds the wait
@@ -22,6 +22,15 @@ them: h11's own `max_incomplete_event_size` only bounds a head still incomplete,
 that arrives in one read would pass. h11 rather than httptools because httptools buffered a 50 MB
 header before any check could run; h11 costs tens of microseconds per request.
 
+The connection caps answer 503 and close at once, so a refused connection holds nothing: a worker
+process keeps at most --max-connections open connections, and at most --max-connections-per-ip of
+them from one client address (IPv6: one /64), so that one address cannot take every slot and shut
+out the others. The address is the TCP peer's, never a header (X-Forwarded-For is anyone's to write);
+behind a reverse proxy every client has the proxy's address, so raise the per-address cap there.
+A request body is capped by the application (--max-body: 413 on a larger Content-Length before any
+of the body is read, and as soon as a chunked body passes the cap; meanwhile uvicorn buffers at most
+64 KiB plus one socket read of 256 KiB before it stops reading the socket).
+
 Every answer given here is one of a few fixed JSON bodies, like the application's own errors.
 """
 
@@ -35,7 +44,7 @@ from typing import Any
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from lucid.access.limits import ServeLimits
+from lucid.access.limits import ServeLimits, client_group
 
 
 def _raw_response(status: int, reason: str, message: str) -> bytes:
@@ -52,6 +61,7 @@ TIMED_OUT = _raw_response(408, "Request Timeout", "the request did not arrive in
 HEAD_TOO_LARGE = _raw_response(431, "Request Header Fields Too Large", "the request headers are too large")
 BAD_REQUEST = _raw_response(400, "Bad Request", "invalid HTTP request")
 TOO_MANY_CONNECTIONS = _raw_response(503, "Service Unavailable", "too many connections")
+TOO_MANY_FROM_ADDRESS = _raw_response(503, "Service Unavailable", "too many connections from this address")
 
 
 class GuardedH11Protocol(H11Protocol):
@@ -59,20 +69,39 @@ class GuardedH11Protocol(H11Protocol):
     `guarded_protocol(limits)`, which binds the limits, as uvicorn's `http=` class."""
 
     limits: ServeLimits = ServeLimits()
+    # Open connections per client address (client_group) in this process; one dict per bound class.
+    per_address: dict[str, int] = {}
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._phase: str | None = None
         self._deadline: asyncio.TimerHandle | None = None
         self._send_deadline: asyncio.TimerHandle | None = None
+        self._address: str | None = None  # set once counted in per_address
         super().connection_made(transport)
         if len(self.connections) > self.limits.max_connections:
             self._refuse(TOO_MANY_CONNECTIONS)  # at once: it must not hold a slot until a timeout
             return
+        peer = transport.get_extra_info("peername")
+        address = client_group(peer[0] if isinstance(peer, (tuple, list)) and peer else None)
+        if address is not None:
+            held = self.per_address.get(address, 0)
+            if held >= self.limits.max_connections_per_ip:
+                self._refuse(TOO_MANY_FROM_ADDRESS)
+                return
+            self.per_address[address] = held + 1
+            self._address = address
         self._watch()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._set_phase(None)
         self._cancel_send_deadline()
+        if self._address is not None:
+            held = self.per_address.get(self._address, 0) - 1
+            if held > 0:
+                self.per_address[self._address] = held
+            else:
+                self.per_address.pop(self._address, None)
+            self._address = None
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -168,5 +197,5 @@ class GuardedH11Protocol(H11Protocol):
 
 def guarded_protocol(limits: ServeLimits) -> type[GuardedH11Protocol]:
     """GuardedH11Protocol bound to `limits` (uvicorn instantiates the class itself, per connection)."""
-    attributes: dict[str, Any] = {"limits": limits}
+    attributes: dict[str, Any] = {"limits": limits, "per_address": {}}
     return type("GuardedH11Protocol", (GuardedH11Protocol,), attributes)

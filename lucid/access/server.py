@@ -3,6 +3,11 @@
     POST /v1/predict  {"inputs": [[...], ...]}  ->  {"labels": [...]}   (original label values)
     GET  /healthz                                ->  {"status": "ok"}    (HEAD: the status only)
 
+/healthz answers 503 (one fixed body) once the service has failed closed, and while a PostgreSQL
+memo's database does not answer a pooled `SELECT 1` within HEALTH_TIMEOUT_S (MemoHealth: one probe
+at a time, its result kept for HEALTH_CACHE_S, so probes cost the database at most one query a second
+per worker process, however often /healthz is asked).
+
 What a client can learn is limited to the labels: no scores, confidences, bounds or which
 branch (released / noised) was taken appear in bodies, headers or errors. Input errors are
 detected before N is evaluated, so their messages depend only on the kind of error, positions
@@ -10,7 +15,10 @@ in the request and the public domain, never echo what the client sent (lucid/acc
 For an open network: only application/json bodies (415 otherwise), only allowed Host headers
 (400 otherwise: DNS rebinding), and no redirects (a trailing slash is 404). If answering fails after that point (e.g. the memo database breaks) the error could
 depend on the branch, so the service fails closed: it answers 503 to every later prediction
-until restarted, with one fixed message.
+until restarted, with one fixed message. One failure is told apart: a memo database that cannot
+be reached (MemoUnavailable: a PostgreSQL memo's server down or cut off) gets the same 503 for
+that request only, since nothing was answered or charged and the outage says nothing about the
+request; the service answers again once the database is back.
 
 Timing: the classifier does the same work for released and noised rows (same forward pass,
 one mechanism draw per row, the same memo read/write and ledger charge; see classifier.py), and
@@ -52,6 +60,7 @@ from lucid.access.classifier import LabelOnlyClassifier
 from lucid.access.guard import (NOT_JSON_MEDIA, UNKNOWN_HOST, BadJson, HostCheck, TooLarge, bearer_client,
                                 check_deadline_ms, is_json_media, parse_inputs)
 from lucid.access.ledger import DEFAULT_CLIENT, BudgetExceeded, check_client_name
+from lucid.access.memo import MemoUnavailable
 from lucid.errors import LucidError
 
 DEFAULT_MAX_BODY = 4 * 1024 * 1024
@@ -64,6 +73,9 @@ SMALL_BODY = 64 * 1024
 # per row of a 10 000-row batch on a busy 2-core machine, so that small requests pass a queued batch,
 # and a batch waits at most rows x this (0.5 s at 10 000 rows) for requests that arrive after it.
 ROW_COST_S = 50e-6
+# /healthz's probe of the memo database: how long it may take, and how long its answer is reused.
+HEALTH_TIMEOUT_S = 1.0
+HEALTH_CACHE_S = 1.0
 
 log = logging.getLogger("lucid.serve")
 
@@ -114,6 +126,55 @@ class FailFlag:
     several worker processes, pass one shared flag (`multiprocessing.RawValue`) to each."""
 
     value = False
+
+
+class MemoHealth:
+    """Whether the memo's database answers, for /healthz: `memo.reachable` (a pooled `SELECT 1`) in a
+    thread of its own, at most one at a time, its answer reused for `cache_s`. A probe that has not
+    answered within `timeout` + 0.5 s counts as unreachable (a database cut off without a reset can
+    hold a query far longer); later checks wait on that same probe rather than start another, so a
+    hung database holds one thread, not one per request. The thread is a daemon: a hung probe never
+    holds up the process's exit. Memo stores without `reachable` are always reachable."""
+
+    def __init__(self, memo: Any, timeout: float = HEALTH_TIMEOUT_S, cache_s: float = HEALTH_CACHE_S) -> None:
+        self._probe = getattr(memo, "reachable", None)
+        self.name = getattr(memo, "name", "memo")
+        self.timeout, self.cache_s = timeout, cache_s
+        self._pending: asyncio.Future | None = None
+        self._last: tuple[float, bool] | None = None
+        self._reported = True  # what was last logged: only changes are
+
+    async def ok(self) -> bool:
+        if self._probe is None:
+            return True
+        loop = asyncio.get_running_loop()
+        if self._last is not None and time.monotonic() - self._last[0] < self.cache_s:
+            return self._last[1]
+        if self._pending is None or self._pending.done() or self._pending.get_loop() is not loop:
+            self._pending = loop.create_future()
+            threading.Thread(target=self._run, args=(loop, self._pending), name="lucid-health", daemon=True).start()
+        try:
+            ok = await asyncio.wait_for(asyncio.shield(self._pending), self.timeout + 0.5)
+        except asyncio.TimeoutError:
+            ok = False
+        self._last = (time.monotonic(), ok)
+        if ok != self._reported:
+            self._reported = ok
+            if ok:
+                log.warning("the memo database %s answers again: /healthz answers 200", self.name)
+            else:
+                log.warning("the memo database %s does not answer: /healthz answers 503", self.name)
+        return ok
+
+    def _run(self, loop: asyncio.AbstractEventLoop, future: asyncio.Future) -> None:
+        try:
+            ok = bool(self._probe(self.timeout))
+        except Exception:  # a probe that fails in any way: not reachable
+            ok = False
+        try:
+            loop.call_soon_threadsafe(lambda: future.done() or future.set_result(ok))
+        except RuntimeError:  # the loop has closed meanwhile
+            pass
 
 
 class _HostGuard:
@@ -173,6 +234,7 @@ def create_app(
     tokens = [(token.encode(), check_client_name(name)) for name, token in clients.items()]
     state = FailFlag() if failed is None else failed
     gate = SizeOrderedGate()
+    health = MemoHealth(clf.memo)
     # Bounded: at most 2 x `threads` bodies are parsed and answered at once; the rest wait in a queue
     # (at most one request per connection, and connections are capped: lucid/access/protocol.py).
     small, large = (ThreadPoolExecutor(max_workers=threads, thread_name_prefix=f"lucid-{lane}")
@@ -190,10 +252,16 @@ def create_app(
 
     @app.api_route("/healthz", methods=["GET", "HEAD"])
     async def healthz(request: Request) -> Response:
-        status = 503 if state.value else 200
+        # Fixed bodies: neither the database's name nor its error reaches a client (the log has them).
+        if state.value:
+            status, body = 503, {"error": "service unavailable"}
+        elif not await health.ok():
+            status, body = 503, {"error": "memo database unreachable"}
+        else:
+            status, body = 200, {"status": "ok"}
         if request.method == "HEAD":  # the status alone, for probes
             return Response(status_code=status, media_type="application/json")
-        return _error(503, "service unavailable") if status == 503 else JSONResponse({"status": "ok"})
+        return JSONResponse(body, status_code=status)
 
     def _json(status: int, doc: dict, extra: list | None = None) -> tuple[int, bytes, list]:
         return status, json.dumps(doc, separators=(",", ":")).encode(), extra or []
@@ -248,6 +316,12 @@ def create_app(
                 idx = clf.predict_network_space(xn, client=client)
         except BudgetExceeded as exc:
             return _json(429, {"error": str(exc)})
+        except MemoUnavailable as exc:
+            # The database could not be reached (lucid/access/memo_postgres.py): nothing was answered or
+            # charged, and when it fails depends on the network, not on the request or its branch, so
+            # this request alone gets the 503 and the next one tries the database again.
+            log.warning("%s: answered 503", exc)
+            return _json(503, {"error": "service unavailable"})
         except Exception:
             state.value = True
             log.exception("prediction failed; refusing further predictions until restarted")

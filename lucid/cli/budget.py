@@ -1,4 +1,4 @@
-"""`lucid budget RUN [--memo FILE]`: the privacy ledger of a served run (lucid.access.ledger).
+"""`lucid budget RUN [--memo FILE|URL]`: the privacy ledger of a served run (lucid.access.ledger).
 `lucid budget --plan --target-epsilon E --queries Q`: the per-answer epsilon and budget for a target."""
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ from lucid.errors import LucidError
 
 @click.command(name="budget")
 @click.argument("run", type=click.Path(path_type=Path), required=False)
-@click.option("--memo", type=click.Path(path_type=Path), default=None,
-              help="The memo file `lucid serve` used [default: RUN/memo.sqlite].")
+@click.option("--memo", default=None, metavar="FILE|URL",
+              help="The memo `lucid serve` used: a SQLite file [default: RUN/memo.sqlite] or its "
+                   "postgresql://user@host:port/db URL.")
 @click.option("--delta", type=float, default=None,
               help="delta of the tight (epsilon, delta) total, and of --plan's target [default: 1e-6].")
 @click.option("--json", "as_json", is_flag=True, help="Print the ledger (or the plan) as JSON.")
@@ -25,7 +26,7 @@ from lucid.errors import LucidError
               help="With --plan: the epsilon that --queries answers per client may compose to at --delta.")
 @click.option("--queries", type=int, default=None, metavar="Q",
               help="With --plan: the distinct answers per client to plan for.")
-def command(run: Path | None, memo: Path | None, delta: float | None, as_json: bool, plan: bool,
+def command(run: Path | None, memo: str | None, delta: float | None, as_json: bool, plan: bool,
             target_epsilon: float | None, queries: int | None) -> None:
     """Per client: distinct answers, noised answers, refused requests and the privacy totals.
 
@@ -46,7 +47,7 @@ def command(run: Path | None, memo: Path | None, delta: float | None, as_json: b
     _print_ledger(run, memo, delta, as_json)
 
 
-def _print_plan(run: Path | None, memo: Path | None, delta: float, as_json: bool, target: float | None,
+def _print_plan(run: Path | None, memo: str | None, delta: float, as_json: bool, target: float | None,
                 queries: int | None) -> None:
     """The plan reads nothing: a run or memo given with it is a mistake worth saying."""
     from lucid.access.ledger import check_plan, plan_epsilon
@@ -59,19 +60,20 @@ def _print_plan(run: Path | None, memo: Path | None, delta: float, as_json: bool
     click.echo(json.dumps(planned.to_json(), indent=2) if as_json else planned.describe())
 
 
-def _print_ledger(run: Path, memo: Path | None, delta: float, as_json: bool) -> None:
+def _print_ledger(run: Path, memo: str | None, delta: float, as_json: bool) -> None:
     from lucid.access.classifier import run_ledger
     from lucid.access.ledger import format_table
-    from lucid.access.memo import MEMO_FILE
+    from lucid.access.memo import memo_name, memo_target
     from lucid.rundir import open_run
 
     if not run.is_dir():
         raise LucidError(f"run directory {run} does not exist")
-    path = memo if memo is not None else run / MEMO_FILE
-    totals = run_ledger(open_run(run), path, delta)
+    target = memo_target(run, memo)
+    totals = run_ledger(open_run(run), target, delta)
+    name = memo_name(target)  # a URL without its password
     if as_json:
-        click.echo(json.dumps({"memo": str(path), "clients": [t.to_json() for t in totals]}, indent=2))
+        click.echo(json.dumps({"memo": name, "clients": [t.to_json() for t in totals]}, indent=2))
     elif not totals:
-        click.echo(f"{path}: no answers recorded yet")
+        click.echo(f"{name}: no answers recorded yet")
     else:
         click.echo(format_table(totals))

@@ -61,16 +61,18 @@ def _check_writable(out: Path) -> None:
                    "[default: from --out's suffix, else html].")
 @click.option("--epsilon", "-e", default="0,0.2,1", show_default=True, help="Comma-separated privacy budgets.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the evaluation's noise (reproducible).")
-@click.option("--memo", type=click.Path(path_type=Path), default=None,
-              help="Memo file of `lucid serve` for the ledger [default: RUN/memo.sqlite if it exists].")
+@click.option("--memo", default=None, metavar="FILE|URL",
+              help="The memo of `lucid serve` for the ledger: a SQLite file [default: RUN/memo.sqlite if it "
+                   "exists] or its postgresql://user@host:port/db URL.")
 @click.option("--baselines", type=click.Path(path_type=Path), default=None,
               help="JSON of `python -m lucid.baselines --json` [default: RUN/baselines.json if it exists].")
-def command(run: Path, out: Path | None, fmt: str | None, epsilon: str, seed: int, memo: Path | None,
+def command(run: Path, out: Path | None, fmt: str | None, epsilon: str, seed: int, memo: str | None,
             baselines: Path | None) -> None:
     """What was proved about RUN, at what cost, and what the guarantee does not cover."""
     from rich.console import Console
 
     from lucid.access.evaluate import parse_epsilons
+    from lucid.access.memo import memo_target
     from lucid.report import write_report
     from lucid.report.gather import gather_facts
     from lucid.rundir import open_run
@@ -81,9 +83,10 @@ def command(run: Path, out: Path | None, fmt: str | None, epsilon: str, seed: in
         fmt = "md" if out is not None and out.suffix.lower() in (".md", ".markdown") else "html"
     out = out if out is not None else run / f"report.{fmt}"
     _check_writable(out)
+    target = None if memo is None else memo_target(run, memo)
     console = Console(stderr=True)
     with console.status("reading the run and evaluating the test split …"):
-        facts = gather_facts(run, epsilons, seed=seed, memo=memo, baselines=baselines, class_logs=_class_logs(run))
+        facts = gather_facts(run, epsilons, seed=seed, memo=target, baselines=baselines, class_logs=_class_logs(run))
     with console.status("drawing the figures …"):
         try:
             written = write_report(facts, out, fmt)

@@ -1,8 +1,9 @@
 """`lucid serve RUN --epsilon E`: label-only, iDP-protected predictions over HTTP.
 
 `--workers N` forks N server processes after the listening socket is bound: they accept on that one
-socket (the kernel hands each connection to one of them) and share the memo file, whose SQLite
-transactions keep answers and budgets exact across processes (lucid/access/memo.py). Forking, not
+socket (the kernel hands each connection to one of them) and share the memo, whose transactions keep
+answers and budgets exact across processes (lucid/access/memo_store.py). With `--memo postgresql://...`
+several `lucid serve` replicas, on several machines, share one memo the same way. Forking, not
 SO_REUSEPORT: a second `lucid serve` started by mistake on the same port fails with one line
 instead of silently taking a share of the connections. The parent only forwards SIGTERM / Ctrl-C;
 a worker that ends on its own stops the others, so the service never runs with fewer workers than
@@ -29,7 +30,7 @@ import click
 from lucid.access.guard import LOOPBACK_HOSTS
 from lucid.access.ledger import EpsilonPlan
 from lucid.access.limits import ServeLimits, ensure_open_files
-from lucid.access.memo import DEFAULT_MEMO_SIZE, MEMO_FILE
+from lucid.access.memo import DEFAULT_MEMO_SIZE, memo_target
 from lucid.access.server import DEFAULT_MAX_BATCH, DEFAULT_MAX_BODY
 from lucid.errors import LucidError
 
@@ -244,9 +245,10 @@ def _serve_workers(open_classifier: Callable[[], Any], app_options: dict, sock: 
 @click.option("--host", default="127.0.0.1", show_default=True, help="Interface to bind (loopback by default).")
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535),
               help="Port to bind; 0: a free one, named in the line on stderr.")
-@click.option("--memo", type=click.Path(path_type=Path), default=None,
-              help="SQLite memo of answers and privacy ledger [default: RUN/memo.sqlite]. Keep it: "
-                   "deleting it lets clients re-sample noisy labels and forgets what they were charged.")
+@click.option("--memo", default=None, metavar="FILE|URL",
+              help="Memo of answers and privacy ledger: a SQLite file [default: RUN/memo.sqlite], or a "
+                   "postgresql://user@host:port/db URL that several replicas share. Keep it: deleting it lets "
+                   "clients re-sample noisy labels and forgets what they were charged.")
 @click.option("--memo-size", default=DEFAULT_MEMO_SIZE, show_default=True, type=click.IntRange(min=1),
               help="Most inputs the memo keeps (least recently used are evicted).")
 @click.option("--clip", is_flag=True, help="Clip inputs outside the verified domain into it instead of refusing them.")
@@ -285,6 +287,10 @@ def _serve_workers(open_classifier: Callable[[], Any], app_options: dict, sock: 
                    "for bodies up to 64 KiB, so that batches never hold up small requests).")
 @click.option("--max-connections", type=int, default=_DEFAULTS.max_connections, show_default=True,
               help="Open connections per worker; further ones get 503 and are closed.")
+@click.option("--max-connections-per-ip", type=int, default=_DEFAULTS.max_connections_per_ip, show_default=True,
+              metavar="N", help="Open connections per worker from one client address (an IPv6 client: its /64); "
+                                "further ones get 503 and are closed. Behind a reverse proxy every client has "
+                                "the proxy's address: raise it to --max-connections there.")
 @click.option("--max-header-bytes", type=int, default=_DEFAULTS.max_header_bytes, show_default=True,
               help="Largest request line plus headers (431 above).")
 @click.option("--idle-timeout", type=float, default=_DEFAULTS.idle_timeout, show_default=True, metavar="S",
@@ -296,12 +302,12 @@ def _serve_workers(open_classifier: Callable[[], Any], app_options: dict, sock: 
                    "stops reading is dropped after S seconds.")
 @click.option("--shutdown-timeout", type=float, default=_DEFAULTS.shutdown_timeout, show_default=True,
               metavar="S", help="On SIGTERM, requests already received get S seconds to be answered.")
-def command(run: Path, epsilon: float | None, host: str, port: int, memo: Path | None, memo_size: int, clip: bool,
+def command(run: Path, epsilon: float | None, host: str, port: int, memo: str | None, memo_size: int, clip: bool,
             api_key_env: str | None, api_keys: Path | None, budget: float | None, total_budget: float | None,
             target_epsilon: float | None, delta: float | None, queries: int | None, deadline_ms: float,
             max_batch: int, max_body: int, allowed_hosts: str | None, workers: int, threads: int,
-            max_connections: int, max_header_bytes: int, idle_timeout: float, header_timeout: float,
-            body_timeout: float, shutdown_timeout: float) -> None:
+            max_connections: int, max_connections_per_ip: int, max_header_bytes: int, idle_timeout: float,
+            header_timeout: float, body_timeout: float, shutdown_timeout: float) -> None:
     """Serve RUN's classifier: POST /v1/predict {"inputs": [[...]]} -> {"labels": [...]}."""
     from lucid.access.classifier import LabelOnlyClassifier
     from lucid.access.guard import check_deadline_ms, parse_allowed_hosts
@@ -309,7 +315,8 @@ def command(run: Path, epsilon: float | None, host: str, port: int, memo: Path |
 
     limits = ServeLimits(idle_timeout=idle_timeout, header_timeout=header_timeout, body_timeout=body_timeout,
                          shutdown_timeout=shutdown_timeout, max_header_bytes=max_header_bytes,
-                         max_connections=max_connections, threads=threads, workers=workers)
+                         max_connections=max_connections, max_connections_per_ip=max_connections_per_ip,
+                         threads=threads, workers=workers)
     ensure_open_files(limits.max_connections)
     epsilon, budget, plan = resolve_epsilon(epsilon, budget, target_epsilon, delta, queries)
     deadline_ms = check_deadline_ms(deadline_ms)
@@ -324,7 +331,7 @@ def command(run: Path, epsilon: float | None, host: str, port: int, memo: Path |
             raise LucidError(f"--api-key-env: the environment variable {api_key_env} is not set or empty")
     if not run.is_dir():
         raise LucidError(f"run directory {run} does not exist")
-    memo_path = memo if memo is not None else run / MEMO_FILE
+    memo_path = memo_target(run, memo)  # a URL as typed: the memo layer tells it from a SQLite file
     open_classifier = functools.partial(LabelOnlyClassifier.from_run, run, epsilon=epsilon, memo=memo_path,
                                         clip=clip, memo_size=memo_size, budget=budget, total_budget=total_budget)
     clf = open_classifier()  # also refuses a memo of another epsilon or other bounds, before listening
@@ -341,7 +348,7 @@ def command(run: Path, epsilon: float | None, host: str, port: int, memo: Path |
     auth = f", {len(key_table)} clients" if key_table else (", auth on" if api_key else "")
     netloc = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"  # an IPv6 address needs its brackets
     click.echo(
-        f"lucid: serving {run} on http://{netloc}/v1/predict (epsilon={clf.epsilon:g}, memo={memo_path}"
+        f"lucid: serving {run} on http://{netloc}/v1/predict (epsilon={clf.epsilon:g}, memo={clf.memo.name}"
         f"{auth}{', clipping' if clip else ''}{_budget_note(budget, total_budget, plan)}"
         f"{f', deadline {deadline_ms:g} ms' if deadline_ms else ''}); Ctrl-C stops",
         err=True,
@@ -351,7 +358,7 @@ def command(run: Path, epsilon: float | None, host: str, port: int, memo: Path |
         return
     for pool in app.state.pools:
         pool.shutdown()
-    clf.close()  # each worker opens its own: an SQLite connection must not cross a fork
+    clf.close()  # each worker opens its own: a connection (or a pool's threads) must not cross a fork
     code = _serve_workers(open_classifier, app_options, sock, host, port, limits)
     if code:
         sys.exit(code)

@@ -20,7 +20,7 @@ import numpy as np
 
 from lucid import __version__
 from lucid.access.ledger import DEFAULT_DELTA
-from lucid.access.memo import MEMO_FILE
+from lucid.access.memo import MEMO_FILE, is_database_url, memo_name
 from lucid.atomic import read_json
 from lucid.errors import LucidError
 from lucid.network import NetworkFile
@@ -199,15 +199,17 @@ def _evaluation(run: Run, epsilons: list[tuple[str, float]], seed: int | None,
 def _ledger(run: Run, memo: str | Path | None) -> tuple[LedgerFacts | None, str]:
     from lucid.access.classifier import run_ledger
 
-    path = Path(memo) if memo is not None else run.path / MEMO_FILE
-    if memo is None and not path.exists():
-        return None, (f"no memo at {path}: the run has not been served with `lucid serve` (or pass --memo), "
+    # a database URL stays text (a Path would fold its '//'); it is only ever shown without its password
+    target = memo if is_database_url(memo) else (Path(memo) if memo is not None else run.path / MEMO_FILE)
+    if memo is None and not target.exists():
+        return None, (f"no memo at {target}: the run has not been served with `lucid serve` (or pass --memo), "
                       "so there is no privacy ledger")
-    totals = run_ledger(run, path)
+    totals = run_ledger(run, target)
     rows = tuple(LedgerRow(t.client, t.answers, t.noised, t.refused, t.charged, t.spent, t.spent_tight)
                  for t in totals)
-    note = "" if rows else f"{path}: the memo exists but no answers have been recorded yet"
-    return LedgerFacts(memo=str(path), delta=DEFAULT_DELTA, rows=rows), note
+    name = memo_name(target)
+    note = "" if rows else f"{name}: the memo exists but no answers have been recorded yet"
+    return LedgerFacts(memo=name, delta=DEFAULT_DELTA, rows=rows), note
 
 
 # ------------------------------------------------------------------------------------- baselines

@@ -1,0 +1,111 @@
+"""The memo in one SQLite file: the embedded default of `lucid serve` (RUN/memo.sqlite).
+
+The algorithm is lucid/access/memo_store.py's; this module is the SQLite backend of it.
+
+Crash safety: each batch is one SQLite transaction in WAL mode, committed before any label
+of the batch is returned; with `synchronous=NORMAL` a committed transaction survives a killed
+process (not necessarily a power cut; pass `durable=True` for an fsync per commit).
+Concurrency: `BEGIN IMMEDIATE` takes the file's one write lock, which serialises writers across
+processes (so the row locks of the shared algorithm are not needed here: its hooks do nothing),
+and the memo's lock serialises the threads of one process (they share one connection). A batch
+reads the stored labels and inserts the missing ones in the same transaction, so two racing
+queries for one input both get the first stored draw.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+from lucid.access.memo_meta import BoundsRecord, migrate
+from lucid.access.memo_store import DEFAULT_MEMO_SIZE, MemoError, SqlMemo
+from lucid.errors import LucidError
+
+# memo: one stored answer per input; noised: 1 if it was drawn by the mechanism.
+# seen: which client has already been answered (and charged for) which input; a row goes when
+#   its memo entry is evicted, because the input's next answer is then a fresh draw.
+# ledger: per client and epsilon, distinct inputs answered, noised ones among them, refused
+#   requests; client '*' counts the memo's own draws (what all clients together received).
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS memo (key BLOB PRIMARY KEY, label INTEGER NOT NULL, used INTEGER NOT NULL,
+    noised INTEGER NOT NULL DEFAULT 1) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS memo_used ON memo (used);
+CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value);
+CREATE TABLE IF NOT EXISTS seen (key BLOB NOT NULL, client TEXT NOT NULL, PRIMARY KEY (key, client))
+    WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS ledger (client TEXT NOT NULL, epsilon REAL NOT NULL,
+    answers INTEGER NOT NULL DEFAULT 0, noised INTEGER NOT NULL DEFAULT 0, refused INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (client, epsilon));
+"""
+
+
+class SqliteMemo(SqlMemo):
+    """`SqliteMemo(path)`; `path=None` keeps it in memory (lost on exit: fine for evaluation only)."""
+
+    _ERRORS = (sqlite3.DatabaseError,)
+
+    def __init__(
+        self,
+        path: str | Path | None = None,
+        max_size: int = DEFAULT_MEMO_SIZE,
+        fingerprint: str | None = None,
+        durable: bool = False,
+        epsilon: float | None = None,
+        bounds: np.ndarray | BoundsRecord | None = None,
+    ) -> None:
+        """`epsilon` (and `bounds`): bind the file to them at once, refusing a file recorded with
+        others (see `bind`); without, the first answer written binds it to its epsilon."""
+        self.path = None if path is None else Path(path)
+        super().__init__(max_size, "in memory" if self.path is None else str(self.path))
+        target = ":memory:" if self.path is None else str(self.path)
+        if self.path is not None and not self.path.parent.is_dir():
+            raise LucidError(f"cannot create the memo {self.path}: {self.path.parent} is not a directory")
+        try:
+            self._db = sqlite3.connect(target, isolation_level=None, check_same_thread=False, timeout=30.0)
+            if self.path is not None:
+                self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute(f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
+            self._db.executescript(_SCHEMA)
+            with self._transaction() as db:
+                self._init_meta(db, fingerprint)
+            if epsilon is not None:
+                self.bind(epsilon, bounds)
+        except sqlite3.DatabaseError as exc:
+            self._close_quietly()
+            raise LucidError(f"cannot use {target} as a memo: {exc}") from None
+        except LucidError:
+            self._close_quietly()
+            raise
+
+    def _close_quietly(self) -> None:
+        """Close a connection that failed to open as a memo (a refused file is not kept open)."""
+        db = getattr(self, "_db", None)
+        if db is not None:
+            db.close()
+
+    @contextmanager
+    def _session(self) -> Iterator[sqlite3.Connection]:
+        yield self._db
+
+    @contextmanager
+    def _begin(self, db: sqlite3.Connection) -> Iterator[None]:
+        db.execute("BEGIN IMMEDIATE")  # the file's write lock, at once: no upgrade from a read lock can fail
+        try:
+            yield
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+
+    def _migrate(self, db: sqlite3.Connection, meta: dict[str, Any]) -> None:
+        migrate(db, meta)
+
+    def _failure(self, exc: BaseException) -> MemoError:
+        return MemoError(f"the memo database failed: {exc}")
+
+    def _close_connection(self) -> None:
+        self._db.close()
