@@ -179,6 +179,9 @@ class VerifySettings:
     split_time: seconds of ReLU-splitting branch and bound a singleton gets before its MILP under a
         cutoff (`lucid.bounds.relu_split`; `lucid.analysis.budget.NodeBudget`: more on retries, at most half
         the node's limit); 0 turns it off (the MILP alone, as `--naive` always does).
+    split_race: a singleton's splitting tier and MILP run side by side, each for the attempt's whole
+        limit, and the first to settle the node stops the other (`lucid.analysis.analyse._raced`),
+        instead of the split first and the MILP after it.
     bounds: how N's pre-activation bounds are computed ("lp" or "interval").
     disjunction, obbt, obbt_probe, obbt_share: the encoder's fixed knobs (see `EncodingOptions`).
     seed: k-means' random state when a node is split.
@@ -206,6 +209,7 @@ class VerifySettings:
     device: str = "cpu"
     search: bool = True
     split_time: float = SPLIT_TIME
+    split_race: bool = False
     bounds: str = "lp"
     resume: bool = False
     progress: bool = True

@@ -65,3 +65,25 @@ def test_torn_last_line_is_ignored(verified_run, tmp_path):
     assert len(read_events(copy / "verify.log.jsonl")) == len(read_events(run / "verify.log.jsonl"))
     out = CliRunner().invoke(cli, ["log", str(copy)])
     assert out.exit_code == 0, out.output
+
+
+def test_slowest_lists_each_node_profile(tmp_path):
+    """A verification with the split/MILP race logs a profile per node; --slowest shows the slowest."""
+    from lucid.bab import verify_run
+    from lucid.bab.report import slowest_nodes
+
+    run = write_tiny_run(tmp_path / "run", networks=10, seed=2)
+    verify_run(run, workers=1, ris=False, search=True, split_race=True, rel_gap=0.0, progress=False)
+    events = read_events(run / "verify.log.jsonl")
+    solved = [e for e in events if e["event"] == "solved"]
+    assert solved and all("profile" in e["stats"] for e in solved)
+    rows = slowest_nodes(events, 3)
+    assert [r["seconds"] for r in rows] == sorted((float(e["seconds"]) for e in solved), reverse=True)[:3]
+    out = CliRunner().invoke(cli, ["log", str(run), "--slowest", "3"], env={"COLUMNS": "250"})
+    assert out.exit_code == 0, out.output
+    assert "slowest node analyses" in out.output and "milp_root" in out.output
+    from lucid.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["log", str(run), "--slowest", "-1"])
+    assert exc.value.code == 2

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import threading
 import time
 from typing import TYPE_CHECKING
 
@@ -26,7 +27,7 @@ from lucid.analysis.problem import VerificationProblem
 from lucid.analysis.soundness import slack
 from lucid.rundir import encode_float
 from lucid.settings import EncodingOptions, VerifySettings
-from lucid.solvers.base import INFEASIBLE, SolverOptions
+from lucid.solvers.base import INFEASIBLE, OPTIMAL, SolverOptions
 from lucid.witness.replay import LeakWitness
 from lucid.witness.search import search_node_witness
 
@@ -74,33 +75,118 @@ def analyse_node(
     positions = _checked_positions(problem, positions)
     budget = NodeBudget.for_attempt(settings, encoding, solver_options.time_limit, attempt, start=t0)
     keep_key = _kept_tree_key(cls, positions) if keep_trees and attempt > 1 else None
+    if _splits_first(settings, positions, cutoff) and settings.split_race:
+        return _profiled(_raced(problem, cls, positions, settings, encoding, solver_options, budget, cutoff, attempt,
+                                keep_key))
     split, split_stats = None, {}
     if _splits_first(settings, positions, cutoff):
         split = _split_singleton(problem, cls, int(positions[0]), cutoff, budget.split_time, settings.device, encoding,
                                  split_stats)
         if split.proved:  # every domain is below the cutoff: no MILP needed
             _release_kept_tree(problem, keep_key)
-            return NodeOutcome(split.bound, None, None, None, INFEASIBLE, time.perf_counter() - t0,
-                               {"networks": 1, **split_stats})
+            return _profiled(_split_proved(split, split_stats, t0))
         budget = budget.after_split(time.perf_counter())
     solver_options = dataclasses.replace(solver_options, time_limit=budget.time_limit)
+    outcome = _milp_side(problem, cls, positions, settings, encoding, solver_options, budget, cutoff, attempt, keep_key,
+                         split)
+    outcome.stats.update(split_stats)
+    return _profiled(_tighter(outcome, split, cls))
+
+
+def _milp_side(problem: VerificationProblem, cls: int, positions: np.ndarray, settings: VerifySettings,
+               encoding: EncodingOptions, solver_options: SolverOptions, budget: NodeBudget, cutoff: float,
+               attempt: int, keep_key: tuple | None, split: SplitResult | None) -> NodeOutcome:
+    """The node's MILP tier: its kept MILP continued, or its models built and solved per target group."""
     kept = _take_kept_tree(problem, keep_key, cutoff)
     if kept is not None:
-        outcome = _continue_kept(problem, kept, cls, positions, settings.solver, solver_options, t0)
-        outcome.stats.update(split_stats)
-        return _tighter(outcome, split, cls)
+        return _continue_kept(problem, kept, cls, positions, settings.solver, solver_options, budget.start)
+    t_build = time.perf_counter()
     node = NodeModels.build(problem, cls, positions, encoding, settings.solver, cutoff)
-    stats: dict = {"networks": int(positions.size), "bounds_seconds": time.perf_counter() - t0,
-                   "targets": node.targets, **split_stats}
+    stats: dict = {"networks": int(positions.size), "bounds_seconds": time.perf_counter() - t_build,
+                   "targets": node.targets}
     if not node.targets:
-        return NodeOutcome(-math.inf, None, None, None, INFEASIBLE, time.perf_counter() - t0, stats)
+        return NodeOutcome(-math.inf, None, None, None, INFEASIBLE, time.perf_counter() - budget.start, stats)
     # Under a cutoff a solver-free leak only matters if it beats the class's best leak, which a
     # search over a large set (the root's) can do but one over a single low-ranked network
     # practically never does. So a singleton's first attempt skips it; retries (the top-ranked
     # networks, where such a leak may exist) search again.
     first_cut = math.isfinite(cutoff) and attempt <= 1 and positions.size == 1
     known = _known_leak(node, split, stats, search=node.encoding.search and not first_cut)
-    return _tighter(_solve_groups(node, budget, solver_options, known, first_cut, keep_key, stats), split, cls)
+    return _solve_groups(node, budget, solver_options, known, first_cut, keep_key, stats)
+
+
+def _split_proved(split: SplitResult, split_stats: dict, t0: float) -> NodeOutcome:
+    return NodeOutcome(split.bound, None, None, None, INFEASIBLE, time.perf_counter() - t0, {"networks": 1, **split_stats})
+
+
+def _raced(problem: VerificationProblem, cls: int, positions: np.ndarray, settings: VerifySettings,
+           encoding: EncodingOptions, solver_options: SolverOptions, budget: NodeBudget, cutoff: float, attempt: int,
+           keep_key: tuple | None) -> NodeOutcome:
+    """A singleton's splitting tier and MILP side by side (`--split-race`), each with the attempt's
+    whole limit: the first to settle the node stops the other (`SolverOptions.stop` interrupts
+    HiGHS; the split checks the same event between batches). Settled: the split proved the cutoff,
+    or the MILP proved it or its optimum. Both bounds are sound, so the smaller is kept, with the
+    better leak (`_tighter`). The split's give-up checkpoint still applies: a split that is off
+    track leaves the cores to the MILP."""
+    stop = threading.Event()
+    split_stats: dict = {}
+    box: dict = {}
+    seconds = budget.time_limit if budget.time_limit is not None else budget.split_time
+
+    def split_side() -> None:
+        try:
+            box["split"] = _split_singleton(problem, cls, int(positions[0]), cutoff, seconds, settings.device, encoding,
+                                            split_stats, stop=stop)
+            if box["split"].proved:
+                stop.set()
+        except BaseException as exc:  # re-raised in the node's thread below
+            box["error"] = exc
+
+    thread = threading.Thread(target=split_side, name="lucid-split-race", daemon=True)
+    thread.start()
+    try:
+        options = dataclasses.replace(solver_options, time_limit=budget.time_limit, stop=stop)
+        outcome = _milp_side(problem, cls, positions, settings, encoding, options, budget, cutoff, attempt, keep_key,
+                             None)
+        if outcome.status in (OPTIMAL, INFEASIBLE) or outcome.upper <= cutoff:
+            stop.set()
+    finally:
+        if "outcome" not in locals():
+            stop.set()
+        thread.join()
+    if "error" in box:
+        raise box["error"]
+    split = box["split"]
+    winner = "split" if split.proved else ("milp" if stop.is_set() else None)
+    if split.proved:
+        _release_kept_tree(problem, keep_key)
+        outcome = dataclasses.replace(outcome, upper=min(outcome.upper, split.bound))
+    outcome.stats.update(split_stats, race=winner)
+    return _tighter(outcome, split, cls)
+
+
+def _profiled(outcome: NodeOutcome) -> NodeOutcome:
+    """The outcome with `stats["profile"]`: where the node's time went and the bound of each tier,
+    in one place for `lucid log` and benchmarks/hard_singletons.py (seconds overlap under a race)."""
+    st = outcome.stats
+    solves = st.get("solves", [])
+    milp = sum(float(s.get("seconds", 0.0)) for s in solves)
+    root = sum(float(s["root_seconds"]) for s in solves if s.get("root_seconds") is not None)
+    split = st.get("split") or {}
+    st["profile"] = {
+        "total": outcome.seconds, "bounds": st.get("bounds_seconds"),
+        "split": split.get("wall_seconds"), "split_upper": split.get("upper"),
+        "search": st.get("search_seconds"),
+        "obbt": sum(float(s.get("obbt_seconds", 0.0)) for s in solves) or None,
+        "milp_root": root or None, "milp_tree": (milp - root) if solves else None,
+        "milp_upper": encode_float(min((_num(s.get("upper_bound")) for s in solves), default=math.inf)),
+        "upper": encode_float(outcome.upper), "lower": outcome.lower, "race": st.get("race"),
+    }
+    return outcome
+
+
+def _num(v) -> float:
+    return float(v) if isinstance(v, (int, float)) else (math.inf if v in (None, "inf") else -math.inf)
 
 
 def _checked_positions(problem: VerificationProblem, positions: np.ndarray) -> np.ndarray:
@@ -173,7 +259,8 @@ def _solve_groups(node: NodeModels, budget: NodeBudget, options: SolverOptions, 
         statuses.append(result.status)
         if witness is not None and (best is None or witness.confidence > best.confidence):
             best = witness
-        stats["solves"].append({"targets": group, **result.to_json(), **info})
+        stats["solves"].append({"targets": group, **result.to_json(), **info,
+                                "root_seconds": result.stats.get("root_seconds")})
     return combine_outcome(upper, statuses, best, stats, budget.start)
 
 
@@ -193,15 +280,17 @@ def _tighter(outcome: NodeOutcome, split: SplitResult | None, cls: int) -> NodeO
 
 
 def _split_singleton(problem: VerificationProblem, cls: int, position: int, cutoff: float, seconds: float,
-                     device: str, encoding: EncodingOptions, stats: dict) -> SplitResult:
+                     device: str, encoding: EncodingOptions, stats: dict, stop=None) -> SplitResult:
     """The ReLU-splitting branch and bound of one network before its MILP (`lucid.bounds.relu_split`),
     with the LP of the network's MILP as the second opinion on stalled domains (`lucid.analysis.domain_lp`)."""
     from lucid.bounds.relu_split import split_singleton  # imports torch: only when the tier runs
 
+    t0 = time.perf_counter()
     lp = DomainLp(problem, cls, position, encoding)
-    res = split_singleton(problem, cls, position, cutoff, time_limit=seconds, device=device, domain_bound=lp.bound)
+    res = split_singleton(problem, cls, position, cutoff, time_limit=seconds, device=device, domain_bound=lp.bound,
+                          stop=stop)
     stats["split"] = {"upper": encode_float(res.bound), "proved": res.proved, "gave_up": res.gave_up, "domains": res.domains,
-                      "seconds": res.seconds, "domain_lps": lp.solved,
+                      "seconds": res.seconds, "wall_seconds": time.perf_counter() - t0, "domain_lps": lp.solved,
                       "lower": None if res.witness is None else res.witness.confidence}
     return res
 
@@ -212,7 +301,8 @@ def _continue_kept(problem: VerificationProblem, kept: KeptTree, cls: int, posit
     info = dict(kept.info, resumed=True)
     bound, result, witness, info = final_solve(problem, kept.model, cls, solver, options, positions, kept.witness,
                                                kept.bound, kept.level, info, kept.key, tree=kept.tree)
-    stats: dict = {"networks": int(positions.size), "solves": [{**result.to_json(), **info}]}
+    stats: dict = {"networks": int(positions.size),
+                   "solves": [{**result.to_json(), **info, "root_seconds": result.stats.get("root_seconds")}]}
     if "tree_seconds" in result.stats:
         stats["tree_seconds"] = result.stats["tree_seconds"]
     return combine_outcome(bound, [result.status], witness, stats, t0)

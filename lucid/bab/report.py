@@ -42,6 +42,28 @@ def node_summary(events: list[dict]) -> dict[int, dict]:
     return dict(out)
 
 
+PROFILE_COLUMNS = ("total", "split", "search", "obbt", "milp_root", "milp_tree")
+
+
+def slowest_nodes(events: list[dict], count: int) -> list[dict]:
+    """The `count` slowest node analyses (one per `solved` event, retries apart), slowest first:
+    class, node, size, seconds, status, the node's profile (`lucid.analysis.analyse._profiled`:
+    seconds per tier and each tier's bound) and the bounds the engine kept."""
+    rows = []
+    for e in events:
+        if e.get("event") != "solved" or e.get("class") is None:
+            continue
+        prof = (e.get("stats") or {}).get("profile") or {}
+        rows.append({"class": int(e["class"]), "node": int(e["node"]), "size": int(e.get("size") or 0),
+                     "seconds": float(e.get("seconds") or 0.0), "status": e.get("status"),
+                     "upper": parse_float(e.get("upper")), "lower": parse_float(e.get("lower")),
+                     **{k: prof.get(k) for k in PROFILE_COLUMNS},
+                     "split_upper": parse_float(prof.get("split_upper")),
+                     "milp_upper": parse_float(prof.get("milp_upper")), "race": prof.get("race")})
+    rows.sort(key=lambda r: -r["seconds"])
+    return rows[:count]
+
+
 def bab_tree(events: list[dict]):
     """The branch-and-bound tree as a networkx DiGraph (node key 'c<class>:<id>')."""
     import networkx as nx

@@ -30,6 +30,7 @@ from lucid.bounds.pair import PairProblem
 from lucid.bounds.split_domains import _Domains
 from lucid.bounds.split_lagrangian import _Brancher
 from lucid.bounds.symbolic import OPTIMISE_STEPS, singleton_upper_bounds
+from lucid.witness.gradient import gradient_search
 from lucid.witness.replay import climb
 
 
@@ -83,7 +84,7 @@ def split_upper_bound(pair: PairProblem, cls: int, cutoff: float, *, margin_uppe
                       time_limit: float = 10.0, batch: int = 1024, steps: int = 20, lr: float = 0.0125,
                       lam_lr: float = 0.1, alpha_lr: float = 0.1, max_domains: int = 300_000,
                       start: np.ndarray | None = None, device: str = "cpu", domain_bound=None,
-                      checkpoint: tuple[float, object] | None = None) -> SplitResult:
+                      checkpoint: tuple[float, object] | None = None, stop=None) -> SplitResult:
     """Sound upper bound on beta*_{cls,{i}} for the one network N' of `pair` against N, by
     ReLU-splitting branch and bound until every domain is <= `cutoff` or `time_limit` seconds have
     passed (module docstring); best first while at most `max_domains` are open, then depth first
@@ -92,7 +93,8 @@ def split_upper_bound(pair: PairProblem, cls: int, cutoff: float, *, margin_uppe
     start: optional [C] sound bounds per rival (e.g. the optimised screen's `per_target`); rivals
     at -inf (N' can never prefer them) or already <= cutoff are skipped. domain_bound: see
     `_search`. checkpoint: None, or (seconds from this call's start, hopeless), asked once for the
-    network by the first rival's search to pass that time (`_Checkpoint`, `_search`)."""
+    network by the first rival's search to pass that time (`_Checkpoint`, `_search`). stop: a
+    `threading.Event` that ends the search early when set (a race with the MILP that proved first)."""
     if pair.count != 1:
         raise ValueError(f"split_upper_bound bounds one network N', not {pair.count}")
     t0 = time.perf_counter()
@@ -123,11 +125,11 @@ def split_upper_bound(pair: PairProblem, cls: int, cutoff: float, *, margin_uppe
         b.lr, b.lam_lr = lr * scale, lam_lr * scale / spread
         open_ = b.bound(open_)
         per_target[t], open_, gave_up = _search(b, open_, cutoff, t0 + time_limit, batch, max_domains, domain_bound,
-                                                trace, t0, once)
+                                                trace, t0, once, stop)
         evaluated += b.evaluated
         if per_target[t] > cutoff and len(open_):
             starts.append(_peaks([open_]))
-        if per_target[t] > cutoff > -math.inf:
+        if per_target[t] > cutoff > -math.inf or (stop is not None and stop.is_set()):
             break  # this rival alone already keeps the network above the cutoff: nothing to prove
     for t in range(C):  # rivals not reached (an earlier one already failed): their start bound
         if t != cls and t not in per_target:
@@ -139,7 +141,7 @@ def split_upper_bound(pair: PairProblem, cls: int, cutoff: float, *, margin_uppe
 
 def _search(b: _Brancher, open_: _Domains, cutoff: float, deadline: float, batch: int, pool: int,
             domain_bound=None, trace: list | None = None, t0: float = 0.0,
-            checkpoint: _Checkpoint | None = None) -> tuple[float, _Domains, bool]:
+            checkpoint: _Checkpoint | None = None, stop=None) -> tuple[float, _Domains, bool]:
     """Branch and bound from the bounded domains `open_` until every domain is closed (<= cutoff,
     or nothing left to split), a closed one is above the cutoff, or the deadline passes. Returns
     the sound bound (the maximum over closed and open domains), the domains left open and whether
@@ -163,7 +165,8 @@ def _search(b: _Brancher, open_: _Domains, cutoff: float, deadline: float, batch
 
     checkpoint: None, or a `_Checkpoint` not yet asked: once its time (seconds since t0) has
     passed, the search asks hopeless(bound, xs) (xs: where the highest open domains attain their
-    bounds) and stops if it answers True. Stopping early changes only how long the search runs: the bound is sound."""
+    bounds) and stops if it answers True. Stopping early changes only how long the search runs: the bound is sound.
+    stop: a `threading.Event`; once set, the search ends as at its deadline."""
     closed = -math.inf
     stack: list[_Domains] = []
     stopped = False
@@ -196,7 +199,7 @@ def _search(b: _Brancher, open_: _Domains, cutoff: float, deadline: float, batch
         if deep and domain_bound is not None:
             stalled = torch.nonzero((kids.bound >= inherited) & (kids.bound > cutoff)).flatten().tolist()
             for i in stalled:
-                if time.perf_counter() > deadline:
+                if time.perf_counter() > deadline or (stop is not None and stop.is_set()):
                     break
                 other = domain_bound(b.rival, [s[i].cpu().numpy() for s in kids.sn], [s[i].cpu().numpy() for s in kids.sp])
                 kids.bound[i] = min(float(kids.bound[i]), other)
@@ -213,6 +216,8 @@ def _search(b: _Brancher, open_: _Domains, cutoff: float, deadline: float, batch
         if trace is not None and (not trace or (max(closed, highest) < trace[-1][1] and now - t0 >= trace[-1][0] + TRACE_EVERY)):
             trace.append((now - t0, max(closed, highest)))
         if highest == -math.inf or closed >= highest or closed > cutoff > -math.inf or now > deadline:
+            break
+        if stop is not None and stop.is_set():
             break
         if checkpoint is not None and not checkpoint.asked and now - t0 >= checkpoint.at:
             checkpoint.asked = True
@@ -242,12 +247,13 @@ def _search(b: _Brancher, open_: _Domains, cutoff: float, deadline: float, batch
 
 # ---------------------------------------------------------------------- adapter for the verifier
 def split_singleton(problem, cls: int, position: int, cutoff: float, *, time_limit: float,
-                    device: str = "cpu", domain_bound=None, give_up: bool = True) -> SplitResult:
+                    device: str = "cpu", domain_bound=None, give_up: bool = True, stop=None) -> SplitResult:
     """`split_upper_bound` for the network at `position` of problem.stack (a `VerificationProblem`),
     started from its optimised symbolic bound per rival (`lucid.bounds.symbolic`): rivals N' cannot
     reach, or already below the cutoff there, are not branched on. domain_bound: see `_search`
     (the verifier passes its `DomainLp(...).bound`). give_up: stop after
-    CHECK_SHARE of `time_limit` if the split is not on track (GIVE_UP_EXCESS; `gave_up` in the result)."""
+    CHECK_SHARE of `time_limit` if the split is not on track (GIVE_UP_EXCESS; `gave_up` in the result).
+    stop: see `split_upper_bound`."""
     stack = problem.stack
     pair = PairProblem([w[0] for w in stack.weights], [b[0] for b in stack.biases],
                        [w[position][None] for w in stack.weights], [b[position][None] for b in stack.biases],
@@ -255,10 +261,14 @@ def split_singleton(problem, cls: int, position: int, cutoff: float, *, time_lim
     leaks = []
 
     def leak_from(xs: np.ndarray) -> None:
+        own = np.array([position])
         for x in xs:
-            found = climb(stack, np.array([position]), x, cls, problem.lower, problem.upper)
+            found = climb(stack, own, x, cls, problem.lower, problem.upper)
             if found is not None:
                 leaks.append(found)
+        found = gradient_search(stack, own, cls, problem.lower, problem.upper, xs)
+        if found is not None:
+            leaks.append(found)
 
     def hopeless(bound: float, xs: np.ndarray) -> bool:
         if bound > cutoff + GIVE_UP_EXCESS * abs(cutoff):
@@ -270,10 +280,10 @@ def split_singleton(problem, cls: int, position: int, cutoff: float, *, time_lim
                                    device=device).per_target[0]
     res = split_upper_bound(pair, cls, cutoff, margin_upper=problem.margin_upper, time_limit=time_limit,
                             start=start, device=device, domain_bound=domain_bound,
-                            checkpoint=(CHECK_SHARE * time_limit, hopeless) if give_up else None)
+                            checkpoint=(CHECK_SHARE * time_limit, hopeless) if give_up else None, stop=stop)
     # unproved: climb to a real leak from where the open domains peak (unless the checkpoint just
     # climbed from those same domains and stopped on the leak it found)
-    if res.starts is not None and not (res.gave_up and leaks):
+    if res.starts is not None and not (res.gave_up and leaks) and not (stop is not None and stop.is_set()):
         leak_from(res.starts)
     res.witness = max(leaks, key=lambda found: found.confidence, default=None)
     return res

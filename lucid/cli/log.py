@@ -59,6 +59,26 @@ def _render(events: list[dict], max_rows: int, regions: RegionView | None = None
     return Group(*parts)
 
 
+def _slowest_table(events: list[dict], count: int):
+    """The slowest node analyses and their profiles (`lucid.bab.report.slowest_nodes`)."""
+    from rich.table import Table
+
+    from lucid.bab.report import PROFILE_COLUMNS, slowest_nodes
+
+    table = Table(title=f"the {count} slowest node analyses (seconds per tier; - : the tier did not run)",
+                  title_justify="left",
+                  caption="race: which tier settled a singleton run with --split-race (split, milp, or - : neither)",
+                  caption_justify="left")
+    for col in ("class", "node", "size", "status", *PROFILE_COLUMNS, "split upper", "MILP upper", "upper", "lower",
+                "race"):
+        table.add_column(col, justify="right")
+    for r in slowest_nodes(events, count):
+        secs = ["-" if r[k] is None else f"{float(r[k]):.2f}" for k in PROFILE_COLUMNS]
+        table.add_row(str(r["class"]), str(r["node"]), str(r["size"]), str(r["status"]), *secs, _fmt(r["split_upper"]),
+                      _fmt(r["milp_upper"]), _fmt(r["upper"]), _fmt(r["lower"]), r["race"] or "-")
+    return table
+
+
 def _region_table(view: RegionView):
     """One row per leaf box: where it is, and per class `upper / lower` of its bound."""
     from rich.table import Table
@@ -147,14 +167,19 @@ def _no_regions(why: str) -> None:
 @click.option("--tree", "tree_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Export the branch-and-bound tree as GraphML (networkx).")
 @click.option("--rows", type=int, default=20, show_default=True, help="Anytime rows shown per class.")
+@click.option("--slowest", type=int, default=0, show_default=True, metavar="N",
+              help="Also list the N slowest node analyses with where their time went (split tier, leak "
+                   "search, bound tightening, MILP root and tree) and the bound of each tier.")
 def command(run_dir: Path, follow: bool, plot_path: Path | None, features: str | None, cls: int | None,
-            tree_path: Path | None, rows: int) -> None:
+            tree_path: Path | None, rows: int, slowest: int) -> None:
     from rich.console import Console
 
     from lucid.bab.events import LOG_FILE, read_events
 
     if rows < 2:
         raise LucidError("--rows must be at least 2")
+    if slowest < 0:
+        raise LucidError("--slowest must be 0 or more")
     path = run_dir / LOG_FILE
     if not run_dir.is_dir():
         raise LucidError(f"run directory {run_dir} does not exist")
@@ -185,6 +210,8 @@ def command(run_dir: Path, follow: bool, plot_path: Path | None, features: str |
                 live.update(_render(events, rows, regions))
     else:
         console.print(_render(events, rows, regions))
+    if slowest:
+        console.print(_slowest_table(events, slowest))
     if plot_path is not None:
         _write_plot(run_dir, events, regions, plot_path, features, cls)
         console.print(f"wrote {plot_path}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -30,6 +31,10 @@ class SolverOptions:
     # so primal heuristics are switched off: their sub-MIPs (HiGHS's RINS/RENS) would take much
     # of the time looking for incumbents LUCID does not use.
     focus: str = "balanced"
+    # set from another thread to end the solve early (`threading.Event`): a race between the
+    # ReLU-splitting tier and the MILP stops the loser. An interrupted MIP reports its dual bound
+    # as at a time limit; backends that cannot be interrupted run to their time limit.
+    stop: Any = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.focus not in FOCUSES:

@@ -55,6 +55,26 @@ def _process_threads(requested: int, force: bool = False) -> int:
         return _scheduler_threads
 
 
+def _watch(h, stop, t0: float, seen: dict) -> None:
+    """At each of h's MIP interrupt checks (every few hundred ms): record when the root node ended
+    (the first check with a node count, for the node profile) and end the solve once `stop` (a
+    `threading.Event` or None) is set. HiGHS releases the GIL while it solves, so the thread that
+    sets `stop` keeps running."""
+    def check(event) -> None:
+        if "root_seconds" not in seen and event.data_out.mip_node_count > 0:
+            seen["root_seconds"] = time.perf_counter() - t0
+        if stop is not None and stop.is_set():
+            event.interrupt()
+
+    h.cbMipInterrupt += check
+    if stop is not None:  # the root's LPs check only this one
+        def check_lp(event) -> None:
+            if stop.is_set():
+                event.interrupt()
+
+        h.cbSimplexInterrupt += check_lp
+
+
 def solve_highs(
     model: MilpModel, options: SolverOptions, extra: dict[str, object] | None = None
 ) -> SolveResult:
@@ -74,6 +94,9 @@ def solve_highs(
     h.setOptionValue("mip_rel_gap", float(options.mip_rel_gap))
     h.setOptionValue("mip_abs_gap", float(options.mip_abs_gap))
     h.passModel(to_highs_lp(model))
+    seen: dict = {}
+    if model.integrality.any():
+        _watch(h, options.stop, t0, seen)
     build_seconds = time.perf_counter() - t0
     run_status = h.run()
     if (run_status == highspy.HighsStatus.kError and threads != 0
@@ -103,8 +126,8 @@ def solve_highs(
         upper = dual if is_mip else float(info.objective_function_value)
     elif status == MS.kInfeasible:
         code, upper, solution, incumbent = INFEASIBLE, -math.inf, None, None
-    elif status == MS.kTimeLimit:
-        code = TIME_LIMIT
+    elif status == MS.kTimeLimit or (status == MS.kInterrupt and options.stop is not None and options.stop.is_set()):
+        code = TIME_LIMIT  # stopped from outside (`SolverOptions.stop`): its bound is as valid as at a time limit
         # A MIP's B&B dual bound is valid whenever HiGHS reports one; an LP's is not tracked.
         upper = dual if is_mip and math.isfinite(dual) else math.inf
     else:
@@ -122,5 +145,5 @@ def solve_highs(
         seconds=seconds,
         solver="highs",
         message=message,
-        stats={"build_seconds": build_seconds, "highs_status": message, "threads": threads},
+        stats={"build_seconds": build_seconds, "highs_status": message, "threads": threads, **seen},
     )

@@ -10,7 +10,9 @@ hyper-network's MILP often ends at its time limit without an incumbent), so the 
 this search once per class at the start: evaluate every network at many candidate inputs (the
 training points and seeded uniform samples of the domain) at once, keep the leaking points where N
 is most confident, and climb from each with lucid.witness.replay.repair — an LP over the linear regions of
-N and the disagreeing N' at the point — across neighbouring regions (lucid.witness.replay.climb). Every result is checked by
+N and the disagreeing N' at the point — across neighbouring regions (lucid.witness.replay.climb). Both
+searches end with gradient ascent on the joint system of N and a disagreeing network from many starts
+at once (`lucid.witness.gradient`), which crosses many regions per step. Every result is checked by
 lucid.witness.replay.replay (float64, strict disagreement), exactly like a MILP witness, so it is a true
 lower bound; nothing here can make an upper bound smaller.
 """
@@ -20,7 +22,11 @@ from __future__ import annotations
 import numpy as np
 
 from lucid.network import NetworkStack, confidence
+from lucid.witness.gradient import gradient_search
 from lucid.witness.replay import LeakWitness, climb, replay
+
+GRADIENT_STARTS = 64  # starts of the class search's gradient ascent (`lucid.witness.gradient`)
+SMALL_NODE = 8  # networks
 
 
 def _min_confidence(stack, positions: np.ndarray, x: np.ndarray, cls: int, chunk: int = 512) -> np.ndarray:
@@ -72,7 +78,10 @@ def search_class_witness(
             w = climbed
         if w is not None and (best is None or w.confidence > best.confidence):
             best = w
-    return best
+    # gradient ascent from the best-ranked points (leaking or not): it crosses many linear regions
+    # per step, where the LP walk above crosses one
+    top = order[:GRADIENT_STARTS] if leaking.any() else np.argsort(-conf_n)[:GRADIENT_STARTS]
+    return _better(best, gradient_search(stack, positions, cls, lo, hi, x[top], seed=seed))
 
 
 def search_node_witness(
@@ -95,20 +104,9 @@ def search_node_witness(
     regions). Every returned witness has passed `replay`.
     """
     positions = np.asarray(positions, dtype=np.int64)
-    rng = np.random.default_rng(seed)
-    d = len(lower)
-    x = lower + (upper - lower) * rng.random((samples, d))
-    zero = np.array([0])
-    conf_n = confidence(stack.select(zero).forward(x)[0], cls)
-    inside, outside = x[conf_n > 0], x[conf_n <= 0]
-    if len(inside) == 0 or len(outside) == 0:
+    a = boundary_points(stack, cls, lower, upper, 32 * starts, samples=samples, seed=seed)
+    if len(a) == 0:
         return None
-    m = min(len(inside), len(outside), 32 * starts)  # enough pairs to reach the best region; 8 per start can miss it
-    a, b = inside[:m].copy(), outside[:m].copy()
-    for _ in range(30):  # bisection onto C_N = 0, vectorised over all pairs
-        mid = (a + b) / 2
-        pos = confidence(stack.select(zero).forward(mid)[0], cls) > 0
-        a[pos], b[~pos] = mid[pos], mid[~pos]
     conf_s = confidence(stack.select(positions).forward(a), cls)  # [|S|, m]
     order = np.argsort(conf_s.min(axis=0))[:starts]
     best: LeakWitness | None = None
@@ -116,4 +114,32 @@ def search_node_witness(
         found = climb(stack, positions, a[i], cls, lower, upper, steps)
         if found is not None and (best is None or found.confidence > best.confidence):
             best = found
-    return best
+    # a small node (a retried singleton) gets the full polish; a large one, whose search only has to
+    # beat the class's best leak somewhere, a light one
+    light = {} if len(positions) <= SMALL_NODE else {"polish": 4, "climb_steps": 6}
+    return _better(best, gradient_search(stack, positions, cls, lower, upper, a, seed=seed, **light))
+
+
+def boundary_points(stack: NetworkStack, cls: int, lower: np.ndarray, upper: np.ndarray, count: int, *,
+                    samples: int = 4096, seed: int = 0) -> np.ndarray:
+    """Up to `count` points on N's decision boundary for `cls` (its side of it): uniform samples
+    that N labels c and not-c, paired and bisected onto C_N = 0, vectorised over all pairs. Leaks
+    of a network close to N lie near this boundary. Empty when N labels every sample alike."""
+    rng = np.random.default_rng(seed)
+    x = lower + (upper - lower) * rng.random((samples, len(lower)))
+    zero = np.array([0])
+    conf_n = confidence(stack.select(zero).forward(x)[0], cls)
+    inside, outside = x[conf_n > 0], x[conf_n <= 0]
+    m = min(len(inside), len(outside), count)
+    a, b = inside[:m].copy(), outside[:m].copy()
+    for _ in range(30):
+        mid = (a + b) / 2
+        pos = confidence(stack.select(zero).forward(mid)[0], cls) > 0
+        a[pos], b[~pos] = mid[pos], mid[~pos]
+    return a
+
+
+def _better(a: LeakWitness | None, b: LeakWitness | None) -> LeakWitness | None:
+    if a is None or (b is not None and b.confidence > a.confidence):
+        return b
+    return a
