@@ -331,7 +331,7 @@ def test_queries_in_a_shallow_and_a_deep_box_do_the_same_work_and_take_the_same_
 
 def test_a_box_target_is_a_level_to_prove_below_never_a_bound_by_itself():
     from lucid.bab.anytime import AnytimeBounds
-    from lucid.bab.regions import box_targets
+    from lucid.bab.region_choice import box_targets
     from lucid.bab.session import Session
     from lucid.bab.state import ClassState
     from lucid.settings import VerifySettings
@@ -340,7 +340,7 @@ def test_a_box_target_is_a_level_to_prove_below_never_a_bound_by_itself():
     conf = np.array([0.2, 0.5, 0.6, 0.9, 0.3, 0.4])
     targets = box_targets(classes_of, conf, [0, 1], known_lower=np.array([0.4, -np.inf]))
     # only the points above the box's known leak count; the level sits just below their low quantile
-    from lucid.bab.regions import TARGET_MARGIN, TARGET_QUANTILE
+    from lucid.bab.region_choice import TARGET_MARGIN, TARGET_QUANTILE
 
     assert targets[0] == pytest.approx((1 - TARGET_MARGIN) * np.quantile([0.5, 0.6, 0.9], TARGET_QUANTILE))
     assert targets[1] == pytest.approx((1 - TARGET_MARGIN) * np.quantile([0.3, 0.4], TARGET_QUANTILE))
