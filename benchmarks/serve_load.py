@@ -82,12 +82,19 @@ def synthetic_run(scratch: Path) -> Path:
 # -- the server -----------------------------------------------------------------------------------
 @contextmanager
 def serve(run: Path, scratch: Path, *args: str) -> Iterator[tuple[int, subprocess.Popen]]:
-    """`lucid serve RUN` on a free port with a new memo; (port, process). Its stderr goes to a file
-    (a pipe nobody reads would block it)."""
+    """`lucid serve RUN` on a free port with a new memo; (port, process)."""
     memo = scratch / f"memo-{time.monotonic_ns()}.sqlite"
-    log = open(scratch / "server.log", "a+")
     cmd = [sys.executable, "-m", "lucid", "serve", str(run), "--port", "0", "-e", "1", "--budget", "1e12",
            "--memo", str(memo), *args]
+    with running_server(cmd, scratch / "server.log") as started:
+        yield started
+
+
+@contextmanager
+def running_server(cmd: list[str], log_path: Path) -> Iterator[tuple[int, subprocess.Popen]]:
+    """Run `cmd` (a `lucid serve ... --port 0`) until the block ends: (its port, its process) once it
+    answers. Its stderr goes to `log_path` (a pipe nobody reads would block it)."""
+    log = open(log_path, "a+")
     start = log.tell()
     proc = subprocess.Popen(cmd, stderr=log, stdout=subprocess.DEVNULL)
     try:

@@ -49,7 +49,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from serve_load import _read_from, _wait_ready, ms  # noqa: E402
+from serve_load import ms, running_server  # noqa: E402
 
 EPSILON = 0.01
 _LENGTH = re.compile(rb"content-length:\s*(\d+)", re.I)
@@ -67,29 +67,12 @@ def synthetic_run(scratch: Path) -> Path:
 def replica(run: Path, scratch: Path, memo: str, keys: Path, budget: float, total: float
             ) -> Iterator[tuple[int, subprocess.Popen]]:
     """`lucid serve` on a free port with `memo`; (port, process). Stderr goes to a file."""
-    log = open(scratch / f"server-{uuid.uuid4().hex[:6]}.log", "a+")
     cmd = [sys.executable, "-m", "lucid", "serve", str(run), "--port", "0", "-e", str(EPSILON), "--memo", memo,
            "--api-keys", str(keys), "--budget", repr(budget), "--total-budget", repr(total),
            # Every client coroutine connects from 127.0.0.1: no per-address cap (--pairs may exceed its 64).
            "--max-connections-per-ip", "100000"]
-    proc = subprocess.Popen(cmd, stderr=log, stdout=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 120
-        while not (m := re.search(r"on http://[^:]+:(\d+)/v1/predict", _read_from(log, 0))):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"lucid serve did not start: {_read_from(log, 0)}")
-            time.sleep(0.1)
-        port = int(m.group(1))
-        asyncio.run(_wait_ready(port))
-        yield port, proc
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
+    with running_server(cmd, scratch / f"server-{uuid.uuid4().hex[:6]}.log") as started:
+        yield started
 
 
 async def _post(reader, writer, body: bytes, token: str) -> tuple[int, bytes]:
