@@ -17,11 +17,12 @@ Workloads are the run directories of benchmarks/screen.py (`--prepare`). Per tas
   solve): its proved upper bound and its best replayed leak, kept in the suite. "Exact" means
   upper/lower <= 1 + 1e-4; otherwise the interval is what is known.
 - `leaks`: the leak searches alone, per singleton: `today` = the node's boundary search plus the
-  search aimed at a small node (what analyse_node and the engine run for a singleton), `gradient`
-  = lucid.witness.gradient from the same boundary points and the training rows. The measure is the
+  search aimed at a small node (what analyse_node and the engine run for a singleton), `walk` = the
+  same without their gradient ascent (the searches before it), `gradient` = lucid.witness.gradient
+  alone from the boundary points and the training rows. The measure is the
   replayed leak divided by the singleton's exact lower bound.
-- `proofs`: the time to prove beta*_{c,{i}} <= 1.1 x its best leak (the level a class at rel-gap 0.1
-  needs when this network holds its best leak; only where `exact` proved that level), per method: `today` = analyse_node's
+- `proofs`: the time to prove beta*_{c,{i}} <= 1.1 x the class's best leak (or the network's own, if
+  higher): the level the engine needs at --rel-gap 0.1 (`--tasks` limits it to some tasks), per method: `today` = analyse_node's
   attempts as the engine escalates them (split tier, then MILP; 60/240/960-s limits) until proved
   or --time-limit; `race` = the split tier and the MILP side by side (--split-race).
 Measurements are appended one line per (singleton, method, commit) to leaks.jsonl / proofs.jsonl, so an
@@ -193,9 +194,11 @@ def leak_once(problem, cls: int, position: int, method: str) -> float:
     from lucid.witness.search import search_class_witness, search_node_witness
 
     pos = np.array([position])
-    if method == "today":
-        found = [search_node_witness(problem.stack, pos, cls, problem.lower, problem.upper),
-                 search_class_witness(problem, cls, pos, points=problem.points, samples=1024, starts=8, steps=10)]
+    if method in ("walk", "today"):  # walk: the LP walks alone (before the gradient ascent); today: all of it
+        g = method == "today"
+        found = [search_node_witness(problem.stack, pos, cls, problem.lower, problem.upper, gradient=g),
+                 search_class_witness(problem, cls, pos, points=problem.points, samples=1024, starts=8, steps=10,
+                                      gradient=g)]
     elif method == "gradient":
         found = [gradient_search(problem.stack, pos, cls, problem.lower, problem.upper,
                                  _boundary_starts(problem, cls, 256))]
@@ -273,17 +276,18 @@ def prove_once(problem, cls: int, position: int, level: float, method: str, time
     return {"seconds": None, "upper": upper, "attempts": attempts}
 
 
-def proofs(methods: list[str], time_limit: float, factor: float) -> None:
+def proofs(methods: list[str], time_limit: float, factor: float, only: set[str]) -> None:
     path = OUT / "proofs.jsonl"
     commit = _commit()
     done = _done(path, commit)
     for entry in _load_suite():
         ex = entry.get("exact")
-        # the level: `factor` x the network's own best leak, where the exact step proved it holds
-        if ex is None or "upper" not in ex or not ex["lower"] > 0 or ex["upper"] > factor * ex["lower"]:
+        if only and f"{entry['workload']}:{entry['class']}" not in only:
             continue
+        # the level the engine needs at --rel-gap factor - 1: factor x the class's best leak (or the
+        # network's own, if higher: the class's leak then rises to it)
+        level = factor * max(entry["class_lower"], -math.inf if ex is None else _best_leak(ex))
         problem = _problem(entry["workload"])
-        level = factor * ex["lower"]
         for method in methods:
             if (*_key(entry), method) in done:
                 continue
@@ -312,8 +316,8 @@ def report() -> None:
     proof_methods = sorted({k[4] for k in latest if k[0] == "proof"})
     lines = ["# Hard singletons: exact beta*, leak search and proof time per network", "",
              "Commands: see the docstring of `benchmarks/hard_singletons.py`. Leak: replayed leak / the exact "
-             "lower bound (1.0 = as good as the long exact solve). Proof: seconds to prove beta* <= 1.1 x its best "
-             "leak ('–': not within the time limit or not measured). 2 cores, shared; `race` runs 2 threads.", "",
+             "lower bound (1.0 = as good as the long exact solve). Proof: seconds to prove beta* <= 1.1 x the class's "
+             "best leak ('–': not within the time limit or not measured). 2 cores, shared; `race` runs 2 threads.", "",
              "| workload | class | network | class leak | screened | exact [lower, upper] (solver, s) | "
              + " | ".join(f"leak {m}" for m in leak_methods) + " | " + " | ".join(f"proof {m} (s)" for m in proof_methods)
              + " |",
@@ -374,7 +378,8 @@ def main() -> None:
     elif args.step == "leaks":
         leaks([m for m in (args.methods or "today,gradient").split(",") if m])
     elif args.step == "proofs":
-        proofs([m for m in (args.methods or "today").split(",") if m], args.time_limit, args.factor)
+        proofs([m for m in (args.methods or "today").split(",") if m], args.time_limit, args.factor,
+               {t for t in args.tasks.split(",") if t})
     report()
 
 

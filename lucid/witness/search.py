@@ -50,8 +50,10 @@ def search_class_witness(
     starts: int = 6,
     steps: int = 6,
     seed: int = 0,
+    gradient: bool = True,
 ) -> LeakWitness | None:
-    """The best replayed leaking input found for class `cls` and the networks at `positions`."""
+    """The best replayed leaking input found for class `cls` and the networks at `positions`
+    (`gradient=False`: without the gradient ascent, for benchmarks/hard_singletons.py)."""
     stack, lo, hi = problem.stack, problem.lower, problem.upper
     positions = np.asarray(positions, dtype=np.int64)
     rng = np.random.default_rng(seed)
@@ -80,6 +82,8 @@ def search_class_witness(
             best = w
     # gradient ascent from the best-ranked points (leaking or not): it crosses many linear regions
     # per step, where the LP walk above crosses one
+    if not gradient:
+        return best
     top = order[:GRADIENT_STARTS] if leaking.any() else np.argsort(-conf_n)[:GRADIENT_STARTS]
     return _better(best, gradient_search(stack, positions, cls, lo, hi, x[top], seed=seed))
 
@@ -94,6 +98,7 @@ def search_node_witness(
     starts: int = 8,
     steps: int = 20,
     seed: int = 0,
+    gradient: bool = True,
 ) -> LeakWitness | None:
     """A solver-free primal heuristic for a leaking input (a true lower bound once replayed).
 
@@ -116,6 +121,8 @@ def search_node_witness(
             best = found
     # a small node (a retried singleton) gets the full polish; a large one, whose search only has to
     # beat the class's best leak somewhere, a light one
+    if not gradient:
+        return best
     light = {} if len(positions) <= SMALL_NODE else {"polish": 4, "climb_steps": 6}
     return _better(best, gradient_search(stack, positions, cls, lower, upper, a, seed=seed, **light))
 
