@@ -108,7 +108,7 @@ def test_a_stop_set_before_the_split_ends_it_at_once_with_a_sound_bound():
     assert res.bound >= exact - 1e-9
 
 
-@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("seed", [0])
 def test_the_race_keeps_bounds_sound_and_proves_what_the_sequence_proves(seed):
     stack = tiny_stack(seed, hidden=(6, 6), classes=2, k=4, d=2)
     lo, hi = np.zeros(2), np.ones(2)
