@@ -123,7 +123,7 @@ def select(tasks: list[tuple[str, int]], candidates: int, split: float, keep: in
 
 # ------------------------------------------------------------------------------------ exact
 
-def exact(solver: str, time_limit: float) -> None:
+def exact(solver: str, time_limit: float, only: set[str]) -> None:
     """Each singleton's beta*: one solve with no cutoff (its best leak and a dual bound), then proofs
     at 1.01 and 1.1 x that leak under a cutoff (far easier than the unrestricted optimum) until one holds."""
     from lucid.analysis.analyse import analyse_node
@@ -135,7 +135,8 @@ def exact(solver: str, time_limit: float) -> None:
     options = SolverOptions(time_limit=time_limit, threads=1)
     for entry in suite:
         ex = entry.get("exact")
-        if ex is not None and ex.get("tried") == [1.01, 1.1]:
+        if (ex is not None and ex.get("tried") == [1.01, 1.1]) or (only and f"{entry['workload']}:{entry['class']}"
+                                                                   not in only):
             continue
         problem = _problem(entry["workload"])
         pos = np.array([entry["network"]])
@@ -349,7 +350,12 @@ def report() -> None:
         if secs:
             summary.append(f"- proof `{m}`: median {np.median(secs):.1f} s over {len(secs)} networks "
                            f"({sum(math.isinf(s) for s in secs)} not proved in the limit)")
-    REPORT.write_text("\n".join(lines + [""] + summary) + "\n")
+    body = "\n".join(lines + [""] + summary) + "\n"
+    marker = "\n## Notes"
+    if REPORT.exists() and marker in REPORT.read_text():  # notes written below the table by hand stay
+        old = REPORT.read_text()
+        body += old[old.index(marker):]
+    REPORT.write_text(body)
     print(REPORT.read_text())
 
 
@@ -374,7 +380,7 @@ def main() -> None:
         tasks = [(t.split(":")[0], int(t.split(":")[1])) for t in args.tasks.split(",") if t]
         select(tasks, args.candidates, args.split, args.keep, args.rel_gap)
     elif args.step == "exact":
-        exact(args.solver, args.time_limit)
+        exact(args.solver, args.time_limit, {t for t in args.tasks.split(",") if t})
     elif args.step == "leaks":
         leaks([m for m in (args.methods or "today,gradient").split(",") if m])
     elif args.step == "proofs":
