@@ -150,9 +150,10 @@ def _raced(problem: VerificationProblem, cls: int, positions: np.ndarray, settin
                              None)
         if outcome.status in (OPTIMAL, INFEASIBLE) or outcome.upper <= cutoff:
             stop.set()
+    except BaseException:
+        stop.set()  # the MILP side failed: the split has nobody to race
+        raise
     finally:
-        if "outcome" not in locals():
-            stop.set()
         thread.join()
     if "error" in box:
         raise box["error"]
