@@ -169,23 +169,13 @@ def exact(solver: str, time_limit: float, only: set[str]) -> None:
 # ------------------------------------------------------------------------------------ leaks
 
 def _boundary_starts(problem, cls: int, count: int, seed: int = 0) -> np.ndarray:
-    """Points on N's decision boundary for `cls` (bisection between N-c and N-not-c samples), and
-    the training rows: where leaks of a network close to N lie."""
-    from lucid.network import confidence
+    """Points on N's decision boundary for `cls` and some training rows: where leaks of a network
+    close to N lie."""
+    from lucid.witness.search import boundary_points
 
-    rng = np.random.default_rng(seed)
-    lo, hi = problem.lower, problem.upper
-    x = lo + (hi - lo) * rng.random((8 * count, len(lo)))
-    conf = confidence(problem.stack.select([0]).forward(x)[0], cls)
-    a, b = x[conf > 0][:count], x[conf <= 0][:count]
-    m = min(len(a), len(b))
-    a, b = a[:m], b[:m]
-    for _ in range(30):
-        mid = (a + b) / 2
-        pos = confidence(problem.stack.select([0]).forward(mid)[0], cls) > 0
-        a[pos], b[~pos] = mid[pos], mid[~pos]
-    pts = [a]
+    pts = [boundary_points(problem.stack, cls, problem.lower, problem.upper, count, samples=8 * count, seed=seed)]
     if problem.points is not None and len(problem.points):
+        rng = np.random.default_rng(seed)
         pts.append(np.asarray(problem.points, dtype=np.float64)[rng.permutation(len(problem.points))[:count]])
     return np.concatenate(pts)
 

@@ -25,7 +25,7 @@ from lucid.analysis.milp_tier import GroupBound, NodeModels, final_solve
 from lucid.analysis.outcome import NodeOutcome, combine_outcome, with_leak
 from lucid.analysis.problem import VerificationProblem
 from lucid.analysis.soundness import slack
-from lucid.rundir import encode_float
+from lucid.rundir import decode_float, encode_float
 from lucid.settings import EncodingOptions, VerifySettings
 from lucid.solvers.base import INFEASIBLE, OPTIMAL, SolverOptions
 from lucid.witness.replay import LeakWitness
@@ -161,7 +161,6 @@ def _raced(problem: VerificationProblem, cls: int, positions: np.ndarray, settin
     winner = "split" if split.proved else ("milp" if stop.is_set() else None)
     if split.proved:
         _release_kept_tree(problem, keep_key)
-        outcome = dataclasses.replace(outcome, upper=min(outcome.upper, split.bound))
     outcome.stats.update(split_stats, race=winner)
     return _tighter(outcome, split, cls)
 
@@ -180,14 +179,11 @@ def _profiled(outcome: NodeOutcome) -> NodeOutcome:
         "search": st.get("search_seconds"),
         "obbt": sum(float(s.get("obbt_seconds", 0.0)) for s in solves) or None,
         "milp_root": root or None, "milp_tree": (milp - root) if solves else None,
-        "milp_upper": encode_float(min((_num(s.get("upper_bound")) for s in solves), default=math.inf)),
+        "milp_upper": encode_float(min((decode_float(s.get("upper_bound", "inf")) for s in solves), default=math.inf)),
         "upper": encode_float(outcome.upper), "lower": outcome.lower, "race": st.get("race"),
     }
     return outcome
 
-
-def _num(v) -> float:
-    return float(v) if isinstance(v, (int, float)) else (math.inf if v in (None, "inf") else -math.inf)
 
 
 def _checked_positions(problem: VerificationProblem, positions: np.ndarray) -> np.ndarray:
