@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import threading
 
 import numpy as np
 import pytest
 
 from lucid.access import LabelOnlyClassifier, Memo, RandomSource, exponential_mechanism, true_label_probability
 from synthetic_runs import write_bounds, write_synthetic_run
+from thread_helpers import run_threads
 from lucid.errors import LucidError
 from lucid.network import confidence, load_networks
 
@@ -266,25 +266,17 @@ def test_memo_is_consistent_under_concurrent_writers(tmp_path):
     memos = [Memo(path), Memo(path)]
     keys = [f"k{i}".encode() for i in range(50)]
     answers: list[dict[bytes, int]] = []
-    errors: list[BaseException] = []
 
     def worker(t: int) -> None:
-        try:
-            seen: dict[bytes, int] = {}
-            for _ in range(5):
-                got = memos[t % 2].get_or_put(keys, np.full(len(keys), t))
-                for k, v in zip(keys, got.tolist()):
-                    assert seen.setdefault(k, v) == v
-            answers.append(seen)
-        except BaseException as exc:  # surfaced below
-            errors.append(exc)
+        seen: dict[bytes, int] = {}
+        for _ in range(5):
+            got = memos[t % 2].get_or_put(keys, np.full(len(keys), t))
+            for k, v in zip(keys, got.tolist()):
+                assert seen.setdefault(k, v) == v
+        answers.append(seen)
 
-    threads = [threading.Thread(target=worker, args=(t,)) for t in range(6)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    assert not errors
+    errors = run_threads(worker, 6)
+    assert not errors, errors
     assert all(a == answers[0] for a in answers)
     assert len(memos[0]) == 50
 

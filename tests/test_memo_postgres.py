@@ -7,6 +7,7 @@ end, so parallel workers (pytest -n 2) and reruns never share tables.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import json
@@ -22,12 +23,13 @@ import pytest
 psycopg = pytest.importorskip("psycopg")
 pytest.importorskip("psycopg_pool")
 
-from lucid.access import LabelOnlyClassifier  # noqa: E402
+from lucid.access import LabelOnlyClassifier, memo_turns  # noqa: E402
 from lucid.access.ledger import BudgetExceeded  # noqa: E402
 from lucid.access.memo import SqliteMemo, open_memo, read_memo_ledger  # noqa: E402
 from lucid.access.memo_postgres import PostgresMemo  # noqa: E402
 from lucid.errors import LucidError  # noqa: E402
 from serve_helpers import free_port, get, post, server, to_orig, write_run  # noqa: E402
+from thread_helpers import run_threads  # noqa: E402
 from synthetic_runs import write_bounds  # noqa: E402
 
 
@@ -74,9 +76,15 @@ def run_dir(tmp_path):
 
 
 # -- two store objects (two replicas in one process) ---------------------------------------------------
-def test_two_stores_race_one_draw_per_input_and_exact_budgets(pg_url):
+@pytest.mark.parametrize("in_turns", [False, True])
+def test_two_stores_race_one_draw_per_input_and_exact_budgets(pg_url, in_turns, monkeypatch):
     """Two PostgresMemo objects opened at the same moment on an empty schema, six threads racing
-    the same 200 keys in batches, three clients with a budget and a total budget below the keys."""
+    the same 200 keys in batches, three clients with a budget and a total budget below the keys.
+    `in_turns`: each batch of 7 answered in turns of 3 keys (memo_turns.TURN_ROWS), its budgets
+    reserved once (memo_budget)."""
+    if in_turns:
+        monkeypatch.setattr(memo_turns, "TURN_ROWS", 3)
+    turn = (lambda rows: contextlib.nullcontext()) if in_turns else None
     memos: list[PostgresMemo] = []
     openers = [threading.Thread(target=lambda: memos.append(PostgresMemo(pg_url, epsilon=0.5))) for _ in range(2)]
     for th in openers:
@@ -87,31 +95,23 @@ def test_two_stores_race_one_draw_per_input_and_exact_budgets(pg_url):
     keys = [f"k{i}".encode() for i in range(200)]
     answers: dict[int, dict[bytes, int]] = {}
     refused = {f"c{t}": 0 for t in range(3)}
-    errors: list[BaseException] = []
 
     def worker(t: int) -> None:
-        try:
-            memo, client, got = memos[t % 2], f"c{t % 3}", {}
-            order = list(keys)
-            np.random.default_rng(t).shuffle(order)
-            for i in range(0, len(order), 7):
-                part = order[i : i + 7]
-                try:
-                    out = memo.get_or_put(part, np.full(len(part), t), client=client, epsilon=0.5, budget=60.0,
-                                          total_budget=80.0)
-                except BudgetExceeded:
-                    refused[client] += 1
-                    continue
-                got.update(zip(part, out.tolist()))
-            answers[t] = got
-        except BaseException as exc:  # surfaced below
-            errors.append(exc)
+        memo, client, got = memos[t % 2], f"c{t % 3}", {}
+        order = list(keys)
+        np.random.default_rng(t).shuffle(order)
+        for i in range(0, len(order), 7):
+            part = order[i : i + 7]
+            try:
+                out = memo.get_or_put(part, np.full(len(part), t), client=client, epsilon=0.5, budget=60.0,
+                                      total_budget=80.0, turn=turn)
+            except BudgetExceeded:
+                refused[client] += 1
+                continue
+            got.update(zip(part, out.tolist()))
+        answers[t] = got
 
-    threads = [threading.Thread(target=worker, args=(t,)) for t in range(6)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
+    errors = run_threads(worker, 6)
     assert not errors, errors
     merged: dict[bytes, int] = {}
     for got in answers.values():
@@ -127,6 +127,8 @@ def test_two_stores_race_one_draw_per_input_and_exact_budgets(pg_url):
         assert rows[client][2] == rows[client][3] == len(mine) <= 120
         assert rows[client][4] == refused[client] > 0
     assert read_memo_ledger(pg_url) == memos[1].ledger_rows()
+    with memos[0]._transaction() as db:
+        assert db.execute("SELECT COUNT(*) FROM reserved").fetchone()[0] == 0  # every reservation released
     for memo in memos:
         memo.close()
 
@@ -152,22 +154,14 @@ def test_racing_replicas_evict_without_deadlock_or_dangling_charges(pg_url):
     answer would be a fresh draw it was not charged for)."""
     memos = [PostgresMemo(pg_url, max_size=15, epsilon=1.0) for _ in range(2)]
     keys = [f"k{i}".encode() for i in range(60)]
-    errors: list[BaseException] = []
 
     def worker(t: int) -> None:
         rng = np.random.default_rng(t)
-        try:
-            for _ in range(40):
-                part = [keys[i] for i in rng.choice(len(keys), size=int(rng.integers(1, 6)), replace=False)]
-                memos[t % 2].get_or_put(part, np.full(len(part), t % 3), client=f"c{t % 3}", epsilon=1.0)
-        except BaseException as exc:  # surfaced below
-            errors.append(exc)
+        for _ in range(40):
+            part = [keys[i] for i in rng.choice(len(keys), size=int(rng.integers(1, 6)), replace=False)]
+            memos[t % 2].get_or_put(part, np.full(len(part), t % 3), client=f"c{t % 3}", epsilon=1.0)
 
-    threads = [threading.Thread(target=worker, args=(t,)) for t in range(6)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
+    errors = run_threads(worker, 6)
     assert not errors, errors
     for memo in memos:
         memo.close()

@@ -36,7 +36,7 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, ContextManager
 
 import numpy as np
 
@@ -278,13 +278,15 @@ class LabelOnlyClassifier:
             return cls, needs_noise(conf, cls, self.thresholds)
         return cls, needs_noise(conf, cls, self.region_thresholds[self._lookup.locate(xn)])
 
-    def predict_network_space(self, xn: np.ndarray, return_noised: bool = False, client: str | None = None):
+    def predict_network_space(self, xn: np.ndarray, return_noised: bool = False, client: str | None = None,
+                              turn: Callable[[int], ContextManager[Any]] | None = None):
         """Class ids for in-domain network-space inputs (evaluate uses this on the test split).
 
         Every row does the same work whatever its branch (module docstring). `client` names the
         ledger charged (default: the single ledger "default"); with a budget, a batch whose new
         inputs would exceed the client's budget, or the total budget of all clients, raises
-        BudgetExceeded and nothing is answered.
+        BudgetExceeded and nothing is answered. `turn`: see the memo's `get_or_put` (lucid serve
+        passes its decision gate; N's forward pass and the draws need no turn).
 
         Bounds are read once, at construction: a later, tighter bounds.json (anytime verification
         continuing) takes effect on restart; the older, larger bound stays sound meanwhile.
@@ -298,7 +300,7 @@ class LabelOnlyClassifier:
         keys = [buf[i : i + width] for i in range(0, len(buf), width)]
         client = DEFAULT_CLIENT if client is None else check_client_name(client)
         out = self.memo.get_or_put(keys, proposal, noised=noised, client=client, epsilon=self.epsilon,
-                                   budget=self.budget, total_budget=self.total_budget)
+                                   budget=self.budget, total_budget=self.total_budget, turn=turn)
         return (out, noised) if return_noised else out
 
     def predict_index(self, X: Any, client: str | None = None) -> np.ndarray:

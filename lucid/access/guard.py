@@ -14,7 +14,7 @@ import hmac
 import json
 import math
 import re
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Sequence
 
 from lucid.errors import LucidError
 
@@ -125,22 +125,92 @@ def bearer_client(header: bytes | None, tokens: Sequence[tuple[bytes, str]]) -> 
     return client
 
 
-def parse_inputs(body: bytes, max_batch: int, width: int) -> list[list[float]]:
-    """The request's rows, or a LucidError with a fixed message (module docstring)."""
+# Bodies above this size are parsed a piece at a time (`input_pieces`): json.loads of a 4 MB body is
+# one C call that holds the GIL for ~50 ms, and every other request's thread (a single row's memo
+# commit included) would wait for it.
+PIECE_BYTES = 16 * 1024
+_WS = " \t\n\r"  # JSON's whitespace (Python's str.isspace allows more)
+_HEAD = re.compile(r'[ \t\n\r]*\{[ \t\n\r]*"inputs"[ \t\n\r]*:[ \t\n\r]*\[')
+_TAIL = re.compile(r'\][ \t\n\r]*\}[ \t\n\r]*\Z')
+
+
+def _skip_ws(text: str, at: int, end: int) -> int:
+    while at < end and text[at] in _WS:
+        at += 1
+    return at
+
+
+def _piece_spans(body: bytes) -> tuple[str, list[tuple[int, int]], int] | None:
+    """(text, spans, rows) for a body of the one shape clients send, {"inputs": [row, ...]}: the spans
+    of its row list cut into pieces of about PIECE_BYTES, each after a row's closing bracket that a
+    comma follows, and the number of closing brackets in the list (its row count if every row is a
+    list of numbers; more otherwise). None for a body of any other shape. A cut anywhere but between
+    two rows of the outer list leaves a piece with an open string or bracket, which json.loads
+    refuses (`input_pieces` then parses the body whole): every piece that parses is a run of whole
+    rows, and the pieces' concatenation is the list json.loads would give."""
     try:
-        doc = json.loads(body)
-    except (ValueError, RecursionError):
-        raise BadJson(BAD_JSON) from None
-    if not isinstance(doc, dict) or "inputs" not in doc:
-        raise LucidError('the request body must be a JSON object {"inputs": [[...], ...]}')
-    if len(doc) != 1:
-        raise LucidError('the request body must have no field but "inputs"')
-    inputs = doc["inputs"]
-    if not isinstance(inputs, list):
-        raise LucidError('"inputs" must be a list of rows')
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    head, tail = _HEAD.match(text), _TAIL.search(text, max(0, len(text) - 64))
+    if head is None or tail is None or tail.start() < head.end():
+        return None
+    end = tail.start()
+    start, spans = _skip_ws(text, head.end(), end), []
+    while start < end:
+        cut = text.find("]", start + PIECE_BYTES, end)
+        if cut < 0:
+            cut = text.rfind("]", start, end)
+            if cut < 0:
+                return None
+        after = _skip_ws(text, cut + 1, end)
+        if after < end and text[after] != ",":
+            return None
+        spans.append((start, cut + 1))
+        if after >= end:
+            break
+        start = _skip_ws(text, after + 1, end)
+        if start >= end:  # a trailing comma: not JSON
+            return None
+    return text, spans, text.count("]", head.end(), end)
+
+
+def input_pieces(body: bytes, max_batch: int, width: int) -> Iterator[list[list[float]]]:
+    """The request's rows, checked, in pieces (a caller may let other work run between them), or a
+    LucidError with a fixed message (module docstring), raised before the first piece or while
+    taking one; a caller keeps nothing of a request that raised. One piece for bodies up to
+    PIECE_BYTES."""
+    found = _piece_spans(body) if len(body) > PIECE_BYTES else None
+    if found is not None:
+        text, spans, rows = found
+        if rows > max_batch:
+            raise TooLarge(f"at most {max_batch} inputs per request")
+        done = 0
+        for start, stop in spans:
+            try:
+                piece = json.loads(f"[{text[start:stop]}]")
+            except (ValueError, RecursionError):
+                break  # not the shape it looked like: parsed whole below, for the usual answer
+            yield _checked(piece, done, width)
+            done += len(piece)
+        else:
+            return
+    else:
+        done = 0
+    inputs = _whole_inputs(body)
     if len(inputs) > max_batch:
         raise TooLarge(f"at most {max_batch} inputs per request")
-    for i, row in enumerate(inputs):
+    yield _checked(inputs[done:], done, width)
+
+
+def parse_inputs(body: bytes, max_batch: int, width: int) -> list[list[float]]:
+    """The request's rows in one list (`input_pieces`)."""
+    return [row for piece in input_pieces(body, max_batch, width) for row in piece]
+
+
+def _checked(rows: list, first: int, width: int) -> list[list[float]]:
+    """`rows` (numbered from `first`) if each is a list of `width` numbers; else the fixed message."""
+    for i, row in enumerate(rows, first):
         if not isinstance(row, list):
             raise LucidError(f"input {i} must be a list of numbers")
         if len(row) != width:
@@ -150,4 +220,35 @@ def parse_inputs(body: bytes, max_batch: int, width: int) -> list[list[float]]:
             # bool is an int subclass in Python; JSON true/false is not a feature value.
             if kind is not float and kind is not int:
                 raise LucidError(f"input {i} contains a non-numeric value")
+    return rows
+
+
+class _RepeatedField(ValueError):
+    pass
+
+
+def _unique_fields(pairs: list[tuple[str, object]]) -> dict:
+    """A JSON object's fields, refusing a repeated name: json.loads would keep the last value of
+    it, and a body must mean one thing to every parser (`input_pieces` reads the first)."""
+    doc = dict(pairs)
+    if len(doc) != len(pairs):
+        raise _RepeatedField
+    return doc
+
+
+def _whole_inputs(body: bytes) -> list:
+    """The "inputs" list of a body parsed in one piece, or its error."""
+    try:
+        doc = json.loads(body, object_pairs_hook=_unique_fields)
+    except _RepeatedField:
+        raise LucidError("the request body must not repeat a field") from None
+    except (ValueError, RecursionError):
+        raise BadJson(BAD_JSON) from None
+    if not isinstance(doc, dict) or "inputs" not in doc:
+        raise LucidError('the request body must be a JSON object {"inputs": [[...], ...]}')
+    if len(doc) != 1:
+        raise LucidError('the request body must have no field but "inputs"')
+    inputs = doc["inputs"]
+    if not isinstance(inputs, list):
+        raise LucidError('"inputs" must be a list of rows')
     return inputs

@@ -68,6 +68,8 @@ CREATE TABLE IF NOT EXISTS seen (key BYTEA NOT NULL, client TEXT NOT NULL, PRIMA
 CREATE TABLE IF NOT EXISTS ledger (client TEXT NOT NULL, epsilon DOUBLE PRECISION NOT NULL,
     answers BIGINT NOT NULL DEFAULT 0, noised BIGINT NOT NULL DEFAULT 0, refused BIGINT NOT NULL DEFAULT 0,
     PRIMARY KEY (client, epsilon));
+CREATE TABLE IF NOT EXISTS reserved (id TEXT NOT NULL, client TEXT NOT NULL, epsilon DOUBLE PRECISION NOT NULL,
+    inputs BIGINT NOT NULL, expires DOUBLE PRECISION NOT NULL, PRIMARY KEY (id, client));
 """
 
 
@@ -152,7 +154,7 @@ class PostgresMemo(SqlMemo):
             with self._transaction() as db:
                 # Replicas starting together would race on CREATE TABLE and on the new meta rows.
                 db.execute(f"SELECT pg_advisory_xact_lock({_SCHEMA_LOCK}, hashtext(current_schema()))")
-                if db.execute("SELECT to_regclass('ledger')").fetchone()[0] is None:
+                if db.execute("SELECT to_regclass('reserved')").fetchone()[0] is None:  # the newest table
                     db.execute(_SCHEMA)
                 self._init_meta(db, fingerprint)
             if epsilon is not None:

@@ -2,8 +2,8 @@
 
 The algorithm is lucid/access/memo_store.py's; this module is the SQLite backend of it.
 
-Crash safety: each batch is one SQLite transaction in WAL mode, committed before any label
-of the batch is returned; with `synchronous=NORMAL` a committed transaction survives a killed
+Crash safety: each call (each turn of a large batch, lucid/access/memo_store.py) is one SQLite
+transaction in WAL mode, committed before any label of the batch is returned; with `synchronous=NORMAL` a committed transaction survives a killed
 process (not necessarily a power cut; pass `durable=True` for an fsync per commit).
 Concurrency: `BEGIN IMMEDIATE` takes the file's one write lock, which serialises writers across
 processes (so the row locks of the shared algorithm are not needed here: its hooks do nothing),
@@ -15,6 +15,7 @@ queries for one input both get the first stored draw.
 from __future__ import annotations
 
 import sqlite3
+import threading
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
@@ -30,6 +31,7 @@ from lucid.errors import LucidError
 #   its memo entry is evicted, because the input's next answer is then a fresh draw.
 # ledger: per client and epsilon, distinct inputs answered, noised ones among them, refused
 #   requests; client '*' counts the memo's own draws (what all clients together received).
+# reserved: the worst-case charge of large batches being answered in turns (lucid/access/memo_budget.py).
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS memo (key BLOB PRIMARY KEY, label INTEGER NOT NULL, used INTEGER NOT NULL,
     noised INTEGER NOT NULL DEFAULT 1) WITHOUT ROWID;
@@ -40,7 +42,47 @@ CREATE TABLE IF NOT EXISTS seen (key BLOB NOT NULL, client TEXT NOT NULL, PRIMAR
 CREATE TABLE IF NOT EXISTS ledger (client TEXT NOT NULL, epsilon REAL NOT NULL,
     answers INTEGER NOT NULL DEFAULT 0, noised INTEGER NOT NULL DEFAULT 0, refused INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (client, epsilon));
+CREATE TABLE IF NOT EXISTS reserved (id TEXT NOT NULL, client TEXT NOT NULL, epsilon REAL NOT NULL,
+    inputs INTEGER NOT NULL, expires REAL NOT NULL, PRIMARY KEY (id, client));
 """
+
+
+CHECKPOINT_EVERY_S = 0.5
+
+
+class Checkpointer:
+    """Copies the write-ahead log into the database file from a thread of its own, every
+    CHECKPOINT_EVERY_S. SQLite would otherwise do it inside the commit that fills the log
+    (`wal_autocheckpoint`): that commit, a single row's as likely as a batch's, then takes tens of
+    milliseconds longer, and every request queued behind it waits. PASSIVE checkpoints never wait
+    for readers or writers (nor block them); a crash loses nothing, since committed pages stay in the
+    log until copied."""
+
+    def __init__(self, path: Path, db: sqlite3.Connection) -> None:
+        db.execute("PRAGMA wal_autocheckpoint=0")
+        self._path = path
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="lucid-memo-checkpoint", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        db = None
+        try:
+            db = sqlite3.connect(str(self._path), isolation_level=None, check_same_thread=False, timeout=1.0)
+            while not self._stop.wait(CHECKPOINT_EVERY_S):
+                try:
+                    db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                except sqlite3.OperationalError:  # busy (another process checkpoints): the next one catches up
+                    pass
+        except sqlite3.Error:  # e.g. the file was removed: the serving connection reports that itself
+            pass
+        finally:
+            if db is not None:
+                db.close()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5.0)
 
 
 class SqliteMemo(SqlMemo):
@@ -69,6 +111,7 @@ class SqliteMemo(SqlMemo):
             if self.path is not None:
                 self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute(f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
+            self._checkpoints = None if self.path is None else Checkpointer(self.path, self._db)
             self._db.executescript(_SCHEMA)
             with self._transaction() as db:
                 self._init_meta(db, fingerprint)
@@ -83,6 +126,8 @@ class SqliteMemo(SqlMemo):
 
     def _close_quietly(self) -> None:
         """Close a connection that failed to open as a memo (a refused file is not kept open)."""
+        if getattr(self, "_checkpoints", None) is not None:
+            self._checkpoints.stop()
         db = getattr(self, "_db", None)
         if db is not None:
             db.close()
@@ -108,4 +153,6 @@ class SqliteMemo(SqlMemo):
         return MemoError(f"the memo database failed: {exc}")
 
     def _close_connection(self) -> None:
+        if self._checkpoints is not None:
+            self._checkpoints.stop()
         self._db.close()

@@ -31,6 +31,7 @@ SQLite needs none of this: BEGIN IMMEDIATE locks the whole file, and its hooks d
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -39,7 +40,9 @@ from typing import Any, Callable, ContextManager, Iterable, Iterator, Protocol, 
 
 import numpy as np
 
-from lucid.access.ledger import ALL_CLIENTS, BudgetExceeded, ledger_of, within_budget
+from lucid.access.ledger import ALL_CLIENTS, BudgetExceeded, ledger_of
+from lucid.access.memo_budget import client_refusal, draw_on, total_refusal
+from lucid.access.memo_turns import answer_in_turns
 from lucid.access.memo_meta import (MEMO_FORMAT, BoundsRecord, OLD_FORMATS, bind_bounds, bind_epsilon,
                                     check_fingerprint, new_meta, refuse_other_epsilon)
 from lucid.errors import LucidError
@@ -47,6 +50,7 @@ from lucid.errors import LucidError
 DEFAULT_MEMO_SIZE = 1_000_000
 _CHUNK = 500  # keys per SELECT ... IN (...), well under SQLite's bound-parameter limit
 _MAX_PENDING_TOUCHES = 10_000  # LRU updates of memo hits kept in memory (written sooner if an eviction needs them)
+_TOUCHES_PER_WRITE = 128  # LRU updates written by one write once _MAX_PENDING_TOUCHES are pending
 
 _LEDGER_ADD = """
 INSERT INTO ledger (client, epsilon, answers, noised) VALUES (?, ?, ?, ?)
@@ -104,30 +108,6 @@ class MemoStore(Protocol):
     def __len__(self) -> int: ...
 
     def close(self) -> None: ...
-
-
-def _charged(db: Session, client: str) -> float:
-    """A ledger row's worst-case charge: epsilon per distinct answer, released or noised."""
-    row = db.execute("SELECT COALESCE(SUM(epsilon * answers), 0.0) FROM ledger WHERE client = ?", (client,))
-    return float(row.fetchone()[0])
-
-
-def _client_refusal(db: Session, client: str | None, epsilon: float, fresh: int, budget: float | None) -> str | None:
-    """The fixed message refusing a call whose `fresh` keys (new to this client) would exceed its
-    budget; None if it fits. It counts epsilon per key, never whether it is noised: the branch stays hidden."""
-    if budget is not None and fresh and not within_budget(_charged(db, client) + epsilon * fresh, budget):
-        return (f"the privacy budget of {budget:g} is spent for this client: only inputs it was answered "
-                "before are answered now")
-    return None
-
-
-def _total_refusal(db: Session, epsilon: float, draws: int, total_budget: float | None) -> str | None:
-    """The same for the `draws` (keys new to the memo) against the all-clients total."""
-    if total_budget is not None and draws and not within_budget(
-            _charged(db, ALL_CLIENTS) + epsilon * draws, total_budget):
-        return (f"the total privacy budget of {total_budget:g} of this service is spent: only inputs "
-                "answered before are answered now")
-    return None
 
 
 class SqlMemo(ABC):
@@ -298,6 +278,7 @@ class SqlMemo(ABC):
         epsilon: float = 0.0,
         budget: float | None = None,
         total_budget: float | None = None,
+        turn: Callable[[int], ContextManager[Any]] | None = None,
     ) -> np.ndarray:
         """The stored label of each key; keys not stored yet get (and keep) their proposal.
 
@@ -315,6 +296,9 @@ class SqlMemo(ABC):
         `total_budget`, a call whose keys not stored yet would take the all-clients row's charge
         (epsilon per memo draw given to a client) above it is refused the same way; that decision
         depends on which inputs anyone asked, never on the branch either.
+
+        `turn(rows)`: a context to do each database step in (lucid serve's decision gate), so that
+        other requests may go between the steps of a large call (lucid/access/memo_turns.py).
         """
         out = np.empty(len(keys), dtype=np.int64)
         if not len(keys):
@@ -323,6 +307,19 @@ class SqlMemo(ABC):
         if self._epsilon is not None:  # draws of another epsilon are never given or charged here
             refuse_other_epsilon(self._epsilon, epsilon, self._name)
         unique = list(dict.fromkeys(keys))
+        request = (proposals, noised, client, epsilon, budget, total_budget)
+        if turn is None:
+            self._answer(keys, unique, *request, None, out)
+        else:
+            answer_in_turns(self, keys, unique, *request, turn, out)
+        return out
+
+    def _answer(self, keys: Sequence[bytes], unique: list[bytes],
+                proposals: np.ndarray | Callable[[np.ndarray], np.ndarray], noised: np.ndarray | None,
+                client: str | None, epsilon: float, budget: float | None, total_budget: float | None,
+                rid: str | None, out: np.ndarray) -> None:
+        """One step of `get_or_put`: `out` filled for `keys`, read-only where it can be, else in one
+        write transaction; `rid` the call's reservation (None: its budgets are checked here)."""
         # LRU clock: wall-clock nanoseconds (+ position in the batch), so several processes
         # sharing one memo need no shared counter; skew only changes which old entry goes first.
         now = time.time_ns()
@@ -338,19 +335,18 @@ class SqlMemo(ABC):
                     out[i] = stored[key][0]
                     self._pending_touches[key] = now + i
                 if len(self._pending_touches) < _MAX_PENDING_TOUCHES:
-                    return out
+                    return
             with self._begin(db):
                 refusal = self._write(db, keys, unique, proposals, noised, client, epsilon, budget, total_budget,
-                                      now, out)
+                                      rid, now, out)
         self._epsilon = epsilon  # committed: recorded in the database (or checked against it)
         if refusal:
             raise BudgetExceeded(refusal)
-        return out
 
     def _write(self, db: Session, keys: Sequence[bytes], unique: list[bytes],
                proposals: np.ndarray | Callable[[np.ndarray], np.ndarray], noised: np.ndarray | None,
-               client: str | None, epsilon: float, budget: float | None, total_budget: float | None, now: int,
-               out: np.ndarray) -> str | None:
+               client: str | None, epsilon: float, budget: float | None, total_budget: float | None,
+               rid: str | None, now: int, out: np.ndarray) -> str | None:
         """The transaction of `get_or_put`: fills `out`, or returns the refusal it recorded."""
         if client is not None:
             self._lock_client(db, client, epsilon)
@@ -362,16 +358,18 @@ class SqlMemo(ABC):
             bind_epsilon(db, None if recorded is None else recorded[0], epsilon, self._name)
         stored, seen = self._select(db, unique, client, lock=True)  # again: another process may have written
         fresh = [] if client is None else [key for key in unique if key not in seen]
-        # Checked and charged in this one transaction: exact across processes and replicas.
-        refusal = _client_refusal(db, client, epsilon, len(fresh), budget)
+        # Checked and charged in this one transaction: exact across processes and replicas. A
+        # reservation of the call's worst case (lock 1 held) already covers this step's charge.
+        covered = client is not None and draw_on(db, rid, client, len(fresh))
+        refusal = None if covered else client_refusal(db, client, epsilon, len(fresh), budget)
         missing = [key for key in unique if key not in stored]
         if refusal is None and missing and not memo_locked:
             memo_locked = True
             if self._lock_memo(db):  # drawn by another replica while this one waited: its draw stands
                 stored.update(self._select(db, missing, None, lock=True)[0])
         draws = 0 if client is None else sum(key not in stored for key in unique)
-        if refusal is None:
-            refusal = _total_refusal(db, epsilon, draws, total_budget)
+        if refusal is None and not (draws and draw_on(db, rid, ALL_CLIENTS, draws)):  # lock 3 held if draws
+            refusal = total_refusal(db, epsilon, draws, total_budget)
         if refusal:
             db.execute(_LEDGER_REFUSED, (client, epsilon))
             return refusal
@@ -409,15 +407,19 @@ class SqlMemo(ABC):
                 db.execute(_LEDGER_ADD, (client, epsilon, len(fresh), sum(stored[k][1] for k in fresh)))
             if inserts and client is not None:
                 db.execute(_LEDGER_ADD, (ALL_CLIENTS, epsilon, len(inserts), sum(row[3] for row in inserts)))
-            if touch:
-                self._write_touches(db)
+            if touch:  # an eviction needs them all; else the oldest few, so that no step writes 10 000
+                self._write_touches(db, None if count > self.max_size else _TOUCHES_PER_WRITE)
             if inserts:
                 self._evict(db, count, always_store=True)
         return None
 
-    def _write_touches(self, db: Session) -> None:
-        db.executemany("UPDATE memo SET used = ? WHERE key = ?", [(t, k) for k, t in self._pending_touches.items()])
-        self._pending_touches.clear()
+    def _write_touches(self, db: Session, limit: int | None = None) -> None:
+        """Write the pending LRU positions: all, or the `limit` oldest."""
+        pending = self._pending_touches
+        keys = list(pending if limit is None else itertools.islice(pending, limit))
+        db.executemany("UPDATE memo SET used = ? WHERE key = ?", [(pending[k], k) for k in keys])
+        for key in keys:
+            del pending[key]
 
     def ledger_rows(self) -> list[tuple[str, float, int, int, int]]:
         """(client, epsilon, answers, noised, refused) rows of the ledger (see lucid.access.ledger)."""

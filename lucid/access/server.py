@@ -28,8 +28,10 @@ deployments that also want memo hits, batch sizes or machine noise hidden behind
 
 Load: a request's body is read on the event loop, then parsed, checked and answered in a bounded
 pool of threads (numpy and SQLite release the GIL for the heavy parts), so a 10 000-row batch does
-not hold up other connections; decisions take turns through a gate that lets small requests pass
-queued batches (SizeOrderedGate), so large batches cannot starve single-row clients. Connection
+not hold up other connections. The work on the memo, and the parsing of a large body, take turns
+through a gate that lets small requests pass queued turns (SizeOrderedGate), and a batch takes
+many short turns (a piece of its body, or TURN_ROWS of its inputs) rather than one long one, so
+a single-row request waits for at most one short turn, never for a whole batch. Connection
 deadlines and caps are in lucid/access/protocol.py.
 
 Accounting: each bearer token names a client; its answers are charged to that client's ledger
@@ -52,13 +54,14 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any, Iterator, Sequence
 
+import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from lucid.access.classifier import LabelOnlyClassifier
 from lucid.access.guard import (NOT_JSON_MEDIA, UNKNOWN_HOST, BadJson, HostCheck, TooLarge, bearer_client,
-                                check_deadline_ms, is_json_media, parse_inputs)
+                                check_deadline_ms, input_pieces, is_json_media)
 from lucid.access.ledger import DEFAULT_CLIENT, BudgetExceeded, check_client_name
 from lucid.access.memo import MemoUnavailable
 from lucid.errors import LucidError
@@ -69,10 +72,12 @@ DEFAULT_THREADS = 4
 # Bodies up to this size (a few hundred rows) are parsed and answered by their own threads, so that
 # batches filling the other pool never make a small request wait for a thread.
 SMALL_BODY = 64 * 1024
-# What a batch row is taken to cost when decisions queue (SizeOrderedGate): above the 10-30 us measured
-# per row of a 10 000-row batch on a busy 2-core machine, so that small requests pass a queued batch,
-# and a batch waits at most rows x this (0.5 s at 10 000 rows) for requests that arrive after it.
-ROW_COST_S = 50e-6
+# What a row is taken to cost when turns queue at the gate (SizeOrderedGate): a batch takes its turns
+# a piece (lucid/access/guard.py) or TURN_ROWS inputs (lucid/access/memo_store.py) at a time, and a
+# single row that arrives while such a turn waits goes first unless the turn has waited rows x this
+# (about 50 ms for 128 rows); far above the 10-30 us a row really costs, so that single rows pass
+# queued turns, while a batch still gets a turn every 50 ms however many single rows arrive.
+ROW_COST_S = 400e-6
 # /healthz's probe of the memo database: how long it may take, and how long its answer is reused.
 HEALTH_TIMEOUT_S = 1.0
 HEALTH_CACHE_S = 1.0
@@ -296,13 +301,28 @@ def create_app(
         pool = small if len(body) <= SMALL_BODY else large
         return await asyncio.get_running_loop().run_in_executor(pool, work, bytes(body), client)
 
+    def network_inputs(body: bytes) -> np.ndarray | None:
+        """The body's rows in network space (None if there are none). A large body is parsed and checked
+        a piece at a time, each piece a turn at the gate: a thread that runs Python for tens of
+        milliseconds, even outside the gate, slows the thread holding it (each of its database
+        steps gives the GIL up and must win it back), and so every request queued behind it."""
+        pieces = input_pieces(body, max_batch, clf.input_dim)
+        if len(body) <= SMALL_BODY:
+            parts = [clf.validate(piece) for piece in pieces if piece]
+        else:
+            parts = []
+            for piece in pieces:
+                with gate.hold(len(piece)):
+                    if piece:
+                        parts.append(clf.validate(piece))
+        return clf.to_network_space(np.concatenate(parts)) if parts else None
+
     def work(body: bytes, client: str | None) -> tuple[int, bytes, list]:
         """(status, JSON body, extra headers) for one complete request body; runs in the pool."""
         if state.value:  # failed while this request waited for a thread
             return _json(503, {"error": "service unavailable"})
         try:
-            rows = parse_inputs(body, max_batch, clf.input_dim)
-            xn = clf.to_network_space(clf.validate(rows)) if rows else None
+            xn = network_inputs(body)
         except TooLarge as exc:
             return _json(413, {"error": str(exc)})
         except BadJson as exc:
@@ -312,8 +332,8 @@ def create_app(
         if xn is None:
             return _json(200, {"labels": []})
         try:
-            with gate.hold(len(xn)):  # one decision at a time; small requests pass queued batches
-                idx = clf.predict_network_space(xn, client=client)
+            # One memo step at a time, a batch's in turns of a few hundred rows; small requests pass queued ones.
+            idx = clf.predict_network_space(xn, client=client, turn=gate.hold)
         except BudgetExceeded as exc:
             return _json(429, {"error": str(exc)})
         except MemoUnavailable as exc:
