@@ -119,6 +119,12 @@ def default_node_time_limit(time_limit: float | None) -> float | None:
 
 
 SPLIT_TIME = 60.0  # the default --split-time
+SPLIT_SPACES = ("auto", "relu", "input")
+# `split_space="auto"` cuts the input box of networks with at most this many inputs and splits ReLUs
+# otherwise (benchmarks/results/hard_singletons.md: at 7 inputs, Crypto, cutting the box proves
+# networks the ReLU split and the MILPs leave open; at 21, Adult, its boxes multiply faster than
+# their bounds fall).
+INPUT_SPLIT_MAX_DIM = 12
 
 
 @dataclass
@@ -182,6 +188,9 @@ class VerifySettings:
     split_race: a singleton's splitting tier and MILP run side by side, each for the attempt's whole
         limit, and the first to settle the node stops the other (`lucid.analysis.analyse._raced`),
         instead of the split first and the MILP after it.
+    split_space: what the splitting tier splits: "relu" (neurons, `lucid.bounds.relu_split`), "input"
+        (the input box, `lucid.bounds.input_split`) or "auto" (input for networks with at most
+        INPUT_SPLIT_MAX_DIM inputs, else relu).
     bounds: how N's pre-activation bounds are computed ("lp" or "interval").
     disjunction, obbt, obbt_probe, obbt_share: the encoder's fixed knobs (see `EncodingOptions`).
     seed: k-means' random state when a node is split.
@@ -210,6 +219,7 @@ class VerifySettings:
     search: bool = True
     split_time: float = SPLIT_TIME
     split_race: bool = False
+    split_space: str = "relu"
     bounds: str = "lp"
     resume: bool = False
     progress: bool = True
@@ -243,6 +253,8 @@ class VerifySettings:
         _check_device(self.device)
         if self.disjunction not in ("bigm", "split"):
             raise LucidError(f"unknown disjunction {self.disjunction!r}; valid: bigm, split")
+        if self.split_space not in SPLIT_SPACES:
+            raise LucidError(f"unknown split space {self.split_space!r}; valid: {', '.join(SPLIT_SPACES)}")
         object.__setattr__(self, "classes", parse_classes(self.classes))
         for name in ("time_limit", "node_time_limit", "tau", "gap", "rel_gap", "split_time"):
             value = getattr(self, name)
@@ -264,6 +276,7 @@ class VerifySettings:
                                         # the box MILP has no member networks to screen
                                         (f"--screen {self.screen}", self.screen != DEFAULT_SCREEN),
                                         ("--split-time", self.split_time != SPLIT_TIME),
+                                        (f"--split-space {self.split_space}", self.split_space != "relu"),
                                         (f"--device {self.device}", self.device != "cpu")) if on]
         if unused:
             raise LucidError(f"{', '.join(unused)} cannot be combined with --hyper {self.hyper} "

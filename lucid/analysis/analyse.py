@@ -26,7 +26,7 @@ from lucid.analysis.outcome import NodeOutcome, combine_outcome, with_leak
 from lucid.analysis.problem import VerificationProblem
 from lucid.analysis.soundness import slack
 from lucid.rundir import decode_float, encode_float
-from lucid.settings import EncodingOptions, VerifySettings
+from lucid.settings import INPUT_SPLIT_MAX_DIM, EncodingOptions, VerifySettings
 from lucid.solvers.base import INFEASIBLE, OPTIMAL, SolverOptions
 from lucid.witness.replay import LeakWitness
 from lucid.witness.search import search_node_witness
@@ -80,7 +80,7 @@ def analyse_node(
                                 keep_key))
     split, split_stats = None, {}
     if _splits_first(settings, positions, cutoff):
-        split = _split_singleton(problem, cls, int(positions[0]), cutoff, budget.split_time, settings.device, encoding,
+        split = _split_singleton(problem, cls, int(positions[0]), cutoff, budget.split_time, settings, encoding,
                                  split_stats)
         if split.proved:  # every domain is below the cutoff: no MILP needed
             _release_kept_tree(problem, keep_key)
@@ -135,7 +135,7 @@ def _raced(problem: VerificationProblem, cls: int, positions: np.ndarray, settin
 
     def split_side() -> None:
         try:
-            box["split"] = _split_singleton(problem, cls, int(positions[0]), cutoff, seconds, settings.device, encoding,
+            box["split"] = _split_singleton(problem, cls, int(positions[0]), cutoff, seconds, settings, encoding,
                                             split_stats, stop=stop)
             if box["split"].proved:
                 stop.set()
@@ -277,18 +277,31 @@ def _tighter(outcome: NodeOutcome, split: SplitResult | None, cls: int) -> NodeO
 
 
 def _split_singleton(problem: VerificationProblem, cls: int, position: int, cutoff: float, seconds: float,
-                     device: str, encoding: EncodingOptions, stats: dict, stop=None) -> SplitResult:
-    """The ReLU-splitting branch and bound of one network before its MILP (`lucid.bounds.relu_split`),
-    with the LP of the network's MILP as the second opinion on stalled domains (`lucid.analysis.domain_lp`)."""
-    from lucid.bounds.relu_split import split_singleton  # imports torch: only when the tier runs
-
+                     settings: VerifySettings, encoding: EncodingOptions, stats: dict, stop=None) -> SplitResult:
+    """The splitting branch and bound of one network before its MILP: of the input box for a network
+    with few inputs (`lucid.bounds.input_split`), else of its ReLUs (`lucid.bounds.relu_split`), with
+    the LP of the network's MILP as the second opinion on stalled domains (`lucid.analysis.domain_lp`);
+    `settings.split_space` chooses."""
     t0 = time.perf_counter()
-    lp = DomainLp(problem, cls, position, encoding)
-    res = split_singleton(problem, cls, position, cutoff, time_limit=seconds, device=device, domain_bound=lp.bound,
-                          stop=stop)
-    stats["split"] = {"upper": encode_float(res.bound), "proved": res.proved, "gave_up": res.gave_up, "domains": res.domains,
-                      "seconds": res.seconds, "wall_seconds": time.perf_counter() - t0, "domain_lps": lp.solved,
-                      "lower": None if res.witness is None else res.witness.confidence}
+    space = settings.split_space
+    if space == "auto":
+        space = "input" if problem.stack.input_dim <= INPUT_SPLIT_MAX_DIM else "relu"
+    lps = None
+    if space == "input":
+        from lucid.bounds.input_split import input_split_singleton  # imports torch: only when the tier runs
+
+        res = input_split_singleton(problem, cls, position, cutoff, time_limit=seconds, device=settings.device,
+                                    stop=stop)
+    else:
+        from lucid.bounds.relu_split import split_singleton
+
+        lp = DomainLp(problem, cls, position, encoding)
+        res = split_singleton(problem, cls, position, cutoff, time_limit=seconds, device=settings.device,
+                              domain_bound=lp.bound, stop=stop)
+        lps = lp.solved
+    stats["split"] = {"space": space, "upper": encode_float(res.bound), "proved": res.proved, "gave_up": res.gave_up,
+                      "domains": res.domains, "seconds": res.seconds, "wall_seconds": time.perf_counter() - t0,
+                      "domain_lps": lps, "lower": None if res.witness is None else res.witness.confidence}
     return res
 
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from lucid.atomic import write_atomic
 from lucid.bounds.difference import DifferenceBounds, difference_bounds, intersect_differences
-from lucid.bounds.interval import FP_REL, LayerBounds, interval_bounds
+from lucid.bounds.interval import LayerBounds, interval_bounds, interval_margin_upper
 from lucid.bounds.pair import PairProblem
 from lucid.errors import LucidError
 from lucid.hyper import HyperNetwork
@@ -115,10 +115,7 @@ def compute_n_bounds(stack: NetworkStack, lower: np.ndarray, upper: np.ndarray, 
     b = [x[0] for x in stack.biases]
     if method == "interval":
         nb = interval_bounds(w, b, lower, upper)
-        margin = nb.upper[-1][:, None] - nb.lower[-1][None, :]
-        margin = margin + FP_REL * (np.abs(nb.upper[-1][:, None]) + np.abs(nb.lower[-1][None, :]))
-        np.fill_diagonal(margin, 0.0)
-        return nb, margin
+        return nb, interval_margin_upper(nb)
     from lucid.bounds.lp import lp_bounds, lp_margin_upper
 
     nb = lp_bounds(w, b, lower, upper)

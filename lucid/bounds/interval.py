@@ -113,3 +113,12 @@ def interval_bounds(
         his.append(hi)
         z_lo, z_hi = np.maximum(lo, 0.0), np.maximum(hi, 0.0)
     return LayerBounds(los, his)
+
+
+def interval_margin_upper(bounds: LayerBounds) -> np.ndarray:
+    """[C, C] sound upper bounds on max_x s_c - s_t from the output layer's intervals (0 on the diagonal)."""
+    out_lo, out_hi = bounds.lower[-1], bounds.upper[-1]
+    margin = out_hi[:, None] - out_lo[None, :]
+    margin = margin + FP_REL * (np.abs(out_hi[:, None]) + np.abs(out_lo[None, :]))
+    np.fill_diagonal(margin, 0.0)
+    return margin

@@ -246,6 +246,15 @@ def _search(b: _Brancher, open_: _Domains, cutoff: float, deadline: float, batch
 
 
 # ---------------------------------------------------------------------- adapter for the verifier
+def leaks_from(problem, cls: int, position: int, xs: np.ndarray) -> list:
+    """The replayed leaks of the network at `position` of problem.stack found from the points `xs`
+    (where open domains peak): an LP walk from each, and the gradient search from all."""
+    own = np.array([position])
+    found = [climb(problem.stack, own, x, cls, problem.lower, problem.upper) for x in xs]
+    found.append(gradient_search(problem.stack, own, cls, problem.lower, problem.upper, xs))
+    return [leak for leak in found if leak is not None]
+
+
 def split_singleton(problem, cls: int, position: int, cutoff: float, *, time_limit: float,
                     device: str = "cpu", domain_bound=None, give_up: bool = True, stop=None) -> SplitResult:
     """`split_upper_bound` for the network at `position` of problem.stack (a `VerificationProblem`),
@@ -258,17 +267,10 @@ def split_singleton(problem, cls: int, position: int, cutoff: float, *, time_lim
     pair = PairProblem([w[0] for w in stack.weights], [b[0] for b in stack.biases],
                        [w[position][None] for w in stack.weights], [b[position][None] for b in stack.biases],
                        problem.n_bounds.lower, problem.n_bounds.upper, problem.lower, problem.upper)
-    leaks = []
+    leaks: list = []
 
     def leak_from(xs: np.ndarray) -> None:
-        own = np.array([position])
-        for x in xs:
-            found = climb(stack, own, x, cls, problem.lower, problem.upper)
-            if found is not None:
-                leaks.append(found)
-        found = gradient_search(stack, own, cls, problem.lower, problem.upper, xs)
-        if found is not None:
-            leaks.append(found)
+        leaks.extend(leaks_from(problem, cls, position, xs))
 
     def hopeless(bound: float, xs: np.ndarray) -> bool:
         if bound > cutoff + GIVE_UP_EXCESS * abs(cutoff):

@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from lucid.settings import DEFAULT_SCREEN, VerifySettings, default_of
+from lucid.settings import DEFAULT_SCREEN, INPUT_SPLIT_MAX_DIM, SPLIT_SPACES, VerifySettings, default_of
 
 
 def _default(name: str) -> Any:
@@ -52,6 +52,9 @@ def _print_summary(result: dict) -> None:
 @click.option("--split-race/--split-then-milp", default=_default("split_race"), show_default=True,
               help="A single network's splitting tier and MILP side by side, the first to settle it stopping the "
                    "other, or the split first and the MILP after it.")
+@click.option("--split-space", type=click.Choice(list(SPLIT_SPACES)), default=_default("split_space"), show_default=True,
+              help="What the splitting tier splits: relu (neurons), input (the input box) or auto (input for networks "
+                   f"with at most {INPUT_SPLIT_MAX_DIM} inputs, else relu).")
 @click.option("--bounds", type=click.Choice(["lp", "interval"]), default=_default("bounds"), show_default=True,
               help="How N's pre-activation bounds are computed.")
 @click.option("--hyper", default=_default("hyper"), show_default=True,
@@ -65,8 +68,8 @@ def _print_summary(result: dict) -> None:
                    "(default: uniform samples of the domain). Never the training rows.")
 @click.option("--quiet", is_flag=True, help="No live progress display.")
 def command(run_dir, solver, workers, time_limit, node_time_limit, classes, tau, gap, rel_gap, resume, scheduler,
-            no_md, no_ris, no_bab, naive, screen, no_screen, device, no_search, split_time, split_race, bounds,
-            hyper, regions, public_inputs, quiet) -> None:
+            no_md, no_ris, no_bab, naive, screen, no_screen, device, no_search, split_time, split_race,
+            split_space, bounds, hyper, regions, public_inputs, quiet) -> None:
     from lucid.bab import verify_run
     from lucid.errors import LucidError
 
@@ -78,7 +81,7 @@ def command(run_dir, solver, workers, time_limit, node_time_limit, classes, tau,
         solver=solver, workers=workers, time_limit=time_limit, node_time_limit=node_time_limit,
         classes=classes, tau=tau, gap=gap, rel_gap=rel_gap, md=not no_md, ris=not no_ris, bab=not no_bab, naive=naive,
         resume=resume, scheduler=scheduler, progress=not quiet, screen=screen, device=device, search=not no_search,
-        split_time=split_time, split_race=split_race, bounds=bounds, hyper=hyper, regions=regions, public_inputs=public_inputs,
+        split_time=split_time, split_race=split_race, split_space=split_space, bounds=bounds, hyper=hyper, regions=regions, public_inputs=public_inputs,
     )
     result = verify_run(run_dir, settings)
     _print_summary(result)
