@@ -25,7 +25,8 @@ Workloads are the run directories of benchmarks/screen.py (`--prepare`). Per tas
   higher): the level the engine needs at --rel-gap 0.1 (`--tasks` limits it to some tasks), per method: `today` = analyse_node's
   attempts as the engine escalates them (split tier, then MILP; 60/240/960-s limits) until proved
   or --time-limit; `race` = the split tier and the MILP side by side (--split-race); `input` = `today`
-  with the splitting tier cutting the input box instead of splitting ReLUs (--split-space input).
+  with the splitting tier cutting the input box instead of splitting ReLUs (--split-space input);
+  `input-race` = both (--split-race --split-space input).
 Measurements are appended one line per (singleton, method, commit) to leaks.jsonl / proofs.jsonl, so an
 interrupted run continues; `report` writes benchmarks/results/hard_singletons.md.
 """
@@ -249,7 +250,8 @@ def prove_once(problem, cls: int, position: int, level: float, method: str, time
     from lucid.settings import VerifySettings
     from lucid.solvers.base import SolverOptions
 
-    settings = VerifySettings(split_race=(method == "race"), split_space="input" if method == "input" else "relu")
+    settings = VerifySettings(split_race=method in ("race", "input-race"),
+                              split_space="input" if method in ("input", "input-race") else "relu")
     t0 = time.perf_counter()
     attempts, upper = [], math.inf
     for attempt in range(1, 10):
