@@ -70,16 +70,16 @@ def test_the_finished_bound_is_close_to_exact(cases):
     second; the time limit is only a guard); it then ends close to the exact bound, far below its
     root bound (with three classes thanks to mixing the rivals on N's side)."""
     gaps, roots = [], []
-    for problem, p, cls, ex in cases:
-        if ex > -math.inf and p == 1:
-            root = run(problem, p, cls, -math.inf, time_limit=0.0)
-            res = run(problem, p, cls, -math.inf, time_limit=60.0)
-            assert ex - 1e-9 <= res.bound <= root.bound
-            gaps.append(res.bound - ex)
-            roots.append(root.bound - ex)
+    finite = [case for case in cases if case[3] > -math.inf and case[1] == 1]
+    for problem, p, cls, ex in finite[::3]:  # a third of them: each runs to the end (CI time)
+        root = run(problem, p, cls, -math.inf, time_limit=0.0)
+        res = run(problem, p, cls, -math.inf, time_limit=60.0)
+        assert ex - 1e-9 <= res.bound <= root.bound
+        gaps.append(res.bound - ex)
+        roots.append(root.bound - ex)
     # measured with two classes: median gap 0.008 against 1.0 at the root (0.14 without the exact
     # leaf form of delta); with three, 0.016 (0.16 without mixing the rivals)
-    assert len(gaps) >= 10 and np.median(gaps) < 0.05 and np.median(roots) > 0.3, (gaps, roots)
+    assert len(gaps) >= 4 and np.median(gaps) < 0.05 and np.median(roots) > 0.3, (gaps, roots)
 
 
 def test_it_is_never_looser_than_the_optimised_symbolic_bound(cases):
@@ -233,15 +233,16 @@ def test_the_depth_first_phase_is_sound_and_finishes_near_exact(cases):
         if p > 2:
             continue
         lp = DomainLp(problem, cls, p, VerifySettings().encoding_options())
-        for limit in (0.2, 60.0) if p == 1 else (0.2,):
+        finishes = p == 1 and cls == 0  # runs to the end: the first class of each network only (CI time)
+        for limit in (0.2, 60.0) if finishes else (0.2,):
             res = run(problem, p, cls, -math.inf, time_limit=limit, max_domains=2, domain_bound=lp.bound)
             assert res.bound >= ex - 1e-9, (p, cls, res.bound, ex)
-        if math.isfinite(ex) and p == 1:
+        if math.isfinite(ex) and finishes:
             gaps.append(res.bound - ex)
         if math.isfinite(ex):
             cut = run(problem, p, cls, ex - 1e-3, time_limit=0.5, max_domains=2, domain_bound=lp.bound)
             assert not cut.proved and cut.bound >= ex - 1e-9
-    assert len(gaps) >= 10 and np.median(gaps) < 0.05, gaps
+    assert len(gaps) >= 5 and np.median(gaps) < 0.05, gaps
 
 
 def _reached(hn, hp, sn, sp, t, cls) -> np.ndarray:
