@@ -45,9 +45,7 @@ def box_bound(problem, cls: int, position: int, lower: np.ndarray, upper: np.nda
     stack = problem.stack
     n_bounds = interval_bounds([w[0] for w in stack.weights], [b[0] for b in stack.biases], lower, upper)
     margin = interval_margin_upper(n_bounds)
-    pair = PairProblem([w[0] for w in stack.weights], [b[0] for b in stack.biases],
-                       [w[position][None] for w in stack.weights], [b[position][None] for b in stack.biases],
-                       n_bounds.lower, n_bounds.upper, lower, upper)
+    pair = PairProblem.singleton(stack, position, n_bounds.lower, n_bounds.upper, lower, upper)
     return singleton_upper_bounds(pair, cls, margin, steps=0, cutoff=cutoff, device=device).per_target[0]
 
 

@@ -263,10 +263,8 @@ def split_singleton(problem, cls: int, position: int, cutoff: float, *, time_lim
     (the verifier passes its `DomainLp(...).bound`). give_up: stop after
     CHECK_SHARE of `time_limit` if the split is not on track (GIVE_UP_EXCESS; `gave_up` in the result).
     stop: see `split_upper_bound`."""
-    stack = problem.stack
-    pair = PairProblem([w[0] for w in stack.weights], [b[0] for b in stack.biases],
-                       [w[position][None] for w in stack.weights], [b[position][None] for b in stack.biases],
-                       problem.n_bounds.lower, problem.n_bounds.upper, problem.lower, problem.upper)
+    pair = PairProblem.singleton(problem.stack, position, problem.n_bounds.lower, problem.n_bounds.upper,
+                                 problem.lower, problem.upper)
     leaks: list = []
 
     def leak_from(xs: np.ndarray) -> None:
