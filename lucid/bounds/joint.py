@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from lucid.adam import Adam
 from lucid.bounds.difference import difference_bounds
 from lucid.bounds.interval import FP_ABS, FP_REL, LayerBounds
 from lucid.bounds.pair import PairProblem
@@ -112,7 +113,7 @@ def _diff_slope_z(l, u, lp, up, exact_below: torch.Tensor) -> torch.Tensor | Non
     return on.to(DTYPE) * -1.0 + off.to(DTYPE)
 
 
-def projected_adam_step(opt: torch.optim.Optimizer, loss: torch.Tensor, *, nonneg=(), unit=(), project=None) -> None:
+def projected_adam_step(opt: Adam, loss: torch.Tensor, *, nonneg=(), unit=(), project=None) -> None:
     """One step of the bound optimisations: Adam on `loss`, then each tensor of `nonneg` clamped at
     0 (Lagrange multipliers), of `unit` into [0, 1] (ReLU slopes), and `project()` (e.g. onto a
     simplex). Any point of that set is a sound choice, so every iterate is a valid bound."""
@@ -281,7 +282,7 @@ class JointSystem:
         minimum over all iterates (each one a valid bound)."""
         m = A.shape[1]
         alphas = [r.sl[:, None, :].expand(-1, m, -1).clone().requires_grad_(True) for r in self.relax[:top]]
-        opt = torch.optim.Adam(alphas, lr=self.intermediate_lr)
+        opt = Adam(alphas, lr=self.intermediate_lr)
         best = None
         for step in range(self.intermediate_steps + 1):
             last = step == self.intermediate_steps

@@ -45,6 +45,7 @@ import math
 import numpy as np
 import torch
 
+from lucid.adam import Adam
 from lucid.bounds.interval import FP_ABS
 from lucid.bounds.joint import (DTYPE, JointSystem, _all_stable, _diff_relax, _np, _relu_relax, _Relax, consistent,
                                 outward_pad, projected_adam_step)
@@ -131,7 +132,7 @@ class _Brancher:
         bn = [b.clone()[:, None, :].requires_grad_(True) for b in d.beta_n]
         bp = [b.clone()[:, None, :].requires_grad_(True) for b in d.beta_p]
         signs = _signs(d)  # once: every step's objective needs them
-        opt = torch.optim.Adam([{"params": [lam], "lr": self.lam_lr}, {"params": [*bn, *bp], "lr": self.lr},
+        opt = Adam([{"params": [lam], "lr": self.lam_lr}, {"params": [*bn, *bp], "lr": self.lr},
                                 {"params": [*alphas, *([mu] if mix else [])], "lr": self.alpha_lr}])
         best = torch.full((D,), math.inf, dtype=DTYPE, device=g.device)
         keep = [lam.detach().clone(), [a.detach().clone() for a in alphas], [b.detach().clone() for b in bn],

@@ -101,6 +101,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from lucid.adam import Adam
 from lucid.bounds.interval import FP_ABS
 from lucid.bounds.joint import DTYPE, JointSystem, SymbolicDifference, _np, projected_adam_step
 from lucid.bounds.pair import PairProblem
@@ -238,7 +239,7 @@ def _chunk_bounds(pair: PairProblem, cls, margin_upper, lam0, alpha0, steps, lr,
             params.append(mu)
             bound_c = mag_a[pn_t].max(-1).values  # bounds |C^c_N| over the box
         mzp, mdp = mz[pn_t][:, None, :], md[pn_t][:, None, :]
-        opt = torch.optim.Adam(params, lr=lr) if grad else None
+        opt = Adam(params, lr=lr) if grad else None
         out = []
         for step in range(n_steps + 1):
             last = step == n_steps

@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from lucid.adam import Adam
 from lucid.network import NetworkStack, confidence
 from lucid.witness.replay import LeakWitness, climb, replay
 
@@ -73,7 +74,7 @@ def gradient_points(stack: NetworkStack, positions: np.ndarray, cls: int, lower:
     gen = torch.Generator().manual_seed(seed)
     x = torch.as_tensor(starts, dtype=f32) + 1e-4 * width * torch.randn(starts.shape, generator=gen)
     x = torch.minimum(torch.maximum(x, lo), hi).requires_grad_(True)
-    opt = torch.optim.Adam([x], lr=0.02 * width)
+    opt = Adam([x], lr=0.02 * width)
     lam = torch.ones(n)
     best_x = x.detach().clone()
     best_c = torch.full((n,), -torch.inf)
