@@ -53,7 +53,7 @@ def summarise(run: Path, wall: float, args: argparse.Namespace, workload: str) -
             "reason": b.get("reason"), "refined": [{k: e[k] for k in ("networks", "below", "seconds")} for e in refined],
         }
     return {"workload": workload, "screen": args.screen, "rel_gap": args.rel_gap, "split_time": args.split_time,
-            "split_space": args.split_space, "time_limit": args.time_limit,
+            "split_space": args.split_space, "split_race": args.split_race, "time_limit": args.time_limit,
             "workers": args.workers, "wall_seconds": wall, "classes": classes, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "machine": f"{platform.platform()}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f} at the end"}
 
@@ -62,6 +62,8 @@ def run_one(workload: str, source: Path, args: argparse.Namespace) -> None:
     key = f"{workload}-{args.screen}-gap{args.rel_gap:g}-split{args.split_time:g}"
     if args.split_space != "relu":
         key += f"-{args.split_space}"
+    if args.split_race:
+        key += "-race"
     out = RESULTS / f"{key}.json"
     if out.exists():
         print(f"{key}: done before ({out})", file=sys.stderr)
@@ -69,7 +71,7 @@ def run_one(workload: str, source: Path, args: argparse.Namespace) -> None:
     run = scratch_run(key, source)
     cmd = [sys.executable, "-m", "lucid", "verify", str(run), "--rel-gap", str(args.rel_gap), "--screen", args.screen,
            "--workers", str(args.workers), "--split-time", str(args.split_time), "--split-space", args.split_space,
-           "--quiet"]
+           "--quiet", *(["--split-race"] if args.split_race else [])]
     if args.time_limit:
         cmd += ["--time-limit", str(args.time_limit)]
     if (run / "verify.checkpoint.json").exists() and not (run / "bounds.json").exists():
@@ -94,7 +96,7 @@ def report() -> None:
             # runs before the ReLU-splitting tier existed had none: split-time 0
             # runs before --split-space existed split ReLUs
             lines.append(f"| {r['workload']} | {r['screen']} | {r['rel_gap']:g} | {r.get('split_time', 0):g} | "
-                         f"{r.get('split_space', 'relu')} | {c} | {fmt(b['seconds'])} | {fmt(b['upper'])} "
+                         f"{r.get('split_space', 'relu')}{' + race' if r.get('split_race') else ''} | {c} | {fmt(b['seconds'])} | {fmt(b['upper'])} "
                          f"| {fmt(b['lower'])} | {fmt(b['ratio'])} | {b['complete']} | {b['nodes']} | {r['date']}, {r['machine']} |")
     notes = [f"- {r['workload']}, {r['screen']}, rel-gap {r['rel_gap']:g}: {r['note']}" for r in rows if r.get("note")]
     if notes:
@@ -111,6 +113,7 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--split-time", type=float, default=60.0, help="lucid verify --split-time (0: MILP-only singletons)")
     ap.add_argument("--split-space", default="relu", choices=["relu", "input", "auto"], help="lucid verify --split-space")
+    ap.add_argument("--split-race", action="store_true", help="lucid verify --split-race")
     ap.add_argument("--report-only", action="store_true")
     args = ap.parse_args()
     if not args.report_only:

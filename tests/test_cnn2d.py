@@ -14,7 +14,8 @@ from safetensors.torch import load_file
 from torch import nn
 
 from lucid.errors import LucidError
-from lucid.network import conv2d_to_dense, load_networks
+from lucid.convolution import conv2d_to_dense
+from lucid.network import load_networks
 from lucid.training import train_run
 from lucid.training.architecture import initial_parameters, parse_arch, reference_net
 from lucid.training.vectorized import _Cnn2dStep, batch_orders, train_networks

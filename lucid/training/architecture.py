@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from lucid.errors import LucidError
-from lucid.network import conv2d_output_hw
+from lucid.convolution import conv2d_output_hw
 from lucid.training.layer_spec import is_layer_spec, parse_input_shape, parse_layer_spec
 
 CNN_SPEC = {"type": "cnn", "conv_channels": [6, 6], "kernel_size": 3, "hidden": [2]}

@@ -18,7 +18,7 @@ import re
 from typing import Sequence
 
 from lucid.errors import LucidError
-from lucid.network import conv2d_output_hw
+from lucid.convolution import conv2d_output_hw
 
 USAGE = "use conv(out_channels, kernel, stride=1, pad=0) and fc(width), e.g. conv(8,3,pad=1),conv(8,3,stride=2),fc(32)"
 _LAYER = re.compile(r"\s*([a-z_][a-z0-9_]*)\s*\(([^()]*)\)\s*(?:,|$)")
