@@ -178,7 +178,7 @@ def test_the_defaults_differ_from_every_flags_setting(run_dir, monkeypatch):
 
 
 def test_resume_and_scheduler_reach_the_checkpoint_and_the_executor(run_dir, monkeypatch):
-    import lucid.bab.workers
+    import lucid.bab.dask_workers
 
     for stale in ("bounds.json", "verify.checkpoint.json", "verify.log.jsonl"):
         (run_dir / stale).unlink(missing_ok=True)
@@ -194,7 +194,7 @@ def test_resume_and_scheduler_reach_the_checkpoint_and_the_executor(run_dir, mon
             seen.append((settings.scheduler, scheduler))
             raise LucidError("no cluster here")
 
-    monkeypatch.setattr(lucid.bab.workers, "DaskExecutor", Dask)
+    monkeypatch.setattr(lucid.bab.dask_workers, "DaskExecutor", Dask)
     result = CliRunner().invoke(main, ["verify", str(run_dir), "--scheduler", "tcp://127.0.0.1:1"])
     assert isinstance(result.exception, LucidError) and seen == [("tcp://127.0.0.1:1", "tcp://127.0.0.1:1")]
 

@@ -15,6 +15,7 @@ from typing import Any
 
 # Engine, LiveDisplay, the executors and the class-level witness search are looked up through
 # their modules at call time, so a test or a benchmark can substitute them.
+import lucid.bab.dask_workers as dask_workers
 import lucid.bab.display as live_display
 import lucid.bab.engine as bab_engine
 import lucid.bab.workers as executors
@@ -59,7 +60,7 @@ def _reconcile_with_log(states: dict[int, ClassState], log_path: Path, result_op
 
 def _make_executor(problem: VerificationProblem, settings: VerifySettings) -> executors.Executor:
     if settings.scheduler is not None:
-        return executors.DaskExecutor(problem, settings, settings.scheduler, settings.workers)
+        return dask_workers.DaskExecutor(problem, settings, settings.scheduler, settings.workers)
     if settings.workers == 1:
         return executors.ThreadExecutor(lambda *args, **kw: executors.analyse_with(problem, settings, *args, **kw), 1)
     return executors.ProcessExecutor(problem, settings, settings.workers)

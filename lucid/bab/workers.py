@@ -1,4 +1,5 @@
-"""Where node MILPs run: in-process threads, a local process pool, or a Dask cluster.
+"""Where node MILPs run: in-process threads or a local process pool (a Dask cluster:
+`lucid.bab.dask_workers`).
 
 The branch-and-bound queue always stays in the driver; an executor only answers
 "analyse (class, network positions) within this time limit". A MILP is solved with one thread, so
@@ -14,7 +15,6 @@ there and the solver continues its tree (`Executor.continuable`).
 
 from __future__ import annotations
 
-import concurrent.futures
 import concurrent.futures as cf
 import ctypes
 import inspect
@@ -25,14 +25,11 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import replace
 from typing import Any, Callable
 
 import numpy as np
 
 from lucid.analysis.kept_trees import KEPT
-from lucid.cluster import connect
-from lucid.errors import LucidError
 from lucid.settings import VerifySettings
 
 # analyse(cls, positions, time_limit, cutoff, attempt) -> NodeOutcome-like object; cutoff: the level
@@ -299,72 +296,3 @@ def _stop_pool(pool: cf.ProcessPoolExecutor) -> None:
             p.terminate()
         except Exception:
             pass
-
-
-class DaskExecutor(Executor):
-    """Node analyses on a Dask cluster (`lucid.cluster.connect`); the queue stays here. A worker that
-    dies mid-node loses only that node: the scheduler runs it again elsewhere. Losing the scheduler
-    itself ends the verification with one error line; every solved node is in the checkpoint."""
-
-    def __init__(self, problem: Any, settings: VerifySettings, scheduler: Any, workers: int | None) -> None:
-        from lucid.worker_inputs import hold
-
-        super().__init__()
-        self._cluster = connect(scheduler)
-        self._client = self._cluster.client
-        self._address = scheduler if isinstance(scheduler, str) else "the given client"
-        self.capacity = workers if workers is not None else self._cluster.workers
-        try:
-            self._problem = hold(self._client, problem, "verification-problem")
-        except BaseException:
-            self._cluster.close()
-            raise
-        # the scheduler (maybe a Client) stays here; workers only need to know they run on Dask
-        self._settings = replace(settings, scheduler="dask")
-
-    def _idle_workers(self) -> set[int]:
-        return set()  # tasks go wherever Dask sends them: no kept trees (settings.keep_trees is off)
-
-    def submit(self, key, cls, positions, time_limit, cutoff, attempt=1, threads=1):
-        fut = self._client.submit(
-            _analyse_on_dask, self._problem, self._settings, cls, np.asarray(positions), time_limit, cutoff, attempt,
-            threads, pure=False,
-        )
-        self._watch(key, fut)
-
-    def completed(self, timeout: float) -> list[tuple[Any, Any]]:
-        results = super().completed(timeout)
-        lost = self._client.status not in ("running", "connecting")
-        for key, outcome in results:
-            if isinstance(outcome, BaseException) and (lost or _is_lost_cluster(outcome)):
-                raise LucidError(f"lost the Dask cluster at {self._address} ({type(outcome).__name__}); every solved "
-                                 "node is in the checkpoint: run again with --resume, with or without --scheduler")
-        if lost and self._futures:
-            raise LucidError(f"lost the Dask cluster at {self._address}; every solved node is in the checkpoint: "
-                             "run again with --resume, with or without --scheduler")
-        return results
-
-    def close(self) -> None:
-        from lucid.worker_inputs import release
-
-        for fut in list(self._futures.values()):
-            try:
-                fut.cancel()
-            except Exception:
-                pass
-        release(self._client, self._problem)
-        self._cluster.close()
-
-
-def _analyse_on_dask(problem_name: str, settings: VerifySettings, cls: int, positions: np.ndarray,
-                     time_limit: float | None, cutoff: float, attempt: int, threads: int):
-    from lucid.worker_inputs import held_value
-
-    return analyse_with(held_value(problem_name), settings, cls, positions, time_limit, cutoff, attempt, threads)
-
-
-def _is_lost_cluster(exc: BaseException) -> bool:
-    """A failure of the cluster, not of the analysis (those are reported as themselves)."""
-    from distributed.comm.core import CommClosedError
-
-    return isinstance(exc, (CommClosedError, concurrent.futures.CancelledError, OSError))
