@@ -113,6 +113,14 @@ def _diff_slope_z(l, u, lp, up, exact_below: torch.Tensor) -> torch.Tensor | Non
     return on.to(DTYPE) * -1.0 + off.to(DTYPE)
 
 
+def _bmm(E: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
+    """E [K, m, out] times X [K, out, in] per network, or times one shared X [1, out, in]: then as a
+    single matrix product, which reads X once instead of once per row of E."""
+    if X.shape[0] == 1 and E.shape[0] != 1:
+        return (E.reshape(-1, E.shape[-1]) @ X[0]).view(E.shape[0], E.shape[1], X.shape[-1])
+    return torch.bmm(E, X)
+
+
 def projected_adam_step(opt: Adam, loss: torch.Tensor, *, nonneg=(), unit=(), project=None) -> None:
     """One step of the bound optimisations: Adam on `loss`, then each tensor of `nonneg` clamped at
     0 (Lagrange multipliers), of `unit` into [0, 1] (ReLU slopes), and `project()` (e.g. onto a
@@ -226,12 +234,12 @@ class JointSystem:
         const = torch.zeros(A.shape[:2], dtype=DTYPE, device=self.device)
         for k in range(top, -1, -1):
             const = const + A @ self.b[k] + (E * self.db[k][:, None, :]).sum(-1)
-            Az = A @ self.W[k] + torch.bmm(E, self.dW[k])
+            Az = A @ self.W[k] + _bmm(E, self.dW[k])
             if k == 0:
                 if trace is not None:
                     trace.append(Az)
                 break
-            Ed = torch.bmm(E, self.Wp[k])
+            Ed = _bmm(E, self.Wp[k])
             r = self.relax[k - 1]
             sl = r.sl[:, None, :]
             if alphas is not None:
@@ -258,10 +266,10 @@ class JointSystem:
         const = torch.zeros(A.shape[:2], dtype=DTYPE, device=self.device)
         for k in range(top, -1, -1):
             const = const + A @ self.ab[k] + (E * self.adb[k][:, None, :]).sum(-1)
-            Az = A @ self.aW[k] + torch.bmm(E, self.adW[k])
+            Az = A @ self.aW[k] + _bmm(E, self.adW[k])
             if k == 0:
                 break
-            Ed = torch.bmm(E, self.aWp[k])
+            Ed = _bmm(E, self.aWp[k])
             mt = self.relax[k - 1].mag_t[:, None, :]
             const = const + ((Az + Ed) * mt).sum(-1)
             A, E = Az, Ed  # every slope is in [0, 1]
@@ -338,8 +346,12 @@ class JointSystem:
         ix = torch.as_tensor(np.asarray(idx, dtype=np.int64), device=self.device)
         sub = copy.copy(self)
         sub.K = len(ix)
-        names = ("Wp", "dW", "db") if light else ("Wp", "dW", "db", "aWp", "adW", "adb", "dl", "du", "hl", "hu")
-        for name in names:
+        # One network repeated (the domains of a ReLU split): its matrices stay one copy, [1, out, in],
+        # and `backward` multiplies all the rows by it at once (`_bmm`).
+        one = len(ix) > 0 and bool((ix == ix[0]).all())
+        for name in ("Wp", "dW") if light else ("Wp", "dW", "aWp", "adW"):
+            setattr(sub, name, [x[ix[:1]] if one else x[ix] for x in getattr(self, name)])
+        for name in ("db",) if light else ("db", "adb", "dl", "du", "hl", "hu"):
             setattr(sub, name, [x[ix] for x in getattr(self, name)])
         sub.relax = [r.take(ix) for r in self.relax]
         return sub
