@@ -166,6 +166,28 @@ def test_chunks_do_not_change_the_bounds():
     assert np.allclose(a.bound, b.bound, rtol=1e-9, atol=1e-12)
 
 
+def test_a_repeated_network_keeps_one_copy_and_passes_as_the_copies_do():
+    """`JointSystem.select` of one network repeated (the ReLU split's domains) keeps its matrices
+    once and multiplies them in one product; the passes equal those of a system of real copies."""
+    from lucid.bounds.joint import JointSystem
+
+    stack, lower, upper, problem = setup(*CASES[0])
+    pair = args(problem, POSITIONS)[0]
+    root = JointSystem(pair.networks(np.array([2])))
+    shared = root.select(np.zeros(6, dtype=np.int64))
+    copies = JointSystem(pair.networks(np.full(6, 2)))
+    assert shared.Wp[0].shape[0] == 1 and copies.Wp[0].shape[0] == 6
+    gen = torch.Generator().manual_seed(0)
+    top = root.L - 1
+    A = torch.randn(6, 3, root.W[top].shape[0], generator=gen, dtype=torch.float64)
+    E = torch.randn(6, 3, root.W[top].shape[0], generator=gen, dtype=torch.float64)
+    assert torch.allclose(shared.backward(A, E, top), copies.backward(A, E, top), rtol=1e-12, atol=1e-12)
+    assert torch.allclose(shared.magnitude(A, E, top), copies.magnitude(A, E, top), rtol=1e-12, atol=1e-12)
+    mixed = root.select(np.array([0, 0]))  # still one network; a system of two differs per network
+    two = JointSystem(pair.networks(np.array([1, 2])))
+    assert mixed.Wp[0].shape[0] == 1 and two.select(np.array([0, 1])).Wp[0].shape[0] == 2
+
+
 def test_a_set_bound_covers_every_member(exact_cache):
     stack, lower, upper, problem = setup(*CASES[1])
     for cls in range(stack.num_classes):
