@@ -187,7 +187,8 @@ class VerifySettings:
         the node's limit); 0 turns it off (the MILP alone, as `--naive` always does).
     split_race: a singleton's splitting tier and MILP run side by side, each for the attempt's whole
         limit, and the first to settle the node stops the other (`lucid.analysis.analyse._raced`),
-        instead of the split first and the MILP after it.
+        instead of the split first and the MILP after it. The last work of a verification, which
+        gets the idle workers' threads, races on them either way.
     split_space: what the splitting tier splits: "relu" (neurons, `lucid.bounds.relu_split`), "input"
         (the input box, `lucid.bounds.input_split`) or "auto" (input for networks with at most
         INPUT_SPLIT_MAX_DIM inputs, else relu).

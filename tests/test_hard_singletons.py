@@ -135,3 +135,17 @@ def test_the_race_keeps_bounds_sound_and_proves_what_the_sequence_proves(seed):
                 else:
                     assert out[True].upper > level and out[False].upper > level
                     assert out[True].status in (OPTIMAL, INFEASIBLE, TIME_LIMIT)
+
+
+def test_a_node_given_two_threads_races_and_one_given_one_does_not():
+    stack = tiny_stack(0, hidden=(6, 6), classes=2, k=4, d=2)
+    lo, hi = np.zeros(2), np.ones(2)
+    problem = VerificationProblem.from_stack(stack, lo, hi)
+    pos, cls, exact = next((p, c, e) for p in (1, 2, 3) for c in (0, 1)
+                           if math.isfinite(e := exact_for(stack, p, c, lo, hi)))
+    level = exact * 1.05 + 1e-3
+    for threads, raced in ((2, True), (1, False)):
+        out = analyse_node(problem, cls, np.array([pos]), cutoff=level, settings=VerifySettings(),
+                           solver_options=SolverOptions(time_limit=30, threads=threads))
+        assert ("race" in out.stats) is raced
+        assert exact - 1e-7 <= out.upper <= level

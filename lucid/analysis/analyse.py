@@ -75,7 +75,10 @@ def analyse_node(
     positions = _checked_positions(problem, positions)
     budget = NodeBudget.for_attempt(settings, encoding, solver_options.time_limit, attempt, start=t0)
     keep_key = _kept_tree_key(cls, positions) if keep_trees and attempt > 1 else None
-    if _splits_first(settings, positions, cutoff) and settings.split_race:
+    # A node given more than one thread (the last work, beside idle workers) races on them as well:
+    # the split on one core and the MILP on the others, rather than HiGHS's branch and bound, which
+    # gains little from a second thread, on both.
+    if _splits_first(settings, positions, cutoff) and (settings.split_race or solver_options.threads > 1):
         return _profiled(_raced(problem, cls, positions, settings, encoding, solver_options, budget, cutoff, attempt,
                                 keep_key))
     split, split_stats = None, {}
@@ -122,8 +125,8 @@ def _split_proved(split: SplitResult, split_stats: dict, t0: float) -> NodeOutco
 def _raced(problem: VerificationProblem, cls: int, positions: np.ndarray, settings: VerifySettings,
            encoding: EncodingOptions, solver_options: SolverOptions, budget: NodeBudget, cutoff: float, attempt: int,
            keep_key: tuple | None) -> NodeOutcome:
-    """A singleton's splitting tier and MILP side by side (`--split-race`), each with the attempt's
-    whole limit: the first to settle the node stops the other (`SolverOptions.stop` interrupts
+    """A singleton's splitting tier and MILP side by side (`--split-race`, or a node given several
+    threads: the split takes one of them), each with the attempt's whole limit: the first to settle the node stops the other (`SolverOptions.stop` interrupts
     HiGHS; the split checks the same event between batches). Settled: the split proved the cutoff,
     or the MILP proved it or its optimum. Both bounds are sound, so the smaller is kept, with the
     better leak (`_tighter`). The split's give-up checkpoint still applies: a split that is off
@@ -145,7 +148,8 @@ def _raced(problem: VerificationProblem, cls: int, positions: np.ndarray, settin
     thread = threading.Thread(target=split_side, name="lucid-split-race", daemon=True)
     thread.start()
     try:
-        options = dataclasses.replace(solver_options, time_limit=budget.time_limit, stop=stop)
+        options = dataclasses.replace(solver_options, time_limit=budget.time_limit, stop=stop,
+                                      threads=max(1, solver_options.threads - 1))
         outcome = _milp_side(problem, cls, positions, settings, encoding, options, budget, cutoff, attempt, keep_key,
                              None)
         if outcome.status in (OPTIMAL, INFEASIBLE) or outcome.upper <= cutoff:
