@@ -26,7 +26,8 @@ Workloads are the run directories of benchmarks/screen.py (`--prepare`). Per tas
   attempts as the engine escalates them (split tier, then MILP; 60/240/960-s limits) until proved
   or --time-limit; `race` = the split tier and the MILP side by side (--split-race); `input` = `today`
   with the splitting tier cutting the input box instead of splitting ReLUs (--split-space input);
-  `input-race` = both (--split-race --split-space input).
+  `input-race` = both (--split-race --split-space input); `default` = analyse_node with
+  `lucid verify`'s defaults of the commit measured (`today` is the default of its own, older, commit).
 Measurements are appended one line per (singleton, method, commit) to leaks.jsonl / proofs.jsonl, so an
 interrupted run continues; `report` writes benchmarks/results/hard_singletons.md.
 """
@@ -250,8 +251,11 @@ def prove_once(problem, cls: int, position: int, level: float, method: str, time
     from lucid.settings import VerifySettings
     from lucid.solvers.base import SolverOptions
 
-    settings = VerifySettings(split_race=method in ("race", "input-race"),
-                              split_space="input" if method in ("input", "input-race") else "relu")
+    if method == "default":  # the product's defaults of the day
+        settings = VerifySettings()
+    else:
+        settings = VerifySettings(split_race=method in ("race", "input-race"),
+                                  split_space="input" if method in ("input", "input-race") else "relu")
     t0 = time.perf_counter()
     attempts, upper = [], math.inf
     for attempt in range(1, 10):

@@ -112,7 +112,7 @@ def main() -> None:
     ap.add_argument("--time-limit", type=float, default=3600)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--split-time", type=float, default=60.0, help="lucid verify --split-time (0: MILP-only singletons)")
-    ap.add_argument("--split-space", default="relu", choices=["relu", "input", "auto"], help="lucid verify --split-space")
+    ap.add_argument("--split-space", default="auto", choices=["relu", "input", "auto"], help="lucid verify --split-space")
     ap.add_argument("--split-race", action="store_true", help="lucid verify --split-race")
     ap.add_argument("--report-only", action="store_true")
     args = ap.parse_args()

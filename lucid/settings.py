@@ -220,7 +220,7 @@ class VerifySettings:
     search: bool = True
     split_time: float = SPLIT_TIME
     split_race: bool = False
-    split_space: str = "relu"
+    split_space: str = "auto"
     bounds: str = "lp"
     resume: bool = False
     progress: bool = True
@@ -277,7 +277,7 @@ class VerifySettings:
                                         # the box MILP has no member networks to screen
                                         (f"--screen {self.screen}", self.screen != DEFAULT_SCREEN),
                                         ("--split-time", self.split_time != SPLIT_TIME),
-                                        (f"--split-space {self.split_space}", self.split_space != "relu"),
+                                        (f"--split-space {self.split_space}", self.split_space != "auto"),
                                         (f"--device {self.device}", self.device != "cpu")) if on]
         if unused:
             raise LucidError(f"{', '.join(unused)} cannot be combined with --hyper {self.hyper} "

@@ -273,17 +273,22 @@ def test_the_split_tier_proves_singletons_below_a_cutoff_without_a_milp(seed, lo
     assert proved >= 1
 
 
-def test_a_split_bound_below_a_replayed_witness_is_dropped(monkeypatch, caplog):
+@pytest.mark.parametrize("space, module, name", [("relu", "relu_split", "split_singleton"),
+                                                 ("input", "input_split", "input_split_singleton")])
+def test_a_split_bound_below_a_replayed_witness_is_dropped(monkeypatch, caplog, space, module, name):
     """The splitting tier's bound is checked like a solver's: were it below a leak the MILP replays,
     the node keeps the MILP's bound (and says so) instead of the wrong one."""
+    import importlib
+
     import lucid.bounds.relu_split as rs
 
     stack, lower, upper, problem = make(*CASES[0])
     cls, p = next((c, q) for c in range(2) for q in (1, 2) if exact_for(stack, q, c, lower, upper) > -np.inf)
     exact = exact_for(stack, p, cls, lower, upper)
     wrong = rs.SplitResult(exact - 0.5, False, 1, 0.0, {})
-    monkeypatch.setattr(rs, "split_singleton", lambda *a, **k: wrong)
-    out = analyse_node(problem, cls, [p], cutoff=exact - 0.6, attempt=2)
+    monkeypatch.setattr(importlib.import_module(f"lucid.bounds.{module}"), name, lambda *a, **k: wrong)
+    out = analyse_node(problem, cls, [p], cutoff=exact - 0.6, attempt=2, settings=VerifySettings(split_space=space))
+    assert out.stats["split"]["space"] == space
     assert out.lower is not None and out.lower > wrong.bound
     assert out.upper >= exact - 1e-9
     assert "UNSOUND" in caplog.text
