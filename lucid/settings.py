@@ -120,11 +120,22 @@ def default_node_time_limit(time_limit: float | None) -> float | None:
 
 SPLIT_TIME = 60.0  # the default --split-time
 SPLIT_SPACES = ("auto", "relu", "input")
-# `split_space="auto"` cuts the input box of networks with at most this many inputs and splits ReLUs
-# otherwise (benchmarks/results/hard_singletons.md: at 7 inputs, Crypto, cutting the box proves
-# networks the ReLU split and the MILPs leave open; at 21, Adult, its boxes multiply faster than
-# their bounds fall).
+# `split_space="auto"` cuts the input box of networks with at most INPUT_SPLIT_MAX_DIM inputs and at
+# least INPUT_SPLIT_MIN_NEURONS hidden neurons per input, and splits ReLUs otherwise. At 7 inputs and
+# 100-200 neurons (Crypto) cutting the box proves networks the ReLU split and the MILPs leave open; at
+# 21 inputs (Adult) its boxes multiply faster than their bounds fall
+# (benchmarks/results/hard_singletons.md); a network with few neurons is cheaper to split by its
+# ReLUs (the test suite's 2-input networks of 8-16 neurons took about twice as long with boxes).
 INPUT_SPLIT_MAX_DIM = 12
+INPUT_SPLIT_MIN_NEURONS = 10
+
+
+def split_space_for(split_space: str, input_dim: int, hidden_neurons: int) -> str:
+    """"relu" or "input": `split_space`, with "auto" decided for a network of this shape."""
+    if split_space != "auto":
+        return split_space
+    cut_box = input_dim <= INPUT_SPLIT_MAX_DIM and hidden_neurons >= INPUT_SPLIT_MIN_NEURONS * input_dim
+    return "input" if cut_box else "relu"
 
 
 @dataclass
@@ -191,7 +202,7 @@ class VerifySettings:
         gets the idle workers' threads, races on them either way.
     split_space: what the splitting tier splits: "relu" (neurons, `lucid.bounds.relu_split`), "input"
         (the input box, `lucid.bounds.input_split`) or "auto" (input for networks with at most
-        INPUT_SPLIT_MAX_DIM inputs, else relu).
+        INPUT_SPLIT_MAX_DIM inputs and INPUT_SPLIT_MIN_NEURONS hidden neurons per input, else relu).
     bounds: how N's pre-activation bounds are computed ("lp" or "interval").
     disjunction, obbt, obbt_probe, obbt_share: the encoder's fixed knobs (see `EncodingOptions`).
     seed: k-means' random state when a node is split.

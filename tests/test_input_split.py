@@ -69,11 +69,22 @@ def test_a_stop_event_ends_the_split_with_a_sound_bound():
 def test_analyse_node_cuts_the_box_of_a_network_with_few_inputs():
     problem, pos, cls, exact = CASES[0]
     level = exact + 0.3 * (1 + abs(exact))
-    for space, expected in (("auto", "input"), ("input", "input"), ("relu", "relu")):
+    for space, expected in (("input", "input"), ("relu", "relu")):
         out = analyse_node(problem, cls, np.array([pos]), settings=VerifySettings(split_space=space, split_time=30.0),
                            cutoff=level)
         assert out.stats["split"]["space"] == expected
         assert exact - 1e-9 <= out.upper <= level + 1e-6
+
+
+def test_auto_cuts_the_box_of_wide_networks_with_few_inputs_only():
+    from lucid.settings import split_space_for
+
+    assert split_space_for("auto", 7, 100) == "input"  # Crypto 2x50
+    assert split_space_for("auto", 7, 60) == "relu"  # fewer than 10 neurons per input
+    assert split_space_for("auto", 21, 100) == "relu"  # Adult: too many inputs
+    assert split_space_for("auto", 2, 12) == "relu"  # the tests' tiny networks
+    assert split_space_for("auto", 2, 20) == "input"
+    assert split_space_for("input", 64, 10) == "input" and split_space_for("relu", 2, 100) == "relu"
 
 
 def test_an_unknown_split_space_is_one_line():

@@ -26,7 +26,7 @@ from lucid.analysis.outcome import NodeOutcome, combine_outcome, with_leak
 from lucid.analysis.problem import VerificationProblem
 from lucid.analysis.soundness import slack
 from lucid.rundir import decode_float, encode_float
-from lucid.settings import INPUT_SPLIT_MAX_DIM, EncodingOptions, VerifySettings
+from lucid.settings import EncodingOptions, VerifySettings, split_space_for
 from lucid.solvers.base import INFEASIBLE, OPTIMAL, SolverOptions
 from lucid.witness.replay import LeakWitness
 from lucid.witness.search import search_node_witness
@@ -287,9 +287,7 @@ def _split_singleton(problem: VerificationProblem, cls: int, position: int, cuto
     the LP of the network's MILP as the second opinion on stalled domains (`lucid.analysis.domain_lp`);
     `settings.split_space` chooses."""
     t0 = time.perf_counter()
-    space = settings.split_space
-    if space == "auto":
-        space = "input" if problem.stack.input_dim <= INPUT_SPLIT_MAX_DIM else "relu"
+    space = split_space_for(settings.split_space, problem.stack.input_dim, sum(problem.stack.layer_sizes[1:-1]))
     lps = None
     if space == "input":
         from lucid.bounds.input_split import input_split_singleton  # imports torch: only when the tier runs

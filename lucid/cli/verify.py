@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from lucid.settings import DEFAULT_SCREEN, INPUT_SPLIT_MAX_DIM, SPLIT_SPACES, VerifySettings, default_of
+from lucid.settings import DEFAULT_SCREEN, INPUT_SPLIT_MAX_DIM, INPUT_SPLIT_MIN_NEURONS, SPLIT_SPACES, VerifySettings, default_of
 
 
 def _default(name: str) -> Any:
@@ -54,7 +54,8 @@ def _print_summary(result: dict) -> None:
                    "other, or the split first and the MILP after it.")
 @click.option("--split-space", type=click.Choice(list(SPLIT_SPACES)), default=_default("split_space"), show_default=True,
               help="What the splitting tier splits: relu (neurons), input (the input box) or auto (input for networks "
-                   f"with at most {INPUT_SPLIT_MAX_DIM} inputs, else relu).")
+                   f"with at most {INPUT_SPLIT_MAX_DIM} inputs and {INPUT_SPLIT_MIN_NEURONS} hidden neurons per input, "
+                   "else relu).")
 @click.option("--bounds", type=click.Choice(["lp", "interval"]), default=_default("bounds"), show_default=True,
               help="How N's pre-activation bounds are computed.")
 @click.option("--hyper", default=_default("hyper"), show_default=True,
