@@ -120,6 +120,7 @@ def default_node_time_limit(time_limit: float | None) -> float | None:
 
 SPLIT_TIME = 60.0  # the default --split-time
 SPLIT_SPACES = ("auto", "relu", "input")
+DEFAULT_SPLIT_SPACE = "auto"
 # `split_space="auto"` cuts the input box of networks with at most INPUT_SPLIT_MAX_DIM inputs and at
 # least INPUT_SPLIT_MIN_NEURONS hidden neurons per input, and splits ReLUs otherwise. At 7 inputs and
 # 100-200 neurons (Crypto) cutting the box proves networks the ReLU split and the MILPs leave open; at
@@ -231,7 +232,7 @@ class VerifySettings:
     search: bool = True
     split_time: float = SPLIT_TIME
     split_race: bool = False
-    split_space: str = "auto"
+    split_space: str = DEFAULT_SPLIT_SPACE
     bounds: str = "lp"
     resume: bool = False
     progress: bool = True
@@ -288,7 +289,7 @@ class VerifySettings:
                                         # the box MILP has no member networks to screen
                                         (f"--screen {self.screen}", self.screen != DEFAULT_SCREEN),
                                         ("--split-time", self.split_time != SPLIT_TIME),
-                                        (f"--split-space {self.split_space}", self.split_space != "auto"),
+                                        (f"--split-space {self.split_space}", self.split_space != DEFAULT_SPLIT_SPACE),
                                         (f"--device {self.device}", self.device != "cpu")) if on]
         if unused:
             raise LucidError(f"{', '.join(unused)} cannot be combined with --hyper {self.hyper} "

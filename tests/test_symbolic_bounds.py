@@ -183,6 +183,12 @@ def test_a_repeated_network_keeps_one_copy_and_passes_as_the_copies_do():
     E = torch.randn(6, 3, root.W[top].shape[0], generator=gen, dtype=torch.float64)
     assert torch.allclose(shared.backward(A, E, top), copies.backward(A, E, top), rtol=1e-12, atol=1e-12)
     assert torch.allclose(shared.magnitude(A, E, top), copies.magnitude(A, E, top), rtol=1e-12, atol=1e-12)
+    again = shared.select(np.array([5, 1, 3]))  # rows of a one-copy system: the same network
+    assert again.Wp[0].shape[0] == 1
+    picked = copies.select(np.array([5, 1, 3]))
+    assert picked.Wp[0].shape[0] == 3  # real copies of different rows stay copies
+    assert torch.allclose(again.backward(A[:3], E[:3], top), picked.backward(A[:3], E[:3], top),
+                          rtol=1e-12, atol=1e-12)
     mixed = root.select(np.array([0, 0]))  # still one network; a system of two differs per network
     two = JointSystem(pair.networks(np.array([1, 2])))
     assert mixed.Wp[0].shape[0] == 1 and two.select(np.array([0, 1])).Wp[0].shape[0] == 2

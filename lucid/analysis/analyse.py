@@ -129,8 +129,8 @@ def _raced(problem: VerificationProblem, cls: int, positions: np.ndarray, settin
     threads: the split takes one of them), each with the attempt's whole limit: the first to settle
     the node stops the other (`SolverOptions.stop` interrupts HiGHS; the split checks the same event
     between batches). Settled: the split proved the cutoff, or the MILP proved it or its optimum.
-    Both bounds are sound, so the smaller is kept, with the better leak (`_tighter`). The split's give-up checkpoint still applies: a split that is off
-    track leaves the cores to the MILP."""
+    Both bounds are sound, so the smaller is kept, with the better leak (`_tighter`). The split's
+    give-up checkpoint still applies: a split that is off track leaves the cores to the MILP."""
     stop = threading.Event()
     split_stats: dict = {}
     box: dict = {}

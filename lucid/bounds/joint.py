@@ -347,10 +347,12 @@ class JointSystem:
         sub = copy.copy(self)
         sub.K = len(ix)
         # One network repeated (the domains of a ReLU split): its matrices stay one copy, [1, out, in],
-        # and `backward` multiplies all the rows by it at once (`_bmm`).
+        # and `backward` multiplies all the rows by it at once (`_bmm`). A system that already holds
+        # one copy for all its rows keeps it, whatever rows are selected.
+        shared = self.K > 1 and self.Wp[0].shape[0] == 1
         one = len(ix) > 0 and bool((ix == ix[0]).all())
         for name in ("Wp", "dW") if light else ("Wp", "dW", "aWp", "adW"):
-            setattr(sub, name, [x[ix[:1]] if one else x[ix] for x in getattr(self, name)])
+            setattr(sub, name, [x if shared else x[ix[:1]] if one else x[ix] for x in getattr(self, name)])
         for name in ("db",) if light else ("db", "adb", "dl", "du", "hl", "hu"):
             setattr(sub, name, [x[ix] for x in getattr(self, name)])
         sub.relax = [r.take(ix) for r in self.relax]
