@@ -220,12 +220,12 @@ def test_resume_continues_from_the_last_finished_box(tmp_path, monkeypatch):
     assert not (path / "bounds.json").exists()
     saved = json.loads((path / "verify.checkpoint.json").read_text())
     done = [n["id"] for n in saved["regions"]["nodes"] if n["verified"]]
-    assert done == calls == [0, 1, 2]
+    assert done == calls and len(calls) == 3 and calls[0] == 0
     monkeypatch.setattr(regions, "_verify_box", lambda tree, node, *a, **k: (calls.append(node), real(tree, node, *a, **k)))
     with pytest.raises(LucidError, match="different options"):
         verify_run(path, regions=6, time_limit=60, workers=1, progress=False, resume=True)
     result = verify_run(path, regions=5, time_limit=60, workers=1, progress=False, resume=True)
-    assert calls[3] == 3  # boxes 0-2 were not verified again
+    assert calls[3] not in done  # the finished boxes were not verified again
     nodes = result["regions"]["nodes"]
     assert result["regions"]["leaves"] <= 5 and all(n["verified"] for n in nodes)
     for k in done:  # the finished boxes kept their splits and bounds
@@ -386,3 +386,31 @@ def test_the_report_says_the_bounds_are_per_box(region_run, tmp_path):
         assert exc.code in (0, None)
     text = out.read_text()
     assert f"cut into {leaves} boxes" in text and "its own box" in text
+
+
+def test_cuts_trim_every_wide_side_around_the_noised_points_then_cut_between_them():
+    from lucid.bab.region_choice import MIN_TRIM, TRIM_MARGIN, choose_cuts
+
+    tree = RegionTree(np.zeros(4), np.ones(4), 2)
+    # P spans [0.4, 0.6] on feature 0, sits at 0 on feature 1 (one-hot-like), spans nearly all of
+    # feature 2 and [0.05, 0.5] on feature 3 (its low side is too thin to trim)
+    P = np.array([[0.4, 0.0, 0.01, 0.05], [0.6, 0.0, 0.99, 0.5], [0.5, 0.0, 0.5, 0.3]])
+    leak = {0: {"x": [0.5, 0.9, 0.5, 0.3], "value": 1.0, "row": 0}}  # only the trim of feature 1's top moves it
+    cuts = choose_cuts(tree, 0, P, leak, room=10)
+    assert cuts[0] == (1, pytest.approx(TRIM_MARGIN))  # the trim moving the leak away comes first
+    assert {f for f, _ in cuts} == {0, 1, 3} and len(cuts) == 4  # feature 0 from both sides
+    node = 0
+    for f, t in cuts:
+        tree.split(node, f, t)
+        node = int(tree.locate(P[:1])[0])
+        assert (tree.locate(P) == node).all()  # every trim keeps all of P in one piece
+    lo, hi = tree.box(node)
+    # the margin beside P is kept, within the domain
+    assert np.all(lo <= np.maximum(P.min(axis=0) - TRIM_MARGIN, 0) + 1e-12)
+    assert np.all(hi >= np.minimum(P.max(axis=0) + TRIM_MARGIN, 1))
+    for f, _ in cuts:  # each cut piece is at least MIN_TRIM of the width
+        assert (hi[f] - lo[f]) <= 1 - MIN_TRIM
+    assert len(choose_cuts(RegionTree(np.zeros(4), np.ones(4), 2), 0, P, leak, room=2)) == 2  # K's room
+    # nothing left to trim: one cut between the two middle points, on the side without the leak
+    cut = choose_cuts(tree, node, P, {0: {"x": [0.41, 0.0, 0.5, 0.3], "value": 1.0, "row": 0}}, room=10)
+    assert len(cut) == 1 and lo[cut[0][0]] < cut[0][1] < hi[cut[0][0]]

@@ -32,31 +32,37 @@ def choose_leaf(tree: RegionTree, leaf_of: np.ndarray, noised: np.ndarray, max_l
     return max(candidates, key=lambda i: (counts[i], -i))
 
 
-def choose_split(tree: RegionTree, node: int, points: np.ndarray, node_leaks: dict[int, dict]) -> tuple[int, float]:
-    """Where to cut `node`'s box, from its noised sample points P (`points`) and its known leaks.
+def choose_cuts(tree: RegionTree, node: int, points: np.ndarray, node_leaks: dict[int, dict],
+                room: int) -> list[tuple[int, float]]:
+    """Where to cut `node`'s box, from its noised sample points P (`points`) and its known leaks:
+    (feature, threshold) cuts to make in turn, each on the piece that holds P.
 
-    A *trim* cuts just outside P's range on one feature: one child holds all of P in a narrower
-    box, the other holds no public mass (and is not verified unless time is left over). Leaks with
-    high confidence usually sit far from the data, so shrinking the box around P is what lowers
-    its bound; the trim that moves the most leaks away from P, then removes the largest share of
-    the box's width, is taken if it removes at least `MIN_TRIM` of it. Otherwise the box is cut
-    between the two middle points of P on the feature that leaves most of P on a side without a
-    leak (or, without leaks, cuts P most evenly)."""
+    A *trim* cuts just outside P's range (widened by `TRIM_MARGIN` of the box's width) on one
+    feature: one piece holds all of P in a narrower box, the other holds no noised public mass and
+    keeps the parent's bound (it is verified only when time is left over). P, not all the sample
+    points of the box: only inputs near the noised ones gain from a lower bound (the others are
+    released under the parent's bound already, in whichever piece), and a box hugging P is smaller
+    (benchmarks/results/regions_findings.md compares the two). Leaks with high confidence usually
+    sit far from the data, and in many dimensions most of a box is far from the data, so the box
+    is trimmed on *every* feature where that removes at least `MIN_TRIM` of its width (up to
+    `room` cuts, those moving the most leaks away from P and removing the most width first): a box
+    around data with one-hot features is then verified once, not once per feature. A box that no
+    trim narrows is cut between the two middle points of P on the feature that leaves most of P on
+    a side without a leak (or, without leaks, cuts P most evenly)."""
     lo, hi = tree.box(node)
     witnesses = [np.asarray(w["x"], dtype=np.float64) for w in node_leaks.values()]
+    room = min(room, MAX_DEPTH - tree.depth_of(node))
     trims = []
     for f in np.flatnonzero(hi - lo > 0):
-        a, b = float(points[:, f].min()), float(points[:, f].max())
         width = hi[f] - lo[f]
-        if lo[f] < a:  # x >= a goes right: P stays right, [lo, a) is cut off
+        a = float(points[:, f].min()) - TRIM_MARGIN * width
+        b = float(np.nextafter(points[:, f].max() + TRIM_MARGIN * width, np.inf))
+        if lo[f] < a and (a - lo[f]) / width >= MIN_TRIM:  # x >= a goes right: P stays right
             trims.append((sum(w[f] < a for w in witnesses), (a - lo[f]) / width, int(f), a))
-        above = float(np.nextafter(b, np.inf))
-        if above < hi[f]:  # b < above: P stays left, [above, hi] is cut off
-            trims.append((sum(w[f] >= above for w in witnesses), (hi[f] - above) / width, int(f), above))
+        if b < hi[f] and (hi[f] - b) / width >= MIN_TRIM:  # x < b goes left: P stays left
+            trims.append((sum(w[f] >= b for w in witnesses), (hi[f] - b) / width, int(f), b))
     if trims:
-        moved, removed, f, t = max(trims)
-        if removed >= MIN_TRIM:
-            return f, t
+        return [(f, t) for _, _, f, t in sorted(trims, reverse=True)[:max(1, room)]]
     best, best_score = None, None
     for f in range(len(lo)):
         threshold = _middle_cut(points[:, f], lo[f], hi[f])
@@ -72,10 +78,11 @@ def choose_split(tree: RegionTree, node: int, points: np.ndarray, node_leaks: di
     if best is None:  # every noised point sits at one value: halve the widest side
         f = int(np.argmax(hi - lo))
         best = (f, float(lo[f] + (hi[f] - lo[f]) / 2))
-    return best
+    return [best]
 
 
 MIN_TRIM = 0.1  # a trim must cut off at least this share of the box's width on its feature
+TRIM_MARGIN = 0.02  # a trim leaves this share of the width beside P: unseen inputs near P stay in its box
 
 
 def _middle_cut(values: np.ndarray, lo: float, hi: float) -> float | None:

@@ -41,7 +41,7 @@ from lucid.analysis.problem import VerificationProblem
 from lucid.analysis.screen import Screen
 from lucid.errors import LucidError
 from lucid.network import confidence
-from lucid.bab.region_choice import box_targets, box_time, choose_leaf, choose_split, noised_mask
+from lucid.bab.region_choice import box_targets, box_time, choose_leaf, choose_cuts, noised_mask
 from lucid.regions import RegionTree
 from lucid.rundir import Run, bound_entry_value, read_scaler, write_bounds
 from lucid.settings import VerifySettings
@@ -109,10 +109,13 @@ def verify_regions(run: Run, settings: VerifySettings, classes: list[int], resul
             if not todo:
                 if leaf is None:
                     break
-                feature, threshold = choose_split(tree, leaf, sample[(leaf_of == leaf) & noised],
-                                                  leaks.get(leaf, {}))
-                children = tree.split(leaf, feature, threshold)
-                log.emit("region_split", None, box=leaf, feature=feature, threshold=threshold, children=list(children))
+                points = sample[(leaf_of == leaf) & noised]
+                for feature, threshold in choose_cuts(tree, leaf, points, leaks.get(leaf, {}),
+                                                      room=settings.regions - len(tree.leaves())):
+                    children = tree.split(leaf, feature, threshold)
+                    log.emit("region_split", None, box=leaf, feature=feature, threshold=threshold,
+                             children=list(children))
+                    leaf = int(tree.locate(points[:1])[0])  # a trim leaves all of P in one piece
                 checkpoint()
                 continue
             node = todo[0]
