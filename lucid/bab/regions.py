@@ -59,11 +59,14 @@ def verify_regions(run: Run, settings: VerifySettings, classes: list[int], resul
     ckpt_path = run_path / CHECKPOINT_FILE
     lower, upper = run.domain
     tree, leaks, elapsed_before = None, {}, 0.0
+    deferred: set[int] = set()  # the pieces a carve cut off: not verified (they keep the parent's bound) until cut
+    # in turn or until time is left over
     if settings.resume:
         saved = load_checkpoint(ckpt_path, fingerprint=fingerprint, options=result_options)
         try:
             tree = RegionTree.from_json(saved["regions"], lower, upper, run.num_classes, str(ckpt_path))
             leaks = {int(k): {int(c): w for c, w in v.items()} for k, v in saved["leaks"].items()}
+            deferred = {int(k) for k in saved.get("deferred", [])}
         except (KeyError, TypeError, ValueError, AttributeError):
             raise LucidError(f"checkpoint {ckpt_path} is not a --regions checkpoint; delete it and run "
                              "without --resume") from None
@@ -94,7 +97,8 @@ def verify_regions(run: Run, settings: VerifySettings, classes: list[int], resul
         save_checkpoint(ckpt_path, fingerprint=fingerprint, options=result_options,
                         elapsed=elapsed_before + time.monotonic() - started, classes={},
                         extra={"regions": tree.to_json(),
-                               "leaks": {str(k): {str(c): w for c, w in v.items()} for k, v in leaks.items()}})
+                               "leaks": {str(k): {str(c): w for c, w in v.items()} for k, v in leaks.items()},
+                               "deferred": sorted(deferred)})
 
     try:
         while True:
@@ -105,17 +109,20 @@ def verify_regions(run: Run, settings: VerifySettings, classes: list[int], resul
             leaf_of, noised = noised_mask(tree, sample, sample_class, sample_conf)
             massive = set(leaf_of[noised].tolist())  # boxes with noised public mass come first
             leaf = choose_leaf(tree, leaf_of, noised, settings.regions)
-            todo = [i for i in todo if i in massive] or ([] if leaf is not None else todo)
+            todo = [i for i in todo if i in massive and i not in deferred] or ([] if leaf is not None else todo)
             if not todo:
                 if leaf is None:
                     break
                 points = sample[(leaf_of == leaf) & noised]
-                for feature, threshold in choose_cuts(tree, leaf, points, leaks.get(leaf, {}),
-                                                      room=settings.regions - len(tree.leaves())):
+                cuts, kept = choose_cuts(tree, leaf, points, leaks.get(leaf, {}),
+                                         room=settings.regions - len(tree.leaves()))
+                for feature, threshold in cuts:
                     children = tree.split(leaf, feature, threshold)
                     log.emit("region_split", None, box=leaf, feature=feature, threshold=threshold,
                              children=list(children))
-                    leaf = int(tree.locate(points[:1])[0])  # a trim leaves all of P in one piece
+                    leaf = int(tree.locate(kept[:1])[0])  # a trim or carve keeps all of `kept` in one piece
+                    if len(kept) < len(points):  # a carve: its pieces wait until they are chosen themselves
+                        deferred.update(c for c in children if c != leaf)
                 checkpoint()
                 continue
             node = todo[0]
