@@ -1,18 +1,25 @@
 """Region-wise decision bounds: a partition of the verified domain into axis-aligned boxes, each
 with its own per-class bound (bounds.json's `regions`, written by `lucid verify --regions K`).
 
-The partition is a binary tree. A node splits its box at `threshold` on one `feature`: an input
-goes to the right child when x[feature] >= threshold and to the left child otherwise, so every
-point of the domain, boundary points included, reaches exactly one leaf. Each child is verified
-over its *closed* box ([lower, threshold] or [threshold, upper] on that feature), which contains
-every point the walk sends to it (the left box also holds the boundary plane, which is harmless:
-a bound over a larger set is still a bound).
+The partition is a binary tree with two kinds of split, so every point of the domain, boundary
+points included, reaches exactly one leaf:
+
+- an *axis* split cuts the node's box at `threshold` on one `feature`: an input goes to the right
+  child when x[feature] >= threshold and to the left child otherwise. Each child is verified over
+  its *closed* box ([lower, threshold] or [threshold, upper] on that feature), which contains every
+  point the walk sends to it (the left box also holds the boundary plane, which is harmless: a
+  bound over a larger set is still a bound);
+- a *carve* splits off a closed box inside the node's box: an input inside it (lower <= x <= upper
+  on every feature) goes to the right child, verified over that box; every other input goes to the
+  left child, whose cell is the node's box minus the carved one and which keeps the node's box
+  (a superset of its cell) as the box it is verified over. One carve makes one leaf of a box
+  around data, where axis splits would need two cuts per feature.
 
 Why a released label stays safe, whatever chose the boxes: an input x is released only when N's
 confidence at x is above the bound of x's leaf for N's class, and that bound is at least every
-leaking confidence inside the leaf's box (it is verified over that box, and a node's bound is
-capped by its parent's, which holds over a superset). The choice of boxes only decides which
-sound bound is compared with.
+leaking confidence inside the leaf's box, which holds the leaf's cell (it is verified over that
+box, and a node's bound is capped by its parent's, which holds over a superset). The choice of
+boxes only decides which sound bound is compared with.
 
 `locate` walks the tree a fixed number of steps (the tree's depth) for every input: a leaf points
 to itself, so a shallow leaf costs the same as a deep one, and the walk is vectorised over a batch.
@@ -32,8 +39,9 @@ from lucid.errors import LucidError
 from lucid.rundir import bound_entry_value
 
 REGIONS_FORMAT = "lucid-regions/1"
-MAX_DEPTH = 96  # every lookup walks the tree's depth: 96 steps cost a single query ~5 us (a box trimmed
-# on each of 30 features from both sides is 60 deep)
+MAX_DEPTH = 320  # every lookup walks the tree's depth: 320 steps cost a single query ~15 us (each carve
+# of the rest of a leaf is one level deeper)
+CARVE = -2  # `feature` of a carve node (-1: a leaf)
 
 
 @dataclass
@@ -43,7 +51,7 @@ class RegionTree:
     lower: np.ndarray  # [d] the domain
     upper: np.ndarray
     num_classes: int
-    feature: list[int] = field(default_factory=lambda: [-1])  # -1: a leaf
+    feature: list[int] = field(default_factory=lambda: [-1])  # -1: a leaf, CARVE: a carve
     threshold: list[float] = field(default_factory=lambda: [math.inf])
     children: list[tuple[int, int]] = field(default_factory=lambda: [(0, 0)])  # a leaf: itself twice
     parent: list[int] = field(default_factory=lambda: [-1])
@@ -52,6 +60,7 @@ class RegionTree:
     complete: list[np.ndarray] = field(default_factory=list)  # [C] per node: its verification finished
     verified: list[bool] = field(default_factory=lambda: [False])
     seconds: list[float] = field(default_factory=lambda: [0.0])
+    carved: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)  # carve node -> its box
 
     def __post_init__(self) -> None:
         self.lower = np.asarray(self.lower, dtype=np.float64)
@@ -66,7 +75,17 @@ class RegionTree:
         return len(self.feature)
 
     def is_leaf(self, node: int) -> bool:
-        return self.feature[node] < 0
+        return self.feature[node] == -1
+
+    def inherits_box(self, node: int) -> bool:
+        """`node` is the rest of a carved node: it is verified over its parent's box, so verifying it
+        again cannot lower the parent's bound."""
+        parent = self.parent[node]
+        return parent >= 0 and self.feature[parent] == CARVE and node == self.children[parent][0]
+
+    def carved_children(self) -> set[int]:
+        """The carved boxes (the inside child of every carve)."""
+        return {self.children[i][1] for i in self.carved}
 
     def leaves(self) -> list[int]:
         return [i for i in range(len(self)) if self.is_leaf(i)]
@@ -92,7 +111,10 @@ class RegionTree:
         for child in reversed(path):
             p = self.parent[child]
             f, t = self.feature[p], self.threshold[p]
-            if child == self.children[p][0]:
+            if f == CARVE:  # inside: the carved box; outside: the node's box, a superset of its cell
+                if child == self.children[p][1]:
+                    lo, hi = np.maximum(lo, self.carved[p][0]), np.minimum(hi, self.carved[p][1])
+            elif child == self.children[p][0]:
                 hi[f] = min(hi[f], t)
             else:
                 lo[f] = max(lo[f], t)
@@ -106,6 +128,30 @@ class RegionTree:
         lo, hi = self.box(node)
         if not (0 <= feature < len(lo)) or not (lo[feature] < threshold < hi[feature]):
             raise ValueError(f"threshold {threshold!r} is not inside region {node}'s box on feature {feature}")
+        left, right = self._add_children(node)
+        self.feature[node], self.threshold[node] = int(feature), float(threshold)
+        return left, right
+
+    def carve(self, node: int, lower: np.ndarray, upper: np.ndarray) -> tuple[int, int]:
+        """Split the closed box [lower, upper], inside leaf `node`'s box and smaller than it, off
+        the leaf: (the rest of the leaf, the carved box), both starting with the node's bounds."""
+        if not self.is_leaf(node):
+            raise ValueError(f"region {node} is already split")
+        lower, upper = np.asarray(lower, dtype=np.float64), np.asarray(upper, dtype=np.float64)
+        lo, hi = self.box(node)
+        if lower.shape != lo.shape or upper.shape != lo.shape or not (np.isfinite(lower).all()
+                                                                        and np.isfinite(upper).all()):
+            raise ValueError(f"the box carved from region {node} must have {len(lo)} finite bounds per side")
+        if not (np.all(lo <= lower) and np.all(lower <= upper) and np.all(upper <= hi)):
+            raise ValueError(f"the box carved from region {node} is not inside its box")
+        if np.array_equal(lower, lo) and np.array_equal(upper, hi):
+            raise ValueError(f"the box carved from region {node} is its whole box")
+        outside, inside = self._add_children(node)
+        self.feature[node] = CARVE
+        self.carved[node] = (lower.copy(), upper.copy())
+        return outside, inside
+
+    def _add_children(self, node: int) -> tuple[int, int]:
         if self.depth_of(node) >= MAX_DEPTH:
             raise ValueError(f"region {node} is at the maximum depth {MAX_DEPTH}")
         left, right = len(self), len(self) + 1
@@ -119,7 +165,6 @@ class RegionTree:
             self.verified.append(False)
             self.seconds.append(0.0)
         self.children += [(left, left), (right, right)]
-        self.feature[node], self.threshold[node] = int(feature), float(threshold)
         self.children[node] = (left, right)
         return left, right
 
@@ -156,9 +201,14 @@ class RegionTree:
 
     # --- lookup -----------------------------------------------------------------------------------
     def lookup_arrays(self) -> "RegionLookup":
+        carves = sorted(self.carved)
+        d = len(self.lower)
         return RegionLookup(np.array([max(f, 0) for f in self.feature], dtype=np.int64),
-                            np.array(self.threshold, dtype=np.float64),
-                            np.array(self.children, dtype=np.int64), self.depth)
+                            np.array([math.inf if f == CARVE else t for f, t in zip(self.feature, self.threshold)]),
+                            np.array(self.children, dtype=np.int64), self.depth,
+                            np.array(carves, dtype=np.int64),
+                            np.array([self.carved[i][0] for i in carves]).reshape(len(carves), d),
+                            np.array([self.carved[i][1] for i in carves]).reshape(len(carves), d))
 
     def locate(self, X: np.ndarray) -> np.ndarray:
         """The leaf of each row of X (network space, inside the domain)."""
@@ -172,8 +222,7 @@ class RegionTree:
             nodes.append({
                 "id": i,
                 "parent": None if self.parent[i] < 0 else self.parent[i],
-                "split": None if self.is_leaf(i) else {"feature": self.feature[i], "threshold": self.threshold[i],
-                                                       "left": self.children[i][0], "right": self.children[i][1]},
+                "split": self._split_json(i),
                 "lower": lo.tolist(),
                 "upper": hi.tolist(),
                 "verified": self.verified[i],
@@ -183,6 +232,15 @@ class RegionTree:
                                     "complete": bool(self.complete[i][c])} for c in range(self.num_classes)},
             })
         return {"format": REGIONS_FORMAT, "depth": self.depth, "leaves": len(self.leaves()), "nodes": nodes}
+
+    def _split_json(self, i: int) -> dict[str, Any] | None:
+        if self.is_leaf(i):
+            return None
+        left, right = self.children[i]
+        if self.feature[i] == CARVE:
+            lo, hi = self.carved[i]
+            return {"box": {"lower": lo.tolist(), "upper": hi.tolist()}, "left": left, "right": right}
+        return {"feature": self.feature[i], "threshold": self.threshold[i], "left": left, "right": right}
 
     @classmethod
     def from_json(cls, doc: Any, lower: np.ndarray, upper: np.ndarray, num_classes: int, where: str) -> "RegionTree":
@@ -208,14 +266,20 @@ class RegionTree:
         for entry in order:
             split = entry["split"]
             try:
-                feature, threshold = split["feature"], float(split["threshold"])
                 left, right = split["left"], split["right"]
+                if "box" in split:
+                    carved = (np.asarray(split["box"]["lower"], dtype=np.float64),
+                              np.asarray(split["box"]["upper"], dtype=np.float64))
+                else:
+                    feature, threshold = split["feature"], float(split["threshold"])
             except (KeyError, TypeError, ValueError):
                 raise bad(f"has a malformed split at node {entry['id']}") from None
-            if isinstance(feature, bool) or not isinstance(feature, int) or entry["id"] >= len(tree):
+            if "box" not in split and (isinstance(feature, bool) or not isinstance(feature, int)) \
+                    or entry["id"] >= len(tree):
                 raise bad(f"has a malformed split at node {entry['id']}")
             try:
-                got = tree.split(entry["id"], feature, threshold)
+                got = (tree.carve(entry["id"], *carved) if "box" in split
+                       else tree.split(entry["id"], feature, threshold))
             except ValueError as exc:
                 raise bad(f"is not a partition of the domain ({exc})") from None
             if got != (left, right):
@@ -262,6 +326,8 @@ class RegionTree:
         """A fingerprint of the partition (not of its bounds): the memo records it."""
         h = hashlib.sha256(self.lower.tobytes() + self.upper.tobytes())
         h.update(json.dumps([self.feature, self.threshold, self.children]).encode())
+        for i in sorted(self.carved):
+            h.update(i.to_bytes(8, "little") + self.carved[i][0].tobytes() + self.carved[i][1].tobytes())
         return h.hexdigest()[:16]
 
 
@@ -273,6 +339,9 @@ class RegionLookup:
     threshold: np.ndarray  # [M] (+inf at a leaf: always 'left', i.e. itself)
     children: np.ndarray  # [M, 2]
     depth: int
+    carves: np.ndarray  # [J] the carve nodes
+    carve_lower: np.ndarray  # [J, d] their boxes
+    carve_upper: np.ndarray
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_children_list", self.children.tolist())
@@ -281,7 +350,10 @@ class RegionLookup:
         X = np.asarray(X, dtype=np.float64)
         # Every node's test for every row at once, then `depth` steps for every row and every tree
         # path (a leaf's children are itself), so the work does not depend on the input's box.
-        right = (X[:, self.feature] >= self.threshold).astype(np.int64)  # [B, M]
+        right = X[:, self.feature] >= self.threshold  # [B, M]
+        if len(self.carves):  # every carve's box test too, whichever nodes the walk visits
+            right[:, self.carves] = ((X[:, None, :] >= self.carve_lower) & (X[:, None, :] <= self.carve_upper)).all(axis=2)
+        right = right.astype(np.int64)
         if len(X) == 1:  # one query: the same walk on Python lists is ~10x faster than numpy's
             bits, children, node = right[0].tolist(), self._children_list, 0
             for _ in range(self.depth):

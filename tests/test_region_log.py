@@ -43,16 +43,21 @@ def _depth(nodes: dict[int, dict], i: int) -> int:
     return 0 if nodes[i]["parent"] is None else 1 + _depth(nodes, nodes[i]["parent"])
 
 
-def _expected_box(node: dict) -> str:
+def _expected_box(node: dict, nodes: dict[int, dict]) -> str:
     # The fixture's domain is [0, 1]^2 with the identity scaler: data units are network units.
+    parent = None if node["parent"] is None else nodes[node["parent"]]
+    carve = parent is not None and "box" in parent["split"]
+    if carve and node["id"] == parent["split"]["left"]:  # the rest of a carved box
+        return f"{_expected_box(parent, nodes)}, outside box {parent['split']['right']}"
     terms = []
     for f, (lo, hi) in enumerate(zip(node["lower"], node["upper"])):
+        below = "<=" if carve and hi < parent["upper"][f] else "<"  # a carved box is closed
         if lo > 0 and hi < 1:
-            terms.append(f"{lo:.5g} <= x{f} < {hi:.5g}")
+            terms.append(f"{lo:.5g} <= x{f} {below} {hi:.5g}")
         elif lo > 0:
             terms.append(f"x{f} >= {lo:.5g}")
         elif hi < 1:
-            terms.append(f"x{f} < {hi:.5g}")
+            terms.append(f"x{f} {below} {hi:.5g}")
     return ", ".join(terms) or "whole domain"
 
 
@@ -66,7 +71,7 @@ def _expected_rows(run) -> dict[int, list[str]]:
             up = "+inf" if b["upper"] is None else fmt(b["upper"])
             low = "-" if b["lower"] is None else fmt(b["lower"])
             cells.append(f"{up} / {low}{'' if b['complete'] else ' *'}")
-        cells += [f"{leaf['seconds']:.2f}" if leaf["verified"] else "-", _expected_box(leaf)]
+        cells += [f"{leaf['seconds']:.2f}" if leaf["verified"] else "-", _expected_box(leaf, nodes)]
         rows[leaf["id"]] = cells
     return rows
 

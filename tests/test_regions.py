@@ -35,6 +35,13 @@ def random_tree(seed: int, d: int = 3, splits: int = 12, classes: int = 2) -> Re
     for _ in range(splits):
         leaf = int(rng.choice(tree.leaves()))
         lo, hi = tree.box(leaf)
+        if rng.random() < 0.3:  # a carve, its sides on the grid, often on the box's own faces
+            a = np.where(rng.random(d) < 0.5, lo, np.round(lo + (hi - lo) * rng.uniform(0, 0.4, d), 3))
+            b = np.where(rng.random(d) < 0.5, hi, np.round(hi - (hi - lo) * rng.uniform(0, 0.4, d), 3))
+            a, b = np.maximum(a, lo), np.minimum(b, hi)
+            if np.all(a <= b) and not (np.array_equal(a, lo) and np.array_equal(b, hi)):
+                tree.carve(leaf, a, b)
+            continue
         f = int(rng.integers(d))
         if hi[f] - lo[f] < 1e-6:
             continue
@@ -55,8 +62,10 @@ def test_every_point_boundaries_included_reaches_exactly_one_leaf_whose_box_hold
     rng = np.random.default_rng(100 + seed)
     X = rng.random((3000, 3))
     # points exactly on every threshold plane, and on the domain's faces and corners
-    planes = [(tree.feature[i], tree.threshold[i]) for i in range(len(tree)) if not tree.is_leaf(i)]
-    for k, (f, t) in enumerate(planes):
+    planes = [(tree.feature[i], tree.threshold[i]) for i in range(len(tree)) if tree.feature[i] >= 0]
+    planes += [(f, side[f]) for i, box in tree.carved.items() for side in box for f in range(3)]
+    assert tree.carved  # the seeds make carves too
+    for k, (f, t) in enumerate(planes[:140]):
         X[k * 20:(k + 1) * 20, f] = t
     X[-8:] = np.array(np.meshgrid([0, 1], [0, 1], [0, 1])).reshape(3, -1).T
     leaf = tree.locate(X)
@@ -70,8 +79,13 @@ def test_every_point_boundaries_included_reaches_exactly_one_leaf_whose_box_hold
         node = i
         while tree.parent[node] >= 0:
             p = tree.parent[node]
-            f, t = tree.feature[p], tree.threshold[p]
-            inside &= (X[:, f] >= t) if node == tree.children[p][1] else (X[:, f] < t)
+            if p in tree.carved:
+                a, b = tree.carved[p]
+                within = np.all((X >= a) & (X <= b), axis=1)
+                inside &= within if node == tree.children[p][1] else ~within
+            else:
+                f, t = tree.feature[p], tree.threshold[p]
+                inside &= (X[:, f] >= t) if node == tree.children[p][1] else (X[:, f] < t)
             node = p
         member[:, i] = inside
         lo, hi = tree.box(i)
@@ -158,9 +172,9 @@ def test_every_box_bound_is_above_the_exact_leaking_confidence_in_that_box(regio
     run = open_run(region_run)
     doc = json.loads((region_run / "bounds.json").read_text())
     tree = RegionTree.from_json(doc["regions"], *run.domain, run.num_classes, "bounds.json")
-    # every leaf is verified (a piece a carve cut off and then cut itself may not be: it keeps its
-    # parent's bound, checked below like every other)
-    assert len(tree.leaves()) > 1 and all(tree.verified[i] for i in tree.leaves())
+    # every leaf is verified but the rest of a carved box (verified over its parent's box, it keeps
+    # the parent's bound, checked below like every other)
+    assert len(tree.leaves()) > 1 and all(tree.verified[i] for i in tree.leaves() if not tree.inherits_box(i))
     stack = VerificationProblem.from_run(run, bounds="interval").stack
     checked = 0
     for node in range(len(tree)):
@@ -187,12 +201,14 @@ def test_regions_release_no_leaking_input_and_noise_less_than_the_global_bound(r
     g = np.linspace(0, 1, 161)
     X = np.array(np.meshgrid(g, g)).reshape(2, -1).T  # includes every 1/160 plane and the faces
     X = np.vstack([X, np.random.default_rng(1).random((4000, 2))])
-    for node in range(len(clf.regions)):  # and points on every split plane
-        if not clf.regions.is_leaf(node):
-            f, t = clf.regions.feature[node], clf.regions.threshold[node]
-            plane = np.random.default_rng(node).random((200, 2))
-            plane[:, f] = t
-            X = np.vstack([X, plane])
+    tree = clf.regions
+    planes = [(tree.feature[i], tree.threshold[i]) for i in range(len(tree)) if tree.feature[i] >= 0]
+    planes += [(f, side[f]) for box in tree.carved.values() for side in box for f in range(2)]
+    assert tree.carved
+    for k, (f, t) in enumerate(planes):  # and points on every split plane and carved box's face
+        plane = np.random.default_rng(k).random((200, 2))
+        plane[:, f] = t
+        X = np.vstack([X, plane])
     _, noised = clf.decide(X)
     leaking = leaking_set(VerificationProblem.from_run(run, bounds="interval").stack, X)
     assert not (leaking & ~noised).any()
@@ -229,7 +245,8 @@ def test_resume_continues_from_the_last_finished_box(tmp_path, monkeypatch):
     result = verify_run(path, regions=5, time_limit=60, workers=1, progress=False, resume=True)
     assert calls[3] not in done  # the finished boxes were not verified again
     nodes = result["regions"]["nodes"]
-    assert result["regions"]["leaves"] <= 5 and all(n["verified"] for n in nodes if n["split"] is None)
+    rest = {n["split"]["left"] for n in nodes if n["split"] and "box" in n["split"]}
+    assert result["regions"]["leaves"] <= 5 and all(n["verified"] for n in nodes if n["split"] is None and n["id"] not in rest)
     for k in done:  # the finished boxes kept their splits and bounds
         assert nodes[k]["bounds"] == saved["regions"]["nodes"][k]["bounds"]
     events = [json.loads(line) for line in (path / "verify.log.jsonl").read_text().splitlines()]
@@ -390,56 +407,61 @@ def test_the_report_says_the_bounds_are_per_box(region_run, tmp_path):
     assert f"cut into {leaves} boxes" in text and "its own box" in text
 
 
-def test_cuts_trim_every_wide_side_around_the_noised_points_then_cut_between_them():
-    from lucid.bab.region_choice import MIN_TRIM, TRIM_MARGIN, choose_cuts
+def test_a_split_hugs_the_noised_points_with_a_margin_on_every_wide_side():
+    from lucid.bab.region_choice import MIN_TRIM, TRIM_MARGIN, choose_split
 
-    tree = RegionTree(np.zeros(4), np.ones(4), 2)
-    # P spans [0.4, 0.6] on feature 0, sits at 0 on feature 1 (one-hot-like), spans nearly all of
-    # feature 2 and [0.05, 0.5] on feature 3 (its low side is too thin to trim)
+    # P spans [0.4, 0.6] on feature 0, sits at 0 on feature 1, spans nearly all of feature 2 and
+    # [0.05, 0.5] on feature 3 (its low side is too thin to cut off)
     P = np.array([[0.4, 0.0, 0.01, 0.05], [0.6, 0.0, 0.99, 0.5], [0.5, 0.0, 0.5, 0.3]])
-    leak = {0: {"x": [0.5, 0.9, 0.5, 0.3], "value": 1.0, "row": 0}}  # only the trim of feature 1's top moves it
-    cuts, kept = choose_cuts(tree, 0, P, leak, room=10)
-    assert kept is P
-    assert cuts[0] == (1, pytest.approx(TRIM_MARGIN))  # the trim moving the leak away comes first
-    assert {f for f, _ in cuts} == {0, 1, 3} and len(cuts) == 4  # feature 0 from both sides
+    want_lo, want_hi = [0.4 - TRIM_MARGIN, 0, 0, 0], [0.6 + TRIM_MARGIN, TRIM_MARGIN, 1, 0.5 + TRIM_MARGIN]
+    leak = {0: {"x": [0.5, 0.9, 0.5, 0.3], "value": 1.0, "row": 0}}  # only feature 1's top trim moves it
+    # with room for a cut per side: axis trims, so the pieces cut off are boxes of their own
+    tree = RegionTree(np.zeros(4), np.ones(4), 2)
+    splits, kept = choose_split(tree, 0, P, leak, room=10)
+    assert kept is P and len(splits) == 4 and all(sp.box is None for sp in splits)
+    assert (splits[0].feature, splits[0].threshold) == (1, pytest.approx(TRIM_MARGIN))  # moves the leak: first
     node = 0
-    for f, t in cuts:
-        tree.split(node, f, t)
+    for sp in splits:
+        tree.split(node, sp.feature, sp.threshold)
         node = int(tree.locate(P[:1])[0])
-        assert (tree.locate(P) == node).all()  # every trim keeps all of P in one piece
-    lo, hi = tree.box(node)
-    # the margin beside P is kept, within the domain
-    assert np.all(lo <= np.maximum(P.min(axis=0) - TRIM_MARGIN, 0) + 1e-12)
-    assert np.all(hi >= np.minimum(P.max(axis=0) + TRIM_MARGIN, 1))
-    for f, _ in cuts:  # each cut piece is at least MIN_TRIM of the width
-        assert (hi[f] - lo[f]) <= 1 - MIN_TRIM
-    assert len(choose_cuts(RegionTree(np.zeros(4), np.ones(4), 2), 0, P, leak, room=2)[0]) == 2  # K's room
-    # nothing left to trim: one cut between the two middle points, on the side without the leak
-    cut, kept = choose_cuts(tree, node, P, {0: {"x": [0.41, 0.0, 0.5, 0.3], "value": 1.0, "row": 0}}, room=10)
-    assert len(cut) == 1 and lo[cut[0][0]] < cut[0][1] < hi[cut[0][0]] and kept is P
+        assert (tree.locate(P) == node).all()
+    assert tree.box(node)[0] == pytest.approx(want_lo) and tree.box(node)[1] == pytest.approx(want_hi)
+    # without that room: one carve of the same box
+    tree = RegionTree(np.zeros(4), np.ones(4), 2)
+    splits, kept = choose_split(tree, 0, P, leak, room=2)
+    assert len(splits) == 1 and splits[0].box is not None
+    lo, hi = splits[0].box
+    assert lo == pytest.approx(want_lo) and hi == pytest.approx(want_hi)
+    outside, inside = tree.carve(0, lo, hi)
+    assert (tree.locate(P) == inside).all() and tree.inherits_box(outside) and not tree.inherits_box(inside)
+    assert np.array_equal(tree.box(outside)[0], np.zeros(4)) and np.array_equal(tree.box(inside)[1], hi)
+    # nothing left to hug in the carved box (the margin is the domain's: hugging again changes
+    # nothing), and no smaller cluster: an axis cut between the two middle points, away from the leak
+    splits, kept = choose_split(tree, inside, P, {0: {"x": [0.41, 0.0, 0.5, 0.3], "value": 1.0, "row": 0}}, room=10)
+    assert len(splits) == 1 and splits[0].box is None and kept is P
+    assert lo[splits[0].feature] < splits[0].threshold < hi[splits[0].feature]
+    assert MIN_TRIM > TRIM_MARGIN
 
 
 def test_a_box_its_points_span_is_carved_around_their_densest_cluster():
-    from lucid.bab.region_choice import CLUSTER_RADIUS, choose_cuts
+    from lucid.bab.region_choice import CLUSTER_RADII, choose_split
 
     rng = np.random.default_rng(0)
     tree = RegionTree(np.zeros(3), np.ones(3), 2)
-    spread = rng.random((40, 3))  # spans the box: no trim
+    spread = rng.random((40, 3))  # spans the box: no carve around all of it
     spread[:3] = [[0, 0, 0], [1, 1, 1], [0, 1, 0.5]]
     dense = 0.5 + 0.03 * rng.random((15, 3))  # a cluster well inside
     P = np.vstack([spread, dense])
-    cuts, kept = choose_cuts(tree, 0, P, {}, room=10)
+    (split,), kept = choose_split(tree, 0, P, {}, room=100)
     assert len(kept) >= len(dense) and len(kept) < len(P)
-    assert np.all(np.ptp(kept, axis=0) <= 2 * CLUSTER_RADIUS)  # the cluster is small...
-    node = 0
-    for f, t in cuts:
-        tree.split(node, f, t)
-        node = int(tree.locate(kept[:1])[0])
-    assert (tree.locate(kept) == node).all()  # ...and lands whole in the carved box
-    lo, hi = tree.box(node)
-    assert np.all(hi - lo <= 2 * CLUSTER_RADIUS + 0.05)
-    assert (tree.locate(P) != node).any()  # the rest of P sits in the pieces cut off
-    # points without any two within the radius: no carve, a middle cut
+    assert np.all(np.ptp(kept, axis=0) <= 2 * CLUSTER_RADII[0])  # the cluster is small...
+    outside, inside = tree.carve(0, *split.box)
+    assert (tree.locate(kept) == inside).all()  # ...and lands whole in the carved box
+    lo, hi = tree.box(inside)
+    assert np.all(hi - lo <= 2 * CLUSTER_RADII[0] + 0.05)
+    assert (tree.locate(P) == outside).any()  # the rest of P is in the rest of the box
+    # points without any two within the widest radius: no carve, an axis cut
     grid = np.array([[0, 0, 0], [1, 1, 1], [0, 1, 0.5], [1, 0, 0.5]], dtype=float)
-    cuts, kept = choose_cuts(RegionTree(np.zeros(3), np.ones(3), 2), 0, grid, {}, room=10)
-    assert len(cuts) == 1 and kept is grid
+    assert CLUSTER_RADII[-1] < 0.5
+    (split,), kept = choose_split(RegionTree(np.zeros(3), np.ones(3), 2), 0, grid, {}, room=100)
+    assert split.box is None and kept is grid

@@ -6,6 +6,8 @@ pick, so the guarantee never depends on them (lucid/regions.py).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from lucid.regions import MAX_DEPTH, RegionTree
@@ -32,39 +34,50 @@ def choose_leaf(tree: RegionTree, leaf_of: np.ndarray, noised: np.ndarray, max_l
     return max(candidates, key=lambda i: (counts[i], -i))
 
 
-def choose_cuts(tree: RegionTree, node: int, points: np.ndarray, node_leaks: dict[int, dict],
-                room: int) -> tuple[list[tuple[int, float]], np.ndarray]:
-    """Where to cut `node`'s box, from its noised sample points P (`points`) and its known leaks:
-    (feature, threshold) cuts to make in turn, each on the piece that holds the returned points
-    (P, or the cluster of P a carve keeps).
+@dataclass(frozen=True)
+class Split:
+    """How to split a leaf: a carve (`box`, the closed box split off) or an axis cut."""
 
-    A *trim* cuts just outside P's range (widened by `TRIM_MARGIN` of the box's width) on one
-    feature: one piece holds all of P in a narrower box, the other holds no noised public mass and
-    keeps the parent's bound (it is verified only when time is left over). Only inputs near the
-    noised points gain from a lower bound (the others are released under the parent's bound
-    already, in whichever piece), so the box hugs P, not all the sample points in it. Leaks with
-    high confidence usually sit far from the data, and in many dimensions most of a box is far
-    from the data, so the box is trimmed on *every* feature where that removes at least `MIN_TRIM`
-    of its width (up to `room` cuts, those moving the most leaks away from P and removing the most
-    width first): it is then verified once, not once per feature.
+    box: tuple[np.ndarray, np.ndarray] | None = None
+    feature: int = -1
+    threshold: float = 0.0
 
-    When P spans the box, a *carve* trims the same way around a cluster of P instead (`_cluster`):
-    a small box around data is cheap to verify (the screen alone bounds most networks far below
-    the whole domain's bound), while halving a wide box barely lowers its bound. The pieces cut
-    off hold the rest of P; they keep the parent's bound and are carved in turn when chosen. A box
-    with no cluster to carve is cut between the two middle points of P on the feature that leaves
-    most of P on a side without a leak (or, without leaks, cuts P most evenly)."""
+
+def choose_split(tree: RegionTree, node: int, points: np.ndarray, node_leaks: dict[int, dict],
+                 room: int) -> tuple[list[Split], np.ndarray]:
+    """How to split `node`, from its noised sample points P (`points`) and its known leaks: the
+    splits to make in turn, each of the piece that holds the returned points (P, or the cluster
+    of P a carve keeps), which is the new box to verify.
+
+    First a box around P: the smallest box holding P, widened by `TRIM_MARGIN` of the domain's
+    width on every side (unseen inputs near P stay in it), tightened on every side where that
+    cuts off at least `MIN_TRIM` of the width. Leaks with high confidence usually sit far from the
+    data, and in many dimensions most of a box is far from it, so a box hugging P has a far lower
+    bound, and only inputs near the noised points gain from a lower bound (the others are released
+    under the parent's bound already). When the K leaves allow one per tightened side, the box is
+    cut out by axis *trims*, so the pieces cut off are boxes of their own that time left over can
+    verify (an unseen input just outside the margin gains from them); otherwise it is carved (one
+    leaf), and the rest of the leaf keeps the parent's bound and box.
+
+    When P spans the box, the carve hugs the densest *cluster* of P instead (`_cluster`): a small
+    box around data is cheap to verify (the screen alone bounds most networks far below the whole
+    domain's bound), while halving a wide box barely lowers its bound. The rest of the leaf holds
+    the other noised points and is carved in turn when it is chosen. Without a cluster of two
+    points, an axis cut between the two middle points of P, on the feature that leaves most of P
+    on a side without a leak (or, without leaks, cuts P most evenly)."""
     lo, hi = tree.box(node)
+    domain_width = tree.upper - tree.lower
     witnesses = [np.asarray(w["x"], dtype=np.float64) for w in node_leaks.values()]
-    room = max(1, min(room, MAX_DEPTH - tree.depth_of(node)))
-    trims = _trims(lo, hi, points, witnesses)
-    kept = points
-    if not trims:
-        cluster = _cluster(points, tree.upper - tree.lower)
-        if cluster is not None:
-            trims, kept = _trims(lo, hi, cluster, witnesses), cluster
-    if trims:
-        return [(f, t) for _, _, f, t in sorted(trims, reverse=True)[:room]], kept
+    box = _hug(lo, hi, points, domain_width)
+    if box is not None and _share(lo, hi, *box) <= HUG_MAX_SHARE:
+        trims = _trims(lo, hi, *box, witnesses)
+        if len(trims) <= min(room, MAX_DEPTH - tree.depth_of(node)):
+            return trims, points
+        return [Split(box=box)], points
+    cluster = _cluster(points, domain_width)
+    box = None if cluster is None else _hug(lo, hi, cluster, domain_width)
+    if box is not None:
+        return [Split(box=box)], cluster
     best, best_score = None, None
     for f in range(len(lo)):
         threshold = _middle_cut(points[:, f], lo[f], hi[f])
@@ -80,44 +93,69 @@ def choose_cuts(tree: RegionTree, node: int, points: np.ndarray, node_leaks: dic
     if best is None:  # every noised point sits at one value: halve the widest side
         f = int(np.argmax(hi - lo))
         best = (f, float(lo[f] + (hi[f] - lo[f]) / 2))
-    return [best], points
+    return [Split(feature=best[0], threshold=best[1])], points
 
 
-MIN_TRIM = 0.1  # a trim must cut off at least this share of the box's width on its feature
-TRIM_MARGIN = 0.02  # a trim leaves this share of the width beside P: unseen inputs near P stay in its box
-CLUSTER_RADIUS = 0.1  # a carved cluster: the points within this share of the domain's width (L-inf) of its centre
+MIN_TRIM = 0.1  # a carve's side must cut off at least this share of the box's width
+TRIM_MARGIN = 0.02  # a carve leaves this share of the domain's width beside its points: unseen inputs near them stay in
+CLUSTER_RADII = (0.1, 0.2, 0.4)  # a carved cluster: the points within this share of the domain's width
+# (L-inf) of its centre, the first radius that makes one
 CLUSTER_SEEDS = 256  # centres tried (a seeded subset of P)
+HUG_MAX_SHARE = 0.75  # a box around all of P must keep at most this mean share of the widths to be worth a box
 
 
-def _trims(lo: np.ndarray, hi: np.ndarray, points: np.ndarray, witnesses: list[np.ndarray]) -> list[tuple]:
-    """(leaks moved away, share of the width removed, feature, threshold) of each worthwhile trim."""
-    trims = []
-    for f in np.flatnonzero(hi - lo > 0):
-        width = hi[f] - lo[f]
-        a = float(points[:, f].min()) - TRIM_MARGIN * width
-        b = float(np.nextafter(points[:, f].max() + TRIM_MARGIN * width, np.inf))
-        if lo[f] < a and (a - lo[f]) / width >= MIN_TRIM:  # x >= a goes right: the points stay right
-            trims.append((sum(w[f] < a for w in witnesses), (a - lo[f]) / width, int(f), a))
-        if b < hi[f] and (hi[f] - b) / width >= MIN_TRIM:  # x < b goes left: the points stay left
-            trims.append((sum(w[f] >= b for w in witnesses), (hi[f] - b) / width, int(f), b))
-    return trims
+def _share(lo: np.ndarray, hi: np.ndarray, a: np.ndarray, b: np.ndarray) -> float:
+    """The mean share of [lo, hi]'s widths that [a, b] keeps (features of width 0 left out)."""
+    wide = hi > lo
+    return float(np.mean((b[wide] - a[wide]) / (hi[wide] - lo[wide]))) if wide.any() else 1.0
+
+
+def _hug(lo: np.ndarray, hi: np.ndarray, points: np.ndarray,
+         domain_width: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """The box holding `points` with the margin (a share of the domain's width, so that hugging the
+    same points again changes nothing), inside [lo, hi], tightened only on the sides where that
+    cuts off at least MIN_TRIM of the box's width; None when no side is."""
+    width = hi - lo
+    a = points.min(axis=0) - TRIM_MARGIN * domain_width
+    b = points.max(axis=0) + TRIM_MARGIN * domain_width
+    low = (width > 0) & (a - lo >= MIN_TRIM * width)
+    high = (width > 0) & (hi - b >= MIN_TRIM * width)
+    if not (low.any() or high.any()):
+        return None
+    return np.where(low, a, lo), np.where(high, b, hi)
+
+
+def _trims(lo: np.ndarray, hi: np.ndarray, a: np.ndarray, b: np.ndarray, witnesses: list[np.ndarray]) -> list[Split]:
+    """Axis cuts that make [lo, hi] into [a, b], those moving the most known leaks out of it
+    first, then those cutting off the largest share of the width."""
+    width = np.where(hi > lo, hi - lo, 1.0)
+    keyed = []
+    for f in np.flatnonzero(a > lo):  # x >= a goes right: the box stays right
+        keyed.append((sum(w[f] < a[f] for w in witnesses), (a[f] - lo[f]) / width[f], int(f), float(a[f])))
+    for f in np.flatnonzero(b < hi):  # x < b goes left: the points (all below b) stay left
+        keyed.append((sum(w[f] >= b[f] for w in witnesses), (hi[f] - b[f]) / width[f], int(f), float(b[f])))
+    return [Split(feature=f, threshold=t) for _, _, f, t in sorted(keyed, reverse=True)]
 
 
 def _cluster(points: np.ndarray, domain_width: np.ndarray) -> np.ndarray | None:
-    """The points within `CLUSTER_RADIUS` (per feature, as a share of the domain's width) of the
-    centre that has the most of them; None when no centre has two."""
+    """The points within a radius (per feature, a share of the domain's width: `CLUSTER_RADII` in
+    turn, until some centre has two points and not all) of the centre that has the most of them;
+    None when no radius makes one. Many features (8x8 images) need the wider radii."""
     scale = np.where(domain_width > 0, domain_width, 1.0)
     z = points / scale
     rng = np.random.default_rng(0)
     seeds = z if len(z) <= CLUSTER_SEEDS else z[rng.choice(len(z), CLUSTER_SEEDS, replace=False)]
-    best, best_count = None, 1
-    for start in range(0, len(seeds), 16):  # [16, |P|, d] at a time
-        near = (np.abs(seeds[start:start + 16, None, :] - z[None, :, :]) <= CLUSTER_RADIUS).all(axis=2)
-        counts = near.sum(axis=1)
-        k = int(np.argmax(counts))
-        if counts[k] > best_count:
-            best, best_count = near[k], int(counts[k])
-    return None if best is None else points[best]
+    for radius in CLUSTER_RADII:
+        best, best_count = None, 1
+        for start in range(0, len(seeds), 16):  # [16, |P|, d] at a time
+            near = (np.abs(seeds[start:start + 16, None, :] - z[None, :, :]) <= radius).all(axis=2)
+            counts = near.sum(axis=1)
+            k = int(np.argmax(counts))
+            if best_count < counts[k] < len(z):
+                best, best_count = near[k], int(counts[k])
+        if best is not None:
+            return points[best]
+    return None
 
 
 def _middle_cut(values: np.ndarray, lo: float, hi: float) -> float | None:
@@ -155,17 +193,17 @@ def _splittable(tree: RegionTree, node: int) -> bool:
 
 
 def box_time(left: float, total: float, tree: RegionTree, max_leaves: int, node: int) -> float:
-    """Seconds for the next box. The root gets half the run (what it leaves unused flows on).
-    Every later box gets an equal share of what is left among the boxes with noised mass that may
-    still come (a split makes one such box; a trim's other half has none), but at least
-    `MIN_BOX_SHARE` of the run: a box cut short keeps its parent's bound, so a few boxes verified
-    to the end are worth more than many barely started (a larger K then refines further only
-    when the earlier boxes finish early)."""
+    """Seconds for the next box. The root gets `ROOT_SHARE` of the run (what it leaves unused flows
+    on). Every later box gets an equal share of what is left among the boxes that may still come
+    (a carve makes one, an axis cut two), but at least `MIN_BOX_SHARE` of the run: a box cut short
+    keeps its parent's bound, so a box verified to its level is worth more than several barely
+    started, while a small carved box usually ends well before it."""
     if node == 0:
-        return left / 2
-    waiting = sum(1 for i in tree.leaves() if not tree.verified[i])
+        return left * ROOT_SHARE
+    waiting = sum(1 for i in tree.leaves() if not tree.verified[i] and not tree.inherits_box(i))
     to_come = max(0, max_leaves - len(tree.leaves()))
     return min(left, max(MIN_BOX_SHARE * total, left / max(1, waiting + to_come)))
 
 
-MIN_BOX_SHARE = 1 / 32
+ROOT_SHARE = 1 / 3  # of the run, for the domain's own bound (a smaller box is far cheaper to bound)
+MIN_BOX_SHARE = 1 / 64

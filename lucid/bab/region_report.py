@@ -117,7 +117,10 @@ def _replay_split(tree: RegionTree, e: dict) -> None:
     node = int(e["box"])
     # Killed between logging a split and checkpointing it, a resumed run logs the split again.
     if 0 <= node < len(tree) and tree.is_leaf(node):
-        tree.split(node, int(e["feature"]), float(e["threshold"]))
+        if "lower" in e:  # a carve
+            tree.carve(node, np.asarray(e["lower"], dtype=np.float64), np.asarray(e["upper"], dtype=np.float64))
+        else:
+            tree.split(node, int(e["feature"]), float(e["threshold"]))
 
 
 def _replay_box(tree: RegionTree, e: dict) -> None:
@@ -146,17 +149,25 @@ def _replay_box(tree: RegionTree, e: dict) -> None:
 def describe_box(view: RegionView, node: int) -> str:
     """The features the box constrains, in data units: `x0 < 0.5, 0.1 <= x1 < 0.27`. Network
     space: a box holds x >= lo where a right split cut it and x < hi where a left split did."""
-    lo, hi = view.tree.box(node)
-    terms = [_feature_term(view, f, lo[f], hi[f]) for f in range(len(lo))]
+    tree = view.tree
+    if tree.inherits_box(node):  # the rest of a carved box: its parent's box, less the carved one
+        parent = tree.parent[node]
+        return f"{describe_box(view, parent)}, outside box {tree.children[parent][1]}"
+    lo, hi = tree.box(node)
+    parent = tree.parent[node]
+    # a carved box is closed: its upper sides hold their bound, where the carve set them
+    closed = (np.zeros(len(lo), dtype=bool) if parent < 0 or node not in tree.carved_children()
+              else hi < tree.box(parent)[1])
+    terms = [_feature_term(view, f, lo[f], hi[f], closed[f]) for f in range(len(lo))]
     return ", ".join(t for t in terms if t) or "whole domain"
 
 
-def _feature_term(view: RegionView, f: int, lo: float, hi: float) -> str:
+def _feature_term(view: RegionView, f: int, lo: float, hi: float, closed: bool = False) -> str:
     tree, name = view.tree, view.names[f]
     low = (_num(view.to_data(f, lo)), ">=") if lo > tree.lower[f] else None
-    high = (_num(view.to_data(f, hi)), "<") if hi < tree.upper[f] else None
+    high = (_num(view.to_data(f, hi)), "<=" if closed else "<") if hi < tree.upper[f] else None
     if view.scale[f] < 0:  # a negative scale reverses the order: x_net >= t is x_data <= t'
-        low, high = ((high[0], ">") if high else None), ((low[0], "<=") if low else None)
+        low, high = ((high[0], ">=" if closed else ">") if high else None), ((low[0], "<=") if low else None)
     if low and high:
         return f"{low[0]} {'<=' if low[1] == '>=' else '<'} {name} {high[1]} {high[0]}"
     if low:

@@ -41,7 +41,7 @@ from lucid.analysis.problem import VerificationProblem
 from lucid.analysis.screen import Screen
 from lucid.errors import LucidError
 from lucid.network import confidence
-from lucid.bab.region_choice import box_targets, box_time, choose_leaf, choose_cuts, noised_mask
+from lucid.bab.region_choice import box_targets, box_time, choose_leaf, choose_split, noised_mask
 from lucid.regions import RegionTree
 from lucid.rundir import Run, bound_entry_value, read_scaler, write_bounds
 from lucid.settings import VerifySettings
@@ -59,14 +59,11 @@ def verify_regions(run: Run, settings: VerifySettings, classes: list[int], resul
     ckpt_path = run_path / CHECKPOINT_FILE
     lower, upper = run.domain
     tree, leaks, elapsed_before = None, {}, 0.0
-    deferred: set[int] = set()  # the pieces a carve cut off: not verified (they keep the parent's bound) until cut
-    # in turn or until time is left over
     if settings.resume:
         saved = load_checkpoint(ckpt_path, fingerprint=fingerprint, options=result_options)
         try:
             tree = RegionTree.from_json(saved["regions"], lower, upper, run.num_classes, str(ckpt_path))
             leaks = {int(k): {int(c): w for c, w in v.items()} for k, v in saved["leaks"].items()}
-            deferred = {int(k) for k in saved.get("deferred", [])}
         except (KeyError, TypeError, ValueError, AttributeError):
             raise LucidError(f"checkpoint {ckpt_path} is not a --regions checkpoint; delete it and run "
                              "without --resume") from None
@@ -97,32 +94,34 @@ def verify_regions(run: Run, settings: VerifySettings, classes: list[int], resul
         save_checkpoint(ckpt_path, fingerprint=fingerprint, options=result_options,
                         elapsed=elapsed_before + time.monotonic() - started, classes={},
                         extra={"regions": tree.to_json(),
-                               "leaks": {str(k): {str(c): w for c, w in v.items()} for k, v in leaks.items()},
-                               "deferred": sorted(deferred)})
+                               "leaks": {str(k): {str(c): w for c, w in v.items()} for k, v in leaks.items()}})
 
     try:
         while True:
             left = None if settings.time_limit is None else settings.time_limit - (time.monotonic() - started)
             if left is not None and left <= 0:
                 break
-            todo = [i for i in tree.leaves() if not tree.verified[i]]
+            # (the rest of a carved box is verified over its parent's box: never again)
+            todo = [i for i in tree.leaves() if not tree.verified[i] and not tree.inherits_box(i)]
             leaf_of, noised = noised_mask(tree, sample, sample_class, sample_conf)
             massive = set(leaf_of[noised].tolist())  # boxes with noised public mass come first
             leaf = choose_leaf(tree, leaf_of, noised, settings.regions)
-            todo = [i for i in todo if i in massive and i not in deferred] or ([] if leaf is not None else todo)
+            todo = [i for i in todo if i in massive] or ([] if leaf is not None else todo)
             if not todo:
                 if leaf is None:
                     break
-                points = sample[(leaf_of == leaf) & noised]
-                cuts, kept = choose_cuts(tree, leaf, points, leaks.get(leaf, {}),
-                                         room=settings.regions - len(tree.leaves()))
-                for feature, threshold in cuts:
-                    children = tree.split(leaf, feature, threshold)
-                    log.emit("region_split", None, box=leaf, feature=feature, threshold=threshold,
-                             children=list(children))
-                    leaf = int(tree.locate(kept[:1])[0])  # a trim or carve keeps all of `kept` in one piece
-                    if len(kept) < len(points):  # a carve: its pieces wait until they are chosen themselves
-                        deferred.update(c for c in children if c != leaf)
+                splits, kept = choose_split(tree, leaf, sample[(leaf_of == leaf) & noised], leaks.get(leaf, {}),
+                                            room=settings.regions - len(tree.leaves()))
+                for split in splits:
+                    if split.box is not None:
+                        children = tree.carve(leaf, *split.box)
+                        log.emit("region_split", None, box=leaf, lower=split.box[0].tolist(),
+                                 upper=split.box[1].tolist(), children=list(children))
+                    else:
+                        children = tree.split(leaf, split.feature, split.threshold)
+                        log.emit("region_split", None, box=leaf, feature=split.feature, threshold=split.threshold,
+                                 children=list(children))
+                    leaf = int(tree.locate(kept[:1])[0])  # the next split is of the piece that holds `kept`
                 checkpoint()
                 continue
             node = todo[0]

@@ -204,7 +204,9 @@ class JointSystem:
         for k in range(self.L):
             dl, du = _t(diff.pre.lower[k], dev), _t(diff.pre.upper[k], dev)
             hl, hu = _t(diff.hyper.lower[k], dev), _t(diff.hyper.upper[k], dev)
-            if intermediate == "symbolic" and k < self.L - 1:
+            # The first layer's intervals are exact already (an affine map of the box, with no
+            # difference in the inputs): a backward pass there would only cost time.
+            if intermediate == "symbolic" and 0 < k < self.L - 1:
                 dl, du, hl, hu = self._tighten(k, dl, du, hl, hu)
             self.dl.append(dl)
             self.du.append(du)
