@@ -122,7 +122,8 @@ def time_split(run: Path) -> dict:
 def why_noised(run: Path) -> dict:
     """What keeps the over-noised test inputs (noised, yet no network disagrees) noised: their box's
     bound is exact for the box (the box's shape: a leak elsewhere in the box is that high), or its
-    verification was cut short (time), or the box was never verified (it keeps its parent's)."""
+    verification was cut short (time), or the box was never verified (it keeps its parent's), or
+    it is the rest of a carve (which keeps its parent's box and bound until carved in turn)."""
     from lucid.access.classifier import LabelOnlyClassifier
     from lucid.access.evaluate import leaking_set
     from lucid.access.memo import Memo
@@ -135,7 +136,7 @@ def why_noised(run: Path) -> dict:
     cls, noised = clf.decide(x)
     over = noised & ~leaking_set(NetworkFile(r.path, r.meta), x)
     out = {"over_noised": int(over.sum()), "box_exact": 0, "box_cut_short": 0, "box_not_verified": 0,
-           "confidence_over_bound": []}
+           "box_rest": 0, "confidence_over_bound": []}
     tree = clf.regions
     if tree is None:
         return out
@@ -143,7 +144,7 @@ def why_noised(run: Path) -> dict:
     conf = confidence(clf.scores(x))
     for i in np.flatnonzero(over):
         node, c = int(leaf[i]), int(cls[i])
-        key = ("box_not_verified" if not tree.verified[node] else
+        key = ("box_rest" if tree.inherits_box(node) else "box_not_verified" if not tree.verified[node] else
                "box_exact" if tree.complete[node][c] else "box_cut_short")
         out[key] += 1
         bound = tree.bound_upper[node][c]
@@ -204,7 +205,7 @@ def render() -> str:
              "`predict_network_space` of one row.", "",
              "| workload | K | leaves | limit s | noised regions | noised global | noised Naive-iDP | acc regions | "
              "acc global | acc Naive-iDP | single query ms | root s / other boxes s (boxes) | released but leaking | "
-             "over-noised: box exact / cut short / not verified |",
+             "over-noised: box exact / cut short / not verified / rest of a carve |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         a, nf, t = r.get("expected_accuracy", r["accuracy"]), r["noised"], r["time"]
@@ -226,7 +227,7 @@ def _why(r: dict) -> str:
     w = r.get("why_noised")
     if not w or r["K"] == 1:
         return f"{w['over_noised']} (one global bound)" if w else "–"
-    return f"{w['over_noised']}: {w['box_exact']} / {w['box_cut_short']} / {w['box_not_verified']}"
+    return f"{w['over_noised']}: {w['box_exact']} / {w['box_cut_short']} / {w['box_not_verified']} / {w.get('box_rest', '–')}"
 
 
 def main() -> None:

@@ -195,15 +195,17 @@ def _splittable(tree: RegionTree, node: int) -> bool:
 def box_time(left: float, total: float, tree: RegionTree, max_leaves: int, node: int) -> float:
     """Seconds for the next box. The root gets `ROOT_SHARE` of the run (what it leaves unused flows
     on). Every later box gets an equal share of what is left among the boxes that may still come
-    (a carve makes one, an axis cut two), but at least `MIN_BOX_SHARE` of the run: a box cut short
-    keeps its parent's bound, so a box verified to its level is worth more than several barely
-    started, while a small carved box usually ends well before it."""
+    (a carve makes one, an axis cut two), but at least `MIN_BOX_SHARE` of the run and
+    `MIN_BOX_SECONDS`: a box cut short keeps its parent's bound, so a box verified to its level
+    is worth more than several barely started, while a small carved box usually ends well before
+    its share."""
     if node == 0:
         return left * ROOT_SHARE
     waiting = sum(1 for i in tree.leaves() if not tree.verified[i] and not tree.inherits_box(i))
     to_come = max(0, max_leaves - len(tree.leaves()))
-    return min(left, max(MIN_BOX_SHARE * total, left / max(1, waiting + to_come)))
+    return min(left, max(MIN_BOX_SHARE * total, MIN_BOX_SECONDS, left / max(1, waiting + to_come)))
 
 
 ROOT_SHARE = 1 / 3  # of the run, for the domain's own bound (a smaller box is far cheaper to bound)
 MIN_BOX_SHARE = 1 / 64
+MIN_BOX_SECONDS = 5.0  # whatever the run's length: a box's screen and first analyses take seconds
