@@ -3,7 +3,7 @@
   python benchmarks/regions.py                       # every workload, K = 1 4 16 64 256
   python benchmarks/regions.py --workloads breast_cancer-2x10 --ks 1,16 --time-limit 60
   python benchmarks/regions.py --report-only
-  python benchmarks/regions.py --refresh             # evaluate the finished runs again
+  python benchmarks/regions.py --refresh             # evaluate the finished runs again (and time their queries)
 
 Per workload the data are split (seeded) into train / public / test, disjoint: the networks are
 trained on train, the boxes are weighed by the public split (`--public-inputs`), and the
@@ -162,6 +162,8 @@ def run_one(name: str, k: int, args: argparse.Namespace) -> None:
             result, plot = evaluate_run(RUNS / name / f"K{k}", EPSILONS, seed=0)
             record.update(noised=result["noised_fraction"], accuracy=result["accuracy"],
                           expected_accuracy=result["expected_accuracy"],
+                          single_query_ms=result["access_ms"]["lucid_single_query"],
+                          batched_ms=result["access_ms"]["lucid"],
                           released_but_leaking=plot["released_but_leaking"], why_noised=why_noised(RUNS / name / f"K{k}"))
             out.write_text(json.dumps(record, indent=1) + "\n")
         print(f"{name} K={k}: done before", file=sys.stderr)

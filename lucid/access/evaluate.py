@@ -10,7 +10,7 @@ On the run's test split, per epsilon:
                (the exact leaking set: sound and tight, but pays n+1 forward passes per query).
 All mechanisms draw around N's label with the same exponential mechanism. Access times are the
 wall time of answering the whole split in batches divided by its size (plus LUCID's
-single-query time as `lucid_single_query`).
+single-query time as `lucid_single_query`: the median over 200 rows of one query's wall time).
 """
 
 from __future__ import annotations
@@ -167,11 +167,15 @@ def _confidences(clf: LabelOnlyClassifier, x: np.ndarray) -> np.ndarray:
 
 
 def _time_single(clf: LabelOnlyClassifier, x: np.ndarray) -> float:
+    """The median over rows of one query's wall time: a typical query's latency, which a few calls
+    hit by a garbage collection or a busy core would move in a mean."""
     rows = x[: min(len(x), _SINGLE_QUERY_SAMPLES)]
-    t0 = time.perf_counter()
+    times = []
     for i in range(len(rows)):
+        t0 = time.perf_counter()
         clf.predict_network_space(rows[i : i + 1])
-    return (time.perf_counter() - t0) * 1e3 / len(rows)
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times)) * 1e3
 
 
 def markdown_table(result: dict[str, Any], epsilons: list[tuple[str, float]]) -> str:
