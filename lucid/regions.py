@@ -39,8 +39,8 @@ from lucid.errors import LucidError
 from lucid.rundir import bound_entry_value
 
 REGIONS_FORMAT = "lucid-regions/1"
-MAX_DEPTH = 320  # every lookup walks the tree's depth: 320 steps cost a single query ~15 us (each carve
-# of the rest of a leaf is one level deeper)
+MAX_DEPTH = 320  # every lookup walks the tree's depth, one Python step per level for a single query
+# (each carve of the rest of a leaf is one level deeper)
 CARVE = -2  # `feature` of a carve node (-1: a leaf)
 
 
@@ -83,9 +83,10 @@ class RegionTree:
         parent = self.parent[node]
         return parent >= 0 and self.feature[parent] == CARVE and node == self.children[parent][0]
 
-    def carved_children(self) -> set[int]:
-        """The carved boxes (the inside child of every carve)."""
-        return {self.children[i][1] for i in self.carved}
+    def is_carved_box(self, node: int) -> bool:
+        """`node` is the box a carve split off (its parent's right child)."""
+        parent = self.parent[node]
+        return parent in self.carved and node == self.children[parent][1]
 
     def leaves(self) -> list[int]:
         return [i for i in range(len(self)) if self.is_leaf(i)]

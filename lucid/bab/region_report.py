@@ -154,10 +154,8 @@ def describe_box(view: RegionView, node: int) -> str:
         parent = tree.parent[node]
         return f"{describe_box(view, parent)}, outside box {tree.children[parent][1]}"
     lo, hi = tree.box(node)
-    parent = tree.parent[node]
     # a carved box is closed: its upper sides hold their bound, where the carve set them
-    closed = (np.zeros(len(lo), dtype=bool) if parent < 0 or node not in tree.carved_children()
-              else hi < tree.box(parent)[1])
+    closed = hi < tree.box(tree.parent[node])[1] if tree.is_carved_box(node) else np.zeros(len(lo), dtype=bool)
     terms = [_feature_term(view, f, lo[f], hi[f], closed[f]) for f in range(len(lo))]
     return ", ".join(t for t in terms if t) or "whole domain"
 
