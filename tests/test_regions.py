@@ -454,7 +454,7 @@ def test_a_box_its_points_span_is_carved_around_their_densest_cluster():
     P = np.vstack([spread, dense])
     (split,), kept = choose_split(tree, 0, P, {}, room=100)
     assert len(kept) >= len(dense) and len(kept) < len(P)
-    assert np.all(np.ptp(kept, axis=0) <= 2 * CLUSTER_RADII[0])  # the cluster is small...
+    assert np.all(np.ptp(kept, axis=0) <= 2 * CLUSTER_RADII[0])  # the cluster is within the first radius...
     outside, inside = tree.carve(0, *split.box)
     assert (tree.locate(kept) == inside).all()  # ...and lands whole in the carved box
     lo, hi = tree.box(inside)
@@ -462,6 +462,26 @@ def test_a_box_its_points_span_is_carved_around_their_densest_cluster():
     assert (tree.locate(P) == outside).any()  # the rest of P is in the rest of the box
     # points without any two within the widest radius: no carve, an axis cut
     grid = np.array([[0, 0, 0], [1, 1, 1], [0, 1, 0.5], [1, 0, 0.5]], dtype=float)
-    assert CLUSTER_RADII[-1] < 0.5
+    assert max(CLUSTER_RADII) < 0.5
     (split,), kept = choose_split(RegionTree(np.zeros(3), np.ones(3), 2), 0, grid, {}, room=100)
     assert split.box is None and kept is grid
+
+
+def test_a_box_under_the_rest_of_a_carve_starts_from_its_nearest_verified_ancestor():
+    from lucid.bab.regions import _inherited_leaks, _nearest
+
+    tree = RegionTree(np.zeros(2), np.ones(2), 2)
+    rest, carved = tree.carve(0, np.array([0.0, 0.0]), np.array([0.3, 0.3]))
+    _, inner = tree.carve(rest, np.array([0.5, 0.5]), np.array([0.9, 0.9]))
+    root_screen = {0: np.array([-np.inf, 2.0, 1.0])}
+    screens = {0: root_screen, carved: {0: np.array([-np.inf, 0.5, 0.2])}}  # the rests are never verified
+    assert _nearest(tree, inner, screens) is root_screen  # the rest's own box is the root's
+    assert _nearest(tree, carved, screens) is root_screen
+    assert _nearest(tree, 0, screens) == {}
+    leaks = {0: {0: {"x": [0.6, 0.7], "value": 1.5, "row": 3}, 1: {"x": [0.1, 0.1], "value": 2.0, "row": 4}},
+             rest: {0: {"x": [0.8, 0.8], "value": 1.7, "row": 5}}}
+    got = _inherited_leaks(tree, inner, leaks)
+    assert set(got) == {0} and got[0]["row"] == 5  # the best of the ancestors' leaks inside the box
+    leaks[rest][0]["x"] = [0.95, 0.8]  # outside `inner`: the root's leak is the one inside
+    assert _inherited_leaks(tree, inner, leaks)[0]["row"] == 3
+    assert _inherited_leaks(tree, carved, leaks)[1]["row"] == 4

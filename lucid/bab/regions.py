@@ -211,7 +211,7 @@ def _verify_box(tree: RegionTree, node: int, root: VerificationProblem, holder: 
     executor.rebind(problem, grace=REBIND_GRACE)
     box_settings = replace(settings, time_limit=limit, resume=False)
     parent = tree.parent[node]
-    parent_screens = screens.get(parent, {})
+    parent_screens = _nearest(tree, node, screens)
     screen = None if settings.screen == "none" else Screen(problem, settings.screen, settings.device)
 
     def initial(c: int, positions: np.ndarray) -> np.ndarray:
@@ -229,9 +229,8 @@ def _verify_box(tree: RegionTree, node: int, root: VerificationProblem, holder: 
         return
     classes = open_classes
     states = {c: ClassState(cls=c, target=(targets or {}).get(c)) for c in classes}
-    for c, leak in leaks.get(parent, {}).items():
-        x = np.asarray(leak["x"], dtype=np.float64)
-        if c in states and np.all(x >= lo) and np.all(x <= hi):  # a leak of the parent's inside this box
+    for c, leak in _inherited_leaks(tree, node, leaks).items():
+        if c in states:
             states[c].lower, states[c].lower_row, states[c].lower_witness = leak["value"], leak["row"], leak["x"]
     search = (partial(witness_search.search_class_witness, problem, points=problem.points)
               if settings.search else None)
@@ -262,6 +261,30 @@ def _verify_box(tree: RegionTree, node: int, root: VerificationProblem, holder: 
              complete={str(c): bool(cs.complete) for c, cs in engine.states.items()},
              upper={str(c): bound_entry_value(tree.bound_upper[node][c], upper=True) for c in classes},
              lower={str(c): bound_entry_value(tree.bound_lower[node][c], upper=False) for c in classes})
+
+
+def _nearest(tree: RegionTree, node: int, screens: dict) -> dict:
+    """The per-network screened bounds of `node`'s nearest verified ancestor (the rest of a carve is
+    never verified: its children start from the box it inherits). Sound for `node`: an ancestor's
+    box holds it."""
+    parent = tree.parent[node]
+    while parent >= 0 and parent not in screens:
+        parent = tree.parent[parent]
+    return screens.get(parent, {})
+
+
+def _inherited_leaks(tree: RegionTree, node: int, leaks: dict) -> dict[int, dict]:
+    """Per class, the best leak any ancestor found inside `node`'s box: a true lower bound there."""
+    lo, hi = tree.box(node)
+    best: dict[int, dict] = {}
+    parent = tree.parent[node]
+    while parent >= 0:
+        for c, leak in leaks.get(parent, {}).items():
+            x = np.asarray(leak["x"], dtype=np.float64)
+            if np.all(x >= lo) and np.all(x <= hi) and (c not in best or leak["value"] > best[c]["value"]):
+                best[c] = leak
+        parent = tree.parent[parent]
+    return best
 
 
 def _leaves_exact(tree: RegionTree, c: int) -> bool:
