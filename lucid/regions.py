@@ -21,8 +21,8 @@ leaking confidence inside the leaf's box, which holds the leaf's cell (it is ver
 box, and a node's bound is capped by its parent's, which holds over a superset). The choice of
 boxes only decides which sound bound is compared with.
 
-`locate` walks the tree a fixed number of steps (the tree's depth) for every input: a leaf points
-to itself, so a shallow leaf costs the same as a deep one, and the walk is vectorised over a batch.
+`locate` walks the tree a fixed number of steps (the tree's depth) for every input
+(lucid/region_lookup.py).
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from lucid.errors import LucidError
+from lucid.region_lookup import RegionLookup
 from lucid.rundir import bound_entry_value
 
 REGIONS_FORMAT = "lucid-regions/1"
@@ -201,7 +202,7 @@ class RegionTree:
         return np.array([self.complete[i] for i in self.leaves()]).all(axis=0)
 
     # --- lookup -----------------------------------------------------------------------------------
-    def lookup_arrays(self) -> "RegionLookup":
+    def lookup_arrays(self) -> RegionLookup:
         carves = sorted(self.carved)
         d = len(self.lower)
         return RegionLookup(np.array([max(f, 0) for f in self.feature], dtype=np.int64),
@@ -330,41 +331,6 @@ class RegionTree:
         for i in sorted(self.carved):
             h.update(i.to_bytes(8, "little") + self.carved[i][0].tobytes() + self.carved[i][1].tobytes())
         return h.hexdigest()[:16]
-
-
-@dataclass(frozen=True)
-class RegionLookup:
-    """The tree as arrays for the fixed-depth walk (a leaf's children are itself)."""
-
-    feature: np.ndarray  # [M]
-    threshold: np.ndarray  # [M] (+inf at a leaf: always 'left', i.e. itself)
-    children: np.ndarray  # [M, 2]
-    depth: int
-    carves: np.ndarray  # [J] the carve nodes
-    carve_lower: np.ndarray  # [J, d] their boxes
-    carve_upper: np.ndarray
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "_children_list", self.children.tolist())
-
-    def locate(self, X: np.ndarray) -> np.ndarray:
-        X = np.asarray(X, dtype=np.float64)
-        # Every node's test for every row at once, then `depth` steps for every row and every tree
-        # path (a leaf's children are itself), so the work does not depend on the input's box.
-        right = X[:, self.feature] >= self.threshold  # [B, M]
-        if len(self.carves):  # every carve's box test too, whichever nodes the walk visits
-            right[:, self.carves] = ((X[:, None, :] >= self.carve_lower) & (X[:, None, :] <= self.carve_upper)).all(axis=2)
-        right = right.astype(np.int64)
-        if len(X) == 1:  # one query: the same walk on Python lists is ~10x faster than numpy's
-            bits, children, node = right[0].tolist(), self._children_list, 0
-            for _ in range(self.depth):
-                node = children[node][bits[node]]
-            return np.array([node], dtype=np.int64)
-        rows = np.arange(len(X))
-        node = np.zeros(len(X), dtype=np.int64)
-        for _ in range(self.depth):
-            node = self.children[node, right[rows, node]]
-        return node
 
 
 def _split_child(entry: dict, bad) -> int:
