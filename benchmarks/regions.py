@@ -209,8 +209,8 @@ def render() -> str:
              "`predict_network_space` of one row.", "",
              "| workload | K | leaves | limit s | noised regions | noised global | noised Naive-iDP | acc regions | "
              "acc global | acc Naive-iDP | single query ms | root s / other boxes s (boxes) | released but leaking | "
-             "over-noised: box exact / cut short / not verified / rest of a carve |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "over-noised: box exact / cut short / not verified / rest of a carve | run (UTC) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         a, nf, t = r.get("expected_accuracy", r["accuracy"]), r["noised"], r["time"]
         accs = lambda key: " / ".join(pct(a[key][e]) for e, _ in EPSILONS) if key in a else "–"  # noqa: E731
@@ -219,7 +219,7 @@ def render() -> str:
             f"| {r['workload']} | {r['K']} | {r['leaves']} | {r['time_limit']:g} | {pct(nf['lucid'])} | "
             f"{pct(nf.get('lucid_global', nf['lucid']))} | {pct(nf['naive_idp'])} | {accs('lucid')} | {accs(glob)} | "
             f"{accs('naive_idp')} | {r['single_query_ms']:.3f} | {t['root_s'] or 0:.0f} / {t['other_boxes_s']:.0f} "
-            f"({t['boxes']}) | {r['released_but_leaking']} | {_why(r)} |")
+            f"({t['boxes']}) | {r['released_but_leaking']} | {_why(r)} | {r.get('date', '–')} |")
     if rows:
         lines += ["", f"Machine: {rows[-1]['machine']}; workers {rows[-1]['workers']}.",
                   "", "What bounds each missed target, and the choices behind these runs: "
