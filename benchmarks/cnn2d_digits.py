@@ -158,6 +158,10 @@ def report(records: list[dict], args: argparse.Namespace) -> str:
     for c in classes:
         cells = [_bound(r["bounds"].get(str(c))) for r in records]
         lines.append(f"| {c} | " + " | ".join(cells) + " |")
+    earlier = sorted(REPORT.parent.glob(f"{REPORT.stem}-*.md"))
+    if earlier and not args.quick:
+        lines += ["", "Earlier runs, before the records were kept per workload: "
+                  + ", ".join(f"[{p.name}]({p.name})" for p in earlier) + "."]
     return "\n".join(lines) + "\n"
 
 
