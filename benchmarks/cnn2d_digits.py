@@ -3,6 +3,7 @@
   python benchmarks/cnn2d_digits.py [--workloads cnn2d-small] [--time-limit-per-class 120] [--workers 2]
                                     [--epochs 50] [--rel-gap 0.1]
   python benchmarks/cnn2d_digits.py --quick    # smoke run: 150 rows, 2 epochs, classes 0 and 1, 5 s each
+  python benchmarks/cnn2d_digits.py --report-only
 
 Workloads (the split of benchmarks/screen.py's digits-2x20: pixels / 16, 70 % / 30 % stratified,
 seed 0, the test rows given with --test-data; batch 100):
@@ -183,6 +184,7 @@ def main() -> None:
     p.add_argument("--workloads", default=",".join(WORKLOADS))
     p.add_argument("--quick", action="store_true", help="Smoke run: 150 rows, 2 epochs, classes 0,1, 5 s per class.")
     p.add_argument("--fresh", action="store_true", help="Start over instead of continuing the last run.")
+    p.add_argument("--report-only", action="store_true", help="Write the report from the records; run nothing.")
     args = p.parse_args()
     if args.quick:
         args.epochs, args.time_limit_per_class, args.classes = 2, 5.0, args.classes or "0,1"
@@ -193,7 +195,7 @@ def main() -> None:
     unknown = set(args.workloads.split(",")) - set(WORKLOADS)
     if unknown:
         p.error(f"unknown workloads {sorted(unknown)}; known: {', '.join(WORKLOADS)}")
-    for name in args.workloads.split(","):
+    for name in [] if args.report_only else args.workloads.split(","):
         run_workload(name, train, test, args)
     stored = {p.stem: json.loads(p.read_text()) for p in _records(args).glob("*.json")}
     records = [stored[name] for name in WORKLOADS if name in stored and "evaluation" in stored[name]]

@@ -431,3 +431,92 @@ def test_state_dict_reader_orders_layers_naturally_and_keeps_float32_exact():
     ]:
         with pytest.raises(LucidError, match=message):
             from_state_dict(arrays, "sd")
+
+
+# ------------------------------------------------------------------------------------- 2-D CNNs in ONNX
+
+
+def _cnn_onnx(conv_w, conv_b, dense_w, dense_b, path: Path, **conv_attrs) -> None:
+    """Conv (stride 2, pad 1 unless changed), Relu, Flatten, Gemm, Relu, Gemm on x [n, 1, 5, 5]."""
+    attrs = {"strides": [2, 2], "pads": [1, 1, 1, 1], "kernel_shape": [3, 3], **conv_attrs}
+    inits = [numpy_helper.from_array(conv_w, "cw"), numpy_helper.from_array(conv_b, "cb")]
+    nodes = [helper.make_node("Conv", ["x", "cw", "cb"], ["c"], **attrs), helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("Flatten", ["r"], ["f"], axis=1)]
+    h = "f"
+    for k, (w, b) in enumerate(zip(dense_w, dense_b)):
+        inits += [numpy_helper.from_array(w, f"w{k}"), numpy_helper.from_array(b, f"b{k}")]
+        nodes.append(helper.make_node("Gemm", [h, f"w{k}", f"b{k}"], [f"g{k}"], transB=1))
+        h = f"g{k}"
+        if k == 0:
+            nodes.append(helper.make_node("Relu", [h], ["r1"]))
+            h = "r1"
+    nodes.append(helper.make_node("Identity", [h], ["scores"]))
+    graph = helper.make_graph(nodes, "cnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 1, 5, 5])],
+                              [helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["n", 2])], initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save_model(model, str(path))
+
+
+def test_a_cnn_in_onnx_imports_as_the_dense_layers_torch_computes(tmp_path, capsys):
+    """A Conv graph imports to the same float32 networks as the dense graph whose first layer torch's
+    own conv2d computes (its response to each basis image: exact), and onnxruntime's outputs on the
+    images equal LUCID's float64 forward pass on the flattened rows."""
+    import torch
+
+    from lucid.interop.onnx_io import network_model, save_model
+    from lucid.interop.dense import DenseNet
+
+    rows = 3
+    X = np.random.default_rng(0).uniform(size=(rows, 25)).astype(np.float32)
+    np.savez(tmp_path / "data.npz", X=X, y=np.array([0, 1, 0]))
+    for form in ("conv", "dense"):
+        (tmp_path / form).mkdir()
+    entries = []
+    for position, removed in enumerate([None, *range(rows)]):
+        torch.manual_seed(position)
+        conv = torch.nn.Conv2d(1, 2, 3, stride=2, padding=1)
+        dense = [torch.nn.Linear(18, 6), torch.nn.Linear(6, 2)]
+        cw, cb = conv.weight.detach().numpy(), conv.bias.detach().numpy()
+        ws = [layer.weight.detach().numpy() for layer in dense]
+        bs = [layer.bias.detach().numpy() for layer in dense]
+        name = f"net{position}.onnx"
+        _cnn_onnx(cw, cb, ws, bs, tmp_path / "conv" / name)
+        with torch.no_grad():  # torch's conv of every basis image, and of the zero image for the bias
+            basis = torch.eye(25).reshape(25, 1, 5, 5)
+            lowered = (torch.nn.functional.conv2d(basis, conv.weight, stride=2, padding=1).flatten(1).T.numpy())
+            lowered_bias = conv(torch.zeros(1, 1, 5, 5)).flatten().numpy()
+        save_model(network_model(DenseNet([lowered, *ws], [lowered_bias, *bs])), tmp_path / "dense" / name)
+        entries.append({"file": name, "removed": removed})
+    runs = {}
+    for form in ("conv", "dense"):
+        (tmp_path / form / "manifest.json").write_text(json.dumps({"training": {"name": "torch-init"}, "networks": entries}))
+        runs[form] = tmp_path / f"{form}-run"
+        main(["import", "--manifest", str(tmp_path / form / "manifest.json"), "--data", str(tmp_path / "data.npz"),
+              "--out", str(runs[form])])
+    conv_tensors, dense_tensors = (load_file(str(runs[f] / "networks.safetensors")) for f in ("conv", "dense"))
+    assert conv_tensors.keys() == dense_tensors.keys()
+    for name in conv_tensors:
+        assert conv_tensors[name].tobytes() == dense_tensors[name].tobytes(), name
+    stack = load_networks(runs["conv"])
+    assert stack.layer_sizes == [25, 18, 6, 2]
+    images = np.random.default_rng(1).uniform(-0.5, 1.5, size=(256, 1, 5, 5)).astype(np.float32)
+    reference = stack.forward(images.reshape(256, 25).astype(np.float64))
+    import onnxruntime
+
+    for position in range(len(entries)):
+        session = onnxruntime.InferenceSession(str(tmp_path / "conv" / f"net{position}.onnx"),
+                                               providers=["CPUExecutionProvider"])
+        got = session.run(None, {"x": images})[0]
+        assert np.abs(got - reference[position]).max() <= 1e-5, position
+    # what the lowering cannot express is refused in one line naming it, and nothing is written
+    capsys.readouterr()
+    for attrs, word in (({"dilations": [2, 2], "pads": [2, 2, 2, 2]}, "dilations"), ({"pads": [1, 0, 1, 0]}, "pads"),
+                        ({"strides": [2, 1]}, "strides")):
+        _cnn_onnx(cw, cb, ws, bs, tmp_path / "conv" / "net2.onnx", **attrs)
+        out = tmp_path / f"refused-{word}"
+        code, err = run_cli(["import", "--manifest", tmp_path / "conv" / "manifest.json", "--data",
+                             tmp_path / "data.npz", "--out", out], capsys)
+        assert code == 2 and len(err.strip().splitlines()) == 1 and "Conv node" in err and word in err, err
+        assert not out.exists()

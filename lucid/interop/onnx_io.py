@@ -6,9 +6,12 @@ input space (after the run's scaler) and float32 initializers bit-identical to t
 
 Read: a chain of Gemm, MatMul (optionally followed by the Add of its bias), Relu, and
 Flatten / Reshape that keep the [batch, features] layout; constants come from initializers or
-Constant nodes. Anything else (another op, a branch, a ReLU after the last layer, two dense layers
-without a ReLU between them) is refused in one line naming the op and the file: LUCID verifies
-exactly this kind of network, so it must not guess what another op means.
+Constant nodes. On an image input [batch, C, H, W], 2-D `Conv` layers (one group, no dilation,
+the same stride on both axes and the same zero padding on every side) come first, each lowered
+exactly to the dense layer it is (`lucid.convolution`, on the C-H-W flattened image), then a
+Flatten. Anything else (another op, a branch, a ReLU after the last layer, two layers without a
+ReLU between them) is refused in one line naming the op and the file: LUCID verifies exactly
+this kind of network, so it must not guess what another op means.
 """
 
 from __future__ import annotations
@@ -20,13 +23,14 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from lucid.atomic import write_atomic
+from lucid.convolution import conv2d_output_hw, conv2d_to_dense
 from lucid.errors import LucidError
 from lucid.interop.dense import DenseNet, checked_net
 
 INPUT_NAME = "x"
 OPSET = 13  # Gemm with an optional C, Flatten, Reshape, Relu and Concat as VNN-COMP tools read them
 IR_VERSION = 8  # the IR of opset 13: older verifiers' onnx readers refuse newer IRs
-SUPPORTED = "Gemm, MatMul (+ Add), Relu, Flatten and Reshape"
+SUPPORTED = "Gemm, MatMul (+ Add), Conv, Relu, Flatten and Reshape"
 
 
 # ------------------------------------------------------------------------------------- writing
@@ -119,6 +123,9 @@ class _Chain:
         self.rank = len(dims)
         known = all(d is not None for d in dims[1:])
         self.width: int | None = int(np.prod(dims[1:], dtype=np.int64)) if known and self.rank >= 2 else None
+        # (C, H, W) of an image tensor [batch, C, H, W] of known size, which a Conv reads
+        self.image: tuple[int, int, int] | None = (tuple(int(d) for d in dims[1:])  # type: ignore[assignment]
+                                                   if self.rank == 4 and known else None)
         self.weights: list[np.ndarray] = []
         self.biases: list[np.ndarray | None] = []
         self.relu: list[bool] = []
@@ -207,16 +214,57 @@ def _step(chain: _Chain, node, consts: dict[str, np.ndarray]) -> None:
         if not chain.weights or chain.relu[-1]:
             chain.fail(node, "does not follow a dense layer; LUCID reads one Relu after each layer but the last")
         chain.relu[-1] = True
+    elif op == "Conv":
+        _conv(chain, node, consts, attrs)
     elif op == "Flatten":
         if attrs.get("axis", 1) != 1:
             chain.fail(node, "flattens at an axis other than 1, which would mix the batch with the features")
-        chain.rank = 2
+        chain.rank, chain.image = 2, None
     elif op == "Reshape":
         _reshape(chain, node, consts, attrs)
     elif op == "Identity":
         chain.open_matmul = after_matmul
     else:
         chain.fail(node, f"is not supported; LUCID imports {SUPPORTED} only")
+
+
+def _conv(chain: _Chain, node, consts: dict[str, np.ndarray], attrs: dict) -> None:
+    """A 2-D convolution of the running image, as the dense layer it is on the C-H-W flattened
+    image (exact: every entry a kernel entry or zero, `lucid.convolution.conv2d_to_dense`)."""
+    if chain.image is None:
+        chain.fail(node, "acts on a tensor that is not an image [batch, channels, height, width] of known size")
+    if chain.weights and not chain.relu[-1]:
+        chain.fail(node, "follows a layer without a Relu between them; LUCID reads Relu after every layer but the last")
+    w = _const(chain, node, consts, 1, ndim=None)
+    if w.ndim != 4:
+        chain.fail(node, f"has a kernel of shape {tuple(w.shape)}; LUCID imports 2-D convolutions [out, in, kh, kw]")
+    c_out, c_in, kh, kw = (int(v) for v in w.shape)
+    if c_in != chain.image[0]:
+        chain.fail(node, f"reads {c_in} channels but its input has {chain.image[0]}")
+    strides = [int(v) for v in attrs.get("strides", [1, 1])]
+    pads = [int(v) for v in attrs.get("pads", [0, 0, 0, 0])]
+    refused = {"group": attrs.get("group", 1) != 1,
+               "dilations": any(int(v) != 1 for v in attrs.get("dilations", [1, 1])),
+               "auto_pad": attrs.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"),
+               "kernel_shape": [int(v) for v in attrs.get("kernel_shape", [kh, kw])] != [kh, kw],
+               "strides": len(strides) != 2 or strides[0] != strides[1],
+               "pads": len(pads) != 4 or len(set(pads)) != 1}
+    bad = [name for name, no in refused.items() if no]
+    if bad:
+        chain.fail(node, f"has {', '.join(bad)} LUCID does not import; it imports one group, no dilation, explicit "
+                         "pads equal on every side and the same stride on both axes")
+    b = _const(chain, node, consts, 2, ndim=None) if len(node.input) > 2 and node.input[2] else None
+    bias = np.zeros(c_out, dtype=w.dtype) if b is None else _bias(chain, node, b, c_out)
+    try:
+        oh, ow = conv2d_output_hw(chain.image[1], chain.image[2], (kh, kw), strides[0], pads[0])
+    except LucidError as exc:
+        chain.fail(node, str(exc))
+    dense_w, dense_b = conv2d_to_dense(w[None], bias[None], chain.image, strides[0], pads[0])
+    # float64 copies of the kernel's entries: exact, and checked_net takes them back to float32 exactly
+    chain.weights.append(dense_w[0].astype(w.dtype) if w.dtype.kind == "f" else dense_w[0])
+    chain.biases.append(dense_b[0].astype(bias.dtype) if bias.dtype.kind == "f" else dense_b[0])
+    chain.relu.append(False)
+    chain.image, chain.width = (c_out, oh, ow), c_out * oh * ow
 
 
 def _reshape(chain: _Chain, node, consts: dict[str, np.ndarray], attrs: dict) -> None:
@@ -233,7 +281,7 @@ def _reshape(chain: _Chain, node, consts: dict[str, np.ndarray], attrs: dict) ->
         if chain.width is not None and shape[1] != chain.width:
             chain.fail(node, f"reshapes {chain.width} features to {shape[1]}")
         chain.width = shape[1]
-    chain.rank = 2
+    chain.rank, chain.image = 2, None
 
 
 def _const(chain: _Chain, node, consts: dict[str, np.ndarray], i: int, ndim: int | None) -> np.ndarray:
