@@ -272,3 +272,41 @@ def test_verify_matches_the_naive_oracle_and_evaluate_releases_no_leak(tiny_run,
     assert code == 0, err
     result = json.loads((tmp_path / "eval.json").read_text())
     assert result["accuracy"]["plain"] > 0.8
+
+
+def test_export_and_import_round_trip_a_cnn_to_the_same_networks_and_bounds(tiny_run, tmp_path, capsys):
+    """`lucid export` writes a 2-D CNN run's networks with their convolutions as dense layers;
+    importing them gives the same networks (float32, bit for bit), onnxruntime computes what
+    LUCID's float64 forward pass of the CNN run computes, and both runs verify to the same bounds."""
+    import onnxruntime
+
+    from lucid.network import load_networks
+
+    cnn = tmp_path / "cnn"
+    shutil.copytree(tiny_run, cnn)
+    for name in ("bounds.json", "verify.checkpoint.json", "verify.log.jsonl"):
+        (cnn / name).unlink(missing_ok=True)
+    code, err = run_main(["export", str(cnn), "--out", str(tmp_path / "onnx"), "--all"], capsys)
+    assert code == 0, err
+    code, err = run_main(["import", "--manifest", str(tmp_path / "onnx" / "manifest.json"), "--data",
+                          str(cnn / "data.npz"), "--out", str(tmp_path / "back")], capsys)
+    assert code == 0, err
+    original, back = load_networks(cnn), load_networks(tmp_path / "back")
+    assert back.layer_sizes == original.layer_sizes and back.removed.tolist() == original.removed.tolist()
+    for a, b in zip(original.weights + original.biases, back.weights + back.biases):
+        assert np.array_equal(a.astype(np.float32), b) and np.array_equal(a, b.astype(np.float64))
+    x = np.random.default_rng(3).uniform(-0.5, 1.5, size=(128, 16)).astype(np.float32)
+    reference = original.forward(x.astype(np.float64))
+    for position, row in enumerate(original.removed):
+        name = "N.onnx" if row == -1 else f"n{row}.onnx"
+        session = onnxruntime.InferenceSession(str(tmp_path / "onnx" / name), providers=["CPUExecutionProvider"])
+        assert np.abs(session.run(None, {"x": x})[0] - reference[position]).max() <= 1e-5, name
+    bounds = {}
+    for run in (cnn, tmp_path / "back"):
+        code, err = run_main(["verify", str(run), "--time-limit", "60", "--workers", "1", "--quiet"], capsys)
+        assert code == 0, err
+        bounds[run] = json.loads((run / "bounds.json").read_text())["bounds"]
+    first, second = bounds.values()
+    for c in first:
+        for key in ("upper", "lower", "complete", "leaking_row"):
+            assert first[c][key] == second[c][key], (c, key, first[c], second[c])
