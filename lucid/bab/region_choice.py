@@ -99,10 +99,9 @@ def choose_split(tree: RegionTree, node: int, points: np.ndarray, node_leaks: di
 MIN_TRIM = 0.1  # a carve's side must cut off at least this share of the box's width
 TRIM_MARGIN = 0.02  # a carve leaves this share of the domain's width beside its points: unseen inputs near them stay in
 CLUSTER_RADII = (0.3, 0.2, 0.1, 0.05, 0.4)  # a carved cluster: the points within this share of the domain's
-# width (L-inf) of its centre, the first radius that makes one: the widest first, since a box
-# around data already bounds far below the domain's bound while holding the unseen inputs near
-# the data (Adult 3k: test inputs lie 0.1-0.3 from the nearest public point; boxes of L-inf
-# radius 0.2 around them bound at about 1.2 against the domain's 2.3), and the narrower ones
+# width (L-inf) of its centre, the first radius that makes one. The widest first: a box around
+# data already bounds far below the domain's bound while holding the unseen inputs near the data,
+# which a tight box misses (measured in benchmarks/results/regions_findings.md); the narrower ones
 # inside it, once its cluster holds all its points; 0.4 last, for points spread over many
 # features (8x8 images)
 CLUSTER_SEEDS = 256  # centres tried (a seeded subset of P)

@@ -260,9 +260,9 @@ def _conv(chain: _Chain, node, consts: dict[str, np.ndarray], attrs: dict) -> No
     except LucidError as exc:
         chain.fail(node, str(exc))
     dense_w, dense_b = conv2d_to_dense(w[None], bias[None], chain.image, strides[0], pads[0])
-    # float64 copies of the kernel's entries: exact, and checked_net takes them back to float32 exactly
-    chain.weights.append(dense_w[0].astype(w.dtype) if w.dtype.kind == "f" else dense_w[0])
-    chain.biases.append(dense_b[0].astype(bias.dtype) if bias.dtype.kind == "f" else dense_b[0])
+    # back in the file's own types (the entries are copies, so exactly), for checked_net's dtype rules
+    chain.weights.append(dense_w[0].astype(w.dtype))
+    chain.biases.append(dense_b[0].astype(bias.dtype))
     chain.relu.append(False)
     chain.image, chain.width = (c_out, oh, ow), c_out * oh * ow
 
