@@ -92,11 +92,16 @@ class RegionTree:
     def leaves(self) -> list[int]:
         return [i for i in range(len(self)) if self.is_leaf(i)]
 
-    def depth_of(self, node: int) -> int:
-        depth = 0
+    def ancestors(self, node: int) -> list[int]:
+        """`node`'s parent, its parent's parent, ..., the root (none for the root itself)."""
+        out = []
         while self.parent[node] >= 0:
-            node, depth = self.parent[node], depth + 1
-        return depth
+            node = self.parent[node]
+            out.append(node)
+        return out
+
+    def depth_of(self, node: int) -> int:
+        return len(self.ancestors(node))
 
     @property
     def depth(self) -> int:

@@ -267,23 +267,18 @@ def _nearest(tree: RegionTree, node: int, screens: dict) -> dict:
     """The per-network screened bounds of `node`'s nearest verified ancestor (the rest of a carve is
     never verified: its children start from the box it inherits). Sound for `node`: an ancestor's
     box holds it."""
-    parent = tree.parent[node]
-    while parent >= 0 and parent not in screens:
-        parent = tree.parent[parent]
-    return screens.get(parent, {})
+    return next((screens[a] for a in tree.ancestors(node) if a in screens), {})
 
 
 def _inherited_leaks(tree: RegionTree, node: int, leaks: dict) -> dict[int, dict]:
     """Per class, the best leak any ancestor found inside `node`'s box: a true lower bound there."""
     lo, hi = tree.box(node)
     best: dict[int, dict] = {}
-    parent = tree.parent[node]
-    while parent >= 0:
-        for c, leak in leaks.get(parent, {}).items():
+    for ancestor in tree.ancestors(node):
+        for c, leak in leaks.get(ancestor, {}).items():
             x = np.asarray(leak["x"], dtype=np.float64)
             if np.all(x >= lo) and np.all(x <= hi) and (c not in best or leak["value"] > best[c]["value"]):
                 best[c] = leak
-        parent = tree.parent[parent]
     return best
 
 
