@@ -513,9 +513,9 @@ def test_a_cnn_in_onnx_imports_as_the_dense_layers_torch_computes(tmp_path, caps
     # what the lowering cannot express is refused in one line naming it, and nothing is written
     capsys.readouterr()
     for attrs, word in (({"dilations": [2, 2], "pads": [2, 2, 2, 2]}, "dilations"), ({"pads": [1, 0, 1, 0]}, "pads"),
-                        ({"strides": [2, 1]}, "strides")):
+                        ({"strides": [2, 1]}, "strides"), ({"strides": [0, 0]}, "stride >= 1")):
         _cnn_onnx(cw, cb, ws, bs, tmp_path / "conv" / "net2.onnx", **attrs)
-        out = tmp_path / f"refused-{word}"
+        out = tmp_path / f"refused-{word.split()[0]}"
         code, err = run_cli(["import", "--manifest", tmp_path / "conv" / "manifest.json", "--data",
                              tmp_path / "data.npz", "--out", out], capsys)
         assert code == 2 and len(err.strip().splitlines()) == 1 and "Conv node" in err and word in err, err

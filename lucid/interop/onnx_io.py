@@ -255,11 +255,11 @@ def _conv(chain: _Chain, node, consts: dict[str, np.ndarray], attrs: dict) -> No
                          "pads equal on every side and the same stride on both axes")
     b = _const(chain, node, consts, 2, ndim=None) if len(node.input) > 2 and node.input[2] else None
     bias = np.zeros(c_out, dtype=w.dtype) if b is None else _bias(chain, node, b, c_out)
-    try:
-        oh, ow = conv2d_output_hw(chain.image[1], chain.image[2], (kh, kw), strides[0], pads[0])
+    try:  # conv2d_to_dense checks the stride and padding before any size is computed from them
+        dense_w, dense_b = conv2d_to_dense(w[None], bias[None], chain.image, strides[0], pads[0])
     except LucidError as exc:
         chain.fail(node, str(exc))
-    dense_w, dense_b = conv2d_to_dense(w[None], bias[None], chain.image, strides[0], pads[0])
+    oh, ow = conv2d_output_hw(chain.image[1], chain.image[2], (kh, kw), strides[0], pads[0])
     # back in the file's own types (the entries are copies, so exactly), for checked_net's dtype rules
     chain.weights.append(dense_w[0].astype(w.dtype))
     chain.biases.append(dense_b[0].astype(bias.dtype))
