@@ -37,6 +37,13 @@ from lucid.witness.replay import climb
 LEAF_STEPS = 200  # Adam steps for a domain with nothing left to split (its bound is then final)
 LEAK_STARTS = 4  # leak searches from the highest open domains of an unproved network
 TRACE_EVERY = 1.0  # seconds between two points of a search's recorded bound
+# The batch split per round is 1/POOL_SHARE of the open domains, between `batch` (a small pool:
+# the best few first, for a good anytime bound) and `deep_batch` (a large pool, and the depth-first
+# phase: a batch's fixed costs, e.g. reordering the pool, spread over more domains). Adult 2x50's
+# network 1941 to its cutoff, one thread: the same 1.47 M domains in 273 s with 1 024 per batch
+# until the pool was full and 8 192 after, 170 s with 8 192 throughout, 154 s growing
+# (benchmarks/results/split_tier.md).
+POOL_SHARE = 16
 # `split_singleton` checks once, after CHECK_SHARE of its time, whether the split is on track to
 # prove the cutoff, and hands the rest of its time to the MILP when it is not: when its bound is
 # still more than GIVE_UP_EXCESS (relative) above the cutoff, or when a leak at the cutoff is found
@@ -81,14 +88,15 @@ def _peaks(parts: list[_Domains]) -> np.ndarray:
 
 
 def split_upper_bound(pair: PairProblem, cls: int, cutoff: float, *, margin_upper: np.ndarray | None = None,
-                      time_limit: float = 10.0, batch: int = 1024, steps: int = 20, lr: float = 0.0125,
+                      time_limit: float = 10.0, batch: int = 1024, deep_batch: int = 8192, steps: int = 20,
+                      lr: float = 0.0125,
                       lam_lr: float = 0.1, alpha_lr: float = 0.1, max_domains: int = 300_000,
                       start: np.ndarray | None = None, device: str = "cpu", domain_bound=None,
                       checkpoint: tuple[float, object] | None = None, stop=None) -> SplitResult:
     """Sound upper bound on beta*_{cls,{i}} for the one network N' of `pair` against N, by
     ReLU-splitting branch and bound until every domain is <= `cutoff` or `time_limit` seconds have
     passed (module docstring); best first while at most `max_domains` are open, then depth first
-    (`_search`).
+    (`_search`). batch, deep_batch: the fewest and the most domains split per round (POOL_SHARE).
 
     start: optional [C] sound bounds per rival (e.g. the optimised screen's `per_target`); rivals
     at -inf (N' can never prefer them) or already <= cutoff are skipped. domain_bound: see
@@ -124,8 +132,8 @@ def split_upper_bound(pair: PairProblem, cls: int, cutoff: float, *, margin_uppe
         spread = max(float(hu[cls] - hl[t]), float(hu[t] - hl[cls]), 1e-6)
         b.lr, b.lam_lr = lr * scale, lam_lr * scale / spread
         open_ = b.bound(open_)
-        per_target[t], open_, gave_up = _search(b, open_, cutoff, t0 + time_limit, batch, max_domains, domain_bound,
-                                                trace, t0, once, stop)
+        per_target[t], open_, gave_up = _search(b, open_, cutoff, t0 + time_limit, (batch, deep_batch), max_domains,
+                                                domain_bound, trace, t0, once, stop)
         evaluated += b.evaluated
         if per_target[t] > cutoff and len(open_):
             starts.append(_peaks([open_]))
@@ -139,7 +147,7 @@ def split_upper_bound(pair: PairProblem, cls: int, cutoff: float, *, margin_uppe
                        np.concatenate(starts) if starts else None, trace=trace, gave_up=gave_up)
 
 
-def _search(b: _Brancher, open_: _Domains, cutoff: float, deadline: float, batch: int, pool: int,
+def _search(b: _Brancher, open_: _Domains, cutoff: float, deadline: float, batch: tuple[int, int], pool: int,
             domain_bound=None, trace: list | None = None, t0: float = 0.0,
             checkpoint: _Checkpoint | None = None, stop=None) -> tuple[float, _Domains, bool]:
     """Branch and bound from the bounded domains `open_` until every domain is closed (<= cutoff,
@@ -147,8 +155,8 @@ def _search(b: _Brancher, open_: _Domains, cutoff: float, deadline: float, batch
     the sound bound (the maximum over closed and open domains), the domains left open and whether
     the checkpoint stopped it.
 
-    Best first (the batch of highest bounds is split each round) while at most `pool` domains
-    are open: that lowers the anytime bound fastest. Beyond that, each round's reordering of the
+    Best first (the batch of highest bounds is split each round; `batch`: its fewest and most
+    domains, see POOL_SHARE) while at most `pool` domains are open: that lowers the anytime bound fastest. Beyond that, each round's reordering of the
     whole open set would cost more than the bounding, and memory grows with it, so the search
     goes depth first: it takes the best batch off the pool and finishes that subtree (a stack of
     batches, the newest children first) before the next. Which domains must be split to prove a
@@ -205,9 +213,9 @@ def _search(b: _Brancher, open_: _Domains, cutoff: float, deadline: float, batch
                 kids.bound[i] = min(float(kids.bound[i]), other)
         return kids
 
-    def best_first(d: _Domains) -> tuple[_Domains, _Domains]:
+    def best_first(d: _Domains, size: int) -> tuple[_Domains, _Domains]:
         order = torch.argsort(d.bound, descending=True)
-        return d.take(order[:batch]), d.take(order[batch:])
+        return d.take(order[:size]), d.take(order[size:])
 
     open_ = settle(open_)
     while True:
@@ -225,15 +233,15 @@ def _search(b: _Brancher, open_: _Domains, cutoff: float, deadline: float, batch
                 stopped = True
                 break
         if not stack and len(open_) <= pool:
-            pick, rest = best_first(open_)
+            pick, rest = best_first(open_, min(batch[1], max(batch[0], len(open_) // POOL_SHARE)))
             open_ = _Domains.cat([rest, settle(split(pick, False))])
             continue
         if not stack:
-            pick, open_ = best_first(open_)
+            pick, open_ = best_first(open_, batch[1])
             stack.append(pick)
         cur = stack.pop()
-        if len(cur) > batch:
-            cur, later = best_first(cur)
+        if len(cur) > batch[1]:
+            cur, later = best_first(cur, batch[1])
             stack.append(later)
         kids = settle(split(cur, True))
         if len(kids):
