@@ -2,6 +2,7 @@
 benchmarks/results/regions_findings.md.
 
   python benchmarks/regions_probe.py [--workload adult3k-2x50] [--points 12] [--radii 0.05,0.1,0.2]
+  python benchmarks/regions_probe.py --points 6 --radii 0.05,0.1 --verify 120
 
 Needs the workload's run (benchmarks/regions.py trains it). Prints
 - how far the test inputs lie from the nearest public input (L-inf, in the domain's units),
@@ -11,7 +12,11 @@ Needs the workload's run (benchmarks/regions.py trains it). Prints
   disagrees there): the symbolic screen's bound (max over all leave-one-out networks) over L-inf
   boxes of each radius centred on the input, against the input's confidence. A box's bound must
   be below the confidence to release the input; the screen is the first and cheapest step of a
-  box's verification, so this is what a box of that size gets in about two seconds.
+  box's verification, so this is what a box of that size gets in about two seconds;
+- with --verify S: each such box verified for the input's class by the whole engine (screen,
+  splitting tier, MILPs, leak search; --rel-gap 0.1, one worker, S seconds): [lower, upper]. The
+  lower end is a replayed leak inside the box, so where it is at or above the input's confidence
+  no sound bound of that box, however exact, releases the input.
 """
 
 from __future__ import annotations
@@ -27,12 +32,40 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import regions as bench  # noqa: E402
 
 
+def verify_box(box, cls: int, seconds: float, solver: str) -> tuple[float, float, bool]:
+    """The engine's [lower, upper] on class `cls`'s bound over the box problem `box` (one worker,
+    --rel-gap 0.1, `seconds` in all) and whether the class finished."""
+    from functools import partial
+
+    import lucid.bab.engine as bab_engine
+    import lucid.bab.workers as executors
+    import lucid.witness.search as witness_search
+    from lucid.analysis.screen import Screen
+    from lucid.bab.partition import FlatParameters
+    from lucid.settings import VerifySettings
+
+    settings = VerifySettings(solver=solver, workers=1, time_limit=seconds, rel_gap=0.1, progress=False)
+    executor = executors.ThreadExecutor(lambda *a, **kw: executors.analyse_with(box, settings, *a, **kw), 1)
+    screen = Screen(box, settings.screen, settings.device)
+    try:
+        engine = bab_engine.Engine(executor, [cls], len(box.stack), settings, params=FlatParameters(box.stack),
+                                   screen=screen.initial, refine=screen.refine,
+                                   search=partial(witness_search.search_class_witness, box, points=None))
+        engine.run()
+    finally:
+        executor.close()
+    cs = engine.states[cls]
+    return (-np.inf if cs.lower is None else cs.lower), cs.upper, cs.complete
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workload", default="adult3k-2x50", choices=sorted(bench.WORKLOADS))
     p.add_argument("--points", type=int, default=12)
     p.add_argument("--radii", default="0.05,0.1,0.2")
     p.add_argument("--root-bound", type=float, default=2.2, help="The root's bound the sample is noised under.")
+    p.add_argument("--verify", type=float, default=0.0, help="Seconds of the whole engine per box (0: screen only).")
+    p.add_argument("--solver", default="highs")
     args = p.parse_args()
 
     from lucid.access.evaluate import leaking_set
@@ -68,6 +101,10 @@ def main() -> None:
             b = Screen(box, "symbolic").initial(int(cls[i]), positions)
             cells.append(f"r {r}: {b.max():.3f} ({int((b > conf[i]).sum())} networks above, "
                          f"{time.monotonic() - t0:.1f} s)")
+            if args.verify > 0:
+                t0 = time.monotonic()
+                low, up, done = verify_box(box, int(cls[i]), args.verify, args.solver)
+                cells.append(f"verified [{low:.3f}, {up:.3f}]{'' if done else ' (open)'} in {time.monotonic() - t0:.0f} s")
         print(" | ".join(cells), flush=True)
 
 

@@ -199,6 +199,26 @@ def test_the_adapter_gives_up_only_off_track_or_at_a_leak(cases):
     assert gave_up >= 3, gave_up
 
 
+def test_a_search_all_but_done_at_its_deadline_goes_on_once(cases):
+    """The extension: a search whose time runs out within the extension's excess of the cutoff goes
+    on for the extension's seconds (once), and proves what it could not in its own time; one
+    further from the cutoff stops at its deadline. Sound either way."""
+    extended = 0
+    for problem, p, cls, ex in cases:
+        if not math.isfinite(ex) or p > 2:
+            continue
+        cutoff = ex + 1e-2
+        plain = run(problem, p, cls, cutoff, time_limit=0.0)
+        if plain.proved:
+            continue  # the root alone proves it: nothing to extend
+        far = run(problem, p, cls, cutoff, time_limit=0.0, extension=(30.0, 0.0))
+        near = run(problem, p, cls, cutoff, time_limit=0.0, extension=(30.0, 1e9))
+        assert not far.proved and far.seconds < 5.0
+        assert near.proved and ex - 1e-9 <= near.bound <= cutoff, (p, cls, ex, near.bound)
+        extended += 1
+    assert extended >= 3, extended
+
+
 def test_leaks_found_from_the_open_domains_are_real(cases):
     """An unproved network's search for a leak (from where its open domains peak) returns only
     replayed leaks: N' does not pick c there, and N's confidence is at most the exact beta*."""

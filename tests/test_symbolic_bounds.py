@@ -18,9 +18,10 @@ from lucid.bounds.symbolic import (
     set_upper_bound,
     singleton_upper_bounds,
     symbolic_screen,
+    symbolic_screens,
 )
 from lucid.analysis.problem import VerificationProblem
-from lucid.analysis.screen import screen_upper_bounds
+from lucid.analysis.screen import Screen, interval_screens, screen_upper_bounds
 
 # (seed, hidden, classes, input dim, domain lower end, perturbation size)
 CASES = [
@@ -157,6 +158,34 @@ def test_the_adapter_has_the_contract_of_the_interval_screen(case, exact_cache):
         sub = symbolic_screen(problem, cls, POSITIONS[::-2])
         assert np.array_equal(sub, symbolic_screen(problem, cls, POSITIONS)[::-2])
     assert symbolic_screen(problem, 0, np.array([], dtype=np.int64)).shape == (0,)
+
+
+@pytest.mark.parametrize("case", [1, 3, 6])
+def test_screening_every_class_at_once_gives_each_class_its_own_screen(case, monkeypatch):
+    """The screens of several classes share their class-independent work (the difference intervals,
+    the joint system): each class must get exactly the bounds of its own screen, and a `Screen`
+    told the classes screens them in one call and answers the others from it."""
+    stack, lower, upper, problem = setup(*CASES[case])
+    classes = list(range(stack.num_classes))
+    positions = POSITIONS[::-1]
+    together = symbolic_screens(problem, classes, positions, chunk=3)
+    intervals = interval_screens(problem, classes, positions, chunk=3)
+    for j, cls in enumerate(classes):
+        assert np.array_equal(together[j], symbolic_screen(problem, cls, positions))
+        assert np.array_equal(intervals[j], screen_upper_bounds(problem, cls, positions))
+    import lucid.bounds.symbolic as symbolic
+
+    calls = []
+    monkeypatch.setattr(symbolic, "symbolic_screens", lambda *a, **kw: calls.append(a[1]) or symbolic_screens(*a, **kw))
+    screen = Screen(problem, "symbolic", classes=classes[::-1])
+    for cls in classes:
+        assert np.array_equal(screen.initial(cls, positions), np.minimum(intervals[cls], together[cls]))
+    assert calls == [classes[::-1]]
+    # a class it was not told of, or other positions, are screened on their own
+    alone = Screen(problem, "symbolic", classes=[0])
+    assert np.array_equal(alone.initial(1, positions), np.minimum(intervals[1], together[1]))
+    assert np.array_equal(screen.initial(0, positions[:2]), np.minimum(intervals[0], together[0])[:2])
+    assert calls[1:] == [[1], classes[::-1]]
 
 
 def test_chunks_do_not_change_the_bounds():

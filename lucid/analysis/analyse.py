@@ -84,7 +84,7 @@ def analyse_node(
     split, split_stats = None, {}
     if _splits_first(settings, positions, cutoff):
         split = _split_singleton(problem, cls, int(positions[0]), cutoff, budget.split_time, settings, encoding,
-                                 split_stats)
+                                 split_stats, extend=budget.split_extension)
         if split.proved:  # every domain is below the cutoff: no MILP needed
             _release_kept_tree(problem, keep_key)
             return _profiled(_split_proved(split, split_stats, t0))
@@ -281,11 +281,13 @@ def _tighter(outcome: NodeOutcome, split: SplitResult | None, cls: int) -> NodeO
 
 
 def _split_singleton(problem: VerificationProblem, cls: int, position: int, cutoff: float, seconds: float,
-                     settings: VerifySettings, encoding: EncodingOptions, stats: dict, stop=None) -> SplitResult:
+                     settings: VerifySettings, encoding: EncodingOptions, stats: dict, stop=None,
+                     extend: float = 0.0) -> SplitResult:
     """The splitting branch and bound of one network before its MILP: of the input box for a network
     with few inputs (`lucid.bounds.input_split`), else of its ReLUs (`lucid.bounds.relu_split`), with
     the LP of the network's MILP as the second opinion on stalled domains (`lucid.analysis.domain_lp`);
-    `settings.split_space` chooses."""
+    `settings.split_space` chooses. extend: seconds the ReLU split may go on when its time runs out
+    all but done (`lucid.bounds.relu_split.EXTEND_EXCESS`)."""
     t0 = time.perf_counter()
     space = split_space_for(settings.split_space, problem.stack.input_dim, sum(problem.stack.layer_sizes[1:-1]))
     lps = None
@@ -299,7 +301,7 @@ def _split_singleton(problem: VerificationProblem, cls: int, position: int, cuto
 
         lp = DomainLp(problem, cls, position, encoding)
         res = split_singleton(problem, cls, position, cutoff, time_limit=seconds, device=settings.device,
-                              domain_bound=lp.bound, stop=stop)
+                              domain_bound=lp.bound, extend=extend, stop=stop)
         lps = lp.solved
     stats["split"] = {"space": space, "upper": encode_float(res.bound), "proved": res.proved, "gave_up": res.gave_up,
                       "domains": res.domains, "seconds": res.seconds, "wall_seconds": time.perf_counter() - t0,

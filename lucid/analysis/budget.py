@@ -107,10 +107,20 @@ class NodeBudget:
         had, not the rest of the node's limit, so an unproved node comes back sooner (retried with
         both allowances grown) instead of holding its worker while easier networks wait (Adult
         2x50: a 60-s split, then a 390-s MILP that ended unproved too). A split that gave up early
-        leaves the MILP the rest of its allowance too."""
+        leaves the MILP the rest of its allowance too. Never past the attempt's limit (a split that
+        took its extension leaves the MILP what is left of it, or MIN_STAGE_TIME)."""
         if self.time_limit is None:
             return self
-        return replace(self, time_limit=max(now - self.start, self.split_time) + self.split_time)
+        return replace(self, time_limit=min(self.time_limit, max(now - self.start, self.split_time) + self.split_time))
+
+    @property
+    def split_extension(self) -> float:
+        """Seconds the ReLU split may go on past `split_time` when it is all but done
+        (`lucid.bounds.relu_split.EXTEND_EXCESS`): the rest of the attempt (without a limit, its
+        allowance once more). Its MILP then gets what is left."""
+        if self.time_limit is None:
+            return self.split_time
+        return max(0.0, self.time_limit - self.split_time)
 
     def seconds_left(self, now: float) -> float | None:
         """What is left at `now` (at least MIN_STAGE_TIME, so a late stage still reports a bound)."""

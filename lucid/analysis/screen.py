@@ -17,10 +17,16 @@ def screen_upper_bounds(problem: VerificationProblem, cls: int, positions: np.nd
     <= du_t - dl_c with d = s# - s, and also beta <= max(s_c - s_t) over the domain; a class t
     that N' can never rank above c contributes nothing, and no such t at all means -inf.
     """
+    return interval_screens(problem, [cls], positions, chunk)[0]
+
+
+def interval_screens(problem: VerificationProblem, classes: list[int], positions: np.ndarray,
+                     chunk: int = 128) -> np.ndarray:
+    """`screen_upper_bounds` for every class of `classes`, [len(classes), len(positions)]: the
+    difference intervals, which do not depend on the class, are propagated once."""
     positions = np.asarray(positions, dtype=np.int64)
-    out = np.empty(len(positions))
+    out = np.empty((len(classes), len(positions)))
     C = problem.num_classes
-    others = [t for t in range(C) if t != cls]
     for start in range(0, len(positions), chunk):
         pos = positions[start : start + chunk]
         ws = [w[pos] for w in problem.stack.weights]
@@ -28,14 +34,17 @@ def screen_upper_bounds(problem: VerificationProblem, cls: int, positions: np.nd
         diff = difference_bounds(problem.n_weights, problem.n_biases, ws, ws, bs, bs, problem.n_bounds, problem.lower, problem.upper)
         dl, du = diff.pre.lower[-1], diff.pre.upper[-1]  # [k, C]
         hl, hu = diff.hyper.lower[-1], diff.hyper.upper[-1]
-        best = np.full(len(pos), -np.inf)
-        for t in others:
-            feasible = ~(hu[:, t] - hl[:, cls] < 0)  # not "provably < 0": NaN stays feasible
-            via_diff = du[:, t] - dl[:, cls]
-            via_diff = via_diff + FP_REL * (np.abs(du[:, t]) + np.abs(dl[:, cls])) + 1e-300
-            cand = np.minimum(np.where(np.isnan(via_diff), np.inf, via_diff), problem.margin_upper[cls, t])
-            best = np.where(feasible, np.maximum(best, cand), best)
-        out[start : start + len(pos)] = np.where(np.isnan(best), np.inf, best)
+        for j, cls in enumerate(classes):
+            best = np.full(len(pos), -np.inf)
+            for t in range(C):
+                if t == cls:
+                    continue
+                feasible = ~(hu[:, t] - hl[:, cls] < 0)  # not "provably < 0": NaN stays feasible
+                via_diff = du[:, t] - dl[:, cls]
+                via_diff = via_diff + FP_REL * (np.abs(du[:, t]) + np.abs(dl[:, cls])) + 1e-300
+                cand = np.minimum(np.where(np.isnan(via_diff), np.inf, via_diff), problem.margin_upper[cls, t])
+                best = np.where(feasible, np.maximum(best, cand), best)
+            out[j, start : start + len(pos)] = np.where(np.isnan(best), np.inf, best)
     return out
 
 
@@ -47,20 +56,32 @@ class Screen:
     class's cutoff, and returns bounds no larger than `initial`'s. Every value is a sound upper
     bound on beta*_{c,{i}}, so the engine may take the minimum of any of them."""
 
-    def __init__(self, problem: VerificationProblem, method: str, device: str = "cpu") -> None:
+    def __init__(self, problem: VerificationProblem, method: str, device: str = "cpu",
+                 classes: list[int] | None = None) -> None:
+        """classes: the classes `initial` will be asked for. The first call screens them all at
+        once (the class-independent work shared, `interval_screens`, `symbolic_screens`) and keeps
+        the bounds for the others' calls on the same positions."""
         if method not in ("interval", "symbolic", "optimised"):
             raise ValueError(f"no screen for method {method!r}")
         self.problem = problem
         self.method = method
         self.device = device
+        self.classes = None if classes is None else [int(c) for c in classes]
+        self._kept: tuple[bytes, dict[int, np.ndarray]] | None = None  # (positions, class -> bounds)
 
     def initial(self, cls: int, positions: np.ndarray) -> np.ndarray:
-        interval = screen_upper_bounds(self.problem, cls, positions)
-        if self.method == "interval":
-            return interval
-        from lucid.bounds.symbolic import symbolic_screen
+        positions = np.asarray(positions, dtype=np.int64)
+        key = positions.tobytes()
+        if self._kept is not None and self._kept[0] == key and cls in self._kept[1]:
+            return self._kept[1].pop(cls)  # each class asks once: no need to keep it
+        classes = self.classes if self.classes is not None and cls in self.classes else [cls]
+        bounds = interval_screens(self.problem, classes, positions)
+        if self.method != "interval":
+            from lucid.bounds.symbolic import symbolic_screens
 
-        return np.minimum(interval, symbolic_screen(self.problem, cls, positions, device=self.device))
+            bounds = np.minimum(bounds, symbolic_screens(self.problem, classes, positions, device=self.device))
+        self._kept = (key, {c: b for c, b in zip(classes, bounds) if c != cls})
+        return bounds[classes.index(cls)]
 
     @property
     def refines(self) -> bool:

@@ -212,15 +212,15 @@ def _verify_box(tree: RegionTree, node: int, root: VerificationProblem, holder: 
     box_settings = replace(settings, time_limit=limit, resume=False)
     parent = tree.parent[node]
     parent_screens = _nearest(tree, node, screens)
-    screen = None if settings.screen == "none" else Screen(problem, settings.screen, settings.device)
+    # A class whose bound is already <= 0 here releases every confident input: nothing to gain.
+    open_classes = [c for c in classes if tree.bound_upper[node][c] > 0]
+    screen = None if settings.screen == "none" else Screen(problem, settings.screen, settings.device, open_classes)
 
     def initial(c: int, positions: np.ndarray) -> np.ndarray:
         own = screen.initial(c, positions)
         prior = parent_screens.get(c)
         return own if prior is None else np.minimum(own, prior[positions])
 
-    # A class whose bound is already <= 0 here releases every confident input: nothing to gain.
-    open_classes = [c for c in classes if tree.bound_upper[node][c] > 0]
     lo, hi = tree.box(node)
     if not open_classes:
         tree.record(node, tree.bound_upper[node], tree.bound_lower[node], 0.0, np.ones(tree.num_classes, bool))

@@ -125,7 +125,7 @@ def verify_run(run_dir: str | Path, settings: VerifySettings | None = None, **op
     if settings.workers is None and settings.scheduler is None:
         settings = replace(settings, workers=os.cpu_count() or 1)
     executor = _make_executor(problem, settings)
-    screen = None if settings.screen == "none" else Screen(problem, settings.screen, settings.device)
+    screen = None if settings.screen == "none" else Screen(problem, settings.screen, settings.device, classes)
     search = partial(witness_search.search_class_witness, problem, points=problem.points) if settings.search else None
 
     log = EventLog(run_path / LOG_FILE, elapsed_before=elapsed_before, append=settings.resume)

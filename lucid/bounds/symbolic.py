@@ -176,6 +176,25 @@ def singleton_upper_bounds(pair: PairProblem, cls: int, margin_upper: np.ndarray
     return SingletonBounds(bound, per_target, lagr, iterates)
 
 
+def class_screens(pair: PairProblem, classes: list[int], margin_upper: np.ndarray | None = None, *,
+                  device: str = "cpu", chunk: int = 512) -> np.ndarray:
+    """`singleton_upper_bounds(pair, c, margin_upper).bound` (lambda = 1, no steps: the symbolic
+    screen) for every class c of `classes`, [len(classes), K]. Only the objective depends on the
+    class, so each chunk's joint system (its intermediate bounds: most of a screen's time) is
+    built once for all the classes."""
+    K, C = pair.count, pair.n_weights[-1].shape[0]
+    out = np.empty((len(classes), K))
+    for start in range(0, K, chunk):
+        sl = slice(start, min(start + chunk, K))
+        part = pair.networks(sl)
+        system = JointSystem(part, device=device)
+        ones = np.ones((part.count, C))
+        for j, c in enumerate(classes):
+            out[j, sl] = _chunk_bounds(part, c, margin_upper, ones, None, 0, 0.0, "symbolic", device, False, None,
+                                       True, system=system).bound
+    return out
+
+
 def set_upper_bound(pair: PairProblem, cls: int, margin_upper: np.ndarray | None = None, **opts) -> float:
     """Upper bound on max_{i in S} beta*_{cls,{i}} for the set S of networks N' of `pair` (max of singletons)."""
     res = singleton_upper_bounds(pair, cls, margin_upper, **opts)
@@ -193,8 +212,10 @@ def _simplex(v: torch.Tensor) -> torch.Tensor:
 
 
 def _chunk_bounds(pair: PairProblem, cls, margin_upper, lam0, alpha0, steps, lr, intermediate, device, keep_iterates,
-                  cutoff, mix, intermediate_steps=0) -> SingletonBounds:
-    sys_ = JointSystem(pair, device=device, intermediate=intermediate, intermediate_steps=intermediate_steps)
+                  cutoff, mix, intermediate_steps=0, system: JointSystem | None = None) -> SingletonBounds:
+    """`singleton_upper_bounds` of one chunk; system: the chunk's joint system, if already built
+    (it does not depend on the class)."""
+    sys_ = system or JointSystem(pair, device=device, intermediate=intermediate, intermediate_steps=intermediate_steps)
     K, L, dev = sys_.K, sys_.L, sys_.device
     C = pair.n_weights[-1].shape[0]
     rivals = [t for t in range(C) if t != cls]
@@ -309,6 +330,14 @@ class _Rows:
         return self.array[self.positions[sl]]
 
 
+def _stack_pair(problem, positions: np.ndarray) -> PairProblem:
+    """N against the networks at `positions` of problem.stack, read one chunk at a time (`_Rows`)."""
+    stack = problem.stack
+    return PairProblem([w[0] for w in stack.weights], [b[0] for b in stack.biases],
+                       [_Rows(w, positions) for w in stack.weights], [_Rows(b, positions) for b in stack.biases],
+                       problem.n_bounds.lower, problem.n_bounds.upper, problem.lower, problem.upper)
+
+
 def symbolic_screen(problem, cls: int, positions, *, steps: int = 0, lr: float = 0.02, lam: float = 1.0,
                     intermediate: str = "symbolic", device: str = "cpu", chunk: int = 512,
                     cutoff: float | None = None, refine_steps: int = 0) -> np.ndarray:
@@ -323,11 +352,19 @@ def symbolic_screen(problem, cls: int, positions, *, steps: int = 0, lr: float =
         return np.empty(0)
     if not 0 <= cls < problem.num_classes:
         raise ValueError(f"class {cls} out of range")
-    stack = problem.stack
-    n_w = [w[0] for w in stack.weights]
-    n_b = [b[0] for b in stack.biases]
-    pair = PairProblem(n_w, n_b, [_Rows(w, positions) for w in stack.weights], [_Rows(b, positions) for b in stack.biases],
-                       problem.n_bounds.lower, problem.n_bounds.upper, problem.lower, problem.upper)
-    res = singleton_upper_bounds(pair, cls, problem.margin_upper, lam=lam, steps=steps, lr=lr, intermediate=intermediate,
-                                 device=device, chunk=chunk, cutoff=cutoff, refine_steps=refine_steps)
+    res = singleton_upper_bounds(_stack_pair(problem, positions), cls, problem.margin_upper, lam=lam, steps=steps, lr=lr,
+                                 intermediate=intermediate, device=device, chunk=chunk, cutoff=cutoff,
+                                 refine_steps=refine_steps)
     return res.bound
+
+
+def symbolic_screens(problem, classes: list[int], positions, *, device: str = "cpu", chunk: int = 512) -> np.ndarray:
+    """`symbolic_screen(problem, c, positions)` for every class c of `classes` at once ([len(classes),
+    len(positions)]; `class_screens`)."""
+    positions = np.asarray(positions, dtype=np.int64)
+    if any(not 0 <= c < problem.num_classes for c in classes):
+        raise ValueError(f"classes {list(classes)} out of range")
+    if positions.size == 0:
+        return np.empty((len(classes), 0))
+    return class_screens(_stack_pair(problem, positions), list(classes), problem.margin_upper, device=device,
+                         chunk=chunk)
