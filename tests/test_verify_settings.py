@@ -35,14 +35,15 @@ class Recorder:
         self.solves: list[str] = []  # backends asked to solve a MILP
         self.engines: list = []
         self.screens = 0
-        self.symbolic: list[dict] = []  # symbolic_screen calls: steps and device
+        self.symbolic: list[dict] = []  # symbolic_screen(s) calls: steps and device
         self.searches = {"class": 0, "node": 0, "climb": 0}
         self.problems: list = []
         self.displays: list[bool] = []
         original_analyse = lucid.analysis.analyse.analyse_node
         original_solve = lucid.solvers.solve
-        original_screen = lucid.analysis.screen.screen_upper_bounds
+        original_screen = lucid.analysis.screen.interval_screens
         original_symbolic = lucid.bounds.symbolic.symbolic_screen
+        original_symbolics = lucid.bounds.symbolic.symbolic_screens
         original_from_run = lucid.analysis.problem.VerificationProblem.from_run.__func__
         recorder = self
 
@@ -64,6 +65,10 @@ class Recorder:
         def symbolic(*args, **kw):
             recorder.symbolic.append({"steps": kw.get("steps", 0), "device": kw.get("device", "cpu")})
             return original_symbolic(*args, **kw)
+
+        def symbolics(*args, **kw):  # the initial screen of several classes at once: no steps
+            recorder.symbolic.append({"steps": 0, "device": kw.get("device", "cpu")})
+            return original_symbolics(*args, **kw)
 
         def counted(name, fn):
             def wrapper(*args, **kw):
@@ -96,8 +101,9 @@ class Recorder:
 
         monkeypatch.setattr(lucid.analysis.analyse, "analyse_node", analyse_node)
         monkeypatch.setattr(lucid.solvers, "solve", solve)
-        monkeypatch.setattr(lucid.analysis.screen, "screen_upper_bounds", screen)
+        monkeypatch.setattr(lucid.analysis.screen, "interval_screens", screen)
         monkeypatch.setattr(lucid.bounds.symbolic, "symbolic_screen", symbolic)
+        monkeypatch.setattr(lucid.bounds.symbolic, "symbolic_screens", symbolics)
         monkeypatch.setattr(lucid.analysis.analyse, "search_node_witness", counted("node", lucid.analysis.analyse.search_node_witness))
         monkeypatch.setattr(lucid.witness.search, "search_class_witness",
                             counted("class", lucid.witness.search.search_class_witness))
