@@ -40,9 +40,9 @@ TRACE_EVERY = 1.0  # seconds between two points of a search's recorded bound
 # The batch split per round is 1/POOL_SHARE of the open domains, between `batch` (a small pool:
 # the best few first, for a good anytime bound) and `deep_batch` (a large pool, and the depth-first
 # phase: a batch's fixed costs, e.g. reordering the pool, spread over more domains). Adult 2x50's
-# network 1941 to its cutoff, one thread: the same 1.47 M domains in 273 s with 1 024 per batch
-# until the pool was full and 8 192 after, 170 s with 8 192 throughout, 154 s growing
-# (benchmarks/results/split_tier.md).
+# network 1941 to its cutoff, two torch threads: the same 1.47 M domains in 273 s with 1 024 per
+# batch until the pool was full and 8 192 after, 170 s with 8 192 throughout, 154 s growing (one
+# thread: 257 s); 1 024 throughout had not proved it after 150 s (benchmarks/results/split_tier.md).
 POOL_SHARE = 16
 # `split_singleton` checks once, after CHECK_SHARE of its time, whether the split is on track to
 # prove the cutoff, and hands the rest of its time to the MILP when it is not: when its bound is
@@ -112,8 +112,7 @@ def _peaks(parts: list[_Domains]) -> np.ndarray:
 
 def split_upper_bound(pair: PairProblem, cls: int, cutoff: float, *, margin_upper: np.ndarray | None = None,
                       time_limit: float = 10.0, batch: int = 1024, deep_batch: int = 8192, steps: int = 20,
-                      lr: float = 0.0125,
-                      lam_lr: float = 0.1, alpha_lr: float = 0.1, max_domains: int = 300_000,
+                      lr: float = 0.0125, lam_lr: float = 0.1, alpha_lr: float = 0.1, max_domains: int = 300_000,
                       start: np.ndarray | None = None, device: str = "cpu", domain_bound=None,
                       checkpoint: tuple[float, object] | None = None, extension: tuple[float, float] | None = None,
                       stop=None) -> SplitResult:
@@ -184,11 +183,12 @@ def _search(b: _Brancher, open_: _Domains, cutoff: float, deadline: float, batch
     the checkpoint stopped it.
 
     Best first (the batch of highest bounds is split each round; `batch`: its fewest and most
-    domains, see POOL_SHARE) while at most `pool` domains are open: that lowers the anytime bound fastest. Beyond that, each round's reordering of the
-    whole open set would cost more than the bounding, and memory grows with it, so the search
-    goes depth first: it takes the best batch off the pool and finishes that subtree (a stack of
-    batches, the newest children first) before the next. Which domains must be split to prove a
-    cutoff does not depend on the order, only the anytime bound does.
+    domains, see POOL_SHARE) while at most `pool` domains are open: that lowers the anytime bound
+    fastest. Beyond that, each round's reordering of the whole open set would cost more than the
+    bounding, and memory grows with it, so the search goes depth first: it takes the best batch
+    off the pool and finishes that subtree (a stack of batches, the newest children first) before
+    the next. Which domains must be split to prove a cutoff does not depend on the order, only the
+    anytime bound does.
 
     domain_bound: None, or a second sound bound for a domain, (rival, N's split signs per layer,
     N''s) -> float, asked in the depth-first phase for the children whose own bound did not
