@@ -69,7 +69,10 @@ def test_training_survives_a_killed_worker_bit_identically(cluster, local_run, t
     assert not thread.is_alive() and result
     a, b = networks(local_run), networks(result["run"])
     assert sorted(a) == sorted(b) and all(np.array_equal(a[k], b[k]) for k in a)
-    client.wait_for_workers(2, timeout=180)  # a restarted worker imports torch again: slow under CI load
+    # Not asserted: that the cluster gets its second worker back. That is Dask's part, and its nanny
+    # may close itself right after restarting a killed worker (a CI log: "Restarting worker", then
+    # "Closing Nanny ... Reason: nanny-close" within a second), after which no worker ever returns.
+    # No later test uses this module's cluster.
     assert busy  # the kill happened while a chunk ran
 
 
@@ -209,7 +212,10 @@ def test_verification_on_worker_processes_survives_a_killed_worker(cluster, veri
     for c, b in result["bounds"].items():
         ref = verify_reference["bounds"][c]
         assert b["complete"] and abs(b["upper"] - ref["upper"]) <= MARGIN_SLACK, (c, b, ref)
-    client.wait_for_workers(2, timeout=180)  # a restarted worker imports torch again: slow under CI load
+    # Not asserted: that the cluster gets its second worker back. That is Dask's part, and its nanny
+    # may close itself right after restarting a killed worker (a CI log: "Restarting worker", then
+    # "Closing Nanny ... Reason: nanny-close" within a second), after which no worker ever returns.
+    # No later test uses this module's cluster.
 
 
 def test_a_vanished_scheduler_keeps_the_checkpoint_and_resume_finishes_locally(verify_reference, tmp_path):
