@@ -194,6 +194,23 @@ def test_every_box_bound_is_above_the_exact_leaking_confidence_in_that_box(regio
         assert top is None or top >= exact - 1e-9 or (top == -1.0 and exact == -np.inf)
 
 
+def test_a_screened_box_bound_is_above_the_exact_leaking_confidence_in_that_box(region_run):
+    """Boxes below the root are screened before any branch-and-bound: the bound the screen alone
+    proves (the log's `screen_only` events) must hold over the box too."""
+    run = open_run(region_run)
+    stack = VerificationProblem.from_run(run, bounds="interval").stack
+    events = [json.loads(line) for line in (region_run / "verify.log.jsonl").read_text().splitlines()]
+    screened = [e for e in events if e["event"] == "region" and e.get("screen_only")]
+    assert screened
+    for e in screened:
+        lo, hi = np.array(e["box_lower"]), np.array(e["box_upper"])
+        for c, upper in e["upper"].items():
+            exact = max(exact_for(stack, p, int(c), lo, hi) for p in range(1, len(stack)))
+            assert upper is None or upper >= exact - 1e-9 or (upper == -1.0 and exact == -np.inf), (e["box"], c)
+            low = e["lower"][c]
+            assert low is None or low <= exact + 1e-9
+
+
 def test_regions_release_no_leaking_input_and_noise_less_than_the_global_bound(region_run):
     run = open_run(region_run)
     clf = LabelOnlyClassifier(run, epsilon=1.0, memo=Memo(None))
@@ -223,34 +240,52 @@ def test_resume_continues_from_the_last_finished_box(tmp_path, monkeypatch):
     import lucid.bab.regions as regions
 
     path = write_tiny_run(tmp_path / "run", networks=5, seed=2, spread=(0.03, 0.08, 0.2))
-    calls = []
-    real = regions._verify_box
+    calls = []  # (how, box): a box is screened first, then deepened by the branch-and-bound
+    real = {"screen": regions._screen_box, "verify": regions._verify_box}
 
-    def interrupted(tree, node, *args, **kw):
-        if len(calls) == 3:
-            raise KeyboardInterrupt
-        calls.append(node)
-        return real(tree, node, *args, **kw)
+    def spy(how, interrupt_at=None):
+        def wrapped(tree, node, *args, **kw):
+            if len(calls) == interrupt_at:
+                raise KeyboardInterrupt
+            calls.append((how, node))
+            return real[how](tree, node, *args, **kw)
+        return wrapped
 
-    monkeypatch.setattr(regions, "_verify_box", interrupted)
+    monkeypatch.setattr(regions, "_screen_box", spy("screen", 3))
+    monkeypatch.setattr(regions, "_verify_box", spy("verify", 3))
     with pytest.raises(KeyboardInterrupt):
         verify_run(path, regions=5, time_limit=60, workers=1, progress=False)
     assert not (path / "bounds.json").exists()
     saved = json.loads((path / "verify.checkpoint.json").read_text())
     done = [n["id"] for n in saved["regions"]["nodes"] if n["verified"]]
-    assert done == calls and len(calls) == 3 and calls[0] == 0
-    monkeypatch.setattr(regions, "_verify_box", lambda tree, node, *a, **k: (calls.append(node), real(tree, node, *a, **k)))
+    assert done == [node for _, node in calls] and len(calls) == 3 and calls[0] == ("verify", 0)
+    leaves = {n["id"] for n in saved["regions"]["nodes"] if n["split"] is None}
+    assert calls[1][0] == "screen" and saved["screened"]  # the screened leaves wait to be deepened
+    assert set(saved["screened"]) == {node for how, node in calls if how == "screen"} & leaves
+    monkeypatch.setattr(regions, "_screen_box", spy("screen"))
+    monkeypatch.setattr(regions, "_verify_box", spy("verify"))
     with pytest.raises(LucidError, match="different options"):
         verify_run(path, regions=6, time_limit=60, workers=1, progress=False, resume=True)
     result = verify_run(path, regions=5, time_limit=60, workers=1, progress=False, resume=True)
-    assert calls[3] not in done  # the finished boxes were not verified again
+    assert len(set(calls)) == len(calls)  # no box was screened or verified twice
+    assert not any(how == "screen" and node in done for how, node in calls[3:])
+    assert any(how == "verify" and node != 0 for how, node in calls)  # screened boxes were deepened
     nodes = result["regions"]["nodes"]
     rest = {n["split"]["left"] for n in nodes if n["split"] and "box" in n["split"]}
     assert result["regions"]["leaves"] <= 5 and all(n["verified"] for n in nodes if n["split"] is None and n["id"] not in rest)
-    for k in done:  # the finished boxes kept their splits and bounds
-        assert nodes[k]["bounds"] == saved["regions"]["nodes"][k]["bounds"]
+    again = {node for _, node in calls[3:]}
+    for k in done:  # the finished boxes kept their splits and bounds (a deepened one: never higher;
+        for c, b in nodes[k]["bounds"].items():  # a leak found below a box raises its lower bound)
+            before = saved["regions"]["nodes"][k]["bounds"][c]
+            if k in again:
+                assert before["upper"] is None or b["upper"] <= before["upper"]
+            else:
+                assert (b["upper"], b["complete"]) == (before["upper"], before["complete"])
+            assert before["lower"] is None or b["lower"] >= before["lower"]
     events = [json.loads(line) for line in (path / "verify.log.jsonl").read_text().splitlines()]
-    assert [e["box"] for e in events if e["event"] == "region"] == calls
+    assert [e["box"] for e in events if e["event"] == "region"] == [node for _, node in calls]
+    assert [bool(e.get("screen_only")) for e in events if e["event"] == "region"] == [
+        how == "screen" for how, _ in calls]
 
 
 def test_memo_refuses_bounds_over_other_regions(region_run, tmp_path):

@@ -197,17 +197,15 @@ def _splittable(tree: RegionTree, node: int) -> bool:
     return bool(np.any(hi - lo > 0))
 
 
-def box_time(left: float, total: float, tree: RegionTree, max_leaves: int, node: int) -> float:
-    """Seconds for the next box. The root gets `ROOT_SHARE` of the run (what it leaves unused flows
-    on). Every later box gets an equal share of what is left among the boxes that may still come
-    (a carve makes one, an axis cut two), but at least `MIN_BOX_SHARE` of the run and
-    `MIN_BOX_SECONDS`: a box cut short keeps its parent's bound, so a box verified to its level
-    is worth more than several barely started, while a small carved box usually ends well before
-    its share."""
+def box_time(left: float, total: float, node: int, waiting: int, to_come: int) -> float:
+    """Seconds for the next box's branch-and-bound. The root gets `ROOT_SHARE` of the run (what it
+    leaves unused flows on). Every later box gets an equal share of what is left among the
+    `waiting` boxes (this one included) and the `to_come` that splits may still make, but at least
+    `MIN_BOX_SHARE` of the run and `MIN_BOX_SECONDS`: a box cut short keeps its parent's bound, so
+    a box verified to its level is worth more than several barely started, while a small carved
+    box usually ends well before its share."""
     if node == 0:
         return left * ROOT_SHARE
-    waiting = sum(1 for i in tree.leaves() if not tree.verified[i] and not tree.inherits_box(i))
-    to_come = max(0, max_leaves - len(tree.leaves()))
     return min(left, max(MIN_BOX_SHARE * total, MIN_BOX_SECONDS, left / max(1, waiting + to_come)))
 
 

@@ -143,7 +143,7 @@ def _replay_box(tree: RegionTree, e: dict) -> None:
         for key, value in (e.get("complete") or {}).items():
             complete[int(key)] = bool(value)
         tree.record(node, upper, lower, 0.0, complete)
-    tree.seconds[node] = float(e.get("seconds") or 0.0)
+    tree.seconds[node] += float(e.get("seconds") or 0.0)  # a screened box is logged again when deepened
 
 
 def describe_box(view: RegionView, node: int) -> str:

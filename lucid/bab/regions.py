@@ -13,6 +13,12 @@ point x counts as noised in its leaf when N's confidence at x is <= the leaf's b
 class at x. The training rows are never used to choose boxes. Whatever chooses them, the
 guarantee holds (lucid/regions.py).
 
+Screen first: a box below the root first gets only the screen (every network's bound over the
+box, seconds for thousands of networks), which bounds most boxes around data far below their
+parent. The whole branch-and-bound deepens a screened box only when no split is left to make (K
+leaves, or no leaf worth splitting), the boxes with the most noised public points first: a cheap
+bound on many boxes releases more than a tight bound on few.
+
 Anytime: a box that is not verified yet (or was cut short) keeps its parent's bound. The tree,
 its bounds and the best leaks are checkpointed after every box (RUN/verify.checkpoint.json), so
 `--resume` continues from the last finished box; the log gets one `region` event per box.
@@ -59,11 +65,13 @@ def verify_regions(run: Run, settings: VerifySettings, classes: list[int], resul
     ckpt_path = run_path / CHECKPOINT_FILE
     lower, upper = run.domain
     tree, leaks, elapsed_before = None, {}, 0.0
+    screened: set[int] = set()  # leaves whose box has only its screen so far
     if settings.resume:
         saved = load_checkpoint(ckpt_path, fingerprint=fingerprint, options=result_options)
         try:
             tree = RegionTree.from_json(saved["regions"], lower, upper, run.num_classes, str(ckpt_path))
             leaks = {int(k): {int(c): w for c, w in v.items()} for k, v in saved["leaks"].items()}
+            screened = {int(i) for i in saved.get("screened", [])}
         except (KeyError, TypeError, ValueError, AttributeError):
             raise LucidError(f"checkpoint {ckpt_path} is not a --regions checkpoint; delete it and run "
                              "without --resume") from None
@@ -93,7 +101,7 @@ def verify_regions(run: Run, settings: VerifySettings, classes: list[int], resul
     def checkpoint() -> None:
         save_checkpoint(ckpt_path, fingerprint=fingerprint, options=result_options,
                         elapsed=elapsed_before + time.monotonic() - started, classes={},
-                        extra={"regions": tree.to_json(),
+                        extra={"regions": tree.to_json(), "screened": sorted(screened),
                                "leaks": {str(k): {str(c): w for c, w in v.items()} for k, v in leaks.items()}})
 
     try:
@@ -101,43 +109,44 @@ def verify_regions(run: Run, settings: VerifySettings, classes: list[int], resul
             left = None if settings.time_limit is None else settings.time_limit - (time.monotonic() - started)
             if left is not None and left <= 0:
                 break
+            screened &= set(tree.leaves())
             # (the rest of a carved box is verified over its parent's box: never again)
-            todo = [i for i in tree.leaves() if not tree.verified[i] and not tree.inherits_box(i)]
+            unverified = [i for i in tree.leaves() if not tree.verified[i] and not tree.inherits_box(i)]
             leaf_of, noised = noised_mask(tree, sample, sample_class, sample_conf)
-            massive = set(leaf_of[noised].tolist())  # boxes with noised public mass come first
+            counts = np.bincount(leaf_of[noised], minlength=len(tree))
             leaf = choose_leaf(tree, leaf_of, noised, settings.regions)
-            todo = [i for i in todo if i in massive] or ([] if leaf is not None else todo)
-            if not todo:
-                if leaf is None:
-                    break
-                splits, kept = choose_split(tree, leaf, sample[(leaf_of == leaf) & noised], leaks.get(leaf, {}),
-                                            room=settings.regions - len(tree.leaves()))
-                for split in splits:
-                    if split.box is not None:
-                        children = tree.carve(leaf, *split.box)
-                        log.emit("region_split", None, box=leaf, lower=split.box[0].tolist(),
-                                 upper=split.box[1].tolist(), children=list(children))
-                    else:
-                        children = tree.split(leaf, split.feature, split.threshold)
-                        log.emit("region_split", None, box=leaf, feature=split.feature, threshold=split.threshold,
-                                 children=list(children))
-                    leaf = int(tree.locate(kept[:1])[0])  # the next split is of the piece that holds `kept`
+            # Boxes with noised public mass first; then splits; then the branch-and-bound of the
+            # screened boxes, most noised first; boxes without noised mass only when nothing else is left.
+            todo = [i for i in unverified if counts[i]]
+            deepen = sorted((i for i in screened if counts[i]), key=lambda i: -counts[i])
+            if not todo and leaf is not None:
+                _split_leaf(tree, leaf, sample[(leaf_of == leaf) & noised], leaks, settings, log)
                 checkpoint()
                 continue
-            node = todo[0]
-            limit = None if left is None else box_time(left, settings.time_limit, tree, settings.regions, node)
-            # The classes the box's noised public points have: the others keep the parent's bound
-            # (all of them in a box without noised mass, verified only when time is left over).
+            if not todo and not deepen:
+                todo = unverified
+                deepen = sorted(screened)
+            if not todo and not deepen:
+                break
+            node = todo[0] if todo else deepen[0]
             here = (leaf_of == node) & noised
-            noised_here = set(sample_class[here].tolist())
-            box_classes = [c for c in classes if c in noised_here] or classes
+            box_classes = [c for c in classes if c in set(sample_class[here].tolist())] or classes
+            if todo and node != 0 and settings.screen != "none":
+                _screen_box(tree, node, root, settings, box_classes, screens, leaks, log)
+                screened.add(node)
+                checkpoint()
+                continue
+            waiting = len(unverified) + len(deepen) if todo else len(deepen)
+            to_come = max(0, settings.regions - len(tree.leaves())) if leaf is not None else 0
+            limit = None if left is None else box_time(left, settings.time_limit, node, waiting, to_come)
             # A level only where the exact bound proved too dear: in a box whose parent's
             # verification of the class was cut short (a level stops a box that could go exact).
             parent = tree.parent[node]
             hard = [c for c in box_classes if parent >= 0 and not tree.complete[parent][c]]
             targets = box_targets(sample_class[here], sample_conf[here], hard, tree.bound_lower[node])
             _verify_box(tree, node, root, holder, executor, settings, box_classes, limit, screens, leaks, log,
-                        targets)
+                        targets, own_screens=node in screened)
+            screened.discard(node)
             checkpoint()
     except KeyboardInterrupt:
         checkpoint()  # every finished box is kept; resume continues from here
@@ -176,6 +185,22 @@ def public_sample(run: Run, settings: VerifySettings) -> np.ndarray:
     return np.clip((X - offset) * scale, lower, upper)
 
 
+def _split_leaf(tree: RegionTree, leaf: int, points: np.ndarray, leaks: dict, settings: VerifySettings,
+                log: EventLog) -> None:
+    """Split `leaf` around its noised public `points` (lucid/bab/region_choice.py)."""
+    splits, kept = choose_split(tree, leaf, points, leaks.get(leaf, {}), room=settings.regions - len(tree.leaves()))
+    for split in splits:
+        if split.box is not None:
+            children = tree.carve(leaf, *split.box)
+            log.emit("region_split", None, box=leaf, lower=split.box[0].tolist(), upper=split.box[1].tolist(),
+                     children=list(children))
+        else:
+            children = tree.split(leaf, split.feature, split.threshold)
+            log.emit("region_split", None, box=leaf, feature=split.feature, threshold=split.threshold,
+                     children=list(children))
+        leaf = int(tree.locate(kept[:1])[0])  # the next split is of the piece that holds `kept`
+
+
 # --- one box --------------------------------------------------------------------------------------
 class _ProblemHolder:
     """The problem the in-process executor analyses (swapped per box)."""
@@ -202,9 +227,58 @@ def _box_problem(tree: RegionTree, node: int, root: VerificationProblem) -> Veri
     return problem
 
 
+def _screen_box(tree: RegionTree, node: int, root: VerificationProblem, settings: VerifySettings,
+                classes: list[int], screens: dict, leaks: dict, log: EventLog) -> None:
+    """The screen of `node`'s box for `classes`: each network's bound is the smaller of its own
+    screen over the box and its nearest verified ancestor's (both sound over the box), and the
+    box's bound per class the largest of them. Its lower bounds are the leaks its ancestors found
+    inside it. Not complete unless the bound meets such a leak or is <= 0."""
+    t0 = time.monotonic()
+    problem = _box_problem(tree, node, root)
+    prior = _nearest(tree, node, screens)
+    open_classes = [c for c in classes if tree.bound_upper[node][c] > 0]
+    upper = tree.bound_upper[node].copy()
+    lower = np.full(tree.num_classes, -np.inf)
+    inherited = _inherited_leaks(tree, node, leaks)
+    leaks[node], screens[node] = {}, {}
+    if open_classes:
+        screen = Screen(problem, settings.screen, settings.device, open_classes)
+        positions = np.arange(1, len(problem.stack), dtype=np.int64)
+        for c in open_classes:
+            bound = np.full(len(problem.stack), -np.inf)
+            bound[positions] = screen.initial(c, positions)
+            if c in prior:
+                bound = np.minimum(bound, prior[c])
+            screens[node][c] = bound
+            upper[c] = min(upper[c], float(bound.max()))
+    for c, leak in inherited.items():
+        lower[c] = leak["value"]
+        leaks[node][c] = leak
+    found = np.isfinite(lower)
+    meets = upper <= np.where(found, lower + EXACT_TOLERANCE * np.maximum(1.0, np.abs(np.where(found, lower, 0))),
+                              -np.inf)
+    complete = ~(upper > 0) | meets
+    seconds = round(time.monotonic() - t0, 3)  # the same figure in the tree and the log, which `lucid log` sums
+    tree.record(node, upper, lower, seconds, complete)
+    lo, hi = tree.box(node)
+    parent = tree.parent[node]
+    log.emit("region", None, box=node, parent=None if parent < 0 else parent, depth=tree.depth_of(node),
+             box_lower=lo.tolist(), box_upper=hi.tolist(), seconds=seconds, screen_only=True,
+             complete={str(c): bool(tree.complete[node][c]) for c in open_classes},
+             upper={str(c): bound_entry_value(tree.bound_upper[node][c], upper=True) for c in open_classes},
+             lower={str(c): bound_entry_value(tree.bound_lower[node][c], upper=False) for c in open_classes})
+
+
+EXACT_TOLERANCE = 1e-6  # a bound within this (relative) of a leak in its box is that box's exact bound
+
+
 def _verify_box(tree: RegionTree, node: int, root: VerificationProblem, holder: _ProblemHolder,
                 executor: executors.Executor, settings: VerifySettings, classes: list[int], limit: float | None,
-                screens: dict, leaks: dict, log: EventLog, targets: dict[int, float] | None = None) -> None:
+                screens: dict, leaks: dict, log: EventLog, targets: dict[int, float] | None = None,
+                own_screens: bool = False) -> None:
+    """The whole branch-and-bound of `node`'s box for `classes`, starting from its ancestors' screens
+    and leaks; `own_screens`: the box was screened already (`_screen_box`), so its engine starts
+    from those bounds instead of screening again."""
     t0 = time.monotonic()
     problem = _box_problem(tree, node, root)
     holder.problem = problem
@@ -232,6 +306,10 @@ def _verify_box(tree: RegionTree, node: int, root: VerificationProblem, holder: 
     for c, leak in _inherited_leaks(tree, node, leaks).items():
         if c in states:
             states[c].lower, states[c].lower_row, states[c].lower_witness = leak["value"], leak["row"], leak["x"]
+    if own_screens:
+        for c in classes:
+            if c in screens.get(node, {}):
+                states[c].screen = screens[node][c].copy()
     search = (partial(witness_search.search_class_witness, problem, points=problem.points)
               if settings.search else None)
     title = f"lucid verify --regions: box {node} of at most {2 * settings.regions - 1}"
@@ -255,9 +333,10 @@ def _verify_box(tree: RegionTree, node: int, root: VerificationProblem, holder: 
             leaks[node][c] = {"x": cs.lower_witness, "row": cs.lower_row, "value": cs.lower}
         if cs.screen is not None:
             screens[node][c] = cs.screen
-    tree.record(node, upper, lower, time.monotonic() - t0, complete)
+    seconds = round(time.monotonic() - t0, 3)  # the same figure in the tree and the log, which `lucid log` sums
+    tree.record(node, upper, lower, seconds, complete)
     log.emit("region", None, box=node, parent=None if parent < 0 else parent, depth=tree.depth_of(node),
-             box_lower=lo.tolist(), box_upper=hi.tolist(), seconds=round(time.monotonic() - t0, 3),
+             box_lower=lo.tolist(), box_upper=hi.tolist(), seconds=seconds,
              complete={str(c): bool(cs.complete) for c, cs in engine.states.items()},
              upper={str(c): bound_entry_value(tree.bound_upper[node][c], upper=True) for c in classes},
              lower={str(c): bound_entry_value(tree.bound_lower[node][c], upper=False) for c in classes})
@@ -286,7 +365,7 @@ def _leaves_exact(tree: RegionTree, c: int) -> bool:
     """Every leaf's bound met a leak in that leaf (up to the safety margins): no leaf stopped at a
     target level or a --gap."""
     return all(tree.bound_upper[i][c] == -np.inf or tree.bound_upper[i][c] - tree.bound_lower[i][c]
-               <= 1e-6 * max(1.0, abs(tree.bound_lower[i][c])) for i in tree.leaves())
+               <= EXACT_TOLERANCE * max(1.0, abs(tree.bound_lower[i][c])) for i in tree.leaves())
 
 
 def _bounds_entries(tree: RegionTree, classes: list[int], leaks: dict, seconds: float) -> dict[str, dict]:
