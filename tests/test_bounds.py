@@ -156,3 +156,45 @@ def test_the_per_lp_time_cap_is_per_lp_not_per_solver_object(monkeypatch):
     c = rng.normal(size=n)
     ref = linprog(-c, A_ub=model.A.toarray(), b_ub=model.row_upper, bounds=[(0, 1)] * n, method="highs")
     assert solver.maximise(c) == pytest.approx(-ref.fun, rel=1e-6, abs=1e-6)
+
+
+@pytest.mark.parametrize("lo", [-1.0, 0.0])
+def test_point_weights_by_midpoint_and_radius_give_the_corner_bounds_and_contain_every_product(lo):
+    from lucid.bounds.interval import FP_REL, interval_matvec, point_matvec
+
+    rng = np.random.default_rng(7)
+    w = rng.normal(size=(9, 5, 4))
+    z_lo = rng.uniform(lo, 0.5, size=(9, 4))
+    z_hi = z_lo + rng.uniform(0, 0.5, size=(9, 4)) * (rng.random((9, 4)) > 0.2)  # some of zero width
+    for weights in (w, w[0]):  # per row, and one shared matrix
+        got_lo, got_hi, mag = point_matvec(weights, z_lo, z_hi)
+        want_lo, want_hi, _ = interval_matvec(weights, weights, z_lo, z_hi)
+        assert np.allclose(got_lo, want_lo, rtol=0, atol=1e-12) and np.allclose(got_hi, want_hi, rtol=0, atol=1e-12)
+        z = rng.uniform(z_lo, z_hi, size=(2000, 9, 4))
+        z[:2] = z_lo, z_hi  # the corners too
+        values = np.einsum("...oi,...i->...o", np.broadcast_to(weights, w.shape), z)
+        pad = FP_REL * mag
+        assert np.all(values >= got_lo - pad) and np.all(values <= got_hi + pad)
+
+
+def test_difference_bounds_of_singletons_match_the_interval_path():
+    """The screens pass one network per row (the same arrays as lower and upper weights), which
+    takes the midpoint-radius path: the same bounds as the general interval path, up to rounding."""
+    stack = tiny_stack(4, hidden=(6, 6), classes=3, k=6, d=2)
+    lower, upper = np.array([-1.0, 0.0]), np.ones(2)
+    wn, bn = network(stack, 0)
+    nb = lp_bounds(wn, bn, lower, upper)
+    ws = [w[1:] for w in stack.weights]
+    bs = [b[1:] for b in stack.biases]
+    fast = difference_bounds(wn, bn, ws, ws, bs, bs, nb, lower, upper)
+    general = difference_bounds(wn, bn, ws, [w.copy() for w in ws], bs, [b.copy() for b in bs], nb, lower, upper)
+    for got, want in ((fast.pre, general.pre), (fast.hyper, general.hyper)):
+        for a, b in zip(got.lower + got.upper, want.lower + want.upper):
+            assert np.allclose(a, b, rtol=1e-9, atol=1e-9)
+    x = np.random.default_rng(3).uniform(lower, upper, size=(20000, 2))
+    ref = sample_layers(wn, bn, x)
+    for p in range(1, 6):
+        got = sample_layers(*network(stack, p), x)
+        for k in range(len(got)):
+            d = got[k] - ref[k]
+            assert np.all(d >= fast.pre.lower[k][p - 1]) and np.all(d <= fast.pre.upper[k][p - 1])

@@ -258,10 +258,11 @@ def test_resume_continues_from_the_last_finished_box(tmp_path, monkeypatch):
     assert not (path / "bounds.json").exists()
     saved = json.loads((path / "verify.checkpoint.json").read_text())
     done = [n["id"] for n in saved["regions"]["nodes"] if n["verified"]]
-    assert done == [node for _, node in calls] and len(calls) == 3 and calls[0] == ("verify", 0)
+    assert done == list(dict.fromkeys(node for _, node in calls)) and len(calls) == 3 and calls[0] == ("verify", 0)
     leaves = {n["id"] for n in saved["regions"]["nodes"] if n["split"] is None}
-    assert calls[1][0] == "screen" and saved["screened"]  # the screened leaves wait to be deepened
-    assert set(saved["screened"]) == {node for how, node in calls if how == "screen"} & leaves
+    assert calls[1][0] == "screen"  # the screened leaves not deepened yet wait for it
+    waiting = {node for how, node in calls if how == "screen"} - {node for how, node in calls if how == "verify"}
+    assert set(saved["screened"]) == waiting & leaves
     monkeypatch.setattr(regions, "_screen_box", spy("screen"))
     monkeypatch.setattr(regions, "_verify_box", spy("verify"))
     with pytest.raises(LucidError, match="different options"):
@@ -520,3 +521,21 @@ def test_a_box_under_the_rest_of_a_carve_starts_from_its_nearest_verified_ancest
     leaks[rest][0]["x"] = [0.95, 0.8]  # outside `inner`: the root's leak is the one inside
     assert _inherited_leaks(tree, inner, leaks)[0]["row"] == 3
     assert _inherited_leaks(tree, carved, leaks)[1]["row"] == 4
+
+
+def test_a_screened_box_is_deepened_at_once_only_when_few_networks_stand_above_its_noised_points():
+    from lucid.bab.regions import DEEPEN_AT_ONCE, _cheap_to_deepen
+
+    tree = RegionTree(np.zeros(2), np.ones(2), 2)
+    tree.record(0, np.array([0.8, 0.5]), np.array([-np.inf, -np.inf]))
+    classes_of = np.array([0, 0, 1])
+    confidences = np.array([0.3, 0.6, 0.9])  # class 1's point is released by the bound 0.5 already
+    few = {0: np.r_[np.full(DEEPEN_AT_ONCE, 0.7), np.full(500, 0.1)], 1: np.full(600, 0.45)}
+    assert _cheap_to_deepen(tree, 0, few, classes_of, confidences)
+    many = {0: np.r_[np.full(DEEPEN_AT_ONCE + 1, 0.7), np.full(500, 0.1)], 1: few[1]}
+    assert not _cheap_to_deepen(tree, 0, many, classes_of, confidences)
+    # nothing left noised (the screen's bound releases every point): nothing to deepen for
+    assert not _cheap_to_deepen(tree, 0, few, classes_of, np.array([0.85, 0.9, 0.9]))
+    # a leak known above every noised point: no bound can release them
+    tree.record(0, np.array([0.8, 0.5]), np.array([0.7, -np.inf]))
+    assert not _cheap_to_deepen(tree, 0, few, classes_of, confidences)

@@ -361,3 +361,20 @@ def test_a_nodes_symbolic_intervals_hold_every_member_and_are_tighter(case):
         assert all(np.all(hi2 <= hi1) for hi1, hi2 in zip(a.upper, b.upper))
     width = lambda lb: sum(float(np.sum(hi - lo)) for lo, hi in zip(lb.lower, lb.upper))
     assert width(tight.pre) < width(plain.pre)
+
+
+@pytest.mark.parametrize("case", [CASES[0], CASES[2], CASES[5]])
+def test_the_tightening_pass_takes_rows_and_gets_the_products_bit_for_bit(case, monkeypatch):
+    """`_tighten`'s objectives select neurons, so its top affine step takes rows of the matrices
+    (`_rows_step`) instead of products with selection matrices: the bounds must be the same bits."""
+    from lucid.bounds.joint import JointSystem
+
+    stack, lower, upper, problem = setup(*case)
+    pair = args(problem, POSITIONS)[0]
+    fast = JointSystem(pair)
+    monkeypatch.setattr(JointSystem, "_rows_step", lambda self, *a, **k: None)  # `first=None`: the products
+    slow = JointSystem(pair)
+    assert fast.L > 2  # a hidden layer above the first one: tightened
+    for name in ("dl", "du", "hl", "hu"):
+        for a, b in zip(getattr(fast, name), getattr(slow, name)):
+            assert torch.equal(a, b), name

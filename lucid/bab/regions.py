@@ -135,7 +135,10 @@ def verify_regions(run: Run, settings: VerifySettings, classes: list[int], resul
                 _screen_box(tree, node, root, settings, box_classes, screens, leaks, log)
                 screened.add(node)
                 checkpoint()
-                continue
+                if not _cheap_to_deepen(tree, node, screens[node], sample_class[here], sample_conf[here]):
+                    continue
+                todo = []  # the screen left few networks to prove: its branch-and-bound now
+                left = None if left is None else settings.time_limit - (time.monotonic() - started)
             waiting = len(unverified) + len(deepen) if todo else len(deepen)
             to_come = max(0, settings.regions - len(tree.leaves())) if leaf is not None else 0
             limit = None if left is None else box_time(left, settings.time_limit, node, waiting, to_come)
@@ -270,6 +273,22 @@ def _screen_box(tree: RegionTree, node: int, root: VerificationProblem, settings
 
 
 EXACT_TOLERANCE = 1e-6  # a bound within this (relative) of a leak in its box is that box's exact bound
+DEEPEN_AT_ONCE = 64  # a screened box with at most this many networks above its level is deepened at once
+
+
+def _cheap_to_deepen(tree: RegionTree, node: int, screened: dict[int, np.ndarray], classes_of: np.ndarray,
+                     confidences: np.ndarray) -> bool:
+    """Whether the branch-and-bound of a just screened box should come now rather than after the
+    splits: some of its public points (`classes_of`, `confidences`: those noised before the
+    screen) are still noised, and at most `DEEPEN_AT_ONCE` networks are screened above the level
+    that would release them. Each of those needs the refined screen or a MILP: a few take
+    seconds, while splitting on the screen's looser bound would carve boxes around points that
+    the box's own exact bound releases."""
+    still = ~(confidences > np.maximum(tree.bound_upper[node][classes_of], 0.0))
+    levels = box_targets(classes_of[still], confidences[still], sorted(screened), tree.bound_lower[node])
+    if not levels:
+        return False
+    return sum(int((screened[c] > level).sum()) for c, level in levels.items()) <= DEEPEN_AT_ONCE
 
 
 def _verify_box(tree: RegionTree, node: int, root: VerificationProblem, holder: _ProblemHolder,

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lucid.bounds.interval import LayerBounds, affine_interval, interval_matvec, widen
+from lucid.bounds.interval import (FP_ABS, FP_REL, LayerBounds, affine_interval, interval_matvec, matvec, point_matvec,
+                                  widen)
 
 
 @dataclass
@@ -49,10 +50,16 @@ def difference_bounds(
     h_hi = np.broadcast_to(np.asarray(upper, dtype=np.float64), d_lo.shape)
     for k in range(L):
         W, b = weights[k], biases[k]
-        iw_lo, iw_hi = widen(w_lo[k] - W, w_hi[k] - W, np.abs(W))
         ib_lo, ib_hi = widen(b_lo[k] - b, b_hi[k] - b, np.abs(b))
-        t1_lo, t1_hi, m1 = interval_matvec(np.broadcast_to(W, iw_lo.shape), np.broadcast_to(W, iw_lo.shape), d_lo, d_hi)
-        t2_lo, t2_hi, m2 = interval_matvec(iw_lo, iw_hi, h_lo, h_hi)
+        t1_lo, t1_hi, m1 = point_matvec(W, d_lo, d_hi)
+        if w_lo[k] is w_hi[k]:  # one network per row: its weight difference is a point, up to rounding
+            pad = FP_REL * np.abs(W) + FP_ABS  # `widen`'s, of w - W
+            t2_lo, t2_hi, m2 = point_matvec(w_lo[k] - W, h_lo, h_hi)
+            slack = matvec(pad, np.maximum(np.abs(h_lo), np.abs(h_hi)))  # [-pad, pad] times the box
+            t2_lo, t2_hi, m2 = t2_lo - slack, t2_hi + slack, m2 + slack
+        else:
+            iw_lo, iw_hi = widen(w_lo[k] - W, w_hi[k] - W, np.abs(W))
+            t2_lo, t2_hi, m2 = interval_matvec(iw_lo, iw_hi, h_lo, h_hi)
         dl, du = widen(ib_lo + t1_lo + t2_lo, ib_hi + t1_hi + t2_hi, m1 + m2 + np.maximum(np.abs(ib_lo), np.abs(ib_hi)))
         l, u = n_bounds.lower[k], n_bounds.upper[k]
         # N#'s own bounds: via the difference, and directly

@@ -221,7 +221,7 @@ class JointSystem:
 
     # ------------------------------------------------------------------ passes
     def backward(self, A: torch.Tensor, E: torch.Tensor, top: int, alphas=None, splits=None,
-                 trace: list | None = None) -> torch.Tensor:
+                 trace: list | None = None, first: tuple | None = None) -> torch.Tensor:
         """Upper bound (no FP margin) of A . zhat_top + E . deltahat_top over the box.
 
         A, E: [K, m, n_top]. alphas: None or a list (hidden layers < top) of [K, m, n] lower slopes
@@ -232,28 +232,35 @@ class JointSystem:
         pass appends, per hidden layer from the top down, the coefficients (of z_k, of delta_k)
         that meet the layer's relaxation, [K, m, n] each (the split heuristic reads them), and
         last the coefficients of the input x, [K, m, d] (the bound is attained at the box corner
-        they point to). Returns [K, m]."""
+        they point to). first: the top layer's (Az, Ed, const) when the caller has them without
+        the products (`_rows_step`). Returns [K, m]."""
         const = torch.zeros(A.shape[:2], dtype=DTYPE, device=self.device)
         for k in range(top, -1, -1):
-            const = const + A @ self.b[k] + (E * self.db[k][:, None, :]).sum(-1)
-            Az = A @ self.W[k] + _bmm(E, self.dW[k])
+            if k == top and first is not None:
+                Az, Ed, top_const = first
+                const = const + top_const
+            else:
+                const = const + A @ self.b[k] + (E * self.db[k][:, None, :]).sum(-1)
+                Az = A @ self.W[k] + _bmm(E, self.dW[k])
+                Ed = None if k == 0 else _bmm(E, self.Wp[k])
             if k == 0:
                 if trace is not None:
                     trace.append(Az)
                 break
-            Ed = _bmm(E, self.Wp[k])
             r = self.relax[k - 1]
             sl = r.sl[:, None, :]
             if alphas is not None:
                 sl = torch.where(r.unstable[:, None, :], alphas[k - 1], sl)
-            Azp, Azn = Az.clamp(min=0), Az.clamp(max=0)
-            A = Azp * r.su[:, None, :] + Azn * sl
-            const = const + (Azp * r.tu[:, None, :]).sum(-1)
-            Edp, Edn = Ed.clamp(min=0), Ed.clamp(max=0)
-            E = Edp * r.pu[:, None, :] + Edn * r.pl[:, None, :]
+            # (a coefficient times the slope its sign picks: the same bits as positive part times
+            # one slope plus negative part times the other, in fewer passes over [K, m, n])
+            up_z, up_d = Az >= 0, Ed >= 0
+            A = Az * torch.where(up_z, r.su[:, None, :], sl)
+            const = const + (Az.clamp(min=0) * r.tu[:, None, :]).sum(-1)
+            E = Ed * torch.where(up_d, r.pu[:, None, :], r.pl[:, None, :])
             if r.pz is not None:  # exact there: the same slope bounds delta from both sides
                 A = A + Ed * r.pz[:, None, :]
-            const = const + (Edp * r.qu[:, None, :]).sum(-1) + (Edn * r.ql[:, None, :]).sum(-1)
+            const = const + (Ed * torch.where(up_d, r.qu[:, None, :], 0.0)).sum(-1) \
+                + (Ed * torch.where(up_d, 0.0, r.ql[:, None, :])).sum(-1)
             if trace is not None:
                 trace.append((Az, Ed))
             if splits is not None:
@@ -262,16 +269,22 @@ class JointSystem:
         return const + (Az.clamp(min=0) * self.hi + Az.clamp(max=0) * self.lo).sum(-1)
 
     @torch.no_grad()
-    def magnitude(self, A: torch.Tensor, E: torch.Tensor, top: int, splits=None) -> torch.Tensor:
-        """The backward pass on absolute values (module docstring): sum of |terms|, [K, m]."""
+    def magnitude(self, A: torch.Tensor, E: torch.Tensor, top: int, splits=None,
+                  first: tuple | None = None) -> torch.Tensor:
+        """The backward pass on absolute values (module docstring): sum of |terms|, [K, m].
+        first: as in `backward`, of the absolute values."""
         A, E = A.abs(), E.abs()
         const = torch.zeros(A.shape[:2], dtype=DTYPE, device=self.device)
         for k in range(top, -1, -1):
-            const = const + A @ self.ab[k] + (E * self.adb[k][:, None, :]).sum(-1)
-            Az = A @ self.aW[k] + _bmm(E, self.adW[k])
+            if k == top and first is not None:
+                Az, Ed, top_const = first
+                const = const + top_const
+            else:
+                const = const + A @ self.ab[k] + (E * self.adb[k][:, None, :]).sum(-1)
+                Az = A @ self.aW[k] + _bmm(E, self.adW[k])
+                Ed = None if k == 0 else _bmm(E, self.aWp[k])
             if k == 0:
                 break
-            Ed = _bmm(E, self.aWp[k])
             mt = self.relax[k - 1].mag_t[:, None, :]
             const = const + ((Az + Ed) * mt).sum(-1)
             A, E = Az, Ed  # every slope is in [0, 1]
@@ -329,18 +342,39 @@ class JointSystem:
         A = torch.cat([torch.zeros(2 * n, n, dtype=DTYPE, device=self.device), es, -es]).expand(self.K, -1, -1)
         E = torch.cat([eye, -eye, es, -es]).expand(self.K, -1, -1)
         # the FP margin: the magnitude pass sees |A|, |E| only, the same for +row and -row
-        half = self.magnitude(torch.cat([A[:, :n], A[:, 2 * n:2 * n + m]], 1), torch.cat([E[:, :n], E[:, 2 * n:2 * n + m]], 1), k)
+        half = self.magnitude(torch.cat([A[:, :n], A[:, 2 * n:2 * n + m]], 1), torch.cat([E[:, :n], E[:, 2 * n:2 * n + m]], 1), k,
+                              first=self._rows_step(k, stable, absolute=True))
         margin = self.fp_rel * torch.cat([half[:, :n], half[:, :n], half[:, n:], half[:, n:]], 1) + FP_ABS
         if self.intermediate_steps > 0 and k > 0:
             ub = self._optimised_max(A, E, k) + margin
         else:
-            ub = self.backward(A, E, k) + margin
+            ub = self.backward(A, E, k, first=self._rows_step(k, stable)) + margin
         dl, du = torch.maximum(dl, -ub[:, n:2 * n]), torch.minimum(du, ub[:, :n])
         if m:
             hl, hu = hl.clone(), hu.clone()
             hl[:, stable] = torch.maximum(hl[:, stable], -ub[:, 2 * n + m:])
             hu[:, stable] = torch.minimum(hu[:, stable], ub[:, 2 * n:2 * n + m])
         return consistent(self.nl[k], self.nu[k], dl, du, hl, hu)
+
+    def _rows_step(self, k: int, stable: torch.Tensor, absolute: bool = False) -> tuple:
+        """`backward`'s (or with `absolute`, `magnitude`'s half pass's) affine step at layer k for
+        `_tighten`'s objectives, whose A and E select neurons: rows of the layer's matrices instead
+        of products with [K, rows, n] selection matrices. The same values bit for bit (a product
+        with a selection row adds only exact zeros to the one term it picks)."""
+        K = self.K
+        if absolute:  # rows of `half`: +deltahat (every neuron), +zhat' (the stable ones)
+            W, dW, Wp, b, db = self.aW[k], self.adW[k], self.aWp[k], self.ab[k], self.adb[k]
+        else:
+            W, dW, Wp, b, db = self.W[k], self.dW[k], self.Wp[k], self.b[k], self.db[k]
+        dW, Wp = dW.expand(K, -1, -1), Wp.expand(K, -1, -1)
+        db = db.expand(K, -1)
+        z_rows = W[stable] + dW[:, stable]  # A's row e_j times W plus E's row e_j times dW
+        z_const = b[stable] + db[:, stable]
+        if absolute:
+            return torch.cat([dW, z_rows], 1), torch.cat([Wp, Wp[:, stable]], 1), torch.cat([db, z_const], 1)
+        Az = torch.cat([dW, -dW, z_rows, -z_rows], 1)
+        Ed = torch.cat([Wp, -Wp, Wp[:, stable], -Wp[:, stable]], 1)
+        return Az, Ed, torch.cat([db, -db, z_const, -z_const], 1)
 
     def select(self, idx, light: bool = False) -> "JointSystem":
         """The same system for the networks idx (repeats allowed; a shallow copy sharing N's tensors).
