@@ -120,7 +120,13 @@ def verify_regions(run: Run, settings: VerifySettings, classes: list[int], resul
             todo = [i for i in unverified if counts[i]]
             deepen = sorted((i for i in screened if counts[i]), key=lambda i: -counts[i])
             if not todo and leaf is not None:
+                made = len(tree)
                 _split_leaf(tree, leaf, sample[(leaf_of == leaf) & noised], leaks, settings, log)
+                if leaf in screened:  # the rest of a carve of a screened box keeps the box: deepen it later
+                    for rest in (i for i in range(made, len(tree)) if tree.inherits_box(i)):
+                        screened.add(rest)
+                        if tree.parent[rest] in screens:
+                            screens[rest] = screens[tree.parent[rest]]
                 checkpoint()
                 continue
             if not todo and not deepen:
