@@ -251,6 +251,8 @@ def test_resume_continues_from_the_last_finished_box(tmp_path, monkeypatch):
             return real[how](tree, node, *args, **kw)
         return wrapped
 
+    # screen first whatever the root proves (here it finishes, which would verify every box at once)
+    monkeypatch.setattr(regions, "_screen_first", lambda tree, classes, settings: True)
     monkeypatch.setattr(regions, "_screen_box", spy("screen", 3))
     monkeypatch.setattr(regions, "_verify_box", spy("verify", 3))
     with pytest.raises(KeyboardInterrupt):
@@ -539,3 +541,16 @@ def test_a_screened_box_is_deepened_at_once_only_when_few_networks_stand_above_i
     # a leak known above every noised point: no bound can release them
     tree.record(0, np.array([0.8, 0.5]), np.array([0.7, -np.inf]))
     assert not _cheap_to_deepen(tree, 0, few, classes_of, confidences)
+
+
+def test_boxes_are_screened_first_only_when_the_root_left_a_class_open():
+    from lucid.bab.regions import _screen_first
+    from lucid.settings import VerifySettings
+
+    tree = RegionTree(np.zeros(2), np.ones(2), 3)
+    settings = VerifySettings()
+    tree.record(0, np.array([0.8, 0.5, 0.2]), np.full(3, -np.inf), complete=np.array([True, False, False]))
+    assert _screen_first(tree, [0, 1], settings)
+    assert not _screen_first(tree, [0], settings)  # the root's bound of every verified class is exact
+    from dataclasses import replace
+    assert not _screen_first(tree, [0, 1], replace(settings, screen="none"))
