@@ -252,7 +252,7 @@ def test_resume_continues_from_the_last_finished_box(tmp_path, monkeypatch):
         return wrapped
 
     # screen first whatever the root proves (here it finishes, which would verify every box at once)
-    monkeypatch.setattr(regions, "_screen_first", lambda tree, classes, settings: True)
+    monkeypatch.setattr(regions, "screen_first", lambda tree, classes, settings: True)
     monkeypatch.setattr(regions, "_screen_box", spy("screen", 3))
     monkeypatch.setattr(regions, "_verify_box", spy("verify", 3))
     with pytest.raises(KeyboardInterrupt):
@@ -526,31 +526,31 @@ def test_a_box_under_the_rest_of_a_carve_starts_from_its_nearest_verified_ancest
 
 
 def test_a_screened_box_is_deepened_at_once_only_when_few_networks_stand_above_its_noised_points():
-    from lucid.bab.regions import DEEPEN_AT_ONCE, _cheap_to_deepen
+    from lucid.bab.region_choice import DEEPEN_AT_ONCE, cheap_to_deepen
 
     tree = RegionTree(np.zeros(2), np.ones(2), 2)
     tree.record(0, np.array([0.8, 0.5]), np.array([-np.inf, -np.inf]))
     classes_of = np.array([0, 0, 1])
     confidences = np.array([0.3, 0.6, 0.9])  # class 1's point is released by the bound 0.5 already
     few = {0: np.r_[np.full(DEEPEN_AT_ONCE, 0.7), np.full(500, 0.1)], 1: np.full(600, 0.45)}
-    assert _cheap_to_deepen(tree, 0, few, classes_of, confidences)
+    assert cheap_to_deepen(tree, 0, few, classes_of, confidences)
     many = {0: np.r_[np.full(DEEPEN_AT_ONCE + 1, 0.7), np.full(500, 0.1)], 1: few[1]}
-    assert not _cheap_to_deepen(tree, 0, many, classes_of, confidences)
+    assert not cheap_to_deepen(tree, 0, many, classes_of, confidences)
     # nothing left noised (the screen's bound releases every point): nothing to deepen for
-    assert not _cheap_to_deepen(tree, 0, few, classes_of, np.array([0.85, 0.9, 0.9]))
+    assert not cheap_to_deepen(tree, 0, few, classes_of, np.array([0.85, 0.9, 0.9]))
     # a leak known above every noised point: no bound can release them
     tree.record(0, np.array([0.8, 0.5]), np.array([0.7, -np.inf]))
-    assert not _cheap_to_deepen(tree, 0, few, classes_of, confidences)
+    assert not cheap_to_deepen(tree, 0, few, classes_of, confidences)
 
 
 def test_boxes_are_screened_first_only_when_the_root_left_a_class_open():
-    from lucid.bab.regions import _screen_first
+    from lucid.bab.region_choice import screen_first
     from lucid.settings import VerifySettings
 
     tree = RegionTree(np.zeros(2), np.ones(2), 3)
     settings = VerifySettings()
     tree.record(0, np.array([0.8, 0.5, 0.2]), np.full(3, -np.inf), complete=np.array([True, False, False]))
-    assert _screen_first(tree, [0, 1], settings)
-    assert not _screen_first(tree, [0], settings)  # the root's bound of every verified class is exact
+    assert screen_first(tree, [0, 1], settings)
+    assert not screen_first(tree, [0], settings)  # the root's bound of every verified class is exact
     from dataclasses import replace
-    assert not _screen_first(tree, [0, 1], replace(settings, screen="none"))
+    assert not screen_first(tree, [0, 1], replace(settings, screen="none"))

@@ -1,7 +1,8 @@
 """Where `lucid verify --regions K` refines (lucid/bab/regions.py runs the refinement): which leaf
-box to cut next, where to cut it, the level each class of a new box must reach and how much of the
-run a box gets. These choices only steer the time; every box's bound is proved whatever they
-pick, so the guarantee never depends on them (lucid/regions.py).
+box to cut next, where to cut it, the level each class of a new box must reach, how much of the
+run a box gets, and whether a new box is screened first and when its branch-and-bound comes.
+These choices only steer the time; every box's bound is proved whatever they pick, so the
+guarantee never depends on them (lucid/regions.py).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from lucid.regions import MAX_DEPTH, RegionTree
+from lucid.settings import VerifySettings
 
 
 def noised_mask(tree: RegionTree, sample: np.ndarray, sample_class: np.ndarray,
@@ -212,3 +214,29 @@ def box_time(left: float, total: float, node: int, waiting: int, to_come: int) -
 ROOT_SHARE = 1 / 3  # of the run, for the domain's own bound (a smaller box is far cheaper to bound)
 MIN_BOX_SHARE = 1 / 64
 MIN_BOX_SECONDS = 5.0  # whatever the run's length: a box's screen and first analyses take seconds
+
+
+DEEPEN_AT_ONCE = 64  # a screened box with at most this many networks above its level is deepened at once
+
+
+def screen_first(tree: RegionTree, classes: list[int], settings: VerifySettings) -> bool:
+    """Whether new boxes get their screen first. Not when the root's branch-and-bound finished
+    every class within its share: a box is smaller than the domain, so its exact bound is cheaper
+    still, and an exact bound per box before it is split leaves fewer points for the splits to
+    chase than the screen's looser one (breast cancer: regions_findings.md)."""
+    return settings.screen != "none" and not bool(tree.complete[0][classes].all())
+
+
+def cheap_to_deepen(tree: RegionTree, node: int, screened: dict[int, np.ndarray], classes_of: np.ndarray,
+                    confidences: np.ndarray) -> bool:
+    """Whether the branch-and-bound of a just screened box should come now rather than after the
+    splits: some of its public points (`classes_of`, `confidences`: those noised before the
+    screen) are still noised, and at most `DEEPEN_AT_ONCE` networks are screened above the level
+    that would release them. Each of those needs the refined screen or a MILP: a few take
+    seconds, while splitting on the screen's looser bound would carve boxes around points that
+    the box's own exact bound releases."""
+    still = ~(confidences > np.maximum(tree.bound_upper[node][classes_of], 0.0))
+    levels = box_targets(classes_of[still], confidences[still], sorted(screened), tree.bound_lower[node])
+    if not levels:
+        return False
+    return sum(int((screened[c] > level).sum()) for c, level in levels.items()) <= DEEPEN_AT_ONCE

@@ -47,7 +47,8 @@ from lucid.analysis.problem import VerificationProblem
 from lucid.analysis.screen import Screen
 from lucid.errors import LucidError
 from lucid.network import confidence
-from lucid.bab.region_choice import box_targets, box_time, choose_leaf, choose_split, noised_mask
+from lucid.bab.region_choice import (box_targets, box_time, cheap_to_deepen, choose_leaf, choose_split,
+                                     noised_mask, screen_first)
 from lucid.regions import RegionTree
 from lucid.rundir import Run, bound_entry_value, read_scaler, write_bounds
 from lucid.settings import VerifySettings
@@ -137,11 +138,11 @@ def verify_regions(run: Run, settings: VerifySettings, classes: list[int], resul
             node = todo[0] if todo else deepen[0]
             here = (leaf_of == node) & noised
             box_classes = [c for c in classes if c in set(sample_class[here].tolist())] or classes
-            if todo and node != 0 and _screen_first(tree, classes, settings):
+            if todo and node != 0 and screen_first(tree, classes, settings):
                 _screen_box(tree, node, root, settings, box_classes, screens, leaks, log)
                 screened.add(node)
                 checkpoint()
-                if not _cheap_to_deepen(tree, node, screens[node], sample_class[here], sample_conf[here]):
+                if not cheap_to_deepen(tree, node, screens[node], sample_class[here], sample_conf[here]):
                     continue
                 todo = []  # the screen left few networks to prove: its branch-and-bound now
                 left = None if left is None else settings.time_limit - (time.monotonic() - started)
@@ -279,30 +280,6 @@ def _screen_box(tree: RegionTree, node: int, root: VerificationProblem, settings
 
 
 EXACT_TOLERANCE = 1e-6  # a bound within this (relative) of a leak in its box is that box's exact bound
-DEEPEN_AT_ONCE = 64  # a screened box with at most this many networks above its level is deepened at once
-
-
-def _screen_first(tree: RegionTree, classes: list[int], settings: VerifySettings) -> bool:
-    """Whether new boxes get their screen first. Not when the root's branch-and-bound finished
-    every class within its share: a box is smaller than the domain, so its exact bound is cheaper
-    still, and an exact bound per box before it is split leaves fewer points for the splits to
-    chase than the screen's looser one (breast cancer: regions_findings.md)."""
-    return settings.screen != "none" and not bool(tree.complete[0][classes].all())
-
-
-def _cheap_to_deepen(tree: RegionTree, node: int, screened: dict[int, np.ndarray], classes_of: np.ndarray,
-                     confidences: np.ndarray) -> bool:
-    """Whether the branch-and-bound of a just screened box should come now rather than after the
-    splits: some of its public points (`classes_of`, `confidences`: those noised before the
-    screen) are still noised, and at most `DEEPEN_AT_ONCE` networks are screened above the level
-    that would release them. Each of those needs the refined screen or a MILP: a few take
-    seconds, while splitting on the screen's looser bound would carve boxes around points that
-    the box's own exact bound releases."""
-    still = ~(confidences > np.maximum(tree.bound_upper[node][classes_of], 0.0))
-    levels = box_targets(classes_of[still], confidences[still], sorted(screened), tree.bound_lower[node])
-    if not levels:
-        return False
-    return sum(int((screened[c] > level).sum()) for c, level in levels.items()) <= DEEPEN_AT_ONCE
 
 
 def _verify_box(tree: RegionTree, node: int, root: VerificationProblem, holder: _ProblemHolder,

@@ -251,16 +251,14 @@ class JointSystem:
             sl = r.sl[:, None, :]
             if alphas is not None:
                 sl = torch.where(r.unstable[:, None, :], alphas[k - 1], sl)
-            # (a coefficient times the slope its sign picks: the same bits as positive part times
-            # one slope plus negative part times the other, in fewer passes over [K, m, n])
-            up_z, up_d = Az >= 0, Ed >= 0
-            A = Az * torch.where(up_z, r.su[:, None, :], sl)
-            const = const + (Az.clamp(min=0) * r.tu[:, None, :]).sum(-1)
-            E = Ed * torch.where(up_d, r.pu[:, None, :], r.pl[:, None, :])
+            Azp, Azn = Az.clamp(min=0), Az.clamp(max=0)
+            A = Azp * r.su[:, None, :] + Azn * sl
+            const = const + (Azp * r.tu[:, None, :]).sum(-1)
+            Edp, Edn = Ed.clamp(min=0), Ed.clamp(max=0)
+            E = Edp * r.pu[:, None, :] + Edn * r.pl[:, None, :]
             if r.pz is not None:  # exact there: the same slope bounds delta from both sides
                 A = A + Ed * r.pz[:, None, :]
-            const = const + (Ed * torch.where(up_d, r.qu[:, None, :], 0.0)).sum(-1) \
-                + (Ed * torch.where(up_d, 0.0, r.ql[:, None, :])).sum(-1)
+            const = const + (Edp * r.qu[:, None, :]).sum(-1) + (Edn * r.ql[:, None, :]).sum(-1)
             if trace is not None:
                 trace.append((Az, Ed))
             if splits is not None:
