@@ -19,8 +19,13 @@ def noised_mask(tree: RegionTree, sample: np.ndarray, sample_class: np.ndarray,
                 sample_conf: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(leaf of each sample point, whether the point is noised under its leaf's bound)."""
     leaf = tree.locate(sample)
-    bounds = np.array(tree.bound_upper)[leaf, sample_class]
-    return leaf, ~(sample_conf > np.maximum(bounds, 0.0))
+    return leaf, is_noised(sample_conf, np.array(tree.bound_upper)[leaf, sample_class])
+
+
+def is_noised(confidences: np.ndarray, bounds: np.ndarray) -> np.ndarray:
+    """Whether each point is noised under its bound: its confidence is not above it (a bound
+    <= 0 counts as 0)."""
+    return ~(confidences > np.maximum(bounds, 0.0))
 
 
 def choose_leaf(tree: RegionTree, leaf_of: np.ndarray, noised: np.ndarray, max_leaves: int) -> int | None:
@@ -235,7 +240,7 @@ def cheap_to_deepen(tree: RegionTree, node: int, screened: dict[int, np.ndarray]
     that would release them. Each of those needs the refined screen or a MILP: a few take
     seconds, while splitting on the screen's looser bound would carve boxes around points that
     the box's own exact bound releases."""
-    still = ~(confidences > np.maximum(tree.bound_upper[node][classes_of], 0.0))
+    still = is_noised(confidences, tree.bound_upper[node][classes_of])
     levels = box_targets(classes_of[still], confidences[still], sorted(screened), tree.bound_lower[node])
     if not levels:
         return False

@@ -137,7 +137,8 @@ def verify_regions(run: Run, settings: VerifySettings, classes: list[int], resul
                 break
             node = todo[0] if todo else deepen[0]
             here = (leaf_of == node) & noised
-            box_classes = [c for c in classes if c in set(sample_class[here].tolist())] or classes
+            noised_here = set(sample_class[here].tolist())
+            box_classes = [c for c in classes if c in noised_here] or classes
             if todo and node != 0 and screen_first(tree, classes, settings):
                 _screen_box(tree, node, root, settings, box_classes, screens, leaks, log)
                 screened.add(node)
@@ -155,7 +156,7 @@ def verify_regions(run: Run, settings: VerifySettings, classes: list[int], resul
             hard = [c for c in box_classes if parent >= 0 and not tree.complete[parent][c]]
             targets = box_targets(sample_class[here], sample_conf[here], hard, tree.bound_lower[node])
             _verify_box(tree, node, root, holder, executor, settings, box_classes, limit, screens, leaks, log,
-                        targets, own_screens=node in screened)
+                        targets)
             screened.discard(node)
             checkpoint()
     except KeyboardInterrupt:
@@ -284,11 +285,10 @@ EXACT_TOLERANCE = 1e-6  # a bound within this (relative) of a leak in its box is
 
 def _verify_box(tree: RegionTree, node: int, root: VerificationProblem, holder: _ProblemHolder,
                 executor: executors.Executor, settings: VerifySettings, classes: list[int], limit: float | None,
-                screens: dict, leaks: dict, log: EventLog, targets: dict[int, float] | None = None,
-                own_screens: bool = False) -> None:
+                screens: dict, leaks: dict, log: EventLog, targets: dict[int, float] | None = None) -> None:
     """The whole branch-and-bound of `node`'s box for `classes`, starting from its ancestors' screens
-    and leaks; `own_screens`: the box was screened already (`_screen_box`), so its engine starts
-    from those bounds instead of screening again."""
+    and leaks; a box screened already (`_screen_box`, or the rest of a screened carve, which keeps
+    its box) starts from those bounds instead of screening again."""
     t0 = time.monotonic()
     problem = _box_problem(tree, node, root)
     holder.problem = problem
@@ -316,10 +316,9 @@ def _verify_box(tree: RegionTree, node: int, root: VerificationProblem, holder: 
     for c, leak in _inherited_leaks(tree, node, leaks).items():
         if c in states:
             states[c].lower, states[c].lower_row, states[c].lower_witness = leak["value"], leak["row"], leak["x"]
-    if own_screens:
-        for c in classes:
-            if c in screens.get(node, {}):
-                states[c].screen = screens[node][c].copy()
+    for c, bound in screens.get(node, {}).items():
+        if c in states:
+            states[c].screen = bound.copy()
     search = (partial(witness_search.search_class_witness, problem, points=problem.points)
               if settings.search else None)
     title = f"lucid verify --regions: box {node} of at most {2 * settings.regions - 1}"

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lucid.bounds.interval import (FP_ABS, FP_REL, LayerBounds, affine_interval, interval_matvec, matvec, point_matvec,
+from lucid.bounds.interval import (LayerBounds, affine_interval, interval_matvec, matvec, point_matvec, rounding_pad,
                                   widen)
 
 
@@ -53,7 +53,7 @@ def difference_bounds(
         ib_lo, ib_hi = widen(b_lo[k] - b, b_hi[k] - b, np.abs(b))
         t1_lo, t1_hi, m1 = point_matvec(W, d_lo, d_hi)
         if w_lo[k] is w_hi[k]:  # one network per row: its weight difference is a point, up to rounding
-            pad = FP_REL * np.abs(W) + FP_ABS  # `widen`'s, of w - W
+            pad = rounding_pad(np.abs(W))  # `widen`'s, of w - W
             t2_lo, t2_hi, m2 = point_matvec(w_lo[k] - W, h_lo, h_hi)
             slack = matvec(pad, np.maximum(np.abs(h_lo), np.abs(h_hi)))  # [-pad, pad] times the box
             t2_lo, t2_hi, m2 = t2_lo - slack, t2_hi + slack, m2 + slack

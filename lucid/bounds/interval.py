@@ -48,9 +48,14 @@ class LayerBounds:
         )
 
 
+def rounding_pad(magnitude: np.ndarray) -> np.ndarray:
+    """The float error bound of sums of terms of this magnitude (module docstring)."""
+    return FP_REL * magnitude + FP_ABS
+
+
 def widen(lo: np.ndarray, hi: np.ndarray, magnitude: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Round an interval outward by the float error bound of sums of terms of this magnitude."""
-    pad = FP_REL * magnitude + FP_ABS
+    pad = rounding_pad(magnitude)
     return lo - pad, hi + pad
 
 

@@ -240,9 +240,7 @@ class JointSystem:
                 Az, Ed, top_const = first
                 const = const + top_const
             else:
-                const = const + A @ self.b[k] + (E * self.db[k][:, None, :]).sum(-1)
-                Az = A @ self.W[k] + _bmm(E, self.dW[k])
-                Ed = None if k == 0 else _bmm(E, self.Wp[k])
+                Az, Ed, const = self._affine_step(A, E, k, const)
             if k == 0:
                 if trace is not None:
                     trace.append(Az)
@@ -278,9 +276,7 @@ class JointSystem:
                 Az, Ed, top_const = first
                 const = const + top_const
             else:
-                const = const + A @ self.ab[k] + (E * self.adb[k][:, None, :]).sum(-1)
-                Az = A @ self.aW[k] + _bmm(E, self.adW[k])
-                Ed = None if k == 0 else _bmm(E, self.aWp[k])
+                Az, Ed, const = self._affine_step(A, E, k, const, absolute=True)
             if k == 0:
                 break
             mt = self.relax[k - 1].mag_t[:, None, :]
@@ -360,10 +356,7 @@ class JointSystem:
         of products with [K, rows, n] selection matrices. The same values bit for bit (a product
         with a selection row adds only exact zeros to the one term it picks)."""
         K = self.K
-        if absolute:  # rows of `half`: +deltahat (every neuron), +zhat' (the stable ones)
-            W, dW, Wp, b, db = self.aW[k], self.adW[k], self.aWp[k], self.ab[k], self.adb[k]
-        else:
-            W, dW, Wp, b, db = self.W[k], self.dW[k], self.Wp[k], self.b[k], self.db[k]
+        W, dW, Wp, b, db = self._layer(k, absolute)
         dW, Wp = dW.expand(K, -1, -1), Wp.expand(K, -1, -1)
         db = db.expand(K, -1)
         z_rows = W[stable] + dW[:, stable]  # A's row e_j times W plus E's row e_j times dW
@@ -373,6 +366,21 @@ class JointSystem:
         Az = torch.cat([dW, -dW, z_rows, -z_rows], 1)
         Ed = torch.cat([Wp, -Wp, Wp[:, stable], -Wp[:, stable]], 1)
         return Az, Ed, torch.cat([db, -db, z_const, -z_const], 1)
+
+    def _affine_step(self, A: torch.Tensor, E: torch.Tensor, k: int, const: torch.Tensor,
+                     absolute: bool = False) -> tuple:
+        """`backward`'s (with `absolute`, `magnitude`'s) affine step at layer k: the coefficients
+        of zhat_{k-1} and deltahat_{k-1} (None below the first layer) and `const` plus what the
+        layer's biases add."""
+        W, dW, Wp, b, db = self._layer(k, absolute)
+        const = const + A @ b + (E * db[:, None, :]).sum(-1)
+        return A @ W + _bmm(E, dW), None if k == 0 else _bmm(E, Wp), const
+
+    def _layer(self, k: int, absolute: bool = False) -> tuple:
+        """Layer k's (W, dW, Wp, b, db), or their absolute values for the magnitude pass."""
+        if absolute:
+            return self.aW[k], self.adW[k], self.aWp[k], self.ab[k], self.adb[k]
+        return self.W[k], self.dW[k], self.Wp[k], self.b[k], self.db[k]
 
     def select(self, idx, light: bool = False) -> "JointSystem":
         """The same system for the networks idx (repeats allowed; a shallow copy sharing N's tensors).
