@@ -554,3 +554,18 @@ def test_boxes_are_screened_first_only_when_the_root_left_a_class_open():
     assert not screen_first(tree, [0], settings)  # the root's bound of every verified class is exact
     from dataclasses import replace
     assert not screen_first(tree, [0, 1], replace(settings, screen="none"))
+
+
+def test_a_leaf_is_exact_only_with_no_leak_possible_or_a_leak_found_at_its_bound():
+    from lucid.bab.regions import _leaves_exact
+
+    def exact(upper: float, lower: float) -> bool:
+        tree = RegionTree(np.zeros(2), np.ones(2), 1)
+        a, b = tree.split(0, 0, 0.5)
+        tree.record(a, np.array([-np.inf]), np.array([-np.inf]))  # no leak possible here
+        tree.record(b, np.array([upper]), np.array([lower]))
+        return _leaves_exact(tree, 0)
+
+    assert exact(0.7, 0.7)  # a leak found at the bound
+    assert not exact(0.7, -np.inf)  # a bound with no leak found under it
+    assert not exact(0.7, 0.6)  # a gap

@@ -373,8 +373,15 @@ def _inherited_leaks(tree: RegionTree, node: int, leaks: dict) -> dict[int, dict
 def _leaves_exact(tree: RegionTree, c: int) -> bool:
     """Every leaf's bound met a leak in that leaf (up to the safety margins): no leaf stopped at a
     target level or a --gap."""
-    return all(tree.bound_upper[i][c] == -np.inf or tree.bound_upper[i][c] - tree.bound_lower[i][c]
-               <= EXACT_TOLERANCE * max(1.0, abs(tree.bound_lower[i][c])) for i in tree.leaves())
+    return all(_leaf_exact(tree.bound_upper[i][c], tree.bound_lower[i][c]) for i in tree.leaves())
+
+
+def _leaf_exact(upper: float, lower: float) -> bool:
+    """No leak possible (upper = -inf), or a leak found within the tolerance of the upper bound. A finite
+    upper bound with no leak found (lower = -inf) is not exact: without the finite check, inf <= 1e-6 * inf."""
+    if upper == -np.inf:
+        return True
+    return bool(np.isfinite(lower) and upper - lower <= EXACT_TOLERANCE * max(1.0, abs(lower)))
 
 
 def _bounds_entries(tree: RegionTree, classes: list[int], leaks: dict, seconds: float) -> dict[str, dict]:
