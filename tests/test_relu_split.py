@@ -173,7 +173,7 @@ def test_the_checkpoint_is_asked_once_and_stopping_there_stays_sound(cases):
     # (no assertion on proving: a busy machine may stop a search at its limit, which only asks less)
     asked = 0
     for problem, p, cls, ex in cases:
-        if math.isfinite(ex) and problem.margin_upper.shape[0] > 2:
+        if math.isfinite(ex) and problem.margin_upper.shape[0] > 2 and p <= 2:  # (CI time)
             calls = []
             run(problem, p, cls, ex + 1e-2, time_limit=5.0, checkpoint=(0.0, lambda b, xs: calls.append(b)))
             assert len(calls) <= 1, (p, cls, len(calls))
@@ -204,9 +204,8 @@ def test_a_search_all_but_done_at_its_deadline_goes_on_once(cases):
     on for the extension's seconds (once), and proves what it could not in its own time; one
     further from the cutoff stops at its deadline. Sound either way."""
     extended = 0
-    for problem, p, cls, ex in cases:
-        if not math.isfinite(ex) or p > 2:
-            continue
+    finite = [case for case in cases if math.isfinite(case[3]) and case[1] <= 2]
+    for problem, p, cls, ex in finite[::3]:  # a third of them: each proves by its extension (CI time)
         cutoff = ex + 1e-2
         plain = run(problem, p, cls, cutoff, time_limit=0.0)
         if plain.proved:
