@@ -378,3 +378,31 @@ def test_the_tightening_pass_takes_rows_and_gets_the_products_bit_for_bit(case, 
     for name in ("dl", "du", "hl", "hu"):
         for a, b in zip(getattr(fast, name), getattr(slow, name)):
             assert torch.equal(a, b), name
+
+
+@pytest.mark.parametrize("case", [1, 3, 6])
+def test_a_box_screen_tightens_only_the_networks_that_could_be_highest(case, monkeypatch):
+    """`Screen.highest`: per class its largest bound is exactly the largest of the full screen
+    taken with the prior bounds, every network's bound is that full screen's or its interval
+    (or prior) bound, never below the full one, and the symbolic screen saw only some networks."""
+    import lucid.analysis.screen as screen_module
+    import lucid.bounds.symbolic as symbolic
+
+    stack, lower, upper, problem = setup(*CASES[case])
+    classes = list(range(stack.num_classes))
+    rng = np.random.default_rng(case)
+    prior = {c: rng.uniform(-0.5, 3.0, len(POSITIONS)) for c in classes}
+    for c in classes:
+        prior[c][-1] = -10.0  # the last network is known far below: it can only stay so
+    intervals = interval_screens(problem, classes, POSITIONS)
+    full = np.minimum(np.minimum(intervals, symbolic_screens(problem, classes, POSITIONS)),
+                      np.array([prior[c] for c in classes]))
+    seen = []
+    monkeypatch.setattr(symbolic, "symbolic_screens", lambda p, cl, pos, **kw: seen.extend(pos) or symbolic_screens(p, cl, pos, **kw))
+    monkeypatch.setattr(screen_module, "LAZY_BATCH", len(classes))  # one network per class a pass: several passes
+    got = Screen(problem, "symbolic").highest(classes, POSITIONS, prior)
+    for j, c in enumerate(classes):
+        assert got[c].max() == full[j].max()
+        cheap = np.minimum(intervals[j], prior[c])
+        assert np.all(got[c] >= full[j]) and np.all((got[c] == full[j]) | (got[c] == cheap))
+    assert len(seen) == len(set(seen)) and 0 < len(seen) and POSITIONS[-1] not in seen, seen

@@ -48,6 +48,9 @@ def interval_screens(problem: VerificationProblem, classes: list[int], positions
     return out
 
 
+LAZY_BATCH = 256  # networks in the first symbolic pass of `Screen.highest`, twice as many in each next
+
+
 class Screen:
     """The screen a verification asked for (`VerifySettings.screen`), for the engine.
 
@@ -82,6 +85,39 @@ class Screen:
             bounds = np.minimum(bounds, symbolic_screens(self.problem, classes, positions, device=self.device))
         self._kept = (key, {c: b for c, b in zip(classes, bounds) if c != cls})
         return bounds[classes.index(cls)]
+
+    def highest(self, classes: list[int], positions: np.ndarray,
+                prior: dict[int, np.ndarray] | None = None) -> dict[int, np.ndarray]:
+        """Per class, a sound bound for every network of `positions` whose largest is the largest of
+        `initial`'s (taken with `prior`, other sound bounds per position, at least as small), at
+        less cost: only a box's bound is needed here, not each network's tightest. The interval
+        screen bounds every network; the symbolic one, ten times dearer, only those whose bound
+        could still be the largest, highest first, until no network's bound exceeds the largest
+        found. A network left with its interval (or prior) bound is at or below that largest."""
+        positions = np.asarray(positions, dtype=np.int64)
+        bounds = interval_screens(self.problem, classes, positions)
+        if prior is not None:
+            bounds = np.minimum(bounds, np.array([prior[c] for c in classes]))
+        if self.method == "interval" or positions.size == 0:
+            return dict(zip(classes, bounds))
+        from lucid.bounds.symbolic import symbolic_screens
+
+        done = np.zeros(len(positions), dtype=bool)
+        highest = np.full(len(classes), -np.inf)
+        batch = LAZY_BATCH
+        while True:
+            above = ~done & (bounds > highest[:, None]).any(axis=0)
+            if not above.any():
+                return dict(zip(classes, bounds))
+            # each class's highest bounds first, LAZY_BATCH of them in all
+            order = np.argsort(-np.where(above, bounds, -np.inf), axis=1, kind="stable")
+            take = np.unique(order[:, : max(1, batch // len(classes))])
+            take = take[above[take]]
+            tightened = symbolic_screens(self.problem, classes, positions[take], device=self.device)
+            bounds[:, take] = np.minimum(bounds[:, take], tightened)
+            done[take] = True
+            highest = np.maximum(highest, bounds[:, take].max(axis=1))
+            batch *= 2  # few passes however many networks stay above
 
     @property
     def refines(self) -> bool:
