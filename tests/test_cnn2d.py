@@ -308,5 +308,12 @@ def test_export_and_import_round_trip_a_cnn_to_the_same_networks_and_bounds(tiny
         bounds[run] = json.loads((run / "bounds.json").read_text())["bounds"]
     first, second = bounds.values()
     for c in first:
-        for key in ("upper", "lower", "complete", "leaking_row"):
+        for key in ("lower", "complete", "leaking_row"):
             assert first[c][key] == second[c][key], (c, key, first[c], second[c])
+        # A finished class's upper bound is the last proof's, within the solvers' tolerances of the
+        # leak: which proof closed the last node depends on timing (a busy machine).
+        a, b = first[c]["upper"], second[c]["upper"]
+        if a is None or b is None or not first[c]["complete"]:
+            assert a == b, (c, first[c], second[c])
+        else:
+            assert abs(a - b) <= 1e-5 * max(1.0, abs(a)), (c, first[c], second[c])
