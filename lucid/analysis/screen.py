@@ -109,12 +109,12 @@ class Screen:
             above = ~done & (bounds > highest[:, None]).any(axis=0)
             if not above.any():
                 return dict(zip(classes, bounds))
-            # each class's highest bounds first, LAZY_BATCH of them in all
+            # each class's highest bounds first, `batch` networks in all
             order = np.argsort(-np.where(above, bounds, -np.inf), axis=1, kind="stable")
             take = np.unique(order[:, : max(1, batch // len(classes))])
             take = take[above[take]]
             tightened = symbolic_screens(self.problem, classes, positions[take], device=self.device)
-            bounds[:, take] = np.minimum(bounds[:, take], tightened)
+            bounds[:, take] = np.fmin(bounds[:, take], tightened)  # a NaN screen keeps the interval bound
             done[take] = True
             highest = np.maximum(highest, bounds[:, take].max(axis=1))
             batch *= 2  # few passes however many networks stay above
