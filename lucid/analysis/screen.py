@@ -89,15 +89,16 @@ class Screen:
     def highest(self, classes: list[int], positions: np.ndarray,
                 prior: dict[int, np.ndarray] | None = None) -> dict[int, np.ndarray]:
         """Per class, a sound bound for every network of `positions` whose largest is the largest of
-        `initial`'s (taken with `prior`, other sound bounds per position, at least as small), at
+        `initial`'s (taken with `prior`: per class, other sound bounds per position), at
         less cost: only a box's bound is needed here, not each network's tightest. The interval
         screen bounds every network; the symbolic one, ten times dearer, only those whose bound
         could still be the largest, highest first, until no network's bound exceeds the largest
         found. A network left with its interval (or prior) bound is at or below that largest."""
         positions = np.asarray(positions, dtype=np.int64)
         bounds = interval_screens(self.problem, classes, positions)
-        if prior is not None:
-            bounds = np.minimum(bounds, np.array([prior[c] for c in classes]))
+        for j, c in enumerate(classes):
+            if prior is not None and c in prior:
+                bounds[j] = np.minimum(bounds[j], prior[c])
         if self.method == "interval" or positions.size == 0:
             return dict(zip(classes, bounds))
         from lucid.bounds.symbolic import symbolic_screens

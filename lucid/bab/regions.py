@@ -255,7 +255,7 @@ def _screen_box(tree: RegionTree, node: int, root: VerificationProblem, settings
     if open_classes:
         screen = Screen(problem, settings.screen, settings.device, open_classes)
         positions = np.arange(1, len(problem.stack), dtype=np.int64)
-        known = {c: prior[c][positions] if c in prior else np.full(len(positions), np.inf) for c in open_classes}
+        known = {c: prior[c][positions] for c in open_classes if c in prior}
         for c, found in screen.highest(open_classes, positions, known).items():
             bound = np.full(len(problem.stack), -np.inf)
             bound[positions] = found
