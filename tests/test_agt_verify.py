@@ -58,7 +58,7 @@ def as_float(value, *, upper=True):
 
 def test_the_k1_bound_covers_the_exact_leave_one_out_bound(runs, tmp_path):
     run = fresh(runs["agt2"], tmp_path)
-    loo = verify_run(run, naive=True, ris=False, workers=1, progress=False)["bounds"]
+    loo = verify_run(run, naive=True, ris=False, search=False, workers=1, progress=False)["bounds"]
     agt = verify_run(run, hyper="agt:1", workers=1, progress=False)
     assert agt["options"]["hyper"] == "agt:1"
     for c, entry in agt["bounds"].items():

@@ -249,7 +249,7 @@ def test_verify_matches_the_naive_oracle_and_evaluate_releases_no_leak(tiny_run,
 
     oracle_run = tmp_path / "oracle"
     shutil.copytree(tiny_run, oracle_run)
-    naive = verify_run(oracle_run, workers=1, ris=False, naive=True, progress=False)["bounds"]
+    naive = verify_run(oracle_run, workers=1, ris=False, naive=True, search=False, progress=False)["bounds"]
     code, err = run_main(["verify", str(tiny_run), "--time-limit", "60", "--workers", "1", "--quiet"], capsys)
     assert code == 0, err
     bounds = json.loads((tiny_run / "bounds.json").read_text())["bounds"]

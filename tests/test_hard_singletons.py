@@ -113,7 +113,7 @@ def test_the_race_keeps_bounds_sound_and_proves_what_the_sequence_proves(seed):
     stack = tiny_stack(seed, hidden=(6, 6), classes=2, k=4, d=2)
     lo, hi = np.zeros(2), np.ones(2)
     problem = VerificationProblem.from_stack(stack, lo, hi)
-    for pos in (1, 2, 3):
+    for pos in (1, 2):  # two of the three networks (CI time)
         for cls in (0, 1):
             exact = exact_for(stack, pos, cls, lo, hi)
             if not math.isfinite(exact):

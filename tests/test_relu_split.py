@@ -252,7 +252,8 @@ def test_the_depth_first_phase_is_sound_and_finishes_near_exact(cases):
         if p > 2:
             continue
         lp = DomainLp(problem, cls, p, VerifySettings().encoding_options())
-        finishes = p == 1 and cls == 0  # runs to the end: the first class of each network only (CI time)
+        # runs to the end: the first class of each network only, and not the 6x6 one (20 s; CI time)
+        finishes = p == 1 and cls == 0 and problem.stack.weights[0].shape[1] <= 4
         for limit in (0.2, 60.0) if finishes else (0.2,):
             res = run(problem, p, cls, -math.inf, time_limit=limit, max_domains=2, domain_bound=lp.bound)
             assert res.bound >= ex - 1e-9, (p, cls, res.bound, ex)
@@ -261,7 +262,7 @@ def test_the_depth_first_phase_is_sound_and_finishes_near_exact(cases):
         if math.isfinite(ex):
             cut = run(problem, p, cls, ex - 1e-3, time_limit=0.5, max_domains=2, domain_bound=lp.bound)
             assert not cut.proved and cut.bound >= ex - 1e-9
-    assert len(gaps) >= 5 and np.median(gaps) < 0.05, gaps
+    assert len(gaps) >= 4 and np.median(gaps) < 0.05, gaps
 
 
 def _reached(hn, hp, sn, sp, t, cls) -> np.ndarray:

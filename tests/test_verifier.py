@@ -267,7 +267,7 @@ def test_the_split_tier_proves_singletons_below_a_cutoff_without_a_milp(seed, lo
                 assert "solves" not in above.stats  # no MILP
             # below the exact bound no split can prove the cutoff: a short split budget is enough to
             # show that the MILP then runs (the default one spends a quarter of 60 s before giving up)
-            below = analyse_node(problem, cls, [p], cutoff=exact - 0.05, settings=VerifySettings(split_time=4.0))
+            below = analyse_node(problem, cls, [p], cutoff=exact - 0.05, settings=VerifySettings(split_time=1.0))
             assert not below.stats["split"]["proved"] and below.stats["solves"]
             assert below.upper >= exact - 1e-9
     assert proved >= 1
