@@ -37,7 +37,7 @@ def run_cli(args, capsys) -> tuple[int, str]:
 
 
 def verify(run: Path) -> dict:
-    main(["verify", str(run), "--time-limit", "30", "--workers", "1", "--quiet"])
+    main(["verify", str(run), "--time-limit", "30", "--workers", "1", "--split-time", "0", "--quiet"])
     return json.loads((run / "bounds.json").read_text())["bounds"]
 
 

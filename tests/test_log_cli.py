@@ -16,7 +16,7 @@ def verified_run(tmp_path_factory):
     from lucid.bab import verify_run
 
     run = write_tiny_run(tmp_path_factory.mktemp("log") / "run", networks=10, seed=2)
-    result = verify_run(run, workers=1, ris=False, screen=False, search=False, progress=False)
+    result = verify_run(run, workers=1, ris=False, screen=False, search=False, split_time=0, progress=False)
     return run, result
 
 

@@ -143,7 +143,7 @@ CASES = {
     "--no-bab": (["--no-bab"], lambda r: not r.engines[0].config.bab and len(r.nodes) <= 2),
     "--naive": (["--naive"], lambda r: r.engines[0].config.naive and all(
         len(e) == 1 for e in [[1]] * len(r.nodes)) and len(r.nodes) >= 6),
-    "--no-screen": (["--no-screen"], lambda r: r.screens == 0 and not r.symbolic),
+    "--no-screen": (["--no-screen", "--split-time", "0"], lambda r: r.screens == 0 and not r.symbolic),
     "--screen": (["--screen", "interval"], lambda r: r.screens > 0 and not r.symbolic
                  and r.engines[0].config.screen == "interval"),
     # with the interval screen the root's hyper-network node runs its node-level search (the
