@@ -19,11 +19,12 @@ let an attacker collect fresh draws for one network input by sending many raw in
 
 Constant work per row: whether a row is released or noised is the bit (confidence <= beta_c)
 that the iDP guarantee does not cover, and it differs between D and D minus one row. So every
-row takes the same path: N's scores, one mechanism draw (always, also for rows that will be
-released), a branch-free select between N's label and the draw, and one memo read/write plus
-ledger charge for every row (released answers are memoised too). Time, memo hits and misses,
-ledger writes and budget refusals therefore depend on which inputs were asked, not on the
-branch. Only the label value differs, and the label is what the client receives anyway.
+row takes the same path: N's scores and its box's threshold, one memo read for every row, and
+for every row the memo does not hold yet one mechanism draw (also for rows that will be
+released), a branch-free select between N's label and the draw, and one memo write plus ledger
+charge (released answers are memoised too). A memo hit draws nothing, whatever its branch.
+Time, memo hits and misses, draws, ledger writes and budget refusals therefore depend on which
+inputs were asked, not on the branch. Only the label value differs, and the label is what the client receives anyway.
 `deadline_ms` additionally holds every `predict`/`predict_index` call (answer or error) until
 that long after it started, for callers who want any residual difference (memo hits, batch
 size, machine noise) under one fixed time; `lucid serve --deadline-ms` does the same per request.
@@ -292,14 +293,18 @@ class LabelOnlyClassifier:
         continuing) takes effect on restart; the older, larger bound stays sound meanwhile.
         """
         cls, noised = self.decide(xn)
-        drawn = exponential_mechanism(cls, self.num_classes, self.epsilon, self.rng)
-        proposal = np.where(noised, drawn, cls)
+
+        def proposals(rows_to_store: np.ndarray) -> np.ndarray:  # the memo's misses: same work on both branches
+            own = cls[rows_to_store]
+            drawn = exponential_mechanism(own, self.num_classes, self.epsilon, self.rng)
+            return np.where(noised[rows_to_store], drawn, own)
+
         rows = np.ascontiguousarray(xn, dtype=np.float64) + 0.0  # -0.0 -> 0.0: one key per point
         width = rows.shape[1] * 8
         buf = rows.tobytes()
         keys = [buf[i : i + width] for i in range(0, len(buf), width)]
         client = DEFAULT_CLIENT if client is None else check_client_name(client)
-        out = self.memo.get_or_put(keys, proposal, noised=noised, client=client, epsilon=self.epsilon,
+        out = self.memo.get_or_put(keys, proposals, noised=noised, client=client, epsilon=self.epsilon,
                                    budget=self.budget, total_budget=self.total_budget, turn=turn)
         return (out, noised) if return_noised else out
 
