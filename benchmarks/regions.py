@@ -206,7 +206,9 @@ def render() -> str:
              "Same `--time-limit` for every K of a workload (the whole verification). Noised: share of the test "
              "inputs LUCID noises (regions), with the same run's global bounds, and Naive-iDP's exact leaking share. "
              "Accuracy at ε = 0 / 0.2 / 1 (%), expected over the mechanism's draws. Single query: in-process "
-             "`predict_network_space` of one row.", "",
+             "`predict_network_space` of one row (a memo hit), measured by each row's run on that run's machine "
+             "and code: machines differ by up to 2.5x between sessions, so compare single queries only within "
+             "one session's figures in regions_findings.md.", "",
              "| workload | K | leaves | limit s | noised regions | noised global | noised Naive-iDP | acc regions | "
              "acc global | acc Naive-iDP | single query ms | root s / other boxes s (boxes) | released but leaking | "
              "over-noised: box exact / cut short / not verified / rest of a carve | run (UTC) |",

@@ -287,7 +287,8 @@ class LabelOnlyClassifier:
         ledger charged (default: the single ledger "default"); with a budget, a batch whose new
         inputs would exceed the client's budget, or the total budget of all clients, raises
         BudgetExceeded and nothing is answered. `turn`: see the memo's `get_or_put` (lucid serve
-        passes its decision gate; N's forward pass and the draws need no turn).
+        passes its decision gate; N's forward pass needs no turn, and the draws for the rows not
+        stored yet, microseconds each, are made inside the memo's steps).
 
         Bounds are read once, at construction: a later, tighter bounds.json (anytime verification
         continuing) takes effect on restart; the older, larger bound stays sound meanwhile.
