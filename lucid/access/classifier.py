@@ -24,7 +24,8 @@ for every row the memo does not hold yet one mechanism draw (also for rows that 
 released), a branch-free select between N's label and the draw, and one memo write plus ledger
 charge (released answers are memoised too). A memo hit draws nothing, whatever its branch.
 Time, memo hits and misses, draws, ledger writes and budget refusals therefore depend on which
-inputs were asked, not on the branch. Only the label value differs, and the label is what the client receives anyway.
+inputs were asked, not on the branch. Only the label value differs, and the label is what the
+client receives anyway.
 `deadline_ms` additionally holds every `predict`/`predict_index` call (answer or error) until
 that long after it started, for callers who want any residual difference (memo hits, batch
 size, machine noise) under one fixed time; `lucid serve --deadline-ms` does the same per request.
