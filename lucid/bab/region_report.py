@@ -184,7 +184,9 @@ def region_rows(view: RegionView) -> list[RegionRow]:
     tree = view.tree
     return [RegionRow(box=i, depth=tree.depth_of(i), description=describe_box(view, i),
                       upper=tree.bound_upper[i], lower=tree.bound_lower[i], complete=tree.complete[i],
-                      verified=tree.verified[i], seconds=tree.seconds[i])
+                      # bounds.json stores a box's summed seconds rounded to ms: the log's sum, shown
+                      # the same way, must not round a half-way figure the other way
+                      verified=tree.verified[i], seconds=round(tree.seconds[i], 3))
             for i in tree.leaves()]
 
 
