@@ -291,6 +291,31 @@ def test_resume_continues_from_the_last_finished_box(tmp_path, monkeypatch):
         how == "screen" for how, _ in calls]
 
 
+def test_a_time_limit_that_ends_during_a_screen_ends_the_run_with_its_bounds(tmp_path, monkeypatch):
+    import time
+
+    import lucid.bab.regions as regions
+
+    path = write_tiny_run(tmp_path / "run", networks=5, seed=2, spread=(0.03, 0.08, 0.2))
+    limit, started, screened = 8.0, time.monotonic(), []
+    real = regions._screen_box
+
+    def slow_screen(tree, node, *args, **kw):  # the first screen runs past the end of the run
+        real(tree, node, *args, **kw)
+        screened.append(node)
+        time.sleep(max(0.0, limit + 0.2 - (time.monotonic() - started)))
+
+    monkeypatch.setattr(regions, "screen_first", lambda tree, classes, settings: True)
+    monkeypatch.setattr(regions, "cheap_to_deepen", lambda *args: True)  # ... and asks for its branch-and-bound at once
+    monkeypatch.setattr(regions, "box_time", lambda left, *args: min(left, 1.0))  # the root: a second
+    monkeypatch.setattr(regions, "_screen_box", slow_screen)
+    result = verify_run(path, regions=5, time_limit=limit, workers=1, progress=False)
+    assert len(screened) == 1
+    node = next(n for n in result["regions"]["nodes"] if n["id"] == screened[0])
+    assert node["verified"] and all(b["upper"] is not None for b in node["bounds"].values())
+    assert json.loads((path / "bounds.json").read_text())["regions"]["leaves"] >= 2
+
+
 def test_memo_refuses_bounds_over_other_regions(region_run, tmp_path):
     run = open_run(region_run)
     memo_path = tmp_path / "memo.sqlite"

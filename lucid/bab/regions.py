@@ -147,6 +147,8 @@ def verify_regions(run: Run, settings: VerifySettings, classes: list[int], resul
                     continue
                 todo = []  # the screen left few networks to prove: its branch-and-bound now
                 left = None if left is None else settings.time_limit - (time.monotonic() - started)
+                if left is not None and left <= 0:  # the screen took the rest: the box stays screened
+                    break
             waiting = len(unverified) + len(deepen) if todo else len(deepen)
             to_come = max(0, settings.regions - len(tree.leaves())) if leaf is not None else 0
             limit = None if left is None else box_time(left, settings.time_limit, node, waiting, to_come)
