@@ -289,6 +289,8 @@ def test_resume_continues_from_the_last_finished_box(tmp_path, monkeypatch):
     assert [e["box"] for e in events if e["event"] == "region"] == [node for _, node in calls]
     assert [bool(e.get("screen_only")) for e in events if e["event"] == "region"] == [
         how == "screen" for how, _ in calls]
+    finished = next(e["t"] for e in events if e["event"] == "finished")  # the log's clock runs across resumes
+    assert saved["elapsed"] > 0.5 and all(abs(b["seconds"] - finished) < 0.25 for b in result["bounds"].values())
 
 
 def test_a_time_limit_that_ends_during_a_screen_ends_the_run_with_its_bounds(tmp_path, monkeypatch):

@@ -168,7 +168,7 @@ def verify_regions(run: Run, settings: VerifySettings, classes: list[int], resul
         restore()
         executor.close()
         log.close()
-    entries = _bounds_entries(tree, classes, leaks, time.monotonic() - started)
+    entries = _bounds_entries(tree, classes, leaks, elapsed_before + time.monotonic() - started)
     result = write_bounds(run_path, entries, solver=settings.solver, options=all_options, regions=tree.to_json())
     with EventLog(run_path / LOG_FILE, elapsed_before=elapsed_before + time.monotonic() - started, append=True) as tail:
         tail.emit("finished", None, bounds=result["bounds"], regions=len(tree.leaves()))
