@@ -580,3 +580,47 @@ def test_only_the_last_work_gets_the_idle_workers_threads(tmp_path):
     engine.scheduler.submit_ready()
     ((_, _, limit, threads),) = executor.sent
     assert threads == 2 and limit > 250.0
+
+
+def test_a_time_limit_ends_the_seeds_and_their_screen_refinement_and_a_resume_seeds_the_rest(tmp_path):
+    """A class's seed (witness search, then the optimised screen of every network above the cutoff)
+    takes tens of seconds on a thousand networks of 64 inputs; a box of `--regions` given 20 s
+    ran 138 s through ten of them. The refinement stops between its chunks once the time is up,
+    and a class not seeded by then keeps its screened bound until a resume seeds it."""
+    import time
+
+    from lucid.bab.screening import REFINE_CHUNK
+
+    values = np.concatenate([[0.0], np.linspace(0.1, 0.9, 2 * REFINE_CHUNK + 76)])
+    refined, searched = [], []
+
+    def slow_refine(c, pos, level):
+        refined.append((c, len(pos)))
+        time.sleep(0.6)
+        return values[pos] + 0.01
+
+    @dataclass
+    class Leak:
+        confidence: float = 0.05
+        leaking_row: int = 1
+        x: np.ndarray = field(default_factory=lambda: np.zeros(2))
+
+    def search(c, pos):
+        searched.append(c)
+        return Leak()
+
+    def engine_with(refine, limit, states=None):
+        return Engine(ThreadExecutor(FakeAnalyser(values), 1), [0, 1], len(values), VerifySettings(time_limit=limit),
+                      screen=lambda c, pos: values[pos] + 0.5, refine=refine, search=search, states=states,
+                      log=EventLog(tmp_path / "log.jsonl", append=True))
+
+    states = engine_with(slow_refine, 1.0).run()
+    # class 0: at most two chunks (the first always runs; 1.2 s have passed after the second)
+    assert searched == [0] and 1 <= len(refined) <= 2 and all(r == (0, REFINE_CHUNK) for r in refined)
+    first = states[1]
+    assert first.done and not first.complete and first.reason == "time limit" and first.next_id == 0
+    assert first.upper == pytest.approx(0.9 + 0.5)  # its screened bound: sound, nothing proved below it
+    states = engine_with(lambda c, pos, level: values[pos] + 0.01, 60.0, states).run()
+    assert searched == [0, 1]  # resumed: the class never seeded is seeded now
+    for cs in states.values():
+        assert cs.complete and 0.9 <= cs.upper <= 0.9 + 0.05

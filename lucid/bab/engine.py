@@ -154,6 +154,14 @@ class Engine:
                 self._new_node(cs, positions, self.screening.upper(cs, positions), None, peel=peel)
         self.anytime.update(cs)
 
+    def _unseeded(self, cs: ClassState) -> None:
+        """A class the time limit ended before its first node (a seed's witness search and screen
+        refinement take seconds per class): it keeps its screened bound, or none."""
+        positions = np.arange(1, self.num_networks, dtype=np.int64)
+        if cs.screen is not None:
+            cs.upper = min(cs.upper, self.screening.upper(cs, positions))
+        self.anytime.finish(cs, False, "time limit")
+
     def _on_result(self, key: tuple[int, int], outcome: Any) -> None:
         """A node's analysis reported: take its bound and leak, then close it or queue it as OPEN."""
         c, node_id = key
@@ -278,8 +286,8 @@ class Engine:
         longest wait for a result between scheduling rounds. Returns the class states."""
         self.session.start()
         for cs in self.states.values():
-            if cs.done and cs.reason == "time limit" and cs.nodes:
-                # A resumed run continues what the last time limit cut short.
+            if cs.done and cs.reason == "time limit" and (cs.nodes or cs.next_id == 0):
+                # A resumed run continues what the last time limit cut short (or never started).
                 cs.done, cs.complete, cs.reason = False, False, ""
                 self.session.emit("class_reopened", cs.cls, upper=cs.upper, lower=cs.lower, open=len(cs.nodes))
         if self.config.bab and not self.config.naive:
@@ -287,7 +295,10 @@ class Engine:
             threading.Thread(target=_preload_kmeans, daemon=True).start()
         for cs in self.states.values():
             if not cs.done and not cs.nodes and cs.solved == 0 and cs.next_id == 0:
-                self._seed(cs)
+                if self.screening.out_of_time():
+                    self._unseeded(cs)
+                else:
+                    self._seed(cs)
         dirty = True
         try:
             while True:
