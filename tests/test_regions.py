@@ -337,7 +337,7 @@ def test_memo_refuses_bounds_over_other_regions(region_run, tmp_path):
 
 
 def test_evaluate_shows_regions_next_to_the_global_bounds(region_run, tmp_path):
-    from lucid.access.evaluate import evaluate_run, markdown_table
+    from lucid.access.evaluate import evaluate_run, markdown_table, plot_confidences, sorted_by_confidence
 
     data = dict(np.load(region_run / "data.npz"))
     rng = np.random.default_rng(5)
@@ -348,9 +348,15 @@ def test_evaluate_shows_regions_next_to_the_global_bounds(region_run, tmp_path):
     for name in ("run.json", "networks.safetensors", "bounds.json"):
         (copy / name).write_bytes((region_run / name).read_bytes())
     np.savez(copy / "data.npz", **data)
-    result, _ = evaluate_run(copy, [("0", 0.0), ("1", 1.0)], seed=0)
+    result, plot = evaluate_run(copy, [("0", 0.0), ("1", 1.0)], seed=0)
     nf = result["noised_fraction"]
-    assert nf["lucid"] <= nf["lucid_global"] and nf["naive_idp"] <= nf["lucid"]
+    assert nf["lucid"] < nf["lucid_global"] and nf["naive_idp"] <= nf["lucid"]
+    # --plot draws each input as its box's bound decided it, not by the domain's bound per class
+    released = [sorted_by_confidence(plot, c) for c in range(2)]
+    assert sum(int(r.sum()) for _, r in released) == round((1 - nf["lucid"]) * 300)
+    assert any(((conf <= plot["bounds"][c]) & r).any() for c, (conf, r) in enumerate(released))
+    plot_confidences(plot, tmp_path / "confidences.png")
+    assert (tmp_path / "confidences.png").stat().st_size > 0
     assert set(result["accuracy"]["lucid_global"]) == {"0", "1"}
     table = markdown_table(result, [("0", 0.0), ("1", 1.0)])
     assert "LUCID (regions)" in table and "LUCID (global)" in table
@@ -360,6 +366,11 @@ def test_evaluate_shows_regions_next_to_the_global_bounds(region_run, tmp_path):
     (["--regions", "0"], "--regions must be a whole number >= 1"),
     (["--public-inputs", "x.npz"], "--public-inputs only weighs the boxes"),
     (["--regions", "4", "--naive"], "--naive cannot be combined with --regions"),
+    (["--regions", "-3"], "--regions must be a whole number >= 1"),
+    (["--regions", "2.5"], "'2.5' is not a valid integer"),
+    (["--regions", "4", "--no-bab"], "--no-bab cannot be combined with --regions"),
+    (["--regions", "4", "--hyper", "agt:2"], "--hyper agt:2 cannot be combined with --regions"),
+    (["--regions", "4", "--scheduler", "tcp://127.0.0.1:1"], "--scheduler cannot be combined with --regions"),
     (["--regions", "4", "--public-inputs", "missing.npz"], "missing.npz does not exist"),
 ])
 def test_bad_region_options_get_one_line_and_exit_2(tmp_path, capsys, args, message):

@@ -143,7 +143,8 @@ def evaluate_run(
     # A test input LUCID releases although some N_-i disagrees is a concrete counterexample to
     # the bounds (beta_c below the iDP-DB): the caller must warn loudly.
     plot_data = {"confidence": _confidences(clf, x), "classes": n_cls, "bounds": clf.bounds,
-                 "labels": clf.labels, "noised": noised, "released_but_leaking": int(np.sum(~noised & leaking))}
+                 "labels": clf.labels, "noised": noised, "regions": clf.regions is not None,
+                 "released_but_leaking": int(np.sum(~noised & leaking))}
     return result, plot_data
 
 
@@ -205,6 +206,14 @@ def markdown_table(result: dict[str, Any], epsilons: list[tuple[str, float]]) ->
     return "\n".join(lines)
 
 
+def sorted_by_confidence(plot_data: dict[str, Any], c: int) -> tuple[np.ndarray, np.ndarray]:
+    """Class `c`'s test inputs (N's label): their confidences in ascending order, and whether each
+    was released, as the classifier decided it (by its box's bound with --regions)."""
+    mine = np.flatnonzero(plot_data["classes"] == c)
+    order = np.argsort(plot_data["confidence"][mine], kind="stable")
+    return plot_data["confidence"][mine][order], ~plot_data["noised"][mine][order]
+
+
 def plot_confidences(plot_data: dict[str, Any], path: str | Path) -> None:
     """The paper's Figure 6: N's test-set confidences per class, with the iDP-DB as a line."""
     import matplotlib
@@ -213,20 +222,19 @@ def plot_confidences(plot_data: dict[str, Any], path: str | Path) -> None:
     import matplotlib.pyplot as plt
 
 
-    conf, classes, bounds = plot_data["confidence"], plot_data["classes"], plot_data["bounds"]
-    labels = plot_data["labels"]
+    bounds, labels, regions = plot_data["bounds"], plot_data["labels"], plot_data.get("regions", False)
     n = len(bounds)
     fig, axes = plt.subplots(1, n, figsize=(4.2 * n, 3.6), squeeze=False)
     for c, ax in enumerate(axes[0]):
-        mine = np.sort(conf[classes == c])
+        mine, released = sorted_by_confidence(plot_data, c)
         ranks = np.arange(len(mine))
         beta = bounds[c]
-        released = mine > beta
         ax.scatter(ranks[released], mine[released], s=6, color="tab:blue", label="released")
         ax.scatter(ranks[~released], mine[~released], s=6, color="tab:orange", label="noised")
-        if math.isfinite(beta):
-            ax.axhline(beta, color="tab:red", linestyle="--", label=f"iDP-DB = {beta:.3g}")
-        else:
+        if math.isfinite(beta):  # with regions each input has its box's bound, at most this one
+            ax.axhline(beta, color="tab:red", linestyle="--",
+                       label=f"{'largest box bound' if regions else 'iDP-DB'} = {beta:.3g}")
+        elif not released.any():
             ax.text(0.5, 0.95, "no bound proved: all noised", transform=ax.transAxes, ha="center", va="top")
         share = 100 * released.mean() if len(mine) else 0.0
         ax.set_title(f"class {labels[c]}: {len(mine)} inputs, {share:.1f} % released")
