@@ -3,6 +3,7 @@ benchmarks/results/regions_findings.md.
 
   python benchmarks/regions_probe.py [--workload adult3k-2x50] [--points 12] [--radii 0.05,0.1,0.2]
   python benchmarks/regions_probe.py --points 6 --radii 0.05,0.1 --verify 120
+  python benchmarks/regions_probe.py --decide 300 --k 256 --points 8 [--part 1/2]
 
 Needs the workload's run (benchmarks/regions.py trains it). Prints
 - how far the test inputs lie from the nearest public input (L-inf, in the domain's units),
@@ -17,6 +18,16 @@ Needs the workload's run (benchmarks/regions.py trains it). Prints
   splitting tier, MILPs, leak search; --rel-gap 0.1, one worker, S seconds): [lower, upper]. The
   lower end is a replayed leak inside the box, so where it is at or above the input's confidence
   no sound bound of that box, however exact, releases the input.
+
+With --decide S --k K it asks instead, for a seeded sample of the test inputs that the K run
+(benchmarks/regions.py's) over-noises, whether the exact bound of the box the run put each one in
+is below its confidence: the whole engine verifies the input's class over that box (the box
+`lucid verify --regions` verified the leaf over) with the input's confidence as the class's
+target, so every MILP only has to prove its networks below it (one worker, S seconds). Verdicts:
+"leak" (a replayed leaking input of the box is at least as confident: no bound of that box, exact
+or not, releases the input; only another box could), "released" (the box's exact bound is below
+the confidence: a tighter verification of the same box would release it), "open" (neither within
+S seconds: the interval [lower, upper] brackets the exact bound).
 """
 
 from __future__ import annotations
@@ -32,9 +43,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import regions as bench  # noqa: E402
 
 
-def verify_box(box, cls: int, seconds: float, solver: str) -> tuple[float, float, bool]:
+class _Decided(Exception):
+    """A leak at or above the target was replayed: the question `--decide` asks is answered."""
+
+
+def verify_box(box, cls: int, seconds: float, solver: str, target: float | None = None) -> tuple[float, float, bool]:
     """The engine's [lower, upper] on class `cls`'s bound over the box problem `box` (one worker,
-    --rel-gap 0.1, `seconds` in all) and whether the class finished."""
+    `seconds` in all) and whether the class finished: to within 10 % (--rel-gap 0.1), or with a
+    `target`, until the bound is proved at or below it or a leak at or above it is replayed.
+    `known_lower`: a leak's confidence already replayed in the box (the run's)."""
     from functools import partial
 
     import lucid.bab.engine as bab_engine
@@ -42,16 +59,28 @@ def verify_box(box, cls: int, seconds: float, solver: str) -> tuple[float, float
     import lucid.witness.search as witness_search
     from lucid.analysis.screen import Screen
     from lucid.bab.partition import FlatParameters
+    from lucid.bab.state import ClassState
     from lucid.settings import VerifySettings
 
-    settings = VerifySettings(solver=solver, workers=1, time_limit=seconds, rel_gap=0.1, progress=False)
+    settings = VerifySettings(solver=solver, workers=1, time_limit=seconds, rel_gap=0.1 if target is None else 0.0,
+                              progress=False)
+    states = {cls: ClassState(cls=cls, target=target)}
+
+    def stop_at_leak(engine) -> None:
+        lower = engine.states[cls].lower
+        if target is not None and lower is not None and lower >= target:
+            raise _Decided
     executor = executors.ThreadExecutor(lambda *a, **kw: executors.analyse_with(box, settings, *a, **kw), 1)
     screen = Screen(box, settings.screen, settings.device)
     try:
         engine = bab_engine.Engine(executor, [cls], len(box.stack), settings, params=FlatParameters(box.stack),
                                    screen=screen.initial, refine=screen.refine,
-                                   search=partial(witness_search.search_class_witness, box, points=None))
-        engine.run()
+                                   search=partial(witness_search.search_class_witness, box, points=None),
+                                   states=states, on_progress=stop_at_leak)
+        try:
+            engine.run()
+        except _Decided:
+            pass
     finally:
         executor.close()
     cs = engine.states[cls]
@@ -66,7 +95,14 @@ def main() -> None:
     p.add_argument("--root-bound", type=float, default=2.2, help="The root's bound the sample is noised under.")
     p.add_argument("--verify", type=float, default=0.0, help="Seconds of the whole engine per box (0: screen only).")
     p.add_argument("--solver", default="highs")
+    p.add_argument("--decide", type=float, default=0.0,
+                   help="Seconds per input: is the exact bound of the K run's box below its confidence?")
+    p.add_argument("--k", type=int, default=256, help="With --decide: the benchmark's run of this K.")
+    p.add_argument("--part", default="1/1", help="With --decide: J/M runs the J-th of M interleaved parts of the sample.")
     args = p.parse_args()
+    if args.decide > 0:
+        decide(args)
+        return
 
     from lucid.access.evaluate import leaking_set
     from lucid.analysis.problem import VerificationProblem
@@ -105,6 +141,46 @@ def main() -> None:
                 t0 = time.monotonic()
                 low, up, done = verify_box(box, int(cls[i]), args.verify, args.solver)
                 cells.append(f"verified [{low:.3f}, {up:.3f}]{'' if done else ' (open)'} in {time.monotonic() - t0:.0f} s")
+        print(" | ".join(cells), flush=True)
+
+
+def decide(args: argparse.Namespace) -> None:
+    """--decide: the verdict on each sampled over-noised test input of the K run (module docstring)."""
+    from lucid.access.classifier import LabelOnlyClassifier
+    from lucid.access.evaluate import leaking_set
+    from lucid.access.memo import Memo
+    from lucid.analysis.problem import VerificationProblem
+    from lucid.network import NetworkFile, confidence
+    from lucid.rundir import open_run
+
+    run = open_run(bench.RUNS / args.workload / f"K{args.k}")
+    clf = LabelOnlyClassifier(run, epsilon=1.0, memo=Memo(None))
+    tree = clf.regions
+    if tree is None:
+        raise SystemExit(f"{run.path} has no regions: pick a K > 1")
+    x = np.clip(np.asarray(run.data()["X_test"], np.float64), clf.domain_lower, clf.domain_upper) + 0.0
+    cls, noised = clf.decide(x)
+    over = np.flatnonzero(noised & ~leaking_set(NetworkFile(run.path, run.meta), x))
+    conf, leaf = confidence(clf.scores(x)), tree.locate(x)
+    pick = np.random.default_rng(0).choice(over, min(args.points, len(over)), replace=False)
+    j, m = (int(v) for v in args.part.split("/"))
+    root = VerificationProblem.from_run(run)
+    print(f"{args.workload} K={args.k}: {len(over)} over-noised test inputs; sample {len(pick)}, part {j}/{m}")
+    for i in pick[j - 1 :: m]:
+        node, c = int(leaf[i]), int(cls[i])
+        kind = ("rest of a carve" if tree.inherits_box(node) else "not verified" if not tree.verified[node] else
+                "exact" if tree.complete[node][c] else "cut short")
+        known = float(max(tree.bound_lower[a][c] for a in [node, *tree.ancestors(node)]))
+        cells = [f"input {i}: class {c}, confidence {conf[i]:.3f}, leaf {node} ({kind}), bound {tree.bound_upper[node][c]:.3f}"]
+        t0 = time.monotonic()
+        if known >= conf[i]:
+            low, up = known, float(tree.bound_upper[node][c])
+        else:
+            lo, hi = tree.box(node)
+            box = VerificationProblem.from_stack(root.stack, lo, hi, bounds=root.bounds_method)
+            low, up, _ = verify_box(box, c, args.decide, args.solver, target=float(conf[i]))
+        verdict = "leak" if low >= conf[i] else "released" if up < conf[i] else "open"
+        cells.append(f"[{low:.3f}, {up:.3f}] in {time.monotonic() - t0:.0f} s: {verdict}")
         print(" | ".join(cells), flush=True)
 
 
