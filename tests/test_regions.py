@@ -607,3 +607,33 @@ def test_a_leaf_is_exact_only_with_no_leak_possible_or_a_leak_found_at_its_bound
     assert exact(0.7, 0.7)  # a leak found at the bound
     assert not exact(0.7, -np.inf)  # a bound with no leak found under it
     assert not exact(0.7, 0.6)  # a gap
+
+
+def test_serve_answers_by_each_inputs_box(region_run, tmp_path):
+    """`lucid serve` on a run with regions: an input its box releases gets N's label, although
+    the domain's bound for its class would noise it."""
+    import httpx
+    from serve_helpers import server
+
+    from lucid.rundir import read_scaler
+
+    run = open_run(region_run)
+    clf = LabelOnlyClassifier(run, epsilon=0.0, memo=Memo(None))
+    xn = np.random.default_rng(7).random((400, 2))
+    labels, noised = clf.decide(xn)
+    globally = copy_without_regions(clf).decide(xn)[1]
+    gained = ~noised & globally
+    assert gained.sum() >= 20  # inputs the boxes release and the per-class bounds would not (a draw each)
+    offset, scale = read_scaler(run)
+    with server(region_run, "--epsilon", "0", "--memo", str(tmp_path / "memo.sqlite")) as url:
+        answered = httpx.post(url + "/v1/predict", json={"inputs": (xn / scale + offset).tolist()}).json()["labels"]
+    expected = [clf.labels[i] for i in labels]
+    assert [a for a, e, g in zip(answered, expected, ~noised) if g] == [e for e, g in zip(expected, ~noised) if g]
+
+
+def copy_without_regions(clf: LabelOnlyClassifier) -> LabelOnlyClassifier:
+    import copy
+
+    plain = copy.copy(clf)
+    plain.regions = None
+    return plain
