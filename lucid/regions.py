@@ -178,11 +178,16 @@ class RegionTree:
     def record(self, node: int, upper: np.ndarray, lower: np.ndarray, seconds: float = 0.0,
                complete: np.ndarray | None = None) -> None:
         """A verification of `node`'s box: its upper bounds are capped by the parent's (which hold
-        over a superset), its lower bounds are leaks inside the box; ancestors' lower bounds rise."""
+        over a superset) and cap its descendants', its lower bounds are leaks inside the box;
+        ancestors' lower bounds rise."""
         upper = np.asarray(upper, dtype=np.float64)
         parent = self.parent[node]
         cap = self.bound_upper[node] if parent < 0 else np.minimum(self.bound_upper[node], self.bound_upper[parent])
         self.bound_upper[node] = np.minimum(upper, cap)
+        # A box verified again (its branch-and-bound continued) after it was split: every box below
+        # it lies inside it, so its lower bound holds there too (ids grow from parents to children).
+        for child in range(node + 1, len(self)):
+            self.bound_upper[child] = np.minimum(self.bound_upper[child], self.bound_upper[self.parent[child]])
         self.bound_lower[node] = np.maximum(self.bound_lower[node], np.asarray(lower, dtype=np.float64))
         self.verified[node] = True
         self.seconds[node] += float(seconds)

@@ -129,6 +129,37 @@ def test_split_rules_and_bound_caps():
         tree.split(node, 1, float(np.mean(tree.box(node)[0][1] + tree.box(node)[1][1]) / 2))
 
 
+def test_a_box_verified_again_caps_every_box_below_it():
+    tree = RegionTree(np.zeros(2), np.ones(2), 2)
+    none = np.full(2, -np.inf)
+    tree.record(0, np.array([2.0, 1.0]), none)
+    left, right = tree.split(0, 0, 0.5)
+    rest, carved = tree.carve(right, np.array([0.6, 0.1]), np.array([0.9, 0.4]))
+    tree.record(carved, np.array([0.5, 0.3]), none)
+    tree.record(0, np.array([1.5, 0.2]), none)  # the root's branch-and-bound, continued later
+    assert [tree.bound_upper[i].tolist() for i in (left, right, rest, carved)] == [
+        [1.5, 0.2], [1.5, 0.2], [1.5, 0.2], [0.5, 0.2]]
+
+
+def test_a_cut_short_box_is_continued_for_the_noised_points_of_the_leaves_verified_over_it():
+    from lucid.bab.region_choice import box_owner, box_to_continue
+
+    tree = RegionTree(np.zeros(2), np.ones(2), 2)
+    rest, carved = tree.carve(0, np.array([0.5, 0.5]), np.array([0.9, 0.9]))
+    rest2, carved2 = tree.carve(rest, np.array([0.0, 0.0]), np.array([0.2, 0.2]))
+    assert [box_owner(tree, i) for i in (rest2, carved2, carved)] == [0, carved2, carved]
+    points = np.array([[0.3, 0.1], [0.1, 0.9], [0.4, 0.4], [0.6, 0.6], [0.7, 0.7], [0.8, 0.8], [0.1, 0.1]])
+    classes = np.array([1, 0, 1, 1, 1, 0, 1])
+    noised = np.array([True, True, True, True, True, True, True])
+    leaf_of = tree.locate(points)
+    # the rest of both carves is verified over the domain: its points count for the root
+    assert box_to_continue(tree, leaf_of, noised, classes, {0: {0, 1}}) == (0, [0, 1], 1)
+    # a box with more noised points of classes cut short goes first; only those classes continue
+    assert box_to_continue(tree, leaf_of, noised, classes, {0: {0}, carved: {1}}) == (carved, [1], 2)
+    assert box_to_continue(tree, leaf_of, noised & (leaf_of != rest2), classes, {0: {0, 1}}) is None
+    assert box_to_continue(tree, leaf_of, noised, classes, {carved2: {0, 1}}) == (carved2, [1], 1)
+
+
 def test_json_round_trip_and_one_line_refusals():
     tree = random_tree(1)
     doc = json.loads(json.dumps(tree.to_json()))
@@ -163,8 +194,14 @@ def test_json_round_trip_and_one_line_refusals():
 # --- verification against the exact per-box oracle -------------------------------------------------
 @pytest.fixture(scope="module")
 def region_run(tmp_path_factory):
+    import lucid.bab.regions as regions
+
     path = write_tiny_run(tmp_path_factory.mktemp("regions") / "run", networks=6, seed=4, spread=(0.03, 0.08, 0.2))
-    verify_run(path, regions=7, time_limit=60, workers=1, progress=False)
+    with pytest.MonkeyPatch.context() as patch:
+        # boxes screened first, then deepened, as on real runs (the root proves this tiny one exactly,
+        # after which every box would get its branch-and-bound at once)
+        patch.setattr(regions, "screen_first", lambda tree, classes, settings: True)
+        verify_run(path, regions=7, time_limit=60, workers=1, progress=False)
     return path
 
 
@@ -175,6 +212,15 @@ def test_every_box_bound_is_above_the_exact_leaking_confidence_in_that_box(regio
     # every leaf is verified but the rest of a carved box (verified over its parent's box, it keeps
     # the parent's bound, checked below like every other)
     assert len(tree.leaves()) > 1 and all(tree.verified[i] for i in tree.leaves() if not tree.inherits_box(i))
+    assert_every_box_bound_holds(region_run)
+
+
+def assert_every_box_bound_holds(path: Path) -> None:
+    """Every node's bound of RUN/bounds.json is at least the exact leaking confidence in its box,
+    and its lower bound at most that; the top-level bound at least the domain's exact bound."""
+    run = open_run(path)
+    doc = json.loads((path / "bounds.json").read_text())
+    tree = RegionTree.from_json(doc["regions"], *run.domain, run.num_classes, "bounds.json")
     stack = VerificationProblem.from_run(run, bounds="interval").stack
     checked = 0
     for node in range(len(tree)):
@@ -192,6 +238,32 @@ def test_every_box_bound_is_above_the_exact_leaking_confidence_in_that_box(regio
         exact = max(exact_for(stack, p, c, *run.domain) for p in range(1, len(stack)))
         top = doc["bounds"][str(c)]["upper"]
         assert top is None or top >= exact - 1e-9 or (top == -1.0 and exact == -np.inf)
+
+
+def test_a_cut_short_root_is_continued_once_no_split_is_left_and_its_bounds_hold(tmp_path, monkeypatch):
+    """At a small K the leaves run out long before the time: the rests of the carves, verified over
+    the domain, hold most of the noised public points, and the root's branch-and-bound, cut short
+    at its share, goes on where it stopped (not from scratch) instead of verifying boxes without
+    noised points."""
+    import lucid.bab.regions as regions
+
+    path = write_tiny_run(tmp_path / "run", networks=6, seed=4, spread=(0.03, 0.08, 0.2))
+    calls, real, real_time = [], regions._verify_box, regions.box_time
+
+    def spy(tree, node, *args, continued=None, **kw):
+        calls.append((node, None if continued is None else sorted(continued)))
+        return real(tree, node, *args, continued=continued, **kw)
+
+    monkeypatch.setattr(regions, "_verify_box", spy)
+    monkeypatch.setattr(regions, "box_time", lambda left, total, node, *rest: min(left, 0.5) if node == 0 else
+                        real_time(left, total, node, *rest))  # the root: half a second, not its third of the run
+    result = verify_run(path, regions=3, time_limit=60, workers=1, progress=False)
+    again = [made for node, made in calls if node == 0 and made is not None]
+    assert calls[0] == (0, None) and again and again[0], calls  # with the states of the classes cut short
+    assert result["regions"]["leaves"] == 3
+    events = [json.loads(line) for line in (path / "verify.log.jsonl").read_text().splitlines()]
+    assert len([e for e in events if e["event"] == "region" and e["box"] == 0]) == 1 + len(again)
+    assert_every_box_bound_holds(path)
 
 
 def test_a_screened_box_bound_is_above_the_exact_leaking_confidence_in_that_box(region_run):

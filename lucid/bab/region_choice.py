@@ -204,6 +204,12 @@ def _splittable(tree: RegionTree, node: int) -> bool:
     return bool(np.any(hi - lo > 0))
 
 
+def share(left: float, total: float, waiting: int) -> float:
+    """A box's equal share of the `left` seconds among `waiting` (itself included), but at least
+    `MIN_BOX_SHARE` of the run and `MIN_BOX_SECONDS` (`box_time`)."""
+    return min(left, max(MIN_BOX_SHARE * total, MIN_BOX_SECONDS, left / max(1, waiting)))
+
+
 def box_time(left: float, total: float, node: int, waiting: int, to_come: int) -> float:
     """Seconds for the next box's branch-and-bound. The root gets `ROOT_SHARE` of the run (what it
     leaves unused flows on). Every later box gets an equal share of what is left among the
@@ -213,7 +219,7 @@ def box_time(left: float, total: float, node: int, waiting: int, to_come: int) -
     box usually ends well before its share."""
     if node == 0:
         return left * ROOT_SHARE
-    return min(left, max(MIN_BOX_SHARE * total, MIN_BOX_SECONDS, left / max(1, waiting + to_come)))
+    return share(left, total, waiting + to_come)
 
 
 ROOT_SHARE = 1 / 3  # of the run, for the domain's own bound (a smaller box is far cheaper to bound)
@@ -245,3 +251,33 @@ def cheap_to_deepen(tree: RegionTree, node: int, screened: dict[int, np.ndarray]
     if not levels:
         return False
     return sum(int((screened[c] > level).sum()) for c, level in levels.items()) <= DEEPEN_AT_ONCE
+
+
+def box_owner(tree: RegionTree, leaf: int) -> int:
+    """The node whose box `leaf` is verified over: the leaf, or for the rest of a carve (which keeps
+    its parent's box) the nearest ancestor that is not such a rest."""
+    while tree.inherits_box(leaf):
+        leaf = tree.parent[leaf]
+    return leaf
+
+
+def box_to_continue(tree: RegionTree, leaf_of: np.ndarray, noised: np.ndarray, sample_class: np.ndarray,
+                    unfinished: dict[int, set[int]]) -> tuple[int, list[int], int] | None:
+    """Once no split is left to make and no box with noised public points waits for its first
+    branch-and-bound: (the box whose cut-short branch-and-bound, continued, could release the most
+    noised public points, its classes to continue, how many boxes could be continued), or None.
+    A leaf's points count for the box it is verified over (`box_owner`): the root, for the rests of
+    carves cut from the domain, which a small K leaves with most of the points. `unfinished`: per
+    box, the classes a time limit cut short (whose branch-and-bound state is kept)."""
+    weight: dict[int, int] = {}
+    classes: dict[int, set[int]] = {}
+    owners = {leaf: box_owner(tree, leaf) for leaf in np.unique(leaf_of[noised]).tolist()}
+    for leaf, c in zip(leaf_of[noised].tolist(), sample_class[noised].tolist()):
+        box = owners[leaf]
+        if c in unfinished.get(box, ()):
+            weight[box] = weight.get(box, 0) + 1
+            classes.setdefault(box, set()).add(c)
+    if not weight:
+        return None
+    box = max(weight, key=lambda b: (weight[b], -b))
+    return box, sorted(classes[box]), len(weight)

@@ -47,8 +47,8 @@ from lucid.analysis.problem import VerificationProblem
 from lucid.analysis.screen import Screen
 from lucid.errors import LucidError
 from lucid.network import confidence
-from lucid.bab.region_choice import (box_targets, box_time, cheap_to_deepen, choose_leaf, choose_split,
-                                     noised_mask, screen_first)
+from lucid.bab.region_choice import (box_owner, box_targets, box_time, box_to_continue, cheap_to_deepen, choose_leaf,
+                                     choose_split, noised_mask, screen_first, share)
 from lucid.regions import RegionTree
 from lucid.rundir import Run, bound_entry_value, read_scaler, write_bounds
 from lucid.settings import VerifySettings
@@ -97,6 +97,7 @@ def verify_regions(run: Run, settings: VerifySettings, classes: list[int], resul
     holder = _ProblemHolder(root)
     executor = _make_executor(holder, settings)
     screens: dict[int, dict[int, np.ndarray]] = {}  # node -> class -> per-network screened bounds
+    kept: dict[int, dict[int, ClassState]] = {}  # node -> class -> its branch-and-bound, cut short by time
     restore = terminate_as_interrupt()
 
     def checkpoint() -> None:
@@ -131,6 +132,17 @@ def verify_regions(run: Run, settings: VerifySettings, classes: list[int], resul
                 checkpoint()
                 continue
             if not todo and not deepen:
+                again = box_to_continue(tree, leaf_of, noised, sample_class,
+                                        {box: set(states) for box, states in kept.items()})
+                if again is not None:  # a cut-short box, continued where it stopped (the root, at small K)
+                    node, box_classes, boxes = again
+                    here = np.isin(leaf_of, [i for i in tree.leaves() if box_owner(tree, i) == node]) & noised
+                    targets = box_targets(sample_class[here], sample_conf[here], box_classes, tree.bound_lower[node])
+                    limit = None if left is None else share(left, settings.time_limit, boxes)
+                    kept[node] = _verify_box(tree, node, root, holder, executor, settings, box_classes, limit, screens,
+                                             leaks, log, targets, continued=kept.pop(node))
+                    checkpoint()
+                    continue
                 todo = unverified
                 deepen = sorted(screened)
             if not todo and not deepen:
@@ -138,7 +150,9 @@ def verify_regions(run: Run, settings: VerifySettings, classes: list[int], resul
             node = todo[0] if todo else deepen[0]
             here = (leaf_of == node) & noised
             noised_here = set(sample_class[here].tolist())
-            box_classes = [c for c in classes if c in noised_here] or classes
+            # the root is verified as without --regions (every class: unseen inputs may have any class)
+            box_classes = [c for c in classes if c in noised_here] if node else []
+            box_classes = box_classes or classes
             if todo and node != 0 and screen_first(tree, classes, settings):
                 _screen_box(tree, node, root, settings, box_classes, screens, leaks, log)
                 screened.add(node)
@@ -157,8 +171,8 @@ def verify_regions(run: Run, settings: VerifySettings, classes: list[int], resul
             parent = tree.parent[node]
             hard = [c for c in box_classes if parent >= 0 and not tree.complete[parent][c]]
             targets = box_targets(sample_class[here], sample_conf[here], hard, tree.bound_lower[node])
-            _verify_box(tree, node, root, holder, executor, settings, box_classes, limit, screens, leaks, log,
-                        targets)
+            kept[node] = _verify_box(tree, node, root, holder, executor, settings, box_classes, limit, screens, leaks,
+                                     log, targets)
             screened.discard(node)
             checkpoint()
     except KeyboardInterrupt:
@@ -286,10 +300,13 @@ EXACT_TOLERANCE = 1e-6  # a bound within this (relative) of a leak in its box is
 
 def _verify_box(tree: RegionTree, node: int, root: VerificationProblem, holder: _ProblemHolder,
                 executor: executors.Executor, settings: VerifySettings, classes: list[int], limit: float | None,
-                screens: dict, leaks: dict, log: EventLog, targets: dict[int, float] | None = None) -> None:
+                screens: dict, leaks: dict, log: EventLog, targets: dict[int, float] | None = None,
+                continued: dict[int, ClassState] | None = None) -> dict[int, ClassState]:
     """The whole branch-and-bound of `node`'s box for `classes`, starting from its ancestors' screens
     and leaks; a box screened already (`_screen_box`, or the rest of a screened carve, which keeps
-    its box) starts from those bounds instead of screening again."""
+    its box) starts from those bounds instead of screening again. `continued`: the states of the
+    box's earlier branch-and-bound that a time limit cut short, continued where they stopped.
+    Returns the states of the classes cut short this time (to be continued later)."""
     t0 = time.monotonic()
     problem = _box_problem(tree, node, root)
     holder.problem = problem
@@ -311,15 +328,18 @@ def _verify_box(tree: RegionTree, node: int, root: VerificationProblem, holder: 
         tree.record(node, tree.bound_upper[node], tree.bound_lower[node], 0.0, np.ones(tree.num_classes, bool))
         log.emit("region", None, box=node, parent=None if parent < 0 else parent, depth=tree.depth_of(node),
                  box_lower=lo.tolist(), box_upper=hi.tolist(), seconds=0.0, skipped=True)
-        return
+        return {}
     classes = open_classes
-    states = {c: ClassState(cls=c, target=(targets or {}).get(c)) for c in classes}
+    states = {c: ClassState(cls=c) for c in classes}
     for c, leak in _inherited_leaks(tree, node, leaks).items():
         if c in states:
             states[c].lower, states[c].lower_row, states[c].lower_witness = leak["value"], leak["row"], leak["x"]
     for c, bound in screens.get(node, {}).items():
         if c in states:
             states[c].screen = bound.copy()
+    states.update({c: cs for c, cs in (continued or {}).items() if c in states})
+    for c, cs in states.items():
+        cs.target = (targets or {}).get(c)
     search = (partial(witness_search.search_class_witness, problem, points=problem.points)
               if settings.search else None)
     title = f"lucid verify --regions: box {node} of at most {2 * settings.regions - 1}"
@@ -330,9 +350,9 @@ def _verify_box(tree: RegionTree, node: int, root: VerificationProblem, holder: 
             refine=screen.refine if screen is not None and screen.refines else None, search=search,
             on_progress=display.update, states=states)
         engine.run()
-    upper = tree.bound_upper[node].copy()  # classes not verified here keep what they had (<= 0)
+    upper = tree.bound_upper[node].copy()  # classes not verified here keep what they had
     lower = np.full(tree.num_classes, -np.inf)
-    complete = ~(upper > 0)
+    complete = tree.complete[node] | ~(upper > 0)
     leaks[node] = {}
     screens[node] = {}
     for c, cs in engine.states.items():
@@ -350,6 +370,15 @@ def _verify_box(tree: RegionTree, node: int, root: VerificationProblem, holder: 
              complete={str(c): bool(cs.complete) for c, cs in engine.states.items()},
              upper={str(c): bound_entry_value(tree.bound_upper[node][c], upper=True) for c in classes},
              lower={str(c): bound_entry_value(tree.bound_lower[node][c], upper=False) for c in classes})
+    return {c: _to_continue(cs) for c, cs in engine.states.items() if cs.reason == "time limit"}
+
+
+def _to_continue(cs: ClassState) -> ClassState:
+    """A class state cut short, as a later branch-and-bound of the same box continues it: through its
+    checkpoint form, which turns the analyses that were running into ones to redo."""
+    again = ClassState.from_json(cs.cls, cs.to_json())
+    again.screen, again.refined = cs.screen, cs.refined
+    return again
 
 
 def _nearest(tree: RegionTree, node: int, screens: dict) -> dict:
