@@ -179,6 +179,7 @@ def decide(args: argparse.Namespace) -> None:
             lo, hi = tree.box(node)
             box = VerificationProblem.from_stack(root.stack, lo, hi, bounds=root.bounds_method)
             low, up, _ = verify_box(box, c, args.decide, args.solver, target=float(conf[i]))
+            low, up = max(low, known), min(up, float(tree.bound_upper[node][c]))  # the run's bounds hold too
         verdict = "leak" if low >= conf[i] else "released" if up < conf[i] else "open"
         cells.append(f"[{low:.3f}, {up:.3f}] in {time.monotonic() - t0:.0f} s: {verdict}")
         print(" | ".join(cells), flush=True)
