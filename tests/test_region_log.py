@@ -230,3 +230,25 @@ def test_box_description_is_in_data_units_and_follows_a_negative_scale():
     # x_net = (x - 0) * -2: x_net < 0.5 is x > -0.25, and 0.1 <= x_net is x <= -0.05.
     flipped = _view(scale=np.array([-2.0, 1.0, -2.0]))
     assert describe_box(flipped, a) == "-0.125 < x0 <= -0.05, x2 > -0.25"
+
+
+def test_with_many_classes_the_table_lists_each_box_and_class_below_the_domains_bound():
+    from rich.console import Console
+
+    from lucid.bab.region_report import RegionView
+    from lucid.cli.log import WIDE_CLASSES, _region_table
+
+    classes = WIDE_CLASSES + 2
+    tree = RegionTree(np.zeros(2), np.ones(2), classes)
+    none = np.full(classes, -np.inf)
+    tree.record(0, np.full(classes, 5.0), none)
+    left, right = tree.split(0, 0, 0.5)
+    below = np.full(classes, 5.0)
+    below[[1, 4]] = [0.25, -1.0]
+    tree.record(left, below, none)
+    view = RegionView(tree, "bounds.json", ("a", "b"), np.zeros(2), np.ones(2))
+    console = Console(width=200, record=True)
+    console.print(_region_table(view))
+    rows = [[c.strip() for c in line.strip().strip("│").split("│")] for line in console.export_text().splitlines()]
+    rows = [r for r in rows if len(r) > 3 and r[0].isdigit()]
+    assert [(int(r[0]), int(r[2]), r[3]) for r in rows] == [(left, 1, f"{fmt(0.25)} / - *"), (left, 4, f"{fmt(-1.0)} / - *")]

@@ -79,6 +79,9 @@ def _slowest_table(events: list[dict], count: int):
     return table
 
 
+WIDE_CLASSES = 4  # more classes than this: one row per box and class (a column each would not fit)
+
+
 def _region_table(view: RegionView):
     """One row per leaf box: where it is, and per class `upper / lower` of its bound."""
     from rich.table import Table
@@ -86,6 +89,8 @@ def _region_table(view: RegionView):
     from lucid.bab.region_report import region_rows
 
     tree = view.tree
+    if tree.num_classes > WIDE_CLASSES:
+        return _region_table_by_class(view)
     table = Table(
         title=(f"regions: {len(tree.leaves())} boxes, depth {tree.depth} (from {view.source}; "
                "thresholds in data units)"),
@@ -107,6 +112,37 @@ def _region_table(view: RegionView):
                  for c in range(tree.num_classes)]
         table.add_row(str(row.box), str(row.depth), *cells, f"{row.seconds:.2f}" if row.verified else "-",
                       row.description)
+    return table
+
+
+def _region_table_by_class(view: RegionView):
+    """The region table for many classes: one row per leaf box and class whose bound there is below
+    the domain's (the root's), which is where the boxes release more than one bound per class."""
+    from rich.table import Table
+
+    from lucid.bab.region_report import region_rows
+
+    tree = view.tree
+    table = Table(
+        title=(f"regions: {len(tree.leaves())} boxes, depth {tree.depth} (from {view.source}; "
+               "thresholds in data units)"),
+        title_justify="left",
+        caption=("the classes whose bound in a box is below the domain's; the other classes of a box keep the "
+                 "domain's bound. bound / leak: the bound proved in the box / the best leak found there (- : "
+                 "none); * : its verification stopped before it finished (the bound is still sound). seconds "
+                 "- : not verified yet."),
+        caption_justify="left",
+    )
+    for name in ("box", "depth", "class", "bound / leak", "seconds"):
+        table.add_column(name, justify="right", no_wrap=True)
+    table.add_column("box constraints")
+    domain = tree.bound_upper[0]
+    for row in region_rows(view):
+        for c in range(tree.num_classes):
+            if row.upper[c] < domain[c]:
+                table.add_row(str(row.box), str(row.depth), str(c),
+                              f"{_fmt(row.upper[c])} / {_fmt_lower(row.lower[c])}{'' if row.complete[c] else ' *'}",
+                              f"{row.seconds:.2f}" if row.verified else "-", row.description)
     return table
 
 
