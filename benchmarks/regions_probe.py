@@ -3,7 +3,7 @@ benchmarks/results/regions_findings.md.
 
   python benchmarks/regions_probe.py [--workload adult3k-2x50] [--points 12] [--radii 0.05,0.1,0.2]
   python benchmarks/regions_probe.py --points 6 --radii 0.05,0.1 --verify 120
-  python benchmarks/regions_probe.py --decide 300 --k 256 --points 8 [--part 1/2]
+  python benchmarks/regions_probe.py --decide 300 --k 256 --points 8 [--part 1/2] [--radius 0.1]
 
 Needs the workload's run (benchmarks/regions.py trains it). Prints
 - how far the test inputs lie from the nearest public input (L-inf, in the domain's units),
@@ -27,7 +27,8 @@ target, so every MILP only has to prove its networks below it (one worker, S sec
 "leak" (a replayed leaking input of the box is at least as confident: no bound of that box, exact
 or not, releases the input; only another box could), "released" (the box's exact bound is below
 the confidence: a tighter verification of the same box would release it), "open" (neither within
-S seconds: the interval [lower, upper] brackets the exact bound).
+S seconds: the interval [lower, upper] brackets the exact bound). With --radius r, the box is an
+L-inf box of radius r around the input instead (what the smallest boxes could release).
 """
 
 from __future__ import annotations
@@ -99,6 +100,9 @@ def main() -> None:
                    help="Seconds per input: is the exact bound of the K run's box below its confidence?")
     p.add_argument("--k", type=int, default=256, help="With --decide: the benchmark's run of this K.")
     p.add_argument("--part", default="1/1", help="With --decide: J/M runs the J-th of M interleaved parts of the sample.")
+    p.add_argument("--radius", type=float, default=0.0,
+                   help="With --decide: an L-inf box of this radius (share of each feature's width) around each "
+                        "input instead of the run's box.")
     args = p.parse_args()
     if args.decide > 0:
         decide(args)
@@ -173,13 +177,20 @@ def decide(args: argparse.Namespace) -> None:
         known = float(max(tree.bound_lower[a][c] for a in [node, *tree.ancestors(node)]))
         cells = [f"input {i}: class {c}, confidence {conf[i]:.3f}, leaf {node} ({kind}), bound {tree.bound_upper[node][c]:.3f}"]
         t0 = time.monotonic()
-        if known >= conf[i]:
-            low, up = known, float(tree.bound_upper[node][c])
+        if args.radius > 0:  # a box around the input alone: what the smallest boxes could release
+            width = np.where(root.upper > root.lower, root.upper - root.lower, 1.0)
+            lo, hi = np.clip(x[i] - args.radius * width, root.lower, root.upper), np.clip(
+                x[i] + args.radius * width, root.lower, root.upper)
+            cells[0] += f", L-inf box of radius {args.radius}"
+            known, cap = -np.inf, np.inf
         else:
-            lo, hi = tree.box(node)
+            (lo, hi), cap = tree.box(node), float(tree.bound_upper[node][c])
+        if known >= conf[i]:
+            low, up = known, cap
+        else:
             box = VerificationProblem.from_stack(root.stack, lo, hi, bounds=root.bounds_method)
             low, up, _ = verify_box(box, c, args.decide, args.solver, target=float(conf[i]))
-            low, up = max(low, known), min(up, float(tree.bound_upper[node][c]))  # the run's bounds hold too
+            low, up = max(low, known), min(up, cap)  # the run's bounds of its box hold too
         verdict = "leak" if low >= conf[i] else "released" if up < conf[i] else "open"
         cells.append(f"[{low:.3f}, {up:.3f}] in {time.monotonic() - t0:.0f} s: {verdict}")
         print(" | ".join(cells), flush=True)
