@@ -185,7 +185,7 @@ class RegionTree:
         cap = self.bound_upper[node] if parent < 0 else np.minimum(self.bound_upper[node], self.bound_upper[parent])
         self.bound_upper[node] = np.minimum(upper, cap)
         # A box verified again (its branch-and-bound continued) after it was split: every box below
-        # it lies inside it, so its lower bound holds there too (ids grow from parents to children).
+        # it lies inside it, so its new upper bounds hold there too (ids grow from parents to children).
         for child in range(node + 1, len(self)):
             self.bound_upper[child] = np.minimum(self.bound_upper[child], self.bound_upper[self.parent[child]])
         self.bound_lower[node] = np.maximum(self.bound_lower[node], np.asarray(lower, dtype=np.float64))
