@@ -693,7 +693,7 @@ def test_serve_answers_by_each_inputs_box(region_run, tmp_path):
     clf = LabelOnlyClassifier(run, epsilon=0.0, memo=Memo(None))
     xn = np.random.default_rng(7).random((400, 2))
     labels, noised = clf.decide(xn)
-    globally = copy_without_regions(clf).decide(xn)[1]
+    globally = clf.without_regions().decide(xn)[1]
     gained = ~noised & globally
     assert gained.sum() >= 20  # inputs the boxes release and the per-class bounds would not (a draw each)
     offset, scale = read_scaler(run)
@@ -701,11 +701,3 @@ def test_serve_answers_by_each_inputs_box(region_run, tmp_path):
         answered = httpx.post(url + "/v1/predict", json={"inputs": (xn / scale + offset).tolist()}).json()["labels"]
     expected = [clf.labels[i] for i in labels]
     assert [a for a, e, g in zip(answered, expected, ~noised) if g] == [e for e, g in zip(expected, ~noised) if g]
-
-
-def copy_without_regions(clf: LabelOnlyClassifier) -> LabelOnlyClassifier:
-    import copy
-
-    plain = copy.copy(clf)
-    plain.regions = None
-    return plain

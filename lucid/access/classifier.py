@@ -33,6 +33,7 @@ size, machine noise) under one fixed time; `lucid serve --deadline-ms` does the 
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import math
@@ -327,6 +328,13 @@ class LabelOnlyClassifier:
     def ledger(self, delta: float | None = None) -> list:
         """The privacy ledger of this classifier's memo: one ClientTotals per client."""
         return summarise(self.memo.ledger_rows(), DEFAULT_DELTA if delta is None else delta)
+
+    def without_regions(self) -> "LabelOnlyClassifier":
+        """The same classifier answering with the per-class bounds alone (the memo, the mechanism's
+        source and the settings shared): `lucid evaluate`'s side-by-side comparison."""
+        plain = copy.copy(self)
+        plain.regions = None
+        return plain
 
     def close(self) -> None:
         self.memo.close()

@@ -15,7 +15,6 @@ single-query time as `lucid_single_query`: the median over 200 rows of one query
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import math
 import time
@@ -101,8 +100,7 @@ def evaluate_run(
     noised_fraction = {"lucid": float(noised.mean()), "naive_noise": 1.0, "naive_idp": float(leaking.mean())}
     global_clf = None
     if clf.regions is not None:  # the same run with one bound per class, side by side
-        global_clf = copy.copy(clf)
-        global_clf.regions = None
+        global_clf = clf.without_regions()
         accuracy["lucid_global"] = {}
         noised_fraction["lucid_global"] = float(global_clf.decide(x)[1].mean())
     lucid_ms = []

@@ -295,7 +295,7 @@ class Engine:
             threading.Thread(target=_preload_kmeans, daemon=True).start()
         for cs in self.states.values():
             if not cs.done and not cs.nodes and cs.solved == 0 and cs.next_id == 0:
-                if self.screening.out_of_time():
+                if self.session.past(self.config.time_limit):
                     self._unseeded(cs)
                 else:
                     self._seed(cs)
@@ -312,7 +312,7 @@ class Engine:
                     dirty = False
                 if all(cs.done for cs in self.states.values()):
                     break
-                if self.config.time_limit is not None and self.session.seconds() >= self.config.time_limit:
+                if self.session.past(self.config.time_limit):
                     for cs in self.states.values():
                         if not cs.done:
                             self.anytime.finish(cs, False, "time limit")

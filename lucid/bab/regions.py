@@ -151,8 +151,7 @@ def verify_regions(run: Run, settings: VerifySettings, classes: list[int], resul
             here = (leaf_of == node) & noised
             noised_here = set(sample_class[here].tolist())
             # the root is verified as without --regions (every class: unseen inputs may have any class)
-            box_classes = [c for c in classes if c in noised_here] if node else []
-            box_classes = box_classes or classes
+            box_classes = classes if node == 0 else [c for c in classes if c in noised_here] or classes
             if todo and node != 0 and screen_first(tree, classes, settings):
                 _screen_box(tree, node, root, settings, box_classes, screens, leaks, log)
                 screened.add(node)

@@ -62,7 +62,7 @@ class ScreenBounds:
         # In chunks, so that a time limit ends it: the optimised screen of a thousand networks of
         # 64 inputs takes tens of seconds per class. Networks left unrefined keep their sound bound.
         for start in range(0, len(todo), REFINE_CHUNK):  # (no chunk once the time is up: the engine stops)
-            if self.out_of_time():
+            if self.session.past(self.settings.time_limit):
                 todo = todo[:start]
                 break
             part = todo[start : start + REFINE_CHUNK]
@@ -72,10 +72,6 @@ class ScreenBounds:
         if len(todo):
             self.session.emit("refined", cs.cls, networks=len(todo), below=int((cs.screen[todo] <= level).sum()),
                               seconds=self.session.elapsed() - t0)
-
-    def out_of_time(self) -> bool:
-        """Whether this invocation's time limit has passed."""
-        return self.settings.time_limit is not None and self.session.seconds() >= self.settings.time_limit
 
     @staticmethod
     def upper(cs: ClassState, positions: np.ndarray) -> float:

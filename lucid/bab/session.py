@@ -29,6 +29,10 @@ class Session:
         """Seconds since this invocation started."""
         return time.monotonic() - self._started
 
+    def past(self, time_limit: float | None) -> bool:
+        """Whether this invocation has used up `time_limit` seconds (never, without one)."""
+        return time_limit is not None and self.seconds() >= time_limit
+
     def elapsed(self) -> float:
         """Seconds of the whole verification, as the log counts them."""
         return self.log.elapsed() if self.log is not None else self.seconds()

@@ -83,67 +83,46 @@ WIDE_CLASSES = 4  # more classes than this: one row per box and class (a column 
 
 
 def _region_table(view: RegionView):
-    """One row per leaf box: where it is, and per class `upper / lower` of its bound."""
+    """One row per leaf box: where it is, and per class `upper / lower` of its bound (with more than
+    `WIDE_CLASSES` classes, one row per box and class whose bound there is below the domain's, which
+    is where the boxes release more than one bound per class)."""
     from rich.table import Table
 
     from lucid.bab.region_report import region_rows
 
     tree = view.tree
-    if tree.num_classes > WIDE_CLASSES:
-        return _region_table_by_class(view)
+    by_class = tree.num_classes > WIDE_CLASSES
+    what = ("the classes whose bound in a box is below the domain's (the other classes of a box keep the "
+            "domain's bound). bound / leak" if by_class else "class c")
     table = Table(
         title=(f"regions: {len(tree.leaves())} boxes, depth {tree.depth} (from {view.source}; "
                "thresholds in data units)"),
         title_justify="left",
-        caption=("class c: the bound proved in the box / the best leak found there (- : none); * : its "
+        caption=(f"{what}: the bound proved in the box / the best leak found there (- : none); * : its "
                  "verification stopped before it finished (the bound is still sound). seconds - : not "
                  "verified yet, the box keeps its parent's bound."),
         caption_justify="left",
     )
-    table.add_column("box", justify="right")
-    table.add_column("depth", justify="right")
-    for c in range(tree.num_classes):
-        table.add_column(f"class {c}", justify="right", no_wrap=True)
-    table.add_column("seconds", justify="right")
+    classes = ["class", "bound / leak"] if by_class else [f"class {c}" for c in range(tree.num_classes)]
+    for name in ("box", "depth", *classes, "seconds"):
+        table.add_column(name, justify="right", no_wrap=by_class or name.startswith("class "))
     # Last, so that on a narrow terminal only the longest column wraps and the numbers stay aligned.
-    table.add_column("box constraints")
-    for row in region_rows(view):
-        cells = [f"{_fmt(row.upper[c])} / {_fmt_lower(row.lower[c])}{'' if row.complete[c] else ' *'}"
-                 for c in range(tree.num_classes)]
-        table.add_row(str(row.box), str(row.depth), *cells, f"{row.seconds:.2f}" if row.verified else "-",
-                      row.description)
-    return table
-
-
-def _region_table_by_class(view: RegionView):
-    """The region table for many classes: one row per leaf box and class whose bound there is below
-    the domain's (the root's), which is where the boxes release more than one bound per class."""
-    from rich.table import Table
-
-    from lucid.bab.region_report import region_rows
-
-    tree = view.tree
-    table = Table(
-        title=(f"regions: {len(tree.leaves())} boxes, depth {tree.depth} (from {view.source}; "
-               "thresholds in data units)"),
-        title_justify="left",
-        caption=("the classes whose bound in a box is below the domain's; the other classes of a box keep the "
-                 "domain's bound. bound / leak: the bound proved in the box / the best leak found there (- : "
-                 "none); * : its verification stopped before it finished (the bound is still sound). seconds "
-                 "- : not verified yet."),
-        caption_justify="left",
-    )
-    for name in ("box", "depth", "class", "bound / leak", "seconds"):
-        table.add_column(name, justify="right", no_wrap=True)
     table.add_column("box constraints")
     domain = tree.bound_upper[0]
     for row in region_rows(view):
-        for c in range(tree.num_classes):
-            if row.upper[c] < domain[c]:
-                table.add_row(str(row.box), str(row.depth), str(c),
-                              f"{_fmt(row.upper[c])} / {_fmt_lower(row.lower[c])}{'' if row.complete[c] else ' *'}",
-                              f"{row.seconds:.2f}" if row.verified else "-", row.description)
+        seconds = f"{row.seconds:.2f}" if row.verified else "-"
+        if not by_class:
+            table.add_row(str(row.box), str(row.depth), *(_bound_cell(row, c) for c in range(tree.num_classes)),
+                          seconds, row.description)
+            continue
+        for c in (c for c in range(tree.num_classes) if row.upper[c] < domain[c]):
+            table.add_row(str(row.box), str(row.depth), str(c), _bound_cell(row, c), seconds, row.description)
     return table
+
+
+def _bound_cell(row, c: int) -> str:
+    """`upper / lower` of class `c` in a box, `*` where its verification stopped before it finished."""
+    return f"{_fmt(row.upper[c])} / {_fmt_lower(row.lower[c])}{'' if row.complete[c] else ' *'}"
 
 
 def _fmt_lower(v: float) -> str:
