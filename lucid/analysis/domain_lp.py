@@ -76,4 +76,4 @@ class DomainLp:
         if answer.optimum is None:  # infeasible (no input of the domain), if its ray proves it
             return -math.inf if answer.farkas is not None and proves_empty(fixed, answer.farkas) else math.inf
         value = dual_bound(fixed, model.objective, answer.optimum)
-        return float(np.nextafter(value + model.objective_offset, math.inf))
+        return float(np.nextafter(value + model.objective_offset, math.inf)) * model.objective_scale

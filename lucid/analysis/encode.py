@@ -73,6 +73,11 @@ def encode_idp(
     targets = possible_targets(cls, diff.hyper) if targets is None else list(targets)
     if not targets:
         return None
+    scale = score_scale(n_bounds, diff)
+    if scale != 1.0:
+        weights, biases, n_bounds, hyper, diff = _scaled_scores(weights, biases, n_bounds, hyper, diff, 1.0 / scale)
+        margin_upper = None if margin_upper is None else margin_upper / scale
+        beta_lower = beta_lower / scale
     b = ModelBuilder()
     x, offset, shift = _input_domain(b, lower, upper)
     stats = {"exact_hyper": hyper.exact, "shifted": shift, "binaries_n": 0, "binaries_hyper": 0, "relaxed": 0,
@@ -88,7 +93,45 @@ def encode_idp(
     _leak_disjunction(b, scores_h, cls, targets, diff.hyper, stats)
     stats["targets"] = targets
     stats["binaries"] = stats["binaries_n"] + stats["binaries_hyper"] + stats.get("binaries_out", 0)
-    return b.build(x, offset if shift else np.zeros(0), stats)
+    model = b.build(x, offset if shift else np.zeros(0), stats)
+    model.objective_scale = scale
+    return model
+
+
+SCORE_BAND = 12  # scores within [2^-12, 2^12] in magnitude are encoded as they are
+
+
+def score_scale(n_bounds: LayerBounds, diff: DifferenceBounds) -> float:
+    """The power of two the encoder divides the scores by (1.0 for ordinary networks).
+
+    Hidden neurons arrive at magnitudes of order one (`lucid.analysis.scaling`), but the scores
+    keep the network's scale: one factor for all classes leaves every confidence's sign and
+    ratio, so it can be divided out of the model and multiplied back into its bound exactly. The
+    solvers' tolerances are absolute on their scaled rows: at scores of 1e12 HiGHS declared
+    infeasible a model with points 2e5 above its floor; at order one the margins cover them."""
+    parts = [n_bounds.lower[-1], n_bounds.upper[-1], diff.hyper.lower[-1], diff.hyper.upper[-1]]
+    with np.errstate(all="ignore"):
+        magnitude = max(float(np.max(np.abs(p), initial=0.0)) for p in parts)
+    if not np.isfinite(magnitude) or magnitude == 0.0 or 2.0**-SCORE_BAND <= magnitude <= 2.0**SCORE_BAND:
+        return 1.0
+    return float(np.ldexp(1.0, int(np.frexp(magnitude)[1])))  # magnitude / scale in [0.5, 1)
+
+
+def _scaled_last(bounds: LayerBounds, factor: float) -> LayerBounds:
+    return LayerBounds(list(bounds.lower[:-1]) + [bounds.lower[-1] * factor],
+                       list(bounds.upper[:-1]) + [bounds.upper[-1] * factor])
+
+
+def _scaled_scores(weights: list[np.ndarray], biases: list[np.ndarray], n_bounds: LayerBounds, hyper: HyperNetwork,
+                   diff: DifferenceBounds, factor: float):
+    """The last layer and every bound on it times `factor`, a power of two: exact."""
+    weights = list(weights[:-1]) + [weights[-1] * factor]
+    biases = list(biases[:-1]) + [biases[-1] * factor]
+    hyper = HyperNetwork(list(hyper.w_lo[:-1]) + [hyper.w_lo[-1] * factor], list(hyper.w_hi[:-1]) + [hyper.w_hi[-1] * factor],
+                         list(hyper.b_lo[:-1]) + [hyper.b_lo[-1] * factor], list(hyper.b_hi[:-1]) + [hyper.b_hi[-1] * factor],
+                         hyper.positions)
+    diff = DifferenceBounds(_scaled_last(diff.pre, factor), diff.post, _scaled_last(diff.hyper, factor))
+    return weights, biases, _scaled_last(n_bounds, factor), hyper, diff
 
 
 def _input_domain(b: ModelBuilder, lower: np.ndarray, upper: np.ndarray) -> tuple[np.ndarray, np.ndarray, bool]:

@@ -18,8 +18,10 @@ from lucid.bounds.difference import DifferenceBounds, difference_bounds, interse
 from lucid.bounds.interval import LayerBounds, interval_bounds, interval_margin_upper
 from lucid.bounds.pair import PairProblem
 from lucid.errors import LucidError
-from lucid.hyper import HyperNetwork
+from lucid.hyper import HyperNetwork, hyper_network
 from lucid.network import NetworkStack
+from lucid.analysis.scaling import hidden_scales, rescale_stack
+from lucid.dynamic_range import check_dynamic_range
 from lucid.network_cache import mapped_networks
 from lucid.settings import BOUND_METHODS
 
@@ -37,6 +39,8 @@ class VerificationProblem:
     margin_upper: np.ndarray  # [C, C] sound upper bounds of s_c - s_t for N
     bounds_method: str = "lp"
     points: np.ndarray | None = None  # training inputs: where the witness search starts (None: samples only)
+    # power-of-two factors of the hidden neurons (lucid.analysis.scaling); None: the networks as stored
+    neuron_scales: list[np.ndarray] | None = None
 
     @property
     def num_classes(self) -> int:
@@ -53,8 +57,9 @@ class VerificationProblem:
     @classmethod
     def from_stack(cls, stack: NetworkStack, lower: np.ndarray, upper: np.ndarray, bounds: str = "lp") -> "VerificationProblem":
         lower, upper = _check_domain(stack, lower, upper)
+        stack, scales = _rescaled(stack, lower, upper)
         n_bounds, margin = compute_n_bounds(stack, lower, upper, bounds)
-        return cls(stack, lower, upper, n_bounds, margin, bounds)
+        return cls(stack, lower, upper, n_bounds, margin, bounds, neuron_scales=scales)
 
     @classmethod
     def from_run(cls, run, bounds: str = "lp", with_points: bool = False) -> "VerificationProblem":
@@ -69,6 +74,7 @@ class VerificationProblem:
 
         stack = mapped_networks(run.path, run.meta)  # float64, shared by the worker processes
         lower, upper = _check_domain(stack, *run.domain)
+        stack, scales = _rescaled(stack, lower, upper)
         key = _cache_key(stack, lower, upper, bounds)
         path = Path(run.cache_dir) / f"n-bounds-{bounds}-{key}.npz"
         L = len(stack.weights)
@@ -76,7 +82,8 @@ class VerificationProblem:
             try:
                 with np.load(path, allow_pickle=False) as npz:
                     arrays = {k: npz[k] for k in npz.files}
-                return cls(stack, lower, upper, LayerBounds.from_arrays(arrays, L), arrays["margin_upper"], bounds, points)
+                return cls(stack, lower, upper, LayerBounds.from_arrays(arrays, L), arrays["margin_upper"], bounds, points,
+                           scales)
             except Exception:  # a corrupt cache is recomputed, never trusted
                 log.warning("ignoring unreadable cache file %s", path)
         n_bounds, margin = compute_n_bounds(stack, lower, upper, bounds)
@@ -89,7 +96,18 @@ class VerificationProblem:
             write_atomic(path, write)
         except OSError as exc:
             log.warning("cannot cache N's bounds in %s: %s", path, exc)
-        return cls(stack, lower, upper, n_bounds, margin, bounds, points)
+        return cls(stack, lower, upper, n_bounds, margin, bounds, points, scales)
+
+def _rescaled(stack: NetworkStack, lower: np.ndarray, upper: np.ndarray) -> tuple[NetworkStack, list[np.ndarray] | None]:
+    """The stack with extreme hidden neurons rescaled by powers of two (the same functions, exactly),
+    after the entry guard on its dynamic range; unchanged (memory-mapped) for ordinary networks."""
+    hull = hyper_network(stack, np.arange(len(stack)))  # one pass over every network
+    check_dynamic_range(hull, lower, upper, "the run's networks")
+    scales = hidden_scales(hull, lower, upper)
+    if scales is None:
+        return stack, None
+    log.info("hidden neurons of extreme magnitude rescaled by powers of two (the same networks exactly)")
+    return rescale_stack(stack, scales), scales
 
 def _check_domain(stack: NetworkStack, lower, upper) -> tuple[np.ndarray, np.ndarray]:
     lower = np.asarray(lower, dtype=np.float64)

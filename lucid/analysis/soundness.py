@@ -51,11 +51,12 @@ def slack(lb: float) -> float:
     return lb - 1e-5 * (1 + abs(lb)) - 1e-2 * abs(lb) if math.isfinite(lb) else -math.inf
 
 def user_bound(result: SolveResult, model: MilpModel) -> float:
-    """The solver's dual bound plus the safety margin; +inf when the solve proved nothing."""
+    """The solver's dual bound plus the safety margin, in score units (the margin is taken in the
+    model's own units, where the solvers' tolerances act); +inf when the solve proved nothing."""
     if result.status == ERROR:
         return math.inf
     ub = result.upper_bound
-    return ub + safety_margin(ub, model) if math.isfinite(ub) else ub
+    return (ub + safety_margin(ub, model)) * model.objective_scale if math.isfinite(ub) else ub
 
 
 def contradicts(bound: float, witness: LeakWitness | None) -> bool:

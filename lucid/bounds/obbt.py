@@ -65,6 +65,8 @@ def tighten_node_bounds(encode, n_bounds: LayerBounds, diff: DifferenceBounds, r
                     down = -solver.maximise(-c, time_limit=left)
                     if down > up:  # empty relaxation: the node has no feasible point
                         return None
+                    if k == L - 1:  # the encoder may have divided the scores by a power of two
+                        up, down = up * model.objective_scale, down * model.objective_scale
                     hi[j] = min(hi[j], up)
                     lo[j] = max(lo[j], down)
             _hyper_from_difference(n_b, pre, hyp, k)

@@ -31,6 +31,9 @@ class MilpModel:
     # (The encoder may shift the domain so inputs are >= 0; the witness is reported unshifted.)
     input_offset: np.ndarray = field(default_factory=lambda: np.zeros(0))
     meta: dict = field(default_factory=dict)  # encoder statistics (binaries, relaxed neurons, ...)
+    # A power of two: the encoder divided the networks' scores (and so beta) by it, so that the
+    # solvers see magnitudes of order one. A value of the objective times it is in score units.
+    objective_scale: float = 1.0
 
     def __post_init__(self) -> None:
         self.A = sp.csr_matrix(self.A)
