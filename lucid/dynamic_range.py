@@ -21,7 +21,8 @@ from __future__ import annotations
 import numpy as np
 
 from lucid.errors import LucidError
-from lucid.hyper import HyperNetwork
+from lucid.hyper import HyperNetwork, hyper_network
+from lucid.network import stack_from_tensors
 
 SCORE_EXPONENT = 70  # |scores| <= 2^70 ~ 1.2e21
 PARAMETER_EXPONENT = 64  # |parameter| <= 2^64 ~ 1.8e19
@@ -37,10 +38,12 @@ def check_dynamic_range(hull: HyperNetwork, lower, upper, where: str) -> None:
     size = np.maximum(np.abs(lo), np.abs(hi))
     last = hull.num_layers - 1
     for k in range(hull.num_layers):
-        w_abs = np.maximum(np.abs(hull.w_lo[k]), np.abs(hull.w_hi[k]))
-        b_abs = np.maximum(np.abs(hull.b_lo[k]), np.abs(hull.b_hi[k]))
+        # NaN and inf are the non-finite check's to refuse (NetworkFile.check_finite, the importer,
+        # training): here they count as 0, so that check's message stays the one a user sees
+        w_abs = _finite_abs(hull.w_lo[k], hull.w_hi[k])
+        b_abs = _finite_abs(hull.b_lo[k], hull.b_hi[k])
         largest = max(float(w_abs.max(initial=0.0)), float(b_abs.max(initial=0.0)))
-        if not np.isfinite(largest) or largest > 2.0**PARAMETER_EXPONENT:
+        if largest > 2.0**PARAMETER_EXPONENT:
             raise LucidError(f"{where}: layer {k} has a parameter of magnitude {largest:.3g}, beyond the limit "
                              f"2^{PARAMETER_EXPONENT} (~{2.0**PARAMETER_EXPONENT:.1e}) that LUCID's float64 "
                              "margins cover (docs/guarantee.md#magnitudes)")
@@ -52,6 +55,12 @@ def check_dynamic_range(hull: HyperNetwork, lower, upper, where: str) -> None:
             raise LucidError(f"{where}: {what} of layer {k} may reach {reach:.3g} over the domain, beyond the "
                              f"limit 2^{SCORE_EXPONENT} (~{2.0**SCORE_EXPONENT:.1e}) that LUCID's float64 "
                              "margins cover (docs/guarantee.md#magnitudes)")
+
+
+def _finite_abs(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    with np.errstate(invalid="ignore"):
+        magnitude = np.maximum(np.abs(lo), np.abs(hi))
+    return np.where(np.isfinite(magnitude), magnitude, 0.0)
 
 
 def check_network_range(weights: list[np.ndarray], biases: list[np.ndarray], lower, upper, where: str) -> None:
@@ -71,3 +80,39 @@ def check_domain_range(lower, upper, where: str) -> None:
         raise LucidError(f"{where}: the domain bound {size[f]:.3g} of feature {f} exceeds the limit "
                          f"2^{DOMAIN_EXPONENT} (~{2.0**DOMAIN_EXPONENT:.1e}) that LUCID's float64 margins cover "
                          "(docs/guarantee.md#magnitudes)")
+
+
+def check_scaler_range(offset, scale, where: str) -> None:
+    """An affine input scaler x_net = (x - offset) * scale: every scale non-zero (zero maps every
+    client input to one point) and within [2^-64, 2^64] in magnitude, every offset within 2^64. The
+    scaler only maps a client's input to the point whose label is released, so it bears on no
+    bound; the limits keep that map meaningful in float64."""
+    offset, scale = np.asarray(offset, dtype=np.float64), np.asarray(scale, dtype=np.float64)
+    size = np.abs(scale)
+    for f in range(size.size):
+        if not (np.isfinite(size[f]) and 2.0**-PARAMETER_EXPONENT <= size[f] <= 2.0**PARAMETER_EXPONENT):
+            raise LucidError(f"{where}: the scale {scale[f]!r} of feature {f} is outside [2^-{PARAMETER_EXPONENT}, "
+                             f"2^{PARAMETER_EXPONENT}] in magnitude" + (" (a scale of 0 maps every input to one point)"
+                                                                      if scale[f] == 0 else ""))
+    if offset.size and not (np.all(np.isfinite(offset)) and np.abs(offset).max() <= 2.0**PARAMETER_EXPONENT):
+        f = int(np.argmax(np.where(np.isfinite(offset), np.abs(offset), np.inf)))
+        raise LucidError(f"{where}: the offset {offset[f]!r} of feature {f} exceeds the limit 2^{PARAMETER_EXPONENT}")
+
+
+def check_tensors_range(tensors: dict[str, np.ndarray], meta: dict, where: str, chunk: int = 256) -> None:
+    """The guard for a stacked `networks.safetensors` dict (every network, lowered as the verifier
+    lowers it, a chunk at a time) over run.json's domain."""
+    count = len(tensors["removed"])
+    hull = None
+    for start in range(0, count, chunk):
+        part = {k: v[start:start + chunk] for k, v in tensors.items()}
+        stack = stack_from_tensors(part, meta.get("architecture", {}), int(meta["input_dim"]))
+        h = hyper_network(stack, np.arange(len(stack)))
+        if hull is not None:
+            h = HyperNetwork([np.minimum(a, b) for a, b in zip(hull.w_lo, h.w_lo)],
+                             [np.maximum(a, b) for a, b in zip(hull.w_hi, h.w_hi)],
+                             [np.minimum(a, b) for a, b in zip(hull.b_lo, h.b_lo)],
+                             [np.maximum(a, b) for a, b in zip(hull.b_hi, h.b_hi)], h.positions)
+        hull = h
+    if hull is not None:
+        check_dynamic_range(hull, meta["domain"]["lower"], meta["domain"]["upper"], where)

@@ -31,3 +31,12 @@ class SolverError(LucidError):
 
 class UnsoundSolverResult(Exception):
     """A solver's proved bound contradicts a replayed witness: never report that bound."""
+
+
+class InconsistentBounds(LucidError):
+    """A proved upper bound fell below a replayed leak: some tier was unsound. Never a result.
+
+    Shown as one line like a user error (the run stops, nothing is written), with its own exit
+    status: it is LUCID's failure, not the input's."""
+
+    exit_code = 3

@@ -103,6 +103,29 @@ class NetworkStack:
                 np.maximum(h, 0.0, out=h)
         return h
 
+    def forward_with_error(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """forward's float64 scores [K, B, C] (numpy path) and a rigorous bound [K, B, C] on each
+        score's distance from the exact (real-number) score at x.
+
+        Each float layer fl(W h + b) errs from the exact W h + b by at most gamma_(in+1) (|W| |h| + |b|)
+        with h the float activations actually used (Higham, any summation order); an error e in h
+        moves the layer by at most |W| e, and ReLU does not grow it. The bound is doubled so that its
+        own float evaluation stays inside it. Replay uses it: at weights of 1e6 per layer a fixed
+        relative tolerance no longer covers a float forward pass.
+        """
+        x = np.asarray(x, dtype=np.float64)
+        last = len(self.weights) - 1
+        h, err = x, np.zeros_like(x)
+        with np.errstate(all="ignore"):
+            for i, (w, b) in enumerate(zip(self.weights, self.biases)):
+                wt, abs_wt = w.transpose(0, 2, 1), np.abs(w).transpose(0, 2, 1)
+                magnitude = np.matmul(np.abs(h), abs_wt) + np.abs(b)[:, None, :]
+                err = np.matmul(err, abs_wt) + float_gamma(w.shape[2] + 1) * magnitude
+                h = np.matmul(h, wt) + b[:, None, :]
+                if i < last:
+                    np.maximum(h, 0.0, out=h)
+        return h, 2.0 * err
+
     def flat_parameters(self) -> np.ndarray:
         """One row per network with all its (lowered) parameters: used for k-means splitting."""
         parts = []
@@ -110,6 +133,15 @@ class NetworkStack:
             parts.append(w.reshape(len(self), -1))
             parts.append(b)
         return np.concatenate(parts, axis=1)
+
+
+UNIT_ROUNDOFF = 2.0 ** -53
+
+
+def float_gamma(n: int) -> float:
+    """Higham's gamma_n = n u / (1 - n u): a float sum or dot product of n terms errs by at most
+    gamma_n times the sum of the terms' magnitudes, in any summation order (BLAS blocking, FMA)."""
+    return n * UNIT_ROUNDOFF / (1.0 - n * UNIT_ROUNDOFF)
 
 
 def _tensor(a: np.ndarray, dtype):

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from lucid.atomic import read_json, write_json_atomic
+from lucid.dynamic_range import check_scaler_range
 from lucid.errors import LucidError
 from lucid.network import load_networks
 
@@ -129,4 +130,5 @@ def read_scaler(run: Run) -> tuple[np.ndarray, np.ndarray]:
         raise LucidError(f"run.json: the scaler needs 'offset' and 'scale' lists of length {d}") from None
     if not (np.isfinite(offset).all() and np.isfinite(scale).all()):
         raise LucidError("run.json: the scaler has non-finite values")
+    check_scaler_range(offset, scale, "run.json: scaler")
     return offset, scale

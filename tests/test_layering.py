@@ -25,7 +25,8 @@ SOLVER_PACKAGES = {"highspy", "gurobipy", "pulp", "pyscipopt"}
 # any `__main__` module is a command line and sits on top.
 LAYERS = [
     {"__init__", "__version__", "errors", "atomic", "worker_inputs", "cluster", "adam"},  # foundations
-    {"network", "convolution", "network_cache", "data", "rundir", "regions", "region_lookup", "hyper", "witness"},  # networks and run directories
+    {"network", "convolution", "network_cache", "data", "rundir", "regions", "region_lookup", "hyper", "witness",
+     "dynamic_range"},  # networks and run directories
     {"interop"},  # ONNX / state-dict import and export of run directories, VNN-LIB queries
     {"milp"},  # the solver-neutral model
     {"solvers"},  # backends

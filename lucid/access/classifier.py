@@ -61,6 +61,7 @@ from lucid.atomic import read_json
 from lucid.errors import LucidError
 from lucid.network import NetworkFile, stack_from_tensors
 from lucid.regions import RegionTree
+from lucid.dynamic_range import check_network_range
 from lucid.rundir import BOUNDS_FORMAT, Run, open_run, read_scaler
 
 BOUNDS_FILE = "bounds.json"
@@ -174,6 +175,7 @@ class LabelOnlyClassifier:
         if lower.shape != (self.input_dim,) or upper.shape != (self.input_dim,) or (lower > upper).any():
             raise LucidError("run.json: the domain must have lower <= upper, one entry per feature")
         self.domain_lower, self.domain_upper = lower, upper
+        check_network_range([w.T for w in self._weights], self._biases, lower, upper, f"{run.path}: N")
         # Released only above max(beta_c, 0) + E_N (lucid.analysis.soundness): beta_c is about exact
         # arithmetic, N's confidence here is float64.
         self.confidence_error = confidence_error([w.T for w in self._weights], self._biases, lower, upper)

@@ -17,6 +17,7 @@ import numpy as np
 
 from lucid.errors import UnsoundSolverResult
 from lucid.milp.model import MilpModel
+from lucid.network import UNIT_ROUNDOFF, float_gamma
 from lucid.witness.replay import LeakWitness
 from lucid.solvers.base import ERROR, SolveResult, SolverOptions
 from lucid.solvers.registry import fallback_order
@@ -107,13 +108,6 @@ def retry_other(model: MilpModel, solver: str, options: SolverOptions, witness: 
 # would release a leaking input. The release rule therefore asks for a margin E_N that bounds
 # the float error of N's confidence anywhere in the verified domain.
 
-_UNIT_ROUNDOFF = 2.0 ** -53
-
-
-def _gamma(n: int) -> float:
-    """Higham's gamma_n = n u / (1 - n u): a float sum or dot product of n terms errs by at most
-    gamma_n times the sum of the terms' magnitudes, in any summation order (BLAS blocking, FMA)."""
-    return n * _UNIT_ROUNDOFF / (1.0 - n * _UNIT_ROUNDOFF)
 
 
 def confidence_error(weights: list[np.ndarray], biases: list[np.ndarray], lower: np.ndarray,
@@ -134,7 +128,7 @@ def confidence_error(weights: list[np.ndarray], biases: list[np.ndarray], lower:
     last = len(weights) - 1
     for k, (w, b) in enumerate(zip(weights, biases)):
         w, b = np.asarray(w, dtype=np.float64), np.asarray(b, dtype=np.float64)
-        g = _gamma(w.shape[1] + 1)
+        g = float_gamma(w.shape[1] + 1)
         with np.errstate(all="ignore"):
             size = np.maximum(np.abs(lo), np.abs(hi))
             magnitude = np.abs(w) @ size + np.abs(b)
@@ -147,7 +141,7 @@ def confidence_error(weights: list[np.ndarray], biases: list[np.ndarray], lower:
                 lo, hi = np.maximum(lo, 0.0), np.maximum(hi, 0.0)
     with np.errstate(all="ignore"):
         scores = np.maximum(np.abs(lo), np.abs(hi))
-        total = 2.0 * (2.0 * float(err.max()) + 2.0 * _UNIT_ROUNDOFF * float(scores.max()))
+        total = 2.0 * (2.0 * float(err.max()) + 2.0 * UNIT_ROUNDOFF * float(scores.max()))
     return total if math.isfinite(total) else math.inf
 
 

@@ -18,6 +18,7 @@ import numpy as np
 from lucid.bab.node import CLOSED, OPEN, PENDING, SETTLED, STUCK, Node
 from lucid.bab.session import Session
 from lucid.bab.state import INF, ClassState
+from lucid.errors import InconsistentBounds
 from lucid.settings import VerifySettings
 
 
@@ -96,6 +97,10 @@ class AnytimeBounds:
             current = cs.lower if cs.lower is not None else -INF
         current = max(current, cs.gap_floor)
         cs.upper = min(cs.upper, current)
+        if cs.lower is not None and cs.upper < cs.lower:
+            raise InconsistentBounds(
+                f"internal error: class {cs.cls}'s proved upper bound {cs.upper!r} lies below a replayed leak "
+                f"{cs.lower!r}, so some bound is unsound; no bounds are written (please report this run)")
         state = (cs.upper, cs.lower)
         if state != cs.logged:
             cs.logged = state

@@ -58,17 +58,18 @@ def cli() -> None:
     """LUCID: individually differentially private label-only access to a classifier."""
 
 
-def fail(message: str) -> None:
-    """Print one error line and exit 2 (the contract for every bad input)."""
+def fail(message: str, exit_code: int = LucidError.exit_code) -> None:
+    """Print one error line and exit 2 (the contract for every bad input; internal failures that
+    must stop a run carry their own status)."""
     click.echo(f"lucid: error: {message}", err=True)
-    sys.exit(LucidError.exit_code)
+    sys.exit(exit_code)
 
 
 def main(argv: list[str] | None = None) -> None:
     try:
         cli.main(args=argv, prog_name="lucid", standalone_mode=False)
     except LucidError as exc:
-        fail(str(exc))
+        fail(str(exc), exc.exit_code)
     except click.exceptions.Abort:
         click.echo("lucid: interrupted", err=True)
         sys.exit(130)

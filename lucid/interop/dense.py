@@ -20,6 +20,13 @@ from lucid.errors import LucidError
 class DenseNet:
     weights: list[np.ndarray]  # float32 [out, in]
     biases: list[np.ndarray]  # float32 [out]
+    # what each layer is in the source file: "dense", or a convolution with its image, kernel,
+    # stride and padding (lowered to the dense layer it is): networks of one run must agree on it
+    kinds: tuple[str, ...] = ()
+
+    @property
+    def layer_kinds(self) -> tuple[str, ...]:
+        return self.kinds or ("dense",) * len(self.weights)
 
     @property
     def layer_sizes(self) -> list[int]:
@@ -41,7 +48,8 @@ def exact_float32(value: np.ndarray, what: str) -> np.ndarray:
     return cast
 
 
-def checked_net(weights: list[np.ndarray], biases: list[np.ndarray], source: str) -> DenseNet:
+def checked_net(weights: list[np.ndarray], biases: list[np.ndarray], source: str,
+                kinds: tuple[str, ...] = ()) -> DenseNet:
     """A `DenseNet` whose layers chain (out of layer k = in of layer k+1) and whose biases fit."""
     if not weights:
         raise LucidError(f"{source}: no dense layer found")
@@ -53,7 +61,7 @@ def checked_net(weights: list[np.ndarray], biases: list[np.ndarray], source: str
                              "expected [out, in] and [out]")
         if k and w.shape[1] != ws[k - 1].shape[0]:
             raise LucidError(f"{source}: layer {k} takes {w.shape[1]} inputs but layer {k - 1} gives {ws[k - 1].shape[0]}")
-    return DenseNet(ws, bs)
+    return DenseNet(ws, bs, tuple(kinds))
 
 
 def non_finite_layer(net: DenseNet) -> int | None:

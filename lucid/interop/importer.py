@@ -24,7 +24,9 @@ import numpy as np
 from safetensors.numpy import save_file
 
 from lucid.atomic import read_json, write_atomic, write_json_atomic
+from lucid.dynamic_range import check_dynamic_range, check_scaler_range
 from lucid.errors import LucidError
+from lucid.hyper import HyperNetwork
 from lucid.interop.dense import DenseNet, non_finite_layer
 from lucid.interop.onnx_io import read_onnx
 from lucid.interop.state_dict import read_safetensors, read_torch
@@ -237,6 +239,7 @@ def scaler_of(manifest: Manifest, d: int) -> dict:
         raise LucidError(f"{where} must be {{\"type\": \"affine\", \"offset\": [...], \"scale\": [...]}}")
     offset = _vector(s.get("offset"), d, f"{where} 'offset'")
     scale = _vector(s.get("scale"), d, f"{where} 'scale'")
+    check_scaler_range(offset, scale, where)
     return {"type": "affine", "offset": offset.tolist(), "scale": scale.tolist()}
 
 
@@ -256,10 +259,14 @@ def read_network(path: Path) -> DenseNet:
     return READERS[path.suffix.lower()](path)
 
 
-def _check(net: DenseNet, path: Path, row: int, reference: list[int], reference_file: Path) -> None:
-    if net.layer_sizes != reference:
-        raise LucidError(f"{path}: layer widths {net.layer_sizes} differ from N's {reference} ({reference_file.name}); "
-                         "every network needs the same architecture")
+def _check(net: DenseNet, path: Path, row: int, reference: DenseNet, reference_file: Path) -> None:
+    if net.layer_sizes != reference.layer_sizes:
+        raise LucidError(f"{path}: layer widths {net.layer_sizes} differ from N's {reference.layer_sizes} "
+                         f"({reference_file.name}); every network needs the same architecture")
+    for k, (mine, theirs) in enumerate(zip(net.layer_kinds, reference.layer_kinds)):
+        if mine != theirs:
+            raise LucidError(f"{path}: layer {k} is {mine} but N's is {theirs} ({reference_file.name}); every "
+                             "network needs N's architecture, layer kinds included")
     bad = non_finite_layer(net)
     if bad is not None:
         who = "N" if row == -1 else f"the network without row {row}"
@@ -274,7 +281,7 @@ def _stacked(manifest: Manifest, order: list[int], n: DenseNet) -> dict[str, np.
         tensors[f"layers.{i}.weight"] = np.empty((k, *w.shape), dtype=np.float32)
         tensors[f"layers.{i}.bias"] = np.empty((k, *b.shape), dtype=np.float32)
     tensors["removed"] = np.array([manifest.removed[j] for j in order], dtype=np.int64)
-    reference, n_file = n.layer_sizes, manifest.files[order[0]]
+    reference, n_file = n, manifest.files[order[0]]
     for position, j in enumerate(order):
         net = n if position == 0 else read_network(manifest.files[j])
         _check(net, manifest.files[j], manifest.removed[j], reference, n_file)
@@ -282,6 +289,14 @@ def _stacked(manifest: Manifest, order: list[int], n: DenseNet) -> dict[str, np.
             tensors[f"layers.{i}.weight"][position] = w
             tensors[f"layers.{i}.bias"][position] = b
     return tensors
+
+
+def _hull(tensors: dict[str, np.ndarray], layers: int) -> HyperNetwork:
+    """The interval hull of every network, for the entry guard on magnitudes."""
+    parts = {kind: [tensors[f"layers.{i}.{kind}"] for i in range(layers)] for kind in ("weight", "bias")}
+    lo = {k: [a.min(axis=0).astype(np.float64) for a in v] for k, v in parts.items()}
+    hi = {k: [a.max(axis=0).astype(np.float64) for a in v] for k, v in parts.items()}
+    return HyperNetwork(lo["weight"], hi["weight"], lo["bias"], hi["bias"], tensors["removed"])
 
 
 # ------------------------------------------------------------------------------------- the run
@@ -343,6 +358,7 @@ def import_run(manifest_path: str | Path, data_path: str | Path, out: str | Path
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.import-", dir=out.parent))
     try:
         tensors = _stacked(manifest, order, n)
+        check_dynamic_range(_hull(tensors, len(sizes) - 1), domain["lower"], domain["upper"], str(manifest.path))
         meta["training"]["fingerprint"] = _fingerprint(meta, data, tensors)
         _publish(staging, out, meta, data, tensors)
     except BaseException:

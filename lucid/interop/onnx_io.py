@@ -129,6 +129,7 @@ class _Chain:
         self.weights: list[np.ndarray] = []
         self.biases: list[np.ndarray | None] = []
         self.relu: list[bool] = []
+        self.kinds: list[str] = []
         self.open_matmul = False  # the last layer was a MatMul whose Add may follow
 
     def fail(self, node, why: str) -> None:
@@ -144,6 +145,7 @@ class _Chain:
         self.weights.append(w)
         self.biases.append(b)
         self.relu.append(False)
+        self.kinds.append("dense")
         self.width = int(w.shape[0])
 
 
@@ -184,7 +186,7 @@ def read_onnx(path: str | Path) -> DenseNet:
     if chain.relu[-1]:
         raise LucidError(f"{path}: a Relu follows the last layer; LUCID reads the scores before any activation")
     biases = [np.zeros(w.shape[0], dtype=w.dtype) if b is None else b for w, b in zip(chain.weights, chain.biases)]
-    return checked_net(chain.weights, biases, str(path))
+    return checked_net(chain.weights, biases, str(path), tuple(chain.kinds))
 
 
 def _step(chain: _Chain, node, consts: dict[str, np.ndarray]) -> None:
@@ -264,6 +266,7 @@ def _conv(chain: _Chain, node, consts: dict[str, np.ndarray], attrs: dict) -> No
     chain.weights.append(dense_w[0].astype(w.dtype))
     chain.biases.append(dense_b[0].astype(bias.dtype))
     chain.relu.append(False)
+    chain.kinds.append(f"conv {kh}x{kw} stride {strides[0]} pad {pads[0]} on image {chain.image}")
     chain.image, chain.width = (c_out, oh, ow), c_out * oh * ow
 
 

@@ -17,6 +17,7 @@ from lucid.agt.store import AGT_FILE
 from lucid.atomic import write_atomic, write_json_atomic
 from lucid.data import Dataset
 from lucid.errors import LucidError
+from lucid.dynamic_range import check_tensors_range
 from lucid.network import NETWORKS_FILE, diverged_message, non_finite
 
 
@@ -88,6 +89,7 @@ def publish(partial: Path, out: Path, meta: dict, ds: Dataset, n_chunks: int) ->
         raise LucidError(diverged_message(int(bad.sum()), len(bad), first)
                          + f" (this run: --lr {meta['training']['lr']:g}; the unfinished run is kept in {partial}: "
                          "delete it to discard it)")
+    check_tensors_range(stacked, meta, f"the trained networks (the unfinished run is kept in {partial})")
     final = partial / "final"
     if final.exists():
         shutil.rmtree(final)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lucid.network import NetworkStack, confidence
+from lucid.network import UNIT_ROUNDOFF, NetworkStack, confidence
 
 log = logging.getLogger(__name__)
 
@@ -34,23 +34,37 @@ class LeakWitness:
     repaired: bool
 
 
-def _confidences(stack: NetworkStack, positions: np.ndarray, x: np.ndarray, cls: int) -> tuple[float, np.ndarray, float]:
-    scores_n = stack.select(np.array([0])).forward(x[None, :])[0, 0]
-    scores_s = stack.select(positions).forward(x[None, :])[:, 0, :]  # [|S|, C]
+def _confidences(stack: NetworkStack, positions: np.ndarray, x: np.ndarray, cls: int
+                 ) -> tuple[float, np.ndarray, float, float, np.ndarray]:
+    """N's confidence, the confidences of the networks of S, the score scale and rigorous bounds on
+    the float error of N's and of each S confidence (`NetworkStack.forward_with_error`)."""
+    scores_n, err_n = stack.select(np.array([0])).forward_with_error(x[None, :])
+    scores_s, err_s = stack.select(positions).forward_with_error(x[None, :])
+    scores_n, err_n, scores_s, err_s = scores_n[0, 0], err_n[0, 0], scores_s[:, 0, :], err_s[:, 0, :]
     conf_n = float(confidence(scores_n, cls))
     scale = float(max(np.abs(scores_n).max(), np.abs(scores_s).max()))
-    return conf_n, confidence(scores_s, cls), scale
+    # a confidence is a difference of two scores, then rounded once more: both errors and that rounding
+    pad = 4 * UNIT_ROUNDOFF
+    error_n = 2.0 * float(err_n.max()) + pad * float(np.abs(scores_n).max())
+    error_s = 2.0 * err_s.max(axis=1) + pad * np.abs(scores_s).max(axis=1)
+    return conf_n, confidence(scores_s, cls), scale, error_n, error_s
 
 
 def replay(stack: NetworkStack, positions: np.ndarray, x: np.ndarray, cls: int, lower: np.ndarray, upper: np.ndarray, repaired: bool = False) -> LeakWitness | None:
-    """The witness if x (clipped to the domain) truly leaks for some network of S, else None."""
+    """The witness if x (clipped to the domain) truly leaks for some network of S, else None.
+
+    "Truly": the disagreement and the claimed confidence hold for the exact (real-number) networks,
+    not only for their float64 evaluation: the tolerances are at least the rigorous error bounds of
+    that evaluation (which matter only at extreme weight scales)."""
     x = np.clip(np.asarray(x, dtype=np.float64), lower, upper)
-    conf_n, conf_s, scale = _confidences(stack, positions, x, cls)
-    j = int(np.argmin(conf_s))
-    if not conf_s[j] < -DISAGREE_TOL * (1 + scale):
+    conf_n, conf_s, scale, error_n, error_s = _confidences(stack, positions, x, cls)
+    strict = conf_s + np.maximum(DISAGREE_TOL * (1 + scale), error_s)  # < 0: disagrees exactly too
+    j = int(np.argmin(strict))
+    if not strict[j] < 0:
         return None
     pos = int(positions[j])
-    return LeakWitness(x, conf_n - CLAIM_PAD * (1 + scale), pos, int(stack.removed[pos]), repaired)
+    claim = conf_n - max(CLAIM_PAD * (1 + scale), error_n)
+    return LeakWitness(x, claim, pos, int(stack.removed[pos]), repaired)
 
 
 def _affine_pieces(weights: list[np.ndarray], biases: list[np.ndarray], x: np.ndarray):
@@ -76,7 +90,7 @@ def repair(stack: NetworkStack, positions: np.ndarray, x: np.ndarray, cls: int, 
     from scipy.optimize import linprog
 
     x = np.clip(np.asarray(x, dtype=np.float64), lower, upper)
-    _, conf_s, _ = _confidences(stack, positions, x, cls)
+    conf_s = _confidences(stack, positions, x, cls)[1]
     n_w = [w[0] for w in stack.weights]
     n_b = [b[0] for b in stack.biases]
     Gn, hn, Sn, sn = _affine_pieces(n_w, n_b, x)
