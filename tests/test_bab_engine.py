@@ -624,3 +624,26 @@ def test_a_time_limit_ends_the_seeds_and_their_screen_refinement_and_a_resume_se
     assert searched == [0, 1]  # resumed: the class never seeded is seeded now
     for cs in states.values():
         assert cs.complete and 0.9 <= cs.upper <= 0.9 + 0.05
+
+
+class LyingRoot(FakeAnalyser):
+    """A TEST DOUBLE whose analysis of the whole set proves a bound below a network's true one (as an
+    unsound tier would); smaller sets are analysed honestly and replay a leak above that bound."""
+
+    def __call__(self, cls, positions, time_limit, cutoff=-math.inf, attempt=1):
+        out = super().__call__(cls, positions, time_limit, cutoff, attempt)
+        if len(positions) == len(self.values) - 1:
+            out.upper, out.lower = 0.5, float(self.values[positions].min())
+        else:  # an honest child replays its best network's leak
+            out.lower = float(self.values[positions].max())
+        return out
+
+
+def test_an_upper_bound_below_a_replayed_leak_stops_the_run(tmp_path):
+    from lucid.errors import InconsistentBounds
+
+    values = np.array([0.0, 0.1, 0.9, 0.2, 0.3, 0.15, 0.25])
+    engine, _, _ = make_engine(tmp_path, values, workers=1, analyser=LyingRoot(values))
+    with pytest.raises(InconsistentBounds, match="below a replayed leak"):
+        engine.run()
+    assert InconsistentBounds.exit_code == 3

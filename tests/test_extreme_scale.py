@@ -227,3 +227,65 @@ def test_scales_beyond_the_limits_are_refused_in_one_line(tmp_path, capsys, scal
     write_bounds(run, {0: 1.0, 1: 1.0})  # serving the same networks is refused too
     with pytest.raises(LucidError, match=message.split(" may")[0]):
         LabelOnlyClassifier.from_run(run, epsilon=1.0)
+
+
+@pytest.mark.parametrize("family", ["1e-6", "1e6", "mixed", "near-cancelling"])
+def test_the_replay_error_bound_covers_the_float_forward_pass(family):
+    """forward_with_error's bound is at least |float64 score - exact score| (rational arithmetic)."""
+    scales, difference = FAMILIES[family]
+    stack = _stack(scaled_tensors(scales, difference, 3))
+    xs = np.concatenate([np.random.default_rng(1).uniform(size=(30, 2)), [[0, 0], [0, 1], [1, 0], [1, 1]]])
+    scores, error = stack.forward_with_error(xs)
+    assert np.array_equal(scores, stack.forward(xs, use_torch=False))
+    for j in range(len(stack)):
+        for i, x in enumerate(xs):
+            h = [Fraction(float(v)) for v in x]
+            for k in range(3):
+                w, b = stack.weights[k][j], stack.biases[k][j]
+                h = [sum((Fraction(float(wv)) * hv for wv, hv in zip(row, h)), Fraction(0)) + Fraction(float(bv))
+                     for row, bv in zip(w, b)]
+                if k < 2:
+                    h = [max(v, Fraction(0)) for v in h]
+            for c in range(2):
+                assert abs(Fraction(float(scores[j, i, c])) - h[c]) <= Fraction(float(error[j, i, c]))
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_every_replayed_leak_leaks_in_exact_arithmetic(family):
+    """Replay (and repair) at the exact leaks (vertices where a network ties, so float64 and exact
+    arithmetic may disagree on the side) and one ulp around them: whatever it accepts disagrees
+    with N exactly, and the confidence it claims is at most N's exact confidence there."""
+    from lucid.witness.replay import find_leak
+
+    tensors, _ = interesting(family)
+    stack = _stack(tensors)
+    net_n = ([w[0] for w in stack.weights], [b[0] for b in stack.biases])
+    accepted = 0
+    for j in range(1, len(stack)):
+        net_p = ([w[j] for w in stack.weights], [b[j] for b in stack.biases])
+        for c in range(2):
+            point = exact_singleton(net_n, net_p, c, [0, 0], [1, 1])[1]
+            if point is None:
+                continue
+            for x in probes(stack, [point])[441:]:  # the leak and its ulp neighbours, not the grid
+                found = find_leak(stack, np.array([j]), x, c, np.zeros(2), np.ones(2))
+                if found is None:
+                    continue
+                accepted += 1
+                scores = [_exact_scores(stack, k, found.x) for k in (0, j)]
+                assert scores[1][1 - c] >= scores[1][c], f"network {j} agrees with N exactly at {found.x.tolist()}"
+                assert Fraction(found.confidence) <= scores[0][c] - scores[0][1 - c]
+    # at 1e-6 every leak (scores ~1e-18) lies below replay's absolute floor of 1e-9: no witness, no
+    # lower bound, nothing unsound
+    assert accepted > 0 or family == "1e-6"
+
+
+def _exact_scores(stack, j: int, x) -> list[Fraction]:
+    h = [Fraction(float(v)) for v in x]
+    for k in range(len(stack.weights)):
+        w, b = stack.weights[k][j], stack.biases[k][j]
+        h = [sum((Fraction(float(wv)) * hv for wv, hv in zip(row, h)), Fraction(0)) + Fraction(float(bv))
+             for row, bv in zip(w, b)]
+        if k < len(stack.weights) - 1:
+            h = [max(v, Fraction(0)) for v in h]
+    return h

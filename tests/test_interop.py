@@ -520,3 +520,52 @@ def test_a_cnn_in_onnx_imports_as_the_dense_layers_torch_computes(tmp_path, caps
                              tmp_path / "data.npz", "--out", out], capsys)
         assert code == 2 and len(err.strip().splitlines()) == 1 and "Conv node" in err and word in err, err
         assert not out.exists()
+    # a stack whose networks are not all N's architecture, layer kinds included, is refused even
+    # where the dense widths agree: an MLP beside a CNN N, and a CNN on another image shape
+    import shutil
+
+    mixed = tmp_path / "mixed"
+    shutil.copytree(tmp_path / "conv", mixed)
+    _cnn_onnx(cw, cb, ws, bs, mixed / "net0.onnx")  # N: the CNN with the files' own attributes
+    shutil.copy(tmp_path / "dense" / "net2.onnx", mixed / "net2.onnx")
+    code, err = run_cli(["import", "--manifest", mixed / "manifest.json", "--data", tmp_path / "data.npz",
+                         "--out", tmp_path / "mixed-run"], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "layer 0 is dense but N's is conv 3x3 stride 2 pad 1" in err and "layer kinds" in err, err
+    assert not (tmp_path / "mixed-run").exists()
+
+
+def test_a_zero_or_extreme_scaler_and_extreme_weights_are_refused_in_one_line(tmp_path, exported, tiny_run, capsys):
+    import shutil
+
+    from safetensors.numpy import load_file as load_arrays, save_file as save_arrays
+
+    for scale, word in (([0.0, 1.0], "scale of 0 maps every input to one point"), ([1.0, 1e30], "feature 1")):
+        files = tmp_path / f"scaler-{word.split()[0]}"
+        shutil.copytree(exported, files)
+        manifest = json.loads((files / "manifest.json").read_text())
+        manifest["scaler"] = {"type": "affine", "offset": [0.0, 0.0], "scale": scale}
+        (files / "manifest.json").write_text(json.dumps(manifest))
+        out = tmp_path / f"out-{word.split()[0]}"
+        code, err = run_cli(["import", "--manifest", files / "manifest.json", "--data", tiny_run / "data.npz",
+                             "--out", out], capsys)
+        assert code == 2 and len(err.strip().splitlines()) == 1 and word in err, err
+        assert not out.exists()
+    # networks whose scores can pass 2^70 over the domain: one line naming the layer and the limit
+    files = tmp_path / "huge"
+    files.mkdir()
+    tensors = load_arrays(str(tiny_run / "networks.safetensors"))
+    entries = []
+    for position, removed in enumerate(tensors["removed"]):
+        state = {}
+        for k in range(3):
+            state[f"{2 * k}.weight"] = tensors[f"layers.{k}.weight"][position] * np.float32(1e8)
+            state[f"{2 * k}.bias"] = np.zeros_like(tensors[f"layers.{k}.bias"][position])
+        save_arrays(state, str(files / f"net{position}.safetensors"))
+        entries.append({"file": f"net{position}.safetensors", "removed": None if removed < 0 else int(removed)})
+    (files / "manifest.json").write_text(json.dumps({"training": {"name": "scaled"}, "networks": entries}))
+    code, err = run_cli(["import", "--manifest", files / "manifest.json", "--data", tiny_run / "data.npz",
+                         "--out", tmp_path / "huge-run"], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "the scores of layer 2 may reach" in err and "2^70" in err, err
+    assert not (tmp_path / "huge-run").exists()

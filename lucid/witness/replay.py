@@ -85,12 +85,29 @@ def _affine_pieces(weights: list[np.ndarray], biases: list[np.ndarray], x: np.nd
         M, m = A * on[:, None], a * on
 
 
+def _scaled_rows(A: np.ndarray, b: np.ndarray, scale: float, d: int) -> tuple[np.ndarray, np.ndarray]:
+    """The repair LP's rows, each divided by a power of two near its largest coefficient on x, when
+    the scores' magnitude lies outside [2^-12, 2^12]: the LP's absolute tolerances then mean the
+    same at every weight scale (beta becomes beta / that power in the rows that hold it, which
+    changes no optimal x). Ordinary networks keep their LP as it is. Replay checks the answer anyway."""
+    if scale == 0 or 2.0**-12 <= scale <= 2.0**12:
+        return A, b
+    size = np.abs(A[:, :d]).max(axis=1)
+    holds_beta = A[:, d] != 0
+    if holds_beta.any():  # one divisor for every row of beta, so beta' = beta / it: the same optimum x
+        size[holds_beta] = size[holds_beta].max()
+    size = np.where(size > 0, np.ldexp(1.0, np.frexp(np.where(size > 0, size, 1.0))[1]), 1.0)
+    A, b = A / size[:, None], b / size
+    A[holds_beta, d] = 1.0
+    return A, b
+
+
 def repair(stack: NetworkStack, positions: np.ndarray, x: np.ndarray, cls: int, lower: np.ndarray, upper: np.ndarray, candidates: int = 3) -> LeakWitness | None:
     """Search near x, inside the linear regions of N and of the most promising networks of S."""
     from scipy.optimize import linprog
 
     x = np.clip(np.asarray(x, dtype=np.float64), lower, upper)
-    conf_s = _confidences(stack, positions, x, cls)[1]
+    _, conf_s, scale, _, error_s = _confidences(stack, positions, x, cls)
     n_w = [w[0] for w in stack.weights]
     n_b = [b[0] for b in stack.biases]
     Gn, hn, Sn, sn = _affine_pieces(n_w, n_b, x)
@@ -114,8 +131,11 @@ def repair(stack: NetworkStack, positions: np.ndarray, x: np.ndarray, cls: int, 
             rhs.append([sn[cls] - sn[u]])
         # N' prefers t: s'_t - s'_c >= margin
         rows.append(np.hstack([-(Sp[t] - Sp[cls])[None, :], [[0.0]]]))
-        rhs.append([(sp_[t] - sp_[cls]) - REPAIR_MARGIN])
+        # (at least twice what replay will ask for: its tolerance and the float error of N''s evaluation)
+        margin = max(REPAIR_MARGIN, 2.0 * DISAGREE_TOL * (1 + scale), 4.0 * float(error_s[j]))
+        rhs.append([(sp_[t] - sp_[cls]) - margin])
         A_ub, b_ub = np.vstack(rows), np.concatenate([np.ravel(r) for r in rhs])
+        A_ub, b_ub = _scaled_rows(A_ub, b_ub, scale, d)
         c = np.zeros(d + 1)
         c[-1] = -1.0
         bounds = list(zip(lower, upper)) + [(None, None)]
