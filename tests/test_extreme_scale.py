@@ -289,3 +289,19 @@ def _exact_scores(stack, j: int, x) -> list[Fraction]:
         if k < len(stack.weights) - 1:
             h = [max(v, Fraction(0)) for v in h]
     return h
+
+
+def test_a_parameter_box_rescales_with_the_networks_it_holds():
+    """`--hyper agt:K` boxes are stored in the original units: rescaled with the problem's factors
+    they are exactly the box of the rescaled networks (positive powers of two keep lo <= hi)."""
+    from lucid.analysis.scaling import hidden_scales, rescale_hyper, rescale_stack
+    from lucid.hyper import hyper_network
+
+    stack = _stack(scaled_tensors((1e6, 1e-6, 1e3), 1e-7, 5, networks=4))
+    everyone = np.arange(len(stack))
+    box = hyper_network(stack, everyone)
+    scales = hidden_scales(box, np.zeros(2), np.ones(2))
+    assert scales is not None
+    moved, direct = rescale_hyper(box, scales), hyper_network(rescale_stack(stack, scales), everyone)
+    for a, b in zip(moved.w_lo + moved.w_hi + moved.b_lo + moved.b_hi, direct.w_lo + direct.w_hi + direct.b_lo + direct.b_hi):
+        assert np.array_equal(a, b)

@@ -19,6 +19,8 @@ from lucid.bab.events import LOG_FILE, EventLog
 from lucid.errors import LucidError
 from lucid.analysis.budget import box_class_time_limit
 from lucid.analysis.problem import VerificationProblem
+from lucid.analysis.scaling import rescale_hyper
+from lucid.dynamic_range import check_dynamic_range
 from lucid.rundir import bound_entry_value, write_bounds
 from lucid.settings import VerifySettings
 from lucid.solvers.base import ERROR, INFEASIBLE, OPTIMAL, TIME_LIMIT
@@ -56,6 +58,8 @@ def verify_box(run: Any, settings: VerifySettings, classes: list[int], result_op
     problem = VerificationProblem.from_run(run, bounds=settings.bounds, with_points=settings.search)
     loo = np.arange(1, len(problem.stack), dtype=np.int64)  # every N_-i lies in every box with k >= 1
     hyper = box_hyper_network(box, loo, input_dim=run.input_dim)
+    check_dynamic_range(hyper, problem.lower, problem.upper, f"--hyper agt:{k} on {run.path}: the box")
+    hyper = rescale_hyper(hyper, problem.neuron_scales)  # into the units of the problem's networks (exact)
     box_analysis.check_box_holds_networks(problem, hyper, f"--hyper agt:{k} on {run.path}")
     run_path = Path(run.path)
     t0 = time.monotonic()
