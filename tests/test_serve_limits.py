@@ -109,6 +109,34 @@ def test_request_heads_and_connections_are_capped(run_dir, tmp_path):
             sock.close()
 
 
+def test_a_body_framed_twice_is_refused_and_never_smuggles_a_second_request(run_dir, tmp_path):
+    """Content-Length and Transfer-Encoding together: one 400 and the connection closes, so the
+    bytes after the chunks are never read as a request (measured before: two answers). The check
+    holds for a head split across reads and for a pipelined second request too."""
+    args = ["-e", "1", "--budget", "100", "--memo", str(tmp_path / "m.sqlite")]
+    smuggled = b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n"
+    body = b"0\r\n\r\n" + smuggled
+    head = (b"POST /v1/predict HTTP/1.1\r\nHost: localhost\r\ncontent-type: application/json\r\n"
+            b"Content-Length: " + str(len(body)).encode() + b"\r\nTransfer-Encoding: chunked\r\n\r\n")
+    with server(run_dir, *args) as url:
+        got = until_closed(connect(url, head + body))
+        assert got.startswith(b"HTTP/1.1 400") and got.count(b"HTTP/1.1") == 1, got
+        sock = connect(url, head[:40])  # the head in two reads
+        time.sleep(0.2)
+        sock.sendall(head[40:] + body)
+        got = until_closed(sock)
+        assert got.startswith(b"HTTP/1.1 400") and got.count(b"HTTP/1.1") == 1, got
+        honest = b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n"
+        got = until_closed(connect(url, honest + head + body))  # pipelined behind an honest request
+        assert got.startswith(b"HTTP/1.1 200") and got.count(b"HTTP/1.1") == 2 and b"HTTP/1.1 400" in got, got
+        # either header alone still frames a body as usual
+        doc = json.dumps({"inputs": to_orig([[0.5, 0.5]])}).encode()
+        chunked = (b"POST /v1/predict HTTP/1.1\r\nHost: localhost\r\ncontent-type: application/json\r\n"
+                   b"Transfer-Encoding: chunked\r\nconnection: close\r\n\r\n"
+                   + f"{len(doc):x}".encode() + b"\r\n" + doc + b"\r\n0\r\n\r\n")
+        assert until_closed(connect(url, chunked)).startswith(b"HTTP/1.1 200")
+
+
 def test_one_address_cannot_take_every_connection(run_dir, tmp_path):
     """Measured before: one address could open every connection the worker allows, shutting out
     every other client. Now its --max-connections-per-ip + 1-th open connection gets 503 and is

@@ -19,7 +19,8 @@ A deadline runs from the start of its phase and is not extended by further bytes
 sends one byte at a time gains nothing. A response the client stops reading (the send buffer stays
 full) is dropped after --body-timeout. The head cap is checked on the raw bytes before h11 parses
 them: h11's own `max_incomplete_event_size` only bounds a head still incomplete, so a larger one
-that arrives in one read would pass. h11 rather than httptools because httptools buffered a 50 MB
+that arrives in one read would pass. A head with both Content-Length and Transfer-Encoding is
+refused (400, close) at the same point, before h11 frames its body (request smuggling). h11 rather than httptools because httptools buffered a 50 MB
 header before any check could run; h11 costs tens of microseconds per request.
 
 The connection caps answer 503 and close at once, so a refused connection holds nothing: a worker
@@ -56,6 +57,18 @@ def _raw_response(status: int, reason: str, message: str) -> bytes:
 
 
 _HEAD_END = re.compile(rb"\r?\n\r?\n")  # h11 also accepts bare LF line endings
+
+_HEADER_NAME = re.compile(rb"^([!#$%&'*+.^_`|~0-9A-Za-z-]+)\s*:", re.MULTILINE)
+
+
+def _frames_twice(head: bytes) -> bool:
+    """Whether a request head has both Content-Length and Transfer-Encoding. h11 frames such a body
+    by the chunked encoding, but a proxy in front may frame it by Content-Length, and the bytes
+    after the chunks would then reach this server as a request the proxy never saw (request
+    smuggling). RFC 9112 section 6.1 allows rejecting it: 400 and close, whatever comes after."""
+    names = {m.group(1).lower() for m in _HEADER_NAME.finditer(head)}
+    return b"content-length" in names and b"transfer-encoding" in names
+
 
 TIMED_OUT = _raw_response(408, "Request Timeout", "the request did not arrive in time")
 HEAD_TOO_LARGE = _raw_response(431, "Request Header Fields Too Large", "the request headers are too large")
@@ -105,30 +118,35 @@ class GuardedH11Protocol(H11Protocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        if self.conn.their_state is h11.IDLE and self._head_too_large(data):
-            self._refuse(HEAD_TOO_LARGE)
+        if self.conn.their_state is h11.IDLE and self._refused_head(data):
             return
         super().data_received(data)
         self._watch()
 
     def on_response_complete(self) -> None:
         # A pipelined request read while this one was answered is parsed now: check its head first.
-        if self.conn.their_state is h11.DONE and self._head_too_large(b""):
-            self._refuse(HEAD_TOO_LARGE)
+        if self.conn.their_state is h11.DONE and self._refused_head(b""):
             return
         super().on_response_complete()
         self._watch()
 
-    def send_400_response(self, msg: str) -> None:
-        """h11 refused the request as malformed HTTP: a fixed JSON 400, like every other error."""
-        self._refuse(BAD_REQUEST)
-
-    def _head_too_large(self, data: bytes) -> bool:
-        """Whether the request head being received (h11's buffer, then `data`) exceeds the cap."""
+    def _refused_head(self, data: bytes) -> bool:
+        """Refuse (and close) a request head being received that is too large or that frames its
+        body twice; checked before h11 parses it, on its buffer and `data`."""
         pending = self.conn.trailing_data[0]
         buffered = pending + data if pending else data
         end = _HEAD_END.search(buffered)
-        return (end.end() if end else len(buffered)) > self.limits.max_header_bytes
+        if (end.end() if end else len(buffered)) > self.limits.max_header_bytes:
+            self._refuse(HEAD_TOO_LARGE)
+            return True
+        if end is not None and _frames_twice(buffered[:end.start()]):
+            self._refuse(BAD_REQUEST)
+            return True
+        return False
+
+    def send_400_response(self, msg: str) -> None:
+        """h11 refused the request as malformed HTTP: a fixed JSON 400, like every other error."""
+        self._refuse(BAD_REQUEST)
 
     def _refuse(self, response: bytes) -> None:
         self.transport.write(response)
