@@ -463,3 +463,25 @@ def test_the_address_accepts_connections_as_soon_as_it_is_printed(run_dir, tmp_p
             proc.terminate()
             proc.wait(timeout=10)
             proc.stderr.close()
+
+
+def test_a_half_closed_connection_gets_the_answer_it_is_charged_for(run_dir, tmp_path):
+    """A client that shuts its sending side after a complete request (`nc -N`) gets that request's
+    answer, then the connection closes (measured before: no answer, but charged). A request still
+    incomplete at the shutdown is neither answered nor charged."""
+    memo = tmp_path / "m.sqlite"
+    inputs = to_orig(np.random.default_rng(7).random((3, 2)))
+    with server(run_dir, "-e", "1", "--budget", "100", "--memo", str(memo)) as url:
+        for row in inputs:
+            sock = connect(url, request(url, json.dumps({"inputs": [row]}).encode()))
+            sock.shutdown(socket.SHUT_WR)
+            got = until_closed(sock)
+            assert got.startswith(b"HTTP/1.1 200") and b'"labels":[' in got, got
+        half = request(url, json.dumps({"inputs": to_orig([[0.3, 0.9]])}).encode())
+        sock = connect(url, half[:-5])  # the body's last bytes never come
+        sock.shutdown(socket.SHUT_WR)
+        assert until_closed(sock) == b""
+    r = subprocess.run([sys.executable, "-m", "lucid", "budget", str(run_dir), "--memo", str(memo), "--json"],
+                       capture_output=True, text=True)
+    default = {c["client"]: c for c in json.loads(r.stdout)["clients"]}["default"]
+    assert default["answers"] == 3, default

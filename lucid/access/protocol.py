@@ -20,7 +20,8 @@ sends one byte at a time gains nothing. A response the client stops reading (the
 full) is dropped after --body-timeout. The head cap is checked on the raw bytes before h11 parses
 them: h11's own `max_incomplete_event_size` only bounds a head still incomplete, so a larger one
 that arrives in one read would pass. A head with both Content-Length and Transfer-Encoding is
-refused (400, close) at the same point, before h11 frames its body (request smuggling). h11 rather than httptools because httptools buffered a 50 MB
+refused (400, close) at the same point, before h11 frames its body (request smuggling). A client that
+shuts its sending side after a complete request gets the answer it is charged for (`eof_received`). h11 rather than httptools because httptools buffered a 50 MB
 header before any check could run; h11 costs tens of microseconds per request.
 
 The connection caps answer 503 and close at once, so a refused connection holds nothing: a worker
@@ -143,6 +144,18 @@ class GuardedH11Protocol(H11Protocol):
             self._refuse(BAD_REQUEST)
             return True
         return False
+
+    def eof_received(self) -> bool | None:
+        """The client shut its sending side (`nc -N`, `shutdown(SHUT_WR)`). A request it completed
+        before is answered (it is being charged), then the connection closes: the transport stays
+        open for writing. Anything else closes at once: a request still arriving can never complete,
+        and an idle connection has nothing to wait for. (uvicorn's answer, close at once, charged a
+        complete request whose answer was then never written.)"""
+        if self.cycle is not None and not self.cycle.response_complete and self.conn.their_state is h11.DONE:
+            self.cycle.keep_alive = False
+            self._set_phase(None)
+            return True
+        return None
 
     def send_400_response(self, msg: str) -> None:
         """h11 refused the request as malformed HTTP: a fixed JSON 400, like every other error."""
