@@ -569,3 +569,63 @@ def test_a_zero_or_extreme_scaler_and_extreme_weights_are_refused_in_one_line(tm
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert "the scores of layer 2 may reach" in err and "2^70" in err, err
     assert not (tmp_path / "huge-run").exists()
+
+
+@pytest.mark.parametrize("dynamo", [True, False], ids=["default-exporter", "legacy-exporter"])
+@pytest.mark.parametrize("batch", ["fixed", "dynamic"])
+@pytest.mark.parametrize("kind", ["mlp", "cnn"])
+def test_what_torch_onnx_export_writes_imports_as_the_same_network(tmp_path, kind, batch, dynamo):
+    """The files torch.onnx.export really writes (the default dynamo exporter writes nn.Flatten as
+    Reshape(allowzero=1) to [1, w] or [-1, w]) import, and LUCID's forward pass matches torch's."""
+    import torch
+
+    if dynamo:
+        pytest.importorskip("onnxscript")
+    from lucid.interop.onnx_io import read_onnx
+
+    torch.manual_seed(0)
+    if kind == "cnn":
+        model = torch.nn.Sequential(torch.nn.Conv2d(1, 2, 3, stride=2, padding=1), torch.nn.ReLU(), torch.nn.Flatten(),
+                                    torch.nn.Linear(18, 6), torch.nn.ReLU(), torch.nn.Linear(6, 2))
+        x = torch.rand(1, 1, 5, 5)
+    else:
+        model, x = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3)), torch.rand(1, 4)
+    path = tmp_path / "net.onnx"
+    options: dict = {"dynamo": dynamo}
+    if batch == "dynamic":
+        options.update({"dynamic_shapes": ({0: torch.export.Dim("batch")},)} if dynamo else
+                       {"input_names": ["x"], "dynamic_axes": {"x": {0: "batch"}}})
+    import contextlib
+    import io
+    import warnings
+
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, (x,), str(path), **options)
+    net = read_onnx(path)
+    rows = torch.rand(64, *x.shape[1:])
+    with torch.no_grad():
+        expected = model(rows).double().numpy()
+    h = rows.reshape(64, -1).double().numpy()
+    for k, (w, b) in enumerate(zip(net.weights, net.biases)):
+        h = h @ w.astype(np.float64).T + b
+        if k < len(net.weights) - 1:
+            h = np.maximum(h, 0.0)
+    assert np.abs(h - expected).max() <= 1e-5
+
+
+def test_a_reshape_whose_zero_is_literal_is_refused_naming_allowzero(tmp_path, capsys):
+    """Reshape(allowzero=1) to [0, w] would make a batch of zero rows: not the [batch, features] layout."""
+    from lucid.interop.onnx_io import read_onnx
+    from lucid.errors import LucidError
+
+    w = np.ones((2, 3), dtype=np.float32)
+    nodes = [helper.make_node("Reshape", ["x", "shape"], ["r"], allowzero=1),
+             helper.make_node("Gemm", ["r", "w"], ["scores"], transB=1)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3])],
+                              [helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["n", 2])],
+                              initializer=[numpy_helper.from_array(np.array([0, 3], dtype=np.int64), "shape"),
+                                           numpy_helper.from_array(w, "w")])
+    onnx.save_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)]), str(tmp_path / "z.onnx"))
+    with pytest.raises(LucidError, match="allowzero=1 makes its 0 a literal zero"):
+        read_onnx(tmp_path / "z.onnx")

@@ -121,6 +121,7 @@ class _Chain:
         self.path = path
         self.current = name
         self.rank = len(dims)
+        self.batch = dims[0] if dims else None  # the input's batch size when the graph fixes it
         known = all(d is not None for d in dims[1:])
         self.width: int | None = int(np.prod(dims[1:], dtype=np.int64)) if known and self.rank >= 2 else None
         # (C, H, W) of an image tensor [batch, C, H, W] of known size, which a Conv reads
@@ -271,15 +272,21 @@ def _conv(chain: _Chain, node, consts: dict[str, np.ndarray], attrs: dict) -> No
 
 
 def _reshape(chain: _Chain, node, consts: dict[str, np.ndarray], attrs: dict) -> None:
-    """Only a reshape to [batch, features] is read: [0, w], [0, -1], or [-1, w] with w the known width."""
+    """Only a reshape to [batch, features] is read: [0, w] or [0, -1] (0: keep the batch, so not with
+    allowzero, where 0 is a literal zero), [-1, w] with w the known width, or [1, w] when the
+    graph's input has a fixed batch of 1 (what torch.onnx.export writes for nn.Flatten: allowzero=1
+    with [-1, w] for a dynamic batch, [1, w] for the example's batch of 1)."""
     if len(node.input) < 2 or node.input[1] not in consts:
         chain.fail(node, "has a shape that is not a constant")
     shape = [int(v) for v in np.asarray(consts[node.input[1]]).ravel()]
-    keeps_batch = (len(shape) == 2 and not attrs.get("allowzero", 0)
-                   and ((shape[0] == 0 and (shape[1] == -1 or shape[1] > 0))
-                        or (shape[0] == -1 and chain.width is not None and shape[1] == chain.width)))
+    width_known = chain.width is not None and len(shape) == 2 and shape[1] == chain.width
+    keeps_batch = len(shape) == 2 and (
+        (shape[0] == 0 and not attrs.get("allowzero", 0) and (shape[1] == -1 or shape[1] > 0))
+        or (shape[0] == -1 and width_known)
+        or (shape[0] == 1 and chain.batch == 1 and width_known))
     if not keeps_batch:
-        chain.fail(node, f"reshapes to {shape}, which does not keep the [batch, features] layout")
+        zero = " (allowzero=1 makes its 0 a literal zero)" if attrs.get("allowzero", 0) and 0 in shape else ""
+        chain.fail(node, f"reshapes to {shape}, which does not keep the [batch, features] layout{zero}")
     if shape[1] > 0:
         if chain.width is not None and shape[1] != chain.width:
             chain.fail(node, f"reshapes {chain.width} features to {shape[1]}")
