@@ -629,3 +629,68 @@ def test_a_reshape_whose_zero_is_literal_is_refused_naming_allowzero(tmp_path, c
     onnx.save_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)]), str(tmp_path / "z.onnx"))
     with pytest.raises(LucidError, match="allowzero=1 makes its 0 a literal zero"):
         read_onnx(tmp_path / "z.onnx")
+
+
+def _export(model, x, path: Path, dynamo: bool) -> Path:
+    import contextlib
+    import io
+    import warnings
+
+    import torch
+
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model.eval(), (x,), str(path), dynamo=dynamo)
+    return path
+
+
+def _malformed(kind: str, tmp_path: Path) -> Path:
+    """The probe's malformed models, as a user's PyTorch script writes them."""
+    import torch
+
+    nn = torch.nn
+    if kind == "grouped conv":
+        return _export(nn.Sequential(nn.Conv2d(2, 4, 3, groups=2), nn.ReLU(), nn.Flatten(), nn.Linear(36, 2)),
+                       torch.rand(1, 2, 5, 5), tmp_path / "g.onnx", dynamo=True)
+    if kind == "batch norm (legacy exporter)":
+        return _export(nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 2)),
+                       torch.rand(2, 4), tmp_path / "bn.onnx", dynamo=False)
+    if kind in ("reflect padding", "reflect padding (legacy exporter)"):
+        model = nn.Sequential(nn.Conv2d(1, 2, 3, padding=1, padding_mode="reflect"), nn.ReLU(), nn.Flatten(),
+                              nn.Linear(50, 2))
+        return _export(model, torch.rand(1, 1, 5, 5), tmp_path / "pad.onnx", dynamo="legacy" not in kind)
+    if kind == "empty file":
+        (tmp_path / "empty.onnx").write_bytes(b"")
+        return tmp_path / "empty.onnx"
+    if kind == "TorchScript":
+        torch.jit.save(torch.jit.script(nn.Sequential(nn.Linear(2, 2))), str(tmp_path / "script.pt"))
+        return tmp_path / "script.pt"
+    raise AssertionError(kind)
+
+
+MALFORMED = {  # the probe's list: each refused in one line naming the real op or attribute
+    "grouped conv": "has group=2",
+    "batch norm (legacy exporter)": "BatchNormalization node",
+    "reflect padding": "Pad node",
+    "reflect padding (legacy exporter)": "(mode reflect)",
+    "empty file": "holds no ONNX graph",
+    "TorchScript": "is a TorchScript archive",
+}
+
+
+@pytest.mark.parametrize("kind", list(MALFORMED))
+def test_malformed_models_as_users_export_them_are_refused_in_one_line(kind, tmp_path, capsys):
+    if kind in ("grouped conv", "reflect padding"):
+        pytest.importorskip("onnxscript")
+    path = _malformed(kind, tmp_path)
+    X = np.random.default_rng(0).uniform(size=(2, 2)).astype(np.float32)
+    np.savez(tmp_path / "data.npz", X=X, y=np.array([0, 1]))
+    manifest = {"training": {"name": "t"}, "networks": [{"file": path.name, "removed": None},
+                                                        {"file": path.name, "removed": 0},
+                                                        {"file": path.name, "removed": 1}]}
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    capsys.readouterr()
+    code, err = run_cli(["import", "--manifest", tmp_path / "manifest.json", "--data", tmp_path / "data.npz",
+                         "--out", tmp_path / "run"], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and MALFORMED[kind] in err, err
+    assert "weights_only=False" not in err and not (tmp_path / "run").exists()

@@ -160,6 +160,8 @@ def read_onnx(path: str | Path) -> DenseNet:
     except Exception as exc:  # protobuf's DecodeError and friends: a damaged or non-ONNX file
         raise LucidError(f"cannot read {path} as ONNX: {_first_line(exc)}") from None
     graph = model.graph
+    if not graph.node and not graph.input and not graph.output:
+        raise LucidError(f"{path} holds no ONNX graph (an empty or non-ONNX file)")
     consts = {init.name: numpy_helper.to_array(init) for init in graph.initializer}
     inputs = [i for i in graph.input if i.name not in consts]
     if len(inputs) != 1 or len(graph.output) != 1:
@@ -175,8 +177,12 @@ def read_onnx(path: str | Path) -> DenseNet:
         if node.op_type == "Constant":
             consts[node.output[0]] = _constant(node, path)
             continue
+        if node.op_type == "Identity" and node.input and node.input[0] in consts:  # a constant's copy
+            consts[node.output[0]] = consts[node.input[0]]
+            continue
         data = [name for name in node.input if name and name not in consts]
         if data != [chain.current]:
+            _unsupported_consumer(chain, graph.node, consts)
             chain.fail(node, "does not act on the previous layer's output alone; LUCID imports a plain chain of layers")
         _step(chain, node, consts)
         chain.current = node.output[0]
@@ -188,6 +194,27 @@ def read_onnx(path: str | Path) -> DenseNet:
         raise LucidError(f"{path}: a Relu follows the last layer; LUCID reads the scores before any activation")
     biases = [np.zeros(w.shape[0], dtype=w.dtype) if b is None else b for w, b in zip(chain.weights, chain.biases)]
     return checked_net(chain.weights, biases, str(path), tuple(chain.kinds))
+
+
+READ_OPS = {"Gemm", "MatMul", "Add", "Conv", "Relu", "Flatten", "Reshape", "Identity", "Constant"}
+HINTS = {"BatchNormalization": " (fold it into the layer before: torch.onnx.export's default exporter does so "
+                               "for a model in eval mode)",
+         "Pad": " (a padding mode other than zeros, or padding the Conv cannot express)"}
+
+
+def _unsupported_consumer(chain: _Chain, nodes, consts: dict[str, np.ndarray]) -> None:
+    """A node that does not act on the chain alone often computes a constant for an op LUCID cannot
+    read (torch's reflect padding builds its pads from ConstantOfShape, Concat, Slice, ...): name the
+    op that consumes the running tensor instead, if it is one LUCID does not read."""
+    for other in nodes:
+        if chain.current in other.input and other.op_type not in READ_OPS:
+            _unsupported(chain, other)
+
+
+def _unsupported(chain: _Chain, node) -> None:
+    mode = _attrs(node).get("mode")
+    detail = f" (mode {mode.decode() if isinstance(mode, bytes) else mode})" if mode is not None else ""
+    chain.fail(node, f"is not supported{detail}; LUCID imports {SUPPORTED} only{HINTS.get(node.op_type, '')}")
 
 
 def _step(chain: _Chain, node, consts: dict[str, np.ndarray]) -> None:
@@ -228,7 +255,7 @@ def _step(chain: _Chain, node, consts: dict[str, np.ndarray]) -> None:
     elif op == "Identity":
         chain.open_matmul = after_matmul
     else:
-        chain.fail(node, f"is not supported; LUCID imports {SUPPORTED} only")
+        _unsupported(chain, node)
 
 
 def _conv(chain: _Chain, node, consts: dict[str, np.ndarray], attrs: dict) -> None:
@@ -242,6 +269,8 @@ def _conv(chain: _Chain, node, consts: dict[str, np.ndarray], attrs: dict) -> No
     if w.ndim != 4:
         chain.fail(node, f"has a kernel of shape {tuple(w.shape)}; LUCID imports 2-D convolutions [out, in, kh, kw]")
     c_out, c_in, kh, kw = (int(v) for v in w.shape)
+    if attrs.get("group", 1) != 1:  # before the channels: a grouped kernel reads channels / groups each
+        chain.fail(node, f"has group={attrs['group']}; LUCID imports convolutions with one group")
     if c_in != chain.image[0]:
         chain.fail(node, f"reads {c_in} channels but its input has {chain.image[0]}")
     strides = [int(v) for v in attrs.get("strides", [1, 1])]

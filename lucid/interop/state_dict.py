@@ -10,6 +10,9 @@ taken in the natural order of their NAMEs (0 < 2 < 10, fc1 < fc2), checked to ch
 from __future__ import annotations
 
 import re
+import warnings
+
+import re
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -26,13 +29,20 @@ def read_torch(path: str | Path) -> DenseNet:
 
     path = Path(path)
     try:
-        obj = torch.load(str(path), map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # torch's own warnings would add lines to the one error line
+            warnings.simplefilter("ignore")
+            obj = torch.load(str(path), map_location="cpu", weights_only=True)
     except FileNotFoundError:
         raise LucidError(f"{path} does not exist") from None
     except Exception as exc:  # unpickling refused, damaged file, ...
         text = str(exc).strip()
+        if "TorchScript" in text:
+            raise LucidError(f"{path} is a TorchScript archive (torch.jit.save); LUCID reads a state dict "
+                             "(torch.save(model.state_dict(), path)) or ONNX (torch.onnx.export)") from None
+        # the first sentence only: torch goes on to advise weights_only=False, which runs pickled code
+        first = re.split(r"(?<=[.!?])\s", text.splitlines()[0])[0] if text else type(exc).__name__
         raise LucidError(f"cannot read {path} with torch.load(weights_only=True) (save model.state_dict(), "
-                         f"not the model): {text.splitlines()[0] if text else type(exc).__name__}") from None
+                         f"not the model): {first}") from None
     if not isinstance(obj, Mapping) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
         raise LucidError(f"{path} does not hold a state dict of tensors (save model.state_dict())")
     # numpy has no bfloat16; float32 holds every bfloat16 exactly.
