@@ -694,3 +694,53 @@ def test_malformed_models_as_users_export_them_are_refused_in_one_line(kind, tmp
                          "--out", tmp_path / "run"], capsys)
     assert code == 2 and len(err.strip().splitlines()) == 1 and MALFORMED[kind] in err, err
     assert "weights_only=False" not in err and not (tmp_path / "run").exists()
+
+
+def _save_sklearn_mlp(estimator, path: Path) -> None:
+    """docs/interop.md's conversion: a scikit-learn MLP as a state dict (float32, as LUCID stores it)."""
+    from safetensors.numpy import save_file
+
+    state = {}
+    for k, (w, b) in enumerate(zip(estimator.coefs_, estimator.intercepts_)):
+        state[f"{k}.weight"] = np.ascontiguousarray(w.T, dtype=np.float32)
+        state[f"{k}.bias"] = b.astype(np.float32)
+    save_file(state, str(path))
+
+
+@pytest.mark.parametrize("classes", [2, 3])
+def test_scikit_learn_mlps_import_with_a_single_logit_binary_head(tmp_path, classes):
+    """MLPClassifier (ReLU) and its leave-one-out refits import; a binary one's single logit z becomes
+    the scores (0, z): LUCID's labels are scikit-learn's predictions, and verification runs."""
+    from sklearn.datasets import make_classification
+    from sklearn.neural_network import MLPClassifier
+
+    from lucid.network import load_networks
+
+    X, y = make_classification(n_samples=14, n_features=3, n_informative=3, n_redundant=0, n_classes=classes,
+                               n_clusters_per_class=1, random_state=1)
+    X = ((X - X.min(0)) / (X.max(0) - X.min(0))).astype(np.float32)
+    entries, estimators = [], []
+    for removed in [None, *range(len(y))]:
+        keep = np.ones(len(y), bool) if removed is None else np.arange(len(y)) != removed
+        est = MLPClassifier(hidden_layer_sizes=(5,), solver="lbfgs", random_state=0, max_iter=200)
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            est.fit(X[keep], y[keep])
+        name = f"net{'N' if removed is None else removed}.safetensors"
+        _save_sklearn_mlp(est, tmp_path / name)
+        entries.append({"file": name, "removed": removed})
+        estimators.append(est)
+    (tmp_path / "manifest.json").write_text(json.dumps({"training": {"name": "sklearn-lbfgs"}, "networks": entries}))
+    np.savez(tmp_path / "data.npz", X=X, y=y)
+    main(["import", "--manifest", str(tmp_path / "manifest.json"), "--data", str(tmp_path / "data.npz"),
+          "--out", str(tmp_path / "run")])
+    stack = load_networks(tmp_path / "run")
+    assert stack.num_classes == classes
+    probe = np.random.default_rng(2).uniform(size=(300, 3))
+    labels = stack.forward(probe)[0].argmax(-1)
+    # the float32 network scikit-learn's own float64 one was rounded to: they agree off a thin band
+    agree = labels == estimators[0].predict(probe)
+    assert agree.mean() >= 0.99
+    verify(tmp_path / "run")

@@ -256,7 +256,19 @@ def feature_names_of(manifest: Manifest, d: int) -> list[str]:
 
 
 def read_network(path: Path) -> DenseNet:
-    return READERS[path.suffix.lower()](path)
+    return two_scores(READERS[path.suffix.lower()](path))
+
+
+def two_scores(net: DenseNet) -> DenseNet:
+    """A binary head of one logit z (scikit-learn's MLPClassifier, a BCEWithLogits model) as the two
+    scores (0, z): the same label (class 1 iff z > 0; a tie goes to class 0, as scikit-learn's 0.5
+    threshold does) and the same confidence |z|. Every other network is returned as it is."""
+    if net.weights[-1].shape[0] != 1:
+        return net
+    w, b = net.weights[-1], net.biases[-1]
+    weights = [*net.weights[:-1], np.concatenate([np.zeros_like(w), w])]
+    biases = [*net.biases[:-1], np.concatenate([np.zeros_like(b), b])]
+    return DenseNet(weights, biases, net.kinds)
 
 
 def _check(net: DenseNet, path: Path, row: int, reference: DenseNet, reference_file: Path) -> None:
