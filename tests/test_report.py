@@ -278,3 +278,30 @@ def test_a_failing_write_leaves_no_file(verified, tmp_path, monkeypatch):
 def test_report_is_listed_in_help():
     r = lucid("--help")
     assert r.returncode == 0 and re.search(r"^\s+report\s", r.stdout, re.MULTILINE)
+
+
+def test_an_imported_run_reports_its_training_from_the_manifest(tmp_path):
+    """The manifest's name, version and description stand for T (not lucid train's settings, which an
+    import lacks), and a data-derived domain is fixed by re-importing with a public one."""
+    from lucid.interop.exporter import export_all
+    from lucid.rundir import open_run
+
+    source = write_tiny_run(tmp_path / "source", networks=3)
+    manifest_path = export_all(open_run(source), tmp_path / "files")
+    manifest = json.loads(manifest_path.read_text())
+    manifest["training"] = {"name": "owner-adam", "version": "2.1", "description": "Adam, 30 epochs, seed 7"}
+    del manifest["domain"]  # derived from the rows: it reveals their extremes
+    with np.load(source / "data.npz") as npz:
+        X = npz["X_train"] * 3.0  # outside [0, 1]: the derived domain is the rows' own range
+        np.savez(tmp_path / "data.npz", X=X, y=npz["y_train"])
+    manifest["scaler"] = {"type": "affine", "offset": [0.0, 0.0], "scale": [1.0, 1.0]}
+    manifest_path.write_text(json.dumps(manifest))
+    run = tmp_path / "imported"
+    assert lucid("import", "--manifest", manifest_path, "--data", tmp_path / "data.npz", "--out", run).returncode == 0
+    write_bounds(run, {0: 0.25, 1: 0.5})
+    r = lucid("report", run, "--format", "md", "--out", tmp_path / "report.md")
+    assert r.returncode == 0, r.stderr
+    text = (tmp_path / "report.md").read_text()
+    assert "owner-adam 2.1 (trained elsewhere, imported with lucid import)" in text
+    assert "Adam, 30 epochs, seed 7" in text and "learning rate" not in text
+    assert "public `domain` in the manifest" in text and "retrain with `--domain`" not in text

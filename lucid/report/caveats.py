@@ -88,9 +88,11 @@ def not_covered(facts: ReportFacts) -> tuple[tuple[str, str], ...]:
         ("Inputs outside the verified domain",
          "The bounds hold only inside the verified box (section Data and training algorithm T); the service "
          "refuses other inputs, or clips them into the box with `--clip`."
-         + (" This run's box appears fitted to the data (no public --domain), so the box, and which inputs "
-            "are refused, reveal the data's extremes: retrain with `--domain` and public bounds for a "
-            "deployment." if t.domain_from_data else "")),
+         + (" This run's box appears fitted to the data (no public domain), so the box, and which inputs "
+            "are refused, reveal the data's extremes: "
+            + ("import it again with a public `domain` in the manifest" if t.algorithm == EXTERNAL
+               else "retrain with `--domain` and public bounds")
+            + " for a deployment." if t.domain_from_data else "")),
         ("Solver correctness",
          "The proof relies on the MILP solver's dual bounds (HiGHS runs without presolve because of known "
          "presolve bugs, and every witness is replayed in float64); `--solver highs+scip` cross-checks "

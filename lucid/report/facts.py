@@ -41,6 +41,8 @@ class TrainingFacts:
     domain_upper: tuple[float, ...]
     feature_names: tuple[str, ...]
     domain_from_data: bool | None  # True: the box looks min-max fitted to the data (reveals extremes)
+    # an imported run's training as its manifest named it: (name, version, description); None otherwise
+    external: tuple[str, str, str] | None = None
 
     @property
     def loo_networks(self) -> int:

@@ -135,6 +135,8 @@ def _training(run: Run) -> TrainingFacts:
         agt_max_k=None if agt is None else _int(agt.get("max_k")),
         domain_lower=tuple(float(v) for v in lo), domain_upper=tuple(float(v) for v in hi),
         feature_names=tuple(str(n) for n in names), domain_from_data=_domain_from_data(run, lower, upper, offset, scale),
+        external=(str(t.get("name", "")), str(t.get("version", "")), str(t.get("description", "")))
+        if t.get("algorithm") == "external" else None,
     )
 
 
@@ -160,7 +162,8 @@ def _domain_from_data(run: Run, lower: np.ndarray, upper: np.ndarray, offset: np
     """True when, on some rescaled feature, the data's minimum and maximum both sit on the box's
     faces: the scaling was fitted to the data (no public --domain), so the box itself reveals the
     data's extremes. Features already in [0, 1] are not rescaled by `lucid train`, so their box says
-    nothing beyond that range and does not count."""
+    nothing beyond that range and does not count; for an imported run, a side other than [0, 1]
+    that the rows touch at both ends does."""
     try:
         data = run.data()
     except LucidError:
@@ -171,6 +174,10 @@ def _domain_from_data(run: Run, lower: np.ndarray, upper: np.ndarray, offset: np
     x = np.concatenate(parts).reshape(-1, run.input_dim)
     touches = (np.abs(x.min(0) - lower) <= _EDGE_TOLERANCE) & (np.abs(x.max(0) - upper) <= _EDGE_TOLERANCE)
     rescaled = (offset != 0.0) | (scale != 1.0)
+    if (run.meta.get("training") or {}).get("algorithm") == "external":
+        # `lucid import` without a manifest domain takes a feature's range over the rows, unscaled,
+        # wherever it leaves [0, 1]
+        rescaled |= ~((lower == 0.0) & (upper == 1.0))
     return bool(np.any(touches & rescaled))
 
 

@@ -83,8 +83,8 @@ def _summary(f: ReportFacts) -> Section:
     else:
         items.append(("Served", "no privacy ledger (the run has not been served with a memo)."))
     if f.training.domain_from_data:
-        blocks.append(Paragraph("The verified domain appears fitted to the data (no public --domain): it reveals "
-                                "the data's extremes. See the caveats.", "warning"))
+        blocks.append(Paragraph("The verified domain appears fitted to the data (no public domain was given): it "
+                                "reveals the data's extremes. See the caveats.", "warning"))
     return Section("summary", "Summary", (Paragraph(f"Run directory `{f.run}`."), Bullets(tuple(items)), *blocks))
 
 
@@ -109,6 +109,14 @@ def _training(f: ReportFacts) -> Section:
         rows.append(("init", "fine-tuned from (sha256)", t.fine_tuned_from, t.fine_tuned_from))
         rows.append(("trainable_layers", "trained layers", ", ".join(map(str, t.trainable_layers or ())) or "all",
                      list(t.trainable_layers or ())))
+    if t.external is not None:  # the manifest's record replaces lucid train's settings, which it lacks
+        name, version, description = t.external
+        rows = [r for r in rows if r[0] not in ("epochs", "lr", "weight_decay", "batch_size", "seed")]
+        algorithm = f"{name} {version}".strip() + " (trained elsewhere, imported with lucid import)"
+        rows = [("algorithm", "training algorithm T", algorithm, name) if r[0] == "algorithm" else r for r in rows]
+        rows.insert(7, ("description", "T as its owner describes it", description or "–", description))
+        if version:
+            rows.insert(7, ("version", "version of T", version, version))
     if t.agt_max_k:
         rows.append(("agt", "AGT boxes for k removed rows", f"k = 1..{t.agt_max_k}", t.agt_max_k))
     rows.append(("fingerprint", "run fingerprint", t.fingerprint or "–", t.fingerprint))
@@ -119,12 +127,15 @@ def _training(f: ReportFacts) -> Section:
         (Cell(t.feature_names[j] if j < len(t.feature_names) else f"x{j}"),
          Cell(num(t.domain_lower[j]), f"domain-{j}-lower", _v(t.domain_lower[j])),
          Cell(num(t.domain_upper[j]), f"domain-{j}-upper", _v(t.domain_upper[j]))) for j in range(n)))
+    how = ("were supplied by its owner (`lucid import`), trained by T as the manifest names it: LUCID checked "
+           "the networks, not their training." if t.external is not None else "were trained by T with the settings below.")
     blocks: list = [Paragraph("The guarantee is about this data set and exactly this training algorithm: N and "
-                              "every leave-one-out network were trained by T with the settings below."), table,
+                              f"every leave-one-out network {how}"), table,
                     Heading("Verified input domain (original units)"), domain]
     if n < t.input_dim:
         blocks.append(Paragraph(f"… and {t.input_dim - n} more features (see run.json).", "note"))
-    origin = {True: "It appears fitted to the data's minima and maxima (no public --domain): it reveals them.",
+    origin = {True: "It appears fitted to the data's minima and maxima (no public domain was given): it reveals "
+                    "them.",
               False: "It does not coincide with the data's extremes on any rescaled feature.",
               None: ""}[t.domain_from_data]
     blocks.append(Paragraph(f"Only inputs inside this box are answered (or clipped into it). {origin}", "note"))
