@@ -10,6 +10,8 @@ RUN/
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -132,3 +134,18 @@ def read_scaler(run: Run) -> tuple[np.ndarray, np.ndarray]:
         raise LucidError("run.json: the scaler has non-finite values")
     check_scaler_range(offset, scale, "run.json: scaler")
     return offset, scale
+
+
+def trained_run_fingerprint(meta: dict, X_train: np.ndarray, y_train: np.ndarray, X_test: np.ndarray,
+                            y_test: np.ndarray) -> str:
+    """Identity of a run of `lucid train`: the exact training inputs and everything that defines T's
+    output. Paths (data source, test file) are left out so the same data reached another way is the
+    same run. (`lucid import` keeps it when a run comes back from `lucid export --all`.)"""
+    h = hashlib.sha256()
+    ident = {k: meta[k] for k in ("format", "architecture", "labels", "scaler", "domain")}
+    ident["training"] = {k: v for k, v in meta["training"].items() if k not in ("test_data", "fingerprint")}
+    h.update(json.dumps(ident, sort_keys=True).encode())
+    for arr in (X_train, y_train, X_test, y_test):
+        h.update(str(arr.shape).encode())
+        h.update(np.ascontiguousarray(arr).tobytes())
+    return h.hexdigest()

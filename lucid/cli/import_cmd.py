@@ -22,8 +22,14 @@ def command(manifest: Path, data: Path, out: Path) -> None:
 
     result = import_run(manifest, data, out)
     meta = result.meta
+    trained_by = meta["training"].get("name") or meta["training"].get("algorithm", "?")
     click.echo(f"wrote {result.path}: {result.networks} networks ({'x'.join(map(str, meta['architecture']['hidden'])) or 'no'} "
-               f"hidden), {meta['train_size']} training rows, trained by {meta['training']['name']}", err=True)
+               f"hidden), {meta['train_size']} training rows, trained by {trained_by}", err=True)
+    if result.provenance == "kept":
+        click.echo("lucid: the run lucid export wrote these files from is restored as it was (same run.json and "
+                   "fingerprint)", err=True)
+    elif result.provenance:
+        click.echo(f"lucid: note: provenance {result.provenance}; imported as trained elsewhere", err=True)
     if result.domain_from_data:
         click.echo("lucid: note: the manifest gives no domain, so the verified box is the data's range on features "
                    "outside [0, 1], which reveals their extremes; give \"domain\" with public bounds for a deployment",

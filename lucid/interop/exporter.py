@@ -6,6 +6,7 @@ a large run never holds more than one network.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from pathlib import Path
 
@@ -85,6 +86,17 @@ def export_network(run: Run, position: int, out_dir: str | Path, source: Network
     return path
 
 
+def networks_digest(removed: np.ndarray, networks) -> str:
+    """sha256 of float32 dense networks in stack order (position 0 is N), with their removed rows: what
+    `lucid export --all` records and `lucid import` checks before it keeps a run's provenance."""
+    h = hashlib.sha256(np.ascontiguousarray(removed, dtype=np.int64).tobytes())
+    for net in networks:
+        for w, b in zip(net.weights, net.biases):
+            h.update(np.ascontiguousarray(w, dtype=np.float32).tobytes())
+            h.update(np.ascontiguousarray(b, dtype=np.float32).tobytes())
+    return h.hexdigest()
+
+
 def export_all(run: Run, out_dir: str | Path, training: dict | None = None) -> Path:
     """Every network as ONNX plus the manifest.json that `lucid import` reads back (with the run's
     domain, labels and scaler). Returns the manifest's path."""
@@ -108,6 +120,9 @@ def export_all(run: Run, out_dir: str | Path, training: dict | None = None) -> P
     names = (run.meta.get("data") or {}).get("feature_names")
     if names is not None:
         manifest["feature_names"] = names
+    if (run.meta.get("architecture") or {}).get("type") == "mlp":  # a CNN comes back as its dense layers
+        manifest["origin"] = {"run": run.meta, "networks_sha256": networks_digest(
+            source.removed, (dense_network(source, p) for p in range(len(source))))}
     write_json_atomic(out_dir / MANIFEST_FILE, manifest)
     return out_dir / MANIFEST_FILE
 

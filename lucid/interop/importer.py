@@ -28,10 +28,11 @@ from lucid.dynamic_range import check_dynamic_range, check_scaler_range
 from lucid.errors import LucidError
 from lucid.hyper import HyperNetwork
 from lucid.interop.dense import DenseNet, non_finite_layer
+from lucid.interop.exporter import networks_digest
 from lucid.interop.onnx_io import read_onnx
 from lucid.interop.state_dict import read_safetensors, read_torch
 from lucid.network import NETWORKS_FILE
-from lucid.rundir import RUN_FORMAT
+from lucid.rundir import RUN_FORMAT, trained_run_fingerprint
 
 ALGORITHM = "external"
 IN_UNIT_SLACK = 1e-6  # as lucid.data: features within [-slack, 1 + slack] count as in [0, 1]
@@ -48,6 +49,7 @@ class Manifest:
     labels: Any
     scaler: Any
     feature_names: Any
+    origin: Any = None  # `lucid export --all`'s record of the run it came from
 
 
 @dataclass
@@ -67,7 +69,7 @@ def read_manifest(path: str | Path) -> Manifest:
     obj = read_json(path, missing=f"manifest {path} does not exist", unreadable=f"cannot read manifest {path} as JSON")
     if not isinstance(obj, dict):
         raise LucidError(f"manifest {path} must be a JSON object with 'training' and 'networks'")
-    unknown = sorted(set(obj) - {"training", "networks", "domain", "labels", "scaler", "feature_names"})
+    unknown = sorted(set(obj) - {"training", "networks", "domain", "labels", "scaler", "feature_names", "origin"})
     if unknown:
         raise LucidError(f"manifest {path}: unknown field '{unknown[0]}'")
     training = obj.get("training")
@@ -93,7 +95,7 @@ def read_manifest(path: str | Path) -> Manifest:
         files.append(path.parent / entry["file"])  # relative paths are relative to the manifest
         removed.append(-1 if row is None else row)
     return Manifest(path, record, files, removed, obj.get("domain"), obj.get("labels"), obj.get("scaler"),
-                    obj.get("feature_names"))
+                    obj.get("feature_names"), obj.get("origin"))
 
 
 def check_rows(manifest: Manifest, train_size: int) -> list[int]:
@@ -325,6 +327,42 @@ def _fingerprint(meta: dict, data: ImportData, tensors: dict[str, np.ndarray]) -
     return h.hexdigest()
 
 
+def provenance_note(manifest: Manifest) -> str:
+    return "" if manifest.origin is None else "not kept: the manifest's origin does not match these networks and data"
+
+
+def _origin(manifest: Manifest, meta: dict, data: ImportData, tensors: dict[str, np.ndarray],
+            layers: int) -> dict | None:
+    """The run.json of the run `lucid export --all` wrote these files from, when they are that run's
+    networks and data exactly: the networks' digest and the run's own fingerprint (recomputed here,
+    from the data given) must match, and so must every field the import derived from the files. Then
+    the round trip keeps the run's training record and fingerprint. None otherwise."""
+    origin = manifest.origin
+    if not isinstance(origin, dict) or not isinstance(origin.get("run"), dict):
+        return None
+    run, digest = origin["run"], origin.get("networks_sha256")
+    training = run.get("training")
+    if not isinstance(training, dict) or not isinstance(training.get("fingerprint"), str):
+        return None
+    derived = ("format", "num_classes", "input_dim", "train_size", "test_size", "domain", "labels", "scaler")
+    if any(run.get(k) != meta.get(k) for k in derived):
+        return None
+    if (run.get("architecture") or {}).get("hidden") != meta["architecture"]["hidden"]:
+        return None
+    networks = (DenseNet([tensors[f"layers.{k}.weight"][p] for k in range(layers)],
+                         [tensors[f"layers.{k}.bias"][p] for k in range(layers)]) for p in range(len(tensors["removed"])))
+    if digest != networks_digest(tensors["removed"], networks):
+        return None
+    try:
+        if training.get("algorithm") == ALGORITHM:
+            fingerprint = _fingerprint(run, data, tensors)
+        else:
+            fingerprint = trained_run_fingerprint(run, data.X_train, data.y_train, data.X_test, data.y_test)
+    except (KeyError, TypeError, ValueError):
+        return None
+    return run if fingerprint == training["fingerprint"] else None
+
+
 def _check_out(out: Path) -> None:
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise LucidError(f"output {out} exists and is not an empty directory; choose another --out")
@@ -336,6 +374,8 @@ class Imported:
     meta: dict  # run.json's content
     networks: int
     domain_from_data: bool  # no domain in the manifest: it was derived from the rows
+    # "kept": run.json is the exported run's own (same fingerprint); else why not, or "" without an origin
+    provenance: str = ""
 
 
 def import_run(manifest_path: str | Path, data_path: str | Path, out: str | Path) -> Imported:
@@ -372,11 +412,14 @@ def import_run(manifest_path: str | Path, data_path: str | Path, out: str | Path
         tensors = _stacked(manifest, order, n)
         check_dynamic_range(_hull(tensors, len(sizes) - 1), domain["lower"], domain["upper"], str(manifest.path))
         meta["training"]["fingerprint"] = _fingerprint(meta, data, tensors)
+        kept = _origin(manifest, meta, data, tensors, len(sizes) - 1)
+        provenance = "kept" if kept is not None else provenance_note(manifest)
+        meta = kept or meta
         _publish(staging, out, meta, data, tensors)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    return Imported(out, meta, len(order), from_data)
+    return Imported(out, meta, len(order), from_data, provenance)
 
 
 def _publish(staging: Path, out: Path, meta: dict, data: ImportData, tensors: dict[str, np.ndarray]) -> None:

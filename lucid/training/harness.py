@@ -10,8 +10,6 @@ RUN in one step, so RUN is either absent or complete.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import shutil
 import threading
@@ -25,7 +23,7 @@ import torch
 from lucid.agt.store import AGT_FILE, save_boxes
 from lucid.cluster import connect
 from lucid.data import Dataset, prepare_dataset
-from lucid.rundir import RUN_FORMAT
+from lucid.rundir import RUN_FORMAT, trained_run_fingerprint
 from lucid.settings import settings_with_options
 from lucid.training.agt_options import stage_agt_boxes
 from lucid.training.architecture import check_arch_fits, initial_parameters
@@ -195,17 +193,7 @@ def _run_json(ds: Dataset, spec: dict, training: dict) -> dict:
 
 
 def _fingerprint(meta: dict, ds: Dataset) -> str:
-    """Identity of a run: the exact training inputs and everything that defines T's output.
-
-    Paths (data source, test file) are left out so the same data reached another way is the same run.
-    """
-    h = hashlib.sha256()
-    ident = {k: meta[k] for k in ("format", "architecture", "labels", "scaler", "domain")}
-    ident["training"] = {k: v for k, v in meta["training"].items() if k != "test_data"}
-    h.update(json.dumps(ident, sort_keys=True).encode())
-    for arr in (ds.X_train, ds.y_train, ds.X_test, ds.y_test):
-        h.update(str(arr.shape).encode())
-        h.update(np.ascontiguousarray(arr).tobytes())
-    return h.hexdigest()
+    """Identity of a run (`lucid.rundir.trained_run_fingerprint`)."""
+    return trained_run_fingerprint(meta, ds.X_train, ds.y_train, ds.X_test, ds.y_test)
 
 
