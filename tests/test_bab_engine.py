@@ -589,14 +589,14 @@ def test_a_time_limit_ends_the_seeds_and_their_screen_refinement_and_a_resume_se
     and a class not seeded by then keeps its screened bound until a resume seeds it."""
     import time
 
-    from lucid.bab.screening import REFINE_CHUNK
+    from lucid.bab.screening import REFINE_CHUNK, REFINE_PROBE
 
     values = np.concatenate([[0.0], np.linspace(0.1, 0.9, 2 * REFINE_CHUNK + 76)])
     refined, searched = [], []
 
-    def slow_refine(c, pos, level):
+    def slow_refine(c, pos, level):  # 20 ms a network, like a screen whose cost grows with its batch
         refined.append((c, len(pos)))
-        time.sleep(0.6)
+        time.sleep(0.02 * len(pos))
         return values[pos] + 0.01
 
     @dataclass
@@ -605,7 +605,7 @@ def test_a_time_limit_ends_the_seeds_and_their_screen_refinement_and_a_resume_se
         leaking_row: int = 1
         x: np.ndarray = field(default_factory=lambda: np.zeros(2))
 
-    def search(c, pos):
+    def search(c, pos, deadline=None):
         searched.append(c)
         return Leak()
 
@@ -614,12 +614,16 @@ def test_a_time_limit_ends_the_seeds_and_their_screen_refinement_and_a_resume_se
                       screen=lambda c, pos: values[pos] + 0.5, refine=refine, search=search, states=states,
                       log=EventLog(tmp_path / "log.jsonl", append=True))
 
+    t0 = time.monotonic()
     states = engine_with(slow_refine, 1.0).run()
-    # class 0: at most two chunks (the first always runs; 1.2 s have passed after the second)
-    assert searched == [0] and 1 <= len(refined) <= 2 and all(r == (0, REFINE_CHUNK) for r in refined)
+    # class 0: a probe chunk measures the cost, the next one is sized to what is left of the second
+    assert searched[0] == 0 and refined[0] == (0, REFINE_PROBE) and all(c == 0 for c, _ in refined)
+    assert sum(n for _, n in refined) < 60 and time.monotonic() - t0 < 1.5  # a 512-chunk would run 10 s
+    # class 1: seeded (or not) in what is left, with nothing refined: a sound bound, not a finished one
     first = states[1]
-    assert first.done and not first.complete and first.reason == "time limit" and first.next_id == 0
-    assert first.upper == pytest.approx(0.9 + 0.5)  # its screened bound: sound, nothing proved below it
+    assert first.done and not first.complete and first.reason == "time limit"
+    assert 0.9 <= first.upper <= 0.9 + 0.5  # at most its screened bound, never below the true 0.9
+    states = {c: ClassState.from_json(c, cs.to_json()) for c, cs in states.items()}  # as a checkpoint holds them
     states = engine_with(lambda c, pos, level: values[pos] + 0.01, 60.0, states).run()
     assert searched == [0, 1]  # resumed: the class never seeded is seeded now
     for cs in states.values():
@@ -647,3 +651,22 @@ def test_an_upper_bound_below_a_replayed_leak_stops_the_run(tmp_path):
     with pytest.raises(InconsistentBounds, match="below a replayed leak"):
         engine.run()
     assert InconsistentBounds.exit_code == 3
+
+
+def test_a_resumed_class_whose_pending_node_is_pruned_splits_its_open_node_instead_of_stalling(tmp_path):
+    """A time limit left a class with a pending node and an open (solved, to be split) one. On the
+    resume the best lower bound prunes the pending node's networks and closes it as it is submitted:
+    the open node's split is the work left (the engine called this a stall and raised)."""
+    from lucid.bab.node import OPEN, PENDING, Node
+
+    values = np.array([0.0, 0.1, 0.2, 0.9, 0.8, 0.7, 0.6])
+    cs = ClassState(cls=0, next_id=3, lower=0.5, lower_row=2, upper=1.5, solved=1, done=True, reason="time limit")
+    cs.screen = values + 0.05
+    cs.nodes[1] = Node(1, 0, np.array([1, 2]), 0.6, state=PENDING, depth=1)  # inherited: its screen says 0.25
+    cs.nodes[2] = Node(2, 0, np.array([3, 4, 5, 6]), 1.5, state=OPEN, status="time_limit", attempts=1, depth=1)
+    cs.rebuild_heaps()
+    engine = Engine(ThreadExecutor(FakeAnalyser(values), 1), [0], len(values), VerifySettings(),
+                    params=np.random.default_rng(0).normal(size=(len(values), 5)),
+                    screen=lambda c, pos: values[pos] + 0.05, states={0: cs}, log=EventLog(tmp_path / "log.jsonl"))
+    states = engine.run()
+    assert states[0].complete and states[0].upper == pytest.approx(0.9)

@@ -205,7 +205,7 @@ def test_ordinary_networks_are_not_rescaled():
 
 
 @pytest.mark.parametrize("scale, message", [
-    (1e8, "the scores of layer 2 may reach"),  # scores ~1e24: beyond 2^70
+    (1e8, "the scores of layer 2 may reach"),  # scores ~1e24: beyond 2^69
     (1e30, "layer 0 has a parameter of magnitude"),
 ])
 def test_scales_beyond_the_limits_are_refused_in_one_line(tmp_path, capsys, scale, message):

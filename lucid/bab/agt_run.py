@@ -73,7 +73,8 @@ def verify_box(run: Any, settings: VerifySettings, classes: list[int], result_op
         for i, c in enumerate(classes):
             log.emit("class_started", c, networks=len(loo), removals=k)
             t_class = time.monotonic()
-            known = search_class_witness(problem, c, loo, points=problem.points) if settings.search and loo.size else None
+            known = (search_class_witness(problem, c, loo, points=problem.points, deadline=deadline)
+                     if settings.search and loo.size else None)
             if known is not None:
                 log.emit("witness", c, lower=known.confidence, leaking_row=known.leaking_row, source="search")
             seconds_left = None if deadline is None else deadline - time.monotonic()

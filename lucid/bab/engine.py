@@ -68,12 +68,15 @@ class Engine:
         params: np.ndarray | Callable[[], np.ndarray] | None = None,
         screen: ScreenFn | None = None,
         refine: RefineFn | None = None,
-        search: Callable[[int, np.ndarray], Any] | None = None,
+        search: Callable[..., Any] | None = None,  # (cls, positions, deadline=...) -> a leak or None
         log: EventLog | None = None,
         on_progress: Callable[["Engine"], None] | None = None,
         on_checkpoint: Callable[["Engine"], None] | None = None,
         states: dict[int, ClassState] | None = None,
+        started: float | None = None,
     ) -> None:
+        """`started`: the time.monotonic() the time limit runs from (default: when `run` starts), so
+        that an invocation's set-up (N's bounds, the initial screens) counts against it too."""
         self.executor = executor
         self.config = config
         self.num_networks = num_networks  # stack size; positions 1..num_networks-1
@@ -81,7 +84,7 @@ class Engine:
         self._search = None if config.naive else search
         self.on_progress = on_progress
         self.on_checkpoint = on_checkpoint
-        self.session = Session(log)
+        self.session = Session(log, started)
         self.anytime = AnytimeBounds(config, self.session)
         self.screening = ScreenBounds(num_networks, config, self.anytime, self.session, screen, refine)
         self.states = states if states is not None else {c: ClassState(cls=c) for c in classes}
@@ -90,6 +93,10 @@ class Engine:
                 if cs.screen is None:
                     cs.screen = self.screening.initial(c)
         self.scheduler = Scheduler(executor, self.states, config, self.anytime, self.screening, self.session)
+
+    def _pending(self) -> bool:
+        """Whether some open class has a node waiting for a worker."""
+        return any(cs.pending_heap for cs in self.states.values() if not cs.done)
 
     def elapsed(self) -> float:
         """Seconds of the whole verification (across resumes), as the log and checkpoint count them."""
@@ -142,7 +149,7 @@ class Engine:
                 # A cheap witness first: with a good lower bound, the screen removes most networks
                 # before the root hyper-network is even built (its MILP is then far tighter).
                 t0 = self.elapsed()
-                found = self._search(cs.cls, positions)
+                found = self._search(cs.cls, positions, deadline=self.session.deadline(self.config.time_limit))
                 if found is not None:
                     self.anytime.apply_lower(cs, float(found.confidence), found.leaking_row, found.x, "search",
                                              update=False, seconds=self.elapsed() - t0)
@@ -284,7 +291,8 @@ class Engine:
     def run(self, poll: float = 0.25) -> dict[int, ClassState]:
         """Verify every class until each is done or the session's time limit ends; `poll`: the
         longest wait for a result between scheduling rounds. Returns the class states."""
-        self.session.start()
+        if not self.session.fixed_start:
+            self.session.start()
         for cs in self.states.values():
             if cs.done and cs.reason == "time limit" and (cs.nodes or cs.next_id == 0):
                 # A resumed run continues what the last time limit cut short (or never started).
@@ -318,11 +326,17 @@ class Engine:
                             self.anytime.finish(cs, False, "time limit")
                     break
                 self.scheduler.submit_ready()
-                if self.executor.in_flight == 0 and not any(
-                    cs.pending_heap for cs in self.states.values() if not cs.done
-                ):
-                    # No work anywhere and no class finished: should not happen; fail loudly.
-                    raise RuntimeError("branch-and-bound stalled with open classes and no work")
+                if self.executor.in_flight == 0 and not self._pending():
+                    # Submitting may have closed the last pending node (its networks pruned by a lower
+                    # bound), leaving open nodes that only a split turns into work: split them first.
+                    for cs in self.states.values():
+                        if not cs.done:
+                            self._advance(cs)
+                    self.scheduler.submit_ready()
+                    if self.executor.in_flight == 0 and not self._pending() and not all(
+                            cs.done for cs in self.states.values()):
+                        # No work anywhere and no class finished: should not happen; fail loudly.
+                        raise RuntimeError("branch-and-bound stalled with open classes and no work")
                 wait = poll
                 if self.config.time_limit is not None:
                     wait = max(0.01, min(poll, self.config.time_limit - self.session.seconds()))

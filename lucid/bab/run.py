@@ -8,6 +8,7 @@ RUN/verify.log.jsonl (lucid.bab.events) and the resume checkpoint (lucid.bab.che
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -88,6 +89,7 @@ def verify_run(run_dir: str | Path, settings: VerifySettings | None = None, **op
     With `hyper="agt:K"` the bounds hold for every data set within K removed rows (`lucid.bab.agt_run`).
 
     Options are a `VerifySettings` or its fields as keywords (`verify_run(run, time_limit=180)`)."""
+    started = time.monotonic()  # --time-limit counts the whole invocation: N's bounds and screens too
     if settings is None:
         settings = VerifySettings.from_options(**options)
     elif options:
@@ -148,7 +150,7 @@ def verify_run(run_dir: str | Path, settings: VerifySettings | None = None, **op
                 executor, classes, len(problem.stack), settings, params=FlatParameters(problem.stack),
                 screen=None if screen is None else screen.initial,
                 refine=screen.refine if screen is not None and screen.refines else None, search=search, log=log,
-                on_progress=display.update, on_checkpoint=checkpoint, states=states)
+                on_progress=display.update, on_checkpoint=checkpoint, states=states, started=started)
             engine.run()
     except KeyboardInterrupt:
         if engine is not None:

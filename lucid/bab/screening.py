@@ -21,6 +21,7 @@ RefineFn = Callable[[int, np.ndarray, float], np.ndarray]  # (class, positions, 
 
 
 REFINE_CHUNK = 512  # networks per call of the optimised screen (its own batch: the same bounds as one call)
+REFINE_PROBE = 32  # with a time limit, the first call's networks: it measures the cost per network
 
 
 class ScreenBounds:
@@ -34,6 +35,7 @@ class ScreenBounds:
         self.session = session
         self._screen = screen
         self._refine = None if screen is None else refine
+        self._per_network: float | None = None  # seconds the refinement took per network, last measured
 
     @property
     def enabled(self) -> bool:
@@ -61,17 +63,37 @@ class ScreenBounds:
         t0 = self.session.elapsed()
         # In chunks, so that a time limit ends it: the optimised screen of a thousand networks of
         # 64 inputs takes tens of seconds per class. Networks left unrefined keep their sound bound.
-        for start in range(0, len(todo), REFINE_CHUNK):  # (no chunk once the time is up: the engine stops)
-            if self.session.past(self.settings.time_limit):
-                todo = todo[:start]
+        start = 0
+        while start < len(todo):
+            size = self._chunk(self._per_network)
+            if size == 0:
                 break
-            part = todo[start : start + REFINE_CHUNK]
+            part = todo[start : start + size]
+            t_chunk = self.session.seconds()
             tighter = np.asarray(self._refine(cs.cls, part, level), dtype=np.float64)
+            self._per_network = (self.session.seconds() - t_chunk) / len(part)
             cs.screen[part] = np.minimum(cs.screen[part], tighter)
             cs.refined[part] = True
+            start += len(part)
+        todo = todo[:start]
         if len(todo):
             self.session.emit("refined", cs.cls, networks=len(todo), below=int((cs.screen[todo] <= level).sum()),
                               seconds=self.session.elapsed() - t0)
+
+    def _chunk(self, per_network: float | None) -> int:
+        """How many networks the next call refines: REFINE_CHUNK (the optimised screen's own batch) without
+        a time limit; with one, a first probe of REFINE_PROBE, then as many as fit in the time left at
+        the measured cost (0 once it is up). A chunk of the optimised screen on a thousand-input
+        network takes seconds, so a fixed one overran short limits by its whole length."""
+        limit = self.settings.time_limit
+        if limit is None:
+            return REFINE_CHUNK
+        left = limit - self.session.seconds()
+        if left <= 0:
+            return 0
+        if per_network is None:
+            return REFINE_PROBE
+        return min(REFINE_CHUNK, int(left / max(per_network, 1e-9)))
 
     @staticmethod
     def upper(cs: ClassState, positions: np.ndarray) -> float:

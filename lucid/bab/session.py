@@ -17,9 +17,12 @@ class Session:
     the log and the checkpoint (with a log it continues across resumes), `seconds` is this
     invocation's age, which --time-limit bounds (a resumed run gets the full limit again)."""
 
-    def __init__(self, log: EventLog | None = None) -> None:
+    def __init__(self, log: EventLog | None = None, started: float | None = None) -> None:
+        """`started`: when the invocation began (time.monotonic()); its time limit runs from there and
+        `start` leaves it. Without it the limit runs from `start` (or from now)."""
         self.log = log
-        self._started = time.monotonic()
+        self.fixed_start = started is not None
+        self._started = time.monotonic() if started is None else started
 
     def start(self) -> None:
         """The invocation starts now (its time limit runs from here)."""
@@ -32,6 +35,11 @@ class Session:
     def past(self, time_limit: float | None) -> bool:
         """Whether this invocation has used up `time_limit` seconds (never, without one)."""
         return time_limit is not None and self.seconds() >= time_limit
+
+    def deadline(self, time_limit: float | None) -> float | None:
+        """The time.monotonic() at which `time_limit` runs out (None without one), for work that
+        checks the clock itself (the witness search)."""
+        return None if time_limit is None else self._started + time_limit
 
     def elapsed(self) -> float:
         """Seconds of the whole verification, as the log counts them."""

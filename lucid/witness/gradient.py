@@ -22,7 +22,7 @@ import torch
 
 from lucid.adam import Adam
 from lucid.network import NetworkStack, confidence
-from lucid.witness.replay import LeakWitness, climb, replay
+from lucid.witness.replay import LeakWitness, climb, past, replay
 
 MARGIN = 1e-4  # asked of N' in float32 (relative to the score scale), well above float32 rounding
 # The best gradient points are polished by the LP walk (`climb`) and replayed. The walk is what
@@ -56,9 +56,11 @@ def _rivals(stack: NetworkStack, positions: np.ndarray, starts: np.ndarray, cls:
 
 
 def gradient_points(stack: NetworkStack, positions: np.ndarray, cls: int, lower: np.ndarray, upper: np.ndarray,
-                    starts: np.ndarray, *, steps: int = 150, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                    starts: np.ndarray, *, steps: int = 150, seed: int = 0,
+                    deadline: float | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(points, their rival network's position, N's float32 confidence there; -inf where the rival
-    still picks c), one per start, after `steps` projected Adam steps. Only proposals: replay decides."""
+    still picks c), one per start, after `steps` projected Adam steps (fewer once `deadline` has
+    passed). Only proposals: replay decides."""
     positions = np.asarray(positions, dtype=np.int64)
     starts = np.clip(np.asarray(starts, dtype=np.float64), lower, upper)
     rivals = _rivals(stack, positions, starts, cls)
@@ -89,7 +91,7 @@ def gradient_points(stack: NetworkStack, positions: np.ndarray, cls: int, lower:
             best_c = torch.where(better, c_n, best_c)
             best_x[better] = x[better]
             lam = lam * torch.where(ok, 1.0, 1.3)  # dual ascent: a violating start weighs its constraint more
-        if step == steps:
+        if step == steps or past(deadline):
             break
         loss = (-c_n + lam * violation).sum()
         opt.zero_grad()
@@ -102,19 +104,21 @@ def gradient_points(stack: NetworkStack, positions: np.ndarray, cls: int, lower:
 
 def gradient_search(stack: NetworkStack, positions: np.ndarray, cls: int, lower: np.ndarray, upper: np.ndarray,
                     starts: np.ndarray, *, steps: int = 150, polish: int = POLISH, climb_steps: int = CLIMB_STEPS,
-                    seed: int = 0) -> LeakWitness | None:
-    """The best replayed leak from gradient ascent at `starts` ([n, d]), polished by the LP walk."""
+                    seed: int = 0, deadline: float | None = None) -> LeakWitness | None:
+    """The best replayed leak from gradient ascent at `starts` ([n, d]), polished by the LP walk;
+    at `deadline` (time.monotonic()) the best found so far."""
     if len(starts) == 0 or len(positions) == 0:
         return None
     with torch.enable_grad():
-        points, rivals, conf = gradient_points(stack, positions, cls, lower, upper, starts, steps=steps, seed=seed)
+        points, rivals, conf = gradient_points(stack, positions, cls, lower, upper, starts, steps=steps, seed=seed,
+                                               deadline=deadline)
     best: LeakWitness | None = None
     for i in np.argsort(-conf)[:polish]:
-        if not np.isfinite(conf[i]):
+        if not np.isfinite(conf[i]) or past(deadline):
             break
         own = np.array([rivals[i]])
         for found in (replay(stack, own, points[i], cls, lower, upper),
-                      climb(stack, own, points[i], cls, lower, upper, climb_steps)):
+                      climb(stack, own, points[i], cls, lower, upper, climb_steps, deadline=deadline)):
             if found is not None and (best is None or found.confidence > best.confidence):
                 best = found
     return best

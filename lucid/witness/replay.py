@@ -12,6 +12,7 @@ that still fails is dropped and logged, never used.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,6 +24,11 @@ log = logging.getLogger(__name__)
 DISAGREE_TOL = 1e-9  # |float64 forward error| on these networks is ~1e-13; a strict margin
 REPAIR_MARGIN = 1e-7  # the margin the repair LP asks for, comfortably above DISAGREE_TOL
 CLAIM_PAD = 1e-12  # a claimed lower bound is rounded down by this (times the score scale)
+
+
+def past(deadline: float | None) -> bool:
+    """Whether `deadline` (a time.monotonic() value; None: none) has passed: the searches stop there."""
+    return deadline is not None and time.monotonic() >= deadline
 
 
 @dataclass
@@ -162,7 +168,7 @@ def find_leak(stack: NetworkStack, positions: np.ndarray, x: np.ndarray | None, 
 
 
 def climb(stack: NetworkStack, positions: np.ndarray, x: np.ndarray, cls: int, lower: np.ndarray, upper: np.ndarray,
-          steps: int = 20) -> LeakWitness | None:
+          steps: int = 20, deadline: float | None = None) -> LeakWitness | None:
     """The best leak met on a walk from x across linear regions, one `repair` LP per region.
 
     Each LP's optimum lies on a region boundary; stepping slightly past it (along the move just
@@ -171,6 +177,8 @@ def climb(stack: NetworkStack, positions: np.ndarray, x: np.ndarray, cls: int, l
     best: LeakWitness | None = None
     point = x
     for _ in range(steps):
+        if past(deadline):
+            break
         found = repair(stack, positions, point, cls, lower, upper, candidates=2)
         if found is None:
             break

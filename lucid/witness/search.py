@@ -23,7 +23,7 @@ import numpy as np
 
 from lucid.network import NetworkStack, confidence
 from lucid.witness.gradient import gradient_search
-from lucid.witness.replay import LeakWitness, climb, replay
+from lucid.witness.replay import LeakWitness, climb, past, replay
 
 GRADIENT_STARTS = 64  # starts of the class search's gradient ascent (`lucid.witness.gradient`)
 SMALL_NODE = 8  # networks
@@ -51,9 +51,11 @@ def search_class_witness(
     steps: int = 6,
     seed: int = 0,
     gradient: bool = True,
+    deadline: float | None = None,
 ) -> LeakWitness | None:
     """The best replayed leaking input found for class `cls` and the networks at `positions`
-    (`gradient=False`: without the gradient ascent, for benchmarks/hard_singletons.py)."""
+    (`gradient=False`: without the gradient ascent, for benchmarks/hard_singletons.py). At `deadline`
+    (time.monotonic()) it returns the best found so far: the run's time limit bounds it too."""
     stack, lo, hi = problem.stack, problem.lower, problem.upper
     positions = np.asarray(positions, dtype=np.int64)
     rng = np.random.default_rng(seed)
@@ -74,18 +76,20 @@ def search_class_witness(
     chosen = [i for i in order[:starts] if leaking[i]] or list(np.argsort(-conf_n)[:starts])
     best: LeakWitness | None = None
     for i in chosen:
+        if past(deadline):
+            return best
         w = replay(stack, positions, x[i], cls, lo, hi)
-        climbed = climb(stack, positions, x[i], cls, lo, hi, steps)
+        climbed = climb(stack, positions, x[i], cls, lo, hi, steps, deadline=deadline)
         if w is None or (climbed is not None and climbed.confidence > w.confidence):
             w = climbed
         if w is not None and (best is None or w.confidence > best.confidence):
             best = w
     # gradient ascent from the best-ranked points (leaking or not): it crosses many linear regions
     # per step, where the LP walk above crosses one
-    if not gradient:
+    if not gradient or past(deadline):
         return best
     top = order[:GRADIENT_STARTS] if leaking.any() else np.argsort(-conf_n)[:GRADIENT_STARTS]
-    return _better(best, gradient_search(stack, positions, cls, lo, hi, x[top], seed=seed))
+    return _better(best, gradient_search(stack, positions, cls, lo, hi, x[top], seed=seed, deadline=deadline))
 
 
 def search_node_witness(
