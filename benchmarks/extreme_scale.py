@@ -37,8 +37,8 @@ FAMILIES = {
     "1e2": ((1e2,) * 3, 1e-7),
     "1e4": ((1e4,) * 3, 1e-7),
     "1e5": ((1e5,) * 3, 1e-7),
-    "2e6": ((2e6,) * 3, 1e-7),  # scores ~1e19-1e20
-    "2.5e6": ((2.5e6,) * 3, 1e-7),  # the entry guard's score bound reaches 2^68.8: just inside 2^69
+    "2e6": ((2e6,) * 3, 1e-7),  # scores ~1e19-1e20; the guard's score bound reaches 2^67.7
+    "2.5e6": ((2.5e6,) * 3, 1e-7),  # at the limits: biases past 2^64 on some seeds (refused), 2^67.5 on another
     "5e6": ((5e6,) * 3, 1e-7),  # biases ~1.25e20: beyond 2^64, refused
     "mixed-2": ((1e-6, 1e6, 1e6), 1e-7),
 }
@@ -51,6 +51,7 @@ TIERS = {
     "naive-no-screen": {"naive": True, "screen": "none"},
     "split-time-0": {"split_time": 0},
     "defaults-scip": {"solver": "scip"},
+    "defaults-gurobi": {"solver": "gurobi"},
 }
 SEEDS = 3
 

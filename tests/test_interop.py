@@ -551,7 +551,7 @@ def test_a_zero_or_extreme_scaler_and_extreme_weights_are_refused_in_one_line(tm
                              "--out", out], capsys)
         assert code == 2 and len(err.strip().splitlines()) == 1 and word in err, err
         assert not out.exists()
-    # networks whose scores can pass 2^69 over the domain: one line naming the layer and the limit
+    # networks whose scores can pass 2^68 over the domain: one line naming the layer and the limit
     files = tmp_path / "huge"
     files.mkdir()
     tensors = load_arrays(str(tiny_run / "networks.safetensors"))
@@ -567,7 +567,7 @@ def test_a_zero_or_extreme_scaler_and_extreme_weights_are_refused_in_one_line(tm
     code, err = run_cli(["import", "--manifest", files / "manifest.json", "--data", tiny_run / "data.npz",
                          "--out", tmp_path / "huge-run"], capsys)
     assert code == 2 and len(err.strip().splitlines()) == 1, err
-    assert "the scores of layer 2 may reach" in err and "2^69" in err, err
+    assert "the scores of layer 2 may reach" in err and "2^68" in err, err
     assert not (tmp_path / "huge-run").exists()
 
 
