@@ -18,7 +18,8 @@ would change the confidences), which the margins treat relatively.
 The factor is common to every network of the stack (so hyper-network intervals, matching
 dependencies and the leave-one-out differences scale with it) and taken from the interval hull of
 all networks over the domain. A neuron whose magnitude lies in [2^-LOW, 2^HIGH] keeps factor 1,
-so ordinary networks are verified exactly as before.
+so ordinary networks are verified exactly as before; once one neuron lies outside it, every
+neuron is normalised (see `hidden_scales`).
 """
 
 from __future__ import annotations
@@ -36,7 +37,22 @@ MAX_SHIFT = 200  # exponents beyond this are left to the entry guard (float32 pa
 
 def hidden_scales(hull: HyperNetwork, lower: np.ndarray, upper: np.ndarray) -> list[np.ndarray] | None:
     """Per hidden layer, the power-of-two factor of each neuron (None: every factor is 1), for the
-    networks inside `hull` (the interval hull of a stack)."""
+    networks inside `hull` (the interval hull of a stack). Once some neuron lies outside the band,
+    every neuron is brought to magnitude [1/2, 1): a model mixing rescaled layers with big-M
+    constants of up to 2^12 in others had Gurobi (integrality tolerance 1e-5) certify bounds below
+    the exact ones, where the uniformly scaled model is sound with every backend."""
+    if not _any_extreme(hull, lower, upper):
+        return None
+    return _scales(hull, lower, upper, every=True)
+
+
+def _any_extreme(hull: HyperNetwork, lower: np.ndarray, upper: np.ndarray) -> bool:
+    return _scales(hull, lower, upper, every=False) is not None
+
+
+def _scales(hull: HyperNetwork, lower: np.ndarray, upper: np.ndarray, every: bool) -> list[np.ndarray] | None:
+    """The factors: for the neurons outside the band only, or (`every`) for every neuron with a
+    non-zero magnitude, each brought to [1/2, 1)."""
     lo, hi = np.asarray(lower, dtype=np.float64), np.asarray(upper, dtype=np.float64)
     previous = np.ones_like(lo)
     scales: list[np.ndarray] = []
@@ -47,7 +63,9 @@ def hidden_scales(hull: HyperNetwork, lower: np.ndarray, upper: np.ndarray) -> l
             z_lo, z_hi, magnitude = interval_matvec(w_lo, w_hi, lo, hi)
             magnitude = magnitude + np.maximum(np.abs(b_lo), np.abs(b_hi))
         factor = np.ones_like(magnitude)
-        extreme = np.isfinite(magnitude) & (magnitude > 0) & ((magnitude > 2.0**HIGH) | (magnitude < 2.0**-LOW))
+        extreme = np.isfinite(magnitude) & (magnitude > 0)
+        if not every:
+            extreme &= (magnitude > 2.0**HIGH) | (magnitude < 2.0**-LOW)
         _, exponent = np.frexp(magnitude[extreme])  # magnitude = m * 2^exponent, m in [0.5, 1)
         factor[extreme] = np.ldexp(1.0, -np.clip(exponent, -MAX_SHIFT, MAX_SHIFT))
         scales.append(factor)
