@@ -612,6 +612,14 @@ def test_what_torch_onnx_export_writes_imports_as_the_same_network(tmp_path, kin
         if k < len(net.weights) - 1:
             h = np.maximum(h, 0.0)
     assert np.abs(h - expected).max() <= 1e-5
+    if dynamo and batch == "dynamic":  # and the docs' import and verify run on it
+        X = rows[:2].reshape(2, -1).numpy()
+        np.savez(tmp_path / "data.npz", X=X, y=np.array([0, 1]))
+        entries = [{"file": "net.onnx", "removed": r} for r in (None, 0, 1)]
+        (tmp_path / "manifest.json").write_text(json.dumps({"training": {"name": "torch"}, "networks": entries}))
+        main(["import", "--manifest", str(tmp_path / "manifest.json"), "--data", str(tmp_path / "data.npz"),
+              "--out", str(tmp_path / "run")])
+        assert all(b["complete"] for b in verify(tmp_path / "run").values())
 
 
 def test_a_reshape_whose_zero_is_literal_is_refused_naming_allowzero(tmp_path, capsys):
