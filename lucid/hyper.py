@@ -47,3 +47,11 @@ def hyper_network(stack: NetworkStack, positions: np.ndarray | list[int]) -> Hyp
         b_lo.append(bs.min(axis=0))
         b_hi.append(bs.max(axis=0))
     return HyperNetwork(w_lo, w_hi, b_lo, b_hi, positions)
+
+
+def stack_hull(stack: NetworkStack) -> HyperNetwork:
+    """The hyper-network of every network of the stack, read in place: a reduction along the stack
+    axis (memory-mapped networks are streamed, never copied as `hyper_network`'s indexing would)."""
+    return HyperNetwork([np.min(w, axis=0) for w in stack.weights], [np.max(w, axis=0) for w in stack.weights],
+                        [np.min(b, axis=0) for b in stack.biases], [np.max(b, axis=0) for b in stack.biases],
+                        np.arange(len(stack), dtype=np.int64))

@@ -18,7 +18,7 @@ from lucid.bounds.difference import DifferenceBounds, difference_bounds, interse
 from lucid.bounds.interval import LayerBounds, interval_bounds, interval_margin_upper
 from lucid.bounds.pair import PairProblem
 from lucid.errors import LucidError
-from lucid.hyper import HyperNetwork, hyper_network
+from lucid.hyper import HyperNetwork, stack_hull
 from lucid.network import NetworkStack
 from lucid.analysis.scaling import hidden_scales, rescale_stack
 from lucid.dynamic_range import check_dynamic_range
@@ -101,7 +101,7 @@ class VerificationProblem:
 def _rescaled(stack: NetworkStack, lower: np.ndarray, upper: np.ndarray) -> tuple[NetworkStack, list[np.ndarray] | None]:
     """The stack with extreme hidden neurons rescaled by powers of two (the same functions, exactly),
     after the entry guard on its dynamic range; unchanged (memory-mapped) for ordinary networks."""
-    hull = hyper_network(stack, np.arange(len(stack)))  # one pass over every network
+    hull = stack_hull(stack)  # one pass over every network, without a copy
     check_dynamic_range(hull, lower, upper, "the run's networks")
     scales = hidden_scales(hull, lower, upper)
     if scales is None:
