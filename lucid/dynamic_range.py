@@ -25,9 +25,18 @@ from lucid.errors import LucidError
 from lucid.hyper import HyperNetwork, hyper_network
 from lucid.network import stack_from_tensors
 
+MAGNITUDE_BAND = 12  # magnitudes within [2^-12, 2^12] are left as they are by every rescaling
 SCORE_EXPONENT = 68  # |scores| <= 2^68 ~ 3.0e20
 PARAMETER_EXPONENT = 64  # |parameter| <= 2^64 ~ 1.8e19
 DOMAIN_EXPONENT = 32  # |domain bound| <= 2^32 ~ 4.3e9
+
+
+def outside_band(magnitude):
+    """Whether a magnitude (or each of an array's) lies outside [2^-MAGNITUDE_BAND, 2^MAGNITUDE_BAND]:
+    where the verifier rescales by a power of two (hidden neurons, the MILP's scores, the repair LP's
+    rows) so that the solvers' absolute tolerances mean what they mean at order one. Ordinary
+    networks stay inside it and are verified as they are."""
+    return (magnitude > 2.0**MAGNITUDE_BAND) | (magnitude < 2.0**-MAGNITUDE_BAND)
 
 
 def check_dynamic_range(hull: HyperNetwork, lower, upper, where: str) -> None:

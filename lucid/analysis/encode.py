@@ -17,6 +17,7 @@ import numpy as np
 
 from lucid.bounds.difference import DifferenceBounds
 from lucid.bounds.interval import LayerBounds, widen
+from lucid.dynamic_range import outside_band
 from lucid.milp.builder import ModelBuilder
 from lucid.milp.matching import add_matching, add_relu_coupling, implied_post_rows
 from lucid.milp.model import MilpModel
@@ -98,9 +99,6 @@ def encode_idp(
     return model
 
 
-SCORE_BAND = 12  # scores within [2^-12, 2^12] in magnitude are encoded as they are
-
-
 def score_scale(n_bounds: LayerBounds, diff: DifferenceBounds) -> float:
     """The power of two the encoder divides the scores by (1.0 for ordinary networks).
 
@@ -112,7 +110,7 @@ def score_scale(n_bounds: LayerBounds, diff: DifferenceBounds) -> float:
     parts = [n_bounds.lower[-1], n_bounds.upper[-1], diff.hyper.lower[-1], diff.hyper.upper[-1]]
     with np.errstate(all="ignore"):
         magnitude = max(float(np.max(np.abs(p), initial=0.0)) for p in parts)
-    if not np.isfinite(magnitude) or magnitude == 0.0 or 2.0**-SCORE_BAND <= magnitude <= 2.0**SCORE_BAND:
+    if not np.isfinite(magnitude) or magnitude == 0.0 or not outside_band(magnitude):
         return 1.0
     return float(np.ldexp(1.0, int(np.frexp(magnitude)[1])))  # magnitude / scale in [0.5, 1)
 

@@ -17,9 +17,10 @@ would change the confidences), which the margins treat relatively.
 
 The factor is common to every network of the stack (so hyper-network intervals, matching
 dependencies and the leave-one-out differences scale with it) and taken from the interval hull of
-all networks over the domain. A neuron whose magnitude lies in [2^-LOW, 2^HIGH] keeps factor 1,
-so ordinary networks are verified exactly as before; once one neuron lies outside it, every
-neuron is normalised (see `hidden_scales`).
+all networks over the domain. While every neuron's magnitude lies inside the band of
+`lucid.dynamic_range.outside_band` ([2^-12, 2^12]) every factor is 1, so ordinary networks are
+verified exactly as before; once one neuron lies outside it, every neuron is normalised (see
+`hidden_scales`).
 """
 
 from __future__ import annotations
@@ -27,11 +28,10 @@ from __future__ import annotations
 import numpy as np
 
 from lucid.bounds.interval import interval_matvec
+from lucid.dynamic_range import outside_band
 from lucid.hyper import HyperNetwork
 from lucid.network import NetworkStack
 
-HIGH = 12  # a hidden neuron whose pre-activations may exceed 2^12 in magnitude is rescaled ...
-LOW = 12  # ... and so is one that stays below 2^-12 (tolerances would then swamp it)
 MAX_SHIFT = 200  # exponents beyond this are left to the entry guard (float32 parameters never need them)
 
 
@@ -65,7 +65,7 @@ def _scales(hull: HyperNetwork, lower: np.ndarray, upper: np.ndarray, every: boo
         factor = np.ones_like(magnitude)
         extreme = np.isfinite(magnitude) & (magnitude > 0)
         if not every:
-            extreme &= (magnitude > 2.0**HIGH) | (magnitude < 2.0**-LOW)
+            extreme &= outside_band(magnitude)
         _, exponent = np.frexp(magnitude[extreme])  # magnitude = m * 2^exponent, m in [0.5, 1)
         factor[extreme] = np.ldexp(1.0, -np.clip(exponent, -MAX_SHIFT, MAX_SHIFT))
         scales.append(factor)

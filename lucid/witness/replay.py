@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from lucid.dynamic_range import outside_band
 from lucid.network import UNIT_ROUNDOFF, NetworkStack, confidence
 
 log = logging.getLogger(__name__)
@@ -93,10 +94,11 @@ def _affine_pieces(weights: list[np.ndarray], biases: list[np.ndarray], x: np.nd
 
 def _scaled_rows(A: np.ndarray, b: np.ndarray, scale: float, d: int) -> tuple[np.ndarray, np.ndarray]:
     """The repair LP's rows, each divided by a power of two near its largest coefficient on x, when
-    the scores' magnitude lies outside [2^-12, 2^12]: the LP's absolute tolerances then mean the
-    same at every weight scale (beta becomes beta / that power in the rows that hold it, which
-    changes no optimal x). Ordinary networks keep their LP as it is. Replay checks the answer anyway."""
-    if scale == 0 or 2.0**-12 <= scale <= 2.0**12:
+    the scores' magnitude lies outside the band (`lucid.dynamic_range.outside_band`): the LP's
+    absolute tolerances then mean the same at every weight scale (beta becomes beta / that power in
+    the rows that hold it, which changes no optimal x). Ordinary networks keep their LP as it is.
+    Replay checks the answer anyway."""
+    if scale == 0 or not outside_band(scale):
         return A, b
     size = np.abs(A[:, :d]).max(axis=1)
     holds_beta = A[:, d] != 0
