@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from lucid.errors import LucidError
-from lucid.hyper import HyperNetwork, hyper_network
+from lucid.hyper import HyperNetwork, stack_hull
 from lucid.network import stack_from_tensors
 
 MAGNITUDE_BAND = 12  # magnitudes within [2^-12, 2^12] are left as they are by every rescaling
@@ -111,18 +111,11 @@ def check_scaler_range(offset, scale, where: str) -> None:
 
 def check_tensors_range(tensors: dict[str, np.ndarray], meta: dict, where: str, chunk: int = 256) -> None:
     """The guard for a stacked `networks.safetensors` dict (every network, lowered as the verifier
-    lowers it, a chunk at a time) over run.json's domain."""
-    count = len(tensors["removed"])
+    lowers it, a chunk at a time) over run.json's domain: `lucid train` and `lucid import`."""
     hull = None
-    for start in range(0, count, chunk):
+    for start in range(0, len(tensors["removed"]), chunk):
         part = {k: v[start:start + chunk] for k, v in tensors.items()}
-        stack = stack_from_tensors(part, meta.get("architecture", {}), int(meta["input_dim"]))
-        h = hyper_network(stack, np.arange(len(stack)))
-        if hull is not None:
-            h = HyperNetwork([np.minimum(a, b) for a, b in zip(hull.w_lo, h.w_lo)],
-                             [np.maximum(a, b) for a, b in zip(hull.w_hi, h.w_hi)],
-                             [np.minimum(a, b) for a, b in zip(hull.b_lo, h.b_lo)],
-                             [np.maximum(a, b) for a, b in zip(hull.b_hi, h.b_hi)], h.positions)
-        hull = h
+        h = stack_hull(stack_from_tensors(part, meta.get("architecture", {}), int(meta["input_dim"])))
+        hull = h if hull is None else hull.join(h)
     if hull is not None:
         check_dynamic_range(hull, meta["domain"]["lower"], meta["domain"]["upper"], where)

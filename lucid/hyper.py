@@ -33,6 +33,14 @@ class HyperNetwork:
     def num_layers(self) -> int:
         return len(self.w_lo)
 
+    def join(self, other: "HyperNetwork") -> "HyperNetwork":
+        """The hyper-network of both sets of networks: the union of their intervals."""
+        return HyperNetwork([np.minimum(a, b) for a, b in zip(self.w_lo, other.w_lo)],
+                            [np.maximum(a, b) for a, b in zip(self.w_hi, other.w_hi)],
+                            [np.minimum(a, b) for a, b in zip(self.b_lo, other.b_lo)],
+                            [np.maximum(a, b) for a, b in zip(self.b_hi, other.b_hi)],
+                            np.concatenate([self.positions, other.positions]))
+
 
 def hyper_network(stack: NetworkStack, positions: np.ndarray | list[int]) -> HyperNetwork:
     """The element-wise [min, max] of the parameters of the networks at `positions`."""

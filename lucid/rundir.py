@@ -25,6 +25,7 @@ from lucid.errors import LucidError
 from lucid.network import load_networks
 
 RUN_FORMAT = "lucid-run/1"
+EXTERNAL_ALGORITHM = "external"  # run.json's training algorithm of a run built by `lucid import`
 BOUNDS_FORMAT = "lucid-bounds/1"
 BOUNDS_FILE = "bounds.json"
 

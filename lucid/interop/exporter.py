@@ -6,7 +6,6 @@ a large run never holds more than one network.
 
 from __future__ import annotations
 
-import hashlib
 import math
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from lucid.atomic import read_json, write_json_atomic, write_text_atomic
 from lucid.errors import LucidError
 from lucid.interop.dense import DenseNet, exact_float32
 from lucid.interop.onnx_io import joint_model, network_model, save_model
+from lucid.interop.provenance import NetworksDigest, origin_record
 from lucid.interop.vnnlib import query_text
 from lucid.network import NetworkFile, diverged_message, non_finite, stack_from_tensors
 from lucid.rundir import BOUNDS_FILE, Run
@@ -74,27 +74,18 @@ def default_beta(run: Run, cls: int) -> float:
     return float(upper)
 
 
-def export_network(run: Run, position: int, out_dir: str | Path, source: NetworkFile | None = None) -> Path:
-    """Write the network at `position` as N.onnx (position 0) or n{row}.onnx into `out_dir`."""
+def export_network(run: Run, position: int, out_dir: str | Path, source: NetworkFile | None = None,
+                   net: DenseNet | None = None) -> Path:
+    """Write the network at `position` (`net`, if already read) as N.onnx (position 0) or n{row}.onnx
+    into `out_dir`."""
     source = source or NetworkFile(run.path, run.meta)
     removed = int(source.removed[position])
     who = "N (trained on every row)" if removed == -1 else f"N_-{removed} (trained without training row {removed})"
     path = Path(out_dir) / network_file_name(removed)
-    save_model(network_model(dense_network(source, position),
+    save_model(network_model(net if net is not None else dense_network(source, position),
                              f"LUCID run {run.path}: {who}. Input x in the networks' input space (after the run's scaler)."),
                path)
     return path
-
-
-def networks_digest(removed: np.ndarray, networks) -> str:
-    """sha256 of float32 dense networks in stack order (position 0 is N), with their removed rows: what
-    `lucid export --all` records and `lucid import` checks before it keeps a run's provenance."""
-    h = hashlib.sha256(np.ascontiguousarray(removed, dtype=np.int64).tobytes())
-    for net in networks:
-        for w, b in zip(net.weights, net.biases):
-            h.update(np.ascontiguousarray(w, dtype=np.float32).tobytes())
-            h.update(np.ascontiguousarray(b, dtype=np.float32).tobytes())
-    return h.hexdigest()
 
 
 def export_all(run: Run, out_dir: str | Path, training: dict | None = None) -> Path:
@@ -103,8 +94,11 @@ def export_all(run: Run, out_dir: str | Path, training: dict | None = None) -> P
     out_dir = Path(out_dir)
     source = NetworkFile(run.path, run.meta)
     entries = []
+    digest = NetworksDigest(source.removed)
     for position in range(len(source)):
-        path = export_network(run, position, out_dir, source)
+        net = dense_network(source, position)
+        digest.add(net.weights, net.biases)
+        path = export_network(run, position, out_dir, source, net)
         removed = int(source.removed[position])
         entries.append({"file": path.name, "removed": None if removed == -1 else removed})
     t = run.meta.get("training") or {}
@@ -121,8 +115,7 @@ def export_all(run: Run, out_dir: str | Path, training: dict | None = None) -> P
     if names is not None:
         manifest["feature_names"] = names
     if (run.meta.get("architecture") or {}).get("type") == "mlp":  # a CNN comes back as its dense layers
-        manifest["origin"] = {"run": run.meta, "networks_sha256": networks_digest(
-            source.removed, (dense_network(source, p) for p in range(len(source))))}
+        manifest["origin"] = origin_record(run.meta, digest.hexdigest())
     write_json_atomic(out_dir / MANIFEST_FILE, manifest)
     return out_dir / MANIFEST_FILE
 

@@ -11,7 +11,6 @@ complete, whatever check fails.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -24,17 +23,15 @@ import numpy as np
 from safetensors.numpy import save_file
 
 from lucid.atomic import read_json, write_atomic, write_json_atomic
-from lucid.dynamic_range import check_dynamic_range, check_scaler_range
+from lucid.dynamic_range import check_scaler_range, check_tensors_range
 from lucid.errors import LucidError
-from lucid.hyper import HyperNetwork
 from lucid.interop.dense import DenseNet, non_finite_layer
-from lucid.interop.exporter import networks_digest
+from lucid.interop.provenance import NOT_KEPT, imported_run_fingerprint, restored_run
 from lucid.interop.onnx_io import read_onnx
 from lucid.interop.state_dict import read_safetensors, read_torch
 from lucid.network import NETWORKS_FILE
-from lucid.rundir import RUN_FORMAT, trained_run_fingerprint
+from lucid.rundir import EXTERNAL_ALGORITHM, RUN_FORMAT
 
-ALGORITHM = "external"
 IN_UNIT_SLACK = 1e-6  # as lucid.data: features within [-slack, 1 + slack] count as in [0, 1]
 READERS = {".onnx": read_onnx, ".pt": read_torch, ".pth": read_torch, ".safetensors": read_safetensors}
 
@@ -305,62 +302,7 @@ def _stacked(manifest: Manifest, order: list[int], n: DenseNet) -> dict[str, np.
     return tensors
 
 
-def _hull(tensors: dict[str, np.ndarray], layers: int) -> HyperNetwork:
-    """The interval hull of every network, for the entry guard on magnitudes."""
-    parts = {kind: [tensors[f"layers.{i}.{kind}"] for i in range(layers)] for kind in ("weight", "bias")}
-    lo = {k: [a.min(axis=0).astype(np.float64) for a in v] for k, v in parts.items()}
-    hi = {k: [a.max(axis=0).astype(np.float64) for a in v] for k, v in parts.items()}
-    return HyperNetwork(lo["weight"], hi["weight"], lo["bias"], hi["bias"], tensors["removed"])
-
-
 # ------------------------------------------------------------------------------------- the run
-
-
-def _fingerprint(meta: dict, data: ImportData, tensors: dict[str, np.ndarray]) -> str:
-    """Identity of an imported run: its metadata, the data and the networks' exact parameters."""
-    h = hashlib.sha256()
-    h.update(json.dumps({k: v for k, v in meta.items() if k != "training"}, sort_keys=True).encode())
-    h.update(json.dumps({k: v for k, v in meta["training"].items() if k != "fingerprint"}, sort_keys=True).encode())
-    for arr in (data.X_train, data.y_train, data.X_test, data.y_test, *(tensors[k] for k in sorted(tensors))):
-        h.update(str(arr.shape).encode())
-        h.update(np.ascontiguousarray(arr).data)  # a view: the stacked networks are not copied
-    return h.hexdigest()
-
-
-def provenance_note(manifest: Manifest) -> str:
-    return "" if manifest.origin is None else "not kept: the manifest's origin does not match these networks and data"
-
-
-def _origin(manifest: Manifest, meta: dict, data: ImportData, tensors: dict[str, np.ndarray],
-            layers: int) -> dict | None:
-    """The run.json of the run `lucid export --all` wrote these files from, when they are that run's
-    networks and data exactly: the networks' digest and the run's own fingerprint (recomputed here,
-    from the data given) must match, and so must every field the import derived from the files. Then
-    the round trip keeps the run's training record and fingerprint. None otherwise."""
-    origin = manifest.origin
-    if not isinstance(origin, dict) or not isinstance(origin.get("run"), dict):
-        return None
-    run, digest = origin["run"], origin.get("networks_sha256")
-    training = run.get("training")
-    if not isinstance(training, dict) or not isinstance(training.get("fingerprint"), str):
-        return None
-    derived = ("format", "num_classes", "input_dim", "train_size", "test_size", "domain", "labels", "scaler")
-    if any(run.get(k) != meta.get(k) for k in derived):
-        return None
-    if (run.get("architecture") or {}).get("hidden") != meta["architecture"]["hidden"]:
-        return None
-    networks = (DenseNet([tensors[f"layers.{k}.weight"][p] for k in range(layers)],
-                         [tensors[f"layers.{k}.bias"][p] for k in range(layers)]) for p in range(len(tensors["removed"])))
-    if digest != networks_digest(tensors["removed"], networks):
-        return None
-    try:
-        if training.get("algorithm") == ALGORITHM:
-            fingerprint = _fingerprint(run, data, tensors)
-        else:
-            fingerprint = trained_run_fingerprint(run, data.X_train, data.y_train, data.X_test, data.y_test)
-    except (KeyError, TypeError, ValueError):
-        return None
-    return run if fingerprint == training["fingerprint"] else None
 
 
 def _check_out(out: Path) -> None:
@@ -402,7 +344,7 @@ def import_run(manifest_path: str | Path, data_path: str | Path, out: str | Path
         "format": RUN_FORMAT, "num_classes": num_classes, "input_dim": d, "train_size": int(len(data.y_train)),
         "test_size": int(len(data.y_test)), "domain": domain,
         "architecture": {"type": "mlp", "hidden": sizes[1:-1]},
-        "training": {"algorithm": ALGORITHM, **manifest.training},
+        "training": {"algorithm": EXTERNAL_ALGORITHM, **manifest.training},
         "labels": labels_of(manifest, num_classes), "scaler": scaler_of(manifest, d),
         "data": {"source": data.source, "feature_names": feature_names_of(manifest, d)},
     }
@@ -410,10 +352,11 @@ def import_run(manifest_path: str | Path, data_path: str | Path, out: str | Path
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.import-", dir=out.parent))
     try:
         tensors = _stacked(manifest, order, n)
-        check_dynamic_range(_hull(tensors, len(sizes) - 1), domain["lower"], domain["upper"], str(manifest.path))
-        meta["training"]["fingerprint"] = _fingerprint(meta, data, tensors)
-        kept = _origin(manifest, meta, data, tensors, len(sizes) - 1)
-        provenance = "kept" if kept is not None else provenance_note(manifest)
+        check_tensors_range(tensors, meta, str(manifest.path))
+        arrays = (data.X_train, data.y_train, data.X_test, data.y_test)
+        meta["training"]["fingerprint"] = imported_run_fingerprint(meta, arrays, tensors)
+        kept = restored_run(manifest.origin, meta, arrays, tensors, len(sizes) - 1)
+        provenance = "kept" if kept is not None else ("" if manifest.origin is None else NOT_KEPT)
         meta = kept or meta
         _publish(staging, out, meta, data, tensors)
     except BaseException:

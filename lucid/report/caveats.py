@@ -8,8 +8,8 @@ verification, fine-tuning) switch the matching sentences.
 from __future__ import annotations
 
 from lucid.report.facts import ReportFacts
+from lucid.rundir import EXTERNAL_ALGORITHM
 
-EXTERNAL = "external"  # run.json's training algorithm of an imported run (lucid/interop/importer.py)
 EXTERNAL_T = ("The networks were trained outside LUCID and imported (`lucid import`): the leave-one-out "
               "networks are the ones supplied for each row, and the guarantee is about exactly those networks. "
               "LUCID checked the networks, not how they were trained: if the training algorithm would not "
@@ -34,7 +34,7 @@ def covered(facts: ReportFacts) -> tuple[tuple[str, str], ...]:
          "without such a row gives the same label; every other answer is drawn by the exponential "
          "mechanism (ε-iDP)."),
         ("For the training algorithm T exactly as run",
-         (EXTERNAL_T if t.algorithm == EXTERNAL else
+         (EXTERNAL_T if t.algorithm == EXTERNAL_ALGORITHM else
           f"The leave-one-out networks are what T ({t.algorithm}: plain SGD, seed {t.seed}, the seeded batch "
           "order shared by all networks) produces without each row; the guarantee is about that "
           "deterministic T and nothing else.")
@@ -67,7 +67,7 @@ def not_covered(facts: ReportFacts) -> tuple[tuple[str, str], ...]:
          "are not protected by the guarantee: do not publish it to clients."),
         ("Training randomness and other training runs",
          ("LUCID did not train these networks, so whatever randomness their training had is not a source "
-          "of privacy here" if t.algorithm == EXTERNAL else
+          "of privacy here" if t.algorithm == EXTERNAL_ALGORITHM else
           "The seed is fixed and recorded, so T's randomness is not a source of privacy here")
          + "; the guarantee says nothing about networks trained with another seed, other hyper-parameters, "
          "other data or another algorithm, or about releasing N's weights or scores."),
@@ -90,7 +90,7 @@ def not_covered(facts: ReportFacts) -> tuple[tuple[str, str], ...]:
          "refuses other inputs, or clips them into the box with `--clip`."
          + (" This run's box appears fitted to the data (no public domain), so the box, and which inputs "
             "are refused, reveal the data's extremes: "
-            + ("import it again with a public `domain` in the manifest" if t.algorithm == EXTERNAL
+            + ("import it again with a public `domain` in the manifest" if t.algorithm == EXTERNAL_ALGORITHM
                else "retrain with `--domain` and public bounds")
             + " for a deployment." if t.domain_from_data else "")),
         ("Solver correctness",

@@ -36,7 +36,7 @@ from lucid.report.facts import (
     TrainingFacts,
     VerificationFacts,
 )
-from lucid.rundir import BOUNDS_FILE, Run, open_run, read_scaler
+from lucid.rundir import BOUNDS_FILE, EXTERNAL_ALGORITHM, Run, open_run, read_scaler
 
 BASELINES_FILE = "baselines.json"
 _EDGE_TOLERANCE = 1e-6  # network-space distance at which a data extreme "touches" the box
@@ -136,7 +136,7 @@ def _training(run: Run) -> TrainingFacts:
         domain_lower=tuple(float(v) for v in lo), domain_upper=tuple(float(v) for v in hi),
         feature_names=tuple(str(n) for n in names), domain_from_data=_domain_from_data(run, lower, upper, offset, scale),
         external=(str(t.get("name", "")), str(t.get("version", "")), str(t.get("description", "")))
-        if t.get("algorithm") == "external" else None,
+        if t.get("algorithm") == EXTERNAL_ALGORITHM else None,
     )
 
 
@@ -174,7 +174,7 @@ def _domain_from_data(run: Run, lower: np.ndarray, upper: np.ndarray, offset: np
     x = np.concatenate(parts).reshape(-1, run.input_dim)
     touches = (np.abs(x.min(0) - lower) <= _EDGE_TOLERANCE) & (np.abs(x.max(0) - upper) <= _EDGE_TOLERANCE)
     rescaled = (offset != 0.0) | (scale != 1.0)
-    if (run.meta.get("training") or {}).get("algorithm") == "external":
+    if (run.meta.get("training") or {}).get("algorithm") == EXTERNAL_ALGORITHM:
         # `lucid import` without a manifest domain takes a feature's range over the rows, unscaled,
         # wherever it leaves [0, 1]
         rescaled |= ~((lower == 0.0) & (upper == 1.0))
