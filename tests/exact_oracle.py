@@ -161,20 +161,24 @@ def exact_bound(stack, cls: int, lower, upper) -> Fraction | None:
     return best
 
 
+def exact_scores(stack, j: int, x) -> list[Fraction]:
+    """The scores of network j of a NetworkStack at x, in exact arithmetic."""
+    h = [Fraction(float(v)) for v in x]
+    layers = len(stack.weights)
+    for k in range(layers):
+        w, b = _exact(stack.weights[k][j]), _exact(stack.biases[k][j])
+        h = [sum((wi * hi for wi, hi in zip(row, h)), Fraction(0)) + bi for row, bi in zip(w, b)]
+        if k < layers - 1:
+            h = [max(v, Fraction(0)) for v in h]
+    return h
+
+
 def exact_label_and_agreement(stack, x) -> tuple[int, bool]:
     """N's exact label at x (ties: the lowest index, as numpy's argmax) and whether every network
     of the stack picks the same label strictly (exact arithmetic)."""
-    point = [Fraction(float(v)) for v in x]
     labels = []
     for j in range(len(stack)):
-        h = point
-        layers = len(stack.weights)
-        for k in range(layers):
-            w = _exact(stack.weights[k][j])
-            b = _exact(stack.biases[k][j])
-            h = [sum((wi * hi for wi, hi in zip(row, h)), Fraction(0)) + bi for row, bi in zip(w, b)]
-            if k < layers - 1:
-                h = [max(v, Fraction(0)) for v in h]
+        h = exact_scores(stack, j, x)
         top = max(range(len(h)), key=lambda i: (h[i], -i))
         strict = all(h[top] > h[i] for i in range(len(h)) if i != top)
         labels.append((top, strict))

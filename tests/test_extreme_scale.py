@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from exact_oracle import exact_bound, exact_label_and_agreement, exact_singleton  # noqa: E402
+from exact_oracle import exact_bound, exact_label_and_agreement, exact_scores, exact_singleton  # noqa: E402
 
 FAMILIES = {  # name: (per-layer scales, leave-one-out difference: relative noise or "ulp")
     "1e-6": ((1e-6, 1e-6, 1e-6), 1e-7),
@@ -243,13 +243,7 @@ def test_the_replay_error_bound_covers_the_float_forward_pass(family):
     assert np.array_equal(scores, stack.forward(xs, use_torch=False))
     for j in range(len(stack)):
         for i, x in enumerate(xs):
-            h = [Fraction(float(v)) for v in x]
-            for k in range(3):
-                w, b = stack.weights[k][j], stack.biases[k][j]
-                h = [sum((Fraction(float(wv)) * hv for wv, hv in zip(row, h)), Fraction(0)) + Fraction(float(bv))
-                     for row, bv in zip(w, b)]
-                if k < 2:
-                    h = [max(v, Fraction(0)) for v in h]
+            h = exact_scores(stack, j, x)
             for c in range(2):
                 assert abs(Fraction(float(scores[j, i, c])) - h[c]) <= Fraction(float(error[j, i, c]))
 
@@ -276,7 +270,7 @@ def test_every_replayed_leak_leaks_in_exact_arithmetic(family):
                 if found is None:
                     continue
                 accepted += 1
-                scores = [_exact_scores(stack, k, found.x) for k in (0, j)]
+                scores = [exact_scores(stack, k, found.x) for k in (0, j)]
                 assert scores[1][1 - c] >= scores[1][c], f"network {j} agrees with N exactly at {found.x.tolist()}"
                 assert Fraction(found.confidence) <= scores[0][c] - scores[0][1 - c]
     # at 1e-6 every leak (scores ~1e-18) lies below replay's absolute floor of 1e-9: no witness, no
@@ -284,15 +278,6 @@ def test_every_replayed_leak_leaks_in_exact_arithmetic(family):
     assert accepted > 0 or family == "1e-6"
 
 
-def _exact_scores(stack, j: int, x) -> list[Fraction]:
-    h = [Fraction(float(v)) for v in x]
-    for k in range(len(stack.weights)):
-        w, b = stack.weights[k][j], stack.biases[k][j]
-        h = [sum((Fraction(float(wv)) * hv for wv, hv in zip(row, h)), Fraction(0)) + Fraction(float(bv))
-             for row, bv in zip(w, b)]
-        if k < len(stack.weights) - 1:
-            h = [max(v, Fraction(0)) for v in h]
-    return h
 
 
 def test_a_parameter_box_rescales_with_the_networks_it_holds():
