@@ -278,8 +278,6 @@ def test_every_replayed_leak_leaks_in_exact_arithmetic(family):
     assert accepted > 0 or family == "1e-6"
 
 
-
-
 def test_a_parameter_box_rescales_with_the_networks_it_holds():
     """`--hyper agt:K` boxes are stored in the original units: rescaled with the problem's factors
     they are exactly the box of the rescaled networks (positive powers of two keep lo <= hi)."""
