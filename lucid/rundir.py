@@ -23,6 +23,7 @@ from lucid.atomic import read_json, write_json_atomic
 from lucid.dynamic_range import check_scaler_range
 from lucid.errors import LucidError
 from lucid.network import load_networks
+from lucid.residual import remove_stale_files
 
 RUN_FORMAT = "lucid-run/1"
 EXTERNAL_ALGORITHM = "external"  # run.json's training algorithm of a run built by `lucid import`
@@ -52,14 +53,19 @@ def bound_entry_value(v: float | None, *, upper: bool) -> float | None:
 
 
 def write_bounds(run_dir: str | Path, bounds: dict[str, dict], *, solver: str, options: dict[str, Any],
-                 regions: dict | None = None) -> dict:
+                 regions: dict | None = None, residual: dict | None = None) -> dict:
     """Write RUN/bounds.json (lucid-bounds/1) atomically and return its content; `bounds` maps a
     class id to its entry (upper, lower, complete, exact, seconds, nodes, reason, leaking_row);
-    `regions`: the per-box bounds of `lucid verify --regions K` (lucid/regions.py)."""
+    `regions`: the per-box bounds of `lucid verify --regions K` (lucid/regions.py); `residual`: the
+    residual sets of `lucid verify --residual M` (lucid/residual.py). Each class's `upper` always
+    bounds every network, so a reader that knows neither section stays sound."""
     content = {"format": BOUNDS_FORMAT, "solver": solver, "options": options, "bounds": bounds}
     if regions is not None:
         content["regions"] = regions
+    if residual is not None:
+        content["residual"] = residual
     write_json_atomic(Path(run_dir) / BOUNDS_FILE, content)
+    remove_stale_files(run_dir, residual)  # after the rename: the old bounds.json named the old file until then
     return content
 
 

@@ -212,6 +212,9 @@ class VerifySettings:
         rows, through the run's AGT box: one MILP per class, `lucid.analysis.agt_box`).
     regions: up to this many boxes of the domain get their own bounds (`lucid.bab.regions`; 1: one
         bound per class); public_inputs: an .npz of public inputs that weighs where boxes are cut.
+    residual: M, the size of each class's residual set (`lucid.residual`): the M networks with the
+        highest screened bounds are set aside, checked at query time, and the engine bounds the
+        others (the level L_c); 0: one bound over every network.
     """
 
     solver: str = "highs"
@@ -244,6 +247,7 @@ class VerifySettings:
     hyper: str = "loo"
     regions: int = 1
     public_inputs: str | None = None
+    residual: int = 0
 
     def __post_init__(self) -> None:
         _positive("--time-limit", self.time_limit)
@@ -276,6 +280,7 @@ class VerifySettings:
         if self.workers is not None:
             object.__setattr__(self, "workers", int(self.workers))
         self._check_regions()
+        self._check_residual()
         object.__setattr__(self, "hyper", f"agt:{self.removals}" if self.removals else "loo")
         if self.removals:
             self._check_box_mode()
@@ -309,6 +314,17 @@ class VerifySettings:
                   if on]
         if unused:
             raise LucidError(f"{', '.join(unused)} cannot be combined with --regions (yet)")
+
+    def _check_residual(self) -> None:
+        if isinstance(self.residual, bool) or not isinstance(self.residual, int) or self.residual < 0:
+            raise LucidError(f"--residual must be a whole number >= 0, got {self.residual!r}")
+        if self.residual == 0:
+            return
+        unused = [flag for flag, on in (("--regions", self.regions > 1), (f"--hyper {self.hyper}", self.removals > 0),
+                                        ("--screen none", self.screen == "none"), ("--naive", self.naive)) if on]
+        if unused:
+            # the residual set is ranked by the screen; per-box residual sets are not built yet
+            raise LucidError(f"{', '.join(unused)} cannot be combined with --residual (yet)")
 
     @property
     def removals(self) -> int:
@@ -362,7 +378,9 @@ class VerifySettings:
         return {"solver": self.solver, "tau": self.tau, "gap": self.gap, "rel_gap": self.rel_gap, "md": self.md,
                 "ris": self.ris, "bab": self.bab, "naive": self.naive, "screen": self.screen, "search": self.search,
                 "bounds": self.bounds, "node_time_limit": self.node_time_limit, "classes": list(classes),
-                "hyper": self.hyper, "regions": self.regions, "public_inputs": self.public_inputs}
+                "hyper": self.hyper, "regions": self.regions, "public_inputs": self.public_inputs,
+                # only when set, so that checkpoints written before the option still resume
+                **({"residual": self.residual} if self.residual else {})}
 
     def to_json(self) -> dict:
         out = {f.name: getattr(self, f.name) for f in fields(self)}  # not asdict: it deep-copies a Client

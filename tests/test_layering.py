@@ -26,7 +26,7 @@ SOLVER_PACKAGES = {"highspy", "gurobipy", "pulp", "pyscipopt"}
 LAYERS = [
     {"__init__", "__version__", "errors", "atomic", "worker_inputs", "cluster", "adam"},  # foundations
     {"network", "convolution", "network_cache", "data", "rundir", "regions", "region_lookup", "hyper", "witness",
-     "dynamic_range"},  # networks and run directories
+     "dynamic_range", "residual"},  # networks and run directories
     {"interop"},  # ONNX / state-dict import and export of run directories, VNN-LIB queries
     {"milp"},  # the solver-neutral model
     {"solvers"},  # backends

@@ -693,7 +693,7 @@ def test_serve_answers_by_each_inputs_box(region_run, tmp_path):
     clf = LabelOnlyClassifier(run, epsilon=0.0, memo=Memo(None))
     xn = np.random.default_rng(7).random((400, 2))
     labels, noised = clf.decide(xn)
-    globally = clf.without_regions().decide(xn)[1]
+    globally = clf.with_global_bounds().decide(xn)[1]
     gained = ~noised & globally
     assert gained.sum() >= 20  # inputs the boxes release and the per-class bounds would not (a draw each)
     offset, scale = read_scaler(run)

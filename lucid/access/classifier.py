@@ -61,6 +61,8 @@ from lucid.atomic import read_json
 from lucid.errors import LucidError
 from lucid.network import NetworkFile, stack_from_tensors
 from lucid.regions import RegionTree
+from lucid.residual import ResidualSets, read_residual
+from lucid.access.residual_check import ResidualCheck
 from lucid.dynamic_range import check_network_range
 from lucid.rundir import BOUNDS_FORMAT, Run, open_run, read_scaler
 
@@ -76,16 +78,27 @@ def load_upper_bounds(run: Run) -> np.ndarray:
 
 def load_bounds(run: Run) -> tuple[np.ndarray, RegionTree | None]:
     """(beta_c per class, the per-box bounds of `lucid verify --regions` or None) from RUN/bounds.json."""
+    upper, regions, _ = load_served_bounds(run)
+    return upper, regions
+
+
+def load_served_bounds(run: Run) -> tuple[np.ndarray, RegionTree | None, ResidualSets | None]:
+    """beta_c per class, and the sections that refine it: the per-box bounds of `--regions` and
+    the residual sets of `--residual` (each None when absent), from RUN/bounds.json."""
     path = run.path / BOUNDS_FILE
     doc = read_json(path, missing=f"{path} does not exist: run `lucid verify {run.path}` first",
                     unreadable=f"{path} is corrupt")
     if not isinstance(doc, dict) or doc.get("format") != BOUNDS_FORMAT or not isinstance(doc.get("bounds"), dict):
         raise LucidError(f"{path} is not a {BOUNDS_FORMAT} file")
     upper = _class_bounds(doc, run, path)
-    regions = None
+    regions = residual = None
     if doc.get("regions") is not None:
         regions = RegionTree.from_json(doc["regions"], *run.domain, run.num_classes, str(path))
-    return upper, regions
+    if doc.get("residual") is not None:
+        if regions is not None:
+            raise LucidError(f"{path}: residual sets per region are not supported; verify with one of the two")
+        residual = read_residual(run.path, doc["residual"], run.num_classes, run.meta, str(path))
+    return upper, regions, residual
 
 
 def _class_bounds(doc: dict, run: Run, path: Path) -> np.ndarray:
@@ -163,7 +176,7 @@ class LabelOnlyClassifier:
         if len(self.labels) != self.num_classes:
             raise LucidError(f"run.json lists {len(self.labels)} labels for {self.num_classes} classes")
         self.classes_ = np.asarray(self.labels)
-        self.bounds, self.regions = load_bounds(run)
+        self.bounds, self.regions, residual = load_served_bounds(run)
         # A diverged leave-one-out network voids every bound: refuse the run (the whole file, streamed;
         # `lucid budget` and `lucid report` only need N's fingerprint from load_n and skip this).
         NetworkFile(run.path, run.meta).check_finite()
@@ -187,6 +200,16 @@ class LabelOnlyClassifier:
             self._lookup = self.regions.lookup_arrays()
             self.region_thresholds = release_thresholds(np.array(self.regions.bound_upper), self.confidence_error)
             served = BoundsRecord(np.array(self.regions.bound_upper), self.regions.digest())
+        # --residual: released above the level L_c when the residual networks agree (lucid.residual);
+        # the memo's record names the residual file, so answers checked by other networks are refused.
+        self.residual: ResidualCheck | None = None
+        if residual is not None:
+            for k in range(len(residual.positions)):
+                check_network_range([w[k] for w in residual.stack.weights], [b[k] for b in residual.stack.biases],
+                                    lower, upper, f"{run.path}: residual network at position {residual.positions[k]}")
+            self.residual = ResidualCheck(residual, lower, upper)
+            self.residual_thresholds = release_thresholds(residual.levels, self.confidence_error)
+            served = BoundsRecord(residual.levels, f"residual:{residual.digest}")
         slack = _DOMAIN_TOLERANCE * np.maximum(1.0, np.maximum(np.abs(lower), np.abs(upper)))
         self._lower_tol, self._upper_tol = lower - slack, upper + slack
         # The memo records the epsilon and bounds of its draws and refuses others (memo_meta.py).
@@ -279,6 +302,8 @@ class LabelOnlyClassifier:
             cls = s.argmax(axis=1)
             top2 = np.partition(s, -2, axis=1)[:, -2:]
             conf = top2[:, 1] - top2[:, 0]  # = score_c - runner-up (0 on ties)
+        if self.residual is not None:  # both terms for every row: no branch on the answer
+            return cls, needs_noise(conf, cls, self.residual_thresholds) | ~self.residual.agree(xn, cls)
         if self.regions is None:
             return cls, needs_noise(conf, cls, self.thresholds)
         return cls, needs_noise(conf, cls, self.region_thresholds[self._lookup.locate(xn)])
@@ -331,11 +356,17 @@ class LabelOnlyClassifier:
         """The privacy ledger of this classifier's memo: one ClientTotals per client."""
         return summarise(self.memo.ledger_rows(), DEFAULT_DELTA if delta is None else delta)
 
-    def without_regions(self) -> "LabelOnlyClassifier":
-        """The same classifier answering with the per-class bounds alone (the memo, the mechanism's
-        source and the settings shared): `lucid evaluate`'s side-by-side comparison."""
+    @property
+    def rule(self) -> str:
+        """Which release rule answers: "global" (beta_c), "regions" or "residual"."""
+        return "regions" if self.regions is not None else "residual" if self.residual is not None else "global"
+
+    def with_global_bounds(self) -> "LabelOnlyClassifier":
+        """The same classifier answering with beta_c alone, without regions or residual check (the
+        memo, the mechanism's source and the settings shared): `lucid evaluate`'s side-by-side
+        comparison."""
         plain = copy.copy(self)
-        plain.regions = None
+        plain.regions = plain.residual = None
         return plain
 
     def close(self) -> None:

@@ -3,8 +3,9 @@
 On the run's test split, per epsilon:
   plain        N's accuracy without protection;
   lucid        Algorithm 2: noise only where N's confidence <= the class's iDP-DB (bounds.json;
-               with `lucid verify --regions`, the bound of the input's box);
-  lucid_global with regions only: the same with one bound per class (side by side);
+               with `lucid verify --regions`, the bound of the input's box; with `--residual M`,
+               the level L_c, and also where a residual network disagrees);
+  lucid_global with regions or residual sets only: the same with one bound per class (side by side);
   naive_noise  the exponential mechanism on every query;
   naive_idp    every query through all n+1 networks; noise exactly where they disagree
                (the exact leaking set: sound and tight, but pays n+1 forward passes per query).
@@ -99,8 +100,8 @@ def evaluate_run(
     accuracy: dict[str, Any] = {"plain": float(np.mean(n_cls == y)), "lucid": {}, "naive_noise": {}, "naive_idp": {}}
     noised_fraction = {"lucid": float(noised.mean()), "naive_noise": 1.0, "naive_idp": float(leaking.mean())}
     global_clf = None
-    if clf.regions is not None:  # the same run with one bound per class, side by side
-        global_clf = clf.without_regions()
+    if clf.rule != "global":  # the same run with one bound per class, side by side
+        global_clf = clf.with_global_bounds()
         accuracy["lucid_global"] = {}
         noised_fraction["lucid_global"] = float(global_clf.decide(x)[1].mean())
     lucid_ms = []
@@ -126,6 +127,9 @@ def evaluate_run(
         masks["lucid_global"] = global_clf.decide(x)[1]
     correct = n_cls == y
     result = {
+        # which rule "lucid" is, where it is not the global bounds (then also in "lucid_global")
+        **({"rule": clf.rule} if clf.rule != "global" else {}),
+        **({"residual_size": clf.residual.size} if clf.residual is not None else {}),
         "accuracy": accuracy,
         # the mean over the mechanism's draws, exactly: one draw's accuracy varies by a point or more
         # on a few hundred test inputs, which hides differences between the mechanisms
@@ -180,8 +184,9 @@ def _time_single(clf: LabelOnlyClassifier, x: np.ndarray) -> float:
 def markdown_table(result: dict[str, Any], epsilons: list[tuple[str, float]]) -> str:
     acc = result["accuracy"]
     pct = lambda v: f"{100 * v:.1f} %"  # noqa: E731
-    regions = "lucid_global" in acc  # LUCID is then region-wise, next to its global bounds
-    head = "| ε | N (no privacy) | LUCID (regions) | LUCID (global) |" if regions else "| ε | N (no privacy) | LUCID |"
+    regions = "lucid_global" in acc  # LUCID is then region-wise or residual, next to its global bounds
+    rule = f"residual M = {result['residual_size']}" if result.get("rule") == "residual" else "regions"
+    head = f"| ε | N (no privacy) | LUCID ({rule}) | LUCID (global) |" if regions else "| ε | N (no privacy) | LUCID |"
     lines = [head + " Naive-Noise | Naive-iDP |", "|---|---|---|---|---|" + ("---|" if regions else "")]
     for key, _ in epsilons:
         glob = f" {pct(acc['lucid_global'][key])} |" if regions else ""
@@ -190,7 +195,7 @@ def markdown_table(result: dict[str, Any], epsilons: list[tuple[str, float]]) ->
             f"| {pct(acc['naive_idp'][key])} |"
         )
     nf, ms = result["noised_fraction"], result["access_ms"]
-    cols = "| | LUCID (regions) | LUCID (global) |" if regions else "| | LUCID |"
+    cols = f"| | LUCID ({rule}) | LUCID (global) |" if regions else "| | LUCID |"
     glob_nf = f" {pct(nf['lucid_global'])} |" if regions else ""
     dash = " – |" if regions else ""
     lines += [

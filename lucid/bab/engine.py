@@ -132,9 +132,24 @@ class Engine:
             heapq.heappush(cs.pending_heap, (-node.upper, node.id))
         return node
 
+    def _verified_positions(self, cs: ClassState) -> np.ndarray:
+        """The positions the engine bounds: every network, or with --residual M all but the class's
+        residual set, chosen here once (the M highest screened bounds, ties by position)."""
+        positions = np.arange(1, self.num_networks, dtype=np.int64)
+        if self.config.residual and cs.residual is None and cs.screen is not None:
+            candidates = positions[cs.screen[positions] > -INF]  # a network screened harmless needs no check
+            order = np.lexsort((candidates, -cs.screen[candidates]))
+            cs.residual = np.sort(candidates[order[: self.config.residual]])
+            ranked = np.sort(cs.screen[cs.residual])[::-1]
+            self.session.emit("residual", cs.cls, networks=len(cs.residual), positions=cs.residual.tolist(),
+                              bounds=[float(b) for b in ranked])
+        if cs.residual is None:
+            return positions
+        return np.setdiff1d(positions, cs.residual, assume_unique=True)
+
     def _seed(self, cs: ClassState) -> None:
         """The root node(s) of a fresh class."""
-        positions = np.arange(1, self.num_networks, dtype=np.int64)
+        positions = self._verified_positions(cs)
         self.session.emit("class_started", cs.cls, networks=len(positions))
         if self.config.naive:
             for p in positions:
@@ -164,7 +179,7 @@ class Engine:
     def _unseeded(self, cs: ClassState) -> None:
         """A class the time limit ended before its first node (a seed's witness search and screen
         refinement take seconds per class): it keeps its screened bound, or none."""
-        positions = np.arange(1, self.num_networks, dtype=np.int64)
+        positions = self._verified_positions(cs) if cs.screen is not None else np.arange(1, self.num_networks)
         if cs.screen is not None:
             cs.upper = min(cs.upper, self.screening.upper(cs, positions))
         self.anytime.finish(cs, False, "time limit")

@@ -14,6 +14,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 # Engine, LiveDisplay, the executors and the class-level witness search are looked up through
 # their modules at call time, so a test or a benchmark can substitute them.
 import lucid.bab.dask_workers as dask_workers
@@ -31,6 +33,7 @@ from lucid.bab.state import ClassState
 from lucid.errors import LucidError
 from lucid.analysis.problem import VerificationProblem
 from lucid.analysis.screen import Screen
+from lucid.residual import ClassResidual, write_residual
 from lucid.rundir import bound_entry_value, open_run, write_bounds
 from lucid.settings import VerifySettings, settings_with_options
 
@@ -67,11 +70,21 @@ def _make_executor(problem: VerificationProblem, settings: VerifySettings) -> ex
     return executors.ProcessExecutor(problem, settings, settings.workers)
 
 
-def _bounds_entries(engine: bab_engine.Engine) -> dict[str, dict]:
+def _residual_sets(engine: bab_engine.Engine) -> dict[int, ClassResidual]:
+    """Each class's residual set with its members' screened bounds; the engine's upper is its level."""
+    out = {}
+    for c, cs in engine.states.items():
+        if cs.residual is not None:
+            out[c] = ClassResidual(cs.upper, cs.residual, cs.screen[cs.residual].astype(np.float64))
+    return out
+
+
+def _bounds_entries(engine: bab_engine.Engine, residual: dict[int, ClassResidual]) -> dict[str, dict]:
     out = {}
     for c, cs in sorted(engine.states.items()):
         out[str(c)] = {
-            "upper": bound_entry_value(cs.upper, upper=True),
+            # over every network: the level, or with a residual set the larger of it and its members' bounds
+            "upper": bound_entry_value(residual[c].highest if c in residual else cs.upper, upper=True),
             "lower": bound_entry_value(cs.lower, upper=False),
             "complete": bool(cs.complete),
             # finished without using --gap / --rel-gap (upper = the largest proved node bound)
@@ -96,6 +109,8 @@ def verify_run(run_dir: str | Path, settings: VerifySettings | None = None, **op
         settings = settings_with_options(settings, "verify", options)
     run = open_run(run_dir)
     classes = settings.resolve_classes(run.num_classes)
+    if settings.residual > run.train_size:
+        raise LucidError(f"--residual {settings.residual} exceeds the run's {run.train_size} leave-one-out networks")
     result_options = settings.result_options(classes)
     run_path = Path(run.path)
     ckpt_path = run_path / CHECKPOINT_FILE
@@ -160,7 +175,10 @@ def verify_run(run_dir: str | Path, settings: VerifySettings | None = None, **op
         restore()
         executor.close()
         log.close()
-    result = write_bounds(run_path, _bounds_entries(engine), solver=settings.solver, options=all_options)
+    residual = _residual_sets(engine)
+    section = write_residual(run_path, residual, settings.residual) if settings.residual else None
+    result = write_bounds(run_path, _bounds_entries(engine, residual), solver=settings.solver, options=all_options,
+                          residual=section)
     with EventLog(run_path / LOG_FILE, elapsed_before=engine.elapsed(), append=True) as tail:
         tail.emit("finished", None, bounds=result["bounds"])
     return result

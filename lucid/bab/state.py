@@ -42,6 +42,9 @@ class ClassState:
     # noised public points); like --gap, nodes proved below it are closed with their bound kept in
     # upper. Set per box by lucid.bab.regions, never checkpointed.
     target: float | None = None
+    # --residual M: the positions set aside for the query-time check (lucid.residual); the engine
+    # bounds the others, so `upper` is then the level L_c over them. None: every network (M = 0).
+    residual: np.ndarray | None = None
 
     # --- bookkeeping ---------------------------------------------------------------------------
     def active_max(self) -> float:
@@ -66,6 +69,7 @@ class ClassState:
             "seconds": self.seconds,
             "seekers": self.seekers,
             "nodes": [n.to_json() for n in self.nodes.values()],
+            **({} if self.residual is None else {"residual": [int(p) for p in self.residual]}),
         }
 
     @classmethod
@@ -85,6 +89,7 @@ class ClassState:
             within_gap=bool(obj.get("within_gap", False)),
             seconds=float(obj["seconds"]),
             seekers=int(obj.get("seekers", 0)),
+            residual=None if obj.get("residual") is None else np.asarray(obj["residual"], dtype=np.int64),
         )
         for raw in obj["nodes"]:
             node = Node.from_json(raw)

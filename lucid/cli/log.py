@@ -32,6 +32,7 @@ def _render(events: list[dict], max_rows: int, regions: RegionView | None = None
 
     curves = anytime_curves(events)
     summary = node_summary(events)
+    residual = {e["class"]: e for e in events if e.get("event") == "residual"}
     parts = []
     for c in sorted(set(curves) | set(summary)):
         pts = curves.get(c, [])
@@ -45,6 +46,7 @@ def _render(events: list[dict], max_rows: int, regions: RegionView | None = None
                    f"closed {s.get('closed', 0)}; seconds/node mean {sum(secs) / len(secs) if secs else 0:.2f} "
                    f"max {max(secs) if secs else 0:.2f}; statuses: {statuses}"),
             title_justify="left",
+            caption=_residual_caption(residual.get(c)), caption_justify="left",
         )
         for col in ("t [s]", "lower", "upper", "gap", "upper/lower"):
             table.add_column(col, justify="right")
@@ -57,6 +59,16 @@ def _render(events: list[dict], max_rows: int, regions: RegionView | None = None
     if regions is not None:
         parts.append(_region_table(regions))
     return Group(*parts)
+
+
+def _residual_caption(event: dict | None) -> str | None:
+    """With --residual M: what the upper column is, and the set's screened bounds, ranked."""
+    if event is None:
+        return None
+    ranked = event.get("bounds") or []
+    shown = ", ".join(_fmt(b) for b in ranked[:8]) + (f", … {_fmt(ranked[-1])}" if len(ranked) > 8 else "")
+    return (f"upper is the level L_c over the networks outside the residual set; the set's {event.get('networks')} "
+            f"networks (checked at query time), screened bounds highest first: {shown or '-'}")
 
 
 def _slowest_table(events: list[dict], count: int):

@@ -68,10 +68,14 @@ def _print_summary(result: dict) -> None:
 @click.option("--public-inputs", type=click.Path(dir_okay=False, path_type=str), default=None,
               help="An .npz with an array X of public inputs (the data's units) that weighs where --regions cuts "
                    "(default: uniform samples of the domain). Never the training rows.")
+@click.option("--residual", type=int, default=_default("residual"), show_default=True,
+              help="M: per class, the M networks the screens rank highest are checked at query time (the residual "
+                   "check) and the verification bounds the others; an input is released when its confidence is above "
+                   "that level and those M networks agree with N. 0: one bound over every network.")
 @click.option("--quiet", is_flag=True, help="No live progress display.")
 def command(run_dir, solver, workers, time_limit, node_time_limit, classes, tau, gap, rel_gap, resume, scheduler,
             no_md, no_ris, no_bab, naive, screen, no_screen, device, no_search, split_time, split_race,
-            split_space, bounds, hyper, regions, public_inputs, quiet) -> None:
+            split_space, bounds, hyper, regions, public_inputs, residual, quiet) -> None:
     from lucid.bab import verify_run
     from lucid.errors import LucidError
 
@@ -84,6 +88,7 @@ def command(run_dir, solver, workers, time_limit, node_time_limit, classes, tau,
         classes=classes, tau=tau, gap=gap, rel_gap=rel_gap, md=not no_md, ris=not no_ris, bab=not no_bab, naive=naive,
         resume=resume, scheduler=scheduler, progress=not quiet, screen=screen, device=device, search=not no_search,
         split_time=split_time, split_race=split_race, split_space=split_space, bounds=bounds, hyper=hyper, regions=regions, public_inputs=public_inputs,
+        residual=residual,
     )
     result = verify_run(run_dir, settings)
     _print_summary(result)

@@ -109,6 +109,8 @@ class VerificationFacts:
     classes: tuple[ClassBound, ...]
     log_present: bool
     regions: int = 1  # leaves of `lucid verify --regions K` (1: one bound per class)
+    residual: int = 0  # M of `lucid verify --residual M` (0: no residual check)
+    levels: tuple[tuple[int, float | None, int], ...] = ()  # per class: (class, L_c, networks in R_c)
 
 
 @dataclass(frozen=True)

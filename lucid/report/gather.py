@@ -93,10 +93,14 @@ def _verification(run: Run, class_logs: Mapping[int, ClassLog] | None) -> Verifi
             leaking_row=None if e.get("leaking_row") is None else int(e["leaking_row"]),
             removals=int(e.get("removals", 1)), log=(class_logs or {}).get(c)))
     regions = doc.get("regions")
+    residual = doc.get("residual") if isinstance(doc.get("residual"), dict) else {}
+    levels = tuple((int(c), _num(e.get("level")), len(e.get("positions") or []))
+                   for c, e in sorted((residual.get("classes") or {}).items(), key=lambda kv: int(kv[0])))
     return VerificationFacts(solver=str(doc.get("solver", "?")), hyper=str(options.get("hyper", "loo")),
                              options=tuple(sorted(options.items())), classes=tuple(classes),
                              log_present=class_logs is not None,
-                             regions=int(regions.get("leaves", 1)) if isinstance(regions, dict) else 1)
+                             regions=int(regions.get("leaves", 1)) if isinstance(regions, dict) else 1,
+                             residual=int(residual.get("size", 0) or 0), levels=levels)
 
 
 def _num(v: Any) -> float | None:

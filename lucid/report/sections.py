@@ -161,6 +161,14 @@ def _bounds(f: ReportFacts) -> Section:
                                 "bound per class (`lucid log RUN` lists them); an input is released when N's "
                                 "confidence is above the bound of its own box. The table shows each class's bound "
                                 "over the whole domain (the largest box bound).", "note"))
+    if v.residual:
+        levels = "; ".join(f"class {c}: L = {'none proved' if level is None else f'{level:.4g}'}, {size} networks"
+                           for c, level, size in v.levels)
+        blocks.append(Paragraph(f"Residual check (M = {v.residual}): per class, the networks the screen ranked highest "
+                                "(at most M) are evaluated at every query, and the verification bounds the others by "
+                                f"a level L ({levels}). An input is released when N's confidence is above its class's "
+                                "level and every network of the class's set gives N's label; either way the label "
+                                "is the same from all networks. The table's β_c covers every network.", "note"))
     if any(c.removals > 1 for c in v.classes):
         blocks.append(Paragraph("Classes verified over an AGT box hold for every data set within K removed rows "
                                 "of D (group iDP).", "note"))

@@ -1,0 +1,287 @@
+"""The residual check (`lucid verify --residual M`): the level, the stored sets and the release rule,
+each against an independent computation in exact rational arithmetic (tests/exact_oracle.py)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bab_fixtures import write_tiny_run
+from exact_oracle import exact_label_and_agreement, exact_scores, exact_singleton
+from lucid.access import LabelOnlyClassifier
+from lucid.access.evaluate import leaking_set
+from lucid.bab import verify_run
+from lucid.errors import LucidError
+from lucid.network import load_networks
+
+M = 3
+
+
+def _lucid(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "lucid", *args], capture_output=True, text=True)
+
+
+@pytest.fixture(scope="module")
+def verified(tmp_path_factory) -> Path:
+    run = write_tiny_run(tmp_path_factory.mktemp("residual") / "run", networks=10, classes=3, seed=6,
+                         spread=(0.01, 0.03, 0.08))
+    verify_run(run, workers=1, progress=False, residual=M, time_limit=60)
+    return run
+
+
+def _copy(run: Path, tmp_path: Path) -> Path:
+    out = tmp_path / "run"
+    shutil.copytree(run, out)
+    return out
+
+
+def _section(run: Path) -> dict:
+    return json.loads((run / "bounds.json").read_text())["residual"]
+
+
+def _net(stack, j):
+    return [w[j] for w in stack.weights], [b[j] for b in stack.biases]
+
+
+def _exact_betas(stack, cls: int) -> list[Fraction | None]:
+    """beta*_{cls,{j}} of every leave-one-out network j (None: no input makes it leak)."""
+    return [exact_singleton(_net(stack, 0), _net(stack, j), cls, [0.0, 0.0], [1.0, 1.0])[0]
+            for j in range(1, len(stack))]
+
+
+def test_the_level_bounds_every_network_outside_the_set_and_upper_bounds_all(verified):
+    stack = load_networks(verified)
+    doc = json.loads((verified / "bounds.json").read_text())
+    section = doc["residual"]
+    assert section["size"] == M and (verified / section["file"]).exists()
+    for key, entry in section["classes"].items():
+        c = int(key)
+        betas = _exact_betas(stack, c)
+        members = set(entry["positions"])
+        assert len(members) <= M
+        outside = [b for j, b in enumerate(betas, start=1) if j not in members and b is not None]
+        level = entry["level"]
+        if outside:
+            assert level is not None and Fraction(level) >= max(outside)
+        for j, bound in zip(entry["positions"], entry["bounds"]):  # each member's stored bound is sound
+            assert betas[j - 1] is None or (bound is not None and Fraction(bound) >= betas[j - 1])
+        # the class's upper covers every network, so a reader without the residual rule stays sound
+        every = [b for b in betas if b is not None]
+        upper = doc["bounds"][key]["upper"]
+        assert not every or Fraction(upper) >= max(every)
+        # the set is the M highest screened bounds: the level is not above a member's bound
+        assert level is None or not entry["bounds"] or min(b for b in entry["bounds"]) >= level - 1e-12
+
+
+def _crossings(values_at, xs: np.ndarray, level: float, steps: int = 60) -> list[np.ndarray]:
+    """Points on segments between random inputs where values_at(x) crosses `level`, bisected to
+    neighbouring floats on both sides."""
+    out = []
+    for a, b in zip(xs[:-1], xs[1:]):
+        va, vb = values_at(np.vstack([a, b]))
+        if not np.isfinite([va, vb]).all() or (va > level) == (vb > level):
+            continue
+        lo, hi = (a, b) if va <= level else (b, a)
+        for _ in range(steps):
+            mid = (lo + hi) / 2
+            if values_at(mid[None])[0] > level:
+                hi = mid
+            else:
+                lo = mid
+        out += [lo, hi]
+    return out
+
+
+def _released_rows_agree_exactly(clf, stack, xs: np.ndarray) -> int:
+    cls, noised = clf.decide(xs)
+    for x, c in zip(xs[~noised], cls[~noised]):
+        label, agree = exact_label_and_agreement(stack, x)
+        assert label == c and agree, f"released {x.tolist()} although some network disagrees exactly"
+    return int((~noised).sum())
+
+
+def test_every_release_agrees_with_all_networks_exactly_also_at_one_ulp_from_each_bound(verified):
+    stack = load_networks(verified)
+    clf = LabelOnlyClassifier.from_run(verified, epsilon=1.0)
+    rng = np.random.default_rng(0)
+    xs = rng.random((300, 2))
+    points = [xs]
+    section = _section(verified)
+    n_conf = lambda x: _class_margin(stack, 0, x, clf.decide(x)[0])  # noqa: E731
+    for entry in section["classes"].values():
+        for level in [entry["level"], *entry["bounds"]]:
+            if level is not None:
+                points += _crossings(n_conf, xs[:80], float(level) + clf.confidence_error)
+                points += _crossings(n_conf, xs[:80], float(level))
+    for j in np.unique(np.concatenate([e["positions"] for e in section["classes"].values()])):  # a member's own boundary
+        points += _crossings(lambda x, j=int(j): _class_margin(stack, j, x, clf.decide(x)[0]), xs[:80], 0.0)
+    allx = np.vstack(points)
+    assert len(allx) > 300
+    released = _released_rows_agree_exactly(clf, stack, allx)
+    assert released > 50  # the rule releases most inputs, not a vacuous pass
+    # the check does work: some input above the level is noised because a member disagrees
+    cls, noised = clf.decide(xs)
+    above = ~(clf.residual_thresholds[cls] >= _class_margin(stack, 0, xs, cls))
+    assert (above & noised).any()
+
+
+def _class_margin(stack, j: int, x: np.ndarray, cls: np.ndarray) -> np.ndarray:
+    """Network j's float margin s_cls - max_{t != cls} s_t at each row of x."""
+    s = stack.forward(np.atleast_2d(x))[j]
+    rows = np.arange(len(s))
+    own = s[rows, cls].copy()
+    s[rows, cls] = -np.inf
+    return own - s.max(axis=1)
+
+
+def test_a_level_one_ulp_below_the_exact_bound_flips_no_release(verified, tmp_path):
+    """The stored level only ever matters through N's float error margin: a level wrong by a ulp
+    (below the exact bound over the networks outside the set) still releases nothing that leaks."""
+    run = _copy(verified, tmp_path)
+    stack = load_networks(run)
+    doc = json.loads((run / "bounds.json").read_text())
+    for key, entry in doc["residual"]["classes"].items():
+        members = set(entry["positions"])
+        outside = [b for j, b in enumerate(_exact_betas(stack, int(key)), start=1) if j not in members and b is not None]
+        if outside:
+            entry["level"] = float(np.nextafter(float(max(outside)), -np.inf))
+    (run / "bounds.json").write_text(json.dumps(doc))
+    clf = LabelOnlyClassifier.from_run(run, epsilon=1.0)
+    xs = np.random.default_rng(1).random((200, 2))
+    points = [xs]
+    for entry in doc["residual"]["classes"].values():
+        if entry["level"] is not None:
+            points += _crossings(lambda x: _class_margin(stack, 0, x, clf.decide(x)[0]), xs[:80],
+                                 entry["level"] + clf.confidence_error)
+    _released_rows_agree_exactly(clf, stack, np.vstack(points))
+
+
+def test_with_every_network_in_the_set_the_rule_is_naive_idp(tmp_path):
+    run = write_tiny_run(tmp_path / "run", networks=6, classes=2, seed=2)
+    verify_run(run, workers=1, progress=False, residual=6, time_limit=60)
+    clf = LabelOnlyClassifier.from_run(run, epsilon=1.0)
+    xs = np.random.default_rng(3).random((2000, 2))
+    leaking = leaking_set(load_networks(run), xs)
+    noised = clf.decide(xs)[1]
+    assert not (~noised & leaking).any()
+    assert leaking.any()
+    # besides the leaking set, only inputs within float error of some network's boundary are noised
+    stack = load_networks(run)
+    cls = clf.decide(xs)[0]
+    close = np.zeros(len(xs), dtype=bool)
+    for j in range(len(stack)):
+        close |= _class_margin(stack, j, xs, cls) <= 1e-6
+    assert not (noised & ~leaking & ~close).any()
+
+
+def test_the_check_does_the_same_work_for_level_check_and_noise(verified):
+    """Released, noised by the level and noised by a residual network that disagrees: the same draws
+    and the same memo statements for every row (module docstring of lucid.access.residual_check)."""
+    stack = load_networks(verified)
+    probe = LabelOnlyClassifier.from_run(verified, epsilon=0.0)
+    xs = np.random.default_rng(9).random((3000, 2))
+    cls, noised = probe.decide(xs)
+    above = _class_margin(stack, 0, xs, cls) > probe.residual_thresholds[cls]
+    groups = {"released": xs[~noised], "by level": xs[~above], "by check": xs[above & noised]}
+    assert all(len(g) >= 5 for g in groups.values()), {k: len(g) for k, g in groups.items()}
+    traces = {}
+    for name, rows in groups.items():
+        clf = LabelOnlyClassifier.from_run(verified, epsilon=0.0, seed=0)
+        calls: list[int] = []
+        uniform = clf.rng.uniform
+        clf.rng.uniform = lambda n, calls=calls, uniform=uniform: calls.append(n) or uniform(n)
+        statements: list[str] = []
+        clf.memo._db.set_trace_callback(statements.append)
+        for i in range(5):
+            clf.predict_network_space(rows[i : i + 1])
+        clf.predict_network_space(rows[:5])  # repeats: the memo answers, nothing drawn
+        clf.memo._db.set_trace_callback(None)
+        traces[name] = (calls, len(statements))
+        clf.close()
+    assert traces["released"] == traces["by level"] == traces["by check"]
+
+
+# -- bad input --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("value,message", [("-1", "--residual must be a whole number >= 0"),
+                                           ("1.5", "'1.5' is not a valid integer"),
+                                           ("11", "--residual 11 exceeds the run's 10 leave-one-out networks")])
+def test_a_bad_residual_size_is_one_line_and_exit_2(verified, tmp_path, value, message):
+    run = _copy(verified, tmp_path)
+    result = _lucid("verify", str(run), "--residual", value, "--quiet")
+    assert result.returncode == 2
+    assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("flags", [["--regions", "4"], ["--screen", "none"], ["--naive"]])
+def test_options_the_residual_set_cannot_use_are_refused(verified, tmp_path, flags):
+    result = _lucid("verify", str(_copy(verified, tmp_path)), "--residual", "2", *flags, "--quiet")
+    assert result.returncode == 2 and "cannot be combined with --residual" in result.stderr
+
+
+def _damage_missing(run: Path) -> None:
+    (run / _section(run)["file"]).unlink()
+
+
+def _damage_truncated(run: Path) -> None:
+    path = run / _section(run)["file"]
+    path.write_bytes(path.read_bytes()[:-40])
+
+
+def _damage_foreign(run: Path) -> None:
+    """Another run's residual file, its digest written into this bounds.json: the networks differ."""
+    other = write_tiny_run(run.parent / "other", networks=10, classes=3, seed=5, spread=(0.1, 0.3, 0.6))
+    verify_run(other, workers=1, progress=False, residual=M, time_limit=60)
+    theirs = _section(other)
+    doc = json.loads((run / "bounds.json").read_text())
+    shutil.copy(other / theirs["file"], run / theirs["file"])
+    doc["residual"]["file"], doc["residual"]["sha256"] = theirs["file"], theirs["sha256"]
+    for key in doc["residual"]["classes"]:
+        doc["residual"]["classes"][key]["positions"] = theirs["classes"][key]["positions"]
+    (run / "bounds.json").write_text(json.dumps(doc))
+
+
+def _damage_non_finite(run: Path) -> None:
+    doc = json.loads((run / "bounds.json").read_text())
+    doc["residual"]["classes"]["0"]["level"] = "nan"
+    (run / "bounds.json").write_text(json.dumps(doc))
+
+
+def _damage_too_many(run: Path) -> None:
+    doc = json.loads((run / "bounds.json").read_text())
+    doc["residual"]["classes"]["0"]["positions"] = list(range(1, M + 2))
+    (run / "bounds.json").write_text(json.dumps(doc))
+
+
+@pytest.mark.parametrize("damage,message", [
+    (_damage_missing, "is missing"), (_damage_truncated, "truncated or altered"),
+    (_damage_foreign, "does not hold this run's residual networks"), (_damage_non_finite, "must be a finite number"),
+    (_damage_too_many, "at most 3 network positions")])
+def test_a_damaged_residual_file_is_refused_in_one_line(verified, tmp_path, damage, message):
+    run = _copy(verified, tmp_path)
+    damage(run)
+    with pytest.raises(LucidError, match=message):
+        LabelOnlyClassifier.from_run(run, epsilon=1.0)
+    result = _lucid("serve", str(run), "--epsilon", "1", "--port", "0")
+    assert result.returncode == 2 and message in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_a_resumed_verification_keeps_its_sets_and_a_plain_one_removes_the_file(verified, tmp_path):
+    run = _copy(verified, tmp_path)
+    before = _section(run)
+    verify_run(run, workers=1, progress=False, residual=M, time_limit=60, resume=True)
+    after = _section(run)
+    assert {k: v["positions"] for k, v in after["classes"].items()} == {
+        k: v["positions"] for k, v in before["classes"].items()}
+    with pytest.raises(LucidError):  # another M is another verification
+        verify_run(run, workers=1, progress=False, residual=M - 1, resume=True)
+    verify_run(run, workers=1, progress=False, time_limit=60)
+    assert "residual" not in json.loads((run / "bounds.json").read_text())
+    assert not list(run.glob("residual-*.safetensors"))
+    assert LabelOnlyClassifier.from_run(run, epsilon=1.0).rule == "global"
