@@ -20,8 +20,11 @@ from lucid.access.evaluate import leaking_set
 from lucid.bab import verify_run
 from lucid.errors import LucidError
 from lucid.network import load_networks
+from lucid.residual import ClassResidual, write_residual
+from lucid.rundir import write_bounds
 
 M = 3
+FAST = {"workers": 1, "progress": False, "split_time": 0}  # the split tier adds 30 s here and nothing to the bounds
 
 
 def _lucid(*args: str) -> subprocess.CompletedProcess:
@@ -32,7 +35,7 @@ def _lucid(*args: str) -> subprocess.CompletedProcess:
 def verified(tmp_path_factory) -> Path:
     run = write_tiny_run(tmp_path_factory.mktemp("residual") / "run", networks=10, classes=3, seed=6,
                          spread=(0.01, 0.03, 0.08))
-    verify_run(run, workers=1, progress=False, residual=M, time_limit=60)
+    verify_run(run, residual=M, time_limit=60, **FAST)
     return run
 
 
@@ -165,7 +168,7 @@ def test_a_level_one_ulp_below_the_exact_bound_flips_no_release(verified, tmp_pa
 
 def test_with_every_network_in_the_set_the_rule_is_naive_idp(tmp_path):
     run = write_tiny_run(tmp_path / "run", networks=6, classes=2, seed=2)
-    verify_run(run, workers=1, progress=False, residual=6, time_limit=60)
+    verify_run(run, residual=6, time_limit=60, **FAST)
     clf = LabelOnlyClassifier.from_run(run, epsilon=1.0)
     xs = np.random.default_rng(3).random((2000, 2))
     leaking = leaking_set(load_networks(run), xs)
@@ -237,13 +240,12 @@ def _damage_truncated(run: Path) -> None:
 def _damage_foreign(run: Path) -> None:
     """Another run's residual file, its digest written into this bounds.json: the networks differ."""
     other = write_tiny_run(run.parent / "other", networks=10, classes=3, seed=5, spread=(0.1, 0.3, 0.6))
-    verify_run(other, workers=1, progress=False, residual=M, time_limit=60)
-    theirs = _section(other)
     doc = json.loads((run / "bounds.json").read_text())
+    sets = {int(c): ClassResidual(0.0, np.asarray(e["positions"]), np.zeros(len(e["positions"])))
+            for c, e in doc["residual"]["classes"].items()}
+    theirs = write_residual(other, sets, M)  # the same positions, the other run's networks
     shutil.copy(other / theirs["file"], run / theirs["file"])
     doc["residual"]["file"], doc["residual"]["sha256"] = theirs["file"], theirs["sha256"]
-    for key in doc["residual"]["classes"]:
-        doc["residual"]["classes"][key]["positions"] = theirs["classes"][key]["positions"]
     (run / "bounds.json").write_text(json.dumps(doc))
 
 
@@ -275,13 +277,14 @@ def test_a_damaged_residual_file_is_refused_in_one_line(verified, tmp_path, dama
 def test_a_resumed_verification_keeps_its_sets_and_a_plain_one_removes_the_file(verified, tmp_path):
     run = _copy(verified, tmp_path)
     before = _section(run)
-    verify_run(run, workers=1, progress=False, residual=M, time_limit=60, resume=True)
+    verify_run(run, residual=M, time_limit=60, resume=True, **FAST)
     after = _section(run)
     assert {k: v["positions"] for k, v in after["classes"].items()} == {
         k: v["positions"] for k, v in before["classes"].items()}
     with pytest.raises(LucidError):  # another M is another verification
-        verify_run(run, workers=1, progress=False, residual=M - 1, resume=True)
-    verify_run(run, workers=1, progress=False, time_limit=60)
+        verify_run(run, residual=M - 1, resume=True, **FAST)
+    doc = json.loads((run / "bounds.json").read_text())  # a later verification without --residual
+    write_bounds(run, doc["bounds"], solver=doc["solver"], options=doc["options"])
     assert "residual" not in json.loads((run / "bounds.json").read_text())
     assert not list(run.glob("residual-*.safetensors"))
     assert LabelOnlyClassifier.from_run(run, epsilon=1.0).rule == "global"
