@@ -1,6 +1,6 @@
 """`lucid serve` under load: stalled connections, large batches and single-row clients together
-(scenario A), and the throughput of new single-row requests with 1 and 2 worker processes
-(scenario B).
+(scenario A), the throughput of new single-row requests with 1 and 2 worker processes
+(scenario B), and idle connections from many addresses against the connection cap (scenario C).
 
     python benchmarks/serve_load.py [--run RUN] [--stalled 1000] [--seconds 20] [--rows 10000,1000]
                                     [--throughput-seconds 10] [--connections 16] [--report FILE.md]
@@ -14,6 +14,11 @@ between them) and reports p50/p99 latency and errors; the server's peak RSS is s
 0.25 s (psutil if installed, else /proc). All of them connect from 127.0.0.1, so scenario A turns
 the per-address connection cap off (`--max-connections-per-ip 100000`): it measures the server with
 1 000 stalled connections open, which one address could otherwise not hold.
+
+Scenario C: `--flood` idle connections (default 1 100, more than the cap of 1 024) from
+`--flood-addresses` loopback addresses (127.0.0.2, ...; 55 each, under the per-address cap of 64),
+each opened again at once when the server closes it; the single-row client of A measures p50/p99
+and the share of its requests answered.
 
 Scenario B: `--connections` keep-alive connections from two client processes send new single-row
 requests as fast as the server answers, against `lucid serve --workers 1` and then `--workers 2`.
@@ -251,6 +256,48 @@ class Stalled:
                 writer.close()
 
 
+class IdleFlood:
+    """`count` idle connections (they send nothing) from `addresses` loopback addresses
+    (127.0.0.2, 127.0.0.3, ...), each reopened at once when the server closes it."""
+
+    def __init__(self, port: int, count: int, addresses: int) -> None:
+        self.port, self.count, self.addresses = port, count, addresses
+        self.open = 0
+        self.closed_by_server = 0
+        self.refused = 0
+        self.stop = asyncio.Event()
+
+    async def run(self) -> None:
+        await asyncio.gather(*(self._hold(f"127.0.0.{2 + i % self.addresses}") for i in range(self.count)))
+
+    async def _hold(self, source: str) -> None:
+        while not self.stop.is_set():
+            try:
+                reader, writer = await asyncio.open_connection("127.0.0.1", self.port, local_addr=(source, 0))
+            except OSError:
+                self.refused += 1
+                await asyncio.sleep(0.05)
+                continue
+            self.open += 1
+            try:
+                while not self.stop.is_set():
+                    try:
+                        data = await asyncio.wait_for(reader.read(4096), timeout=1.0)
+                    except asyncio.TimeoutError:
+                        continue
+                    if data.startswith(b"HTTP/1.1 503"):
+                        self.refused += 1
+                    break
+                else:
+                    continue
+                self.closed_by_server += 1
+            except OSError:
+                self.closed_by_server += 1
+            finally:
+                self.open -= 1
+                writer.close()
+
+
 async def request_loop(port: int, next_body: Callable[[], bytes], done: Callable[[], bool], out: dict,
                        pause: Callable[[], float] | None = None) -> None:
     """POST `next_body()` on one keep-alive connection until `done()`, each response's latency into
@@ -324,6 +371,25 @@ async def scenario_a(port: int, run: Path, inputs, stalled: int, seconds: float,
             "closed_by_server": holder.closed_by_server, "failed_connects": holder.failed_connects}
 
 
+async def scenario_c(port: int, run: Path, flood: int, addresses: int, seconds: float) -> dict:
+    """`flood` idle connections from `addresses` addresses against the connection cap, one single-row client."""
+    holder = IdleFlood(port, flood, addresses)
+    holding = asyncio.create_task(holder.run())
+    await asyncio.sleep(2.0)
+    opened = holder.open
+    queue = multiprocessing.Queue()
+    client = multiprocessing.Process(target=_singles_process, args=(port, str(run), seconds, queue))
+    client.start()
+    while client.is_alive() and queue.empty():
+        await asyncio.sleep(0.1)
+    single = await asyncio.to_thread(queue.get)
+    client.join()
+    holder.stop.set()
+    await holding
+    return {"single": single, "flood_opened": opened, "closed_by_server": holder.closed_by_server,
+            "refused": holder.refused}
+
+
 def _throughput_process(port: int, connections: int, seconds: float, run: str, queue) -> None:
     """`connections` clients sending new single rows as fast as they are answered, for `seconds`."""
     inputs = make_inputs(Path(run))
@@ -360,7 +426,7 @@ def ms(seconds: float) -> str:
 
 
 def report(args, runs_a: dict[int, tuple[dict, int]], b: dict[int, dict], b_rss: dict[int, int], loads: list,
-           run_note: str) -> str:
+           run_note: str, c: dict | None = None) -> str:
     lines = [
         "# `lucid serve` under load (`benchmarks/serve_load.py`)",
         "",
@@ -388,6 +454,23 @@ def report(args, runs_a: dict[int, tuple[dict, int]], b: dict[int, dict], b_rss:
             f"**{ms(np.percentile(single, 99))}** | {ms(single.max())} | {len(large)} ({a['large']['errors']}), "
             f"{ms(np.median(large))} | {a['stalled_opened']} / {a['stalled_open_at_end']}, {a['closed_by_server']} "
             f"(failed connects: {a['failed_connects']}) | {rss / 2**20:.0f} MiB |")
+    if c is not None:
+        single = np.array(c["single"]["latencies"])
+        answered = len(single) - c["single"]["errors"]
+        lines += [
+            "",
+            f"## C: {args.flood} idle connections from {args.flood_addresses} addresses, one single-row client",
+            "",
+            "Each idle connection is opened again at once when the server closes it; the server keeps its "
+            "default caps (1 024 connections, 64 per address). At the cap the server closes the connection "
+            "idle longest for a newcomer (`lucid/access/protocol.py`).",
+            "",
+            "| single-row requests | answered (200) | p50 | **p99** | max | idle: open after 2 s, closed by the "
+            "server, refused (503) |",
+            "|---|---|---|---|---|---|",
+            f"| {len(single)} | {answered} ({100 * answered / max(1, len(single)):.1f} %) | "
+            f"{ms(np.percentile(single, 50))} | **{ms(np.percentile(single, 99))}** | {ms(single.max())} | "
+            f"{c['flood_opened']}, {c['closed_by_server']}, {c['refused']} |"]
     lines += [
         "",
         "## B: throughput of new single-row requests",
@@ -413,6 +496,9 @@ def main() -> None:
     parser.add_argument("--rows", default="10000,1000", help="rows per batch in scenario A, comma-separated")
     parser.add_argument("--throughput-seconds", type=float, default=10.0)
     parser.add_argument("--connections", type=int, default=16, help="scenario B's connections")
+    parser.add_argument("--flood", type=int, default=1100, help="scenario C's idle connections (0: skip C)")
+    parser.add_argument("--flood-addresses", type=int, default=20, help="scenario C's client addresses")
+    parser.add_argument("--only", default="abc", help="the scenarios to run, e.g. c")
     parser.add_argument("--report", type=Path, default=ROOT / "benchmarks" / "results" / "serve_load.md")
     parser.add_argument("--note", default="", help="a sentence on the machine's state, for the report")
     args = parser.parse_args()
@@ -423,7 +509,7 @@ def main() -> None:
         inputs = make_inputs(run)
         loads = [" / ".join(f"{x:.1f}" for x in os.getloadavg())]
         runs_a = {}
-        for rows in (int(r) for r in args.rows.split(",")):
+        for rows in (int(r) for r in args.rows.split(",") if "a" in args.only):
             # Every client here, the stalled ones included, comes from 127.0.0.1: without the per-address cap
             # (100 000: none below --max-connections), which would refuse all but 64 of them at once.
             with serve(run, scratch, "--max-rows", str(rows), "--max-connections-per-ip", "100000") as (port, proc), \
@@ -432,14 +518,19 @@ def main() -> None:
                 runs_a[rows] = (a, peak[0])
             print(f"rows {rows}: " + json.dumps({k: v for k, v in a.items() if k not in ("single", "large")}),
                   file=sys.stderr)
+        c = None
+        if args.flood and "c" in args.only:
+            with serve(run, scratch) as (port, proc):
+                c = asyncio.run(scenario_c(port, run, args.flood, args.flood_addresses, args.seconds))
+            print("idle flood: " + json.dumps({k: v for k, v in c.items() if k != "single"}), file=sys.stderr)
         b, b_rss = {}, {}
-        for workers in (1, 2):
+        for workers in ((1, 2) if "b" in args.only else ()):
             with serve(run, scratch, "--workers", str(workers)) as (port, proc), peak_rss(proc.pid) as peak:
                 b[workers] = scenario_b(port, run, args.connections, args.throughput_seconds)
                 b_rss[workers] = peak[0]
             print(f"workers {workers}: {b[workers]}", file=sys.stderr)
         loads.append(" / ".join(f"{x:.1f}" for x in os.getloadavg()))
-        text = report(args, runs_a, b, b_rss, loads, run_note)
+        text = report(args, runs_a, b, b_rss, loads, run_note, c)
         args.report.parent.mkdir(parents=True, exist_ok=True)
         args.report.write_text(text)
         print(text)
