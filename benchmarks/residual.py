@@ -3,6 +3,7 @@
   python benchmarks/residual.py                                   # every workload, M = 0 8 32 128 512
   python benchmarks/residual.py --workloads breast_cancer-2x10 --ms 0,32 --time-limit 120
   python benchmarks/residual.py --report-only
+  python benchmarks/residual.py --refresh                         # measure the verified runs again
 
 Per workload (the train / public / test splits of benchmarks/regions.py, trained once there; and
 `elsewhere-2x10`: breast cancer trained by a plain PyTorch script with Adam, benchmarks/
@@ -146,22 +147,22 @@ def served_bytes(clf, run) -> dict:
     from lucid.network import NetworkFile
 
     n = sum(w.nbytes for w in clf._weights) + sum(b.nbytes for b in clf._biases)
-    residual = 0 if clf.residual is None else sum(w.nbytes for w in clf.residual._weights) + sum(
-        b.nbytes for b in clf.residual._biases)
+    residual = 0 if clf.residual is None else clf.residual.nbytes
     return {"served": n + residual, "all_networks": n * len(NetworkFile(run.path, run.meta)),
-            "residual_networks": 0 if clf.residual is None else clf.residual.count}
+            "residual_networks": 0 if clf.residual is None else clf.residual.count,
+            "slots": 0 if clf.residual is None else clf.residual.size * clf.num_classes}
 
 
 def run_one(name: str, m: int, args: argparse.Namespace) -> None:
-    from lucid.access.classifier import LabelOnlyClassifier
-    from lucid.access.evaluate import evaluate_run, leaking_set
-    from lucid.access.memo import Memo
-    from lucid.network import NetworkFile
-    from lucid.rundir import open_run
-
     out = RESULTS / f"{name}-M{m}.json"
     if out.exists():
+        if args.refresh:  # the measurements again, on the verified run (nothing is verified again)
+            old = json.loads(out.read_text())
+            record = measure(name, m, RUNS / name / f"M{m}", old["verify_wall_s"], args)
+            out.write_text(json.dumps(record, indent=1) + "\n")
         print(f"{name} M={m}: done before", file=sys.stderr)
+        return
+    if args.refresh:
         return
     source = prepare(name)
     if m > json.loads((source / "run.json").read_text())["train_size"]:
@@ -175,6 +176,20 @@ def run_one(name: str, m: int, args: argparse.Namespace) -> None:
     t0 = time.monotonic()
     subprocess.run(cmd, check=True)
     wall = time.monotonic() - t0
+    record = measure(name, m, path, wall, args)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=1) + "\n")
+    print(f"{name} M={m}: noised {record['noised']}, {wall:.0f} s", file=sys.stderr)
+
+
+def measure(name: str, m: int, path: Path, wall: float, args: argparse.Namespace) -> dict:
+    """Everything but the verification, on the verified run directory `path`."""
+    from lucid.access.classifier import LabelOnlyClassifier
+    from lucid.access.evaluate import evaluate_run, leaking_set
+    from lucid.access.memo import Memo
+    from lucid.network import NetworkFile
+    from lucid.rundir import open_run
+
     result, plot = evaluate_run(path, [("0", 0.0)], seed=0)
     run = open_run(path)
     clf = LabelOnlyClassifier(run, epsilon=0.0, memo=Memo(None))
@@ -200,13 +215,12 @@ def run_one(name: str, m: int, args: argparse.Namespace) -> None:
         "global_bounds": {c: (b["upper"], b["lower"]) for c, b in bounds["bounds"].items()},
         "seconds_to_ratio_1.1": time_to_ratio(path),
         "seconds_to_final_upper": time_to_final(path),
-        "side_channel": side_channel(clf, x),
+        "side_channel": side_channel(clf, np.vstack([x, np.random.default_rng(0).uniform(
+            clf.domain_lower, clf.domain_upper, size=(5000, len(clf.domain_lower)))])),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": f"{platform.platform()}, {os.cpu_count()} cores",
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(record, indent=1) + "\n")
-    print(f"{name} M={m}: noised {record['noised']}, {wall:.0f} s", file=sys.stderr)
+    return record
 
 
 def _target(rule: float, naive: float) -> float:
@@ -225,19 +239,20 @@ def report() -> None:
              "`python benchmarks/residual.py` (open-source backend HiGHS, 2 workers). Noised share and expected "
              "accuracy at ε = 0 on the test split; target: noised ≤ max(2 × Naive-iDP, Naive-iDP + 2 points), "
              "accuracy within 0.3 points of Naive-iDP's. M = 0 is one bound per class (today's LUCID).", "",
-             "| workload | M | time limit | noised (rule) | target | Naive-iDP | accuracy rule / Naive-iDP | "
+             "| workload | M | time limit | noised (rule) | noised target | Naive-iDP | accuracy rule / Naive-iDP | "
              "released but leaking | decide, 1 row | memory served / all | u/l ≤ 1.1 after | upper within 10 % of "
              "its final after |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         nz, acc, mem = r["noised"], r["accuracy_eps0"], r["memory"]
-        ok = nz["rule"] <= _target(nz["rule"], nz["naive_idp"]) + 1e-12 and acc["rule"] >= acc["naive_idp"] - 0.003
+        ok = nz["rule"] <= _target(nz["rule"], nz["naive_idp"]) + 1e-12
+        acc_ok = acc["rule"] >= acc["naive_idp"] - 0.003
         ratio = r["seconds_to_ratio_1.1"]
         lines.append(
             f"| {r['workload']} | {r['M']} | {r['time_limit']:.0f} s | {pct(nz['rule'])} | "
             f"{pct(_target(nz['rule'], nz['naive_idp']))} {'met' if ok else 'missed'} | {pct(nz['naive_idp'])} | "
-            f"{pct(acc['rule'])} / {pct(acc['naive_idp'])} | {r['released_but_leaking']} | "
-            f"{r['single_decide_ms']:.3f} ms | {mem['served'] / 1e6:.2f} / {mem['all_networks'] / 1e6:.1f} MB | "
+            f"{pct(acc['rule'])} / {pct(acc['naive_idp'])} {'met' if acc_ok else 'missed'} | {r['released_but_leaking']} | "
+            f"{r['single_decide_ms']:.3f} ms | {mem['served'] / 1e3:.0f} / {mem['all_networks'] / 1e3:.0f} kB | "
             f"{'not reached' if ratio is None else _seconds(ratio)} | "
             f"{_seconds(r.get('seconds_to_final_upper'))} |")
     lines += ["", "Side channel (single-row `decide`, 300 interleaved timings per outcome, Mann-Whitney U):", "",
@@ -261,6 +276,7 @@ def main() -> None:
     parser.add_argument("--time-limit", type=float, default=300.0)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--report-only", action="store_true")
+    parser.add_argument("--refresh", action="store_true", help="measure the verified runs again, verify nothing")
     args = parser.parse_args()
     if not args.report_only:
         for name in args.workloads.split(","):

@@ -288,3 +288,12 @@ def test_a_resumed_verification_keeps_its_sets_and_a_plain_one_removes_the_file(
     assert "residual" not in json.loads((run / "bounds.json").read_text())
     assert not list(run.glob("residual-*.safetensors"))
     assert LabelOnlyClassifier.from_run(run, epsilon=1.0).rule == "global"
+
+
+def test_one_row_and_a_batch_take_the_same_decision(verified):
+    """A single row uses its class's stack as a view, a batch groups its rows by class: the same answers."""
+    clf = LabelOnlyClassifier.from_run(verified, epsilon=1.0)
+    xs = np.random.default_rng(11).random((300, 2))
+    cls, batch = clf.decide(xs)
+    single = np.array([clf.decide(xs[i : i + 1])[1][0] for i in range(len(xs))])
+    assert (single == batch).all() and 0 < batch.sum() < len(xs) and len(set(cls.tolist())) > 1
