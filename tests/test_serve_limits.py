@@ -497,3 +497,34 @@ def test_a_half_closed_connection_gets_the_answer_it_is_charged_for(run_dir, tmp
                        capture_output=True, text=True)
     default = {c["client"]: c for c in json.loads(r.stdout)["clients"]}["default"]
     assert default["answers"] == 3, default
+
+
+def test_requests_pipelined_behind_unread_answers_go_after_a_client_that_waits(run_dir, tmp_path):
+    """40 connections pipeline 50 single-row requests each and never read an answer; a client that
+    waits for its answers is then answered before almost all of them. Measured on the memo's order of
+    writes (`used`), not on a clock: before, the honest request queued behind one request of every
+    such connection (about 40 answered ahead of it); now it starts at once."""
+    import sqlite3
+
+    memo = tmp_path / "m.sqlite"
+    rng = np.random.default_rng(0)
+    with server(run_dir, "-e", "1", "--memo", str(memo), "--max-connections-per-ip", "1000") as url:
+        flood = []
+        for _ in range(40):
+            rows = rng.uniform(0.01, 0.99, size=(50, 2))
+            flood.append(connect(url, b"".join(
+                request(url, json.dumps({"inputs": to_orig(row[None])}).encode()) for row in rows)))
+        time.sleep(1.0)
+        db = sqlite3.connect(memo)
+        before = db.execute("SELECT max(used), count(*) FROM memo").fetchone()
+        honest = [[0.25, 0.5]]  # exact in the run's scaling, so its memo key is these bytes
+        sock = connect(url, request(url, json.dumps({"inputs": to_orig(honest)}).encode()))
+        assert read_response(sock).startswith(b"HTTP/1.1 200")
+        used = db.execute("SELECT used FROM memo WHERE key = ?", (np.asarray(honest, np.float64).tobytes(),)).fetchone()
+        ahead = db.execute("SELECT count(*) FROM memo WHERE used > ? AND used < ?", (before[0], used[0])).fetchone()[0]
+        total = db.execute("SELECT count(*) FROM memo").fetchone()[0]
+        db.close()
+        for s in [sock, *flood]:
+            s.close()
+    assert before[1] > 40 and total < 40 * 50  # the flood was being answered, and not all of it yet
+    assert ahead <= 5, f"{ahead} pipelined requests were answered ahead of a client that waits"

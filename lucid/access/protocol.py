@@ -24,6 +24,13 @@ refused (400, close) at the same point, before h11 frames its body (request smug
 shuts its sending side after a complete request gets the answer it is charged for (`eof_received`). h11 rather than httptools because httptools buffered a 50 MB
 header before any check could run; h11 costs tens of microseconds per request.
 
+Pipelined requests go last. A client that sends its next request before reading the answer to the
+last one (HTTP/1.1 pipelining; browsers and API clients wait) gets it started only when at most
+PIPELINED_IN_FLIGHT other requests are being answered; until then its connection is not read. So
+connections that pipeline hundreds of requests and never read the answers get the server's spare
+turns, and a client that waits for each answer is never queued behind them (measured before: 300
+such connections took an honest client's p50 from 3.7 ms to 300-557 ms).
+
 A worker process keeps at most --max-connections open connections. When a new one would pass that
 cap, the connection that has been idle longest (no request under way, nothing buffered) is closed
 to make room, so idle sockets, however many addresses hold them, cannot shut out a client that
@@ -75,6 +82,10 @@ def _frames_twice(head: bytes) -> bool:
     return b"content-length" in names and b"transfer-encoding" in names
 
 
+# A request pipelined behind an unread answer starts only while at most this many others are being
+# answered: a request from a client that waited for its last answer starts at once.
+PIPELINED_IN_FLIGHT = 1
+
 TIMED_OUT = _raw_response(408, "Request Timeout", "the request did not arrive in time")
 HEAD_TOO_LARGE = _raw_response(431, "Request Header Fields Too Large", "the request headers are too large")
 BAD_REQUEST = _raw_response(400, "Bad Request", "invalid HTTP request")
@@ -91,6 +102,8 @@ class GuardedH11Protocol(H11Protocol):
     per_address: dict[str, int] = {}
     # The connections now idle, longest idle first (a dict keeps insertion order); one per bound class.
     idle: dict["GuardedH11Protocol", None] = {}
+    # Connections whose next request was pipelined behind an answer, waiting their turn, oldest first.
+    waiting: dict["GuardedH11Protocol", None] = {}
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._phase: str | None = None
@@ -122,6 +135,7 @@ class GuardedH11Protocol(H11Protocol):
         return False
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.waiting.pop(self, None)
         self._set_phase(None)
         self._cancel_send_deadline()
         if self._address is not None:
@@ -143,8 +157,33 @@ class GuardedH11Protocol(H11Protocol):
         # A pipelined request read while this one was answered is parsed now: check its head first.
         if self.conn.their_state is h11.DONE and self._refused_head(b""):
             return
+        if self.conn.trailing_data[0] and self._in_flight() > PIPELINED_IN_FLIGHT:
+            # The client sent its next request before reading this answer: it waits until the
+            # server has a free turn (module docstring), with reading stopped meanwhile.
+            self.waiting[self] = None
+            self.loop.call_soon(self._wake_waiting)
+            # and again later, in case the requests in flight end without an answer (a client gone)
+            self.loop.call_later(0.05, self._wake_waiting)
+            return
+        self._next_request()
+
+    def _next_request(self) -> None:
         super().on_response_complete()
         self._watch()
+        if self.waiting:
+            self.loop.call_soon(self._wake_waiting)
+
+    def _in_flight(self) -> int:
+        """Requests of this process being answered now (uvicorn's tasks, the finished ones not yet removed)."""
+        return sum(1 for task in self.tasks if not task.done())
+
+    def _wake_waiting(self) -> None:
+        """Start the pipelined requests that waited longest, while turns are free."""
+        while self.waiting and self._in_flight() <= PIPELINED_IN_FLIGHT:
+            connection = next(iter(self.waiting))
+            del self.waiting[connection]
+            if not connection.transport.is_closing():
+                connection._next_request()
 
     def _refused_head(self, data: bytes) -> bool:
         """Refuse (and close) a request head being received that is too large or that frames its
@@ -246,5 +285,5 @@ class GuardedH11Protocol(H11Protocol):
 
 def guarded_protocol(limits: ServeLimits) -> type[GuardedH11Protocol]:
     """GuardedH11Protocol bound to `limits` (uvicorn instantiates the class itself, per connection)."""
-    attributes: dict[str, Any] = {"limits": limits, "per_address": {}, "idle": {}}
+    attributes: dict[str, Any] = {"limits": limits, "per_address": {}, "idle": {}, "waiting": {}}
     return type("GuardedH11Protocol", (GuardedH11Protocol,), attributes)
