@@ -1,6 +1,7 @@
 """`lucid serve` under load: stalled connections, large batches and single-row clients together
 (scenario A), the throughput of new single-row requests with 1 and 2 worker processes
-(scenario B), and idle connections from many addresses against the connection cap (scenario C).
+(scenario B), idle connections from many addresses against the connection cap (scenario C), and
+connections that pipeline requests and never read the answers (scenario D).
 
     python benchmarks/serve_load.py [--run RUN] [--stalled 1000] [--seconds 20] [--rows 10000,1000]
                                     [--throughput-seconds 10] [--connections 16] [--report FILE.md]
@@ -19,6 +20,10 @@ Scenario C: `--flood` idle connections (default 1 100, more than the cap of 1 02
 `--flood-addresses` loopback addresses (127.0.0.2, ...; 55 each, under the per-address cap of 64),
 each opened again at once when the server closes it; the single-row client of A measures p50/p99
 and the share of its requests answered.
+
+Scenario D: `--pipeliners` connections (default 300, from the same addresses as C) each write
+`--depth` (400) pipelined single-row requests of new inputs and never read; the single-row client
+of A measures p50/p99 and its answered share.
 
 Scenario B: `--connections` keep-alive connections from two client processes send new single-row
 requests as fast as the server answers, against `lucid serve --workers 1` and then `--workers 2`.
@@ -298,6 +303,43 @@ class IdleFlood:
                 writer.close()
 
 
+class PipelineFlood:
+    """`count` connections from `addresses` loopback addresses that each write `depth` pipelined
+    single-row requests (new inputs) and never read an answer; each is opened again at once when the
+    server closes it."""
+
+    def __init__(self, port: int, count: int, addresses: int, depth: int, inputs) -> None:
+        self.port, self.count, self.addresses, self.depth = port, count, addresses, depth
+        self.inputs = inputs
+        self.open = 0
+        self.closed_by_server = 0
+        self.stop = asyncio.Event()
+
+    async def run(self) -> None:
+        await asyncio.gather(*(self._hold(f"127.0.0.{2 + i % self.addresses}") for i in range(self.count)))
+
+    async def _hold(self, source: str) -> None:
+        while not self.stop.is_set():
+            try:
+                reader, writer = await asyncio.open_connection("127.0.0.1", self.port, local_addr=(source, 0))
+            except OSError:
+                await asyncio.sleep(0.05)
+                continue
+            self.open += 1
+            try:
+                for _ in range(self.depth):
+                    body = json.dumps({"inputs": self.inputs(1)}).encode()
+                    writer.write(b"POST /v1/predict HTTP/1.1\r\nHost: localhost\r\ncontent-type: application/json"
+                                 b"\r\ncontent-length: %d\r\n\r\n" % len(body) + body)
+                while not self.stop.is_set() and not reader.at_eof() and not writer.is_closing():
+                    await asyncio.sleep(0.5)  # never read: the answers pile up in the socket buffers
+                if not self.stop.is_set():
+                    self.closed_by_server += 1
+            finally:
+                self.open -= 1
+                writer.close()
+
+
 async def request_loop(port: int, next_body: Callable[[], bytes], done: Callable[[], bool], out: dict,
                        pause: Callable[[], float] | None = None) -> None:
     """POST `next_body()` on one keep-alive connection until `done()`, each response's latency into
@@ -390,6 +432,25 @@ async def scenario_c(port: int, run: Path, flood: int, addresses: int, seconds: 
             "refused": holder.refused}
 
 
+async def scenario_d(port: int, run: Path, inputs, count: int, addresses: int, depth: int, seconds: float) -> dict:
+    """`count` pipelining connections that never read, one single-row client."""
+    holder = PipelineFlood(port, count, addresses, depth, inputs)
+    holding = asyncio.create_task(holder.run())
+    await asyncio.sleep(2.0)
+    opened = holder.open
+    queue = multiprocessing.Queue()
+    client = multiprocessing.Process(target=_singles_process, args=(port, str(run), seconds, queue))
+    client.start()
+    while client.is_alive() and queue.empty():
+        await asyncio.sleep(0.1)
+    single = await asyncio.to_thread(queue.get)
+    client.join()
+    still_open = holder.open
+    holder.stop.set()
+    await holding
+    return {"single": single, "opened": opened, "open_at_end": still_open, "closed_by_server": holder.closed_by_server}
+
+
 def _throughput_process(port: int, connections: int, seconds: float, run: str, queue) -> None:
     """`connections` clients sending new single rows as fast as they are answered, for `seconds`."""
     inputs = make_inputs(Path(run))
@@ -426,7 +487,7 @@ def ms(seconds: float) -> str:
 
 
 def report(args, runs_a: dict[int, tuple[dict, int]], b: dict[int, dict], b_rss: dict[int, int], loads: list,
-           run_note: str, c: dict | None = None) -> str:
+           run_note: str, c: dict | None = None, d: dict | None = None) -> str:
     lines = [
         "# `lucid serve` under load (`benchmarks/serve_load.py`)",
         "",
@@ -471,6 +532,24 @@ def report(args, runs_a: dict[int, tuple[dict, int]], b: dict[int, dict], b_rss:
             f"| {len(single)} | {answered} ({100 * answered / max(1, len(single)):.1f} %) | "
             f"{ms(np.percentile(single, 50))} | **{ms(np.percentile(single, 99))}** | {ms(single.max())} | "
             f"{c['flood_opened']}, {c['closed_by_server']}, {c['refused']} |"]
+    if d is not None:
+        single = np.array(d["single"]["latencies"])
+        answered = len(single) - d["single"]["errors"]
+        lines += [
+            "",
+            f"## D: {args.pipeliners} connections from {args.flood_addresses} addresses pipelining "
+            f"{args.depth} requests each without reading, one single-row client",
+            "",
+            "Each pipelining connection writes its requests (new single-row inputs) at once and never reads; a "
+            "request pipelined behind an unread answer starts only while at most one other request is being "
+            "answered (`lucid/access/protocol.py`).",
+            "",
+            "| single-row requests | answered (200) | p50 | **p99** | max | pipelining: open after 2 s / at the "
+            "end, closed by the server |",
+            "|---|---|---|---|---|---|",
+            f"| {len(single)} | {answered} ({100 * answered / max(1, len(single)):.1f} %) | "
+            f"{ms(np.percentile(single, 50))} | **{ms(np.percentile(single, 99))}** | {ms(single.max())} | "
+            f"{d['opened']} / {d['open_at_end']}, {d['closed_by_server']} |"]
     lines += [
         "",
         "## B: throughput of new single-row requests",
@@ -498,7 +577,9 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=16, help="scenario B's connections")
     parser.add_argument("--flood", type=int, default=1100, help="scenario C's idle connections (0: skip C)")
     parser.add_argument("--flood-addresses", type=int, default=20, help="scenario C's client addresses")
-    parser.add_argument("--only", default="abc", help="the scenarios to run, e.g. c")
+    parser.add_argument("--pipeliners", type=int, default=300, help="scenario D's connections (0: skip D)")
+    parser.add_argument("--depth", type=int, default=400, help="scenario D's pipelined requests per connection")
+    parser.add_argument("--only", default="abcd", help="the scenarios to run, e.g. cd")
     parser.add_argument("--report", type=Path, default=ROOT / "benchmarks" / "results" / "serve_load.md")
     parser.add_argument("--note", default="", help="a sentence on the machine's state, for the report")
     args = parser.parse_args()
@@ -523,6 +604,12 @@ def main() -> None:
             with serve(run, scratch) as (port, proc):
                 c = asyncio.run(scenario_c(port, run, args.flood, args.flood_addresses, args.seconds))
             print("idle flood: " + json.dumps({k: v for k, v in c.items() if k != "single"}), file=sys.stderr)
+        d = None
+        if args.pipeliners and "d" in args.only:
+            with serve(run, scratch) as (port, proc):
+                d = asyncio.run(scenario_d(port, run, inputs, args.pipeliners, args.flood_addresses, args.depth,
+                                           args.seconds))
+            print("pipelining: " + json.dumps({k: v for k, v in d.items() if k != "single"}), file=sys.stderr)
         b, b_rss = {}, {}
         for workers in ((1, 2) if "b" in args.only else ()):
             with serve(run, scratch, "--workers", str(workers)) as (port, proc), peak_rss(proc.pid) as peak:
@@ -530,7 +617,7 @@ def main() -> None:
                 b_rss[workers] = peak[0]
             print(f"workers {workers}: {b[workers]}", file=sys.stderr)
         loads.append(" / ".join(f"{x:.1f}" for x in os.getloadavg()))
-        text = report(args, runs_a, b, b_rss, loads, run_note, c)
+        text = report(args, runs_a, b, b_rss, loads, run_note, c, d)
         args.report.parent.mkdir(parents=True, exist_ok=True)
         args.report.write_text(text)
         print(text)

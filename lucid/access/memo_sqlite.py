@@ -14,6 +14,7 @@ queries for one input both get the first stored draw.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 from contextlib import contextmanager
@@ -25,6 +26,11 @@ import numpy as np
 from lucid.access.memo_meta import BoundsRecord, migrate
 from lucid.access.memo_store import DEFAULT_MEMO_SIZE, MemoError, SqlMemo
 from lucid.errors import LucidError
+
+try:
+    import fcntl
+except ImportError:  # not POSIX
+    fcntl = None  # type: ignore[assignment]
 
 # memo: one stored answer per input; noised: 1 if it was drawn by the mechanism.
 # seen: which client has already been answered (and charged for) which input; a row goes when
@@ -48,6 +54,37 @@ CREATE TABLE IF NOT EXISTS reserved (id TEXT NOT NULL, client TEXT NOT NULL, eps
 
 
 CHECKPOINT_EVERY_S = 0.5
+
+
+class WriterLock:
+    """The writers of one memo file, across processes, queued on a blocking lock (flock on
+    FILE-writers.lock) before they ask SQLite for its write lock. SQLite's own wait for a busy lock
+    polls with sleeps of 1, 2, 5, 10 ... ms, so with `lucid serve --workers 2` each process slept
+    through most of the other's short write transactions and two workers answered fewer new inputs
+    per second than one (benchmarks/results/serve_load.md); a process waiting here wakes as soon as
+    the lock is free. The lock goes with its process, so a killed worker never holds it. Only where
+    flock exists (POSIX) and for a file; otherwise SQLite's wait alone."""
+
+    def __init__(self, path: Path | None) -> None:
+        self._fd: int | None = None
+        if path is not None and fcntl is not None:
+            try:
+                self._fd = os.open(f"{path}-writers.lock", os.O_RDWR | os.O_CREAT, 0o600)
+            except OSError:
+                self._fd = None  # a read-only directory: SQLite's own wait still serialises the writers
+
+    def __enter__(self) -> None:
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 class Checkpointer:
@@ -106,6 +143,7 @@ class SqliteMemo(SqlMemo):
         target = ":memory:" if self.path is None else str(self.path)
         if self.path is not None and not self.path.parent.is_dir():
             raise LucidError(f"cannot create the memo {self.path}: {self.path.parent} is not a directory")
+        self._writers = WriterLock(self.path)
         try:
             self._db = sqlite3.connect(target, isolation_level=None, check_same_thread=False, timeout=30.0)
             if self.path is not None:
@@ -126,6 +164,7 @@ class SqliteMemo(SqlMemo):
 
     def _close_quietly(self) -> None:
         """Close a connection that failed to open as a memo (a refused file is not kept open)."""
+        self._writers.close()
         if getattr(self, "_checkpoints", None) is not None:
             self._checkpoints.stop()
         db = getattr(self, "_db", None)
@@ -138,13 +177,14 @@ class SqliteMemo(SqlMemo):
 
     @contextmanager
     def _begin(self, db: sqlite3.Connection) -> Iterator[None]:
-        db.execute("BEGIN IMMEDIATE")  # the file's write lock, at once: no upgrade from a read lock can fail
-        try:
-            yield
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        db.execute("COMMIT")
+        with self._writers:
+            db.execute("BEGIN IMMEDIATE")  # the file's write lock, at once: no upgrade from a read lock can fail
+            try:
+                yield
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
 
     def _migrate(self, db: sqlite3.Connection, meta: dict[str, Any]) -> None:
         migrate(db, meta)
@@ -156,3 +196,4 @@ class SqliteMemo(SqlMemo):
         if self._checkpoints is not None:
             self._checkpoints.stop()
         self._db.close()
+        self._writers.close()
