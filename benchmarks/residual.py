@@ -143,6 +143,20 @@ def single_decide_ms(clf, x: np.ndarray) -> float:
     return float(np.median(times)) * 1e3
 
 
+def naive_single_ms(run, x: np.ndarray) -> float:
+    """Naive-iDP on one query: all |D| + 1 networks in one stacked float64 pass (median of 20)."""
+    from lucid.network import load_networks
+
+    stack = load_networks(run.path, run.meta)
+    times = []
+    for i in range(20):
+        t0 = time.perf_counter()
+        labels = stack.forward(x[i % len(x)][None]).argmax(axis=-1)
+        bool((labels != labels[0]).any())
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times)) * 1e3
+
+
 def served_bytes(clf, run) -> dict:
     from lucid.network import NetworkFile
 
@@ -210,6 +224,7 @@ def measure(name: str, m: int, path: Path, wall: float, args: argparse.Namespace
         "released_but_leaking": replay_leaks,
         "single_decide_ms": single_decide_ms(clf, x), "single_query_ms": result["access_ms"]["lucid_single_query"],
         "naive_idp_ms_per_query": result["access_ms"]["naive_idp"],
+        "naive_idp_single_ms": naive_single_ms(run, x),
         "memory": served_bytes(clf, run),
         "levels": {c: e.get("level") for c, e in bounds.get("residual", {}).get("classes", {}).items()},
         "global_bounds": {c: (b["upper"], b["lower"]) for c, b in bounds["bounds"].items()},
@@ -223,7 +238,7 @@ def measure(name: str, m: int, path: Path, wall: float, args: argparse.Namespace
     return record
 
 
-def _target(rule: float, naive: float) -> float:
+def _target(naive: float) -> float:
     return max(2 * naive, naive + 0.02)
 
 
@@ -245,16 +260,23 @@ def report() -> None:
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         nz, acc, mem = r["noised"], r["accuracy_eps0"], r["memory"]
-        ok = nz["rule"] <= _target(nz["rule"], nz["naive_idp"]) + 1e-12
+        ok = nz["rule"] <= _target(nz["naive_idp"]) + 1e-12
         acc_ok = acc["rule"] >= acc["naive_idp"] - 0.003
         ratio = r["seconds_to_ratio_1.1"]
         lines.append(
             f"| {r['workload']} | {r['M']} | {r['time_limit']:.0f} s | {pct(nz['rule'])} | "
-            f"{pct(_target(nz['rule'], nz['naive_idp']))} {'met' if ok else 'missed'} | {pct(nz['naive_idp'])} | "
+            f"{pct(_target(nz['naive_idp']))} {'met' if ok else 'missed'} | {pct(nz['naive_idp'])} | "
             f"{pct(acc['rule'])} / {pct(acc['naive_idp'])} {'met' if acc_ok else 'missed'} | {r['released_but_leaking']} | "
             f"{r['single_decide_ms']:.3f} ms | {mem['served'] / 1e3:.0f} / {mem['all_networks'] / 1e3:.0f} kB | "
             f"{'not reached' if ratio is None else _seconds(ratio)} | "
             f"{_seconds(r.get('seconds_to_final_upper'))} |")
+    lines += ["", "Single query in process, `decide` on one row (N, the level and the M networks of its class) "
+              "against Naive-iDP on one row (all |D| + 1 networks, one stacked float64 pass; the paper reports 25 s "
+              "per query for its Naive-iDP):", "",
+              "| workload | M | networks | residual rule | Naive-iDP | full query with the memo |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['workload']} | {r['M']} | {r['networks']} | {r['single_decide_ms']:.3f} ms | "
+                     f"{r.get('naive_idp_single_ms', float('nan')):.2f} ms | {r['single_query_ms']:.3f} ms |")
     lines += ["", "Side channel (single-row `decide`, 300 interleaved timings per outcome, Mann-Whitney U):", "",
               "| workload | M | rows released / by level / by check | median µs | smallest p |", "|---|---|---|---|---|"]
     for r in rows:

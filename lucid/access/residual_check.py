@@ -41,6 +41,7 @@ class ResidualCheck:
             index[c, : len(members)] = members
             margins[c, : len(members)] = np.nextafter(errors[members], np.inf)
         self._margins = margins[:, :, None]  # [C, M, 1]: a margin above it is exact
+        self._others = [np.array([t for t in range(num_classes) if t != c]) for c in range(num_classes)]
         if not self.count:  # every set empty (all networks proved harmless): nothing to check
             self._first = None
             return
@@ -77,11 +78,9 @@ class ResidualCheck:
 
     def _class_agree(self, c: int, xn: np.ndarray) -> np.ndarray:
         """[B] bool: every slot of class c gives c a margin above its error bound at each row."""
-        s = np.array(self._class_scores(c, xn))  # a copy when h is still a view of the first product
-        own = s[:, :, c].copy()
-        s[:, :, c] = -np.inf
-        margin = own - s.max(axis=2)
-        return (margin > self._margins[c]).all(axis=0)
+        s = self._class_scores(c, xn)
+        runner_up = s[:, :, self._others[c]].max(axis=2)  # max_{t != c} s_t, the float scores as computed
+        return ((s[:, :, c] - runner_up) > self._margins[c]).all(axis=0)
 
     def agree(self, xn: np.ndarray, classes: np.ndarray) -> np.ndarray:
         """[B] bool: every network of R_{classes[b]} labels row b with classes[b], exactly."""
