@@ -462,11 +462,26 @@ def _throughput_process(port: int, connections: int, seconds: float, run: str, q
                                             lambda: time.monotonic() >= end, out) for _ in range(connections)))
 
     asyncio.run(main())
+    out["cpu_s"] = time.process_time()
     queue.put(out)
 
 
-def scenario_b(port: int, run: Path, connections: int, seconds: float) -> dict:
-    """New single-row requests from two client processes; requests per second, p50/p99, errors."""
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of the server process and its worker processes so far."""
+    total = 0.0
+    for p in [pid, *_children(pid)]:
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, IndexError, ValueError):
+            pass
+    return total
+
+
+def scenario_b(port: int, run: Path, connections: int, seconds: float, server_pid: int) -> dict:
+    """New single-row requests from two client processes; requests per second, p50/p99, errors, and
+    the CPU seconds the clients and the server used."""
+    server_before = cpu_seconds(server_pid)
     queue = multiprocessing.Queue()
     procs = [multiprocessing.Process(target=_throughput_process, args=(port, n, seconds, str(run), queue))
              for n in (connections // 2, connections - connections // 2)]
@@ -477,6 +492,8 @@ def scenario_b(port: int, run: Path, connections: int, seconds: float) -> dict:
         p.join()
     latencies = np.array([d for part in results for d in part["latencies"]])
     return {"requests": len(latencies), "per_second": len(latencies) / seconds,
+            "client_cpu_s": sum(part["cpu_s"] for part in results),
+            "server_cpu_s": cpu_seconds(server_pid) - server_before,
             "errors": sum(part["errors"] for part in results),
             "p50": float(np.percentile(latencies, 50)), "p99": float(np.percentile(latencies, 99))}
 
@@ -558,12 +575,14 @@ def report(args, runs_a: dict[int, tuple[dict, int]], b: dict[int, dict], b_rss:
         f"setting; every request is a new input (a memo write). With {os.cpu_count()} cores the client "
         "processes and the server share the same cores.",
         "",
-        "| `--workers` | requests/s | p50 | p99 | errors | peak RSS |",
-        "|---|---|---|---|---|---|",
+        "| `--workers` | requests/s | p50 | p99 | errors | peak RSS | CPU: clients / server (of "
+        f"{os.cpu_count()} × {args.throughput_seconds:g} s) |",
+        "|---|---|---|---|---|---|---|",
     ]
     for workers, row in b.items():
         lines.append(f"| {workers} | {row['per_second']:.0f} | {ms(row['p50'])} | {ms(row['p99'])} | "
-                     f"{row['errors']} | {b_rss[workers] / 2**20:.0f} MiB |")
+                     f"{row['errors']} | {b_rss[workers] / 2**20:.0f} MiB | {row['client_cpu_s']:.1f} s / "
+                     f"{row['server_cpu_s']:.1f} s |")
     return "\n".join(lines) + "\n"
 
 
@@ -613,7 +632,7 @@ def main() -> None:
         b, b_rss = {}, {}
         for workers in ((1, 2) if "b" in args.only else ()):
             with serve(run, scratch, "--workers", str(workers)) as (port, proc), peak_rss(proc.pid) as peak:
-                b[workers] = scenario_b(port, run, args.connections, args.throughput_seconds)
+                b[workers] = scenario_b(port, run, args.connections, args.throughput_seconds, proc.pid)
                 b_rss[workers] = peak[0]
             print(f"workers {workers}: {b[workers]}", file=sys.stderr)
         loads.append(" / ".join(f"{x:.1f}" for x in os.getloadavg()))

@@ -6,12 +6,13 @@ over the domain (`lucid.analysis.soundness.confidence_error`, the same rule that
 confidence), rounded up. The networks outside R_c are covered by the level L_c, which the
 classifier checks as it checks beta_c.
 
-Equal work: every row evaluates exactly M networks, those of its class's set, padded to M with
-slots that always pass; the classes' sets are stacked to the same shapes, so a row of any class,
-released or not, costs the same matrix products, and the result is combined without a branch.
-Whether a row is released by the level, released by the check or noised therefore costs the same
-time. A single row uses its class's stack as a view (no copy): the common case of one query per
-request costs M networks, not the union of every class's set.
+Equal work: every row evaluates every network of the union of the classes' sets, whatever its
+class and whatever the answer, and the result is combined without a branch: the row's class only
+selects which networks' verdicts count (a mask). Whether a row is released by the level, released
+by the check or noised therefore costs the same time, and so do rows of different classes: N's
+class is hidden in a noised answer, so it must not show in time either. (Evaluating only the
+row's own class's networks is faster, but each class's networks then sit in the cache or not, and
+the time of a single query tells the classes apart.)
 """
 
 from __future__ import annotations
@@ -23,73 +24,58 @@ from lucid.residual import ResidualSets
 
 
 class ResidualCheck:
-    """Per class, its set's networks stacked to M slots: [C, M, in, out] weights, error margins."""
+    """The union's networks as stacked float64 matrices, their error margins and the class masks."""
 
     def __init__(self, sets: ResidualSets, lower: np.ndarray, upper: np.ndarray) -> None:
         stack = sets.stack
         self.size = sets.size
-        self.count = len(sets.positions)  # networks in the union
-        num_classes, slots = sets.members.shape[0], max(1, sets.size)
+        self.count = len(sets.positions)  # K, the networks of the union
+        self.members = np.ascontiguousarray(sets.members)  # [C, K]
         errors = np.array([confidence_error([w[k] for w in stack.weights], [b[k] for b in stack.biases], lower, upper)
                            for k in range(self.count)], dtype=np.float64)
-        # slot j of class c holds union network index[c, j]; a padding slot repeats network 0 (or a
-        # zero network when the union is empty) and passes whatever its margin (threshold -inf)
-        index = np.zeros((num_classes, slots), dtype=np.int64)
-        margins = np.full((num_classes, slots), -np.inf)
-        for c in range(num_classes):
-            members = np.flatnonzero(sets.members[c])
-            index[c, : len(members)] = members
-            margins[c, : len(members)] = np.nextafter(errors[members], np.inf)
-        self._margins = margins[:, :, None]  # [C, M, 1]: a margin above it is exact
-        self._others = [np.array([t for t in range(num_classes) if t != c]) for c in range(num_classes)]
+        self._margins = np.nextafter(errors, np.inf)[:, None]  # [K, 1]: a margin above it is exact
         if not self.count:  # every set empty (all networks proved harmless): nothing to check
             self._first = None
             return
-        weights = [np.ascontiguousarray(w.transpose(0, 2, 1)[index]) for w in stack.weights]  # [C, M, in, out]
-        biases = [np.ascontiguousarray(b[index][:, :, None, :]) for b in stack.biases]  # [C, M, 1, out]
-        # the first layer of all M slots as one [in, M * out] matrix: one product for the row
-        first = weights[0]
-        self._first = np.ascontiguousarray(first.transpose(0, 2, 1, 3).reshape(num_classes, first.shape[2], -1))
-        self._first_bias = biases[0].reshape(num_classes, -1)
+        weights = [np.ascontiguousarray(w.transpose(0, 2, 1)) for w in stack.weights]  # [K, in, out]
+        biases = [np.ascontiguousarray(b[:, None, :]) for b in stack.biases]  # [K, 1, out]
+        # the first layer of all K networks as one [in, K * out] matrix: one product per row
+        self._first = np.ascontiguousarray(weights[0].transpose(1, 0, 2).reshape(weights[0].shape[1], -1))
+        self._first_bias = biases[0].reshape(-1)
+        self._hidden = weights[0].shape[2]
         self._weights, self._biases = weights[1:], biases[1:]
-        self._slots, self._hidden = slots, first.shape[3]
 
     @property
     def nbytes(self) -> int:
-        """Bytes of parameters held: M slots per class."""
+        """Bytes of parameters held: the union's networks once."""
         if self._first is None:
             return 0
         return sum(a.nbytes for a in (self._first, self._first_bias, *self._weights, *self._biases))
 
-    def _class_scores(self, c: int, xn: np.ndarray) -> np.ndarray:
-        """Scores [M, B, C] of class c's M slots on the rows `xn` [B, d]."""
-        h = xn @ self._first[c]
-        h += self._first_bias[c]
-        h = h.reshape(len(xn), self._slots, self._hidden).transpose(1, 0, 2)
-        if self._weights:
-            np.maximum(h, 0.0, out=h)
+    def scores(self, xn: np.ndarray) -> np.ndarray:
+        """Every union network's scores on every row: [K, B, C] (float64)."""
+        h = xn @ self._first
+        h += self._first_bias
+        h = h.reshape(len(xn), self.count, self._hidden).transpose(1, 0, 2)
+        if not self._weights:
+            return np.array(h)  # one layer: the scores, no longer a view of the product
+        np.maximum(h, 0.0, out=h)
         last = len(self._weights) - 1
         for i, (w, b) in enumerate(zip(self._weights, self._biases)):
-            h = np.matmul(h, w[c])
-            h += b[c]
+            h = np.matmul(h, w)
+            h += b
             if i < last:
                 np.maximum(h, 0.0, out=h)
         return h
-
-    def _class_agree(self, c: int, xn: np.ndarray) -> np.ndarray:
-        """[B] bool: every slot of class c gives c a margin above its error bound at each row."""
-        s = self._class_scores(c, xn)
-        runner_up = s[:, :, self._others[c]].max(axis=2)  # max_{t != c} s_t, the float scores as computed
-        return ((s[:, :, c] - runner_up) > self._margins[c]).all(axis=0)
 
     def agree(self, xn: np.ndarray, classes: np.ndarray) -> np.ndarray:
         """[B] bool: every network of R_{classes[b]} labels row b with classes[b], exactly."""
         if self._first is None:
             return np.ones(len(xn), dtype=bool)
-        if len(xn) == 1:
-            return self._class_agree(int(classes[0]), xn)
-        out = np.empty(len(xn), dtype=bool)
-        for c in range(self._first.shape[0]):  # every class, an empty group too: the same steps per batch
-            rows = classes == c
-            out[rows] = self._class_agree(c, xn[rows])
-        return out
+        s = self.scores(xn)
+        rows = np.arange(len(xn))
+        own = s[:, rows, classes]  # [K, B]
+        s[:, rows, classes] = -np.inf
+        margin = own - s.max(axis=2)  # s_c - max_{t != c} s_t, the float scores as computed
+        needed = self.members[classes].T  # [K, B]: whether row b's class checks network k
+        return ((margin > self._margins) | ~needed).all(axis=0)
