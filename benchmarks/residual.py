@@ -15,6 +15,7 @@ split:
   * the single query in process (`LabelOnlyClassifier.decide` on one row, median of 2 000) and the
     full query path with the memo (`lucid_single_query` of `lucid evaluate`);
   * served memory: the float64 bytes of N plus the union of the residual sets, against all networks;
+    the single-query time and memory of the union are what every row pays (equal work);
   * the time the global bound (M = 0) needs to reach upper <= 1.1 x lower per class, from its log,
     against the time the residual run's level needs to come within 10 % of its final value;
   * the side channel: single-query times of rows released, noised by the level and noised by the
@@ -275,7 +276,7 @@ def report() -> None:
             f"{r['single_decide_ms']:.3f} ms | {mem['served'] / 1e3:.0f} / {mem['all_networks'] / 1e3:.0f} kB | "
             f"{'not reached' if ratio is None else _seconds(ratio)} | "
             f"{_seconds(r.get('seconds_to_final_upper'))} |")
-    lines += ["", "Single query in process, `decide` on one row (N, the level and the M networks of its class) "
+    lines += ["", "Single query in process, `decide` on one row (N, the level and every network of the union of the sets) "
               "against Naive-iDP on one row (all |D| + 1 networks, one stacked float64 pass; the paper reports 25 s "
               "per query for its Naive-iDP):", "",
               "| workload | M | networks | residual rule | Naive-iDP | full query with the memo |", "|---|---|---|---|---|---|"]
