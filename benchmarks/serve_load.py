@@ -261,58 +261,14 @@ class Stalled:
                 writer.close()
 
 
-class IdleFlood:
-    """`count` idle connections (they send nothing) from `addresses` loopback addresses
-    (127.0.0.2, 127.0.0.3, ...), each reopened at once when the server closes it."""
+class Flood:
+    """`count` connections from `addresses` loopback addresses (127.0.0.2, 127.0.0.3, ...), each
+    opened again at once when the server closes it; `use` says what one does while open."""
 
     def __init__(self, port: int, count: int, addresses: int) -> None:
         self.port, self.count, self.addresses = port, count, addresses
         self.open = 0
         self.closed_by_server = 0
-        self.refused = 0
-        self.stop = asyncio.Event()
-
-    async def run(self) -> None:
-        await asyncio.gather(*(self._hold(f"127.0.0.{2 + i % self.addresses}") for i in range(self.count)))
-
-    async def _hold(self, source: str) -> None:
-        while not self.stop.is_set():
-            try:
-                reader, writer = await asyncio.open_connection("127.0.0.1", self.port, local_addr=(source, 0))
-            except OSError:
-                self.refused += 1
-                await asyncio.sleep(0.05)
-                continue
-            self.open += 1
-            try:
-                while not self.stop.is_set():
-                    try:
-                        data = await asyncio.wait_for(reader.read(4096), timeout=1.0)
-                    except asyncio.TimeoutError:
-                        continue
-                    if data.startswith(b"HTTP/1.1 503"):
-                        self.refused += 1
-                    break
-                else:
-                    continue
-                self.closed_by_server += 1
-            except OSError:
-                self.closed_by_server += 1
-            finally:
-                self.open -= 1
-                writer.close()
-
-
-class PipelineFlood:
-    """`count` connections from `addresses` loopback addresses that each write `depth` pipelined
-    single-row requests (new inputs) and never read an answer; each is opened again at once when the
-    server closes it."""
-
-    def __init__(self, port: int, count: int, addresses: int, depth: int, inputs) -> None:
-        self.port, self.count, self.addresses, self.depth = port, count, addresses, depth
-        self.inputs = inputs
-        self.open = 0
-        self.closed_by_server = 0
         self.stop = asyncio.Event()
 
     async def run(self) -> None:
@@ -327,17 +283,48 @@ class PipelineFlood:
                 continue
             self.open += 1
             try:
-                for _ in range(self.depth):
-                    body = json.dumps({"inputs": self.inputs(1)}).encode()
-                    writer.write(b"POST /v1/predict HTTP/1.1\r\nHost: localhost\r\ncontent-type: application/json"
-                                 b"\r\ncontent-length: %d\r\n\r\n" % len(body) + body)
-                while not self.stop.is_set() and not reader.at_eof() and not writer.is_closing():
-                    await asyncio.sleep(0.5)  # never read: the answers pile up in the socket buffers
+                await self.use(reader, writer)
                 if not self.stop.is_set():
                     self.closed_by_server += 1
+            except OSError:
+                self.closed_by_server += 1
             finally:
                 self.open -= 1
                 writer.close()
+
+    async def use(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        raise NotImplementedError
+
+
+class IdleFlood(Flood):
+    """Connections that send nothing; a 503 the server answers instead of accepting is counted."""
+
+    refused = 0
+
+    async def use(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while not self.stop.is_set():
+            try:
+                data = await asyncio.wait_for(reader.read(4096), timeout=1.0)
+            except asyncio.TimeoutError:
+                continue
+            self.refused += data.startswith(b"HTTP/1.1 503")
+            return
+
+
+class PipelineFlood(Flood):
+    """Connections that write `depth` pipelined single-row requests (new inputs) and never read."""
+
+    def __init__(self, port: int, count: int, addresses: int, depth: int, inputs) -> None:
+        super().__init__(port, count, addresses)
+        self.depth, self.inputs = depth, inputs
+
+    async def use(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        for _ in range(self.depth):
+            body = json.dumps({"inputs": self.inputs(1)}).encode()
+            writer.write(b"POST /v1/predict HTTP/1.1\r\nHost: localhost\r\ncontent-type: application/json"
+                         b"\r\ncontent-length: %d\r\n\r\n" % len(body) + body)
+        while not self.stop.is_set() and not reader.at_eof() and not writer.is_closing():
+            await asyncio.sleep(0.5)  # never read: the answers pile up in the socket buffers
 
 
 async def request_loop(port: int, next_body: Callable[[], bytes], done: Callable[[], bool], out: dict,
@@ -413,28 +400,8 @@ async def scenario_a(port: int, run: Path, inputs, stalled: int, seconds: float,
             "closed_by_server": holder.closed_by_server, "failed_connects": holder.failed_connects}
 
 
-async def scenario_c(port: int, run: Path, flood: int, addresses: int, seconds: float) -> dict:
-    """`flood` idle connections from `addresses` addresses against the connection cap, one single-row client."""
-    holder = IdleFlood(port, flood, addresses)
-    holding = asyncio.create_task(holder.run())
-    await asyncio.sleep(2.0)
-    opened = holder.open
-    queue = multiprocessing.Queue()
-    client = multiprocessing.Process(target=_singles_process, args=(port, str(run), seconds, queue))
-    client.start()
-    while client.is_alive() and queue.empty():
-        await asyncio.sleep(0.1)
-    single = await asyncio.to_thread(queue.get)
-    client.join()
-    holder.stop.set()
-    await holding
-    return {"single": single, "flood_opened": opened, "closed_by_server": holder.closed_by_server,
-            "refused": holder.refused}
-
-
-async def scenario_d(port: int, run: Path, inputs, count: int, addresses: int, depth: int, seconds: float) -> dict:
-    """`count` pipelining connections that never read, one single-row client."""
-    holder = PipelineFlood(port, count, addresses, depth, inputs)
+async def beside_a_flood(holder: Flood, port: int, run: Path, seconds: float) -> dict:
+    """The single-row client of A, in its own process, while `holder`'s connections are held."""
     holding = asyncio.create_task(holder.run())
     await asyncio.sleep(2.0)
     opened = holder.open
@@ -449,6 +416,17 @@ async def scenario_d(port: int, run: Path, inputs, count: int, addresses: int, d
     holder.stop.set()
     await holding
     return {"single": single, "opened": opened, "open_at_end": still_open, "closed_by_server": holder.closed_by_server}
+
+
+async def scenario_c(port: int, run: Path, flood: int, addresses: int, seconds: float) -> dict:
+    """`flood` idle connections from `addresses` addresses against the connection cap, one single-row client."""
+    holder = IdleFlood(port, flood, addresses)
+    return {**await beside_a_flood(holder, port, run, seconds), "refused": holder.refused}
+
+
+async def scenario_d(port: int, run: Path, inputs, count: int, addresses: int, depth: int, seconds: float) -> dict:
+    """`count` pipelining connections that never read, one single-row client."""
+    return await beside_a_flood(PipelineFlood(port, count, addresses, depth, inputs), port, run, seconds)
 
 
 def _throughput_process(port: int, connections: int, seconds: float, run: str, queue) -> None:
@@ -548,7 +526,7 @@ def report(args, runs_a: dict[int, tuple[dict, int]], b: dict[int, dict], b_rss:
             "|---|---|---|---|---|---|",
             f"| {len(single)} | {answered} ({100 * answered / max(1, len(single)):.1f} %) | "
             f"{ms(np.percentile(single, 50))} | **{ms(np.percentile(single, 99))}** | {ms(single.max())} | "
-            f"{c['flood_opened']}, {c['closed_by_server']}, {c['refused']} |"]
+            f"{c['opened']}, {c['closed_by_server']}, {c['refused']} |"]
     if d is not None:
         single = np.array(d["single"]["latencies"])
         answered = len(single) - d["single"]["errors"]
