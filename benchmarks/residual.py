@@ -310,6 +310,10 @@ def main() -> None:
     args = parser.parse_args()
     if not args.report_only:
         for name in args.workloads.split(","):
+            if name in region_bench.WORKLOADS and region_bench.WORKLOADS[name][0] in ("crypto", "adult") \
+                    and not region_bench.DATA.exists():
+                print(f"{name}: {region_bench.DATA} is absent, skipped", file=sys.stderr)
+                continue
             for m in (int(v) for v in args.ms.split(",")):
                 run_one(name, m, args)
     report()

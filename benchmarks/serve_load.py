@@ -370,6 +370,18 @@ def _singles_process(port: int, run: str, seconds: float, queue) -> None:
     queue.put(out)
 
 
+async def single_row_client(port: int, run: Path, seconds: float) -> dict:
+    """The single-row client (`singles`) for `seconds`, in a process of its own; its latencies and errors."""
+    queue = multiprocessing.Queue()
+    client = multiprocessing.Process(target=_singles_process, args=(port, str(run), seconds, queue))
+    client.start()
+    while client.is_alive() and queue.empty():
+        await asyncio.sleep(0.1)
+    single = await asyncio.to_thread(queue.get)
+    client.join()
+    return single
+
+
 async def scenario_a(port: int, run: Path, inputs, stalled: int, seconds: float, rows: int) -> dict:
     holder = Stalled(port, stalled)
     holding = asyncio.create_task(holder.run())
@@ -384,13 +396,7 @@ async def scenario_a(port: int, run: Path, inputs, stalled: int, seconds: float,
     large: dict = {"latencies": [], "errors": 0}
     posting = [asyncio.create_task(batches(port, bodies[k::2], stop, large)) for k in (0, 1)]
     await asyncio.sleep(1.0)
-    queue = multiprocessing.Queue()
-    client = multiprocessing.Process(target=_singles_process, args=(port, str(run), seconds, queue))
-    client.start()
-    while client.is_alive() and queue.empty():
-        await asyncio.sleep(0.1)
-    single = await asyncio.to_thread(queue.get)
-    client.join()
+    single = await single_row_client(port, run, seconds)
     stop.set()
     await asyncio.gather(*posting)
     still_open = holder.open
@@ -405,13 +411,7 @@ async def beside_a_flood(holder: Flood, port: int, run: Path, seconds: float) ->
     holding = asyncio.create_task(holder.run())
     await asyncio.sleep(2.0)
     opened = holder.open
-    queue = multiprocessing.Queue()
-    client = multiprocessing.Process(target=_singles_process, args=(port, str(run), seconds, queue))
-    client.start()
-    while client.is_alive() and queue.empty():
-        await asyncio.sleep(0.1)
-    single = await asyncio.to_thread(queue.get)
-    client.join()
+    single = await single_row_client(port, run, seconds)
     still_open = holder.open
     holder.stop.set()
     await holding
@@ -481,6 +481,14 @@ def ms(seconds: float) -> str:
     return f"{seconds * 1e3:.1f} ms"
 
 
+def _single_client_cells(single: dict) -> str:
+    """A flood scenario's table cells for the single-row client: requests, answered, p50, p99, max."""
+    latencies = np.array(single["latencies"])
+    answered = len(latencies) - single["errors"]
+    return (f"| {len(latencies)} | {answered} ({100 * answered / max(1, len(latencies)):.1f} %) | "
+            f"{ms(np.percentile(latencies, 50))} | **{ms(np.percentile(latencies, 99))}** | {ms(latencies.max())} |")
+
+
 def report(args, runs_a: dict[int, tuple[dict, int]], b: dict[int, dict], b_rss: dict[int, int], loads: list,
            run_note: str, c: dict | None = None, d: dict | None = None) -> str:
     lines = [
@@ -511,8 +519,6 @@ def report(args, runs_a: dict[int, tuple[dict, int]], b: dict[int, dict], b_rss:
             f"{ms(np.median(large))} | {a['stalled_opened']} / {a['stalled_open_at_end']}, {a['closed_by_server']} "
             f"(failed connects: {a['failed_connects']}) | {rss / 2**20:.0f} MiB |")
     if c is not None:
-        single = np.array(c["single"]["latencies"])
-        answered = len(single) - c["single"]["errors"]
         lines += [
             "",
             f"## C: {args.flood} idle connections from {args.flood_addresses} addresses, one single-row client",
@@ -524,12 +530,8 @@ def report(args, runs_a: dict[int, tuple[dict, int]], b: dict[int, dict], b_rss:
             "| single-row requests | answered (200) | p50 | **p99** | max | idle: open after 2 s, closed by the "
             "server, refused (503) |",
             "|---|---|---|---|---|---|",
-            f"| {len(single)} | {answered} ({100 * answered / max(1, len(single)):.1f} %) | "
-            f"{ms(np.percentile(single, 50))} | **{ms(np.percentile(single, 99))}** | {ms(single.max())} | "
-            f"{c['opened']}, {c['closed_by_server']}, {c['refused']} |"]
+            f"{_single_client_cells(c['single'])} {c['opened']}, {c['closed_by_server']}, {c['refused']} |"]
     if d is not None:
-        single = np.array(d["single"]["latencies"])
-        answered = len(single) - d["single"]["errors"]
         lines += [
             "",
             f"## D: {args.pipeliners} connections from {args.flood_addresses} addresses pipelining "
@@ -542,9 +544,7 @@ def report(args, runs_a: dict[int, tuple[dict, int]], b: dict[int, dict], b_rss:
             "| single-row requests | answered (200) | p50 | **p99** | max | pipelining: open after 2 s / at the "
             "end, closed by the server |",
             "|---|---|---|---|---|---|",
-            f"| {len(single)} | {answered} ({100 * answered / max(1, len(single)):.1f} %) | "
-            f"{ms(np.percentile(single, 50))} | **{ms(np.percentile(single, 99))}** | {ms(single.max())} | "
-            f"{d['opened']} / {d['open_at_end']}, {d['closed_by_server']} |"]
+            f"{_single_client_cells(d['single'])} {d['opened']} / {d['open_at_end']}, {d['closed_by_server']} |"]
     lines += [
         "",
         "## B: throughput of new single-row requests",

@@ -12,7 +12,7 @@ Stored in the run directory as (docs/formats.md, `lucid-residual/1`):
   * `residual-<sha256 prefix>.safetensors`: the union of the sets' networks, with the tensors and
     dtypes of networks.safetensors (so it is read by the same `stack_from_tensors`). Its name
     carries its digest, so a new verification never overwrites the file an older bounds.json
-    names; stale ones are removed once the new bounds.json is in place.
+    names; `lucid.rundir.write_bounds` removes stale ones once the new bounds.json is in place.
 The reader refuses a missing, altered, foreign or non-finite file in one line: a run that says
 "residual" is never served by another rule.
 """
@@ -31,9 +31,9 @@ from safetensors.numpy import load, save
 from lucid.atomic import write_atomic
 from lucid.errors import LucidError
 from lucid.network import NetworkFile, NetworkStack, stack_from_tensors
+from lucid.rundir import bound_entry_value
 
 RESIDUAL_FORMAT = "lucid-residual/1"
-_FILE_GLOB = "residual-*.safetensors"
 
 
 @dataclass(frozen=True)
@@ -62,12 +62,6 @@ class ResidualSets:
     digest: str  # sha256 of the parameter file: which networks the memo's answers were checked by
 
 
-def _encode(v: float) -> float | None:
-    if math.isinf(v):
-        return -1.0 if v < 0 else None  # as bounds.json's uppers: -inf (nothing leaks) -> -1, +inf -> null
-    return float(v)
-
-
 def write_residual(run_dir: str | Path, classes: dict[int, ClassResidual], size: int) -> dict:
     """Write the union's parameter file and return bounds.json's "residual" section (write that after)."""
     run_dir = Path(run_dir)
@@ -88,19 +82,11 @@ def write_residual(run_dir: str | Path, classes: dict[int, ClassResidual], size:
     write_atomic(run_dir / name, write)
     return {
         "format": RESIDUAL_FORMAT, "size": int(size), "file": name, "sha256": digest,
-        "classes": {str(c): {"level": _encode(r.level), "positions": [int(p) for p in r.positions],
+        "classes": {str(c): {"level": bound_entry_value(r.level, upper=True), "positions": [int(p) for p in r.positions],
                              "rows": [int(source.removed[p]) for p in r.positions],
-                             "bounds": [_encode(b) for b in r.bounds]}
+                             "bounds": [bound_entry_value(b, upper=True) for b in r.bounds]}
                     for c, r in sorted(classes.items())},
     }
-
-
-def remove_stale_files(run_dir: str | Path, section: dict | None) -> None:
-    """Delete residual files that the current bounds.json does not name (after it was written)."""
-    keep = None if section is None else section.get("file")
-    for path in Path(run_dir).glob(_FILE_GLOB):
-        if path.name != keep:
-            path.unlink(missing_ok=True)
 
 
 def _level(value: Any, where: str) -> float:

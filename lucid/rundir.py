@@ -23,12 +23,12 @@ from lucid.atomic import read_json, write_json_atomic
 from lucid.dynamic_range import check_scaler_range
 from lucid.errors import LucidError
 from lucid.network import load_networks
-from lucid.residual import remove_stale_files
 
 RUN_FORMAT = "lucid-run/1"
 EXTERNAL_ALGORITHM = "external"  # run.json's training algorithm of a run built by `lucid import`
 BOUNDS_FORMAT = "lucid-bounds/1"
 BOUNDS_FILE = "bounds.json"
+RESIDUAL_FILES = "residual-*.safetensors"  # the parameter files of `lucid verify --residual` (lucid/residual.py)
 
 
 def encode_float(v: float | None) -> float | str | None:
@@ -65,8 +65,17 @@ def write_bounds(run_dir: str | Path, bounds: dict[str, dict], *, solver: str, o
     if residual is not None:
         content["residual"] = residual
     write_json_atomic(Path(run_dir) / BOUNDS_FILE, content)
-    remove_stale_files(run_dir, residual)  # after the rename: the old bounds.json named the old file until then
+    _remove_stale_residual_files(Path(run_dir), residual)
     return content
+
+
+def _remove_stale_residual_files(run_dir: Path, residual: dict | None) -> None:
+    """Delete the residual parameter files that bounds.json no longer names: after its rename, since
+    the old bounds.json named the old file until then."""
+    keep = None if residual is None else residual.get("file")
+    for path in run_dir.glob(RESIDUAL_FILES):
+        if path.name != keep:
+            path.unlink(missing_ok=True)
 
 
 @dataclass

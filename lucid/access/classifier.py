@@ -76,13 +76,7 @@ def load_upper_bounds(run: Run) -> np.ndarray:
     return load_bounds(run)[0]
 
 
-def load_bounds(run: Run) -> tuple[np.ndarray, RegionTree | None]:
-    """(beta_c per class, the per-box bounds of `lucid verify --regions` or None) from RUN/bounds.json."""
-    upper, regions, _ = load_served_bounds(run)
-    return upper, regions
-
-
-def load_served_bounds(run: Run) -> tuple[np.ndarray, RegionTree | None, ResidualSets | None]:
+def load_bounds(run: Run) -> tuple[np.ndarray, RegionTree | None, ResidualSets | None]:
     """beta_c per class, and the sections that refine it: the per-box bounds of `--regions` and
     the residual sets of `--residual` (each None when absent), from RUN/bounds.json."""
     path = run.path / BOUNDS_FILE
@@ -176,7 +170,7 @@ class LabelOnlyClassifier:
         if len(self.labels) != self.num_classes:
             raise LucidError(f"run.json lists {len(self.labels)} labels for {self.num_classes} classes")
         self.classes_ = np.asarray(self.labels)
-        self.bounds, self.regions, residual = load_served_bounds(run)
+        self.bounds, self.regions, residual = load_bounds(run)
         # A diverged leave-one-out network voids every bound: refuse the run (the whole file, streamed;
         # `lucid budget` and `lucid report` only need N's fingerprint from load_n and skip this).
         NetworkFile(run.path, run.meta).check_finite()

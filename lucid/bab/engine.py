@@ -179,7 +179,7 @@ class Engine:
     def _unseeded(self, cs: ClassState) -> None:
         """A class the time limit ended before its first node (a seed's witness search and screen
         refinement take seconds per class): it keeps its screened bound, or none."""
-        positions = self._verified_positions(cs) if cs.screen is not None else np.arange(1, self.num_networks)
+        positions = self._verified_positions(cs)
         if cs.screen is not None:
             cs.upper = min(cs.upper, self.screening.upper(cs, positions))
         self.anytime.finish(cs, False, "time limit")
