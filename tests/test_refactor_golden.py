@@ -32,9 +32,12 @@ WORKLOADS = [
     ("no-md-no-ris", {"networks": 9, "seed": 7}, {"md": False, "ris": False, "screen": "interval", "split_time": 0}),
     ("two-classes-optimised-screen", {"networks": 12, "seed": 2}, {}),
     ("three-classes-optimised-screen", {"networks": 10, "seed": 5, "classes": 3}, {"rel_gap": 0.1}),
+    # the strategies beside plain branch-and-bound: a residual set, and region-wise bounds
+    ("residual-set", {"networks": 12, "seed": 2}, {"residual": 3, "split_time": 0}),
+    ("regions", {"networks": 10, "seed": 5}, {"regions": 4, "split_time": 0}),
 ]
 # Event fields that measure time or depend on it.
-TIMED = {"t", "seconds", "stats", "time_limit", "run_fingerprint"}
+TIMED = {"t", "seconds", "stats", "time_limit", "run_fingerprint", "digest", "file", "sha256"}
 
 
 def _canonical(value):
@@ -63,6 +66,9 @@ def record(tmp: Path, names: set[str] | None = None) -> dict:
             e.pop("options", None)  # the settings' shape is not behaviour
             e.pop("settings", None)
         out[name] = {"bounds": _canonical(result["bounds"]), "events": events}
+        for section in ("regions", "residual"):  # the strategies' own sections of bounds.json
+            if section in result:
+                out[name][section] = _canonical(result[section])
     return out
 
 
@@ -72,6 +78,8 @@ def test_bounds_and_events_are_unchanged(tmp_path, name):
     expected = json.loads(GOLDEN.read_text())[name]
     got = json.loads(json.dumps(record(tmp_path, {name})))[name]
     assert got["bounds"] == expected["bounds"], name
+    for section in ("regions", "residual"):
+        assert got.get(section) == expected.get(section), (name, section)
     mine, theirs = got["events"], expected["events"]
     for i, (a, b) in enumerate(zip(mine, theirs)):
         assert a == b, (name, i, a, b)
