@@ -56,7 +56,7 @@ def write_bounds(run_dir: str | Path, bounds: dict[str, dict], *, solver: str, o
                  regions: dict | None = None, residual: dict | None = None) -> dict:
     """Write RUN/bounds.json (lucid-bounds/1) atomically and return its content; `bounds` maps a
     class id to its entry (upper, lower, complete, exact, seconds, nodes, reason, leaking_row);
-    `regions`: the per-box bounds of `lucid verify --regions K` (lucid/regions.py); `residual`: the
+    `regions`: the per-box bounds of `lucid verify --regions K` (lucid/regions/tree.py); `residual`: the
     residual sets of `lucid verify --residual M` (lucid/residual.py). Each class's `upper` always
     bounds every network, so a reader that knows neither section stays sound."""
     content = {"format": BOUNDS_FORMAT, "solver": solver, "options": options, "bounds": bounds}

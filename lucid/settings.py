@@ -210,7 +210,7 @@ class VerifySettings:
     hyper: what the verified networks are: "loo" (the run's leave-one-out networks, by
         branch-and-bound over their hyper-networks) or "agt:K" (every network within K removed
         rows, through the run's AGT box: one MILP per class, `lucid.analysis.agt_box`).
-    regions: up to this many boxes of the domain get their own bounds (`lucid.bab.regions`; 1: one
+    regions: up to this many boxes of the domain get their own bounds (`lucid.regions.verify`; 1: one
         bound per class); public_inputs: an .npz of public inputs that weighs where boxes are cut.
     residual: M, the size of each class's residual set (`lucid.residual`): the M networks with the
         highest screened bounds are set aside, checked at query time, and the engine bounds the
@@ -345,11 +345,6 @@ class VerifySettings:
             if not 0 <= c < num_classes:
                 raise LucidError(f"unknown class {c}: this run has classes 0..{num_classes - 1}")
         return list(self.classes)
-
-    @property
-    def node_limit(self) -> float | None:
-        """The first attempt's node time limit: the user's, or the default derived from --time-limit."""
-        return self.node_time_limit if self.node_time_limit is not None else default_node_time_limit(self.time_limit)
 
     @property
     def keep_trees(self) -> bool:

@@ -5,7 +5,8 @@
   bounds.json -> access, and the foundations under it know nothing of what is built on them;
 - `lucid/milp` (the neutral model and its encodings) imports neither `lucid/bounds` nor anything
   that computes bounds, solves or schedules: bounds reach it as plain arrays;
-- nothing outside `lucid/bab` and the command line imports `lucid/bab` (the engine sits on top);
+- nothing outside the engine's layer (`lucid/bab` and the region strategy) and the command line
+  imports `lucid/bab` (the engine sits on top);
 - only `lucid/solvers` imports solver packages (highspy, gurobipy, pulp, pyscipopt).
 
 Read from the source (every `import` statement, also the ones inside functions), so a lazy import
@@ -21,19 +22,23 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent / "lucid"
 SOLVER_PACKAGES = {"highspy", "gurobipy", "pulp", "pyscipopt"}
-# Lowest first. A module's layer is that of its top-level name under lucid (a package or a module);
-# any `__main__` module is a command line and sits on top.
+# The region package's modules that run verification sit with the engine; the partition itself
+# (`regions`, `regions.tree`, `regions.lookup`) sits beside the run directory, for the access layer.
+ENGINE_REGIONS = {"regions.verify", "regions.one_box", "regions.choice", "regions.report"}
+# Lowest first. A module's layer is that of the longest name here that holds it (a package, a module,
+# or a module inside a package, as "regions.verify"); any `__main__` module is a command line and
+# sits on top.
 LAYERS = [
-    {"__init__", "__version__", "errors", "atomic", "worker_inputs", "cluster", "adam"},  # foundations
-    {"network", "convolution", "network_cache", "data", "rundir", "regions", "region_lookup", "hyper", "witness",
-     "dynamic_range", "residual"},  # networks and run directories
+    {"__init__", "__version__", "errors", "atomic", "worker_inputs", "cluster", "adam", "deadline"},  # foundations
+    {"network", "convolution", "network_cache", "data", "rundir", "regions", "hyper", "witness",
+     "dynamic_range", "residual"},  # networks and run directories; the partition into regions
     {"interop"},  # ONNX / state-dict import and export of run directories, VNN-LIB queries
     {"milp"},  # the solver-neutral model
     {"solvers"},  # backends
     {"bounds"},  # bound propagation, LPs, ReLU splitting
     {"settings"},  # the typed settings objects
     {"analysis", "agt", "training"},  # a node's analysis and encoding; AGT boxes; training
-    {"bab"},  # the branch-and-bound engine
+    {"bab", *ENGINE_REGIONS},  # the branch-and-bound engine and its strategies
     {"access"},  # label-only access
     {"report", "baselines"},  # reports and the baselines
     {"cli", "__main__"},  # command lines
@@ -64,11 +69,26 @@ def _under(name: str, package: str) -> bool:
 
 def layer_of(module: str) -> int:
     parts = module.split(".")
-    top = "__main__" if parts[-1] == "__main__" else (parts[1] if len(parts) > 1 else parts[0])
-    for rank, names in enumerate(LAYERS):
-        if top in names:
-            return rank
+    if parts[-1] == "__main__":
+        return len(LAYERS) - 1
+    inside = parts[1:] or parts
+    for length in range(len(inside), 0, -1):
+        name = ".".join(inside[:length])
+        for rank, names in enumerate(LAYERS):
+            if name in names:
+                return rank
     raise AssertionError(f"{module} is in no layer of LAYERS: add it where it belongs")
+
+
+def in_engine_layer(module: str) -> bool:
+    return _under(module, "lucid.bab") or any(_under(module, f"lucid.{name}") for name in ENGINE_REGIONS)
+
+
+def engine_imports(module: str, imports: set[str]) -> list[str]:
+    """The imports of the engine's layer by a module outside it and the command line."""
+    if in_engine_layer(module) or _under(module, "lucid.cli"):
+        return []
+    return sorted(i for i in imports if in_engine_layer(i))
 
 
 def upward_imports(module: str, imports: set[str]) -> list[str]:
@@ -87,6 +107,12 @@ def test_the_layer_rule_sees_an_arrow_back_up():
     assert upward_imports("lucid.settings", {"lucid.analysis.encode"})
     assert not upward_imports("lucid.analysis.screen", {"lucid.bounds.symbolic", "lucid.settings"})
     assert not upward_imports("lucid.baselines.__main__", {"lucid.cli"})
+    # the partition sits beside the run directory, the region strategy with the engine
+    assert upward_imports("lucid.regions.tree", {"lucid.bab.engine"})
+    assert not upward_imports("lucid.regions.verify", {"lucid.bab.engine", "lucid.regions.tree"})
+    assert engine_imports("lucid.access.classifier", {"lucid.regions.verify", "lucid.bab.engine.Engine"})
+    assert not engine_imports("lucid.access.classifier", {"lucid.regions", "lucid.regions.lookup", "lucid.regions.tree"})
+    assert not engine_imports("lucid.cli.verify", {"lucid.bab.run"})
 
 
 @pytest.mark.parametrize("module, imports", sorted(modules().items()))
@@ -95,8 +121,7 @@ def test_import_arrows_run_one_way(module, imports):
         upward = [i for i in imports if _under(i, "lucid") and not _under(i, "lucid.milp")
                   and not _under(i, "lucid.errors") and not _under(i, "lucid.atomic")]
         assert not upward, f"{module} (the neutral MILP) imports {sorted(upward)}"
-    if not (_under(module, "lucid.bab") or _under(module, "lucid.cli")):
-        assert not [i for i in imports if _under(i, "lucid.bab")], f"{module} imports the engine"
+    assert not engine_imports(module, imports), f"{module} imports the engine: {engine_imports(module, imports)}"
     if not _under(module, "lucid.solvers"):
         solver_imports = {i.split(".")[0] for i in imports} & SOLVER_PACKAGES
         assert not solver_imports, f"{module} imports solver packages {sorted(solver_imports)}"

@@ -1,4 +1,4 @@
-"""Region-wise decision bounds (`lucid verify --regions K`, lucid/regions.py, lucid/bab/regions.py).
+"""Region-wise decision bounds (`lucid verify --regions K`, lucid/regions/tree.py, lucid/regions/verify.py).
 
 The oracle: on tiny 2-D runs the exact beta*_{c,{i}} of every network over every box is computed
 by polygon enumeration (tests/bruteforce.py, no code shared with lucid), and every verified box's
@@ -26,6 +26,7 @@ from lucid.analysis.problem import VerificationProblem  # noqa: E402
 from lucid.bab import verify_run  # noqa: E402
 from lucid.errors import LucidError  # noqa: E402
 from lucid.regions import MAX_DEPTH, RegionTree  # noqa: E402
+from lucid.regions.one_box import BoxVerifier  # noqa: E402
 from lucid.rundir import open_run  # noqa: E402
 
 
@@ -142,7 +143,7 @@ def test_a_box_verified_again_caps_every_box_below_it():
 
 
 def test_a_cut_short_box_is_continued_for_the_noised_points_of_the_leaves_verified_over_it():
-    from lucid.bab.region_choice import box_owner, box_to_continue
+    from lucid.regions.choice import box_owner, box_to_continue
 
     tree = RegionTree(np.zeros(2), np.ones(2), 2)
     rest, carved = tree.carve(0, np.array([0.5, 0.5]), np.array([0.9, 0.9]))
@@ -194,7 +195,7 @@ def test_json_round_trip_and_one_line_refusals():
 # --- verification against the exact per-box oracle -------------------------------------------------
 @pytest.fixture(scope="module")
 def region_run(tmp_path_factory):
-    import lucid.bab.regions as regions
+    import lucid.regions.verify as regions
 
     path = write_tiny_run(tmp_path_factory.mktemp("regions") / "run", networks=6, seed=4, spread=(0.03, 0.08, 0.2))
     with pytest.MonkeyPatch.context() as patch:
@@ -245,16 +246,16 @@ def test_a_cut_short_root_is_continued_once_no_split_is_left_and_its_bounds_hold
     the domain, hold most of the noised public points, and the root's branch-and-bound, cut short
     at its share, goes on where it stopped (not from scratch) instead of verifying boxes without
     noised points."""
-    import lucid.bab.regions as regions
+    import lucid.regions.verify as regions
 
     path = write_tiny_run(tmp_path / "run", networks=6, seed=4, spread=(0.03, 0.08, 0.2))
-    calls, real, real_time = [], regions._verify_box, regions.box_time
+    calls, real, real_time = [], BoxVerifier.verify, regions.box_time
 
-    def spy(tree, node, *args, continued=None, **kw):
+    def spy(self, node, *args, continued=None, **kw):
         calls.append((node, None if continued is None else sorted(continued)))
-        return real(tree, node, *args, continued=continued, **kw)
+        return real(self, node, *args, continued=continued, **kw)
 
-    monkeypatch.setattr(regions, "_verify_box", spy)
+    monkeypatch.setattr(BoxVerifier, "verify", spy)
     monkeypatch.setattr(regions, "box_time", lambda left, total, node, *rest: min(left, 0.5) if node == 0 else
                         real_time(left, total, node, *rest))  # the root: half a second, not its third of the run
     result = verify_run(path, regions=3, time_limit=60, workers=1, progress=False)
@@ -309,24 +310,24 @@ def test_regions_release_no_leaking_input_and_noise_less_than_the_global_bound(r
 
 
 def test_resume_continues_from_the_last_finished_box(tmp_path, monkeypatch):
-    import lucid.bab.regions as regions
+    import lucid.regions.verify as regions
 
     path = write_tiny_run(tmp_path / "run", networks=5, seed=2, spread=(0.03, 0.08, 0.2))
     calls = []  # (how, box): a box is screened first, then deepened by the branch-and-bound
-    real = {"screen": regions._screen_box, "verify": regions._verify_box}
+    real = {"screen": BoxVerifier.screen, "verify": BoxVerifier.verify}
 
     def spy(how, interrupt_at=None):
-        def wrapped(tree, node, *args, **kw):
+        def wrapped(self, node, *args, **kw):
             if len(calls) == interrupt_at:
                 raise KeyboardInterrupt
             calls.append((how, node))
-            return real[how](tree, node, *args, **kw)
+            return real[how](self, node, *args, **kw)
         return wrapped
 
     # screen first whatever the root proves (here it finishes, which would verify every box at once)
     monkeypatch.setattr(regions, "screen_first", lambda tree, classes, settings: True)
-    monkeypatch.setattr(regions, "_screen_box", spy("screen", 3))
-    monkeypatch.setattr(regions, "_verify_box", spy("verify", 3))
+    monkeypatch.setattr(BoxVerifier, "screen", spy("screen", 3))
+    monkeypatch.setattr(BoxVerifier, "verify", spy("verify", 3))
     with pytest.raises(KeyboardInterrupt):
         verify_run(path, regions=5, time_limit=60, workers=1, progress=False)
     assert not (path / "bounds.json").exists()
@@ -337,8 +338,8 @@ def test_resume_continues_from_the_last_finished_box(tmp_path, monkeypatch):
     assert calls[1][0] == "screen"  # the screened leaves not deepened yet wait for it
     waiting = {node for how, node in calls if how == "screen"} - {node for how, node in calls if how == "verify"}
     assert set(saved["screened"]) == waiting & leaves
-    monkeypatch.setattr(regions, "_screen_box", spy("screen"))
-    monkeypatch.setattr(regions, "_verify_box", spy("verify"))
+    monkeypatch.setattr(BoxVerifier, "screen", spy("screen"))
+    monkeypatch.setattr(BoxVerifier, "verify", spy("verify"))
     with pytest.raises(LucidError, match="different options"):
         verify_run(path, regions=6, time_limit=60, workers=1, progress=False, resume=True)
     result = verify_run(path, regions=5, time_limit=60, workers=1, progress=False, resume=True)
@@ -368,21 +369,21 @@ def test_resume_continues_from_the_last_finished_box(tmp_path, monkeypatch):
 def test_a_time_limit_that_ends_during_a_screen_ends_the_run_with_its_bounds(tmp_path, monkeypatch):
     import time
 
-    import lucid.bab.regions as regions
+    import lucid.regions.verify as regions
 
     path = write_tiny_run(tmp_path / "run", networks=5, seed=2, spread=(0.03, 0.08, 0.2))
     limit, started, screened = 8.0, time.monotonic(), []
-    real = regions._screen_box
+    real = BoxVerifier.screen
 
-    def slow_screen(tree, node, *args, **kw):  # the first screen runs past the end of the run
-        real(tree, node, *args, **kw)
+    def slow_screen(self, node, *args, **kw):  # the first screen runs past the end of the run
+        real(self, node, *args, **kw)
         screened.append(node)
         time.sleep(max(0.0, limit + 0.2 - (time.monotonic() - started)))
 
     monkeypatch.setattr(regions, "screen_first", lambda tree, classes, settings: True)
     monkeypatch.setattr(regions, "cheap_to_deepen", lambda *args: True)  # ... and asks for its branch-and-bound at once
     monkeypatch.setattr(regions, "box_time", lambda left, *args: min(left, 1.0))  # the root: a second
-    monkeypatch.setattr(regions, "_screen_box", slow_screen)
+    monkeypatch.setattr(BoxVerifier, "screen", slow_screen)
     result = verify_run(path, regions=5, time_limit=limit, workers=1, progress=False)
     assert len(screened) == 1
     node = next(n for n in result["regions"]["nodes"] if n["id"] == screened[0])
@@ -498,7 +499,7 @@ def test_queries_in_a_shallow_and_a_deep_box_do_the_same_work_and_take_the_same_
 
 def test_a_box_target_is_a_level_to_prove_below_never_a_bound_by_itself():
     from lucid.bab.anytime import AnytimeBounds
-    from lucid.bab.region_choice import box_targets
+    from lucid.regions.choice import box_targets
     from lucid.bab.session import Session
     from lucid.bab.state import ClassState
     from lucid.settings import VerifySettings
@@ -507,7 +508,7 @@ def test_a_box_target_is_a_level_to_prove_below_never_a_bound_by_itself():
     conf = np.array([0.2, 0.5, 0.6, 0.9, 0.3, 0.4])
     targets = box_targets(classes_of, conf, [0, 1], known_lower=np.array([0.4, -np.inf]))
     # only the points above the box's known leak count; the level sits just below their low quantile
-    from lucid.bab.region_choice import TARGET_MARGIN, TARGET_QUANTILE
+    from lucid.regions.choice import TARGET_MARGIN, TARGET_QUANTILE
 
     assert targets[0] == pytest.approx((1 - TARGET_MARGIN) * np.quantile([0.5, 0.6, 0.9], TARGET_QUANTILE))
     assert targets[1] == pytest.approx((1 - TARGET_MARGIN) * np.quantile([0.3, 0.4], TARGET_QUANTILE))
@@ -556,7 +557,7 @@ def test_the_report_says_the_bounds_are_per_box(region_run, tmp_path):
 
 
 def test_a_split_hugs_the_noised_points_with_a_margin_on_every_wide_side():
-    from lucid.bab.region_choice import MIN_TRIM, TRIM_MARGIN, choose_split
+    from lucid.regions.choice import MIN_TRIM, TRIM_MARGIN, choose_split
 
     # P spans [0.4, 0.6] on feature 0, sits at 0 on feature 1, spans nearly all of feature 2 and
     # [0.05, 0.5] on feature 3 (its low side is too thin to cut off)
@@ -592,7 +593,7 @@ def test_a_split_hugs_the_noised_points_with_a_margin_on_every_wide_side():
 
 
 def test_a_box_its_points_span_is_carved_around_their_densest_cluster():
-    from lucid.bab.region_choice import CLUSTER_RADII, choose_split
+    from lucid.regions.choice import CLUSTER_RADII, choose_split
 
     rng = np.random.default_rng(0)
     tree = RegionTree(np.zeros(3), np.ones(3), 2)
@@ -616,7 +617,7 @@ def test_a_box_its_points_span_is_carved_around_their_densest_cluster():
 
 
 def test_a_box_under_the_rest_of_a_carve_starts_from_its_nearest_verified_ancestor():
-    from lucid.bab.regions import _inherited_leaks, _nearest
+    from lucid.regions.one_box import inherited_leaks as _inherited_leaks, nearest_screens as _nearest
 
     tree = RegionTree(np.zeros(2), np.ones(2), 2)
     rest, carved = tree.carve(0, np.array([0.0, 0.0]), np.array([0.3, 0.3]))
@@ -636,7 +637,7 @@ def test_a_box_under_the_rest_of_a_carve_starts_from_its_nearest_verified_ancest
 
 
 def test_a_screened_box_is_deepened_at_once_only_when_few_networks_stand_above_its_noised_points():
-    from lucid.bab.region_choice import DEEPEN_AT_ONCE, cheap_to_deepen
+    from lucid.regions.choice import DEEPEN_AT_ONCE, cheap_to_deepen
 
     tree = RegionTree(np.zeros(2), np.ones(2), 2)
     tree.record(0, np.array([0.8, 0.5]), np.array([-np.inf, -np.inf]))
@@ -654,7 +655,7 @@ def test_a_screened_box_is_deepened_at_once_only_when_few_networks_stand_above_i
 
 
 def test_boxes_are_screened_first_only_when_the_root_left_a_class_open():
-    from lucid.bab.region_choice import screen_first
+    from lucid.regions.choice import screen_first
     from lucid.settings import VerifySettings
 
     tree = RegionTree(np.zeros(2), np.ones(2), 3)
@@ -667,7 +668,7 @@ def test_boxes_are_screened_first_only_when_the_root_left_a_class_open():
 
 
 def test_a_leaf_is_exact_only_with_no_leak_possible_or_a_leak_found_at_its_bound():
-    from lucid.bab.regions import _leaves_exact
+    from lucid.regions.verify import _leaves_exact
 
     def exact(upper: float, lower: float) -> bool:
         tree = RegionTree(np.zeros(2), np.ones(2), 1)

@@ -14,6 +14,8 @@ import lucid.bounds.symbolic
 import lucid.witness.search
 import lucid.witness.replay
 import lucid.solvers
+from lucid.analysis.budget import node_limit
+from lucid.deadline import Deadline
 import lucid.analysis.analyse
 import lucid.analysis.problem
 import lucid.analysis.screen
@@ -249,7 +251,8 @@ def test_settings_are_frozen_and_serialisable():
     import json
 
     s = VerifySettings(classes="1,0", time_limit=5)
-    assert s.classes == (0, 1) and s.time_limit == 5.0 and s.node_limit == 20.0
+    assert s.classes == (0, 1) and s.time_limit == 5.0 and node_limit(s, Deadline(s.time_limit)) == 20.0
+    assert node_limit(s, Deadline(600.0)) == 75.0  # a region's share of the run derives its own
     with pytest.raises(dataclasses.FrozenInstanceError):
         s.solver = "gurobi"
     assert json.loads(json.dumps(s.to_json()))["classes"] == [0, 1]

@@ -189,7 +189,7 @@ class LabelOnlyClassifier:
         self.thresholds = release_thresholds(self.bounds, self.confidence_error)
         served = BoundsRecord(self.bounds)
         if self.regions is not None:
-            # Per box: an input's threshold is its leaf's (lucid/regions.py), found by a walk of the
+            # Per box: an input's threshold is its leaf's (lucid/regions/tree.py), found by a walk of the
             # same length for every input. Rows of non-leaf nodes are never selected.
             self._lookup = self.regions.lookup_arrays()
             self.region_thresholds = release_thresholds(np.array(self.regions.bound_upper), self.confidence_error)

@@ -105,7 +105,7 @@ def refuse_other_epsilon(recorded: float, epsilon: float, name: str) -> None:
 @dataclass(frozen=True)
 class BoundsRecord:
     """The bounds a memo's answers were given under: one per class ([C]), or with --regions one per
-    box and class ([M, C]) together with the partition's digest (lucid/regions.py)."""
+    box and class ([M, C]) together with the partition's digest (lucid/regions/tree.py)."""
 
     upper: np.ndarray
     regions: str | None = None

@@ -2,7 +2,7 @@
 
 The rule has two halves, one per side of the executor:
 - the engine gives every attempt at a node a time limit (`attempt_time_limit`): the first
-  attempt's limit grown RETRY_GROWTH-fold per retry, capped by what the session's --time-limit
+  attempt's limit grown RETRY_GROWTH-fold per retry, capped by what its deadline
   leaves (less `deadline_margin`), all of that for the last work left, at most SEEK_TIME_LIMIT for
   a seek; a box verification shares the session among its classes (`box_class_time_limit`);
 - the node analysis divides its attempt's limit among its stages (`NodeBudget`): the
@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from lucid.settings import EncodingOptions, VerifySettings
+from lucid.deadline import Deadline
+from lucid.settings import EncodingOptions, VerifySettings, default_node_time_limit
 
 # Each retry repeats the leak search, probe and OBBT (and, without a kept tree, restarts the
 # MILP), so a short growth pays those costs, and the time-limited attempts before the one that
@@ -47,23 +48,27 @@ def deadline_margin(time_limit: float) -> float:
     return min(3.0, 0.02 * time_limit)
 
 
-def attempt_time_limit(settings: VerifySettings, attempts: int, session_seconds: float, *, last_work: bool,
+def node_limit(settings: VerifySettings, deadline: Deadline) -> float | None:
+    """A node's first attempt's limit: --node-time-limit, or a share of the deadline's span."""
+    return settings.node_time_limit if settings.node_time_limit is not None else default_node_time_limit(deadline.seconds)
+
+
+def attempt_time_limit(settings: VerifySettings, attempts: int, deadline: Deadline, *, last_work: bool,
                        seek: bool) -> float | None:
-    """Seconds for a node's next attempt, after `attempts` earlier ones, `session_seconds` into
-    this invocation (None: no limit).
+    """Seconds for a node's next attempt, after `attempts` earlier ones, within `deadline` (None:
+    no limit).
 
     `last_work`: nothing else can ever need the node's worker, so a shorter limit would only
     restart the node (repeating its tightening and, without a kept tree, its MILP): it gets all of
-    the session's remaining time. `seek`: the attempt looks for a leak without the cutoff; when
+    the deadline's remaining time. `seek`: the attempt looks for a leak without the cutoff; when
     the node can be retried (a node limit exists) it gets at most SEEK_TIME_LIMIT."""
-    limit = settings.node_limit
-    if limit is not None:
-        limit = limit * (RETRY_GROWTH ** max(0, attempts))
-    if settings.time_limit is not None:
-        total = settings.time_limit
-        remaining = max(MIN_ATTEMPT_TIME, total - session_seconds - deadline_margin(total))
+    first = node_limit(settings, deadline)
+    limit = None if first is None else first * (RETRY_GROWTH ** max(0, attempts))
+    if deadline.seconds is not None:
+        total = deadline.seconds
+        remaining = max(MIN_ATTEMPT_TIME, total - deadline.used() - deadline_margin(total))
         limit = remaining if limit is None or last_work else min(limit, remaining)
-    if seek and settings.node_limit is not None:
+    if seek and first is not None:
         limit = min(limit, SEEK_TIME_LIMIT)
     return limit
 

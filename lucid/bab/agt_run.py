@@ -1,8 +1,8 @@
-"""`verify_run` with `--hyper agt:K`: per class one MILP over the run's AGT box for K removals.
+"""The strategy of `--hyper agt:K`: per class one MILP over the run's AGT box for K removals.
 
-Writes RUN/bounds.json (lucid-bounds/1, every entry with `"removals": K`) and RUN/verify.log.jsonl
-(started, class_started, witness, solved, anytime, class_done, finished). There is no branch-and-bound, so no
-checkpoint either: `VerifySettings` refuses --resume in this mode.
+Its bounds.json entries carry `"removals": K`; its log has started, class_started, witness, solved,
+anytime, class_done and finished. There is no branch-and-bound, so no checkpoint either:
+`VerifySettings` refuses --resume in this mode.
 """
 
 from __future__ import annotations
@@ -15,14 +15,13 @@ import numpy as np
 
 # analyse_box is looked up through its module at call time, so a test can substitute it.
 import lucid.analysis.agt_box as box_analysis
-from lucid.bab.events import LOG_FILE, EventLog
+from lucid.bab.lifecycle import VerificationRun, Verified
 from lucid.errors import LucidError
 from lucid.analysis.budget import box_class_time_limit
 from lucid.analysis.problem import VerificationProblem
 from lucid.analysis.scaling import rescale_hyper
 from lucid.dynamic_range import check_dynamic_range
-from lucid.rundir import bound_entry_value, write_bounds
-from lucid.settings import VerifySettings
+from lucid.rundir import bound_entry_value
 from lucid.solvers.base import ERROR, INFEASIBLE, OPTIMAL, TIME_LIMIT
 from lucid.witness.search import search_class_witness
 
@@ -49,36 +48,33 @@ def load_box(run: Any, k: int) -> Any:
     return boxes[k]
 
 
-def verify_box(run: Any, settings: VerifySettings, classes: list[int], result_options: dict, fingerprint: str) -> dict:
-    """Bound every class in `classes` over the run's box for `settings.removals` removed rows."""
-    from lucid.agt.store import box_hyper_network  # imports torch: only for a box verification
+class AgtBox:
+    """The strategy of `--hyper agt:K`: per class one MILP over the run's box for K removed rows."""
 
-    k = settings.removals
-    box = load_box(run, k)
-    problem = VerificationProblem.from_run(run, bounds=settings.bounds, with_points=settings.search)
-    loo = np.arange(1, len(problem.stack), dtype=np.int64)  # every N_-i lies in every box with k >= 1
-    hyper = box_hyper_network(box, loo, input_dim=run.input_dim)
-    check_dynamic_range(hyper, problem.lower, problem.upper, f"--hyper agt:{k} on {run.path}: the box")
-    hyper = rescale_hyper(hyper, problem.neuron_scales)  # into the units of the problem's networks (exact)
-    box_analysis.check_box_holds_networks(problem, hyper, f"--hyper agt:{k} on {run.path}")
-    run_path = Path(run.path)
-    t0 = time.monotonic()
-    deadline = None if settings.time_limit is None else t0 + settings.time_limit
-    threads = settings.workers or 1
-    options = dict(result_options, workers=threads, time_limit=settings.time_limit, scheduler=None)
-    entries: dict[str, dict] = {}
-    with EventLog(run_path / LOG_FILE) as log:
-        log.emit("started", None, options=options, settings=settings.to_json(), networks=len(loo), removals=k,
-                 run_fingerprint=fingerprint)
-        for i, c in enumerate(classes):
+    def verify(self, run: VerificationRun) -> Verified:
+        from lucid.agt.store import box_hyper_network  # imports torch: only for a box verification
+
+        settings = run.settings
+        k = settings.removals
+        box = load_box(run.run, k)
+        problem = VerificationProblem.from_run(run.run, bounds=settings.bounds, with_points=settings.search)
+        loo = np.arange(1, len(problem.stack), dtype=np.int64)  # every N_-i lies in every box with k >= 1
+        hyper = box_hyper_network(box, loo, input_dim=run.run.input_dim)
+        where = f"--hyper agt:{k} on {run.path}"
+        check_dynamic_range(hyper, problem.lower, problem.upper, f"{where}: the box")
+        hyper = rescale_hyper(hyper, problem.neuron_scales)  # into the units of the problem's networks (exact)
+        box_analysis.check_box_holds_networks(problem, hyper, where)
+        threads = settings.workers or 1
+        log = run.start(workers=threads, networks=len(loo), removals=k)
+        entries: dict[str, dict] = {}
+        for i, c in enumerate(run.classes):
             log.emit("class_started", c, networks=len(loo), removals=k)
             t_class = time.monotonic()
-            known = (search_class_witness(problem, c, loo, points=problem.points, deadline=deadline)
+            known = (search_class_witness(problem, c, loo, points=problem.points, deadline=run.deadline.end)
                      if settings.search and loo.size else None)
             if known is not None:
                 log.emit("witness", c, lower=known.confidence, leaking_row=known.leaking_row, source="search")
-            seconds_left = None if deadline is None else deadline - time.monotonic()
-            limit = box_class_time_limit(settings.node_time_limit, seconds_left, len(classes) - i)
+            limit = box_class_time_limit(settings.node_time_limit, run.deadline.left(), len(run.classes) - i)
             out = box_analysis.analyse_box(problem, c, hyper, settings, settings.solver_options(limit, threads),
                                            loo_positions=loo, known=known)
             complete = out.status in (OPTIMAL, INFEASIBLE)
@@ -100,6 +96,4 @@ def verify_box(run: Any, settings: VerifySettings, classes: list[int], result_op
                 "leaking_row": out.leaking_row,
                 "removals": k,  # the bound holds for every data set within k removed rows of D
             }
-        result = write_bounds(run_path, entries, solver=settings.solver, options=options)
-        log.emit("finished", None, bounds=result["bounds"])
-    return result
+        return Verified(entries)

@@ -40,6 +40,7 @@ from lucid.bab.session import Session
 from lucid.bab.partition import PEEL_ROOT_ABOVE, peel_top, split_node
 from lucid.bab.state import INF, ClassState
 from lucid.bab.workers import Executor
+from lucid.deadline import Deadline
 from lucid.errors import LucidError
 from lucid.settings import VerifySettings
 
@@ -73,10 +74,10 @@ class Engine:
         on_progress: Callable[["Engine"], None] | None = None,
         on_checkpoint: Callable[["Engine"], None] | None = None,
         states: dict[int, ClassState] | None = None,
-        started: float | None = None,
+        deadline: Deadline | None = None,
     ) -> None:
-        """`started`: the time.monotonic() the time limit runs from (default: when `run` starts), so
-        that an invocation's set-up (N's bounds, the initial screens) counts against it too."""
+        """`deadline`: when to stop (default: `config.time_limit` from when `run` starts); one with
+        a start makes an invocation's set-up (N's bounds, the initial screens) count against it too."""
         self.executor = executor
         self.config = config
         self.num_networks = num_networks  # stack size; positions 1..num_networks-1
@@ -84,7 +85,7 @@ class Engine:
         self._search = None if config.naive else search
         self.on_progress = on_progress
         self.on_checkpoint = on_checkpoint
-        self.session = Session(log, started)
+        self.session = Session(log, deadline if deadline is not None else Deadline(config.time_limit))
         self.anytime = AnytimeBounds(config, self.session)
         self.screening = ScreenBounds(num_networks, config, self.anytime, self.session, screen, refine)
         self.states = states if states is not None else {c: ClassState(cls=c) for c in classes}
@@ -164,7 +165,7 @@ class Engine:
                 # A cheap witness first: with a good lower bound, the screen removes most networks
                 # before the root hyper-network is even built (its MILP is then far tighter).
                 t0 = self.elapsed()
-                found = self._search(cs.cls, positions, deadline=self.session.deadline(self.config.time_limit))
+                found = self._search(cs.cls, positions, deadline=self.session.deadline.end)
                 if found is not None:
                     self.anytime.apply_lower(cs, float(found.confidence), found.leaking_row, found.x, "search",
                                              update=False, seconds=self.elapsed() - t0)
@@ -318,7 +319,7 @@ class Engine:
             threading.Thread(target=_preload_kmeans, daemon=True).start()
         for cs in self.states.values():
             if not cs.done and not cs.nodes and cs.solved == 0 and cs.next_id == 0:
-                if self.session.past(self.config.time_limit):
+                if self.session.past():
                     self._unseeded(cs)
                 else:
                     self._seed(cs)
@@ -335,7 +336,7 @@ class Engine:
                     dirty = False
                 if all(cs.done for cs in self.states.values()):
                     break
-                if self.session.past(self.config.time_limit):
+                if self.session.past():
                     for cs in self.states.values():
                         if not cs.done:
                             self.anytime.finish(cs, False, "time limit")
@@ -353,8 +354,9 @@ class Engine:
                         # No work anywhere and no class finished: should not happen; fail loudly.
                         raise RuntimeError("branch-and-bound stalled with open classes and no work")
                 wait = poll
-                if self.config.time_limit is not None:
-                    wait = max(0.01, min(poll, self.config.time_limit - self.session.seconds()))
+                left = self.session.deadline.left()
+                if left is not None:
+                    wait = max(0.01, min(poll, left))
                 results = self.executor.completed(wait)
                 for key, outcome in results:
                     self._on_result(key, outcome)

@@ -20,7 +20,7 @@ from lucid.bab.screening import ScreenBounds
 from lucid.bab.session import Session
 from lucid.bab.state import INF, ClassState
 from lucid.bab.workers import Executor
-from lucid.analysis.budget import attempt_time_limit
+from lucid.analysis.budget import attempt_time_limit, node_limit
 from lucid.settings import VerifySettings
 
 # Without --time-limit, an unproved singleton gets this many attempts, then keeps its sound bound.
@@ -115,7 +115,7 @@ class Scheduler:
         if seek:
             cs.seekers += 1
             cutoff = -INF
-        limit = attempt_time_limit(self.settings, node.attempts, self.session.seconds(), last_work=last_work, seek=seek)
+        limit = attempt_time_limit(self.settings, node.attempts, self.session.deadline, last_work=last_work, seek=seek)
         # The last work may use the idle workers' cores: nothing else can ever need them.
         threads = max(1, self.executor.capacity - self.executor.in_flight) if last_work else 1
         self.running[(cs.cls, node.id)] = self.session.elapsed()
@@ -186,8 +186,9 @@ class Scheduler:
     def retryable(self, node: Node) -> bool:
         """An unproved singleton gets another attempt with a longer node time limit; with a total
         time limit it keeps growing until that ends, else it gives up after a few."""
-        return (node.is_singleton and not node.proved and self.settings.node_limit is not None
-                and (node.attempts < MAX_SINGLETON_ATTEMPTS or self.settings.time_limit is not None))
+        deadline = self.session.deadline
+        return (node.is_singleton and not node.proved and node_limit(self.settings, deadline) is not None
+                and (node.attempts < MAX_SINGLETON_ATTEMPTS or deadline.seconds is not None))
 
     def retry(self, cs: ClassState, node: Node) -> None:
         """Queue `node` again; it keeps its bound meanwhile."""

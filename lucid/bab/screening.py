@@ -85,10 +85,9 @@ class ScreenBounds:
         a time limit; with one, a first probe of REFINE_PROBE, then as many as fit in the time left at
         the measured cost (0 once it is up). A chunk of the optimised screen on a thousand-input
         network takes seconds, so a fixed one overran short limits by its whole length."""
-        limit = self.settings.time_limit
-        if limit is None:
+        left = self.session.deadline.left()
+        if left is None:
             return REFINE_CHUNK
-        left = limit - self.session.seconds()
         if left <= 0:
             return 0
         if per_network is None:

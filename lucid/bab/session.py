@@ -4,42 +4,39 @@ from __future__ import annotations
 
 import signal
 import threading
-import time
 from typing import Any, Callable
 
 from lucid.bab.events import EventLog
+from lucid.deadline import Deadline
 
 
 class Session:
     """The engine's clock and event sink, shared by its collaborators.
 
     Two clocks, because they answer different questions: `elapsed` is the verification's age for
-    the log and the checkpoint (with a log it continues across resumes), `seconds` is this
-    invocation's age, which --time-limit bounds (a resumed run gets the full limit again)."""
+    the log and the checkpoint (with a log it continues across resumes), `deadline` is this
+    invocation's time limit (a resumed run gets the full limit again)."""
 
-    def __init__(self, log: EventLog | None = None, started: float | None = None) -> None:
-        """`started`: when the invocation began (time.monotonic()); its time limit runs from there and
-        `start` leaves it. Without it the limit runs from `start` (or from now)."""
+    def __init__(self, log: EventLog | None = None, deadline: Deadline | None = None) -> None:
+        """`deadline`: with a start, the limit runs from there and `start` leaves it; without one
+        it runs from `start` (or from now)."""
         self.log = log
-        self.fixed_start = started is not None
-        self._started = time.monotonic() if started is None else started
+        deadline = deadline if deadline is not None else Deadline()
+        self.fixed_start = deadline.start is not None
+        self.deadline = deadline.begun()
 
     def start(self) -> None:
-        """The invocation starts now (its time limit runs from here)."""
-        self._started = time.monotonic()
+        """The invocation starts now (a deadline without a fixed start runs from here)."""
+        if not self.fixed_start:
+            self.deadline = self.deadline.restarted()
 
     def seconds(self) -> float:
         """Seconds since this invocation started."""
-        return time.monotonic() - self._started
+        return self.deadline.used()
 
-    def past(self, time_limit: float | None) -> bool:
-        """Whether this invocation has used up `time_limit` seconds (never, without one)."""
-        return time_limit is not None and self.seconds() >= time_limit
-
-    def deadline(self, time_limit: float | None) -> float | None:
-        """The time.monotonic() at which `time_limit` runs out (None without one), for work that
-        checks the clock itself (the witness search)."""
-        return None if time_limit is None else self._started + time_limit
+    def past(self) -> bool:
+        """Whether this invocation's deadline is past (never, without a limit)."""
+        return self.deadline.past()
 
     def elapsed(self) -> float:
         """Seconds of the whole verification, as the log counts them."""

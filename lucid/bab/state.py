@@ -40,7 +40,7 @@ class ClassState:
     seekers: int = 0  # singletons analysed once without the cutoff, to find the best leak early
     # A level that is good enough (a --regions box: proving the class below it releases the box's
     # noised public points); like --gap, nodes proved below it are closed with their bound kept in
-    # upper. Set per box by lucid.bab.regions, never checkpointed.
+    # upper. Set per box by lucid.regions.one_box, never checkpointed.
     target: float | None = None
     # --residual M: the positions set aside for the query-time check (lucid.residual); the engine
     # bounds the others, so `upper` is then the level L_c over them. None: every network (M = 0).

@@ -15,7 +15,7 @@ import click
 from lucid.errors import LucidError
 
 if TYPE_CHECKING:  # the report module pulls in numpy and the run directory code: only when used
-    from lucid.bab.region_report import RegionView
+    from lucid.regions.report import RegionView
 
 
 def _fmt(v) -> str:
@@ -100,7 +100,7 @@ def _region_table(view: RegionView):
     is where the boxes release more than one bound per class)."""
     from rich.table import Table
 
-    from lucid.bab.region_report import region_rows
+    from lucid.regions.report import region_rows
 
     tree = view.tree
     by_class = tree.num_classes > WIDE_CLASSES
@@ -142,14 +142,14 @@ def _fmt_lower(v: float) -> str:
 
 
 def _regions_or_none(run_dir: Path, events: list[dict]) -> RegionView | None:
-    from lucid.bab.region_report import load_regions
+    from lucid.regions.report import load_regions
 
     return load_regions(run_dir, events)
 
 
 def _region_plot_choice(view: RegionView, features: str | None, cls: int | None) -> tuple[tuple[int, int], int]:
     """(features, class) of the region plot: the user's, checked, or the defaults."""
-    from lucid.bab.region_report import default_class, default_features, parse_features
+    from lucid.regions.report import default_class, default_features, parse_features
 
     chosen = default_features(view.tree) if features is None else parse_features(features, view)
     c = default_class(view.tree) if cls is None else cls
@@ -251,7 +251,7 @@ def command(run_dir: Path, follow: bool, plot_path: Path | None, features: str |
 
 def _write_plot(run_dir: Path, events: list[dict], regions: RegionView | None, plot_path: Path,
                 features: str | None, cls: int | None) -> None:
-    from lucid.bab.region_report import plot_regions
+    from lucid.regions.report import plot_regions
     from lucid.bab.report import plot_curves
 
     if regions is None:

@@ -1,4 +1,4 @@
-"""The access-time walk of a region tree (lucid/regions.py): the leaf of each input, in work that
+"""The access-time walk of a region tree (lucid/regions/tree.py): the leaf of each input, in work that
 does not depend on the input or its leaf.
 
 Every node's test is computed for every row at once (a carve's box test included, whichever
