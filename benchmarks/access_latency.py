@@ -258,12 +258,13 @@ def _compare(ms: np.ndarray, is_noised: np.ndarray) -> dict:
 
 def side_channel_in_process(run: Path, rel: np.ndarray, noi: np.ndarray, memo: Path, deadline_ms: float = 0.0,
                             seed: int = 1) -> dict:
-    from lucid.access import LabelOnlyClassifier
+    from lucid.access import ClassifierOptions, LabelOnlyClassifier
 
     x = np.vstack([rel, noi])
     is_noised = np.r_[np.zeros(len(rel), bool), np.ones(len(noi), bool)]
     order = np.random.default_rng(seed).permutation(len(x))
-    clf = LabelOnlyClassifier.from_run(run, epsilon=1.0, memo=memo, deadline_ms=deadline_ms)
+    clf = LabelOnlyClassifier.from_run(run, epsilon=1.0, memo=memo,
+                                       options=ClassifierOptions(deadline_ms=deadline_ms))
     assert (clf.decide(clf.to_network_space(x))[1] == is_noised).all()
     warm = np.random.default_rng(seed + 1).random((2000, x.shape[1]))  # new to the memo, not measured
     for i in range(len(warm)):

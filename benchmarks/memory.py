@@ -41,8 +41,8 @@ RESULTS = REPO / "benchmarks" / "results" / "memory.json"
 REPORT = REPO / "benchmarks" / "results" / "memory.md"
 SERVE = """
 import sys, numpy as np
-from lucid.access.classifier import LabelOnlyClassifier
-clf = LabelOnlyClassifier.from_run(sys.argv[1], epsilon=1.0, seed=0)
+from lucid.access.classifier import ClassifierOptions, LabelOnlyClassifier
+clf = LabelOnlyClassifier.from_run(sys.argv[1], epsilon=1.0, options=ClassifierOptions(seed=0))
 x = np.load(sys.argv[1] + "/data.npz")["X_test"]
 for i in range(10):
     clf.predict_network_space(np.clip(x[i * 400:(i + 1) * 400], 0, 1))

@@ -37,7 +37,7 @@ def build_run(work: Path, time_limit: float, baselines: bool) -> Path:
     """A demo-sized run: trained, verified, served to two clients, with baseline results."""
     import numpy as np
 
-    from lucid.access import LabelOnlyClassifier
+    from lucid.access import ClassifierOptions, LabelOnlyClassifier
     from lucid.bab import verify_run
     from lucid.training import train_run
 
@@ -49,7 +49,7 @@ def build_run(work: Path, time_limit: float, baselines: bool) -> Path:
     memo = run / "memo.sqlite"
     if not memo.exists():
         x = np.load(run / "data.npz")["X_test"].astype(np.float64)
-        clf = LabelOnlyClassifier.from_run(run, epsilon=1.0, memo=memo, seed=0)
+        clf = LabelOnlyClassifier.from_run(run, epsilon=1.0, memo=memo, options=ClassifierOptions(seed=0))
         clf.predict_network_space(x[:60], client="alice")
         clf.predict_network_space(x[40:110], client="bob")
         clf.close()

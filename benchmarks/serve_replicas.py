@@ -194,7 +194,7 @@ def report(args, rows: dict[str, dict], budget_answers: int, total_answers: int,
         "",
         "Where the time goes: every request that is not a repeat for its client (a new input, a memo hit new to "
         "the client, or a refusal) is one PostgreSQL transaction of about ten statements whose COMMIT waits for the WAL flush, and requests that "
-        "draw queue on one row (the memo's count, lock 3 in `lucid/access/memo_store.py`) until they commit; "
+        "draw queue on one row (the memo's count, lock 3 in `lucid/access/memo/store.py`) until they commit; "
         "SQLite's WAL file is not flushed per commit (`synchronous=NORMAL`). The `synchronous_commit=off` row "
         "shows the flush's share; it is not a setting to serve with, since a database crash could then lose "
         "draws already given out. Repeats take no lock and no transaction.",

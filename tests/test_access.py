@@ -7,7 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from lucid.access import LabelOnlyClassifier, Memo, RandomSource, exponential_mechanism, true_label_probability
+from lucid.access import (Charge, ClassifierOptions, LabelOnlyClassifier, Memo, RandomSource, exponential_mechanism,
+                          true_label_probability)
 from synthetic_runs import write_bounds, write_synthetic_run
 from thread_helpers import run_threads
 from lucid.errors import LucidError
@@ -65,7 +66,7 @@ def test_unseeded_randomness_comes_from_the_os():
 
 # -- the wrapper --------------------------------------------------------------------------
 def test_released_labels_are_ns_labels_and_noise_follows_the_bounds(run_dir):
-    clf = LabelOnlyClassifier.from_run(run_dir, epsilon=1.0, seed=0)
+    clf = LabelOnlyClassifier.from_run(run_dir, epsilon=1.0, options=ClassifierOptions(seed=0))
     xn = np.random.default_rng(5).random((400, 2))
     cls, conf = reference_n(run_dir, xn)
     upper = np.array([0.3, np.inf, -1.0])
@@ -89,16 +90,16 @@ def test_release_needs_the_bound_plus_the_float_error_of_n(run_dir):
     cls, conf = reference_n(run_dir, xn)
     c, conf = int(cls[0]), float(conf[0])
     write_bounds(run_dir, {c: conf})
-    clf = LabelOnlyClassifier.from_run(run_dir, epsilon=1.0, seed=0)
+    clf = LabelOnlyClassifier.from_run(run_dir, epsilon=1.0, options=ClassifierOptions(seed=0))
     err = clf.confidence_error
     assert 0 < err < 1e-12
     assert clf.decide(xn)[1].tolist() == [True]
     write_bounds(run_dir, {c: conf - err / 2})
     assert conf > conf - err / 2
-    clf = LabelOnlyClassifier.from_run(run_dir, epsilon=1.0, seed=0)
+    clf = LabelOnlyClassifier.from_run(run_dir, epsilon=1.0, options=ClassifierOptions(seed=0))
     assert clf.decide(xn)[1].tolist() == [True]
     write_bounds(run_dir, {c: conf - 2 * err})
-    clf = LabelOnlyClassifier.from_run(run_dir, epsilon=1.0, seed=0)
+    clf = LabelOnlyClassifier.from_run(run_dir, epsilon=1.0, options=ClassifierOptions(seed=0))
     assert clf.decide(xn)[1].tolist() == [False]
 
 
@@ -106,22 +107,23 @@ def test_noised_answers_are_memoised_and_survive_a_restart(run_dir, tmp_path):
     write_bounds(run_dir, {0: None, 1: None, 2: None})  # everything noised
     memo_file = tmp_path / "memo.sqlite"
     x = to_orig(np.random.default_rng(2).random((300, 2)))
-    clf = LabelOnlyClassifier.from_run(run_dir, epsilon=0.0, memo=memo_file, seed=1)
+    clf = LabelOnlyClassifier.from_run(run_dir, epsilon=0.0, memo=memo_file, options=ClassifierOptions(seed=1))
     first = clf.predict(x)
     # eps = 0: uniform draws, so the memo (not N) is what makes repeats agree.
     assert len(set(first.tolist())) == 3
     assert np.array_equal(clf.predict(x[::-1]), first[::-1])
     assert len(clf.memo) == 300
     clf.close()
-    again = LabelOnlyClassifier.from_run(run_dir, epsilon=0.0, memo=memo_file, seed=99)
+    again = LabelOnlyClassifier.from_run(run_dir, epsilon=0.0, memo=memo_file, options=ClassifierOptions(seed=99))
     assert np.array_equal(again.predict(x), first)
-    fresh = LabelOnlyClassifier.from_run(run_dir, epsilon=0.0, seed=99)  # in-memory memo: new draws
+    # in-memory memo: new draws
+    fresh = LabelOnlyClassifier.from_run(run_dir, epsilon=0.0, options=ClassifierOptions(seed=99))
     assert not np.array_equal(fresh.predict(x), first)
 
 
 def test_duplicate_inputs_in_one_batch_share_one_draw(run_dir):
     write_bounds(run_dir, {0: None, 1: None, 2: None})
-    clf = LabelOnlyClassifier.from_run(run_dir, epsilon=0.0, seed=3)
+    clf = LabelOnlyClassifier.from_run(run_dir, epsilon=0.0, options=ClassifierOptions(seed=3))
     x = np.repeat(to_orig(np.random.default_rng(0).random((20, 2))), 30, axis=0)
     labels = clf.predict(x).reshape(20, 30)
     assert (labels == labels[:, :1]).all()
@@ -130,7 +132,7 @@ def test_duplicate_inputs_in_one_batch_share_one_draw(run_dir):
 
 def test_clip_keys_the_memo_on_the_clipped_point(run_dir):
     write_bounds(run_dir, {0: None, 1: None, 2: None})
-    clf = LabelOnlyClassifier.from_run(run_dir, epsilon=0.0, clip=True, seed=4)
+    clf = LabelOnlyClassifier.from_run(run_dir, epsilon=0.0, options=ClassifierOptions(clip=True, seed=4))
     # 200 distinct raw inputs that all clip to the corner (1, 1): one draw, not 200.
     xn = np.column_stack([1 + np.linspace(0.1, 5, 200), 1 + np.linspace(0.1, 3, 200)])
     labels = clf.predict(to_orig(xn))
@@ -141,7 +143,7 @@ def test_clip_keys_the_memo_on_the_clipped_point(run_dir):
 
 def test_negative_zero_and_rounding_at_the_domain_edge(run_dir):
     write_bounds(run_dir, {0: None, 1: None, 2: None})
-    clf = LabelOnlyClassifier.from_run(run_dir, epsilon=0.0, seed=5)
+    clf = LabelOnlyClassifier.from_run(run_dir, epsilon=0.0, options=ClassifierOptions(seed=5))
     # Original-unit edges that scale to 0 / 1 up to float rounding are accepted.
     edge = np.array([[10.0, -5.0], [12.0, -4.5], [10.0 + 1e-13, -4.5]])
     clf.predict(edge)
@@ -166,13 +168,13 @@ def test_negative_zero_and_rounding_at_the_domain_edge(run_dir):
     ],
 )
 def test_bad_inputs_are_refused_with_a_clear_message(run_dir, bad, message):
-    clf = LabelOnlyClassifier.from_run(run_dir, epsilon=1.0, seed=0)
+    clf = LabelOnlyClassifier.from_run(run_dir, epsilon=1.0, options=ClassifierOptions(seed=0))
     with pytest.raises(LucidError, match=message):
         clf.predict(bad)
 
 
 def test_clip_still_refuses_values_that_overflow_when_scaled(run_dir):
-    clf = LabelOnlyClassifier.from_run(run_dir, epsilon=1.0, clip=True)
+    clf = LabelOnlyClassifier.from_run(run_dir, epsilon=1.0, options=ClassifierOptions(clip=True))
     assert clf.predict([[1e300, -4.8]]).shape == (1,)  # clipped
     with pytest.raises(LucidError, match="outside the verified domain"):
         clf.predict([[-1.7e308, 1.7e308]])  # (x - offset) * scale overflows to inf
@@ -228,7 +230,7 @@ def test_cnn_runs_are_lowered_and_match_the_ir(tmp_path):
     meta = json.loads((run / "run.json").read_text())
     meta["architecture"] = {"type": "cnn", "conv_channels": [2], "kernel_size": 3, "hidden": [4]}
     (run / "run.json").write_text(json.dumps(meta))
-    clf = LabelOnlyClassifier.from_run(run, epsilon=1.0, seed=0)
+    clf = LabelOnlyClassifier.from_run(run, epsilon=1.0, options=ClassifierOptions(seed=0))
     xn = rng.random((50, 5))
     assert np.allclose(clf.scores(xn), load_networks(run).forward(xn)[0])
 
@@ -315,7 +317,7 @@ def test_released_and_noised_rows_do_the_same_work(run_dir):
     traces, draws, answers = {}, {}, {}
     for name, bounds in [("released", {0: -1.0, 1: -1.0, 2: -1.0}), ("noised", {0: None, 1: None, 2: None})]:
         write_bounds(run_dir, bounds)
-        clf = LabelOnlyClassifier.from_run(run_dir, epsilon=0.0, seed=0)
+        clf = LabelOnlyClassifier.from_run(run_dir, epsilon=0.0, options=ClassifierOptions(seed=0))
         assert clf.decide(xn)[1].all() == (name == "noised") and clf.decide(xn)[1].any() == (name == "noised")
         calls: list[int] = []
         uniform = clf.rng.uniform
@@ -353,7 +355,8 @@ def _split_by_branch(run_dir):
 def test_ledger_totals_on_a_scripted_sequence(run_dir, tmp_path):
     rel, noi = _split_by_branch(run_dir)
     rel, noi = rel[:6], noi[:6]
-    clf = LabelOnlyClassifier.from_run(run_dir, epsilon=0.5, memo=tmp_path / "m.sqlite", seed=0)
+    clf = LabelOnlyClassifier.from_run(run_dir, epsilon=0.5, memo=tmp_path / "m.sqlite",
+                                       options=ClassifierOptions(seed=0))
     first = clf.predict(to_orig(np.vstack([rel[:3], noi[:2]])))  # default: 3 released, 2 noised
     again = clf.predict(to_orig(np.vstack([noi[:2], rel[:3]])))  # repeats: memo, no charge
     assert again.tolist() == first[[3, 4, 0, 1, 2]].tolist()
@@ -363,7 +366,8 @@ def test_ledger_totals_on_a_scripted_sequence(run_dir, tmp_path):
     clf.predict(to_orig(noi[3:6]), client="bob")
     clf.close()
     # ... and the totals survive reopening the file.
-    clf = LabelOnlyClassifier.from_run(run_dir, epsilon=0.5, memo=tmp_path / "m.sqlite", seed=1)
+    clf = LabelOnlyClassifier.from_run(run_dir, epsilon=0.5, memo=tmp_path / "m.sqlite",
+                                       options=ClassifierOptions(seed=1))
     totals = {t.client: t for t in clf.ledger()}
     assert list(totals) == ["alice", "bob", "default", "*"]
     expect = {"default": (5 + 2, 2 + 1), "alice": (5, 3), "bob": (3, 3), "*": (4 + 6, 3 + 3)}
@@ -373,9 +377,9 @@ def test_ledger_totals_on_a_scripted_sequence(run_dir, tmp_path):
         assert t.charged == pytest.approx(0.5 * answers) and t.spent == pytest.approx(0.5 * noised)
         assert 0 < t.spent_tight <= t.spent
     assert totals["default"].by_epsilon == [{"epsilon": 0.5, "answers": 7, "noised": 3, "refused": 0}]
-    # A restart with another epsilon is refused: the stored draws keep theirs (memo_meta.py) ...
+    # A restart with another epsilon is refused: the stored draws keep theirs (memo/metadata.py) ...
     with pytest.raises(LucidError, match="epsilon = 0.5"):
-        LabelOnlyClassifier.from_run(run_dir, epsilon=2.0, memo=clf.memo, seed=1)
+        LabelOnlyClassifier.from_run(run_dir, epsilon=2.0, memo=clf.memo, options=ClassifierOptions(seed=1))
     # ... while a ledger with several epsilons (a file written before memos recorded theirs) keeps
     # one group per epsilon, and the totals add up.
     from lucid.access import summarise
@@ -390,7 +394,7 @@ def test_budget_refuses_on_the_worst_case_whatever_the_branch(run_dir, tmp_path)
 
     rel, noi = _split_by_branch(run_dir)
     memo = Memo(tmp_path / "m.sqlite")
-    clf = LabelOnlyClassifier.from_run(run_dir, epsilon=1.0, memo=memo, seed=0, budget=3.0)
+    clf = LabelOnlyClassifier.from_run(run_dir, epsilon=1.0, memo=memo, options=ClassifierOptions(seed=0, budget=3.0))
     # Client r only ever got released answers, client n only noised ones: both are refused at
     # the 4th distinct input, released or noised, so the refusal says nothing about the branch.
     for client, mine in [("r", rel), ("n", noi)]:
@@ -439,12 +443,12 @@ def test_old_memo_files_are_migrated(tmp_path):
     meta = dict(memo._db.execute("SELECT * FROM meta").fetchall())
     assert meta["format"] == "lucid-memo/3" and meta["epsilon"] == "unknown"
     with pytest.raises(LucidError, match="cannot be established"):
-        memo.get_or_put([b"\x01", b"\x02"], np.array([0, 1]), client="c", epsilon=1.0)
+        memo.get_or_put([b"\x01", b"\x02"], np.array([0, 1]), charge=Charge(client="c", epsilon=1.0))
     memo.close()
     assert read_ledger(tmp_path / "old.sqlite") == []
     memo = Memo(tmp_path / "empty.sqlite")
-    assert memo.get_or_put([b"\x02"], np.array([1]), noised=np.array([False]), client="c",
-                           epsilon=1.0).tolist() == [1]
+    assert memo.get_or_put([b"\x02"], np.array([1]), noised=np.array([False]),
+                           charge=Charge(client="c", epsilon=1.0)).tolist() == [1]
     assert memo.ledger_rows() == [("*", 1.0, 1, 0, 0), ("c", 1.0, 1, 0, 0)]
     assert memo.epsilon == 1.0
     memo.close()
@@ -452,13 +456,13 @@ def test_old_memo_files_are_migrated(tmp_path):
 
 def test_eviction_charges_a_fresh_draw_again(tmp_path):
     memo = Memo(tmp_path / "m.sqlite", max_size=2)
-    kw = dict(client="c", epsilon=1.0)
-    memo.get_or_put([b"a", b"b"], np.array([0, 1]), **kw)
-    memo.get_or_put([b"a"], np.array([2]), **kw)  # a repeat: free
-    memo.get_or_put([b"c"], np.array([2]), **kw)  # evicts b (and who saw it)
+    charge = Charge(client="c", epsilon=1.0)
+    memo.get_or_put([b"a", b"b"], np.array([0, 1]), charge=charge)
+    memo.get_or_put([b"a"], np.array([2]), charge=charge)  # a repeat: free
+    memo.get_or_put([b"c"], np.array([2]), charge=charge)  # evicts b (and who saw it)
     assert memo.lookup(b"b") is None
     assert memo._db.execute("SELECT COUNT(*) FROM seen WHERE key = ?", (b"b",)).fetchone()[0] == 0
-    memo.get_or_put([b"b"], np.array([0]), **kw)  # drawn afresh: charged again
+    memo.get_or_put([b"b"], np.array([0]), charge=charge)  # drawn afresh: charged again
     assert memo.ledger_rows() == [("*", 1.0, 4, 4, 0), ("c", 1.0, 4, 4, 0)]
 
 
@@ -516,7 +520,8 @@ def test_budget_cli(run_dir, tmp_path, capsys):
     (tmp_path / "junk.sqlite").write_bytes(b"not a database" * 200)
     code, _, err = budget(str(run_dir), "--memo", str(tmp_path / "junk.sqlite"))
     assert code == 2 and "ledger" in err and len(err.strip().splitlines()) == 1
-    clf = LabelOnlyClassifier.from_run(run_dir, epsilon=1.0, memo=run_dir / "memo.sqlite", seed=0)
+    clf = LabelOnlyClassifier.from_run(run_dir, epsilon=1.0, memo=run_dir / "memo.sqlite",
+                                       options=ClassifierOptions(seed=0))
     clf.predict(to_orig(np.random.default_rng(5).random((30, 2))), client="alice")
     expected = {t.client: t for t in clf.ledger()}
     clf.close()
@@ -540,7 +545,7 @@ def test_deadline_holds_answers_and_errors(run_dir):
     guarantee it; the benchmark measures the spread)."""
     import time
 
-    clf = LabelOnlyClassifier.from_run(run_dir, epsilon=1.0, deadline_ms=30)
+    clf = LabelOnlyClassifier.from_run(run_dir, epsilon=1.0, options=ClassifierOptions(deadline_ms=30))
     for x in ([[10.5, -4.8]], [[9.0, -4.8]]):
         t0 = time.perf_counter()
         try:
@@ -550,4 +555,4 @@ def test_deadline_holds_answers_and_errors(run_dir):
         assert time.perf_counter() - t0 >= 0.03
     for bad in (-1, float("nan"), "soon"):
         with pytest.raises(LucidError, match="deadline"):
-            LabelOnlyClassifier.from_run(run_dir, epsilon=1.0, deadline_ms=bad)
+            LabelOnlyClassifier.from_run(run_dir, epsilon=1.0, options=ClassifierOptions(deadline_ms=bad))

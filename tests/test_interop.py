@@ -213,9 +213,9 @@ def test_pytorch_state_dicts_import_and_verify_to_the_exact_bound(tmp_path):
         assert b["lower"] is not None and b["lower"] <= exact + 1e-9, (c, b, exact)
     assert leaks, "the data set should make some leave-one-out network disagree"
     # the access layer and the evaluation work on an imported run
-    from lucid.access import LabelOnlyClassifier
+    from lucid.access import ClassifierOptions, LabelOnlyClassifier
 
-    labels = LabelOnlyClassifier.from_run(run, epsilon=1.0, seed=0).predict(X_test)
+    labels = LabelOnlyClassifier.from_run(run, epsilon=1.0, options=ClassifierOptions(seed=0)).predict(X_test)
     assert set(labels.tolist()) <= {"no", "yes"}
     main(["evaluate", str(run), "--epsilon", "0,1", "--seed", "0"])
     main(["report", str(run), "--format", "md", "--out", str(tmp_path / "report.md")])

@@ -134,6 +134,67 @@ def test_the_checker_sees_lazy_imports(tmp_path):
     assert {"highspy", "lucid.bab.engine", "lucid.bab.engine.Engine"} <= imports_of(source)
 
 
+# No import cycles in the access layer, the memo package in particular: a module never imports one
+# that imports it back, directly or through others, also where the import is inside a function or
+# under `if TYPE_CHECKING:` (a lazy or typing-only import hides a cycle; it does not remove it).
+ACYCLIC = ("lucid.access",)
+
+
+def import_graph(trees: dict[str, ast.Module]) -> dict[str, set[str]]:
+    """module -> the modules of `trees` its import statements name (anywhere in it). An import names
+    the most specific module it can: `from lucid.a import b` names lucid.a.b where that is a module."""
+    graph = {}
+    for module, tree in trees.items():
+        named = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                named.update(_module_of(alias.name, set(trees)) for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                named.update(_module_of(f"{node.module}.{alias.name}", set(trees)) for alias in node.names)
+        graph[module] = {m for m in named if m is not None and m != module}
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]], within: tuple[str, ...] = ACYCLIC) -> list[list[str]]:
+    """The cycles among the modules under `within`: one path a -> ... -> a per module that can reach
+    itself (sorted, each cycle named once by its smallest module)."""
+    inside = {m: {n for n in out if any(_under(n, p) for p in within)}
+              for m, out in graph.items() if any(_under(m, p) for p in within)}
+    cycles = {}
+    for start in sorted(inside):
+        paths, seen = [[start]], {start}
+        while paths:
+            path = paths.pop(0)
+            for nxt in sorted(inside.get(path[-1], ())):
+                if nxt == start:
+                    cycle = path + [start]
+                    key = frozenset(cycle)
+                    if key not in cycles and min(cycle) == start:
+                        cycles[key] = cycle
+                elif nxt not in seen:
+                    seen.add(nxt)
+                    paths.append(path + [nxt])
+    return sorted(cycles.values())
+
+
+def test_the_access_layer_has_no_import_cycles():
+    cycles = import_cycles(import_graph(_parsed()))
+    assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+def test_the_cycle_rule_sees_lazy_typing_and_submodule_imports():
+    trees = {"lucid.access.a": ast.parse("def f():\n    from lucid.access.b import x\n"),
+             "lucid.access.b": ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                         "    from lucid.access.pkg import c\n"),
+             "lucid.access.pkg": ast.parse("from lucid.access.pkg.c import y\n"),
+             "lucid.access.pkg.c": ast.parse("import lucid.access.a\n"),
+             "lucid.access.d": ast.parse("from lucid.access import a\n")}
+    assert import_cycles(import_graph(trees)) == [
+        ["lucid.access.a", "lucid.access.b", "lucid.access.pkg.c", "lucid.access.a"]]
+    assert not import_cycles(import_graph({"lucid.access.e": ast.parse("import lucid.access.f\n"),
+                                           "lucid.access.f": ast.parse("import json\n")}))
+
+
 # Imports sit at the top of a module, except the heavy optional packages (and the lucid modules
 # that load one at import time), which are imported where they are used so that `lucid serve`,
 # `lucid log` or a solver-free path do not pay for them; command-line modules import their

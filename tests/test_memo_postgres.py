@@ -23,10 +23,11 @@ import pytest
 psycopg = pytest.importorskip("psycopg")
 pytest.importorskip("psycopg_pool")
 
-from lucid.access import LabelOnlyClassifier, memo_turns  # noqa: E402
+from lucid.access import Charge, ClassifierOptions, LabelOnlyClassifier  # noqa: E402
 from lucid.access.ledger import BudgetExceeded  # noqa: E402
 from lucid.access.memo import SqliteMemo, open_memo, read_memo_ledger  # noqa: E402
-from lucid.access.memo_postgres import PostgresMemo  # noqa: E402
+from lucid.access.memo import turns as memo_turns  # noqa: E402
+from lucid.access.memo.postgres import PostgresMemo  # noqa: E402
 from lucid.errors import LucidError  # noqa: E402
 from serve_helpers import free_port, get, post, server, to_orig, write_run  # noqa: E402
 from thread_helpers import run_threads  # noqa: E402
@@ -81,7 +82,7 @@ def test_two_stores_race_one_draw_per_input_and_exact_budgets(pg_url, in_turns, 
     """Two PostgresMemo objects opened at the same moment on an empty schema, six threads racing
     the same 200 keys in batches, three clients with a budget and a total budget below the keys.
     `in_turns`: each batch of 7 answered in turns of 3 keys (memo_turns.TURN_ROWS), its budgets
-    reserved once (memo_budget)."""
+    reserved once (memo/budget.py)."""
     if in_turns:
         monkeypatch.setattr(memo_turns, "TURN_ROWS", 3)
     turn = (lambda rows: contextlib.nullcontext()) if in_turns else None
@@ -103,8 +104,8 @@ def test_two_stores_race_one_draw_per_input_and_exact_budgets(pg_url, in_turns, 
         for i in range(0, len(order), 7):
             part = order[i : i + 7]
             try:
-                out = memo.get_or_put(part, np.full(len(part), t), client=client, epsilon=0.5, budget=60.0,
-                                      total_budget=80.0, turn=turn)
+                out = memo.get_or_put(part, np.full(len(part), t), turn=turn,
+                                      charge=Charge(client=client, epsilon=0.5, budget=60.0, total_budget=80.0))
             except BudgetExceeded:
                 refused[client] += 1
                 continue
@@ -135,12 +136,12 @@ def test_two_stores_race_one_draw_per_input_and_exact_budgets(pg_url, in_turns, 
 
 def test_eviction_is_shared_and_charges_a_fresh_draw_again(pg_url):
     a, b = PostgresMemo(pg_url, max_size=2), PostgresMemo(pg_url, max_size=2)
-    kw = dict(client="c", epsilon=1.0)
-    a.get_or_put([b"a", b"b"], np.array([0, 1]), **kw)
-    assert b.get_or_put([b"a"], np.array([2]), **kw).tolist() == [0]  # the other replica's draw, free
-    b.get_or_put([b"c"], np.array([2]), **kw)  # evicts b, the least recently used (a was just asked)
+    charge = Charge(client="c", epsilon=1.0)
+    a.get_or_put([b"a", b"b"], np.array([0, 1]), charge=charge)
+    assert b.get_or_put([b"a"], np.array([2]), charge=charge).tolist() == [0]  # the other replica's draw, free
+    b.get_or_put([b"c"], np.array([2]), charge=charge)  # evicts b, the least recently used (a was just asked)
     assert a.lookup(b"b") is None and a.lookup(b"a") == 0 and len(a) == 2
-    assert a.get_or_put([b"b"], np.array([2]), **kw).tolist() == [2]  # drawn afresh: charged again
+    assert a.get_or_put([b"b"], np.array([2]), charge=charge).tolist() == [2]  # drawn afresh: charged again
     assert a.ledger_rows() == [("*", 1.0, 4, 4, 0), ("c", 1.0, 4, 4, 0)]
     a.close()
     b.close()
@@ -159,7 +160,7 @@ def test_racing_replicas_evict_without_deadlock_or_dangling_charges(pg_url):
         rng = np.random.default_rng(t)
         for _ in range(40):
             part = [keys[i] for i in rng.choice(len(keys), size=int(rng.integers(1, 6)), replace=False)]
-            memos[t % 2].get_or_put(part, np.full(len(part), t % 3), client=f"c{t % 3}", epsilon=1.0)
+            memos[t % 2].get_or_put(part, np.full(len(part), t % 3), charge=Charge(client=f"c{t % 3}", epsilon=1.0))
 
     errors = run_threads(worker, 6)
     assert not errors, errors
@@ -247,7 +248,7 @@ def test_a_restart_with_another_epsilon_or_bounds_refuses_in_one_line(run_dir, p
     with pytest.raises(LucidError, match="other bounds"):
         LabelOnlyClassifier.from_run(run_dir, epsilon=10.0, memo=pg_url)
     write_bounds(run_dir, {0: 0.5, 1: None, 2: None})
-    again = LabelOnlyClassifier.from_run(run_dir, epsilon=10.0, memo=pg_url, budget=200.0)
+    again = LabelOnlyClassifier.from_run(run_dir, epsilon=10.0, memo=pg_url, options=ClassifierOptions(budget=200.0))
     assert again.predict(asked, client="bob").tolist() == answers  # the stored draws, at their epsilon
     bob = {t.client: t for t in again.ledger()}["bob"]
     assert (bob.answers, bob.noised, bob.charged) == (20, 20, 200.0)

@@ -1,6 +1,6 @@
-"""Large batches answered in turns (lucid/access/memo_store.py `turn`, lucid/access/memo_budget.py),
-bodies parsed in pieces (lucid/access/guard.py `input_pieces`) and the memo's own WAL checkpoints
-(lucid/access/memo_sqlite.py `Checkpointer`): each must give exactly what the one-piece path gives,
+"""Large batches answered in turns (lucid/access/memo/turns.py, lucid/access/memo/budget.py), bodies
+parsed in pieces (lucid/access/guard.py `input_pieces`) and the memo's own WAL checkpoints
+(lucid/access/memo/sqlite.py `Checkpointer`): each must give exactly what the one-piece path gives,
 with the budget decided once per batch."""
 
 from __future__ import annotations
@@ -13,10 +13,12 @@ import time
 import numpy as np
 import pytest
 
-from lucid.access import memo_budget, memo_sqlite, memo_turns
+from lucid.access.memo import budget as memo_budget
+from lucid.access.memo import sqlite as memo_sqlite
+from lucid.access.memo import turns as memo_turns
 from lucid.access.guard import PIECE_BYTES, BadJson, TooLarge, input_pieces, parse_inputs
 from lucid.access.ledger import BudgetExceeded
-from lucid.access.memo import Memo
+from lucid.access.memo import Charge, Memo
 from lucid.errors import LucidError
 
 from thread_helpers import run_threads
@@ -52,15 +54,15 @@ def test_a_batch_in_turns_answers_and_charges_as_in_one_transaction(tmp_path, sm
     """Duplicates, memo hits and new keys across turns: the same labels, ledger and memo as the
     one-transaction path, and no reservation left behind."""
     whole, turned, turns = Memo(tmp_path / "a.sqlite"), Memo(tmp_path / "b.sqlite"), Turns()
-    kw = dict(client="c", epsilon=0.5, budget=100.0, total_budget=100.0)
+    charge = Charge(client="c", epsilon=0.5, budget=100.0, total_budget=100.0)
     rng = np.random.default_rng(0)
     for memo, turn in ((whole, None), (turned, turns)):
-        memo.get_or_put(keys_of(3), np.array([0, 1, 2]), **kw)  # hits for the batch below
+        memo.get_or_put(keys_of(3), np.array([0, 1, 2]), charge=charge)  # hits for the batch below
     batch = keys_of(11) + keys_of(5)  # 11 distinct, 5 repeated within the call
     proposals = rng.integers(0, 3, len(batch))
     noised = rng.random(len(batch)) < 0.5
-    a = whole.get_or_put(batch, proposals, noised=noised, **kw)
-    b = turned.get_or_put(batch, proposals, noised=noised, turn=turns, **kw)
+    a = whole.get_or_put(batch, proposals, noised=noised, charge=charge)
+    b = turned.get_or_put(batch, proposals, noised=noised, turn=turns, charge=charge)
     assert a.tolist() == b.tolist()
     assert whole.ledger_rows() == turned.ledger_rows()
     assert len(whole) == len(turned) == 11
@@ -88,14 +90,14 @@ def test_the_budget_is_decided_once_for_the_whole_batch(tmp_path, small_turns):
     """Over the budget: refused before any turn, nothing stored or charged. A worst case over the
     budget whose exact charge fits (inputs seen before are free) is decided exactly, in one turn."""
     memo, turns = Memo(tmp_path / "m.sqlite"), Turns()
-    kw = dict(client="c", epsilon=1.0, budget=10.0)
+    charge = Charge(client="c", epsilon=1.0, budget=10.0)
     with pytest.raises(BudgetExceeded, match="budget"):
-        memo.get_or_put(keys_of(11), np.zeros(11), turn=turns, **kw)
+        memo.get_or_put(keys_of(11), np.zeros(11), turn=turns, charge=charge)
     assert len(memo) == 0 and turns.rows == [1, 11]  # the reservation failed; the exact check refused
     assert memo.ledger_rows() == [("c", 1.0, 0, 0, 1)]
-    memo.get_or_put(keys_of(6), np.zeros(6), **kw)
+    memo.get_or_put(keys_of(6), np.zeros(6), charge=charge)
     turns.rows.clear()
-    out = memo.get_or_put(keys_of(10), np.ones(10), turn=turns, **kw)  # worst case 10 + 6 > 10; exact 4 + 6
+    out = memo.get_or_put(keys_of(10), np.ones(10), turn=turns, charge=charge)  # worst case 10 + 6 > 10; exact 4 + 6
     assert out.tolist() == [0] * 6 + [1] * 4 and turns.rows == [1, 10]
     assert memo.ledger_rows()[-1][2] == 10
 
@@ -113,8 +115,8 @@ def test_racing_batches_of_one_client_never_exceed_its_budget(tmp_path, small_tu
         for _ in range(12):
             part = [f"k{i}".encode() for i in rng.choice(80, 9, replace=False)]
             try:
-                memos[t % 2].get_or_put(part, np.full(9, t % 3), client="c", epsilon=0.5, budget=20.0,
-                                        total_budget=25.0, turn=lambda rows: contextlib.nullcontext())
+                memos[t % 2].get_or_put(part, np.full(9, t % 3), turn=lambda rows: contextlib.nullcontext(),
+                                        charge=Charge(client="c", epsilon=0.5, budget=20.0, total_budget=25.0))
             except BudgetExceeded:
                 refusals[t] += 1
                 continue
@@ -131,15 +133,15 @@ def test_racing_batches_of_one_client_never_exceed_its_budget(tmp_path, small_tu
 
 def test_a_reservation_left_by_a_dead_process_holds_the_budget_until_it_expires(tmp_path, monkeypatch):
     memo = Memo(tmp_path / "m.sqlite")
-    kw = dict(client="c", epsilon=1.0, budget=10.0)
+    charge = Charge(client="c", epsilon=1.0, budget=10.0)
     with memo._transaction() as db:  # what a process killed in the middle of a 8-input batch leaves
         rid = memo_budget.new_reservation(db, "c", 1.0, 8)
     with pytest.raises(BudgetExceeded):
-        memo.get_or_put(keys_of(3), np.zeros(3), **kw)
-    assert memo.get_or_put(keys_of(2), np.zeros(2), **kw).tolist() == [0, 0]  # 8 + 2 fits
+        memo.get_or_put(keys_of(3), np.zeros(3), charge=charge)
+    assert memo.get_or_put(keys_of(2), np.zeros(2), charge=charge).tolist() == [0, 0]  # 8 + 2 fits
     now = time.time()
     monkeypatch.setattr(memo_budget.time, "time", lambda: now + memo_budget.RESERVATION_TTL_S + 1)
-    memo.get_or_put(keys_of(8), np.zeros(8), **kw)  # expired: counts for nothing
+    memo.get_or_put(keys_of(8), np.zeros(8), charge=charge)  # expired: counts for nothing
     assert memo.ledger_rows()[-1][2] == 8
     # A turn whose reservation expired is checked on its own: never charged past the budget.
     with memo._transaction() as db:
@@ -149,9 +151,9 @@ def test_a_reservation_left_by_a_dead_process_holds_the_budget_until_it_expires(
 
 def test_without_a_turn_or_a_client_nothing_is_reserved(tmp_path, small_turns):
     memo, turns = Memo(tmp_path / "m.sqlite"), Turns()
-    memo.get_or_put(keys_of(9), np.zeros(9), epsilon=1.0, turn=turns)  # no client: nothing to reserve
+    memo.get_or_put(keys_of(9), np.zeros(9), charge=Charge(epsilon=1.0), turn=turns)  # no client: nothing to reserve
     assert turns.rows == [4, 4, 1]
-    memo.get_or_put(keys_of(9, "n"), np.zeros(9), client="c", epsilon=1.0)  # no turn: one transaction
+    memo.get_or_put(keys_of(9, "n"), np.zeros(9), charge=Charge(client="c", epsilon=1.0))  # no turn: one transaction
     assert memo.ledger_rows()[-1][2] == 9
 
 

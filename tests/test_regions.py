@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from bab_fixtures import write_tiny_run  # noqa: E402
 from bruteforce import exact_for  # noqa: E402
 
-from lucid.access.classifier import LabelOnlyClassifier  # noqa: E402
+from lucid.access.classifier import ClassifierOptions, LabelOnlyClassifier  # noqa: E402
 from lucid.access.evaluate import leaking_set  # noqa: E402
 from lucid.access.memo import Memo  # noqa: E402
 from lucid.analysis.problem import VerificationProblem  # noqa: E402
@@ -463,7 +463,7 @@ def test_queries_in_a_shallow_and_a_deep_box_do_the_same_work_and_take_the_same_
     import time
 
     run = open_run(region_run)
-    clf = LabelOnlyClassifier(run, epsilon=1.0, memo=Memo(None), seed=0)
+    clf = LabelOnlyClassifier(run, epsilon=1.0, memo=Memo(None), options=ClassifierOptions(seed=0))
     tree = clf.regions
     X = np.random.default_rng(3).random((20000, 2))
     leaf = tree.locate(X)

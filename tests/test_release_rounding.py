@@ -20,7 +20,7 @@ import pytest
 from bruteforce import exact_singleton_bound
 from synthetic_runs import write_bounds, write_synthetic_run
 
-from lucid.access import LabelOnlyClassifier
+from lucid.access import ClassifierOptions, LabelOnlyClassifier
 from lucid.bounds.pair import PairProblem
 from lucid.bounds.relu_split import split_upper_bound
 from lucid.network import NetworkStack, load_networks
@@ -175,7 +175,7 @@ def test_one_ulp_networks_release_no_input_that_leaks_in_exact_arithmetic(tmp_pa
         highest = max(float(exact_confidence(a)) for a, bad, mine in zip(scores_n, leaking, n_label) if bad and mine)
 
         write_bounds(tmp_path / "run", {cls: highest, 1 - cls: None})
-        clf = LabelOnlyClassifier.from_run(tmp_path / "run", epsilon=1.0, seed=0)
+        clf = LabelOnlyClassifier.from_run(tmp_path / "run", epsilon=1.0, options=ClassifierOptions(seed=0))
         f_cls, noised = clf.decide(X)
         f_conf = np.abs(clf.scores(X)[:, 1] - clf.scores(X)[:, 0])
         old_rule_leaks += int(np.sum(leaking & (f_cls == cls) & (f_conf > highest)))
@@ -189,7 +189,7 @@ def test_one_ulp_networks_release_no_input_that_leaks_in_exact_arithmetic(tmp_pa
         tier = split_upper_bound(pair, cls, -np.inf, margin_upper=problem.margin_upper, time_limit=3.0)
         assert tier.bound >= highest
         write_bounds(tmp_path / "run", {cls: tier.bound, 1 - cls: None})
-        clf = LabelOnlyClassifier.from_run(tmp_path / "run", epsilon=1.0, seed=0)
+        clf = LabelOnlyClassifier.from_run(tmp_path / "run", epsilon=1.0, options=ClassifierOptions(seed=0))
         assert released_but_disagreeing(clf, [n, p], X) == 0
     assert old_rule_leaks > 0  # float rounding decides here: the sample can tell the rules apart
 
@@ -227,7 +227,7 @@ def test_a_run_trained_with_a_tiny_learning_rate_releases_no_leaking_input(tmp_p
             seen.add(key)
             nets.append(layers)
     assert len(nets) > 1
-    clf = LabelOnlyClassifier.from_run(run, epsilon=1.0, seed=0)
+    clf = LabelOnlyClassifier.from_run(run, epsilon=1.0, options=ClassifierOptions(seed=0))
     lower, upper = clf.domain_lower, clf.domain_upper
     checked = 0
     for cls in (0, 1):

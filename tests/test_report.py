@@ -143,11 +143,11 @@ def test_html_is_self_contained_and_its_numbers_are_the_commands(verified, tmp_p
 
 
 def test_ledger_and_baselines_when_they_exist(verified, tmp_path):
-    from lucid.access import LabelOnlyClassifier
+    from lucid.access import ClassifierOptions, LabelOnlyClassifier
 
     memo = tmp_path / "memo.sqlite"
     x = np.load(verified / "data.npz")["X_test"].astype(np.float64)
-    clf = LabelOnlyClassifier.from_run(verified, epsilon=1.0, memo=memo, seed=0)
+    clf = LabelOnlyClassifier.from_run(verified, epsilon=1.0, memo=memo, options=ClassifierOptions(seed=0))
     clf.predict(x[:40], client="alice")
     clf.predict(x[20:70], client="bob")
     clf.close()

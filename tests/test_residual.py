@@ -15,7 +15,7 @@ import pytest
 
 from bab_fixtures import write_tiny_run
 from exact_oracle import exact_label_and_agreement, exact_scores, exact_singleton
-from lucid.access import LabelOnlyClassifier
+from lucid.access import ClassifierOptions, LabelOnlyClassifier
 from lucid.access.evaluate import leaking_set
 from lucid.bab import verify_run
 from lucid.errors import LucidError
@@ -196,7 +196,7 @@ def test_the_check_does_the_same_work_for_level_check_and_noise(verified):
     assert all(len(g) >= 5 for g in groups.values()), {k: len(g) for k, g in groups.items()}
     traces = {}
     for name, rows in groups.items():
-        clf = LabelOnlyClassifier.from_run(verified, epsilon=0.0, seed=0)
+        clf = LabelOnlyClassifier.from_run(verified, epsilon=0.0, options=ClassifierOptions(seed=0))
         calls: list[int] = []
         uniform = clf.rng.uniform
         clf.rng.uniform = lambda n, calls=calls, uniform=uniform: calls.append(n) or uniform(n)

@@ -217,12 +217,12 @@ def test_deadline_holds_every_prediction_response(run_dir):
     import asyncio
 
     from lucid.access import LabelOnlyClassifier
-    from lucid.access.server import create_app
+    from lucid.access.server import ServiceOptions, create_app
 
     clf = LabelOnlyClassifier.from_run(run_dir, epsilon=1.0)
 
     async def check() -> None:
-        transport = httpx.ASGITransport(app=create_app(clf, deadline_ms=60))
+        transport = httpx.ASGITransport(app=create_app(clf, options=ServiceOptions(deadline_ms=60)))
         async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
             for body, status in [({"inputs": to_orig([[0.5, 0.5]])}, 200), ({"inputs": [[9.0, -4.8]]}, 422)]:
                 t0 = time.perf_counter()
@@ -231,7 +231,7 @@ def test_deadline_holds_every_prediction_response(run_dir):
 
     asyncio.run(check())
     with pytest.raises(Exception, match="not both"):
-        create_app(clf, api_key="x", api_keys={"a": "y"})
+        create_app(clf, options=ServiceOptions(api_key="x", api_keys={"a": "y"}))
     clf.close()
 
 

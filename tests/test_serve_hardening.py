@@ -12,7 +12,7 @@ import httpx
 import numpy as np
 import pytest
 
-from lucid.access import LabelOnlyClassifier, Memo
+from lucid.access import Charge, ClassifierOptions, LabelOnlyClassifier, Memo
 from lucid.errors import LucidError
 from serve_helpers import one_line, run_dir, serve_cli, server, to_orig  # noqa: F401 (run_dir: a fixture)
 from synthetic_runs import write_bounds
@@ -30,11 +30,11 @@ def test_a_memo_refuses_another_epsilon_after_a_restart(run_dir, tmp_path):
     first.close()
     for memo in (path, Memo(path)):  # a file name, and an open Memo
         with pytest.raises(LucidError) as exc:
-            LabelOnlyClassifier.from_run(run_dir, epsilon=0.1, memo=memo, budget=2.0)
+            LabelOnlyClassifier.from_run(run_dir, epsilon=0.1, memo=memo, options=ClassifierOptions(budget=2.0))
         message = one_line(exc)
         assert "epsilon = 10.0" in message and "--epsilon 10.0" in message and "new --memo" in message
     # The same epsilon is served, and the ledger charges the stored draws at their epsilon.
-    again = LabelOnlyClassifier.from_run(run_dir, epsilon=10.0, memo=path, budget=200.0)
+    again = LabelOnlyClassifier.from_run(run_dir, epsilon=10.0, memo=path, options=ClassifierOptions(budget=200.0))
     assert again.predict(asked, client="bob").tolist() == answers
     bob = {t.client: t for t in again.ledger()}["bob"]
     assert (bob.answers, bob.noised, bob.charged) == (20, 20, 200.0)
@@ -42,7 +42,7 @@ def test_a_memo_refuses_another_epsilon_after_a_restart(run_dir, tmp_path):
     # A raw Memo writes at its file's epsilon only.
     memo = Memo(path)
     with pytest.raises(LucidError, match="epsilon = 10.0"):
-        memo.get_or_put([b"new"], np.array([0]), client="carol", epsilon=0.1)
+        memo.get_or_put([b"new"], np.array([0]), charge=Charge(client="carol", epsilon=0.1))
     assert memo.lookup(b"new") is None
     memo.close()
 
@@ -66,7 +66,7 @@ def _legacy(path, epsilons: list[float], unlogged: bool = False) -> None:
     for i, eps in enumerate(epsilons):
         memo._db.execute("DELETE FROM meta WHERE name IN ('epsilon', 'bounds')")
         memo._epsilon = None
-        memo.get_or_put([bytes([i])], np.array([1]), client="c", epsilon=eps)
+        memo.get_or_put([bytes([i])], np.array([1]), charge=Charge(client="c", epsilon=eps))
     if unlogged:
         memo._db.execute("INSERT INTO memo (key, label, used, noised) VALUES (x'ff', 0, 0, 1)")
     memo._db.execute("DELETE FROM meta WHERE name IN ('epsilon', 'bounds')")
@@ -120,13 +120,13 @@ def test_serve_refuses_a_memo_of_another_epsilon_end_to_end(run_dir, tmp_path):
 # -- 2. the deadline is finite, >= 0 and at most 60 s -------------------------------------------
 @pytest.mark.parametrize("text", ["nan", "inf", "-inf", "1e30", "-1", "60001"])
 def test_bad_deadlines_are_refused_everywhere(run_dir, tmp_path, capsys, monkeypatch, text):
-    from lucid.access.server import create_app
+    from lucid.access.server import ServiceOptions, create_app
 
     with pytest.raises(LucidError, match="deadline"):
-        LabelOnlyClassifier.from_run(run_dir, epsilon=1.0, deadline_ms=float(text))
+        LabelOnlyClassifier.from_run(run_dir, epsilon=1.0, options=ClassifierOptions(deadline_ms=float(text)))
     clf = LabelOnlyClassifier.from_run(run_dir, epsilon=1.0)
     with pytest.raises(LucidError, match="deadline"):
-        create_app(clf, deadline_ms=float(text))
+        create_app(clf, options=ServiceOptions(deadline_ms=float(text)))
     clf.close()
     code, err = serve_cli(run_dir, ["-e", "1", "--memo", str(tmp_path / "m.sqlite"), f"--deadline-ms={text}"],
                            capsys, monkeypatch)
@@ -135,13 +135,13 @@ def test_bad_deadlines_are_refused_everywhere(run_dir, tmp_path, capsys, monkeyp
 
 def test_a_deadline_up_to_the_maximum_is_accepted(run_dir, tmp_path, capsys, monkeypatch):
     from lucid.access.guard import MAX_DEADLINE_MS
-    from lucid.access.server import create_app
+    from lucid.access.server import ServiceOptions, create_app
 
     assert MAX_DEADLINE_MS == 60_000
-    LabelOnlyClassifier.from_run(run_dir, epsilon=1.0, deadline_ms=MAX_DEADLINE_MS).close()
+    LabelOnlyClassifier.from_run(run_dir, epsilon=1.0, options=ClassifierOptions(deadline_ms=MAX_DEADLINE_MS)).close()
     clf = LabelOnlyClassifier.from_run(run_dir, epsilon=1.0)
-    create_app(clf, deadline_ms=0)
-    create_app(clf, deadline_ms=MAX_DEADLINE_MS)
+    create_app(clf, options=ServiceOptions(deadline_ms=0))
+    create_app(clf, options=ServiceOptions(deadline_ms=MAX_DEADLINE_MS))
     clf.close()
     code, _ = serve_cli(run_dir, ["-e", "1", "--memo", str(tmp_path / "m.sqlite"), "--deadline-ms", "60000",
                                    "--budget", "5"], capsys, monkeypatch)
@@ -177,10 +177,10 @@ def _client(app, host: str = "localhost") -> httpx.AsyncClient:
 
 
 def _app(run_dir, **kw):
-    from lucid.access.server import create_app
+    from lucid.access.server import ServiceOptions, create_app
 
     clf = LabelOnlyClassifier.from_run(run_dir, epsilon=1.0)
-    return create_app(clf, **kw)
+    return create_app(clf, options=ServiceOptions(**kw))
 
 
 def test_no_error_message_echoes_the_request(run_dir):
@@ -276,7 +276,7 @@ def test_the_health_probe_is_cheap_and_bounded():
     import threading
     import time
 
-    from lucid.access.server import MemoHealth
+    from lucid.access.health import MemoHealth
 
     class Store:
         name = "postgresql://lucid@db/lucid"

@@ -20,7 +20,7 @@ import httpx
 import numpy as np
 import pytest
 
-from lucid.access import BudgetExceeded, LabelOnlyClassifier, optimal_composition, plan_epsilon
+from lucid.access import BudgetExceeded, ClassifierOptions, LabelOnlyClassifier, optimal_composition, plan_epsilon
 from lucid.errors import LucidError
 from lucid.network import confidence, load_networks
 from synthetic_runs import write_synthetic_run
@@ -54,7 +54,8 @@ def split_by_branch(run_dir) -> tuple[np.ndarray, np.ndarray]:
 # -- the total budget -------------------------------------------------------------------------
 def test_the_total_budget_caps_all_clients_whatever_the_branch(run_dir, tmp_path):
     rel, noi = split_by_branch(run_dir)
-    clf = LabelOnlyClassifier.from_run(run_dir, epsilon=1.0, memo=tmp_path / "m.sqlite", seed=0, total_budget=4.0)
+    clf = LabelOnlyClassifier.from_run(run_dir, epsilon=1.0, memo=tmp_path / "m.sqlite",
+                                       options=ClassifierOptions(seed=0, total_budget=4.0))
     first = clf.predict(to_orig(np.vstack([rel[:2], noi[:1]])), client="a")
     clf.predict(to_orig(noi[1:2]), client="b")  # four draws: the total of 4 is reached exactly
     # Any new input is refused now, for any client, released or noised, alone or in a batch ...
@@ -72,7 +73,8 @@ def test_the_total_budget_caps_all_clients_whatever_the_branch(run_dir, tmp_path
     assert (totals["a"].refused, totals["b"].refused) == (1, 1)
     clf.close()
     # The total survives a restart, and the per-client budget is still checked (first).
-    clf = LabelOnlyClassifier.from_run(run_dir, epsilon=1.0, memo=tmp_path / "m.sqlite", total_budget=4.0, budget=2.0)
+    clf = LabelOnlyClassifier.from_run(run_dir, epsilon=1.0, memo=tmp_path / "m.sqlite",
+                                       options=ClassifierOptions(total_budget=4.0, budget=2.0))
     with pytest.raises(BudgetExceeded, match="total"):
         clf.predict(to_orig(noi[7:8]), client="new")
     with pytest.raises(BudgetExceeded, match="for this client"):
@@ -80,18 +82,18 @@ def test_the_total_budget_caps_all_clients_whatever_the_branch(run_dir, tmp_path
     clf.close()
     for bad in (-1.0, float("nan"), float("inf"), "lots"):
         with pytest.raises(LucidError, match="total privacy budget"):
-            LabelOnlyClassifier.from_run(run_dir, epsilon=1.0, total_budget=bad)
+            LabelOnlyClassifier.from_run(run_dir, epsilon=1.0, options=ClassifierOptions(total_budget=bad))
 
 
 def test_a_total_refusal_over_http_is_a_429_with_one_fixed_message(run_dir):
-    from lucid.access.server import create_app
+    from lucid.access.server import ServiceOptions, create_app
 
     rel, noi = split_by_branch(run_dir)
-    clf = LabelOnlyClassifier.from_run(run_dir, epsilon=1.0, total_budget=2.0)
+    clf = LabelOnlyClassifier.from_run(run_dir, epsilon=1.0, options=ClassifierOptions(total_budget=2.0))
     keys = {"alice": "a-token", "bob": "b-token"}
 
     async def ask() -> list[httpx.Response]:
-        transport = httpx.ASGITransport(app=create_app(clf, api_keys=keys))
+        transport = httpx.ASGITransport(app=create_app(clf, options=ServiceOptions(api_keys=keys)))
         async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
             out = []
             for token, rows in [("a-token", rel[:1]), ("b-token", noi[:1]), ("a-token", rel[1:2]),
@@ -111,11 +113,11 @@ _RACER = """
 import json, sys, time
 from pathlib import Path
 import numpy as np
-from lucid.access import BudgetExceeded, LabelOnlyClassifier
+from lucid.access import BudgetExceeded, ClassifierOptions, LabelOnlyClassifier
 
 run, memo, client, kind, cap, inputs, ready, go = sys.argv[1:9]
-caps = {"budget": float(cap)} if kind == "client" else {"total_budget": float(cap)}
-clf = LabelOnlyClassifier.from_run(run, epsilon=0.5, memo=memo, **caps)
+options = ClassifierOptions(budget=float(cap)) if kind == "client" else ClassifierOptions(total_budget=float(cap))
+clf = LabelOnlyClassifier.from_run(run, epsilon=0.5, memo=memo, options=options)
 rows = np.load(inputs)
 Path(ready).touch()
 while not Path(go).exists():

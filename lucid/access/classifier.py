@@ -8,7 +8,7 @@ the verifier used - and kept as plain numpy matrices so a query costs a few smal
 
 Inputs are validated (2-D, numeric, finite, right width), scaled with the run's affine scaler
 (x_net = (x - offset) * scale) and must lie in the verified domain, which run.json states in
-network space: the bounds say nothing outside it. With `clip=True` they are clipped into the
+network space: the bounds say nothing outside it. With the `clip` option they are clipped into the
 box instead (sound: the answer is then the answer for a verified point).
 
 Memo key (documented choice): the canonical float64 bytes of the point N is evaluated at, i.e.
@@ -34,10 +34,8 @@ size, machine noise) under one fixed time; `lucid serve --deadline-ms` does the 
 from __future__ import annotations
 
 import copy
-import hashlib
-import json
-import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, ContextManager
 
@@ -54,76 +52,17 @@ from lucid.access.ledger import (
     summarise,
 )
 from lucid.access.mechanism import RandomSource, check_epsilon, exponential_mechanism, needs_noise
-from lucid.access.memo import DEFAULT_MEMO_SIZE, MemoStore, open_memo, read_memo_ledger
-from lucid.access.memo_meta import BoundsRecord
-from lucid.analysis.soundness import confidence_error, release_thresholds
-from lucid.atomic import read_json
-from lucid.errors import LucidError
-from lucid.network import NetworkFile, stack_from_tensors
-from lucid.regions import RegionTree
-from lucid.residual import ResidualSets, read_residual
+from lucid.access.memo import DEFAULT_MEMO_SIZE, BoundsRecord, Charge, MemoStore, open_memo, read_memo_ledger
 from lucid.access.residual_check import ResidualCheck
+from lucid.access.served_run import load_bounds, load_n
+from lucid.analysis.soundness import confidence_error, release_thresholds
 from lucid.dynamic_range import check_network_range
-from lucid.rundir import BOUNDS_FORMAT, Run, open_run, read_scaler
+from lucid.errors import LucidError
+from lucid.network import NetworkFile
+from lucid.rundir import Run, open_run, read_scaler
 
-BOUNDS_FILE = "bounds.json"
 # Inputs this close (relative) outside the box are rounding noise from scaling: clip them in.
 _DOMAIN_TOLERANCE = 1e-9
-
-
-def load_upper_bounds(run: Run) -> np.ndarray:
-    """beta_c per class from RUN/bounds.json; +inf where nothing is proved (every input noised)."""
-    return load_bounds(run)[0]
-
-
-def load_bounds(run: Run) -> tuple[np.ndarray, RegionTree | None, ResidualSets | None]:
-    """beta_c per class, and the sections that refine it: the per-box bounds of `--regions` and
-    the residual sets of `--residual` (each None when absent), from RUN/bounds.json."""
-    path = run.path / BOUNDS_FILE
-    doc = read_json(path, missing=f"{path} does not exist: run `lucid verify {run.path}` first",
-                    unreadable=f"{path} is corrupt")
-    if not isinstance(doc, dict) or doc.get("format") != BOUNDS_FORMAT or not isinstance(doc.get("bounds"), dict):
-        raise LucidError(f"{path} is not a {BOUNDS_FORMAT} file")
-    upper = _class_bounds(doc, run, path)
-    regions = residual = None
-    if doc.get("regions") is not None:
-        regions = RegionTree.from_json(doc["regions"], *run.domain, run.num_classes, str(path))
-    if doc.get("residual") is not None:
-        if regions is not None:
-            raise LucidError(f"{path}: residual sets per region are not supported; verify with one of the two")
-        residual = read_residual(run.path, doc["residual"], run.num_classes, run.meta, str(path))
-    return upper, regions, residual
-
-
-def _class_bounds(doc: dict, run: Run, path: Path) -> np.ndarray:
-    upper = np.full(run.num_classes, np.inf)
-    for key, entry in doc["bounds"].items():
-        try:
-            cls = int(key)
-        except ValueError:
-            raise LucidError(f"{path}: class key {key!r} is not an integer") from None
-        if not 0 <= cls < run.num_classes:
-            raise LucidError(f"{path}: class {cls} is out of range for {run.num_classes} classes")
-        value = entry.get("upper") if isinstance(entry, dict) else None
-        if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise LucidError(f"{path}: the upper bound of class {cls} must be a finite number or null")
-        upper[cls] = float(value)
-    return upper
-
-
-def load_n(run: Run) -> tuple[list[np.ndarray], list[np.ndarray], str]:
-    """N's dense layers (W^T, b) in float64 and a fingerprint of N, reading only N's slices."""
-    tensors = NetworkFile(run.path, run.meta).n_tensors()
-    digest = hashlib.sha256(json.dumps(run.meta, sort_keys=True).encode())
-    for name in sorted(tensors):
-        digest.update(name.encode())
-        digest.update(tensors[name].tobytes())
-    stack = stack_from_tensors(tensors, run.meta.get("architecture", {}), run.input_dim)
-    weights = [np.ascontiguousarray(w[0].T) for w in stack.weights]
-    biases = [np.ascontiguousarray(b[0]) for b in stack.biases]
-    return weights, biases, digest.hexdigest()
 
 
 def run_ledger(run: Run, memo: str | Path, delta: float = DEFAULT_DELTA) -> list[ClientTotals]:
@@ -142,28 +81,35 @@ def _hold_until(deadline: float) -> None:
         pass
 
 
+@dataclass(frozen=True)
+class ClassifierOptions:
+    """How a classifier answers, besides its run, epsilon and memo: `clip` inputs outside the verified
+    domain into it (else refuse them); `seed` the mechanism's draws (None: fresh entropy); `memo_size`
+    the most inputs a memo it opens keeps; `budget` the most epsilon one client may be charged and
+    `total_budget` all clients together (None: no limit; a query that would exceed one raises
+    BudgetExceeded); `deadline_ms` (module docstring)."""
+
+    clip: bool = False
+    seed: int | None = None
+    memo_size: int = DEFAULT_MEMO_SIZE
+    budget: float | None = None
+    total_budget: float | None = None
+    deadline_ms: float = 0.0
+
+
 class LabelOnlyClassifier:
     """Label-only access to N with iDP protection (see the module docstring)."""
 
-    def __init__(
-        self,
-        run: Run,
-        epsilon: float,
-        memo: str | Path | MemoStore | None = None,
-        clip: bool = False,
-        seed: int | None = None,
-        memo_size: int = DEFAULT_MEMO_SIZE,
-        budget: float | None = None,
-        deadline_ms: float = 0.0,
-        total_budget: float | None = None,
-    ) -> None:
+    def __init__(self, run: Run, epsilon: float, memo: str | Path | MemoStore | None = None,
+                 options: ClassifierOptions | None = None) -> None:
+        options = ClassifierOptions() if options is None else options
         self.run = run
         self.epsilon = check_epsilon(epsilon)
-        self.budget = check_budget(budget)
-        self.total_budget = check_total_budget(total_budget)
-        self.deadline = check_deadline_ms(deadline_ms) / 1e3
-        self.clip = bool(clip)
-        self.rng = RandomSource(seed)
+        self.budget = check_budget(options.budget)
+        self.total_budget = check_total_budget(options.total_budget)
+        self.deadline = check_deadline_ms(options.deadline_ms) / 1e3
+        self.clip = bool(options.clip)
+        self.rng = RandomSource(options.seed)
         self.num_classes = run.num_classes
         self.input_dim = run.input_dim
         self.labels: list[Any] = list(run.meta["labels"])
@@ -206,33 +152,21 @@ class LabelOnlyClassifier:
             served = BoundsRecord(residual.levels, f"residual:{residual.digest}")
         slack = _DOMAIN_TOLERANCE * np.maximum(1.0, np.maximum(np.abs(lower), np.abs(upper)))
         self._lower_tol, self._upper_tol = lower - slack, upper + slack
-        # The memo records the epsilon and bounds of its draws and refuses others (memo_meta.py).
+        # The memo records the epsilon and bounds of its draws and refuses others (memo/metadata.py).
         self.memo: MemoStore = (
             memo.bind(self.epsilon, served, self.fingerprint) if isinstance(memo, MemoStore) else
-            open_memo(memo, max_size=memo_size, fingerprint=self.fingerprint, epsilon=self.epsilon, bounds=served))
+            open_memo(memo, max_size=options.memo_size, fingerprint=self.fingerprint, epsilon=self.epsilon,
+                      bounds=served))
 
     @classmethod
-    def from_run(
-        cls,
-        path: str | Path,
-        epsilon: float,
-        memo: str | Path | MemoStore | None = None,
-        clip: bool = False,
-        seed: int | None = None,
-        memo_size: int = DEFAULT_MEMO_SIZE,
-        budget: float | None = None,
-        deadline_ms: float = 0.0,
-        total_budget: float | None = None,
-    ) -> "LabelOnlyClassifier":
+    def from_run(cls, path: str | Path, epsilon: float, memo: str | Path | MemoStore | None = None,
+                 options: ClassifierOptions | None = None) -> "LabelOnlyClassifier":
         """Open a run directory. `memo`: a SQLite file path (persistent; use one in production), a
         `postgresql://` URL (a database several replicas share), an open memo (`Memo`,
         `PostgresMemo`), or None for an in-memory memo that is lost when the process exits.
-        `budget`: the most epsilon each client may be charged (lucid.access.ledger); a query that
-        would exceed it raises BudgetExceeded. `total_budget`: the same for all clients together
-        (the ledger's '*' row: epsilon per memo draw given to any client). `deadline_ms`: see the
-        module docstring."""
-        return cls(open_run(path), epsilon, memo, clip=clip, seed=seed, memo_size=memo_size, budget=budget,
-                   deadline_ms=deadline_ms, total_budget=total_budget)
+        `options`: see ClassifierOptions; the budgets are charged as lucid.access.ledger says (the
+        total budget in the ledger's '*' row: epsilon per memo draw given to any client)."""
+        return cls(open_run(path), epsilon, memo, options)
 
     # -- validation -------------------------------------------------------------------------
     def validate(self, X: Any) -> np.ndarray:
@@ -256,7 +190,7 @@ class LabelOnlyClassifier:
         return arr
 
     def to_network_space(self, X: np.ndarray) -> np.ndarray:
-        """Scale validated inputs and enforce the verified domain (refuse, or clip with clip=True)."""
+        """Scale validated inputs and enforce the verified domain (refuse, or clip with the `clip` option)."""
         with np.errstate(over="ignore", invalid="ignore"):
             xn = (X - self.offset) * self.scale
         if not np.isfinite(xn).all():  # overflow while scaling (|x| near the float limit)
@@ -328,8 +262,8 @@ class LabelOnlyClassifier:
         buf = rows.tobytes()
         keys = [buf[i : i + width] for i in range(0, len(buf), width)]
         client = DEFAULT_CLIENT if client is None else check_client_name(client)
-        out = self.memo.get_or_put(keys, proposals, noised=noised, client=client, epsilon=self.epsilon,
-                                   budget=self.budget, total_budget=self.total_budget, turn=turn)
+        charge = Charge(client, self.epsilon, self.budget, self.total_budget)
+        out = self.memo.get_or_put(keys, proposals, noised=noised, charge=charge, turn=turn)
         return (out, noised) if return_noised else out
 
     def predict_index(self, X: Any, client: str | None = None) -> np.ndarray:

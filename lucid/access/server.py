@@ -4,7 +4,7 @@
     GET  /healthz                                ->  {"status": "ok"}    (HEAD: the status only)
 
 /healthz answers 503 (one fixed body) once the service has failed closed, and while a PostgreSQL
-memo's database does not answer a pooled `SELECT 1` within HEALTH_TIMEOUT_S (MemoHealth: one probe
+memo's database does not answer a pooled `SELECT 1` within HEALTH_TIMEOUT_S (lucid/access/health.py: one probe
 at a time, its result kept for HEALTH_CACHE_S, so probes cost the database at most one query a second
 per worker process, however often /healthz is asked).
 
@@ -52,6 +52,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
 import numpy as np
@@ -62,6 +63,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from lucid.access.classifier import LabelOnlyClassifier
 from lucid.access.guard import (NOT_JSON_MEDIA, UNKNOWN_HOST, BadJson, HostCheck, TooLarge, bearer_client,
                                 check_deadline_ms, input_pieces, is_json_media)
+from lucid.access.health import MemoHealth
 from lucid.access.ledger import DEFAULT_CLIENT, BudgetExceeded, check_client_name
 from lucid.access.memo import MemoUnavailable
 from lucid.errors import LucidError
@@ -73,14 +75,11 @@ DEFAULT_THREADS = 4
 # batches filling the other pool never make a small request wait for a thread.
 SMALL_BODY = 64 * 1024
 # What a row is taken to cost when turns queue at the gate (SizeOrderedGate): a batch takes its turns
-# a piece (lucid/access/guard.py) or TURN_ROWS inputs (lucid/access/memo_store.py) at a time, and a
+# a piece (lucid/access/guard.py) or TURN_ROWS inputs (lucid/access/memo/turns.py) at a time, and a
 # single row that arrives while such a turn waits goes first unless the turn has waited rows x this
 # (about 50 ms for 128 rows); far above the 10-30 us a row really costs, so that single rows pass
 # queued turns, while a batch still gets a turn every 50 ms however many single rows arrive.
 ROW_COST_S = 400e-6
-# /healthz's probe of the memo database: how long it may take, and how long its answer is reused.
-HEALTH_TIMEOUT_S = 1.0
-HEALTH_CACHE_S = 1.0
 
 log = logging.getLogger("lucid.serve")
 
@@ -133,55 +132,6 @@ class FailFlag:
     value = False
 
 
-class MemoHealth:
-    """Whether the memo's database answers, for /healthz: `memo.reachable` (a pooled `SELECT 1`) in a
-    thread of its own, at most one at a time, its answer reused for `cache_s`. A probe that has not
-    answered within `timeout` + 0.5 s counts as unreachable (a database cut off without a reset can
-    hold a query far longer); later checks wait on that same probe rather than start another, so a
-    hung database holds one thread, not one per request. The thread is a daemon: a hung probe never
-    holds up the process's exit. Memo stores without `reachable` are always reachable."""
-
-    def __init__(self, memo: Any, timeout: float = HEALTH_TIMEOUT_S, cache_s: float = HEALTH_CACHE_S) -> None:
-        self._probe = getattr(memo, "reachable", None)
-        self.name = getattr(memo, "name", "memo")
-        self.timeout, self.cache_s = timeout, cache_s
-        self._pending: asyncio.Future | None = None
-        self._last: tuple[float, bool] | None = None
-        self._reported = True  # what was last logged: only changes are
-
-    async def ok(self) -> bool:
-        if self._probe is None:
-            return True
-        loop = asyncio.get_running_loop()
-        if self._last is not None and time.monotonic() - self._last[0] < self.cache_s:
-            return self._last[1]
-        if self._pending is None or self._pending.done() or self._pending.get_loop() is not loop:
-            self._pending = loop.create_future()
-            threading.Thread(target=self._run, args=(loop, self._pending), name="lucid-health", daemon=True).start()
-        try:
-            ok = await asyncio.wait_for(asyncio.shield(self._pending), self.timeout + 0.5)
-        except asyncio.TimeoutError:
-            ok = False
-        self._last = (time.monotonic(), ok)
-        if ok != self._reported:
-            self._reported = ok
-            if ok:
-                log.warning("the memo database %s answers again: /healthz answers 200", self.name)
-            else:
-                log.warning("the memo database %s does not answer: /healthz answers 503", self.name)
-        return ok
-
-    def _run(self, loop: asyncio.AbstractEventLoop, future: asyncio.Future) -> None:
-        try:
-            ok = bool(self._probe(self.timeout))
-        except Exception:  # a probe that fails in any way: not reachable
-            ok = False
-        try:
-            loop.call_soon_threadsafe(lambda: future.done() or future.set_result(ok))
-        except RuntimeError:  # the loop has closed meanwhile
-            pass
-
-
 class _HostGuard:
     """ASGI wrapper: a request whose Host header is not allowed gets 400 and one fixed message,
     whatever its path (DNS rebinding: lucid/access/guard.py)."""
@@ -201,24 +151,31 @@ class _HostGuard:
         await self.app(scope, receive, send)
 
 
-def create_app(
-    clf: LabelOnlyClassifier,
-    api_key: str | None = None,
-    max_body: int = DEFAULT_MAX_BODY,
-    max_batch: int = DEFAULT_MAX_BATCH,
-    api_keys: dict[str, str] | None = None,
-    deadline_ms: float = 0.0,
-    allowed_hosts: Sequence[str] | None = None,
-    threads: int = DEFAULT_THREADS,
-    failed: Any = None,
-) -> FastAPI:
-    """`api_key`: one bearer token (ledger "default"); `api_keys`: client name -> token, one
-    ledger per client. `deadline_ms` (0 to MAX_DEADLINE_MS) > 0 holds each prediction response
-    until then. `allowed_hosts`: the Host names answered (default: the loopback names).
-    `threads`: the threads that parse and answer request bodies off the event loop, as many again for
-    bodies up to SMALL_BODY (`app.state.pools`; shut them down after serving). `failed`: the
-    fail-closed flag (a `FailFlag`, or one shared by several processes)."""
-    deadline = check_deadline_ms(deadline_ms) / 1e3
+@dataclass(frozen=True)
+class ServiceOptions:
+    """What the operator sets about the HTTP service (`lucid serve`'s flags). `api_key`: one bearer
+    token (ledger "default"); `api_keys`: client name -> token, one ledger per client. `max_body`
+    bytes and `max_batch` rows per request. `deadline_ms` (0 to MAX_DEADLINE_MS) > 0 holds each
+    prediction response until then. `allowed_hosts`: the Host names answered (default: the loopback
+    names). `threads`: the threads that parse and answer request bodies off the event loop, as many
+    again for bodies up to SMALL_BODY (`app.state.pools`; shut them down after serving)."""
+
+    api_key: str | None = None
+    api_keys: dict[str, str] | None = None
+    max_body: int = DEFAULT_MAX_BODY
+    max_batch: int = DEFAULT_MAX_BATCH
+    deadline_ms: float = 0.0
+    allowed_hosts: Sequence[str] | None = None
+    threads: int = DEFAULT_THREADS
+
+
+def create_app(clf: LabelOnlyClassifier, options: ServiceOptions | None = None, failed: Any = None) -> FastAPI:
+    """The service answering with `clf` as `options` say (ServiceOptions). `failed`: the fail-closed
+    flag (a `FailFlag`, or one shared by several processes)."""
+    options = ServiceOptions() if options is None else options
+    api_key, api_keys, max_body, max_batch = options.api_key, options.api_keys, options.max_body, options.max_batch
+    threads, allowed_hosts = options.threads, options.allowed_hosts
+    deadline = check_deadline_ms(options.deadline_ms) / 1e3
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
         raise LucidError(f"the prediction pool needs at least 1 thread, got {threads!r}")
     hosts = HostCheck.default() if allowed_hosts is None else HostCheck(allowed_hosts)
@@ -337,7 +294,7 @@ def create_app(
         except BudgetExceeded as exc:
             return _json(429, {"error": str(exc)})
         except MemoUnavailable as exc:
-            # The database could not be reached (lucid/access/memo_postgres.py): nothing was answered or
+            # The database could not be reached (lucid/access/memo/postgres.py): nothing was answered or
             # charged, and when it fails depends on the network, not on the request or its branch, so
             # this request alone gets the 503 and the next one tries the database again.
             log.warning("%s: answered 503", exc)

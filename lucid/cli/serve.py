@@ -1,29 +1,16 @@
 """`lucid serve RUN --epsilon E`: label-only, iDP-protected predictions over HTTP.
 
-`--workers N` forks N server processes after the listening socket is bound: they accept on that one
-socket (the kernel hands each connection to one of them) and share the memo, whose transactions keep
-answers and budgets exact across processes (lucid/access/memo_store.py). With `--memo postgresql://...`
-several `lucid serve` replicas, on several machines, share one memo the same way. Forking, not
-SO_REUSEPORT: a second `lucid serve` started by mistake on the same port fails with one line
-instead of silently taking a share of the connections. The parent only forwards SIGTERM / Ctrl-C;
-a worker that ends on its own stops the others, so the service never runs with fewer workers than
-it announced.
+This module turns the flags into the classifier's, the service's and the connections' settings and
+prints the start line; lucid/cli/serve_processes.py binds the socket and runs the server processes
+(`--workers`).
 """
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import functools
-import multiprocessing
 import os
-import signal
-import socket
 import sys
-import traceback
 from pathlib import Path
-from types import FrameType
-from typing import Any, Callable
 
 import click
 
@@ -31,7 +18,8 @@ from lucid.access.guard import LOOPBACK_HOSTS
 from lucid.access.ledger import EpsilonPlan
 from lucid.access.limits import ServeLimits, ensure_open_files
 from lucid.access.memo import DEFAULT_MEMO_SIZE, memo_target
-from lucid.access.server import DEFAULT_MAX_BATCH, DEFAULT_MAX_BODY
+from lucid.access.server import DEFAULT_MAX_BATCH, DEFAULT_MAX_BODY, ServiceOptions
+from lucid.cli.serve_processes import listen, serve_process, serve_workers
 from lucid.errors import LucidError
 
 _DEFAULTS = ServeLimits()
@@ -105,31 +93,6 @@ def resolve_epsilon(epsilon: float | None, budget: float | None, target: float |
     return plan.epsilon, plan.budget, plan
 
 
-LISTEN_BACKLOG = 2048  # uvicorn's own default, which it passes to listen() again when it starts
-
-
-def _listen(host: str, port: int) -> socket.socket:
-    """The socket the server listens on (port 0: one the system picks). Bound and listening here,
-    not in uvicorn, so that a taken port is one line before anything starts, the port named on
-    stderr is the one bound, and connections are accepted from the moment it is named."""
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except socket.gaierror as exc:
-        raise LucidError(f"cannot resolve host {host!r}: {exc}") from None
-    family, _, _, _, address = infos[0]
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind(address)
-        # listening before the start line is printed: a client that connects as soon as it reads the
-        # address waits in the backlog instead of being refused until uvicorn starts (up to 55 ms)
-        sock.listen(LISTEN_BACKLOG)
-    except OSError as exc:
-        sock.close()
-        raise LucidError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
-    return sock
-
-
 def _budget_note(budget: float | None, total_budget: float | None, plan: EpsilonPlan | None) -> str:
     """The budgets' part of the start line."""
     note = ""
@@ -140,108 +103,6 @@ def _budget_note(budget: float | None, total_budget: float | None, plan: Epsilon
     if total_budget is not None:
         note += f", total budget {total_budget:g}"
     return note
-
-
-def _stop(signum: int, frame: FrameType | None) -> None:
-    """SIGTERM after uvicorn's graceful stop (uvicorn raises it again once done): end normally, so the
-    prediction pool and the memo are closed, instead of dying on the default handler."""
-    raise SystemExit(0)
-
-
-def _serve_process(clf: Any, app: Any, sock: socket.socket, host: str, port: int, limits: ServeLimits) -> None:
-    """Serve `app` on `sock` in this process until SIGTERM or Ctrl-C, then close the pool and the memo."""
-    import uvicorn
-
-    from lucid.access.protocol import guarded_protocol
-
-    config = uvicorn.Config(
-        app, host=host, port=port, log_level="warning", access_log=False, server_header=False,
-        http=guarded_protocol(limits), ws="none", timeout_keep_alive=limits.idle_timeout,  # type: ignore[arg-type]
-        h11_max_incomplete_event_size=limits.max_header_bytes,
-        timeout_graceful_shutdown=limits.shutdown_timeout,  # type: ignore[arg-type]
-    )
-    previous = signal.signal(signal.SIGTERM, _stop)
-    try:
-        uvicorn.Server(config).run(sockets=[sock])
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        for pool in app.state.pools:
-            pool.shutdown(wait=True, cancel_futures=True)  # a decision under way finishes first
-        sock.close()
-        clf.close()
-
-
-def _worker(start: Callable[[], None]) -> None:
-    """The body of a forked worker process: serve, then leave without the parent's clean-up."""
-    code = 0
-    try:
-        start()
-    except KeyboardInterrupt:  # Ctrl-C reaches every process of the terminal's group
-        pass
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 0
-    except LucidError as exc:
-        click.echo(f"lucid: error: {exc}", err=True)
-        code = LucidError.exit_code
-    except BaseException:
-        traceback.print_exc()
-        code = 1
-    sys.stderr.flush()
-    os._exit(code)
-
-
-def _supervise(pids: list[int]) -> int:
-    """Wait for the workers; SIGTERM or Ctrl-C stops them all, and so does one ending on its own
-    (its exit status, at least 1, is returned)."""
-    alive = set(pids)
-    stopping = False
-    code = 0
-
-    def stop(signum: int | None = None, frame: FrameType | None = None) -> None:
-        nonlocal stopping
-        stopping = True
-        for pid in alive:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGTERM)
-
-    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        while alive:
-            pid, status = os.wait()
-            alive.discard(pid)
-            if not stopping:
-                ended = os.waitstatus_to_exitcode(status)
-                if ended != LucidError.exit_code:  # a worker's own error line was printed already
-                    click.echo(f"lucid: error: a worker process ended unexpectedly (exit status {ended}); "
-                               "stopping the others", err=True)
-                code = max(ended, 1)
-                stop()
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    return code
-
-
-def _serve_workers(open_classifier: Callable[[], Any], app_options: dict, sock: socket.socket, host: str,
-                   port: int, limits: ServeLimits) -> int:
-    """Fork `limits.workers` processes serving on `sock`, each with its own classifier (an SQLite
-    connection must not cross a fork) and one shared fail-closed flag; wait for them."""
-    from lucid.access.server import create_app
-
-    failed = multiprocessing.RawValue(ctypes.c_bool, False)
-
-    def start() -> None:
-        clf = open_classifier()
-        _serve_process(clf, create_app(clf, **app_options, failed=failed), sock, host, port, limits)
-
-    pids = []
-    for _ in range(limits.workers):
-        pid = os.fork()
-        if pid == 0:
-            _worker(start)
-        pids.append(pid)
-    sock.close()
-    return _supervise(pids)
 
 
 @click.command(name="serve")
@@ -315,7 +176,7 @@ def command(run: Path, epsilon: float | None, host: str, port: int, memo: str | 
             max_connections: int, max_connections_per_ip: int, max_header_bytes: int, idle_timeout: float,
             header_timeout: float, body_timeout: float, shutdown_timeout: float) -> None:
     """Serve RUN's classifier: POST /v1/predict {"inputs": [[...]]} -> {"labels": [...]}."""
-    from lucid.access.classifier import LabelOnlyClassifier
+    from lucid.access.classifier import ClassifierOptions, LabelOnlyClassifier
     from lucid.access.guard import check_deadline_ms, parse_allowed_hosts
     from lucid.access.server import create_app
 
@@ -338,16 +199,17 @@ def command(run: Path, epsilon: float | None, host: str, port: int, memo: str | 
     if not run.is_dir():
         raise LucidError(f"run directory {run} does not exist")
     memo_path = memo_target(run, memo)  # a URL as typed: the memo layer tells it from a SQLite file
+    served = ClassifierOptions(clip=clip, memo_size=memo_size, budget=budget, total_budget=total_budget)
     open_classifier = functools.partial(LabelOnlyClassifier.from_run, run, epsilon=epsilon, memo=memo_path,
-                                        clip=clip, memo_size=memo_size, budget=budget, total_budget=total_budget)
+                                        options=served)
     clf = open_classifier()  # also refuses a memo of another epsilon or other bounds, before listening
-    sock = _listen(host, port)
+    sock = listen(host, port)
     port = sock.getsockname()[1]
     if hosts is None:
         hosts = [*LOOPBACK_HOSTS, f"[{host}]" if ":" in host else host]
-    app_options = dict(api_key=api_key, max_body=max_body, max_batch=max_batch, api_keys=key_table,
-                       deadline_ms=deadline_ms, allowed_hosts=hosts, threads=limits.threads)
-    app = create_app(clf, **app_options)
+    service = ServiceOptions(api_key=api_key, api_keys=key_table, max_body=max_body, max_batch=max_batch,
+                             deadline_ms=deadline_ms, allowed_hosts=hosts, threads=limits.threads)
+    app = create_app(clf, options=service)
     for line in startup_warnings(budget, host, allowed_hosts, total_budget):
         click.echo(f"lucid: warning: {line}", err=True)
     click.echo(f"lucid: limits: {limits.describe()}; requests up to {max_batch} rows and {max_body} B", err=True)
@@ -360,11 +222,11 @@ def command(run: Path, epsilon: float | None, host: str, port: int, memo: str | 
         err=True,
     )
     if limits.workers == 1:
-        _serve_process(clf, app, sock, host, port, limits)
+        serve_process(clf, app, sock, host, port, limits)
         return
     for pool in app.state.pools:
         pool.shutdown()
     clf.close()  # each worker opens its own: a connection (or a pool's threads) must not cross a fork
-    code = _serve_workers(open_classifier, app_options, sock, host, port, limits)
+    code = serve_workers(open_classifier, service, sock, host, port, limits)
     if code:
         sys.exit(code)

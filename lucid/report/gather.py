@@ -21,6 +21,7 @@ import numpy as np
 from lucid import __version__
 from lucid.access.ledger import DEFAULT_DELTA
 from lucid.access.memo import MEMO_FILE, is_database_url, memo_name
+from lucid.access.served_run import load_upper_bounds
 from lucid.atomic import read_json
 from lucid.errors import LucidError
 from lucid.network import NetworkFile
@@ -71,8 +72,6 @@ def gather_facts(
 
 
 def _verification(run: Run, class_logs: Mapping[int, ClassLog] | None) -> VerificationFacts:
-    from lucid.access.classifier import load_upper_bounds
-
     path = run.path / BOUNDS_FILE
     if not path.is_file():
         raise LucidError(f"{path} does not exist: run `lucid verify {run.path}` first")

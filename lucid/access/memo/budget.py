@@ -1,5 +1,5 @@
 """The budget decisions of a memo transaction, in SQL: a client's charge, the two refusals, and the
-reservations of calls answered in turns (lucid/access/memo_turns.py).
+reservations of calls answered in turns (lucid/access/memo/turns.py).
 
 A reservation holds a call's worst case (epsilon per distinct input, the most it can cost) from
 the moment the call is admitted until it ends. Every budget check counts live reservations as
@@ -11,7 +11,7 @@ takes seconds): expired rows count for nothing and are deleted by the client's n
 A turn whose reservation has expired is checked against the budget on its own, as an unreserved
 request is, so expiry never lets a charge through unchecked.
 
-Locks (lucid/access/memo_store.py): a client's reservation rows change only under its lock (1), the
+Locks (lucid/access/memo/store.py): a client's reservation rows change only under its lock (1), the
 all-clients row's ('*') only under the memo-wide lock (3), like the ledger rows they stand for.
 """
 

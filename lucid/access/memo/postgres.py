@@ -2,8 +2,9 @@
 
     lucid serve RUN --epsilon 1 --memo postgresql://lucid@db.internal:5432/lucid
 
-The algorithm is lucid/access/memo_store.py's, with the same tables and statements as the SQLite
-file; this module is the PostgreSQL backend of it (psycopg 3, a psycopg_pool connection pool).
+The algorithm is lucid/access/memo/store.py's, with the same tables and statements as the SQLite
+file; this module is the PostgreSQL backend of it (the hooks of lucid/access/memo/backend.py), on
+psycopg 3 and a psycopg_pool connection pool.
 
 Locking: row locks in READ COMMITTED transactions, not SERIALIZABLE ones. A transaction takes
 `SELECT ... FOR UPDATE` on the client's ledger row (so its fresh inputs and its budget are decided
@@ -16,7 +17,7 @@ again after it, and an input another replica drew meanwhile gets that replica's 
 second one. A refused request stores nothing, as with SQLite. Why not SERIALIZABLE: every drawing
 transaction writes the same all-clients row and count, so under SERIALIZABLE racing replicas
 would abort each other (serialization failures) and retry in a loop; the locks make them queue
-instead, in one fixed order (memo_store.py), so there is no deadlock either.
+instead, in one fixed order (store.py), so there is no deadlock either.
 
 Fail closed: a request whose memo work cannot reach the database gets MemoUnavailable (the
 service answers 503) and nothing is answered or charged, since labels are returned only after
@@ -42,9 +43,10 @@ from psycopg import conninfo as pg_conninfo
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from lucid.access.ledger import ledger_of
-from lucid.access.memo import display_name, redact_secrets
-from lucid.access.memo_meta import BoundsRecord
-from lucid.access.memo_store import DEFAULT_MEMO_SIZE, MemoError, MemoUnavailable, SqlMemo
+from lucid.access.memo.addresses import display_name, redact_secrets
+from lucid.access.memo.backend import MemoError, MemoUnavailable
+from lucid.access.memo.metadata import BoundsRecord
+from lucid.access.memo.store import DEFAULT_MEMO_SIZE, SqlMemo
 from lucid.errors import LucidError
 
 # A request waits at most this long for a healthy connection before it gets 503: the pool holds
@@ -57,7 +59,7 @@ RECONNECT_TIMEOUT_S = 10.0
 # Schema creation by replicas starting together: one at a time (pg_advisory_xact_lock's two keys).
 _SCHEMA_LOCK = 0x1EC1D
 
-# The SQLite schema's tables, in PostgreSQL's types (see lucid/access/memo_sqlite.py for what each holds):
+# The SQLite schema's tables, in PostgreSQL's types (see lucid/access/memo/sqlite.py for what each holds):
 # BYTEA keys, 64-bit counters and LRU clock, DOUBLE PRECISION epsilons (REAL is 32-bit here).
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS memo (key BYTEA PRIMARY KEY, label INTEGER NOT NULL, used BIGINT NOT NULL,

@@ -1,5 +1,5 @@
 """What a memo is bound to: N's fingerprint, the epsilon of its draws and the bounds it was
-served with (the `meta` table of the memo's database, SQLite or PostgreSQL; lucid/access/memo.py),
+served with (the `meta` table of the memo's database, SQLite or PostgreSQL; lucid/access/memo/),
 and the migration of SQLite files written before these records existed. The functions run the
 same statements on either database (a PostgreSQL `meta` value is TEXT: numbers come back as text,
 hence the float() and int() wherever one is read).
@@ -29,15 +29,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from lucid.access.ledger import ALL_CLIENTS
+from lucid.access.memo.backend import Session
 from lucid.errors import LucidError
-
-if TYPE_CHECKING:  # memo_store imports this module
-    from lucid.access.memo_store import Session
 
 MEMO_FORMAT = "lucid-memo/3"
 # /1: noised answers only, no ledger; /2: no epsilon or bounds record. Migrated on opening.

@@ -1,19 +1,8 @@
-"""The memo's logic, whatever database holds it: answers, the ledger charge and both budgets.
+"""The memo's algorithm, whatever database holds it: answers, the ledger charge and both budgets.
 
-`SqlMemo` is the whole algorithm of a memo (lucid/access/memo.py says why a memo exists),
-written once over a small backend interface; lucid/access/memo_sqlite.py (the embedded default,
-one file) and lucid/access/memo_postgres.py (one database shared by several `lucid serve`
-replicas) supply only what differs between the two databases:
-
-    _session()            a connection for one call (SQLite: the one connection; PostgreSQL: the pool's)
-    _begin(db)            one write transaction on it, committed before any label is returned
-    _lock_client(db, ...) exclusive use of one client's ledger row until commit
-    _lock_memo(db)        exclusive use of the memo-wide rows (draws, LRU, eviction, count, '*')
-    _migrate(db, meta)    bring an older format up to date (SQLite files only)
-    _failure(exc)         the database's exception as a one-line MemoError
-
-and two SQL fragments (`_ROW_LOCK`, `_SKIP_LOCKED`). Every statement of the algorithm is shared,
-written with `?` placeholders (the PostgreSQL session turns them into psycopg's `%s`).
+`SqlMemo` is the whole algorithm of a memo (lucid/access/memo/__init__.py says why a memo exists),
+written once over the backend interface of lucid/access/memo/backend.py, which the SQLite and
+PostgreSQL backends (sqlite.py, postgres.py) implement.
 
 Locking (what makes "one draw per input" and exact budgets hold across processes and machines):
 a write transaction takes, in this order and only in this order, (1) the client's ledger row,
@@ -32,19 +21,18 @@ SQLite needs none of this: BEGIN IMMEDIATE locks the whole file, and its hooks d
 from __future__ import annotations
 
 import itertools
-import threading
 import time
-from abc import ABC, abstractmethod
-from contextlib import contextmanager, nullcontext
-from typing import Any, Callable, ContextManager, Iterable, Iterator, Protocol, Sequence, runtime_checkable
+from typing import Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
 from lucid.access.ledger import ALL_CLIENTS, BudgetExceeded, ledger_of
-from lucid.access.memo_budget import client_refusal, draw_on, total_refusal
-from lucid.access.memo_turns import answer_in_turns
-from lucid.access.memo_meta import (MEMO_FORMAT, BoundsRecord, OLD_FORMATS, bind_bounds, bind_epsilon,
-                                    check_fingerprint, new_meta, refuse_other_epsilon)
+from lucid.access.memo.backend import Session, SqlBackend
+from lucid.access.memo.budget import client_refusal, draw_on, total_refusal
+from lucid.access.memo.metadata import (MEMO_FORMAT, OLD_FORMATS, BoundsRecord, bind_bounds, bind_epsilon,
+                                        check_fingerprint, new_meta, refuse_other_epsilon)
+from lucid.access.memo.request import Batch, Charge, Proposals
+from lucid.access.memo.turns import Turn, answer_in_turns
 from lucid.errors import LucidError
 
 DEFAULT_MEMO_SIZE = 1_000_000
@@ -63,24 +51,6 @@ ON CONFLICT (client, epsilon) DO UPDATE SET refused = ledger.refused + 1
 """
 
 
-class MemoError(LucidError):
-    """The memo database failed while answering (disk full, locked too long, corrupt)."""
-
-
-class MemoUnavailable(MemoError):
-    """The memo database cannot be reached (refused, dropped or timed-out connections). Nothing was
-    answered or charged; unlike other failures it says nothing about the request, so `lucid serve`
-    answers 503 to this request only and tries the database again for the next one."""
-
-
-class Session(Protocol):
-    """A database connection as the shared statements use it (sqlite3.Connection is one)."""
-
-    def execute(self, sql: str, parameters: Sequence[Any] = ...) -> Any: ...
-
-    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> Any: ...
-
-
 @runtime_checkable
 class MemoStore(Protocol):
     """What the classifier needs of a memo (lucid/access/classifier.py): one stored answer per input,
@@ -97,9 +67,8 @@ class MemoStore(Protocol):
     def bind(self, epsilon: float, bounds: np.ndarray | BoundsRecord | None = None,
              fingerprint: str | None = None) -> "MemoStore": ...
 
-    def get_or_put(self, keys: Sequence[bytes], proposals: np.ndarray | Callable[[np.ndarray], np.ndarray],
-                   noised: np.ndarray | None = None, client: str | None = None, epsilon: float = 0.0,
-                   budget: float | None = None, total_budget: float | None = None) -> np.ndarray: ...
+    def get_or_put(self, keys: Sequence[bytes], proposals: Proposals, noised: np.ndarray | None = None,
+                   charge: Charge | None = None, turn: Turn | None = None) -> np.ndarray: ...
 
     def ledger_rows(self) -> list[tuple[str, float, int, int, int]]: ...
 
@@ -110,91 +79,12 @@ class MemoStore(Protocol):
     def close(self) -> None: ...
 
 
-class SqlMemo(ABC):
+class SqlMemo(SqlBackend):
     """A memo in an SQL database (module docstring); subclasses supply the backend hooks."""
 
-    # Appended to the transaction's reads of memo rows: a key-share lock on each row read (lock 2).
-    _ROW_LOCK = ""
-    # Appended to eviction's choice of rows: leave rows other transactions rely on (lock 2).
-    _SKIP_LOCKED = ""
-    # What the database raises; turned into a MemoError by `_failure`.
-    _ERRORS: tuple[type[BaseException], ...] = ()
-
     def __init__(self, max_size: int, name: str) -> None:
-        if int(max_size) < 1:
-            raise LucidError(f"the memo size must be at least 1, got {max_size}")
-        self.max_size = int(max_size)
-        self._name = name
-        self._epsilon: float | None = None
-        # One call at a time per object: guards the pending LRU touches (and SQLite's one connection).
-        # Other processes and machines are kept in step by the database's locks (module docstring).
-        self._lock = threading.Lock()
-        self._pending_touches: dict[bytes, int] = {}
-
-    # -- the backend interface -------------------------------------------------------------------
-    @abstractmethod
-    def _session(self) -> ContextManager[Session]:
-        """A connection for the duration of one call (the caller holds `self._lock`)."""
-
-    @abstractmethod
-    def _begin(self, db: Session) -> ContextManager[None]:
-        """One write transaction on `db`: committed when the block ends, rolled back on an exception."""
-
-    def _batch(self, db: Session) -> ContextManager[None]:
-        """Statements whose results are not read until the block ends may be sent together (PostgreSQL:
-        one round trip instead of one each, inside the memo-wide lock); SQLite runs them as they come."""
-        return nullcontext()
-
-    def _lock_client(self, db: Session, client: str | None, epsilon: float) -> None:
-        """Hold the client's ledger row until commit (lock 1); nothing where the transaction holds the
-        whole database."""
-
-    def _lock_memo(self, db: Session) -> bool:
-        """Hold the memo-wide rows until commit (lock 3). True if other writers may have drawn since this
-        transaction's reads, which must then be read again; False where the transaction holds the
-        whole database."""
-        return False
-
-    @abstractmethod
-    def _migrate(self, db: Session, meta: dict[str, Any]) -> None:
-        """Bring a memo of an older format (memo_meta.OLD_FORMATS) to the current one, or refuse it."""
-
-    @abstractmethod
-    def _failure(self, exc: BaseException) -> MemoError:
-        """The database's exception as a MemoError (MemoUnavailable where the database is unreachable)."""
-
-    def _close_connection(self) -> None:
-        """Release the connection(s); called once, by `close`."""
-
-    def reachable(self, timeout: float) -> bool:
-        """Whether the database answers at all (`lucid serve`'s /healthz), within about `timeout`
-        seconds. It never takes the memo's lock, so a probe does not queue behind a decision. An
-        embedded file is always reachable (a failing one fails its predictions closed instead)."""
-        return True
-
-    # -- shared -------------------------------------------------------------------------------------
-    @contextmanager
-    def _transaction(self) -> Iterator[Session]:
-        with self._lock, self._session() as db, self._begin(db):
-            yield db
-
-    @contextmanager
-    def _guard(self) -> Iterator[None]:
-        """Database errors as one-line MemoErrors (refusals, already LucidErrors, pass through)."""
-        try:
-            yield
-        except self._ERRORS as exc:
-            raise self._failure(exc) from None
-
-    @property
-    def name(self) -> str:
-        """The memo as messages name it (a file path, or a database URL without its password)."""
-        return self._name
-
-    @property
-    def epsilon(self) -> float | None:
-        """The epsilon of this memo's draws once bound (None before its first binding or write)."""
-        return self._epsilon
+        super().__init__(max_size, name)
+        self._pending_touches: dict[bytes, int] = {}  # LRU positions of memo hits not written yet
 
     def _init_meta(self, db: Session, fingerprint: str | None) -> None:
         """A new memo gets its meta rows; an existing one is checked, migrated and trimmed to max_size."""
@@ -214,7 +104,7 @@ class SqlMemo(ABC):
              fingerprint: str | None = None) -> "SqlMemo":
         """Tie this memo to the epsilon (and bounds, and N) it answers with, or refuse in one line:
         a stored draw keeps the epsilon it was drawn with, so serving it under another epsilon
-        would charge clients the wrong amount (lucid/access/memo_meta.py). Returns the memo."""
+        would charge clients the wrong amount (lucid/access/memo/metadata.py). Returns the memo."""
         with self._guard(), self._transaction() as db:
             self._lock_memo(db)
             meta = dict(db.execute("SELECT name, value FROM meta").fetchall())
@@ -269,57 +159,45 @@ class SqlMemo(ABC):
                 break
         return stored, seen
 
-    def get_or_put(
-        self,
-        keys: Sequence[bytes],
-        proposals: np.ndarray | Callable[[np.ndarray], np.ndarray],
-        noised: np.ndarray | None = None,
-        client: str | None = None,
-        epsilon: float = 0.0,
-        budget: float | None = None,
-        total_budget: float | None = None,
-        turn: Callable[[int], ContextManager[Any]] | None = None,
-    ) -> np.ndarray:
+    def get_or_put(self, keys: Sequence[bytes], proposals: Proposals, noised: np.ndarray | None = None,
+                   charge: Charge | None = None, turn: Turn | None = None) -> np.ndarray:
         """The stored label of each key; keys not stored yet get (and keep) their proposal.
 
         `proposals` is one label per key, or a function from the positions of the keys not
         stored yet to their proposals (so no noise is drawn for memo hits).
         Duplicate keys within one call share the first one's answer. Returns int64 labels.
 
-        With a `client`, the ledger is charged in the same transaction: `epsilon` per distinct
-        key this client has not been answered before, counted as noised where the stored entry
-        is a draw (`noised`, one flag per key, default all, is stored with new keys; a stored
-        answer keeps the flag it was stored with, as the client gets that stored answer). With a `budget`, a call whose
-        new keys would take the client's worst-case charge (epsilon per distinct key, noised or
-        not) above it stores nothing and raises BudgetExceeded; the decision therefore depends
-        only on which inputs the client asked, never on which branch answered them. With a
-        `total_budget`, a call whose keys not stored yet would take the all-clients row's charge
-        (epsilon per memo draw given to a client) above it is refused the same way; that decision
-        depends on which inputs anyone asked, never on the branch either.
+        With a `charge` naming a client, the ledger is charged in the same transaction: its
+        `epsilon` per distinct key this client has not been answered before, counted as noised
+        where the stored entry is a draw (`noised`, one flag per key, default all, is stored with
+        new keys; a stored answer keeps the flag it was stored with, as the client gets that stored
+        answer). With a `budget`, a call whose new keys would take the client's worst-case charge
+        (epsilon per distinct key, noised or not) above it stores nothing and raises BudgetExceeded;
+        the decision therefore depends only on which inputs the client asked, never on which branch
+        answered them. With a `total_budget`, a call whose keys not stored yet would take the
+        all-clients row's charge (epsilon per memo draw given to a client) above it is refused the
+        same way; that decision depends on which inputs anyone asked, never on the branch either.
+        Without a `charge`, nothing is charged and the epsilon is 0.
 
         `turn(rows)`: a context to do each database step in (lucid serve's decision gate), so that
-        other requests may go between the steps of a large call (lucid/access/memo_turns.py).
+        other requests may go between the steps of a large call (lucid/access/memo/turns.py).
         """
         out = np.empty(len(keys), dtype=np.int64)
         if not len(keys):
             return out
-        epsilon = float(epsilon)
+        batch = Batch(keys, proposals, noised, Charge() if charge is None else charge)
         if self._epsilon is not None:  # draws of another epsilon are never given or charged here
-            refuse_other_epsilon(self._epsilon, epsilon, self._name)
-        unique = list(dict.fromkeys(keys))
-        request = (proposals, noised, client, epsilon, budget, total_budget)
+            refuse_other_epsilon(self._epsilon, batch.charge.epsilon, self._name)
         if turn is None:
-            self._answer(keys, unique, *request, None, out)
+            self._answer(batch, None, out)
         else:
-            answer_in_turns(self, keys, unique, *request, turn, out)
+            answer_in_turns(self, self._answer, batch, turn, out)
         return out
 
-    def _answer(self, keys: Sequence[bytes], unique: list[bytes],
-                proposals: np.ndarray | Callable[[np.ndarray], np.ndarray], noised: np.ndarray | None,
-                client: str | None, epsilon: float, budget: float | None, total_budget: float | None,
-                rid: str | None, out: np.ndarray) -> None:
-        """One step of `get_or_put`: `out` filled for `keys`, read-only where it can be, else in one
-        write transaction; `rid` the call's reservation (None: its budgets are checked here)."""
+    def _answer(self, batch: Batch, rid: str | None, out: np.ndarray) -> None:
+        """One step of `get_or_put`: `out` filled for the batch's keys, read-only where it can be, else
+        in one write transaction; `rid` the call's reservation (None: its budgets are checked here)."""
+        keys, unique, client = batch.keys, batch.unique, batch.charge.client
         # LRU clock: wall-clock nanoseconds (+ position in the batch), so several processes
         # sharing one memo need no shared counter; skew only changes which old entry goes first.
         now = time.time_ns()
@@ -337,17 +215,15 @@ class SqlMemo(ABC):
                 if len(self._pending_touches) < _MAX_PENDING_TOUCHES:
                     return
             with self._begin(db):
-                refusal = self._write(db, keys, unique, proposals, noised, client, epsilon, budget, total_budget,
-                                      rid, now, out)
-        self._epsilon = epsilon  # committed: recorded in the database (or checked against it)
+                refusal = self._write(db, batch, rid, now, out)
+        self._epsilon = batch.charge.epsilon  # committed: recorded in the database (or checked against it)
         if refusal:
             raise BudgetExceeded(refusal)
 
-    def _write(self, db: Session, keys: Sequence[bytes], unique: list[bytes],
-               proposals: np.ndarray | Callable[[np.ndarray], np.ndarray], noised: np.ndarray | None,
-               client: str | None, epsilon: float, budget: float | None, total_budget: float | None,
-               rid: str | None, now: int, out: np.ndarray) -> str | None:
+    def _write(self, db: Session, batch: Batch, rid: str | None, now: int, out: np.ndarray) -> str | None:
         """The transaction of `get_or_put`: fills `out`, or returns the refusal it recorded."""
+        keys, unique, proposals, noised = batch.keys, batch.unique, batch.proposals, batch.noised
+        client, epsilon = batch.charge.client, batch.charge.epsilon
         if client is not None:
             self._lock_client(db, client, epsilon)
         memo_locked = False
@@ -361,7 +237,7 @@ class SqlMemo(ABC):
         # Checked and charged in this one transaction: exact across processes and replicas. A
         # reservation of the call's worst case (lock 1 held) already covers this step's charge.
         covered = client is not None and draw_on(db, rid, client, len(fresh))
-        refusal = None if covered else client_refusal(db, client, epsilon, len(fresh), budget)
+        refusal = None if covered else client_refusal(db, client, epsilon, len(fresh), batch.charge.budget)
         missing = [key for key in unique if key not in stored]
         if refusal is None and missing and not memo_locked:
             memo_locked = True
@@ -369,7 +245,7 @@ class SqlMemo(ABC):
                 stored.update(self._select(db, missing, None, lock=True)[0])
         draws = 0 if client is None else sum(key not in stored for key in unique)
         if refusal is None and not (draws and draw_on(db, rid, ALL_CLIENTS, draws)):  # lock 3 held if draws
-            refusal = total_refusal(db, epsilon, draws, total_budget)
+            refusal = total_refusal(db, epsilon, draws, batch.charge.total_budget)
         if refusal:
             db.execute(_LEDGER_REFUSED, (client, epsilon))
             return refusal

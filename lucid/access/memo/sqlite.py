@@ -1,10 +1,12 @@
 """The memo in one SQLite file: the embedded default of `lucid serve` (RUN/memo.sqlite).
 
-The algorithm is lucid/access/memo_store.py's; this module is the SQLite backend of it.
+The algorithm is lucid/access/memo/store.py's; this module is the SQLite backend of it
+(lucid/access/memo/backend.py).
 
-Crash safety: each call (each turn of a large batch, lucid/access/memo_store.py) is one SQLite
-transaction in WAL mode, committed before any label of the batch is returned; with `synchronous=NORMAL` a committed transaction survives a killed
-process (not necessarily a power cut; pass `durable=True` for an fsync per commit).
+Crash safety: each call (each turn of a large batch, lucid/access/memo/turns.py) is one SQLite
+transaction in WAL mode, committed before any label of the batch is returned; with
+`synchronous=NORMAL` a committed transaction survives a killed process (not necessarily a power
+cut; pass `durable=True` for an fsync per commit).
 Concurrency: `BEGIN IMMEDIATE` takes the file's one write lock, which serialises writers across
 processes (so the row locks of the shared algorithm are not needed here: its hooks do nothing),
 and the memo's lock serialises the threads of one process (they share one connection). A batch
@@ -23,8 +25,9 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from lucid.access.memo_meta import BoundsRecord, migrate
-from lucid.access.memo_store import DEFAULT_MEMO_SIZE, MemoError, SqlMemo
+from lucid.access.memo.backend import MemoError
+from lucid.access.memo.metadata import BoundsRecord, migrate
+from lucid.access.memo.store import DEFAULT_MEMO_SIZE, SqlMemo
 from lucid.errors import LucidError
 
 try:
@@ -37,7 +40,7 @@ except ImportError:  # not POSIX
 #   its memo entry is evicted, because the input's next answer is then a fresh draw.
 # ledger: per client and epsilon, distinct inputs answered, noised ones among them, refused
 #   requests; client '*' counts the memo's own draws (what all clients together received).
-# reserved: the worst-case charge of large batches being answered in turns (lucid/access/memo_budget.py).
+# reserved: the worst-case charge of large batches being answered in turns (lucid/access/memo/budget.py).
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS memo (key BLOB PRIMARY KEY, label INTEGER NOT NULL, used INTEGER NOT NULL,
     noised INTEGER NOT NULL DEFAULT 1) WITHOUT ROWID;
