@@ -6,6 +6,8 @@
 - `lucid/milp` (the neutral model and its encodings) imports neither `lucid/bounds` nor anything
   that computes bounds, solves or schedules: bounds reach it as plain arrays;
 - nothing outside `lucid/bab` and the command line imports `lucid/bab` (the engine sits on top);
+- nothing outside `lucid/cli` (and `lucid/__main__.py`, which runs it) imports `lucid/cli`: another
+  entry point such as `python -m lucid.baselines` takes what it shares with `lucid` from below;
 - only `lucid/solvers` imports solver packages (highspy, gurobipy, pulp, pyscipopt).
 
 Read from the source (every `import` statement, also the ones inside functions), so a lazy import
@@ -24,7 +26,7 @@ SOLVER_PACKAGES = {"highspy", "gurobipy", "pulp", "pyscipopt"}
 # Lowest first. A module's layer is that of its top-level name under lucid (a package or a module);
 # any `__main__` module is a command line and sits on top.
 LAYERS = [
-    {"__init__", "__version__", "errors", "atomic", "worker_inputs", "cluster", "adam"},  # foundations
+    {"__init__", "__version__", "errors", "command_errors", "atomic", "worker_inputs", "cluster", "adam"},  # foundations
     {"network", "convolution", "network_cache", "data", "rundir", "regions", "region_lookup", "hyper", "witness",
      "dynamic_range", "residual"},  # networks and run directories
     {"interop"},  # ONNX / state-dict import and export of run directories, VNN-LIB queries
@@ -86,7 +88,21 @@ def test_the_layer_rule_sees_an_arrow_back_up():
     assert upward_imports("lucid.bounds.relu_split", {"lucid.analysis.screen", "lucid.analysis.screen.OPTIMISE_STEPS"})
     assert upward_imports("lucid.settings", {"lucid.analysis.encode"})
     assert not upward_imports("lucid.analysis.screen", {"lucid.bounds.symbolic", "lucid.settings"})
-    assert not upward_imports("lucid.baselines.__main__", {"lucid.cli"})
+    assert not upward_imports("lucid.baselines.__main__", {"lucid.cli"})  # a command line: the next rule's
+
+
+def command_line_imports(module: str, imports: set[str]) -> list[str]:
+    """The imports of `lucid.cli` by a module that is neither part of it nor `lucid/__main__.py`."""
+    if _under(module, "lucid.cli") or module == "lucid.__main__":
+        return []
+    return sorted(i for i in imports if _under(i, "lucid.cli"))
+
+
+def test_the_command_line_rule_sees_another_entry_point_import_it():
+    assert command_line_imports("lucid.baselines.__main__", {"lucid.cli", "lucid.cli.fail"})
+    assert command_line_imports("lucid.training.harness", {"lucid.cli.train"})
+    assert not command_line_imports("lucid.__main__", {"lucid.cli", "lucid.cli.main"})
+    assert not command_line_imports("lucid.cli.train", {"lucid.cli", "lucid.errors"})
 
 
 @pytest.mark.parametrize("module, imports", sorted(modules().items()))
@@ -97,6 +113,7 @@ def test_import_arrows_run_one_way(module, imports):
         assert not upward, f"{module} (the neutral MILP) imports {sorted(upward)}"
     if not (_under(module, "lucid.bab") or _under(module, "lucid.cli")):
         assert not [i for i in imports if _under(i, "lucid.bab")], f"{module} imports the engine"
+    assert not command_line_imports(module, imports), f"{module} imports the command line {command_line_imports(module, imports)}"
     if not _under(module, "lucid.solvers"):
         solver_imports = {i.split(".")[0] for i in imports} & SOLVER_PACKAGES
         assert not solver_imports, f"{module} imports solver packages {sorted(solver_imports)}"

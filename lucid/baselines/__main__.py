@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import click
 
+from lucid.command_errors import fail
 from lucid.errors import LucidError
 
 METHODS = ("plain", "dpsgd", "dpcert", "alibi", "sa", "agt-ss", "agt-sa")
@@ -76,8 +77,6 @@ def command(run_dir, epsilon, methods, teachers, delta, max_grad_norm, agt_k, js
 
 
 def main(argv: list[str] | None = None) -> None:
-    from lucid.cli import fail
-
     try:
         command.main(args=argv, prog_name="python -m lucid.baselines", standalone_mode=False)
     except LucidError as exc:
