@@ -34,7 +34,7 @@ LAYERS = [
     {"solvers"},  # backends
     {"bounds"},  # bound propagation, LPs, ReLU splitting
     {"settings"},  # the typed settings objects
-    {"analysis", "agt", "training"},  # a node's analysis and encoding; AGT boxes; training
+    {"analysis", "agt", "training", "sgd"},  # a node's analysis and encoding; AGT boxes; training; T's step
     {"bab"},  # the branch-and-bound engine
     {"access"},  # label-only access
     {"report", "baselines"},  # reports and the baselines
