@@ -14,7 +14,7 @@ from typing import Any
 import click
 
 from lucid.access.mechanism import check_epsilon
-from lucid.baselines.common import BaselineResult, Dataset, DpSgdSettings, TrainConfig
+from lucid.baselines.common import BaselineResult, Dataset, DpSgdSettings, TrainConfig, load_run_data
 from lucid.command_errors import fail
 from lucid.errors import LucidError
 from lucid.settings import default_of
@@ -77,7 +77,6 @@ def _default(name: str) -> Any:
 @click.option("--json", "json_path", type=click.Path(), default=None, help="Also write the results as JSON.")
 def command(run_dir: str, json_path: str | None, **flags: Any) -> None:
     from lucid.atomic import write_json_atomic
-    from lucid.baselines.common import load_run_data
 
     request = BaselineRequest(**flags)
     eps = request.epsilons()
