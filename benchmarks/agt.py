@@ -41,6 +41,7 @@ sys.path.insert(0, str(ROOT))
 from lucid.agt import AgtDiverged, abstract_train  # noqa: E402
 from lucid.agt.stability import certified_classes  # noqa: E402
 from lucid.data import prepare_dataset  # noqa: E402
+from lucid.sgd import SgdStep, TrainingInputs  # noqa: E402
 from lucid.training.architecture import initial_parameters, parse_arch  # noqa: E402
 from lucid.training.vectorized import batch_orders, train_networks  # noqa: E402
 
@@ -106,18 +107,20 @@ def run_setting(data: str, name: str, loo_sample: int, log, k: int = 1, epochs_o
         else:
             cut = int(0.4 * len(y))
             Xp, yp, X, y = X[:cut], y[:cut], X[cut:], y[cut:]
-        pre = train_networks(init, spec, Xp, yp, torch.tensor([-1]), batch_orders(len(yp), 50, seed=1),
-                            lr=0.1, weight_decay=1e-5, batch_size=PAPER_BATCH[data], num_classes=2)
+        pre = train_networks(TrainingInputs(init, spec, Xp, yp, batch_orders(len(yp), 50, seed=1)),
+                             SgdStep(lr=0.1, weight_decay=1e-5, batch_size=PAPER_BATCH[data], num_classes=2),
+                             torch.tensor([-1]))
         init = {k: v[0] for k, v in pre.items()}
         trainable = {n_layers - 1}
     n = len(y)
     bs = n if batch == "full" else (batch or PAPER_BATCH[data])
     orders = batch_orders(n, epochs, seed=0)
-    opts = dict(lr=lr, weight_decay=1e-5, batch_size=bs, num_classes=2)
+    inputs = TrainingInputs(init, spec, X, y, orders)
+    sgd = SgdStep(lr=lr, weight_decay=1e-5, batch_size=bs, num_classes=2, trainable=trainable)
     rng = np.random.default_rng(0)
     sample = sorted(rng.choice(n, size=min(loo_sample, n), replace=False).tolist())
     t0 = time.time()
-    nets = train_networks(init, spec, X, y, torch.tensor([-1] + sample), orders, trainable=trainable, **opts)
+    nets = train_networks(inputs, sgd, torch.tensor([-1] + sample))
     n_ref = {k: v[0] for k, v in nets.items()}
     scores = Xt @ n_ref["layers.0.weight"].T + n_ref["layers.0.bias"]
     for i in range(1, n_layers):
@@ -142,8 +145,7 @@ def run_setting(data: str, name: str, loo_sample: int, log, k: int = 1, epochs_o
               "n": n, "test_accuracy": acc, "epochs_table": rows}
     t0 = time.time()
     try:
-        box = abstract_train(init, spec, X, y, orders, k=k, max_width=DIVERGED, trainable=trainable,
-                             update=update, on_epoch=on_epoch, on_step=on_step, **opts)
+        box = abstract_train(inputs, sgd, k=k, max_width=DIVERGED, update=update, on_epoch=on_epoch, on_step=on_step)
     except AgtDiverged as exc:
         result["diverged"] = str(exc)
         result["trace"] = trace

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -17,10 +18,11 @@ import torch.nn.functional as F
 from safetensors.numpy import load_file
 
 from lucid.agt import AgtDiverged, abstract_train
-from lucid.agt.gradients import RowBounds, removal_mean_bounds, row_gradient_bounds, softmax_bounds
+from lucid.agt.gradients import DenseBox, RowBounds, removal_mean_bounds, row_gradient_bounds, softmax_bounds
 from lucid.agt.store import AGT_FILE, box_hyper_network, load_boxes
 from lucid.cli import main
 from lucid.errors import LucidError
+from lucid.sgd import SgdStep, TrainingInputs
 from lucid.training.architecture import initial_parameters, parse_arch
 from lucid.training.vectorized import _sgd_update, batch_orders, dense_gradients, train_networks
 
@@ -39,16 +41,19 @@ CONFIGS = [  # (arch, epochs, batch, lr, weight decay): last batches of 2 and of
 ]
 
 
-def train_without_sets(init, spec, X, y, sets, orders, *, lr, weight_decay, batch_size, num_classes):
+def train_without_sets(inputs: TrainingInputs, sgd: SgdStep, sets: list[set[int]]) -> dict[str, torch.Tensor]:
     """T for networks that each leave out a *set* of rows, with the trainer's own kernels and
-    its masking arithmetic (the trainer itself takes one removed row per network)."""
+    its masking arithmetic (the trainer itself takes one removed row per network); every layer trains."""
+    init, spec, X, y, orders = inputs.init, inputs.spec, inputs.X, inputs.y, inputs.orders
+    lr, weight_decay, batch_size = sgd.lr, sgd.weight_decay, sgd.batch_size
+    assert sgd.trainable is None
     k = len(sets)
     params = {name: p.unsqueeze(0).repeat((k,) + (1,) * p.ndim).contiguous() for name, p in init.items()}
     n_layers = len(spec["hidden"]) + 1
     weights = [params[f"layers.{i}.weight"] for i in range(n_layers)]
     biases = [params[f"layers.{i}.bias"] for i in range(n_layers)]
     flat = [t for pair in zip(weights, biases) for t in pair]
-    onehot_all = F.one_hot(y, num_classes).to(torch.float32)
+    onehot_all = F.one_hot(y, sgd.num_classes).to(torch.float32)
     n = X.shape[0]
     for epoch in range(orders.shape[0]):
         for start in range(0, n, batch_size):
@@ -107,9 +112,7 @@ def test_row_gradient_bounds_contain_gradients_anywhere_in_the_box():
     lower = {n: centre[n] - 0.05 for n in names}
     upper = {n: centre[n] + 0.05 for n in names}
     onehot = F.one_hot(y, 2).double()
-    rows = row_gradient_bounds([lower[f"layers.{i}.weight"] for i in range(3)], [upper[f"layers.{i}.weight"] for i in range(3)],
-                               [lower[f"layers.{i}.bias"] for i in range(3)], [upper[f"layers.{i}.bias"] for i in range(3)],
-                               X.double(), onehot)
+    rows = row_gradient_bounds(DenseBox.of_layers(lower, upper, 3), X.double(), onehot)
     g = torch.Generator().manual_seed(0)
     for trial in range(60):
         for dtype in (torch.float64, torch.float32):
@@ -142,16 +145,17 @@ def test_every_leave_one_out_network_lies_in_the_k1_box(arch, epochs, batch, lr,
     spec = parse_arch(arch)
     init = initial_parameters(spec, X.shape[1], 2, seed=0)
     orders = batch_orders(n, epochs, seed=0)
-    opts = dict(lr=lr, weight_decay=wd, batch_size=batch, num_classes=2)
-    nets = train_networks(init, spec, X, y, torch.arange(-1, n), orders, **opts)  # N and every N_-i
-    box = abstract_train(init, spec, X, y, orders, k=1, **opts)
+    inputs = TrainingInputs(init, spec, X, y, orders)
+    sgd = SgdStep(lr=lr, weight_decay=wd, batch_size=batch, num_classes=2)
+    nets = train_networks(inputs, sgd, torch.arange(-1, n))  # N and every N_-i
+    box = abstract_train(inputs, sgd, k=1)
     for name, lo in box.lower.items():
         p = nets[name].double()
         inside = (p >= lo) & (p <= box.upper[name])
         assert bool(inside.all()), f"{name}: networks {sorted(set(torch.nonzero(~inside)[:, 0].tolist()))} outside"
     assert 0 < box.max_width() < 10  # a real box, not a trivial one
     # k = 0: only float32 rounding separates the box from N, and N still lies inside
-    point = abstract_train(init, spec, X, y, orders, k=0, **opts)
+    point = abstract_train(inputs, sgd, k=0)
     assert point.contains({name: t[:1] for name, t in nets.items()})
     assert point.max_width() < 1e-3
     assert not point.contains({name: t[1:] for name, t in nets.items()})  # too thin to hold N_-i
@@ -163,20 +167,21 @@ def test_networks_without_two_or_three_rows_lie_in_the_k3_box():
     spec = parse_arch("2x5")
     init = initial_parameters(spec, X.shape[1], 2, seed=1)
     orders = batch_orders(n, 3, seed=1)
-    opts = dict(lr=0.05, weight_decay=1e-4, batch_size=6, num_classes=2)
+    inputs = TrainingInputs(init, spec, X, y, orders)
+    sgd = SgdStep(lr=0.05, weight_decay=1e-4, batch_size=6, num_classes=2)
     # the set trainer is the trainer: identical to it for |S| = 1
-    single = train_without_sets(init, spec, X, y, [{-1}, {4}, {n - 1}], orders, **opts)
-    ref = train_networks(init, spec, X, y, torch.tensor([-1, 4, n - 1]), orders, **opts)
+    single = train_without_sets(inputs, sgd, [{-1}, {4}, {n - 1}])
+    ref = train_networks(inputs, sgd, torch.tensor([-1, 4, n - 1]))
     for name in ref:
         assert torch.allclose(single[name], ref[name], atol=1e-6, rtol=0)
     rng = np.random.default_rng(7)
     # random sets of 2 and 3 rows, and 3 rows of one batch (half of the first batch of epoch 1)
     sets = [set(rng.choice(n, size=s, replace=False).tolist()) for s in (2, 2, 3, 3, 3, 3)]
     sets.append(set(orders[0][:3].tolist()))
-    nets = train_without_sets(init, spec, X, y, sets, orders, **opts)
-    box3 = abstract_train(init, spec, X, y, orders, k=3, **opts)
+    nets = train_without_sets(inputs, sgd, sets)
+    box3 = abstract_train(inputs, sgd, k=3)
     assert box3.contains(nets)
-    box2 = abstract_train(init, spec, X, y, orders, k=2, **opts)
+    box2 = abstract_train(inputs, sgd, k=2)
     assert box2.contains({name: t[:2] for name, t in nets.items()})
     assert box3.contains(ref) and box2.contains(ref)
 
@@ -188,10 +193,11 @@ def test_an_emptied_batch_is_covered():
     spec = parse_arch("4")  # so only the explicit 0 of an emptied batch covers a network that skips one
     init = initial_parameters(spec, 3, 2, seed=0)
     orders = batch_orders(9, 2, seed=0)
-    opts = dict(lr=0.1, weight_decay=1e-2, batch_size=2, num_classes=2)
+    inputs = TrainingInputs(init, spec, X, y, orders)
+    sgd = SgdStep(lr=0.1, weight_decay=1e-2, batch_size=2, num_classes=2)
     sets = [set(orders[0][:2].tolist()), set(orders[1][8:].tolist()) | set(orders[0][2:3].tolist())]
-    nets = train_without_sets(init, spec, X, y, sets, orders, **opts)
-    assert abstract_train(init, spec, X, y, orders, k=2, **opts).contains(nets)
+    nets = train_without_sets(inputs, sgd, sets)
+    assert abstract_train(inputs, sgd, k=2).contains(nets)
 
 
 # -------------------------------------------------------------------------------- divergence
@@ -202,11 +208,11 @@ def test_a_diverging_bound_stops_with_the_step_and_epoch():
     spec = parse_arch("2x8")
     init = initial_parameters(spec, 3, 2, seed=0)
     orders = batch_orders(len(y), 20, seed=0)
+    inputs = TrainingInputs(init, spec, X, y, orders)
     with pytest.raises(AgtDiverged, match=r"k=1 diverged at epoch \d+, step \d+ of 6: layers\.\d\.(weight|bias)"):
-        abstract_train(init, spec, X, y, orders, k=1, lr=2.0, weight_decay=0.0, batch_size=5, num_classes=2)
+        abstract_train(inputs, SgdStep(lr=2.0, weight_decay=0.0, batch_size=5, num_classes=2), k=1)
     with pytest.raises(AgtDiverged, match="width .* > the limit 0.001"):
-        abstract_train(init, spec, X, y, orders, k=1, lr=0.1, weight_decay=0.0, batch_size=5, num_classes=2,
-                       max_width=1e-3)
+        abstract_train(inputs, SgdStep(lr=0.1, weight_decay=0.0, batch_size=5, num_classes=2), k=1, max_width=1e-3)
 
 
 def test_every_leave_one_out_cnn_lies_in_the_k1_box():
@@ -215,12 +221,13 @@ def test_every_leave_one_out_cnn_lies_in_the_k1_box():
     spec = parse_arch("cnn")
     init = initial_parameters(spec, 7, 2, seed=0)
     orders = batch_orders(14, 2, seed=0)
-    opts = dict(lr=0.2, weight_decay=1e-3, batch_size=5, num_classes=2)
-    nets = train_networks(init, spec, X, y, torch.arange(-1, 14), orders, **opts)  # the CNN trainer
-    box = abstract_train(init, spec, X, y, orders, k=1, **opts)
+    inputs = TrainingInputs(init, spec, X, y, orders)
+    sgd = SgdStep(lr=0.2, weight_decay=1e-3, batch_size=5, num_classes=2)
+    nets = train_networks(inputs, sgd, torch.arange(-1, 14))  # the CNN trainer
+    box = abstract_train(inputs, sgd, k=1)
     assert sorted(box.lower) == sorted(nets.keys())
     assert box.contains(nets) and 0 < box.max_width() < 10
-    point = abstract_train(init, spec, X, y, orders, k=0, **opts)
+    point = abstract_train(inputs, sgd, k=0)
     assert point.contains({name: t[:1] for name, t in nets.items()})
     assert not point.contains({name: t[1:] for name, t in nets.items()})
     # lowered to the dense hyper-network the encoder consumes: contains every lowered network
@@ -237,15 +244,14 @@ def test_every_leave_one_out_cnn_lies_in_the_k1_box():
 def test_negative_inputs_and_bad_options_are_refused():
     X, y = tiny_data(d=6)
     orders = batch_orders(len(y), 1, seed=0)
+    sgd = SgdStep(lr=0.1, weight_decay=0.0, batch_size=5, num_classes=2)
     spec = parse_arch("cnn")
-    init = initial_parameters(spec, 6, 2, seed=0)
     with pytest.raises(LucidError, match="MLPs only"):
-        abstract_train(init, spec, X, y, orders, k=1, lr=0.1, weight_decay=0.0, batch_size=5, num_classes=2,
-                       trainable={1})
+        abstract_train(TrainingInputs(initial_parameters(spec, 6, 2, seed=0), spec, X, y, orders),
+                       replace(sgd, trainable={1}), k=1)
     spec = parse_arch("3")
-    init = initial_parameters(spec, 6, 2, seed=0)
     with pytest.raises(LucidError, match="domain"):
-        abstract_train(init, spec, X - 0.5, y, orders, k=1, lr=0.1, weight_decay=0.0, batch_size=5, num_classes=2)
+        abstract_train(TrainingInputs(initial_parameters(spec, 6, 2, seed=0), spec, X - 0.5, y, orders), sgd, k=1)
 
 
 # ------------------------------------------------------------------------- lucid train --agt
@@ -323,23 +329,24 @@ def test_fine_tuning_the_last_layer_is_bounded_too():
     `trainable`, bounded by the abstract run with the same `trainable`."""
     X, y = tiny_data(n=20, d=4)
     spec = parse_arch("2x6")
-    pre = train_networks(initial_parameters(spec, 4, 2, seed=2), spec, X.flip(0), y.flip(0), torch.tensor([-1]),
-                         batch_orders(20, 2, seed=5), lr=0.2, weight_decay=0.0, batch_size=5, num_classes=2)
+    public = TrainingInputs(initial_parameters(spec, 4, 2, seed=2), spec, X.flip(0), y.flip(0), batch_orders(20, 2, seed=5))
+    pre = train_networks(public, SgdStep(lr=0.2, weight_decay=0.0, batch_size=5, num_classes=2), torch.tensor([-1]))
     init = {name: t[0] for name, t in pre.items()}
     orders = batch_orders(20, 4, seed=0)
-    opts = dict(lr=0.2, weight_decay=1e-3, batch_size=4, num_classes=2)
-    full = train_networks(init, spec, X, y, torch.tensor([-1, 3]), orders, trainable={0, 1, 2}, **opts)
-    ref = train_networks(init, spec, X, y, torch.tensor([-1, 3]), orders, **opts)
+    inputs = TrainingInputs(init, spec, X, y, orders)
+    sgd = SgdStep(lr=0.2, weight_decay=1e-3, batch_size=4, num_classes=2)
+    full = train_networks(inputs, replace(sgd, trainable={0, 1, 2}), torch.tensor([-1, 3]))
+    ref = train_networks(inputs, sgd, torch.tensor([-1, 3]))
     assert all(torch.equal(full[name], ref[name]) for name in ref)  # all layers trainable = T
-    nets = train_networks(init, spec, X, y, torch.arange(-1, 20), orders, trainable={2}, **opts)
+    nets = train_networks(inputs, replace(sgd, trainable={2}), torch.arange(-1, 20))
     for name in ("layers.0.weight", "layers.1.bias"):  # frozen layers keep the initial values exactly
         assert torch.equal(nets[name], init[name].expand_as(nets[name]))
     assert not torch.equal(nets["layers.2.weight"][0], init["layers.2.weight"])
-    box = abstract_train(init, spec, X, y, orders, k=1, trainable={2}, **opts)
+    box = abstract_train(inputs, replace(sgd, trainable={2}), k=1)
     assert box.contains(nets)
     assert torch.equal(box.lower["layers.0.weight"], init["layers.0.weight"].double())  # frozen: a point
     with pytest.raises(LucidError, match="trainable"):
-        abstract_train(init, spec, X, y, orders, k=1, trainable=set(), **opts)
+        abstract_train(inputs, replace(sgd, trainable=set()), k=1)
 
 
 def test_train_agt_resumes_after_an_interrupt(tmp_path, capsys, monkeypatch):
@@ -382,14 +389,15 @@ def test_a_small_real_run_breast_cancer():
     spec = parse_arch("2x8")
     init = initial_parameters(spec, X.shape[1], 2, seed=0)
     orders = batch_orders(80, 2, seed=0)
-    opts = dict(lr=0.05, weight_decay=1e-5, batch_size=20, num_classes=2)
-    nets = train_networks(init, spec, X, y, torch.arange(-1, 80), orders, **opts)
-    box1 = abstract_train(init, spec, X, y, orders, k=1, **opts)
+    inputs = TrainingInputs(init, spec, X, y, orders)
+    sgd = SgdStep(lr=0.05, weight_decay=1e-5, batch_size=20, num_classes=2)
+    nets = train_networks(inputs, sgd, torch.arange(-1, 80))
+    box1 = abstract_train(inputs, sgd, k=1)
     assert box1.contains(nets) and box1.max_width() < 1
     rng = np.random.default_rng(3)
     sets = [set(rng.choice(80, size=s, replace=False).tolist()) for s in (2, 3, 3)]
-    box3 = abstract_train(init, spec, X, y, orders, k=3, **opts)
-    assert box3.contains(train_without_sets(init, spec, X, y, sets, orders, **opts))
+    box3 = abstract_train(inputs, sgd, k=3)
+    assert box3.contains(train_without_sets(inputs, sgd, sets))
 
 
 def test_last_layer_gradient_bounds_are_attained_for_a_binary_task():
@@ -408,7 +416,7 @@ def test_last_layer_gradient_bounds_are_attained_for_a_binary_task():
     wl[2], wu[2] = w[2] - 0.05 * torch.rand(w[2].shape, generator=g), w[2] + 0.05 * torch.rand(w[2].shape, generator=g)
     bl[2], bu[2] = b[2] - 0.05 * torch.rand(b[2].shape, generator=g), b[2] + 0.05 * torch.rand(b[2].shape, generator=g)
     onehot = F.one_hot(y, 2).double()
-    rows = row_gradient_bounds(wl, wu, bl, bu, X.double(), onehot, first_layer=2)
+    rows = row_gradient_bounds(DenseBox(wl, wu, bl, bu), X.double(), onehot, first_layer=2)
     lo, hi = removal_mean_bounds(rows[4], 0)
 
     def mean_gradient(w_last, b_last):

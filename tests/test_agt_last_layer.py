@@ -11,6 +11,7 @@ which are narrower than the interval update's, the zonotope's narrower still.
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import pytest
 import torch
@@ -18,6 +19,7 @@ import torch.nn.functional as F
 
 from lucid.agt import abstract_train
 from lucid.errors import LucidError
+from lucid.sgd import SgdStep, TrainingInputs
 from lucid.agt.last_layer import corner_update_bounds, last_layer_step
 from lucid.agt.zonotope import Zonotope, zonotope_update
 
@@ -101,9 +103,9 @@ def test_one_step_keeps_the_contraction_the_interval_update_loses():
     lr, k = 0.5, 1
     lo, hi = corner_bounds(wl, wu, bl, bu, h, onehot, k=k, lr=lr, decay=1.0)
     lw, hw = lo[:, :-1], hi[:, :-1]
-    from lucid.agt.gradients import removal_mean_bounds, row_gradient_bounds
+    from lucid.agt.gradients import DenseBox, removal_mean_bounds, row_gradient_bounds
 
-    rows = row_gradient_bounds([wl], [wu], [bl], [bu], h, onehot)
+    rows = row_gradient_bounds(DenseBox([wl], [wu], [bl], [bu]), h, onehot)
     g_lo, g_hi = removal_mean_bounds(rows[0], k)
     interval_width = (wu - lr * g_lo) - (wl - lr * g_hi)
     assert torch.all(hw - lw <= interval_width)
@@ -185,8 +187,9 @@ def fine_tuning_setup(classes, arch, n=28, d=4, seed=0):
     y = torch.bucketize(X[:, 0] + 0.5 * X[:, 1] + 0.1 * torch.randn(n, generator=g),
                         torch.linspace(0.2, 1.2, classes - 1))
     spec = parse_arch(arch)
-    pre = train_networks(initial_parameters(spec, d, classes, seed=2), spec, X.flip(0), y.flip(0), torch.tensor([-1]),
-                         batch_orders(n, 3, seed=5), lr=0.2, weight_decay=0.0, batch_size=5, num_classes=classes)
+    public = TrainingInputs(initial_parameters(spec, d, classes, seed=2), spec, X.flip(0), y.flip(0),
+                            batch_orders(n, 3, seed=5))
+    pre = train_networks(public, SgdStep(lr=0.2, weight_decay=0.0, batch_size=5, num_classes=classes), torch.tensor([-1]))
     return X, y, spec, {name: t[0] for name, t in pre.items()}
 
 
@@ -195,9 +198,10 @@ def test_every_leave_one_out_network_lies_in_the_boxes_and_each_rule_tightens(cl
     X, y, spec, init = fine_tuning_setup(classes, arch)
     last = len(spec["hidden"])
     orders = batch_orders(len(y), epochs, seed=0)
-    opts = dict(lr=lr, weight_decay=wd, batch_size=batch, num_classes=classes, trainable={last})
-    nets = train_networks(init, spec, X, y, torch.arange(-1, len(y)), orders, **opts)
-    boxes = {rule: abstract_train(init, spec, X, y, orders, k=1, update=rule, **opts)
+    inputs = TrainingInputs(init, spec, X, y, orders)
+    sgd = SgdStep(lr=lr, weight_decay=wd, batch_size=batch, num_classes=classes, trainable={last})
+    nets = train_networks(inputs, sgd, torch.arange(-1, len(y)))
+    boxes = {rule: abstract_train(inputs, sgd, k=1, update=rule)
              for rule in ("interval", "corner", "zonotope")}
     w = f"layers.{last}.weight"
     widths = {}
@@ -219,70 +223,74 @@ def test_a_batch_that_can_be_emptied_restarts_the_zonotope_and_a_long_epoch_fold
 
     X, y, spec, init = fine_tuning_setup(3, "2x5", n=29, seed=2)
     orders = batch_orders(29, 4, seed=3)
-    opts = dict(lr=0.3, weight_decay=1e-4, batch_size=4, num_classes=3, trainable={2})
-    nets = train_networks(init, spec, X, y, torch.arange(-1, 29), orders, **opts)
+    inputs = TrainingInputs(init, spec, X, y, orders)
+    sgd = SgdStep(lr=0.3, weight_decay=1e-4, batch_size=4, num_classes=3, trainable={2})
+    nets = train_networks(inputs, sgd, torch.arange(-1, 29))
     restarts = []
     original = zonotope.Zonotope.from_box
     monkeypatch.setattr(zonotope.Zonotope, "from_box", classmethod(lambda cls, lo, hi: restarts.append(1) or original(lo, hi)))
-    assert abstract_train(init, spec, X, y, orders, k=1, **opts).contains(nets)
+    assert abstract_train(inputs, sgd, k=1).contains(nets)
     assert len(restarts) == 1 + 4  # the start, then once per epoch at the one-row batch
     monkeypatch.setattr(zonotope, "FOLD_ELEMENTS", 1)
-    assert abstract_train(init, spec, X, y, orders, k=1, **opts).contains(nets)
+    assert abstract_train(inputs, sgd, k=1).contains(nets)
 
 
 def test_orders_that_are_not_permutations_are_refused():
     X, y, spec, init = fine_tuning_setup(2, "2x5", n=12)
     orders = batch_orders(12, 2, seed=0)
     orders[1, 4] = orders[1, 0]  # a row visited twice in epoch 2, another never
+    inputs = TrainingInputs(init, spec, X, y, orders)
     with pytest.raises(LucidError, match="epoch 2 is not a permutation"):
-        abstract_train(init, spec, X, y, orders, k=1, lr=0.1, weight_decay=0.0, batch_size=4, num_classes=2,
-                       trainable={2})
+        abstract_train(inputs, SgdStep(lr=0.1, weight_decay=0.0, batch_size=4, num_classes=2, trainable={2}), k=1)
 
 
 @pytest.mark.parametrize("rule", ["corner", "zonotope"])
 def test_networks_without_two_or_three_rows_lie_in_the_k3_box(rule):
-    from tests.test_agt import train_without_sets
-
     X, y, spec, init = fine_tuning_setup(3, "2x5", seed=1)
     orders = batch_orders(len(y), 4, seed=1)
-    opts = dict(lr=0.3, weight_decay=1e-4, batch_size=6, num_classes=3)
-    box = abstract_train(init, spec, X, y, orders, k=3, trainable={2}, update=rule, **opts)
+    inputs = TrainingInputs(init, spec, X, y, orders)
+    sgd = SgdStep(lr=0.3, weight_decay=1e-4, batch_size=6, num_classes=3, trainable={2})
+    box = abstract_train(inputs, sgd, k=3, update=rule)
     first_batch = orders[0][:6].tolist()
     sets = [{0, 1}, {3, 17, 25}, set(first_batch[:3]), {5, 6}]
-    nets = train_without_sets_frozen(init, spec, X, y, sets, orders, train_without_sets, **opts)
+    nets = train_without_sets_frozen(inputs, sgd, sets)
     assert box.contains(nets)
     # the stand-in trainer is T's: for one removed row it gives the trainer's network exactly
-    one = train_without_sets_frozen(init, spec, X, y, [{4}], orders, train_without_sets, **opts)
-    ref = train_networks(init, spec, X, y, torch.tensor([4]), orders, trainable={2}, **opts)
+    one = train_without_sets_frozen(inputs, sgd, [{4}])
+    ref = train_networks(inputs, sgd, torch.tensor([4]))
     assert all(torch.equal(one[name], ref[name]) for name in ref)
 
 
 def test_every_set_of_up_to_two_rows_lies_in_the_k2_zonotope_box():
     """All 78 removal sets of at most two of 12 rows (two rows in one batch, or in two batches of
     the same epoch: the per-epoch hull's convex combinations), 3 batches an epoch, 6 epochs."""
-    from tests.test_agt import train_without_sets
-
     X, y, spec, init = fine_tuning_setup(3, "2x5", n=12, seed=4)
     orders = batch_orders(12, 6, seed=2)
-    opts = dict(lr=0.5, weight_decay=1e-4, batch_size=4, num_classes=3)
+    inputs = TrainingInputs(init, spec, X, y, orders)
+    sgd = SgdStep(lr=0.5, weight_decay=1e-4, batch_size=4, num_classes=3, trainable={2})
     sets = [{i} for i in range(12)] + [set(pair) for pair in itertools.combinations(range(12), 2)]
-    nets = train_without_sets_frozen(init, spec, X, y, sets, orders, train_without_sets, **opts)
-    box = abstract_train(init, spec, X, y, orders, k=2, trainable={2}, **opts)
+    nets = train_without_sets_frozen(inputs, sgd, sets)
+    box = abstract_train(inputs, sgd, k=2)
     assert box.contains(nets)
-    loose = abstract_train(init, spec, X, y, orders, k=2, trainable={2}, update="corner", **opts)
+    loose = abstract_train(inputs, sgd, k=2, update="corner")
     w = "layers.2.weight"
     assert float((box.upper[w] - box.lower[w]).median()) < float((loose.upper[w] - loose.lower[w]).median())
 
 
-def train_without_sets_frozen(init, spec, X, y, sets, orders, trainer, **opts):
+def train_without_sets_frozen(inputs: TrainingInputs, sgd: SgdStep, sets: list[set[int]]) -> dict[str, torch.Tensor]:
     """`train_without_sets` with only the last layer trained: the frozen layers' features are the
     trainer's (`_partial_gradients` computes them with network 0's parameters, the same in all)."""
+    from tests.test_agt import train_without_sets
+
+    init, spec = inputs.init, inputs.spec
     last = len(spec["hidden"])
-    features = X
+    assert sgd.trainable == {last}
+    features = inputs.X
     for i in range(last):
         features = torch.addmm(init[f"layers.{i}.bias"], features, init[f"layers.{i}.weight"].t()).clamp_(min=0)
     head = {"layers.0.weight": init[f"layers.{last}.weight"], "layers.0.bias": init[f"layers.{last}.bias"]}
-    nets = trainer(head, {"type": "mlp", "hidden": []}, features, y, sets, orders, **opts)
+    head_inputs = TrainingInputs(head, {"type": "mlp", "hidden": []}, features, inputs.y, inputs.orders)
+    nets = train_without_sets(head_inputs, replace(sgd, trainable=None), sets)
     out = {f"layers.{i}.{t}": init[f"layers.{i}.{t}"].expand(len(sets), *init[f"layers.{i}.{t}"].shape)
            for i in range(last) for t in ("weight", "bias")}
     out[f"layers.{last}.weight"], out[f"layers.{last}.bias"] = nets["layers.0.weight"], nets["layers.0.bias"]
@@ -297,9 +305,10 @@ def test_the_k0_box_holds_the_float32_network_by_its_rounding_allowances(classes
     X, y, spec, init = fine_tuning_setup(classes, arch)
     last = len(spec["hidden"])
     orders = batch_orders(len(y), epochs, seed=0)
-    opts = dict(lr=lr, weight_decay=wd, batch_size=batch, num_classes=classes, trainable={last})
-    n = train_networks(init, spec, X, y, torch.tensor([-1, 3]), orders, **opts)
-    box = abstract_train(init, spec, X, y, orders, k=0, update=rule, **opts)
+    inputs = TrainingInputs(init, spec, X, y, orders)
+    sgd = SgdStep(lr=lr, weight_decay=wd, batch_size=batch, num_classes=classes, trainable={last})
+    n = train_networks(inputs, sgd, torch.tensor([-1, 3]))
+    box = abstract_train(inputs, sgd, k=0, update=rule)
     assert box.contains({name: t[:1] for name, t in n.items()})
     assert not box.contains({name: t[1:] for name, t in n.items()})  # too thin for N_-3
     assert box.max_width() < 1e-3

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from lucid.baselines.alibi import noisy_soft_labels, train_alibi
-from lucid.baselines.common import TrainConfig, check_data, load_run_data, train_plain
+from lucid.baselines.common import DpSgdSettings, TrainConfig, check_data, load_run_data, train_plain
 from lucid.baselines.dpsgd import train_dpsgd
 from lucid.baselines.models import build_model, parse_architecture
 from lucid.baselines.subsample_aggregate import answer_probabilities, disjoint_parts, run_subsample_aggregate
@@ -160,7 +160,7 @@ def test_dpsgd_reports_unreachable_targets_and_trains_reachable_ones():
     assert ok.details["delta"] == pytest.approx(1 / 200)
     assert ok.details["epsilon_spent"] <= 8.0 and ok.details["noise_multiplier"] > 0
     with pytest.raises(LucidError):
-        train_dpsgd(data, config, 1.0, delta=2.0)
+        train_dpsgd(data, config, 1.0, DpSgdSettings(delta=2.0))
 
 
 def test_load_run_data_reads_the_run_contract(tmp_path):  # noqa: D103

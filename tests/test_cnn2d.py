@@ -16,6 +16,7 @@ from torch import nn
 from lucid.errors import LucidError
 from lucid.convolution import conv2d_to_dense
 from lucid.network import load_networks
+from lucid.sgd import SgdStep, TrainingInputs
 from lucid.training import train_run
 from lucid.training.architecture import initial_parameters, parse_arch, reference_net
 from lucid.training.vectorized import _Cnn2dStep, batch_orders, train_networks
@@ -177,8 +178,8 @@ def test_vectorised_cnn2d_equals_plain_loop():
     orders = batch_orders(len(X), epochs, seed)
     lone = int(orders[0, -1])  # removing it empties a batch
     removed = torch.tensor([-1, 0, 5, 12, lone], dtype=torch.int64)
-    got = train_networks(initial_parameters(spec, 16, c, seed), spec, torch.from_numpy(X), torch.from_numpy(y),
-                         removed, orders, lr=lr, weight_decay=wd, batch_size=bs, num_classes=c)
+    inputs = TrainingInputs(initial_parameters(spec, 16, c, seed), spec, torch.from_numpy(X), torch.from_numpy(y), orders)
+    got = train_networks(inputs, SgdStep(lr=lr, weight_decay=wd, batch_size=bs, num_classes=c), removed)
     names = list(got)
     assert names == ["conv.0.weight", "conv.0.bias", "layers.0.weight", "layers.0.bias",
                      "layers.1.weight", "layers.1.bias"]

@@ -7,8 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lucid.baselines.common import TrainConfig, check_data
-from lucid.baselines.dpcert import averaged_clipped_gradients, smoothed_predictions, train_dpcert
+from lucid.baselines.common import DpSgdSettings, TrainConfig, check_data
+from lucid.baselines.dpcert import DpCertSettings, averaged_clipped_gradients, smoothed_predictions, train_dpcert
 from lucid.errors import LucidError
 
 torch.set_num_threads(1)
@@ -74,7 +74,8 @@ def _data():
 
 def test_dpcert_trains_to_its_budget_and_reports_unreachable_ones():
     cfg = TrainConfig(arch="1x8", epochs=3, lr=0.5, batch_size=60, seed=0)
-    res = [train_dpcert(_data(), cfg, e, augmentations=2, smoothing_samples=11) for e in (0, 0.5, 4.0)]
+    small = DpCertSettings(augmentations=2, smoothing_samples=11)
+    res = [train_dpcert(_data(), cfg, e, dpcert=small) for e in (0, 0.5, 4.0)]
     assert res[0].status == "unreachable"
     mid, high = res[1], res[2]
     assert mid.status == high.status == "ok"
@@ -82,15 +83,16 @@ def test_dpcert_trains_to_its_budget_and_reports_unreachable_ones():
     for r, target in ((mid, 0.5), (high, 4.0)):
         assert r.details["epsilon_spent"] <= target * 1.01
     assert high.accuracy >= 0.85  # separable blobs survive the noise at eps = 4 (chance: 0.5)
-    again = train_dpcert(_data(), cfg, 4.0, augmentations=2, smoothing_samples=11)
+    again = train_dpcert(_data(), cfg, 4.0, dpcert=small)
     assert again.accuracy == high.accuracy and again.details == high.details  # seeded
     tiny = train_dpcert(_data(), cfg, 1e-4)
     assert tiny.status == "unreachable" and "cannot reach" in tiny.message
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"augmentations": -1}, "augmentations"), ({"sigma": 0.0}, "sigma"), ({"delta": 1.5}, "delta"),
-    ({"smoothing_samples": 0}, "smoothing"), ({"max_grad_norm": 0.0}, "clipping"),
+    ({"dpcert": DpCertSettings(augmentations=-1)}, "augmentations"), ({"dpcert": DpCertSettings(sigma=0.0)}, "sigma"),
+    ({"dp_sgd": DpSgdSettings(delta=1.5)}, "delta"), ({"dpcert": DpCertSettings(smoothing_samples=0)}, "smoothing"),
+    ({"dp_sgd": DpSgdSettings(max_grad_norm=0.0)}, "clipping"),
 ])
 def test_bad_settings_are_one_clear_error(kwargs, message):
     cfg = TrainConfig(arch="1x8", epochs=1, lr=0.5, batch_size=60, seed=0)

@@ -17,6 +17,7 @@ from safetensors.numpy import load_file
 from lucid.agt.store import load_boxes
 from lucid.bab import verify_run
 from lucid.cli import main
+from lucid.sgd import SgdStep, TrainingInputs
 from lucid.training import train_run
 from lucid.training.vectorized import batch_orders, train_networks
 
@@ -72,8 +73,8 @@ def test_the_runs_networks_are_the_trainers_with_those_layers_trainable(runs):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the harness trains each chunk
     try:
-        ref = train_networks(init, {"type": "mlp", "hidden": [5, 5]}, X, y, removed, batch_orders(len(y), 3, 0),
-                             lr=0.2, weight_decay=1e-5, batch_size=8, num_classes=2, trainable={2})
+        ref = train_networks(TrainingInputs(init, {"type": "mlp", "hidden": [5, 5]}, X, y, batch_orders(len(y), 3, 0)),
+                             SgdStep(lr=0.2, weight_decay=1e-5, batch_size=8, num_classes=2, trainable={2}), removed)
     finally:
         torch.set_num_threads(threads)
     nets = tensors(runs["tuned"])

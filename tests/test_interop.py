@@ -465,7 +465,7 @@ def test_a_cnn_in_onnx_imports_as_the_dense_layers_torch_computes(tmp_path, caps
     images equal LUCID's float64 forward pass on the flattened rows."""
     import torch
 
-    from lucid.interop.onnx_io import network_model, save_model
+    from lucid.interop.onnx_write import network_model, save_model
     from lucid.interop.dense import DenseNet
 
     rows = 3
@@ -581,7 +581,7 @@ def test_what_torch_onnx_export_writes_imports_as_the_same_network(tmp_path, kin
 
     if dynamo:
         pytest.importorskip("onnxscript")
-    from lucid.interop.onnx_io import read_onnx
+    from lucid.interop.onnx_read import read_onnx
 
     torch.manual_seed(0)
     if kind == "cnn":
@@ -624,7 +624,7 @@ def test_what_torch_onnx_export_writes_imports_as_the_same_network(tmp_path, kin
 
 def test_a_reshape_whose_zero_is_literal_is_refused_naming_allowzero(tmp_path, capsys):
     """Reshape(allowzero=1) to [0, w] would make a batch of zero rows: not the [batch, features] layout."""
-    from lucid.interop.onnx_io import read_onnx
+    from lucid.interop.onnx_read import read_onnx
     from lucid.errors import LucidError
 
     w = np.ones((2, 3), dtype=np.float32)

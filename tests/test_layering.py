@@ -7,6 +7,8 @@
   that computes bounds, solves or schedules: bounds reach it as plain arrays;
 - nothing outside the engine's layer (`lucid/bab` and the region strategy) and the command line
   imports `lucid/bab` (the engine sits on top);
+- nothing outside `lucid/cli` (and `lucid/__main__.py`, which runs it) imports `lucid/cli`: another
+  entry point such as `python -m lucid.baselines` takes what it shares with `lucid` from below;
 - only `lucid/solvers` imports solver packages (highspy, gurobipy, pulp, pyscipopt).
 
 Read from the source (every `import` statement, also the ones inside functions), so a lazy import
@@ -29,7 +31,7 @@ ENGINE_REGIONS = {"regions.verify", "regions.one_box", "regions.choice", "region
 # or a module inside a package, as "regions.verify"); any `__main__` module is a command line and
 # sits on top.
 LAYERS = [
-    {"__init__", "__version__", "errors", "atomic", "worker_inputs", "cluster", "adam", "deadline"},  # foundations
+    {"__init__", "__version__", "errors", "command_errors", "atomic", "worker_inputs", "cluster", "adam", "deadline"},  # foundations
     {"network", "convolution", "network_cache", "data", "rundir", "regions", "hyper", "witness",
      "dynamic_range", "residual"},  # networks and run directories; the partition into regions
     {"interop"},  # ONNX / state-dict import and export of run directories, VNN-LIB queries
@@ -37,7 +39,7 @@ LAYERS = [
     {"solvers"},  # backends
     {"bounds"},  # bound propagation, LPs, ReLU splitting
     {"settings"},  # the typed settings objects
-    {"analysis", "agt", "training"},  # a node's analysis and encoding; AGT boxes; training
+    {"analysis", "agt", "training", "sgd"},  # a node's analysis and encoding; AGT boxes; training; T's step
     {"bab", *ENGINE_REGIONS},  # the branch-and-bound engine and its strategies
     {"access"},  # label-only access
     {"report", "baselines"},  # reports and the baselines
@@ -106,6 +108,7 @@ def test_the_layer_rule_sees_an_arrow_back_up():
     assert upward_imports("lucid.bounds.relu_split", {"lucid.analysis.screen", "lucid.analysis.screen.OPTIMISE_STEPS"})
     assert upward_imports("lucid.settings", {"lucid.analysis.encode"})
     assert not upward_imports("lucid.analysis.screen", {"lucid.bounds.symbolic", "lucid.settings"})
+    # both are command lines, so the layers allow it: `command_line_imports` is the rule that refuses it
     assert not upward_imports("lucid.baselines.__main__", {"lucid.cli"})
     # the partition sits beside the run directory, the region strategy with the engine
     assert upward_imports("lucid.regions.tree", {"lucid.bab.engine"})
@@ -115,6 +118,20 @@ def test_the_layer_rule_sees_an_arrow_back_up():
     assert not engine_imports("lucid.cli.verify", {"lucid.bab.run"})
 
 
+def command_line_imports(module: str, imports: set[str]) -> list[str]:
+    """The imports of `lucid.cli` by a module that is neither part of it nor `lucid/__main__.py`."""
+    if _under(module, "lucid.cli") or module == "lucid.__main__":
+        return []
+    return sorted(i for i in imports if _under(i, "lucid.cli"))
+
+
+def test_the_command_line_rule_sees_another_entry_point_import_it():
+    assert command_line_imports("lucid.baselines.__main__", {"lucid.cli", "lucid.cli.fail"})
+    assert command_line_imports("lucid.training.harness", {"lucid.cli.train"})
+    assert not command_line_imports("lucid.__main__", {"lucid.cli", "lucid.cli.main"})
+    assert not command_line_imports("lucid.cli.train", {"lucid.cli", "lucid.errors"})
+
+
 @pytest.mark.parametrize("module, imports", sorted(modules().items()))
 def test_import_arrows_run_one_way(module, imports):
     if _under(module, "lucid.milp"):
@@ -122,6 +139,7 @@ def test_import_arrows_run_one_way(module, imports):
                   and not _under(i, "lucid.errors") and not _under(i, "lucid.atomic")]
         assert not upward, f"{module} (the neutral MILP) imports {sorted(upward)}"
     assert not engine_imports(module, imports), f"{module} imports the engine: {engine_imports(module, imports)}"
+    assert not command_line_imports(module, imports), f"{module} imports the command line {command_line_imports(module, imports)}"
     if not _under(module, "lucid.solvers"):
         solver_imports = {i.split(".")[0] for i in imports} & SOLVER_PACKAGES
         assert not solver_imports, f"{module} imports solver packages {sorted(solver_imports)}"

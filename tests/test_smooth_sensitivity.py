@@ -18,6 +18,7 @@ from lucid.baselines.smooth_sensitivity import (
     run_smooth_sensitivity,
 )
 from lucid.errors import LucidError
+from lucid.sgd import SgdStep, TrainingInputs
 from lucid.training.architecture import initial_parameters, parse_arch
 from lucid.training.vectorized import batch_orders, train_networks
 
@@ -45,11 +46,10 @@ def test_every_certified_prediction_holds_for_every_leave_one_out_network_and_bo
     spec = parse_arch("2x6")
     init = initial_parameters(spec, 4, 2, 0)
     orders = batch_orders(40, 3, 0)
-    opts = dict(lr=0.5, weight_decay=1e-5, batch_size=40, num_classes=2)
-    nets = train_networks(init, spec, torch.from_numpy(X), torch.from_numpy(y),
-                          torch.arange(-1, 40), orders, **opts)  # N and every N_-i
-    boxes = {k: abstract_train(init, spec, torch.from_numpy(X), torch.from_numpy(y), orders, k=k, **opts)
-             for k in (1, 2)}
+    sgd = SgdStep(lr=0.5, weight_decay=1e-5, batch_size=40, num_classes=2)
+    inputs = TrainingInputs(init, spec, torch.from_numpy(X), torch.from_numpy(y), orders)
+    nets = train_networks(inputs, sgd, torch.arange(-1, 40))  # N and every N_-i
+    boxes = {k: abstract_train(inputs, sgd, k=k) for k in (1, 2)}
     labels = _forward(nets, Xq, 0, 3)
     dist = stable_distances(boxes, Xq, labels)
     certified = dist >= 1

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from lucid.network import load_networks
+from lucid.sgd import SgdStep, TrainingInputs
 from lucid.training import train_run
 from lucid.training.architecture import parse_arch
 from lucid.training.vectorized import batch_orders, train_networks
@@ -79,10 +80,9 @@ def test_vectorised_equals_plain_loop(arch, method):
     orders = batch_orders(len(X), epochs, seed)
     lone = int(orders[0, -1])  # the row alone in epoch 0's last batch: removing it empties a batch
     removed = torch.cat([removed, torch.tensor([lone])])
-    got = train_networks(
-        initial_parameters(spec, X.shape[1], c, seed), spec, torch.from_numpy(X), torch.from_numpy(y),
-        removed, orders, lr=lr, weight_decay=wd, batch_size=bs, num_classes=c, method=method,
-    )
+    inputs = TrainingInputs(initial_parameters(spec, X.shape[1], c, seed), spec, torch.from_numpy(X), torch.from_numpy(y),
+                            orders)
+    got = train_networks(inputs, SgdStep(lr=lr, weight_decay=wd, batch_size=bs, num_classes=c), removed, method=method)
     names = list(got)  # conv.*, then layers.*, each weight then bias: the parameter order of the plain net
     assert len(names) == len(list(plain_network(spec, 5, c, seed).parameters()))
     for k, r in enumerate(removed.tolist()):
@@ -100,8 +100,8 @@ def test_fine_tuning_some_layers_equals_a_plain_loop_with_the_others_frozen(trai
     c, seed, epochs, bs, lr, wd = 3, 7, 4, 5, 0.5, 1e-2
     removed = torch.tensor([-1, 0, 13, 20], dtype=torch.int64)
     init = initial_parameters(spec, X.shape[1], c, seed)
-    got = train_networks(init, spec, torch.from_numpy(X), torch.from_numpy(y), removed, batch_orders(len(X), epochs, seed),
-                         lr=lr, weight_decay=wd, batch_size=bs, num_classes=c, trainable=trainable)
+    inputs = TrainingInputs(init, spec, torch.from_numpy(X), torch.from_numpy(y), batch_orders(len(X), epochs, seed))
+    got = train_networks(inputs, SgdStep(lr=lr, weight_decay=wd, batch_size=bs, num_classes=c, trainable=trainable), removed)
     for k, r in enumerate(removed.tolist()):
         ref = plain_loop(X, y, r, spec, c, epochs=epochs, lr=lr, wd=wd, batch_size=bs, seed=seed, trainable=trainable)
         for i in range(3):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from lucid.agt.gradients import RowBounds, row_gradient_bounds
+from lucid.agt.gradients import DenseBox, RowBounds, row_gradient_bounds
 from lucid.agt.rounding import widen_sum
 
 
@@ -67,7 +67,7 @@ def cnn_row_gradient_bounds(
     for i in range(n_dense):
         wl.append(lower[f"layers.{i}.weight"]), wu.append(upper[f"layers.{i}.weight"])
         bl.append(lower[f"layers.{i}.bias"]), bu.append(upper[f"layers.{i}.bias"])
-    grads = row_gradient_bounds(wl, wu, bl, bu, x, onehot)
+    grads = row_gradient_bounds(DenseBox(wl, wu, bl, bu), x, onehot)
     out: list[tuple[RowBounds, int]] = []
     for j, (c_out, c_in, ksize, length) in enumerate(shapes):
         out_len = length - ksize + 1

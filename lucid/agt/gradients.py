@@ -74,34 +74,55 @@ def softmax_bounds(zl: torch.Tensor, zu: torch.Tensor) -> tuple[torch.Tensor, to
     return (p_lo - margin).clamp(min=0.0), (p_hi + margin).clamp(max=1.0)
 
 
-def forward_bounds(
-    wl: list[torch.Tensor], wu: list[torch.Tensor], bl: list[torch.Tensor], bu: list[torch.Tensor], x: torch.Tensor,
-) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], list[tuple[torch.Tensor, torch.Tensor]]]:
+@dataclass(frozen=True, eq=False)  # tensors: compared by identity
+class DenseBox:
+    """A box of dense ReLU layers' parameters: W_i in [wl[i], wu[i]] ([out, in]), b_i in [bl[i], bu[i]].
+
+    The four lists go together to every interval pass over the layers (forward and backward)."""
+
+    wl: list[torch.Tensor]
+    wu: list[torch.Tensor]
+    bl: list[torch.Tensor]
+    bu: list[torch.Tensor]
+
+    @classmethod
+    def of_layers(cls, lower: dict[str, torch.Tensor], upper: dict[str, torch.Tensor], n_layers: int) -> "DenseBox":
+        """The box of `layers.0` .. `layers.{n_layers - 1}` of [lower, upper] (by safetensors name)."""
+        w, b = [f"layers.{i}.weight" for i in range(n_layers)], [f"layers.{i}.bias" for i in range(n_layers)]
+        return cls([lower[n] for n in w], [upper[n] for n in w], [lower[n] for n in b], [upper[n] for n in b])
+
+    def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Layer i's (w_lo, w_hi, b_lo, b_hi), the argument order of `affine_nonneg` and `last_layer_step`."""
+        return self.wl[i], self.wu[i], self.bl[i], self.bu[i]
+
+
+def forward_bounds(box: DenseBox, x: torch.Tensor,
+                   ) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], list[tuple[torch.Tensor, torch.Tensor]]]:
     """Interval forward pass over the box: post-activation intervals a_0 = x, ..., a_{L-1} (each
     containing T's float32 activation) and pre-activation intervals z_1..z_L."""
     acts = [(x, x)]
     pre = []
-    for i in range(len(wl)):
+    for i in range(len(box.wl)):
         al, au = acts[-1]
-        zl, zu, _ = affine_nonneg(al, au, wl[i], wu[i], bl[i], bu[i])
+        zl, zu, _ = affine_nonneg(al, au, *box.layer(i))
         pre.append((zl, zu))
-        if i < len(wl) - 1:
+        if i < len(box.wl) - 1:
             acts.append((zl.clamp(min=0), zu.clamp(min=0)))
     return acts, pre
 
 
 def row_gradient_bounds(
-    wl: list[torch.Tensor], wu: list[torch.Tensor], bl: list[torch.Tensor], bu: list[torch.Tensor],
-    x: torch.Tensor, onehot: torch.Tensor, *, first_layer: int = 0,
+    box: DenseBox, x: torch.Tensor, onehot: torch.Tensor, *, first_layer: int = 0,
     forward: tuple[list, list] | None = None,
 ) -> list[RowBounds | None]:
     """Per-row gradient intervals [dW0, db0, dW1, db1, ...] (float64) over the parameter box.
 
     `first_layer`: the backward pass stops there (layers below it get None: not trained).
-    `forward`: the caller's `forward_bounds(wl, wu, bl, bu, x)`, when it has it already.
+    `forward`: the caller's `forward_bounds(box, x)`, when it has it already.
     """
+    wl, wu = box.wl, box.wu
     n_layers = len(wl)
-    acts, pre = forward_bounds(wl, wu, bl, bu, x) if forward is None else forward
+    acts, pre = forward_bounds(box, x) if forward is None else forward
     p_lo, p_hi = softmax_bounds(*pre[-1])
     # d CE / d logits = softmax - onehot (the sample weight is applied to the batch mean)
     dl, du = p_lo - onehot, p_hi - onehot

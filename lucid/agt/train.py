@@ -31,11 +31,12 @@ import torch
 import torch.nn.functional as F
 
 from lucid.agt.cnn import cnn_row_gradient_bounds, conv_names
-from lucid.agt.gradients import forward_bounds, removal_mean_bounds, row_gradient_bounds
+from lucid.agt.gradients import DenseBox, forward_bounds, removal_mean_bounds, row_gradient_bounds
 from lucid.agt.last_layer import corner_update_bounds, last_layer_step
 from lucid.agt.rounding import outward, update_radius
 from lucid.agt.zonotope import Zonotope, zonotope_update
 from lucid.errors import LucidError
+from lucid.sgd import SgdStep, TrainingInputs
 
 DEFAULT_MAX_WIDTH = 100.0  # widest parameter interval accepted before the run is declared diverged
 UPDATES = ("zonotope", "corner", "interval")  # the last-layer update rules, tightest first
@@ -74,26 +75,18 @@ def _names(n_layers: int) -> list[str]:
 
 
 def abstract_train(
-    init: dict[str, torch.Tensor],
-    spec: dict,
-    X: torch.Tensor,
-    y: torch.Tensor,
-    orders: torch.Tensor,
+    inputs: TrainingInputs,
+    sgd: SgdStep,
     *,
     k: int,
-    lr: float,
-    weight_decay: float,
-    batch_size: int,
-    num_classes: int,
     max_width: float = DEFAULT_MAX_WIDTH,
-    trainable: set[int] | None = None,
     update: str = "zonotope",
     on_epoch: Callable[[int, "AgtBox"], None] | None = None,
     on_step: Callable[[int, int, "AgtBox"], None] | None = None,
 ) -> AgtBox:
-    """The k-removal parameter box of T on (X, y) with the given initial parameters and batch orders.
+    """The k-removal parameter box of T (`sgd`) run on `inputs` (initial parameters, rows, batch orders).
 
-    `trainable`: layer indices the optimiser updates (default all; a fine-tuning variant of T
+    `sgd.trainable`: layer indices the optimiser updates (default all; a fine-tuning variant of T
     leaves the other layers at their initial values, without weight decay).
     `update`: when only the last layer trains, how its update is bounded besides the interval
     update (the box keeps the tightest end): "zonotope" (`lucid.agt.zonotope`, also the corner
@@ -104,15 +97,16 @@ def abstract_train(
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return _abstract_train(init, spec, X, y, orders, k=k, lr=lr, weight_decay=weight_decay,
-                               batch_size=batch_size, num_classes=num_classes, max_width=max_width,
-                               trainable=trainable, update=update, on_epoch=on_epoch, on_step=on_step)
+        return _abstract_train(inputs, sgd, k, max_width, update, on_epoch, on_step)
     finally:
         torch.set_num_threads(threads)
 
 
-def _abstract_train(init, spec, X, y, orders, *, k, lr, weight_decay, batch_size, num_classes, max_width,
-                    trainable, update, on_epoch, on_step) -> AgtBox:
+def _abstract_train(inputs: TrainingInputs, sgd: SgdStep, k: int, max_width: float, update: str,
+                    on_epoch: Callable[[int, AgtBox], None] | None,
+                    on_step: Callable[[int, int, AgtBox], None] | None) -> AgtBox:
+    init, spec, X, y, orders = inputs.init, inputs.spec, inputs.X, inputs.y, inputs.orders
+    lr, weight_decay, batch_size, trainable = sgd.lr, sgd.weight_decay, sgd.batch_size, sgd.trainable
     cnn = spec.get("type", "mlp") == "cnn"
     if spec.get("type", "mlp") not in ("mlp", "cnn"):  # anything else would be bounded as an MLP: wrong
         raise LucidError(f"abstract gradient training bounds MLPs and the 1-D CNN only, not a {spec.get('type')!r} "
@@ -130,7 +124,7 @@ def _abstract_train(init, spec, X, y, orders, *, k, lr, weight_decay, batch_size
     X = X.to(torch.float64)
     if bool((X < 0).any()):
         raise LucidError("abstract gradient training needs inputs in the [0, 1] domain (a feature is negative)")
-    onehot_all = F.one_hot(y.to(torch.int64), num_classes).to(torch.float64)
+    onehot_all = F.one_hot(y.to(torch.int64), sgd.num_classes).to(torch.float64)
     lower = {name: init[name].detach().to(torch.float64).clone() for name in names}
     upper = {name: t.clone() for name, t in lower.items()}
     box = AgtBox(int(k), lower, upper)
@@ -152,19 +146,16 @@ def _abstract_train(init, spec, X, y, orders, *, k, lr, weight_decay, batch_size
             if cnn:
                 rowb = cnn_row_gradient_bounds(lower, upper, spec, X[rows], onehot_all[rows])
             else:
-                wl = [lower[f"layers.{i}.weight"] for i in range(n_layers)]
-                wu = [upper[f"layers.{i}.weight"] for i in range(n_layers)]
-                bl = [lower[f"layers.{i}.bias"] for i in range(n_layers)]
-                bu = [upper[f"layers.{i}.bias"] for i in range(n_layers)]
-                forward = forward_bounds(wl, wu, bl, bu, X[rows])
-                dense = row_gradient_bounds(wl, wu, bl, bu, X[rows], onehot_all[rows], first_layer=min(trainable),
+                dense_box = DenseBox.of_layers(lower, upper, n_layers)
+                forward = forward_bounds(dense_box, X[rows])
+                dense = row_gradient_bounds(dense_box, X[rows], onehot_all[rows], first_layer=min(trainable),
                                             forward=forward)
                 rowb = [(rb, 0) if j // 2 in trainable else (None, 0) for j, rb in enumerate(dense)]
             tighter: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
             moved: Zonotope | None = None
             if last_only and update != "interval":
                 # forward[0][-1]: the last layer's input, T's features within rounding
-                bounded = last_layer_step(wl[-1], wu[-1], bl[-1], bu[-1], *forward[0][-1], onehot_all[rows])
+                bounded = last_layer_step(*dense_box.layer(-1), *forward[0][-1], onehot_all[rows])
                 tighter = _by_name(spec, *corner_update_bounds(bounded, k=k, lr=lr, decay=decay))
                 if zonotope is not None:
                     moved = zonotope_update(zonotope, bounded, k=k, lr=lr, weight_decay=weight_decay,
@@ -260,9 +251,6 @@ def _width_stats(box: AgtBox, epoch: int) -> dict:
     return stats
 
 
-def agt_boxes(
-    init: dict[str, torch.Tensor], spec: dict, X: torch.Tensor, y: torch.Tensor, orders: torch.Tensor,
-    *, max_k: int, **options,
-) -> list[AgtBox]:
+def agt_boxes(inputs: TrainingInputs, sgd: SgdStep, *, max_k: int, max_width: float = DEFAULT_MAX_WIDTH) -> list[AgtBox]:
     """The boxes for k = 1..max_k (each its own abstract run)."""
-    return [abstract_train(init, spec, X, y, orders, k=k, **options) for k in range(1, max_k + 1)]
+    return [abstract_train(inputs, sgd, k=k, max_width=max_width) for k in range(1, max_k + 1)]

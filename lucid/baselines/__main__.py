@@ -8,9 +8,16 @@ markdown table (and JSON with --json). Bad input: one line on stderr, exit statu
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import click
 
+from lucid.access.mechanism import check_epsilon
+from lucid.baselines.common import BaselineResult, Dataset, DpSgdSettings, TrainConfig, load_run_data
+from lucid.command_errors import fail
 from lucid.errors import LucidError
+from lucid.settings import default_of
 
 METHODS = ("plain", "dpsgd", "dpcert", "alibi", "sa", "agt-ss", "agt-sa")
 
@@ -22,50 +29,61 @@ def _floats(text: str, what: str) -> list[float]:
         raise LucidError(f"{what} must be comma-separated numbers, got {text!r}") from None
 
 
+@dataclass(frozen=True)
+class BaselineRequest:
+    """What the command is asked to run, one field a flag (the flags' defaults are written here).
+
+    epsilon, methods, teachers: comma-separated lists as typed, read by `epsilons`, `chosen_methods`
+    and `teacher_counts`, which the command calls in that order so that the first bad flag is named;
+    delta, max_grad_norm: DP-SGD's and DP-CERT's `DpSgdSettings`; agt_k: the AGT boxes k = 1..K."""
+
+    epsilon: str = "0.02,0.2,1"
+    methods: str = "plain,dpsgd,alibi,sa"
+    teachers: str = "16,64,256"
+    delta: float | None = None
+    max_grad_norm: float = 1.0
+    agt_k: int = 10
+
+    def epsilons(self) -> list[float]:
+        return [check_epsilon(e) for e in _floats(self.epsilon, "--epsilon")]
+
+    def chosen_methods(self) -> list[str]:
+        chosen = [m.strip() for m in self.methods.split(",") if m.strip()]
+        unknown = [m for m in chosen if m not in METHODS]
+        if unknown or not chosen:
+            raise LucidError(f"unknown method(s) {', '.join(unknown) or '(none)'}; choose from {', '.join(METHODS)}")
+        return chosen
+
+    def teacher_counts(self) -> list[int]:
+        return [int(t) for t in _floats(self.teachers, "--teachers")]
+
+    @property
+    def dp_sgd(self) -> DpSgdSettings:
+        return DpSgdSettings(self.delta, self.max_grad_norm)
+
+
+def _default(name: str) -> Any:
+    return default_of(BaselineRequest, name)
+
+
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("run_dir", type=click.Path())
-@click.option("--epsilon", default="0.02,0.2,1", show_default=True, help="Comma-separated privacy budgets.")
-@click.option("--methods", default="plain,dpsgd,alibi,sa", show_default=True, help="Subset of plain,dpsgd,dpcert,alibi,sa,agt-ss,agt-sa (AGT smooth sensitivity: one model / --teachers).")
-@click.option("--teachers", default="16,64,256", show_default=True, help="Teacher counts T of sa and agt-sa.")
-@click.option("--delta", type=float, default=None, help="DP-SGD delta (default 1/n).")
-@click.option("--max-grad-norm", type=float, default=1.0, show_default=True, help="DP-SGD clipping norm.")
-@click.option("--agt-k", type=int, default=10, show_default=True, help="AGT smooth sensitivity: boxes for k = 1..K.")
+@click.option("--epsilon", default=_default("epsilon"), show_default=True, help="Comma-separated privacy budgets.")
+@click.option("--methods", default=_default("methods"), show_default=True, help="Subset of plain,dpsgd,dpcert,alibi,sa,agt-ss,agt-sa (AGT smooth sensitivity: one model / --teachers).")
+@click.option("--teachers", default=_default("teachers"), show_default=True, help="Teacher counts T of sa and agt-sa.")
+@click.option("--delta", type=float, default=_default("delta"), help="DP-SGD delta (default 1/n).")
+@click.option("--max-grad-norm", type=float, default=_default("max_grad_norm"), show_default=True, help="DP-SGD clipping norm.")
+@click.option("--agt-k", type=int, default=_default("agt_k"), show_default=True, help="AGT smooth sensitivity: boxes for k = 1..K.")
 @click.option("--json", "json_path", type=click.Path(), default=None, help="Also write the results as JSON.")
-def command(run_dir, epsilon, methods, teachers, delta, max_grad_norm, agt_k, json_path) -> None:
+def command(run_dir: str, json_path: str | None, **flags: Any) -> None:
     from lucid.atomic import write_json_atomic
-    from lucid.baselines.alibi import train_alibi
-    from lucid.access.mechanism import check_epsilon
-    from lucid.baselines.common import load_run_data, train_plain
-    from lucid.baselines.dpcert import train_dpcert
-    from lucid.baselines.dpsgd import train_dpsgd
-    from lucid.baselines.smooth_sensitivity import run_smooth_sensitivity
-    from lucid.baselines.subsample_aggregate import run_subsample_aggregate
 
-    eps = [check_epsilon(e) for e in _floats(epsilon, "--epsilon")]
-    chosen = [m.strip() for m in methods.split(",") if m.strip()]
-    unknown = [m for m in chosen if m not in METHODS]
-    if unknown or not chosen:
-        raise LucidError(f"unknown method(s) {', '.join(unknown) or '(none)'}; choose from {', '.join(METHODS)}")
-    ts = [int(t) for t in _floats(teachers, "--teachers")]
+    request = BaselineRequest(**flags)
+    eps = request.epsilons()
+    chosen = request.chosen_methods()
+    ts = request.teacher_counts()
     data, config = load_run_data(run_dir)
-    results = []
-    for m in chosen:
-        if m == "plain":
-            results.append(train_plain(data, config))
-        elif m == "dpsgd":
-            results += [train_dpsgd(data, config, e, delta=delta, max_grad_norm=max_grad_norm) for e in eps]
-        elif m == "dpcert":
-            results += [train_dpcert(data, config, e, delta=delta, max_grad_norm=max_grad_norm) for e in eps]
-        elif m == "alibi":
-            results += [train_alibi(data, config, e) for e in eps]
-        elif m == "agt-ss":
-            results += run_smooth_sensitivity(data, config, eps, k_max=agt_k)
-        elif m == "agt-sa":
-            for t in ts:
-                results += run_smooth_sensitivity(data, config, eps, k_max=agt_k, teachers=t)
-        else:  # sa
-            for t in ts:
-                results += run_subsample_aggregate(data, config, t, eps)
+    results = [r for m in chosen for r in _results(m, data, config, eps, ts, request)]
     click.echo("| method | epsilon | test accuracy | train s | note |\n|---|---|---|---|---|")
     for r in results:
         acc = "–" if r.accuracy is None else f"{100 * r.accuracy:.1f} %"
@@ -75,9 +93,32 @@ def command(run_dir, epsilon, methods, teachers, delta, max_grad_norm, agt_k, js
         write_json_atomic(json_path, {"run": str(run_dir), "results": [r.to_json() for r in results]})
 
 
-def main(argv: list[str] | None = None) -> None:
-    from lucid.cli import fail
+def _results(method: str, data: Dataset, config: TrainConfig, eps: list[float], teachers: list[int],
+             request: BaselineRequest) -> list[BaselineResult]:
+    """One method's results, one per epsilon (and teacher count), in the order the table lists them."""
+    from lucid.baselines.alibi import train_alibi
+    from lucid.baselines.common import train_plain
+    from lucid.baselines.dpcert import train_dpcert
+    from lucid.baselines.dpsgd import train_dpsgd
+    from lucid.baselines.smooth_sensitivity import run_smooth_sensitivity
+    from lucid.baselines.subsample_aggregate import run_subsample_aggregate
 
+    if method == "plain":
+        return [train_plain(data, config)]
+    if method == "dpsgd":
+        return [train_dpsgd(data, config, e, request.dp_sgd) for e in eps]
+    if method == "dpcert":
+        return [train_dpcert(data, config, e, request.dp_sgd) for e in eps]
+    if method == "alibi":
+        return [train_alibi(data, config, e) for e in eps]
+    if method == "agt-ss":
+        return run_smooth_sensitivity(data, config, eps, k_max=request.agt_k)
+    if method == "agt-sa":
+        return [r for t in teachers for r in run_smooth_sensitivity(data, config, eps, k_max=request.agt_k, teachers=t)]
+    return [r for t in teachers for r in run_subsample_aggregate(data, config, t, eps)]  # sa
+
+
+def main(argv: list[str] | None = None) -> None:
     try:
         command.main(args=argv, prog_name="python -m lucid.baselines", standalone_mode=False)
     except LucidError as exc:

@@ -162,11 +162,22 @@ def train_plain(data: Dataset, config: TrainConfig) -> BaselineResult:
     return BaselineResult("plain", None, accuracy(model, data.X_test, data.y_test), seconds)
 
 
-def check_dp_sgd_settings(n: int, delta: float | None, max_grad_norm: float) -> float:
-    """Validate the (eps, delta)-DP training settings shared by DP-SGD and DP-CERT; delta defaults to 1/n."""
-    delta = 1.0 / n if delta is None else float(delta)
-    if not 0 < delta < 1:
-        raise LucidError(f"delta must lie in (0, 1), got {delta}")
-    if not max_grad_norm > 0:
-        raise LucidError(f"the clipping norm must be positive, got {max_grad_norm}")
-    return delta
+@dataclass(frozen=True)
+class DpSgdSettings:
+    """The (eps, delta)-DP training settings besides eps that DP-SGD and DP-CERT share (`--delta`,
+    `--max-grad-norm`): delta (None: 1/n) and the clipping norm C of a row's gradient.
+
+    Checked when a run uses them (`delta_for`), after its epsilon, so that the first bad value of a
+    call is the one named, as before these travelled together."""
+
+    delta: float | None = None
+    max_grad_norm: float = 1.0
+
+    def delta_for(self, n: int) -> float:
+        """delta for n training rows; a delta outside (0, 1) or a clipping norm <= 0 is one error line."""
+        delta = 1.0 / n if self.delta is None else float(self.delta)
+        if not 0 < delta < 1:
+            raise LucidError(f"delta must lie in (0, 1), got {delta}")
+        if not self.max_grad_norm > 0:
+            raise LucidError(f"the clipping norm must be positive, got {self.max_grad_norm}")
+        return delta

@@ -24,13 +24,14 @@ from __future__ import annotations
 import math
 import time
 import warnings
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from lucid.access.mechanism import check_epsilon
-from lucid.baselines.common import BaselineResult, Dataset, TrainConfig, check_dp_sgd_settings
+from lucid.baselines.common import BaselineResult, Dataset, DpSgdSettings, TrainConfig
 from lucid.baselines.models import build_model
 from lucid.errors import LucidError
 
@@ -67,30 +68,41 @@ def smoothed_predictions(model: torch.nn.Module, X: np.ndarray, sigma: float, sa
     return votes.argmax(1).numpy()  # argmax takes the first maximum: ties go to the smaller class
 
 
-def train_dpcert(
-    data: Dataset,
-    config: TrainConfig,
-    epsilon: float,
-    delta: float | None = None,
-    *,
-    max_grad_norm: float = 1.0,
-    augmentations: int = 4,
-    sigma: float = 0.1,
-    smoothing_samples: int = 100,
-) -> BaselineResult:
+@dataclass(frozen=True)
+class DpCertSettings:
+    """What DP-CERT adds to DP-SGD (module docstring: the defaults and why): K = `augmentations`
+    Gaussian-noised copies of every drawn row, the noise `sigma` of those copies and of the smoothed
+    prediction, and the `smoothing_samples` noisy copies a prediction votes over.
+
+    Checked when a run uses them (`check`), after the DP-SGD settings, as before they travelled together."""
+
+    augmentations: int = 4
+    sigma: float = 0.1
+    smoothing_samples: int = 100
+
+    def check(self) -> None:
+        """One error line for the first setting out of range."""
+        augmentations, sigma, smoothing_samples = self.augmentations, self.sigma, self.smoothing_samples
+        if int(augmentations) != augmentations or augmentations < 0:
+            raise LucidError(f"the number of augmentations must be a non-negative integer, got {augmentations}")
+        if not (math.isfinite(sigma) and sigma > 0):
+            raise LucidError(f"the augmentation / smoothing noise sigma must be positive, got {sigma}")
+        if int(smoothing_samples) != smoothing_samples or smoothing_samples < 1:
+            raise LucidError(f"smoothing needs at least one sample, got {smoothing_samples}")
+
+
+def train_dpcert(data: Dataset, config: TrainConfig, epsilon: float, dp_sgd: DpSgdSettings = DpSgdSettings(),
+                 dpcert: DpCertSettings = DpCertSettings()) -> BaselineResult:
     """Train with DP-CERT to (epsilon, delta)-DP (delta defaults to 1/n) and measure the smoothed accuracy."""
     from opacus.accountants import RDPAccountant
     from opacus.accountants.utils import get_noise_multiplier
 
     epsilon = check_epsilon(epsilon)
     n = len(data.X_train)
-    delta = check_dp_sgd_settings(n, delta, max_grad_norm)
-    if int(augmentations) != augmentations or augmentations < 0:
-        raise LucidError(f"the number of augmentations must be a non-negative integer, got {augmentations}")
-    if not (math.isfinite(sigma) and sigma > 0):
-        raise LucidError(f"the augmentation / smoothing noise sigma must be positive, got {sigma}")
-    if int(smoothing_samples) != smoothing_samples or smoothing_samples < 1:
-        raise LucidError(f"smoothing needs at least one sample, got {smoothing_samples}")
+    delta = dp_sgd.delta_for(n)
+    dpcert.check()
+    max_grad_norm = dp_sgd.max_grad_norm
+    augmentations, sigma, smoothing_samples = dpcert.augmentations, dpcert.sigma, dpcert.smoothing_samples
     rate = min(1.0, config.batch_size / n)
     steps_per_epoch = max(1, round(1 / rate))
     steps = int(config.epochs) * steps_per_epoch

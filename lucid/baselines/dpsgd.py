@@ -15,25 +15,21 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from lucid.access.mechanism import check_epsilon
-from lucid.baselines.common import BaselineResult, Dataset, TrainConfig, accuracy, check_dp_sgd_settings
+from lucid.baselines.common import BaselineResult, Dataset, DpSgdSettings, TrainConfig, accuracy
 from lucid.baselines.models import build_model
 
 METHOD = "dpsgd"
 
 
-def train_dpsgd(
-    data: Dataset,
-    config: TrainConfig,
-    epsilon: float,
-    delta: float | None = None,
-    max_grad_norm: float = 1.0,
-) -> BaselineResult:
+def train_dpsgd(data: Dataset, config: TrainConfig, epsilon: float,
+                dp_sgd: DpSgdSettings = DpSgdSettings()) -> BaselineResult:
     """Train with DP-SGD to (epsilon, delta)-DP; delta defaults to 1/n."""
     from opacus import PrivacyEngine
 
     epsilon = check_epsilon(epsilon)
     n = len(data.X_train)
-    delta = check_dp_sgd_settings(n, delta, max_grad_norm)
+    delta = dp_sgd.delta_for(n)
+    max_grad_norm = dp_sgd.max_grad_norm
     info = {"delta": delta, "max_grad_norm": max_grad_norm, "sample_rate": min(1.0, config.batch_size / n)}
     if epsilon == 0:
         return BaselineResult(METHOD, epsilon, None, 0.0, "unreachable", "DP-SGD cannot reach eps = 0 (it would need infinite noise)", info)

@@ -49,6 +49,7 @@ from lucid.baselines.models import parse_architecture
 from lucid.baselines.subsample_aggregate import disjoint_parts
 from lucid.errors import LucidError
 from lucid.network import stack_from_tensors
+from lucid.sgd import SgdStep, TrainingInputs
 from lucid.training.architecture import initial_parameters
 from lucid.training.vectorized import batch_orders, train_networks
 
@@ -87,16 +88,16 @@ def _teacher(data: Dataset, config: TrainConfig, rows: np.ndarray, seed: int, k_
     y = torch.from_numpy(data.y_train[rows])
     init = initial_parameters(spec, data.input_dim, data.num_classes, seed)
     orders = batch_orders(len(rows), int(config.epochs), seed)
-    options = dict(lr=config.lr, weight_decay=config.weight_decay, batch_size=int(config.batch_size),
-                   num_classes=data.num_classes)
-    params = train_networks(init, spec, X, y, torch.tensor([-1]), orders, **options)
+    inputs = TrainingInputs(init, spec, X, y, orders)
+    sgd = SgdStep(config.lr, config.weight_decay, int(config.batch_size), data.num_classes)
+    params = train_networks(inputs, sgd, torch.tensor([-1]))
     tensors = {name: p.numpy() for name, p in params.items()} | {"removed": np.array([-1])}
     stack = stack_from_tensors(tensors, spec, data.input_dim)  # the project's one stacked forward pass
     labels = stack.forward(data.X_test)[0].argmax(axis=1)
     boxes, diverged = {}, None
     for k in range(1, k_max + 1):
         try:
-            boxes[k] = abstract_train(init, spec, X, y, orders, k=k, max_width=max_width, **options)
+            boxes[k] = abstract_train(inputs, sgd, k=k, max_width=max_width)
         except AgtDiverged as exc:
             diverged = f"k = {k}: {exc}"
             break

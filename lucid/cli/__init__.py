@@ -12,6 +12,7 @@ import sys
 
 import click
 
+from lucid.command_errors import fail
 from lucid.errors import LucidError
 
 SUBCOMMANDS = {
@@ -56,13 +57,6 @@ class LazyGroup(click.Group):
 @click.version_option(package_name="lucid-idp")
 def cli() -> None:
     """LUCID: individually differentially private label-only access to a classifier."""
-
-
-def fail(message: str, exit_code: int = LucidError.exit_code) -> None:
-    """Print one error line and exit 2 (the contract for every bad input; internal failures that
-    must stop a run carry their own status)."""
-    click.echo(f"lucid: error: {message}", err=True)
-    sys.exit(exit_code)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -14,7 +14,7 @@ import numpy as np
 from lucid.atomic import read_json, write_json_atomic, write_text_atomic
 from lucid.errors import LucidError
 from lucid.interop.dense import DenseNet, exact_float32
-from lucid.interop.onnx_io import joint_model, network_model, save_model
+from lucid.interop.onnx_write import joint_model, network_model, save_model
 from lucid.interop.provenance import NetworksDigest, origin_record
 from lucid.interop.vnnlib import query_text
 from lucid.network import NetworkFile, diverged_message, non_finite, stack_from_tensors

@@ -1,6 +1,6 @@
 """The VNN-LIB property of a singleton iDP query, for a VNN-COMP verifier.
 
-It pairs with the joint ONNX network of `onnx_io.joint_model` (outputs Y_0..Y_{C-2} = s_N[c] - s_N[u]
+It pairs with the joint ONNX network of `onnx_write.joint_model` (outputs Y_0..Y_{C-2} = s_N[c] - s_N[u]
 for u != c, then Y_{C-1}..Y_{2C-3} = s_i[c] - s_i[t] for t != c) and states the *violation*:
 
     x in the domain box  and  every Y of N >= beta  and  some Y of N_-i <= 0,

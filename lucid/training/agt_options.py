@@ -12,6 +12,7 @@ import torch
 
 from lucid.agt.train import AgtBox, agt_boxes
 from lucid.data import Dataset
+from lucid.sgd import TrainingInputs
 from lucid.training.settings import TrainSettings
 
 
@@ -20,8 +21,5 @@ def stage_agt_boxes(ds: Dataset, spec: dict, init: dict, orders: torch.Tensor,
     """Boxes for k = 1..settings.agt that contain every parameter vector T reaches without up to k rows."""
     if settings.progress:
         print(f"lucid: abstract gradient training, boxes for k = 1..{settings.agt}", file=sys.stderr, flush=True)
-    return agt_boxes(
-        init, spec, torch.from_numpy(ds.X_train), torch.from_numpy(ds.y_train), orders, max_k=settings.agt,
-        lr=settings.lr, weight_decay=settings.weight_decay, batch_size=settings.batch_size,
-        num_classes=ds.num_classes, max_width=settings.agt_width, trainable=settings.trainable,
-    )
+    inputs = TrainingInputs(init, spec, torch.from_numpy(ds.X_train), torch.from_numpy(ds.y_train), orders)
+    return agt_boxes(inputs, settings.sgd_step(ds.num_classes), max_k=settings.agt, max_width=settings.agt_width)

@@ -15,10 +15,11 @@ from typing import Any, Callable
 
 import numpy as np
 
+from lucid.sgd import SgdStep, TrainingInputs
 from lucid.training.resources import keep_freed_memory
 
 
-def train_chunk(inputs_name: str, lo: int, hi: int, options: dict[str, Any]) -> dict[str, np.ndarray]:
+def train_chunk(inputs_name: str, lo: int, hi: int, sgd: SgdStep) -> dict[str, np.ndarray]:
     """Networks lo..hi-1 of the run (position 0 = N): their trained parameters and removed rows."""
     import torch
 
@@ -33,15 +34,15 @@ def train_chunk(inputs_name: str, lo: int, hi: int, options: dict[str, Any]) -> 
     keep_freed_memory()
     removed = torch.arange(-1, len(inputs["y"]), dtype=torch.int64)[lo:hi]
     trained = train_networks(
-        {k: torch.from_numpy(v) for k, v in inputs["init"].items()}, inputs["spec"],
-        torch.from_numpy(inputs["X"]), torch.from_numpy(inputs["y"]), removed, torch.from_numpy(inputs["orders"]),
-        **options,
+        TrainingInputs({k: torch.from_numpy(v) for k, v in inputs["init"].items()}, inputs["spec"],
+                       torch.from_numpy(inputs["X"]), torch.from_numpy(inputs["y"]), torch.from_numpy(inputs["orders"])),
+        sgd, removed,
     )
     trained["removed"] = removed
     return {k: v.detach().cpu().numpy() for k, v in trained.items()}
 
 
-def train_on_cluster(cluster: Any, inputs: dict[str, Any], chunks: dict[int, tuple[int, int]], options: dict[str, Any],
+def train_on_cluster(cluster: Any, inputs: dict[str, Any], chunks: dict[int, tuple[int, int]], sgd: SgdStep,
                      save: Callable[[int, dict[str, np.ndarray]], None], advance: Callable[[int], None],
                      stop_after: int = 0) -> None:
     """Train every chunk {index: (lo, hi)} on the cluster; `save` each as it arrives."""
@@ -54,7 +55,7 @@ def train_on_cluster(cluster: Any, inputs: dict[str, Any], chunks: dict[int, tup
     futures: dict[Any, int] = {}
     finished = 0
     try:
-        futures = {client.submit(train_chunk, name, lo, hi, options, pure=False): c
+        futures = {client.submit(train_chunk, name, lo, hi, sgd, pure=False): c
                    for c, (lo, hi) in chunks.items()}
         for future in as_completed(list(futures)):
             c = futures[future]

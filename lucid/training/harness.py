@@ -25,6 +25,7 @@ from lucid.cluster import connect
 from lucid.data import Dataset, prepare_dataset
 from lucid.rundir import RUN_FORMAT, trained_run_fingerprint
 from lucid.settings import settings_with_options
+from lucid.sgd import TrainingInputs
 from lucid.training.agt_options import stage_agt_boxes
 from lucid.training.architecture import check_arch_fits, initial_parameters
 from lucid.training.distributed import train_on_cluster
@@ -86,9 +87,7 @@ def _train(ds: Dataset, meta: dict, out: Path, partial: Path, init: dict[str, to
            settings: TrainSettings, cluster: Any) -> Path:
     spec, fingerprint = meta["architecture"], meta["training"]["fingerprint"]
     epochs, batch_size, progress, dev = settings.epochs, settings.batch_size, settings.progress, settings.torch_device
-    # T's SGD step, as every chunk (local or on a Dask worker) is given it
-    sgd = {"lr": settings.lr, "weight_decay": settings.weight_decay, "batch_size": batch_size,
-           "num_classes": ds.num_classes, "trainable": settings.trainable}
+    sgd = settings.sgd_step(ds.num_classes)  # T's SGD step, as every chunk (local or on a Dask worker) is given it
     n = len(ds.y_train)
     chunk_size = settings.chunk_size
     if chunk_size is None:
@@ -105,18 +104,18 @@ def _train(ds: Dataset, meta: dict, out: Path, partial: Path, init: dict[str, to
     removed_all = torch.arange(-1, n if settings.loo else 0, dtype=torch.int64)
     total = len(removed_all)
     bounds = [(s, min(s + chunk_size, total)) for s in range(0, total, chunk_size)]
-    X = torch.from_numpy(ds.X_train).to(dev)
-    y = torch.from_numpy(ds.y_train).to(dev)
+    inputs = TrainingInputs(init, spec, torch.from_numpy(ds.X_train).to(dev), torch.from_numpy(ds.y_train).to(dev),
+                            orders)
     todo = [c for c in range(len(bounds)) if not (partial / chunk_name(c)).exists()]
     stop = threading.Event()
     stop_after = int(os.environ.get(STOP_AFTER_ENV, "0") or 0)
     if cluster is not None:
 
-        inputs = {"X": ds.X_train, "y": ds.y_train, "orders": orders.numpy(), "spec": spec,
-                  "init": {k: v.numpy() for k, v in init.items()}}
+        held = {"X": ds.X_train, "y": ds.y_train, "orders": orders.numpy(), "spec": spec,
+                "init": {k: v.numpy() for k, v in init.items()}}
         with TrainingProgress(total=total, enabled=progress) as bar:
             bar.advance(total - sum(bounds[c][1] - bounds[c][0] for c in todo))
-            train_on_cluster(cluster, inputs, {c: bounds[c] for c in todo}, sgd,
+            train_on_cluster(cluster, held, {c: bounds[c] for c in todo}, sgd,
                              save=lambda c, arrays: save_arrays(partial / chunk_name(c), arrays),
                              advance=bar.advance, stop_after=stop_after)
         publish(partial, out, meta, ds, len(bounds))
@@ -135,7 +134,7 @@ def _train(ds: Dataset, meta: dict, out: Path, partial: Path, init: dict[str, to
                 raise _Stopped
             bar.advance(per_epoch)
 
-        trained = train_networks(init, spec, X, y, removed_all[lo:hi], orders, **sgd, on_epoch=on_epoch)
+        trained = train_networks(inputs, sgd, removed_all[lo:hi], on_epoch=on_epoch)
         trained["removed"] = removed_all[lo:hi]
         save_tensors(partial / chunk_name(c), trained)
 

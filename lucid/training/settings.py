@@ -18,6 +18,7 @@ import torch
 from lucid.agt.train import DEFAULT_MAX_WIDTH
 from lucid.errors import LucidError
 from lucid.settings import settings_from_options
+from lucid.sgd import SgdStep
 from lucid.training.architecture import parse_arch
 from lucid.training.finetune import parse_train_layers
 
@@ -132,6 +133,11 @@ class TrainSettings:
     def trainable(self) -> set[int] | None:
         """The dense layers SGD updates (None: every layer)."""
         return parse_train_layers(self.train_layers, self.spec)
+
+    def sgd_step(self, num_classes: int) -> SgdStep:
+        """T's SGD step for a run on data with `num_classes` classes, as every chunk (local or on a
+        Dask worker) and the AGT step apply it."""
+        return SgdStep(self.lr, self.weight_decay, self.batch_size, num_classes, self.trainable)
 
     @property
     def agt_width(self) -> float:

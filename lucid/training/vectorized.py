@@ -23,6 +23,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from lucid.sgd import SgdStep, TrainingInputs
+
 
 def batch_orders(n: int, epochs: int, seed: int) -> torch.Tensor:
     """[epochs, n] int64: the row order of each epoch (one generator seeded once, randperm per epoch)."""
@@ -42,35 +44,30 @@ def sample_weights(removed: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
 
 
 def train_networks(
-    init: dict[str, torch.Tensor],
-    spec: dict,
-    X: torch.Tensor,
-    y: torch.Tensor,
+    inputs: TrainingInputs,
+    sgd: SgdStep,
     removed: torch.Tensor,
-    orders: torch.Tensor,
     *,
-    lr: float,
-    weight_decay: float,
-    batch_size: int,
-    num_classes: int,
     method: str = "auto",
-    trainable: set[int] | None = None,
     on_epoch: Callable[[int], None] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Train len(removed) networks (removed[k] = row left out, -1 = none) and return their
     parameters stacked along a new leading axis, on X's device, by safetensors name.
 
-    `trainable`: the dense layers SGD updates (MLPs; default all). The fine-tuning variant of T
+    `sgd.trainable`: the dense layers SGD updates (MLPs; default all). The fine-tuning variant of T
     leaves the other layers at their initial values (no step, no weight decay) and back-propagates
     only down to the first trainable layer; the trained layers get exactly T's arithmetic."""
+    spec, X, y = inputs.spec, inputs.X, inputs.y
+    lr, weight_decay, batch_size, trainable = sgd.lr, sgd.weight_decay, sgd.batch_size, sgd.trainable
     device = X.device
     k = len(removed)
-    params = {name: p.to(device).unsqueeze(0).repeat((k,) + (1,) * p.ndim).contiguous() for name, p in init.items()}
+    params = {name: p.to(device).unsqueeze(0).repeat((k,) + (1,) * p.ndim).contiguous()
+              for name, p in inputs.init.items()}
     removed = removed.to(device)
     if method == "auto" or (method == "autograd" and spec["type"] == "cnn2d"):  # cnn2d's own step is autograd
         method = {"mlp": "mlp", "cnn": "cnn", "cnn2d": "cnn2d"}[spec["type"]]
     step = {"mlp": _MlpStep, "cnn": _CnnStep, "autograd": _AutogradStep, "cnn2d": _Cnn2dStep}[method](
-        params, spec, num_classes)
+        params, spec, sgd.num_classes)
     first = 0
     if trainable is not None:
         if method != "mlp":
@@ -78,8 +75,8 @@ def train_networks(
         first = min(trainable)
         chosen = [j for j in range(len(step.parameters)) if j // 2 in trainable]
     n = X.shape[0]
-    onehot_all = F.one_hot(y, num_classes).to(torch.float32)  # [n, C]
-    orders = orders.to(device)
+    onehot_all = F.one_hot(y, sgd.num_classes).to(torch.float32)  # [n, C]
+    orders = inputs.orders.to(device)
     for epoch in range(orders.shape[0]):
         order = orders[epoch]
         for start in range(0, n, batch_size):
