@@ -59,6 +59,7 @@ def verify_box(box, cls: int, seconds: float, solver: str, target: float | None 
     import lucid.bab.workers as executors
     import lucid.witness.search as witness_search
     from lucid.analysis.screen import Screen
+    from lucid.bab.hooks import EngineHooks
     from lucid.bab.partition import FlatParameters
     from lucid.bab.state import ClassState
     from lucid.settings import VerifySettings
@@ -75,9 +76,11 @@ def verify_box(box, cls: int, seconds: float, solver: str, target: float | None 
     screen = Screen(box, settings.screen, settings.device)
     try:
         engine = bab_engine.Engine(executor, [cls], len(box.stack), settings, params=FlatParameters(box.stack),
-                                   screen=screen.initial, refine=screen.refine,
-                                   search=partial(witness_search.search_class_witness, box, points=None),
-                                   states=states, on_progress=stop_at_leak)
+                                   hooks=EngineHooks(screen=screen.initial, refine=screen.refine,
+                                                     search=partial(witness_search.search_class_witness, box,
+                                                                    points=None),
+                                                     on_progress=stop_at_leak),
+                                   states=states)
         try:
             engine.run()
         except _Decided:

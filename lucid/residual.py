@@ -62,6 +62,14 @@ class ResidualSets:
     digest: str  # sha256 of the parameter file: which networks the memo's answers were checked by
 
 
+def residual_members(screen: np.ndarray, positions: np.ndarray, size: int) -> np.ndarray:
+    """A class's residual set: the `size` networks of `positions` with the highest screened bounds
+    (ties by position), sorted; a network screened harmless (bound -inf) never takes a place."""
+    candidates = positions[screen[positions] > -math.inf]
+    order = np.lexsort((candidates, -screen[candidates]))
+    return np.sort(candidates[order[:size]])
+
+
 def write_residual(run_dir: str | Path, classes: dict[int, ClassResidual], size: int) -> dict:
     """Write the union's parameter file and return bounds.json's "residual" section (write that after)."""
     run_dir = Path(run_dir)

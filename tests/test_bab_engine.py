@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from lucid.bab.engine import Engine
+from lucid.bab.hooks import EngineHooks
 from lucid.bab.state import ClassState
 from lucid.settings import VerifySettings
 from lucid.bab.events import EventLog, read_events
@@ -72,7 +73,7 @@ def make_engine(tmp_path, values, *, workers=2, params=None, screen=None, analys
         params = np.random.default_rng(0).normal(size=(len(values), 5))
     log = EventLog(tmp_path / "log.jsonl")
     engine = Engine(ThreadExecutor(analyser, workers), [0], len(values), VerifySettings(**cfg), params=params,
-                    screen=screen, log=log)
+                    hooks=EngineHooks(screen=screen), log=log)
     return engine, analyser, log
 
 
@@ -611,7 +612,7 @@ def test_a_time_limit_ends_the_seeds_and_their_screen_refinement_and_a_resume_se
 
     def engine_with(refine, limit, states=None):
         return Engine(ThreadExecutor(FakeAnalyser(values), 1), [0, 1], len(values), VerifySettings(time_limit=limit),
-                      screen=lambda c, pos: values[pos] + 0.5, refine=refine, search=search, states=states,
+                      hooks=EngineHooks(screen=lambda c, pos: values[pos] + 0.5, refine=refine, search=search), states=states,
                       log=EventLog(tmp_path / "log.jsonl", append=True))
 
     t0 = time.monotonic()
@@ -667,6 +668,7 @@ def test_a_resumed_class_whose_pending_node_is_pruned_splits_its_open_node_inste
     cs.rebuild_heaps()
     engine = Engine(ThreadExecutor(FakeAnalyser(values), 1), [0], len(values), VerifySettings(),
                     params=np.random.default_rng(0).normal(size=(len(values), 5)),
-                    screen=lambda c, pos: values[pos] + 0.05, states={0: cs}, log=EventLog(tmp_path / "log.jsonl"))
+                    hooks=EngineHooks(screen=lambda c, pos: values[pos] + 0.05), states={0: cs},
+                    log=EventLog(tmp_path / "log.jsonl"))
     states = engine.run()
     assert states[0].complete and states[0].upper == pytest.approx(0.9)

@@ -17,9 +17,7 @@ the level is small or infeasible, while the exact bound needs the branch-and-bou
 whole gap between relaxation and optimum (figures in benchmarks/results/idle_machine.md).
 
 A node that hits its time limit keeps its (proved) dual bound and is branched like any other; an
-unproved singleton cannot be branched, so it is retried with a longer limit
-(`lucid.analysis.budget.RETRY_GROWTH` times the previous one; until the total time limit, or
-`MAX_SINGLETON_ATTEMPTS` solves without one) and otherwise keeps its sound bound.
+unproved singleton is retried with a longer limit until the deadline (`Scheduler.retryable`).
 """
 
 from __future__ import annotations
@@ -33,23 +31,18 @@ import numpy as np
 
 from lucid.bab.anytime import AnytimeBounds
 from lucid.bab.events import EventLog
+from lucid.bab.hooks import EngineHooks
 from lucid.bab.node import FINAL, OPEN, PENDING, RUNNING, SETTLED, SPLIT, STUCK, Node
 from lucid.bab.schedule import Scheduler
-from lucid.bab.screening import RefineFn, ScreenBounds, ScreenFn
+from lucid.bab.screening import ScreenBounds
 from lucid.bab.session import Session
-from lucid.bab.partition import PEEL_ROOT_ABOVE, peel_top, split_node
+from lucid.bab.partition import PEEL_ROOT_ABOVE, peel_top, preload_kmeans, split_node
 from lucid.bab.state import INF, ClassState
 from lucid.bab.workers import Executor
 from lucid.deadline import Deadline
 from lucid.errors import LucidError
+from lucid.residual import residual_members
 from lucid.settings import VerifySettings
-
-
-def _preload_kmeans() -> None:
-    try:
-        import sklearn.cluster  # noqa: F401  (seconds to import: only when a split is coming)
-    except Exception:
-        pass
 
 
 class Engine:
@@ -59,35 +52,23 @@ class Engine:
     collaborators that keep the bounds (`anytime`), the screened bounds (`screening`) and the
     schedule (`scheduler`), and the `session` whose clock and log they all share."""
 
-    def __init__(
-        self,
-        executor: Executor,
-        classes: list[int],
-        num_networks: int,
-        config: VerifySettings,
-        *,
-        params: np.ndarray | Callable[[], np.ndarray] | None = None,
-        screen: ScreenFn | None = None,
-        refine: RefineFn | None = None,
-        search: Callable[..., Any] | None = None,  # (cls, positions, deadline=...) -> a leak or None
-        log: EventLog | None = None,
-        on_progress: Callable[["Engine"], None] | None = None,
-        on_checkpoint: Callable[["Engine"], None] | None = None,
-        states: dict[int, ClassState] | None = None,
-        deadline: Deadline | None = None,
-    ) -> None:
+    def __init__(self, executor: Executor, classes: list[int], num_networks: int, config: VerifySettings, *,
+                 params: np.ndarray | Callable[[], np.ndarray] | None = None, hooks: EngineHooks | None = None,
+                 log: EventLog | None = None, states: dict[int, ClassState] | None = None,
+                 deadline: Deadline | None = None) -> None:
         """`deadline`: when to stop (default: `config.time_limit` from when `run` starts); one with
         a start makes an invocation's set-up (N's bounds, the initial screens) count against it too."""
+        hooks = hooks if hooks is not None else EngineHooks()
         self.executor = executor
         self.config = config
         self.num_networks = num_networks  # stack size; positions 1..num_networks-1
         self._params = params
-        self._search = None if config.naive else search
-        self.on_progress = on_progress
-        self.on_checkpoint = on_checkpoint
+        self._search = None if config.naive else hooks.search
+        self.on_progress = hooks.on_progress
+        self.on_checkpoint = hooks.on_checkpoint
         self.session = Session(log, deadline if deadline is not None else Deadline(config.time_limit))
         self.anytime = AnytimeBounds(config, self.session)
-        self.screening = ScreenBounds(num_networks, config, self.anytime, self.session, screen, refine)
+        self.screening = ScreenBounds(num_networks, config, self.anytime, self.session, hooks.screen, hooks.refine)
         self.states = states if states is not None else {c: ClassState(cls=c) for c in classes}
         if self.screening.enabled:
             for c, cs in self.states.items():
@@ -138,9 +119,7 @@ class Engine:
         residual set, chosen here once (the M highest screened bounds, ties by position)."""
         positions = np.arange(1, self.num_networks, dtype=np.int64)
         if self.config.residual and cs.residual is None and cs.screen is not None:
-            candidates = positions[cs.screen[positions] > -INF]  # a network screened harmless needs no check
-            order = np.lexsort((candidates, -cs.screen[candidates]))
-            cs.residual = np.sort(candidates[order[: self.config.residual]])
+            cs.residual = residual_members(cs.screen, positions, self.config.residual)
             ranked = np.sort(cs.screen[cs.residual])[::-1]
             self.session.emit("residual", cs.cls, networks=len(cs.residual), positions=cs.residual.tolist(),
                               bounds=[float(b) for b in ranked])
@@ -305,8 +284,8 @@ class Engine:
 
     # --- main loop ---------------------------------------------------------------------------------
     def run(self, poll: float = 0.25) -> dict[int, ClassState]:
-        """Verify every class until each is done or the session's time limit ends; `poll`: the
-        longest wait for a result between scheduling rounds. Returns the class states."""
+        """Verify every class until each is done or the deadline; `poll`: the longest wait for a
+        result between scheduling rounds. Returns the class states."""
         if not self.session.fixed_start:
             self.session.start()
         for cs in self.states.values():
@@ -316,7 +295,7 @@ class Engine:
                 self.session.emit("class_reopened", cs.cls, upper=cs.upper, lower=cs.lower, open=len(cs.nodes))
         if self.config.bab and not self.config.naive:
             # scikit-learn takes seconds to import: overlap it with the root MILPs, not the first split.
-            threading.Thread(target=_preload_kmeans, daemon=True).start()
+            threading.Thread(target=preload_kmeans, daemon=True).start()
         for cs in self.states.values():
             if not cs.done and not cs.nodes and cs.solved == 0 and cs.next_id == 0:
                 if self.session.past():

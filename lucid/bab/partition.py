@@ -26,6 +26,14 @@ CANDIDATE_KS = (2, 4, 8)
 UNPROVED_SINGLETONS_AT = 8
 
 
+def preload_kmeans() -> None:
+    """Import scikit-learn's k-means ahead of the first split (it takes seconds: run in a thread)."""
+    try:
+        import sklearn.cluster  # noqa: F401
+    except Exception:
+        pass
+
+
 def _kmeans(x: np.ndarray, k: int, random_state: int) -> tuple[np.ndarray, float]:
     from sklearn.cluster import KMeans
 

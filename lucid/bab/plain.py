@@ -23,6 +23,7 @@ import lucid.bab.workers as executors
 import lucid.witness.search as witness_search
 from lucid.bab.events import LOG_FILE, read_events
 from lucid.bab.lifecycle import VerificationRun, Verified
+from lucid.bab.hooks import EngineHooks
 from lucid.bab.partition import FlatParameters
 from lucid.bab.state import ClassState
 from lucid.errors import LucidError
@@ -63,12 +64,12 @@ class BranchAndBound:
         try:
             with run.interruptible(interrupted):
                 with live_display.LiveDisplay(title, enabled=settings.progress) as display:
-                    engine = bab_engine.Engine(
-                        executor, run.classes, len(problem.stack), settings, params=FlatParameters(problem.stack),
-                        screen=None if screen is None else screen.initial,
-                        refine=screen.refine if screen is not None and screen.refines else None, search=search,
-                        log=log, on_progress=display.update, on_checkpoint=checkpoint, states=states,
-                        deadline=run.deadline)
+                    hooks = EngineHooks(screen=None if screen is None else screen.initial,
+                                        refine=screen.refine if screen is not None and screen.refines else None,
+                                        search=search, on_progress=display.update, on_checkpoint=checkpoint)
+                    engine = bab_engine.Engine(executor, run.classes, len(problem.stack), settings,
+                                               params=FlatParameters(problem.stack), hooks=hooks, log=log,
+                                               states=states, deadline=run.deadline)
                     engine.run()
         finally:
             executor.close()

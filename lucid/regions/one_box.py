@@ -18,6 +18,7 @@ import lucid.bab.engine as bab_engine
 import lucid.bab.workers as executors
 import lucid.witness.search as witness_search
 from lucid.bab.events import EventLog
+from lucid.bab.hooks import EngineHooks
 from lucid.bab.partition import FlatParameters
 from lucid.bab.state import ClassState
 from lucid.analysis.problem import VerificationProblem
@@ -134,11 +135,12 @@ class BoxVerifier:
                   if settings.search else None)
         title = f"lucid verify --regions: box {node} of at most {2 * settings.regions - 1}"
         with live_display.LiveDisplay(title, enabled=settings.progress) as display:
-            engine = bab_engine.Engine(
-                self.executor, open_classes, len(problem.stack), settings, params=FlatParameters(problem.stack),
-                screen=None if screen is None else initial,
-                refine=screen.refine if screen is not None and screen.refines else None, search=search,
-                on_progress=display.update, states=states, deadline=deadline)
+            hooks = EngineHooks(screen=None if screen is None else initial,
+                                refine=screen.refine if screen is not None and screen.refines else None,
+                                search=search, on_progress=display.update)
+            engine = bab_engine.Engine(self.executor, open_classes, len(problem.stack), settings,
+                                       params=FlatParameters(problem.stack), hooks=hooks, states=states,
+                                       deadline=deadline)
             engine.run()
         upper = tree.bound_upper[node].copy()  # classes not verified here keep what they had
         lower = np.full(tree.num_classes, -np.inf)
