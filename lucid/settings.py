@@ -5,18 +5,19 @@ workers, the node analysis and the solver calls all read this same object, so an
 dropped on the way (as `--no-search` once was: the node-level search never saw it). The encoder and
 the backends take their own small parameter objects (`EncodingOptions`, `SolverOptions`), and those
 are built here and nowhere else. The checkpoint and the log store `result_options()`, and a resume
-compares them. `default_of` lets a command-line option take its default from a settings field, so
-each default is written once. Training's options are `lucid.training.settings.TrainSettings`.
+compares them. Training's options are `lucid.training.settings.TrainSettings`; both are built from
+keyword options the same way (`lucid.option_fields`).
 """
 
 from __future__ import annotations
 
 import math
 import re
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import dataclass, fields
 from typing import Any
 
 from lucid.errors import LucidError
+from lucid.option_fields import settings_from_options
 from lucid.solvers import check_solver_spec
 from lucid.solvers.base import SolverOptions
 
@@ -27,30 +28,6 @@ BOUND_METHODS = ("interval", "lp")
 # the class's cutoff get their Lagrange multipliers and ReLU slopes optimised.
 SCREENS = ("none", "interval", "symbolic", "optimised")
 DEFAULT_SCREEN = "optimised"
-
-
-def default_of(settings_class: type, name: str) -> Any:
-    """The default of field `name` of a settings dataclass, for a command-line option to use and show:
-    the dataclass is then the one place that default is written."""
-    for f in fields(settings_class):
-        if f.name == name and f.default is not MISSING:
-            return f.default
-    raise ValueError(f"{settings_class.__name__} has no field {name!r} with a default")
-
-
-def settings_from_options(settings_class: type, what: str, options: dict[str, Any]) -> Any:
-    """A settings dataclass from keyword options; an unknown name is one error line (naming `what`
-    options), not a TypeError."""
-    unknown = sorted(set(options) - {f.name for f in fields(settings_class)})
-    if unknown:
-        raise LucidError(f"unknown {what} option(s): {', '.join(unknown)}")
-    return settings_class(**options)
-
-
-def settings_with_options(settings: Any, what: str, options: dict[str, Any]) -> Any:
-    """`settings` with some fields replaced by keyword options, checked like `settings_from_options`."""
-    current = {f.name: getattr(settings, f.name) for f in fields(settings)}
-    return settings_from_options(type(settings), what, {**current, **options})
 
 
 def parse_hyper(hyper: Any) -> int:
@@ -104,18 +81,6 @@ def parse_classes(classes: Any) -> tuple[int, ...] | None:
         if c not in out:
             out.append(c)
     return tuple(sorted(out))
-
-
-def default_node_time_limit(time_limit: float | None) -> float | None:
-    """Per-node MILP limit when only a total limit is given: an eighth of it, at least 20 s.
-
-    Without one the root MILP gets the whole budget, and a root over thousands of networks may
-    not finish in it at all, leaving only the screening bound. A node that hits its limit still
-    returns its proved dual bound, and a hyper-network node is then split.
-    """
-    if time_limit is None:
-        return None
-    return max(20.0, time_limit / 8)
 
 
 SPLIT_TIME = 60.0  # the default --split-time

@@ -381,7 +381,7 @@ def test_an_unproved_singleton_is_retried_with_its_attempt_number_and_a_longer_l
 
 
 def test_default_node_time_limit_is_a_share_of_the_total():
-    from lucid.settings import default_node_time_limit
+    from lucid.analysis.budget import default_node_time_limit
 
     assert default_node_time_limit(None) is None
     assert default_node_time_limit(60) == 20.0

@@ -31,7 +31,7 @@ ENGINE_REGIONS = {"regions.verify", "regions.one_box", "regions.choice", "region
 # or a module inside a package, as "regions.verify"); any `__main__` module is a command line and
 # sits on top.
 LAYERS = [
-    {"__init__", "__version__", "errors", "command_errors", "atomic", "worker_inputs", "cluster", "adam", "deadline"},  # foundations
+    {"__init__", "__version__", "errors", "command_errors", "option_fields", "atomic", "worker_inputs", "cluster", "adam", "deadline"},  # foundations
     {"network", "convolution", "network_cache", "data", "rundir", "regions", "hyper", "witness",
      "dynamic_range", "residual"},  # networks and run directories; the partition into regions
     {"interop"},  # ONNX / state-dict import and export of run directories, VNN-LIB queries

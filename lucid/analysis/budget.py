@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from lucid.deadline import Deadline
-from lucid.settings import EncodingOptions, VerifySettings, default_node_time_limit
+from lucid.settings import EncodingOptions, VerifySettings
 
 # Each retry repeats the leak search, probe and OBBT (and, without a kept tree, restarts the
 # MILP), so a short growth pays those costs, and the time-limited attempts before the one that
@@ -46,6 +46,18 @@ MIN_ATTEMPT_TIME = 0.05
 def deadline_margin(time_limit: float) -> float:
     """Node MILPs stop this long before the session's deadline, so their bounds are collected."""
     return min(3.0, 0.02 * time_limit)
+
+
+def default_node_time_limit(time_limit: float | None) -> float | None:
+    """Per-node MILP limit when only a total limit is given: an eighth of it, at least 20 s.
+
+    Without one the root MILP gets the whole budget, and a root over thousands of networks may
+    not finish in it at all, leaving only the screening bound. A node that hits its limit still
+    returns its proved dual bound, and a hyper-network node is then split.
+    """
+    if time_limit is None:
+        return None
+    return max(20.0, time_limit / 8)
 
 
 def node_limit(settings: VerifySettings, deadline: Deadline) -> float | None:

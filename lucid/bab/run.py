@@ -20,7 +20,8 @@ from lucid.deadline import Deadline
 from lucid.errors import LucidError
 from lucid.regions.verify import RegionRefinement
 from lucid.rundir import open_run
-from lucid.settings import VerifySettings, settings_with_options
+from lucid.option_fields import settings_with_options
+from lucid.settings import VerifySettings
 
 
 def verify_run(run_dir: str | Path, settings: VerifySettings | None = None, **options: Any) -> dict:

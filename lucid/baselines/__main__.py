@@ -17,7 +17,7 @@ from lucid.access.mechanism import check_epsilon
 from lucid.baselines.common import BaselineResult, Dataset, DpSgdSettings, TrainConfig, load_run_data
 from lucid.command_errors import fail
 from lucid.errors import LucidError
-from lucid.settings import default_of
+from lucid.option_fields import default_of
 
 METHODS = ("plain", "dpsgd", "dpcert", "alibi", "sa", "agt-ss", "agt-sa")
 

@@ -13,7 +13,8 @@ from pathlib import Path
 import click
 
 from lucid.errors import LucidError
-from lucid.settings import VerifySettings, default_of
+from lucid.option_fields import default_of
+from lucid.settings import VerifySettings
 from lucid.training.settings import TrainSettings
 
 DEMO_DATA = "sklearn:breast_cancer"

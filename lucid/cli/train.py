@@ -8,7 +8,7 @@ import click
 
 from lucid.agt.train import DEFAULT_MAX_WIDTH
 from lucid.errors import LucidError
-from lucid.settings import default_of
+from lucid.option_fields import default_of
 from lucid.training.settings import TrainSettings
 
 

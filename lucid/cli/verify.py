@@ -6,8 +6,8 @@ from typing import Any
 
 import click
 
-from lucid.settings import (DEFAULT_SCREEN, INPUT_SPLIT_MAX_DIM, INPUT_SPLIT_MIN_NEURONS, SPLIT_SPACES, VerifySettings,
-                            default_of)
+from lucid.option_fields import default_of
+from lucid.settings import DEFAULT_SCREEN, INPUT_SPLIT_MAX_DIM, INPUT_SPLIT_MIN_NEURONS, SPLIT_SPACES, VerifySettings
 
 
 def _default(name: str) -> Any:

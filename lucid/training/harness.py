@@ -24,7 +24,7 @@ from lucid.agt.store import AGT_FILE, save_boxes
 from lucid.cluster import connect
 from lucid.data import Dataset, prepare_dataset
 from lucid.rundir import RUN_FORMAT, trained_run_fingerprint
-from lucid.settings import settings_with_options
+from lucid.option_fields import settings_with_options
 from lucid.sgd import TrainingInputs
 from lucid.training.agt_options import stage_agt_boxes
 from lucid.training.architecture import check_arch_fits, initial_parameters

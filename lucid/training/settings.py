@@ -17,7 +17,7 @@ import torch
 
 from lucid.agt.train import DEFAULT_MAX_WIDTH
 from lucid.errors import LucidError
-from lucid.settings import settings_from_options
+from lucid.option_fields import settings_from_options
 from lucid.sgd import SgdStep
 from lucid.training.architecture import parse_arch
 from lucid.training.finetune import parse_train_layers
