@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from lucid.bounds.difference import difference_bounds
+from lucid.bounds.difference import WeightIntervals, difference_bounds
 from lucid.bounds.interval import FP_REL
 from lucid.analysis.problem import VerificationProblem
 
@@ -31,7 +31,8 @@ def interval_screens(problem: VerificationProblem, classes: list[int], positions
         pos = positions[start : start + chunk]
         ws = [w[pos] for w in problem.stack.weights]
         bs = [b[pos] for b in problem.stack.biases]
-        diff = difference_bounds(problem.n_weights, problem.n_biases, ws, ws, bs, bs, problem.n_bounds, problem.lower, problem.upper)
+        diff = difference_bounds(problem.n_weights, problem.n_biases, WeightIntervals.points(ws, bs), problem.n_bounds,
+                                 problem.lower, problem.upper)
         dl, du = diff.pre.lower[-1], diff.pre.upper[-1]  # [k, C]
         hl, hu = diff.hyper.lower[-1], diff.hyper.upper[-1]
         for j, cls in enumerate(classes):

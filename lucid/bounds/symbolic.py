@@ -24,18 +24,9 @@ dW_k = W'_k - W_k, the pre-activation differences are exactly linear:
 Every objective above is linear in (zhat_{L-1}, deltahat_{L-1}) (s' = zhat + deltahat). It is
 bounded by a CROWN-style backward pass, batched over networks (and objectives):
 
-* N's ReLU with N's pre-activation bounds [l, u] (the LP-tightened `n_bounds`): stable neurons
-  exactly; an unstable one above by the chord u (zhat - l) / (u - l), below by alpha * zhat with a
-  free slope alpha in [0, 1] (CROWN's choice: 1 if u > -l else 0; optimised alpha-CROWN style).
-* The ReLU difference delta = relu(zhat + deltahat) - relu(zhat), using N's interval [l, u], N''s
-  interval [l', u'] and the interval [dl, du] of deltahat. Always min(0, dh) <= delta <= max(0, dh).
-  Upper bound: 0 if N' is stably inactive (delta = -relu(zhat) <= 0); deltahat if N' is stably
-  active (delta = dh + min(zhat, 0) <= dh); else the chord of max(0, dh) over [dl, du] (dh itself if
-  dl >= 0, 0 if du <= 0). Lower bound: 0 if N is stably inactive (delta = relu(zhat') >= 0);
-  deltahat if N is stably active (delta = max(dh, -zhat) >= dh); else the chord of min(0, dh) over
-  [dl, du]. (Both stably active gives delta = dh, both inactive delta = 0: exact.) The chords are
-  the tightest linear bounds of max(0, dh) / min(0, dh) over the interval, so this relaxation has
-  no free slopes.
+* N's ReLU (CROWN: a chord above, a free slope alpha in [0, 1] below) and the ReLU difference
+  delta = relu(zhat + deltahat) - relu(zhat) (chords of max(0, dh) / min(0, dh), no free slopes),
+  both from the layer's intervals: `lucid.bounds.relaxation`.
 * The intermediate intervals: [dl, du] and [l', u'] start from the interval propagation of
   `lucid.bounds.difference.difference_bounds`; with `intermediate="symbolic"` (default) each
   hidden layer's deltahat_k (every neuron) and zhat'_k = zhat_k + deltahat_k (where N's neuron is
@@ -103,7 +94,8 @@ import torch
 
 from lucid.adam import Adam
 from lucid.bounds.interval import FP_ABS
-from lucid.bounds.joint import DTYPE, JointSystem, SymbolicDifference, _np, projected_adam_step
+from lucid.bounds.joint import JointSystem, SymbolicDifference, _np, projected_adam_step
+from lucid.bounds.relaxation import DTYPE
 from lucid.bounds.pair import PairProblem
 
 OPTIMISE_STEPS = 60  # Adam steps of the optimised screen (benchmarks/results/screen.md: 60 at lr 0.02)
