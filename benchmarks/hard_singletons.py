@@ -93,7 +93,8 @@ def select(tasks: list[tuple[str, int]], candidates: int, split: float, keep: in
     from screen import lower_bounds
 
     from lucid.bounds.relu_split import split_singleton
-    from lucid.bounds.symbolic import OPTIMISE_STEPS, symbolic_screen
+    from lucid.bounds.stack_screen import symbolic_screen
+    from lucid.bounds.symbolic import ScreenOptions
 
     suite = _load_suite()
     have = {(e["workload"], e["class"]) for e in suite}
@@ -106,7 +107,7 @@ def select(tasks: list[tuple[str, int]], candidates: int, split: float, keep: in
         lb = lower_bounds(name, problem, [cls])[cls]
         best = lb["replayed"] if lb["recorded"] is None else max(lb["replayed"], lb["recorded"])
         level = best + rel_gap * abs(best)
-        screened = symbolic_screen(problem, cls, positions, steps=OPTIMISE_STEPS, cutoff=level)
+        screened = symbolic_screen(problem, cls, positions, ScreenOptions.optimised(), cutoff=level)
         above = np.flatnonzero(screened > level)
         order = above[np.argsort(-screened[above])][:candidates]
         rows = []

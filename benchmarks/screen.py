@@ -4,7 +4,7 @@ For every workload and class: the share of the networks N_-i whose sound upper b
 beta*_{c,{i}} is <= the class's lower bound LB (such a network can never raise the class's bound,
 so the BaB drops it), for
   (a) interval:  today's `lucid.analysis.screen.screen_upper_bounds` (interval difference propagation),
-  (b) symbolic:  `lucid.bounds.symbolic.symbolic_screen`, lambda = 1, CROWN slopes,
+  (b) symbolic:  `lucid.bounds.stack_screen.symbolic_screen`, lambda = 1, CROWN slopes,
   (c) optimised: the same with projected Adam steps on lambda and the alpha slopes,
   (d) LP:        the LP relaxation of each singleton's own MILP (encoder with relax_all=True,
                  HiGHS, plus the verifier's safety margin) on a random sample: the ceiling,
@@ -153,7 +153,8 @@ def lower_bounds(name: str, problem, classes) -> dict[int, dict]:
 def measure(name: str, classes, lp_sample: int, steps: int, threads: int, lr: float = 0.02, seed: int = 0) -> dict:
     import torch
 
-    from lucid.bounds.symbolic import symbolic_screen
+    from lucid.bounds.stack_screen import symbolic_screen
+    from lucid.bounds.symbolic import ScreenOptions
     from lucid.rundir import open_run
     from lucid.analysis.problem import VerificationProblem
     from lucid.analysis.screen import screen_upper_bounds
@@ -174,8 +175,8 @@ def measure(name: str, classes, lp_sample: int, steps: int, threads: int, lr: fl
         for key, fn in (
             ("interval", lambda: screen_upper_bounds(problem, c, positions)),
             ("symbolic", lambda: symbolic_screen(problem, c, positions)),
-            ("sym_ivmid", lambda: symbolic_screen(problem, c, positions, intermediate="interval")),
-            ("optimised", lambda: symbolic_screen(problem, c, positions, steps=steps, lr=lr, cutoff=level)),
+            ("sym_ivmid", lambda: symbolic_screen(problem, c, positions, ScreenOptions(intermediate="interval"))),
+            ("optimised", lambda: symbolic_screen(problem, c, positions, ScreenOptions(steps=steps, lr=lr), cutoff=level)),
         ):
             t0 = time.perf_counter()
             b = fn()
@@ -260,7 +261,8 @@ def timing(name: str, cls: int, lb: float, steps: int, threads: int, repeats: in
     over `repeats` runs (the machine is shared: the minimum is the least disturbed run)."""
     import torch
 
-    from lucid.bounds.symbolic import symbolic_screen
+    from lucid.bounds.stack_screen import symbolic_screen
+    from lucid.bounds.symbolic import ScreenOptions
     from lucid.rundir import open_run
     from lucid.analysis.problem import VerificationProblem
     from lucid.analysis.screen import screen_upper_bounds
@@ -272,7 +274,7 @@ def timing(name: str, cls: int, lb: float, steps: int, threads: int, repeats: in
     for key, fn in (
         ("interval", lambda: screen_upper_bounds(problem, cls, positions)),
         ("symbolic", lambda: symbolic_screen(problem, cls, positions)),
-        ("optimised", lambda: symbolic_screen(problem, cls, positions, steps=steps, cutoff=lb)),
+        ("optimised", lambda: symbolic_screen(problem, cls, positions, ScreenOptions(steps=steps), cutoff=lb)),
     ):
         walls, cpus = [], []
         for _ in range(repeats):

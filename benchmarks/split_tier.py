@@ -40,7 +40,8 @@ def measure(name: str, cls: int, budget: float, threads: int) -> dict:
     from screen import RUNS, lower_bounds
 
     from lucid.bounds.relu_split import split_singleton
-    from lucid.bounds.symbolic import OPTIMISE_STEPS, symbolic_screen
+    from lucid.bounds.stack_screen import symbolic_screen
+    from lucid.bounds.symbolic import ScreenOptions
     from lucid.analysis.problem import VerificationProblem
     from lucid.rundir import open_run
 
@@ -57,7 +58,7 @@ def measure(name: str, cls: int, budget: float, threads: int) -> dict:
         state = None
     if state is None:
         t0 = time.perf_counter()
-        screened = symbolic_screen(problem, cls, positions, steps=OPTIMISE_STEPS, cutoff=level)
+        screened = symbolic_screen(problem, cls, positions, ScreenOptions.optimised(), cutoff=level)
         left = positions[screened > level]
         order = np.argsort(-screened[left - 1], kind="stable")  # hardest first
         state = {"workload": name, "class": cls, "networks": int(len(positions)), "lb": level, "budget": budget,

@@ -16,7 +16,7 @@ from test_bounds import sample_layers
 import lucid.bounds.relu_split as rs
 from lucid.bounds.pair import PairProblem
 from lucid.bounds.relu_split import split_singleton, split_upper_bound
-from lucid.bounds.symbolic import singleton_upper_bounds
+from lucid.bounds.symbolic import ScreenOptions, singleton_upper_bounds
 from lucid.analysis.problem import VerificationProblem
 
 # (seed, hidden, classes, input dim, domain lower end, perturbation size)
@@ -88,7 +88,7 @@ def test_it_is_never_looser_than_the_optimised_symbolic_bound(cases):
         nw, nb = network(problem.stack, 0)
         sym = singleton_upper_bounds(PairProblem(nw, nb, [w[None] for w in ws], [b[None] for b in bs],
                                                  problem.n_bounds.lower, problem.n_bounds.upper, problem.lower,
-                                                 problem.upper), cls, problem.margin_upper, steps=20)
+                                                 problem.upper), cls, problem.margin_upper, ScreenOptions(steps=20))
         res = run(problem, p, cls, -math.inf, time_limit=0.5, start=sym.per_target[0])
         assert ex - 1e-9 <= res.bound <= sym.bound[0]
 

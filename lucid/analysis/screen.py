@@ -81,7 +81,7 @@ class Screen:
         classes = self.classes if self.classes is not None and cls in self.classes else [cls]
         bounds = interval_screens(self.problem, classes, positions)
         if self.method != "interval":
-            from lucid.bounds.symbolic import symbolic_screens
+            from lucid.bounds.stack_screen import symbolic_screens
 
             bounds = np.minimum(bounds, symbolic_screens(self.problem, classes, positions, device=self.device))
         self._kept = (key, {c: b for c, b in zip(classes, bounds) if c != cls})
@@ -102,7 +102,7 @@ class Screen:
                 bounds[j] = np.minimum(bounds[j], prior[c])
         if self.method == "interval" or positions.size == 0:
             return dict(zip(classes, bounds))
-        from lucid.bounds.symbolic import symbolic_screens
+        from lucid.bounds.stack_screen import symbolic_screens
 
         done = np.zeros(len(positions), dtype=bool)
         highest = np.full(len(classes), -np.inf)
@@ -126,6 +126,7 @@ class Screen:
         return self.method == "optimised"
 
     def refine(self, cls: int, positions: np.ndarray, cutoff: float) -> np.ndarray:
-        from lucid.bounds.symbolic import OPTIMISE_STEPS, symbolic_screen
+        from lucid.bounds.stack_screen import symbolic_screen
+        from lucid.bounds.symbolic import ScreenOptions
 
-        return symbolic_screen(self.problem, cls, positions, steps=OPTIMISE_STEPS, cutoff=cutoff, device=self.device)
+        return symbolic_screen(self.problem, cls, positions, ScreenOptions.optimised(self.device), cutoff=cutoff)

@@ -25,7 +25,7 @@ import numpy as np
 from lucid.bounds.interval import interval_bounds, interval_margin_upper
 from lucid.bounds.pair import PairProblem
 from lucid.bounds.relu_split import CHECK_SHARE, LEAK_STARTS, TRACE_EVERY, SplitResult, leaks_from
-from lucid.bounds.symbolic import singleton_upper_bounds
+from lucid.bounds.symbolic import ScreenOptions, singleton_upper_bounds
 
 # After CHECK_SHARE of its time the tier gives up (leaving the rest to the MILP) unless it has closed
 # at least GIVE_UP_LEFT of the distance from its first bound to the cutoff: cutting boxes gains
@@ -46,7 +46,7 @@ def box_bound(problem, cls: int, position: int, lower: np.ndarray, upper: np.nda
     n_bounds = interval_bounds([w[0] for w in stack.weights], [b[0] for b in stack.biases], lower, upper)
     margin = interval_margin_upper(n_bounds)
     pair = PairProblem.singleton(stack, position, n_bounds.lower, n_bounds.upper, lower, upper)
-    return singleton_upper_bounds(pair, cls, margin, steps=0, cutoff=cutoff, device=device).per_target[0]
+    return singleton_upper_bounds(pair, cls, margin, ScreenOptions(device=device), cutoff=cutoff).per_target[0]
 
 
 def input_split_singleton(problem, cls: int, position: int, cutoff: float, *, time_limit: float,

@@ -29,7 +29,7 @@ from lucid.bounds.joint import JointSystem
 from lucid.bounds.pair import PairProblem
 from lucid.bounds.split_domains import _Domains
 from lucid.bounds.split_lagrangian import _Brancher
-from lucid.bounds.symbolic import OPTIMISE_STEPS, singleton_upper_bounds
+from lucid.bounds.symbolic import ScreenOptions, singleton_upper_bounds
 from lucid.witness.gradient import gradient_search
 from lucid.witness.replay import climb
 
@@ -320,8 +320,8 @@ def split_singleton(problem, cls: int, position: int, cutoff: float, *, time_lim
         leak_from(xs)
         return any(found.confidence >= cutoff for found in leaks)
 
-    start = singleton_upper_bounds(pair, cls, problem.margin_upper, steps=OPTIMISE_STEPS, cutoff=cutoff,
-                                   device=device).per_target[0]
+    start = singleton_upper_bounds(pair, cls, problem.margin_upper, ScreenOptions.optimised(device),
+                                   cutoff=cutoff).per_target[0]
     res = split_upper_bound(pair, cls, cutoff, margin_upper=problem.margin_upper, time_limit=time_limit,
                             start=start, device=device, domain_bound=domain_bound,
                             checkpoint=(CHECK_SHARE * time_limit, hopeless) if give_up else None,
