@@ -104,8 +104,7 @@ def lp_singleton_bound(problem, cls: int, position: int) -> float:
     """(d): the LP relaxation (every ReLU relaxed) of the singleton's own MILP, as the verifier
     builds it, solved by HiGHS; its dual bound plus the verifier's safety margin."""
     from lucid.hyper import hyper_network
-    from lucid.analysis.milp_tier import encode_model
-    from lucid.analysis.encode import EncodingOptions, possible_targets
+    from lucid.analysis.encode import EncoderInputs, EncodingOptions, encode_idp, possible_targets
     from lucid.analysis.problem import node_difference_bounds
     from lucid.analysis.soundness import user_bound
     from lucid.solvers import solve
@@ -116,7 +115,8 @@ def lp_singleton_bound(problem, cls: int, position: int) -> float:
     targets = possible_targets(cls, diff.hyper)
     if not targets:
         return -math.inf
-    model = encode_model(problem, hyper, cls, targets, EncodingOptions(), problem.n_bounds, diff, relax_all=True)
+    model = encode_idp(EncoderInputs.for_node(problem, hyper, diff), cls, EncodingOptions(), targets=targets,
+                       relax_all=True)
     if model is None:
         return -math.inf
     return float(user_bound(solve(model, "highs", SolverOptions()), model))
@@ -136,13 +136,14 @@ def _run_lower_bound(name: str, cls: int) -> float | None:
 
 
 def lower_bounds(name: str, problem, classes) -> dict[int, dict]:
+    from lucid.witness.replay import LeakQuery
     from lucid.witness.search import search_node_witness
 
     out = {}
     positions = np.arange(1, len(problem.stack))
     for c in classes:
         t0 = time.perf_counter()
-        w = search_node_witness(problem.stack, positions, c, problem.lower, problem.upper)
+        w = search_node_witness(LeakQuery(problem.stack, positions, c, problem.lower, problem.upper))
         replayed = -math.inf if w is None else float(w.confidence)
         found = [v for v in (RECORDED_LB.get(name, {}).get(c), _run_lower_bound(name, c)) if v is not None]
         recorded = max(found) if found else None

@@ -274,7 +274,7 @@ def test_workers_keep_solver_trees_except_on_dask(monkeypatch, scheduler, keeps)
     monkeypatch.setattr(lucid.analysis.analyse, "analyse_node", analyse_node)
     settings = VerifySettings(scheduler=scheduler, search=False)
     lucid.bab.workers.analyse_with(object(), settings, 0, np.array([1]), 5.0, -math.inf, 2, 3)
-    assert seen["keep_trees"] is keeps and seen["attempt"] == 2 and seen["settings"] is settings
+    assert seen["request"].keep_trees is keeps and seen["request"].attempt == 2 and seen["settings"] is settings
     assert seen["solver_options"].time_limit == 5.0 and seen["solver_options"].threads == 3
 
 

@@ -98,8 +98,8 @@ class JointSystem:
         nb = LayerBounds([np.asarray(x) for x in pair.n_lower], [np.asarray(x) for x in pair.n_upper])
         ws = [np.asarray(w, dtype=np.float64) for w in pair.weights]
         bs = [np.asarray(b, dtype=np.float64) for b in pair.biases]
-        diff = difference_bounds(list(pair.n_weights), list(pair.n_biases), WeightIntervals.points(ws, bs), nb, pair.lower,
-                                 pair.upper)
+        diff = difference_bounds(list(pair.n_weights), list(pair.n_biases), WeightIntervals.points(ws, bs), nb,
+                                 pair.lower, pair.upper)
         self.dl, self.du, self.hl, self.hu = [], [], [], []
         self.relax: list[Relaxation] = []
         for k in range(self.L):

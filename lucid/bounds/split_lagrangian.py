@@ -51,6 +51,7 @@ from lucid.bounds.joint import JointSystem, _np, projected_adam_step
 from lucid.bounds.relaxation import (DTYPE, Relaxation, all_stable, consistent, difference_relaxation, outward_pad,
                                      relu_relaxation)
 from lucid.bounds.split_domains import _Domains, _signs, children, choose_neuron, root_domain
+from lucid.bounds.split_options import SplitOptions
 from lucid.bounds.symbolic import _simplex
 from lucid.solvers.lp import inequality_multipliers
 
@@ -66,11 +67,14 @@ class _Brancher:
     """One network N' and one rival t: bounds batches of their domains (`bound`, `lp_start`) and
     splits them (`children`); the search that decides which to split is `relu_split._search`."""
 
-    def __init__(self, root: JointSystem, cls: int, rival: int, steps: int, lr: float, lam_lr: float,
-                 alpha_lr: float, mix_bound: float | None = None) -> None:
-        """mix_bound: a bound on |s_c - s_u| over the box for every u (more than two classes):
-        N's side of the objective then mixes the rivals (module docstring); None: it does not."""
-        self.root, self.steps, self.lr, self.lam_lr, self.alpha_lr = root, steps, lr, lam_lr, alpha_lr
+    def __init__(self, root: JointSystem, cls: int, rival: int, options: SplitOptions,
+                 mix_bound: float | None = None) -> None:
+        """options: the Adam steps per bound and the step sizes (`SplitOptions`; the search may rescale
+        lr and lam_lr to the bound's units). mix_bound: a bound on |s_c - s_u| over the box for every
+        u (more than two classes): N's side of the objective then mixes the rivals (module
+        docstring); None: it does not."""
+        self.root, self.steps, self.lr = root, options.steps, options.lr
+        self.lam_lr, self.alpha_lr = options.lam_lr, options.alpha_lr
         self.cls, self.rival, self.mix_bound = cls, rival, mix_bound
         self.L = root.L
         self.sizes = [w.shape[0] for w in root.W[:-1]]
