@@ -12,8 +12,8 @@ split partition the box's trajectories, so beta_t is the maximum over the open d
 domain whose bound is <= the cutoff is closed for good.
 
 The batch of open domains with the largest bounds is split each round, then depth first beyond
-`SplitOptions.max_domains` (`_search`). The result is always a sound upper bound: the maximum of the open
-domains' bounds and of the closed ones'.
+`SplitOptions.max_domains` (`_search`). The result is always a sound upper bound: the maximum of
+the open domains' bounds and of the closed ones'.
 """
 
 from __future__ import annotations
@@ -39,12 +39,13 @@ from lucid.witness.replay import LeakQuery, climb
 LEAF_STEPS = 200  # Adam steps for a domain with nothing left to split (its bound is then final)
 LEAK_STARTS = 4  # leak searches from the highest open domains of an unproved network
 TRACE_EVERY = 1.0  # seconds between two points of a search's recorded bound
-# The batch split per round is 1/POOL_SHARE of the open domains, between `SplitOptions.batch` (a small
-# pool: the best few first, for a good anytime bound) and `deep_batch` (a large pool, and the depth-first
-# phase: a batch's fixed costs, e.g. reordering the pool, spread over more domains). Adult 2x50's
-# network 1941 to its cutoff, two torch threads: the same 1.47 M domains in 273 s with 1 024 per
-# batch until the pool was full and 8 192 after, 170 s with 8 192 throughout, 154 s growing (one
-# thread: 257 s); 1 024 throughout had not proved it after 150 s (benchmarks/results/split_tier.md).
+# The batch split per round is 1/POOL_SHARE of the open domains, between `SplitOptions.batch` (a
+# small pool: the best few first, for a good anytime bound) and `deep_batch` (a large pool, and the
+# depth-first phase: a batch's fixed costs, e.g. reordering the pool, spread over more domains).
+# Adult 2x50's network 1941 to its cutoff, two torch threads: the same 1.47 M domains in 273 s with
+# 1 024 per batch until the pool was full and 8 192 after, 170 s with 8 192 throughout, 154 s
+# growing (one thread: 257 s); 1 024 throughout had not proved it after 150 s
+# (benchmarks/results/split_tier.md).
 POOL_SHARE = 16
 # `split_singleton` checks once, after CHECK_SHARE of its time, whether the split is on track to
 # prove the cutoff, and hands the rest of its time to the MILP when it is not: when its bound is
