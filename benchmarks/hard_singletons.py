@@ -93,7 +93,9 @@ def select(tasks: list[tuple[str, int]], candidates: int, split: float, keep: in
     from screen import lower_bounds
 
     from lucid.bounds.relu_split import split_singleton
-    from lucid.bounds.symbolic import OPTIMISE_STEPS, symbolic_screen
+    from lucid.bounds.split_options import SplitLimits
+    from lucid.bounds.stack_screen import symbolic_screen
+    from lucid.bounds.symbolic import ScreenOptions
 
     suite = _load_suite()
     have = {(e["workload"], e["class"]) for e in suite}
@@ -106,13 +108,13 @@ def select(tasks: list[tuple[str, int]], candidates: int, split: float, keep: in
         lb = lower_bounds(name, problem, [cls])[cls]
         best = lb["replayed"] if lb["recorded"] is None else max(lb["replayed"], lb["recorded"])
         level = best + rel_gap * abs(best)
-        screened = symbolic_screen(problem, cls, positions, steps=OPTIMISE_STEPS, cutoff=level)
+        screened = symbolic_screen(problem, cls, positions, ScreenOptions.optimised(), cutoff=level)
         above = np.flatnonzero(screened > level)
         order = above[np.argsort(-screened[above])][:candidates]
         rows = []
         for i in order:
             pos = int(positions[i])
-            res = split_singleton(problem, cls, pos, level, time_limit=split)
+            res = split_singleton(problem, cls, pos, level, SplitLimits(split))
             rows.append({"workload": name, "class": cls, "network": pos, "removed_row": int(problem.stack.removed[pos]),
                          "class_lower": best, "level": level, "screened": float(screened[i]),
                          "split_bound": float(res.bound), "split_proved": bool(res.proved), "split_seconds": split,
@@ -129,7 +131,7 @@ def select(tasks: list[tuple[str, int]], candidates: int, split: float, keep: in
 def exact(solver: str, time_limit: float, only: set[str]) -> None:
     """Each singleton's beta*: one solve with no cutoff (its best leak and a dual bound), then proofs
     at 1.01 and 1.1 x that leak under a cutoff (far easier than the unrestricted optimum) until one holds."""
-    from lucid.analysis.analyse import analyse_node
+    from lucid.analysis.analyse import NodeRequest, analyse_node
     from lucid.settings import VerifySettings
     from lucid.solvers.base import SolverOptions
 
@@ -155,7 +157,7 @@ def exact(solver: str, time_limit: float, only: set[str]) -> None:
                 break
             ex["tried"].append(factor)
             out = analyse_node(problem, entry["class"], pos, settings=settings, solver_options=options,
-                               cutoff=factor * lower, attempt=2)
+                               request=NodeRequest(factor * lower, attempt=2))
             if out.lower is not None:
                 lower = max(lower, float(out.lower))
             if out.upper <= factor * lower:
@@ -184,18 +186,20 @@ def _boundary_starts(problem, cls: int, count: int, seed: int = 0) -> np.ndarray
 
 
 def leak_once(problem, cls: int, position: int, method: str) -> float:
-    from lucid.witness.gradient import gradient_search
-    from lucid.witness.search import search_class_witness, search_node_witness
+    from dataclasses import replace
 
-    pos = np.array([position])
+    from lucid.witness.gradient import gradient_search
+    from lucid.witness.replay import LeakQuery
+    from lucid.witness.search import NODE_SEARCH, TARGETED_SEARCH, search_class_witness, search_node_witness
+
+    query = LeakQuery(problem.stack, np.array([position]), cls, problem.lower, problem.upper)
     if method in ("walk", "today"):  # walk: the LP walks alone (before the gradient ascent); today: all of it
         g = method == "today"
-        found = [search_node_witness(problem.stack, pos, cls, problem.lower, problem.upper, gradient=g),
-                 search_class_witness(problem, cls, pos, points=problem.points, samples=1024, starts=8, steps=10,
-                                      gradient=g)]
+        found = [search_node_witness(query, replace(NODE_SEARCH, gradient=g)),
+                 search_class_witness(problem, cls, query.positions, points=problem.points,
+                                      effort=replace(TARGETED_SEARCH, gradient=g))]
     elif method == "gradient":
-        found = [gradient_search(problem.stack, pos, cls, problem.lower, problem.upper,
-                                 _boundary_starts(problem, cls, 256))]
+        found = [gradient_search(query, _boundary_starts(problem, cls, 256))]
     else:
         raise SystemExit(f"unknown leak method {method!r}")
     return max((w.confidence for w in found if w is not None), default=-math.inf)
@@ -246,7 +250,7 @@ def leaks(methods: list[str]) -> None:
 def prove_once(problem, cls: int, position: int, level: float, method: str, time_limit: float) -> dict:
     """Seconds until analyse_node proves beta*_{cls,{position}} <= level, escalating attempts as the
     engine does (node limit 60 s, grown 4x per retry), or None at `time_limit`."""
-    from lucid.analysis.analyse import analyse_node
+    from lucid.analysis.analyse import NodeRequest, analyse_node
     from lucid.analysis.budget import RETRY_GROWTH
     from lucid.settings import VerifySettings
     from lucid.solvers.base import SolverOptions
@@ -264,8 +268,8 @@ def prove_once(problem, cls: int, position: int, level: float, method: str, time
             break
         limit = min(60.0 * RETRY_GROWTH ** (attempt - 1), left)
         out = analyse_node(problem, cls, np.array([position]), settings=settings,
-                           solver_options=SolverOptions(time_limit=limit, threads=1), cutoff=level, attempt=attempt,
-                           keep_trees=True)
+                           solver_options=SolverOptions(time_limit=limit, threads=1),
+                           request=NodeRequest(level, attempt, keep_trees=True))
         upper = min(upper, float(out.upper))
         attempts.append({"limit": limit, "upper": float(out.upper), "seconds": out.seconds,
                          "profile": out.stats.get("profile")})

@@ -4,7 +4,7 @@ For every workload and class: the share of the networks N_-i whose sound upper b
 beta*_{c,{i}} is <= the class's lower bound LB (such a network can never raise the class's bound,
 so the BaB drops it), for
   (a) interval:  today's `lucid.analysis.screen.screen_upper_bounds` (interval difference propagation),
-  (b) symbolic:  `lucid.bounds.symbolic.symbolic_screen`, lambda = 1, CROWN slopes,
+  (b) symbolic:  `lucid.bounds.stack_screen.symbolic_screen`, lambda = 1, CROWN slopes,
   (c) optimised: the same with projected Adam steps on lambda and the alpha slopes,
   (d) LP:        the LP relaxation of each singleton's own MILP (encoder with relax_all=True,
                  HiGHS, plus the verifier's safety margin) on a random sample: the ceiling,
@@ -104,8 +104,7 @@ def lp_singleton_bound(problem, cls: int, position: int) -> float:
     """(d): the LP relaxation (every ReLU relaxed) of the singleton's own MILP, as the verifier
     builds it, solved by HiGHS; its dual bound plus the verifier's safety margin."""
     from lucid.hyper import hyper_network
-    from lucid.analysis.milp_tier import encode_model
-    from lucid.analysis.encode import EncodingOptions, possible_targets
+    from lucid.analysis.encode import EncoderInputs, EncodingOptions, encode_idp, possible_targets
     from lucid.analysis.problem import node_difference_bounds
     from lucid.analysis.soundness import user_bound
     from lucid.solvers import solve
@@ -116,7 +115,8 @@ def lp_singleton_bound(problem, cls: int, position: int) -> float:
     targets = possible_targets(cls, diff.hyper)
     if not targets:
         return -math.inf
-    model = encode_model(problem, hyper, cls, targets, EncodingOptions(), problem.n_bounds, diff, relax_all=True)
+    model = encode_idp(EncoderInputs.for_node(problem, hyper, diff), cls, EncodingOptions(), targets=targets,
+                       relax_all=True)
     if model is None:
         return -math.inf
     return float(user_bound(solve(model, "highs", SolverOptions()), model))
@@ -136,13 +136,14 @@ def _run_lower_bound(name: str, cls: int) -> float | None:
 
 
 def lower_bounds(name: str, problem, classes) -> dict[int, dict]:
+    from lucid.witness.replay import LeakQuery
     from lucid.witness.search import search_node_witness
 
     out = {}
     positions = np.arange(1, len(problem.stack))
     for c in classes:
         t0 = time.perf_counter()
-        w = search_node_witness(problem.stack, positions, c, problem.lower, problem.upper)
+        w = search_node_witness(LeakQuery(problem.stack, positions, c, problem.lower, problem.upper))
         replayed = -math.inf if w is None else float(w.confidence)
         found = [v for v in (RECORDED_LB.get(name, {}).get(c), _run_lower_bound(name, c)) if v is not None]
         recorded = max(found) if found else None
@@ -153,7 +154,8 @@ def lower_bounds(name: str, problem, classes) -> dict[int, dict]:
 def measure(name: str, classes, lp_sample: int, steps: int, threads: int, lr: float = 0.02, seed: int = 0) -> dict:
     import torch
 
-    from lucid.bounds.symbolic import symbolic_screen
+    from lucid.bounds.stack_screen import symbolic_screen
+    from lucid.bounds.symbolic import ScreenOptions
     from lucid.rundir import open_run
     from lucid.analysis.problem import VerificationProblem
     from lucid.analysis.screen import screen_upper_bounds
@@ -174,8 +176,8 @@ def measure(name: str, classes, lp_sample: int, steps: int, threads: int, lr: fl
         for key, fn in (
             ("interval", lambda: screen_upper_bounds(problem, c, positions)),
             ("symbolic", lambda: symbolic_screen(problem, c, positions)),
-            ("sym_ivmid", lambda: symbolic_screen(problem, c, positions, intermediate="interval")),
-            ("optimised", lambda: symbolic_screen(problem, c, positions, steps=steps, lr=lr, cutoff=level)),
+            ("sym_ivmid", lambda: symbolic_screen(problem, c, positions, ScreenOptions(intermediate="interval"))),
+            ("optimised", lambda: symbolic_screen(problem, c, positions, ScreenOptions(steps=steps, lr=lr), cutoff=level)),
         ):
             t0 = time.perf_counter()
             b = fn()
@@ -260,7 +262,8 @@ def timing(name: str, cls: int, lb: float, steps: int, threads: int, repeats: in
     over `repeats` runs (the machine is shared: the minimum is the least disturbed run)."""
     import torch
 
-    from lucid.bounds.symbolic import symbolic_screen
+    from lucid.bounds.stack_screen import symbolic_screen
+    from lucid.bounds.symbolic import ScreenOptions
     from lucid.rundir import open_run
     from lucid.analysis.problem import VerificationProblem
     from lucid.analysis.screen import screen_upper_bounds
@@ -272,7 +275,7 @@ def timing(name: str, cls: int, lb: float, steps: int, threads: int, repeats: in
     for key, fn in (
         ("interval", lambda: screen_upper_bounds(problem, cls, positions)),
         ("symbolic", lambda: symbolic_screen(problem, cls, positions)),
-        ("optimised", lambda: symbolic_screen(problem, cls, positions, steps=steps, cutoff=lb)),
+        ("optimised", lambda: symbolic_screen(problem, cls, positions, ScreenOptions(steps=steps), cutoff=lb)),
     ):
         walls, cpus = [], []
         for _ in range(repeats):

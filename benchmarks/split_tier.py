@@ -40,7 +40,9 @@ def measure(name: str, cls: int, budget: float, threads: int) -> dict:
     from screen import RUNS, lower_bounds
 
     from lucid.bounds.relu_split import split_singleton
-    from lucid.bounds.symbolic import OPTIMISE_STEPS, symbolic_screen
+    from lucid.bounds.split_options import SplitLimits
+    from lucid.bounds.stack_screen import symbolic_screen
+    from lucid.bounds.symbolic import ScreenOptions
     from lucid.analysis.problem import VerificationProblem
     from lucid.rundir import open_run
 
@@ -57,7 +59,7 @@ def measure(name: str, cls: int, budget: float, threads: int) -> dict:
         state = None
     if state is None:
         t0 = time.perf_counter()
-        screened = symbolic_screen(problem, cls, positions, steps=OPTIMISE_STEPS, cutoff=level)
+        screened = symbolic_screen(problem, cls, positions, ScreenOptions.optimised(), cutoff=level)
         left = positions[screened > level]
         order = np.argsort(-screened[left - 1], kind="stable")  # hardest first
         state = {"workload": name, "class": cls, "networks": int(len(positions)), "lb": level, "budget": budget,
@@ -68,7 +70,7 @@ def measure(name: str, cls: int, budget: float, threads: int) -> dict:
     for p in state["left"]:
         if str(p) in state["done"]:
             continue
-        res = split_singleton(problem, cls, p, state["lb"], time_limit=budget, give_up=False)
+        res = split_singleton(problem, cls, p, state["lb"], SplitLimits(budget, give_up=False))
         state["done"][str(p)] = {"bound": res.bound, "proved": bool(res.proved), "domains": res.domains,
                                  "seconds": res.seconds}
         print(f"{name} class {cls} network {p}: {state['screen_bounds'][str(p)]:.5g} -> {res.bound:.5g} "
@@ -86,6 +88,7 @@ def probe(spec: str, cutoff: float, budget: float, threads: int) -> None:
     from screen import RUNS
 
     from lucid.bounds.relu_split import split_singleton
+    from lucid.bounds.split_options import SplitLimits
     from lucid.analysis.problem import VerificationProblem
     from lucid.rundir import open_run
 
@@ -93,7 +96,7 @@ def probe(spec: str, cutoff: float, budget: float, threads: int) -> None:
     name, cls, nets = spec.split(":")
     problem = VerificationProblem.from_run(open_run(RUNS / name))
     for p in (int(n) for n in nets.split(",")):
-        res = split_singleton(problem, int(cls), p, cutoff, time_limit=budget, give_up=False)
+        res = split_singleton(problem, int(cls), p, cutoff, SplitLimits(budget, give_up=False))
         row = {"workload": name, "class": int(cls), "network": p, "cutoff": cutoff, "budget": budget,
                "bound": res.bound, "proved": bool(res.proved), "domains": res.domains, "seconds": res.seconds,
                "trace": [[round(t, 2), b] for t, b in res.trace],

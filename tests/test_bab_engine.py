@@ -12,7 +12,7 @@ import concurrent.futures as cf
 import heapq
 import math
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pytest
@@ -309,7 +309,7 @@ def test_choose_k_picks_the_elbow():
 
 def test_search_witness_is_a_replayed_leak(tmp_path):
     from bab_fixtures import write_tiny_run
-    from lucid.witness.search import search_class_witness
+    from lucid.witness.search import CLASS_SEARCH, search_class_witness
     from lucid.network import confidence
     from lucid.rundir import open_run
     from lucid.analysis.analyse import analyse_node
@@ -320,7 +320,7 @@ def test_search_witness_is_a_replayed_leak(tmp_path):
     positions = np.arange(1, 7)
     found = 0
     for cls in (0, 1):
-        w = search_class_witness(problem, cls, positions, samples=64)
+        w = search_class_witness(problem, cls, positions, effort=replace(CLASS_SEARCH, samples=64))
         if w is None:
             continue
         found += 1

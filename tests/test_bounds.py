@@ -5,7 +5,7 @@ import pytest
 from bruteforce import network, tiny_stack
 from scipy.optimize import linprog
 
-from lucid.bounds.difference import difference_bounds
+from lucid.bounds.difference import WeightIntervals, difference_bounds
 from lucid.bounds.interval import interval_bounds
 from lucid.bounds.lp import LpBoundSolver, lp_bounds, proves_empty, rigorous_max
 from lucid.milp.model import MilpModel
@@ -101,7 +101,7 @@ def test_difference_intervals_and_hyper_bounds_contain_every_network_of_s(lo):
     nb = lp_bounds(wn, bn, lower, upper)
     positions = np.arange(1, 6)
     hyper = hyper_network(stack, positions)
-    diff = difference_bounds(wn, bn, hyper.w_lo, hyper.w_hi, hyper.b_lo, hyper.b_hi, nb, lower, upper)
+    diff = difference_bounds(wn, bn, WeightIntervals.of(hyper), nb, lower, upper)
     x = np.random.default_rng(2).uniform(lo, 1, size=(20000, 2))
     ref = sample_layers(wn, bn, x)
     for p in positions:
@@ -186,8 +186,9 @@ def test_difference_bounds_of_singletons_match_the_interval_path():
     nb = lp_bounds(wn, bn, lower, upper)
     ws = [w[1:] for w in stack.weights]
     bs = [b[1:] for b in stack.biases]
-    fast = difference_bounds(wn, bn, ws, ws, bs, bs, nb, lower, upper)
-    general = difference_bounds(wn, bn, ws, [w.copy() for w in ws], bs, [b.copy() for b in bs], nb, lower, upper)
+    fast = difference_bounds(wn, bn, WeightIntervals.points(ws, bs), nb, lower, upper)
+    general = difference_bounds(wn, bn, WeightIntervals(ws, [w.copy() for w in ws], bs, [b.copy() for b in bs]), nb, lower,
+                                upper)
     for got, want in ((fast.pre, general.pre), (fast.hyper, general.hyper)):
         for a, b in zip(got.lower + got.upper, want.lower + want.upper):
             assert np.allclose(a, b, rtol=1e-9, atol=1e-9)

@@ -5,7 +5,7 @@ import pytest
 from bruteforce import exact_for, tiny_stack
 
 from lucid.analysis.encode import EncodingOptions
-from lucid.analysis.encode import encode_idp
+from lucid.analysis.encode import EncoderInputs, encode_idp
 from lucid.hyper import hyper_network
 from lucid.solvers import SolverOptions, solve
 from lucid.analysis.problem import VerificationProblem, node_difference_bounds
@@ -14,8 +14,7 @@ from lucid.analysis.problem import VerificationProblem, node_difference_bounds
 def raw_bound(problem, cls, positions, options, targets=None):
     hyper = hyper_network(problem.stack, positions)
     diff = node_difference_bounds(problem, hyper)
-    model = encode_idp(problem.n_weights, problem.n_biases, problem.n_bounds, hyper, diff, problem.lower,
-                       problem.upper, cls, options, targets=targets, margin_upper=problem.margin_upper)
+    model = encode_idp(EncoderInputs.for_node(problem, hyper, diff), cls, options, targets=targets)
     if model is None:
         return -np.inf, None
     result = solve(model, "highs", SolverOptions(time_limit=30))
@@ -79,7 +78,7 @@ def test_stable_neurons_get_no_binary():
 
 def test_relu_coupling_rows_hold_for_every_real_pair_and_tighten_the_relaxation():
     from lucid.milp.builder import ModelBuilder
-    from lucid.milp.matching import add_relu_coupling
+    from lucid.milp.matching import ReluColumns, add_relu_coupling
 
     rng = np.random.default_rng(5)
     # dhat intervals of every kind: non-negative, non-positive, mixed, degenerate
@@ -88,7 +87,7 @@ def test_relu_coupling_rows_hold_for_every_real_pair_and_tighten_the_relaxation(
     n = len(a)
     b = ModelBuilder()
     zh, zhh, z, zz = (b.add_vars(n, -10, 10, name) for name in ("zhat", "zhat_h", "z", "z_h"))
-    rows, coupled = add_relu_coupling(b, zh, zhh, z, zz, a, b_, "rc")
+    rows, coupled = add_relu_coupling(b, ReluColumns(zh, zhh, z, zz), a, b_, "rc")
     assert coupled.all()
     model = b.build(zh, np.zeros(0), {})
     assert rows == model.num_rows > 0
@@ -115,8 +114,7 @@ def test_relu_coupling_never_loosens_the_lp_relaxation():
     bounds = {}
     for coupling in (False, True):
         options = EncodingOptions(coupling=coupling)
-        model = encode_idp(problem.n_weights, problem.n_biases, problem.n_bounds, hyper, diff, lower, upper, 0,
-                           options, margin_upper=problem.margin_upper, relax_all=True)
+        model = encode_idp(EncoderInputs.for_node(problem, hyper, diff), 0, options, relax_all=True)
         bounds[coupling] = solve(model, "highs", SolverOptions(time_limit=30)).upper_bound
     assert bounds[True] <= bounds[False] + 1e-9
 
@@ -135,8 +133,8 @@ def test_leaving_out_implied_matching_rows_changes_no_bound(monkeypatch, positio
         out = {}
         for cls in (0, 1):
             for relax_all in (True, False):  # the LP relaxation and the MILP
-                model = encode_idp(problem.n_weights, problem.n_biases, problem.n_bounds, hyper, diff, lower, upper,
-                                   cls, EncodingOptions(), margin_upper=problem.margin_upper, relax_all=relax_all)
+                model = encode_idp(EncoderInputs.for_node(problem, hyper, diff), cls, EncodingOptions(),
+                                   relax_all=relax_all)
                 if model is not None:
                     out[cls, relax_all] = (solve(model, "highs", SolverOptions(time_limit=30)).upper_bound,
                                            model.num_rows)

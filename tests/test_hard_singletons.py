@@ -14,13 +14,14 @@ import pytest
 import scipy.sparse as sp
 from bruteforce import exact_for, tiny_stack
 
-from lucid.analysis.analyse import analyse_node
+from lucid.analysis.analyse import NodeRequest, analyse_node
 from lucid.analysis.problem import VerificationProblem
 from lucid.milp.model import MilpModel
 from lucid.settings import VerifySettings
 from lucid.solvers import solve
 from lucid.solvers.base import INFEASIBLE, OPTIMAL, TIME_LIMIT, SolverOptions
 from lucid.witness.gradient import gradient_search
+from lucid.witness.replay import LeakQuery
 from lucid.witness.search import boundary_points
 
 
@@ -40,7 +41,7 @@ def leak_cases():
         exact = exact_for(stack, pos, cls, lo, hi)
         if math.isfinite(exact):
             starts = np.random.default_rng(0).random((64, 2))
-            found = gradient_search(stack, np.array([pos]), cls, lo, hi, starts)
+            found = gradient_search(LeakQuery(stack, np.array([pos]), cls, lo, hi), starts)
             out.append((exact, found))
     return out
 
@@ -95,6 +96,7 @@ def test_a_stop_event_interrupts_highs_with_a_valid_bound():
 
 def test_a_stop_set_before_the_split_ends_it_at_once_with_a_sound_bound():
     from lucid.bounds.relu_split import split_singleton
+    from lucid.bounds.split_options import SplitLimits
 
     stack = tiny_stack(8, hidden=(6, 6), classes=2, k=4, d=3, noise=0.05)
     lo, hi = np.zeros(3), np.ones(3)
@@ -103,7 +105,7 @@ def test_a_stop_set_before_the_split_ends_it_at_once_with_a_sound_bound():
     stop = threading.Event()
     stop.set()
     t0 = time.perf_counter()
-    res = split_singleton(problem, 0, 1, -math.inf, time_limit=60, stop=stop)
+    res = split_singleton(problem, 0, 1, -math.inf, SplitLimits(60, stop=stop))
     assert time.perf_counter() - t0 < 10
     assert res.bound >= exact - 1e-9
 
@@ -121,7 +123,7 @@ def test_the_race_keeps_bounds_sound_and_proves_what_the_sequence_proves(seed):
             for level in (exact * 1.05 + 1e-3, exact * 0.9 - 1e-3):
                 out = {}
                 for race in (True, False):
-                    out[race] = analyse_node(problem, cls, np.array([pos]), cutoff=level,
+                    out[race] = analyse_node(problem, cls, np.array([pos]), request=NodeRequest(level),
                                              settings=VerifySettings(split_race=race),
                                              solver_options=SolverOptions(time_limit=30))
                     o = out[race]
@@ -145,7 +147,7 @@ def test_a_node_given_two_threads_races_and_one_given_one_does_not():
                            if math.isfinite(e := exact_for(stack, p, c, lo, hi)))
     level = exact * 1.05 + 1e-3
     for threads, raced in ((2, True), (1, False)):
-        out = analyse_node(problem, cls, np.array([pos]), cutoff=level, settings=VerifySettings(),
+        out = analyse_node(problem, cls, np.array([pos]), request=NodeRequest(level), settings=VerifySettings(),
                            solver_options=SolverOptions(time_limit=30, threads=threads))
         assert ("race" in out.stats) is raced
         assert exact - 1e-7 <= out.upper <= level

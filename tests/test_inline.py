@@ -8,7 +8,7 @@ import scipy.sparse as sp
 from bruteforce import tiny_stack
 
 from lucid.analysis.encode import EncodingOptions
-from lucid.analysis.encode import encode_idp
+from lucid.analysis.encode import EncoderInputs, encode_idp
 from lucid.solvers.compact import inline_defined_columns
 from lucid.hyper import hyper_network
 from lucid.solvers import SolverOptions, available_solvers, solve
@@ -24,8 +24,7 @@ def models(positions, relax_all, d=3, seed=4):
     diff = node_difference_bounds(problem, hyper)
     out = []
     for cls in (0, 1):
-        model = encode_idp(problem.n_weights, problem.n_biases, problem.n_bounds, hyper, diff, lower, upper, cls,
-                           EncodingOptions(), margin_upper=problem.margin_upper, relax_all=relax_all)
+        model = encode_idp(EncoderInputs.for_node(problem, hyper, diff), cls, EncodingOptions(), relax_all=relax_all)
         if model is not None:
             out.append(model)
     return out

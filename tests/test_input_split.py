@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 from bruteforce import exact_for, tiny_stack
 
-from lucid.analysis.analyse import analyse_node
+from lucid.analysis.analyse import NodeRequest, analyse_node
 from lucid.analysis.problem import VerificationProblem
 from lucid.bounds.input_split import input_split_singleton
+from lucid.bounds.split_options import SplitLimits
 from lucid.errors import LucidError
 from lucid.settings import VerifySettings
 
@@ -37,7 +38,7 @@ def test_there_are_cases_that_leak():
 
 def test_bounds_are_sound_and_never_prove_a_level_below_the_exact_value():
     for problem, pos, cls, exact in CASES[::3]:
-        res = input_split_singleton(problem, cls, pos, exact - 0.02 * (1 + abs(exact)), time_limit=60.0, max_boxes=12)
+        res = input_split_singleton(problem, cls, pos, exact - 0.02 * (1 + abs(exact)), SplitLimits(60.0), max_boxes=12)
         assert not res.proved
         assert res.bound >= exact - 1e-9
         assert res.witness is None or res.witness.confidence <= exact + 1e-9  # a replayed leak is a true lower bound
@@ -50,7 +51,7 @@ def test_cutting_the_box_proves_levels_above_the_exact_value():
     proved = []
     for problem, pos, cls, exact in CASES[:4]:
         level = exact + 0.3 * (1 + abs(exact))
-        res = input_split_singleton(problem, cls, pos, level, time_limit=60.0, max_boxes=600)
+        res = input_split_singleton(problem, cls, pos, level, SplitLimits(60.0), max_boxes=600)
         assert res.bound >= exact - 1e-9 and res.trace[-1][1] == res.bound
         proved.append(res.proved)
         if res.proved:
@@ -62,7 +63,7 @@ def test_a_stop_event_ends_the_split_with_a_sound_bound():
     problem, pos, cls, exact = CASES[0]
     stop = threading.Event()
     stop.set()
-    res = input_split_singleton(problem, cls, pos, exact - 0.5, time_limit=60.0, stop=stop)
+    res = input_split_singleton(problem, cls, pos, exact - 0.5, SplitLimits(60.0, stop=stop))
     assert res.domains == 1 and res.bound >= exact - 1e-9
 
 
@@ -71,7 +72,7 @@ def test_analyse_node_cuts_the_box_of_a_network_with_few_inputs():
     level = exact + 0.3 * (1 + abs(exact))
     for space, expected in (("input", "input"), ("relu", "relu")):
         out = analyse_node(problem, cls, np.array([pos]), settings=VerifySettings(split_space=space, split_time=30.0),
-                           cutoff=level)
+                           request=NodeRequest(level))
         assert out.stats["split"]["space"] == expected
         assert exact - 1e-9 <= out.upper <= level + 1e-6
 

@@ -15,7 +15,7 @@ from lucid.bab.workers import Executor, ProcessExecutor, ThreadExecutor
 from lucid.analysis.kept_trees import KEPT
 from lucid.settings import VerifySettings
 from lucid.solvers import INFEASIBLE, OPTIMAL, TIME_LIMIT, SolverOptions, available_solvers, resume, solve
-from lucid.analysis.analyse import analyse_node
+from lucid.analysis.analyse import NodeRequest, analyse_node
 from lucid.analysis.problem import VerificationProblem
 
 needs_gurobi = pytest.mark.skipif(not available_solvers()["gurobi"], reason="gurobipy not installed")
@@ -73,17 +73,18 @@ def test_a_retry_continues_the_kept_milp_and_its_bound_is_the_exact_one(interrup
     cls, p = 0, 1
     exact = exact_for(stack, p, cls, lower, upper)
     assert math.isfinite(exact)
-    second = analyse_node(problem, cls, [p], settings=VerifySettings(solver="gurobi", split_time=0), attempt=2, keep_trees=True,
-                          solver_options=SolverOptions(time_limit=30))
+    second = analyse_node(problem, cls, [p], settings=VerifySettings(solver="gurobi", split_time=0),
+                          request=NodeRequest(attempt=2, keep_trees=True), solver_options=SolverOptions(time_limit=30))
     assert second.status == TIME_LIMIT and second.stats["kept"]  # what the executor reads
     assert second.upper >= exact and len(KEPT) == 1
     interrupted_gurobi["stop"] = False
-    third = analyse_node(problem, cls, [p], settings=VerifySettings(solver="gurobi", split_time=0), attempt=3, keep_trees=True,
-                         solver_options=SolverOptions(time_limit=30))
+    third = analyse_node(problem, cls, [p], settings=VerifySettings(solver="gurobi", split_time=0),
+                         request=NodeRequest(attempt=3, keep_trees=True), solver_options=SolverOptions(time_limit=30))
     assert third.stats["solves"][-1].get("resumed") and len(KEPT) == 0
     assert third.status in (OPTIMAL, INFEASIBLE)
     assert exact <= third.upper <= exact + 1e-5  # the same answer a fresh solve proves
-    fresh = analyse_node(problem, cls, [p], settings=VerifySettings(solver="gurobi", split_time=0), attempt=2, solver_options=SolverOptions(time_limit=30))
+    fresh = analyse_node(problem, cls, [p], settings=VerifySettings(solver="gurobi", split_time=0),
+                         request=NodeRequest(attempt=2), solver_options=SolverOptions(time_limit=30))
     assert third.upper == pytest.approx(fresh.upper, abs=1e-6)
     assert third.lower is not None and third.lower <= exact + 1e-9
 
@@ -94,19 +95,19 @@ def test_a_kept_milp_is_not_continued_for_another_question(interrupted_gurobi):
     stack, lower, upper, problem = _problem()
     cls, p = 0, 1
     exact = exact_for(stack, p, cls, lower, upper)
-    kw = dict(settings=VerifySettings(solver="gurobi", split_time=0), keep_trees=True, solver_options=SolverOptions(time_limit=30))
-    analyse_node(problem, cls, [p], attempt=2, cutoff=exact - 0.2, **kw)
+    kw = dict(settings=VerifySettings(solver="gurobi", split_time=0), solver_options=SolverOptions(time_limit=30))
+    analyse_node(problem, cls, [p], request=NodeRequest(exact - 0.2, 2, keep_trees=True), **kw)
     assert len(KEPT) == 1
     interrupted_gurobi["stop"] = False
-    raised = analyse_node(problem, cls, [p], attempt=3, cutoff=exact + 0.05, **kw)
+    raised = analyse_node(problem, cls, [p], request=NodeRequest(exact + 0.05, 3, keep_trees=True), **kw)
     assert not raised.stats["solves"][-1].get("resumed")
     assert raised.status == INFEASIBLE and exact <= raised.upper <= exact + 0.05  # proved below the new cutoff
     interrupted_gurobi["stop"] = True
-    analyse_node(problem, cls, [p], attempt=2, **kw)
+    analyse_node(problem, cls, [p], request=NodeRequest(attempt=2, keep_trees=True), **kw)
     assert len(KEPT) == 1
     interrupted_gurobi["stop"] = False
     _, _, _, other = _problem()  # equal networks, another problem object
-    again = analyse_node(other, cls, [p], attempt=3, **kw)
+    again = analyse_node(other, cls, [p], request=NodeRequest(attempt=3, keep_trees=True), **kw)
     assert not again.stats["solves"][-1].get("resumed") and exact <= again.upper <= exact + 1e-5
     assert len(KEPT) == 0
 

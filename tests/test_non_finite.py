@@ -21,6 +21,7 @@ from lucid.agt.store import AGT_FILE, load_boxes, save_boxes
 from lucid.agt.train import AgtBox
 from lucid.bounds.pair import PairProblem
 from lucid.bounds.relu_split import split_upper_bound
+from lucid.bounds.split_options import SplitControl
 from lucid.errors import LucidError
 from lucid.network import NetworkStack
 from lucid.analysis.problem import VerificationProblem
@@ -120,7 +121,7 @@ def test_every_screen_and_the_tier_bound_a_nan_network_no_lower_than_n_alone_all
         nw, nb = [w[0] for w in stack.weights], [b[0] for b in stack.biases]
         pair = PairProblem(nw, nb, [w[None] for w in ws], [b[None] for b in bs], problem.n_bounds.lower,
                            problem.n_bounds.upper, lower, upper)
-        tier = split_upper_bound(pair, cls, -1.0, margin_upper=problem.margin_upper, time_limit=0.5)
+        tier = split_upper_bound(pair, cls, -1.0, margin_upper=problem.margin_upper, control=SplitControl(0.5))
         assert tier.bound >= cap and not tier.proved
 
 

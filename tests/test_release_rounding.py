@@ -23,6 +23,7 @@ from synthetic_runs import write_bounds, write_synthetic_run
 from lucid.access import ClassifierOptions, LabelOnlyClassifier
 from lucid.bounds.pair import PairProblem
 from lucid.bounds.relu_split import split_upper_bound
+from lucid.bounds.split_options import SplitControl
 from lucid.network import NetworkStack, load_networks
 from lucid.analysis.problem import VerificationProblem
 from lucid.analysis.soundness import confidence_error, release_thresholds
@@ -186,7 +187,7 @@ def test_one_ulp_networks_release_no_input_that_leaks_in_exact_arithmetic(tmp_pa
         nw, nb = float_layers(n)
         pair = PairProblem(nw, nb, [w[None] for w in ws], [b[None] for b in bs], problem.n_bounds.lower,
                            problem.n_bounds.upper, LOWER, UPPER)
-        tier = split_upper_bound(pair, cls, -np.inf, margin_upper=problem.margin_upper, time_limit=3.0)
+        tier = split_upper_bound(pair, cls, -np.inf, margin_upper=problem.margin_upper, control=SplitControl(3.0))
         assert tier.bound >= highest
         write_bounds(tmp_path / "run", {cls: tier.bound, 1 - cls: None})
         clf = LabelOnlyClassifier.from_run(tmp_path / "run", epsilon=1.0, options=ClassifierOptions(seed=0))

@@ -16,7 +16,8 @@ from test_bounds import sample_layers
 import lucid.bounds.relu_split as rs
 from lucid.bounds.pair import PairProblem
 from lucid.bounds.relu_split import split_singleton, split_upper_bound
-from lucid.bounds.symbolic import singleton_upper_bounds
+from lucid.bounds.split_options import SplitControl, SplitLimits, SplitOptions
+from lucid.bounds.symbolic import ScreenOptions, singleton_upper_bounds
 from lucid.analysis.problem import VerificationProblem
 
 # (seed, hidden, classes, input dim, domain lower end, perturbation size)
@@ -38,12 +39,14 @@ def setup(seed, hidden, classes, d, lo, noise):
     return stack, lower, upper, VerificationProblem.from_stack(stack, lower, upper)
 
 
-def run(problem, position, cls, cutoff, **kw):
+def run(problem, position, cls, cutoff, start=None, options=SplitOptions(), **control):
+    """`split_upper_bound` of the network at `position`; control: `SplitControl`'s fields."""
     ws, bs = network(problem.stack, position)
     nw, nb = network(problem.stack, 0)
     pair = PairProblem(nw, nb, [w[None] for w in ws], [b[None] for b in bs], problem.n_bounds.lower,
                        problem.n_bounds.upper, problem.lower, problem.upper)
-    return split_upper_bound(pair, cls, cutoff, margin_upper=problem.margin_upper, **kw)
+    return split_upper_bound(pair, cls, cutoff, margin_upper=problem.margin_upper, start=start,
+                             control=SplitControl(**control), options=options)
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +91,7 @@ def test_it_is_never_looser_than_the_optimised_symbolic_bound(cases):
         nw, nb = network(problem.stack, 0)
         sym = singleton_upper_bounds(PairProblem(nw, nb, [w[None] for w in ws], [b[None] for b in bs],
                                                  problem.n_bounds.lower, problem.n_bounds.upper, problem.lower,
-                                                 problem.upper), cls, problem.margin_upper, steps=20)
+                                                 problem.upper), cls, problem.margin_upper, ScreenOptions(steps=20))
         res = run(problem, p, cls, -math.inf, time_limit=0.5, start=sym.per_target[0])
         assert ex - 1e-9 <= res.bound <= sym.bound[0]
 
@@ -119,7 +122,7 @@ def test_every_domain_bound_covers_the_points_sampled_in_it():
     ws, bs = network(stack, 1)
     root = JointSystem(PairProblem(nw, nb, [w[None] for w in ws], [b[None] for b in bs], problem.n_bounds.lower,
                                    problem.n_bounds.upper, lower, upper))
-    br = rs._Brancher(root, 0, 1, 10, 0.1, 0.05, 0.1)
+    br = rs._Brancher(root, 0, 1, SplitOptions(steps=10, lr=0.1, lam_lr=0.05, alpha_lr=0.1))
     dom = br.bound(br.root_domains(math.inf))
     for _ in range(4):
         dom = br.bound(br.children(dom.take(torch.nonzero(dom.choice >= 0).flatten())))
@@ -144,7 +147,7 @@ def test_every_domain_bound_covers_the_points_sampled_in_it():
 
 def test_the_verifier_adapter_skips_unreachable_rivals_and_stays_sound(cases):
     for problem, p, cls, ex in cases[1::4]:
-        res = split_singleton(problem, cls, p, ex + 0.01 if math.isfinite(ex) else 0.0, time_limit=1.0)
+        res = split_singleton(problem, cls, p, ex + 0.01 if math.isfinite(ex) else 0.0, SplitLimits(1.0))
         assert res.bound >= ex - 1e-9
         assert set(res.per_target) == set(range(problem.num_classes)) - {cls}
 
@@ -190,7 +193,7 @@ def test_the_adapter_gives_up_only_off_track_or_at_a_leak(cases):
         if not math.isfinite(ex) or p > 2:
             continue
         cutoff = ex - 1e-3
-        res = split_singleton(problem, cls, p, cutoff, time_limit=0.4)
+        res = split_singleton(problem, cls, p, cutoff, SplitLimits(0.4))
         assert res.bound >= ex - 1e-9 and not res.proved
         if res.gave_up:
             gave_up += 1
@@ -228,7 +231,7 @@ def test_leaks_found_from_the_open_domains_are_real(cases):
         if not math.isfinite(ex) or p > 2:
             continue
         # the root alone (time limit 0): a search that finishes closes every domain and has no starts
-        res = split_singleton(problem, cls, p, ex - 0.5, time_limit=0.0)
+        res = split_singleton(problem, cls, p, ex - 0.5, SplitLimits(0.0))
         assert not res.proved and res.starts is not None
         w = res.witness
         if w is None:
@@ -255,12 +258,14 @@ def test_the_depth_first_phase_is_sound_and_finishes_near_exact(cases):
         # runs to the end: the first class of each network only, and not the 6x6 one (20 s; CI time)
         finishes = p == 1 and cls == 0 and problem.stack.weights[0].shape[1] <= 4
         for limit in (0.2, 60.0) if finishes else (0.2,):
-            res = run(problem, p, cls, -math.inf, time_limit=limit, max_domains=2, domain_bound=lp.bound)
+            res = run(problem, p, cls, -math.inf, time_limit=limit, options=SplitOptions(max_domains=2),
+                      domain_bound=lp.bound)
             assert res.bound >= ex - 1e-9, (p, cls, res.bound, ex)
         if math.isfinite(ex) and finishes:
             gaps.append(res.bound - ex)
         if math.isfinite(ex):
-            cut = run(problem, p, cls, ex - 1e-3, time_limit=0.5, max_domains=2, domain_bound=lp.bound)
+            cut = run(problem, p, cls, ex - 1e-3, time_limit=0.5, options=SplitOptions(max_domains=2),
+                      domain_bound=lp.bound)
             assert not cut.proved and cut.bound >= ex - 1e-9
     assert len(gaps) >= 4 and np.median(gaps) < 0.05, gaps
 
@@ -349,5 +354,5 @@ def test_the_domain_lp_closes_regions_no_input_reaches():
 def test_cuda_gives_a_sound_bound():  # pragma: no cover - only where a GPU exists
     stack, lower, upper, problem = setup(*CASES[0])
     ex = exact_for(stack, 1, 0, lower, upper)
-    res = run(problem, 1, 0, -math.inf, time_limit=2.0, device="cuda")
+    res = run(problem, 1, 0, -math.inf, time_limit=2.0, options=SplitOptions(device="cuda"))
     assert res.bound >= ex - 1e-9

@@ -13,13 +13,8 @@ import torch
 from bruteforce import exact_for, network, tiny_stack
 
 from lucid.bounds.pair import PairProblem
-from lucid.bounds.symbolic import (
-    difference_intervals,
-    set_upper_bound,
-    singleton_upper_bounds,
-    symbolic_screen,
-    symbolic_screens,
-)
+from lucid.bounds.stack_screen import symbolic_screen, symbolic_screens
+from lucid.bounds.symbolic import ScreenOptions, difference_intervals, set_upper_bound, singleton_upper_bounds
 from lucid.analysis.problem import VerificationProblem
 from lucid.analysis.screen import Screen, interval_screens, screen_upper_bounds
 
@@ -76,8 +71,8 @@ def test_every_fixed_lambda_and_alpha_is_above_the_exact_bound(case, intermediat
         ex = exact(exact_cache, (case,), stack, cls, lower, upper)
         for lam in (0.0, 0.3, 1.0, 2.5):
             for alpha in (None, 0.0, 0.5, 1.0):
-                res = singleton_upper_bounds(*args(problem, POSITIONS), cls, problem.margin_upper, lam=lam,
-                                             alpha=alpha, intermediate=intermediate)
+                res = singleton_upper_bounds(*args(problem, POSITIONS), cls, problem.margin_upper,
+                                             ScreenOptions(lam=lam, alpha=alpha, intermediate=intermediate))
                 assert np.all(res.bound >= ex), (cls, lam, alpha, res.bound, ex)
                 assert covers(res.lagrangian, ex), (cls, lam, alpha, res.lagrangian, ex)  # before the cap
 
@@ -90,8 +85,8 @@ def test_every_optimisation_iterate_is_above_the_exact_bound(case, exact_cache):
         ex = exact(exact_cache, (case,), stack, cls, lower, upper)
         start = singleton_upper_bounds(*args(problem, POSITIONS), cls, problem.margin_upper)
         for lam, lr in ((1.0, 0.1), (lam0, 0.3)):
-            res = singleton_upper_bounds(*args(problem, POSITIONS), cls, problem.margin_upper, lam=lam, steps=12,
-                                         lr=lr, keep_iterates=True)
+            res = singleton_upper_bounds(*args(problem, POSITIONS), cls, problem.margin_upper,
+                                         ScreenOptions(lam=lam, steps=12, lr=lr), keep_iterates=True)
             assert len(res.iterates) == 13
             for it in res.iterates:
                 assert covers(it, ex)
@@ -149,7 +144,7 @@ def test_the_adapter_has_the_contract_of_the_interval_screen(case, exact_cache):
         ex = exact(exact_cache, (case,), stack, cls, lower, upper)
         ref = screen_upper_bounds(problem, cls, POSITIONS)
         for steps in (0, 5):
-            got = symbolic_screen(problem, cls, POSITIONS, steps=steps)
+            got = symbolic_screen(problem, cls, POSITIONS, ScreenOptions(steps=steps))
             assert got.shape == ref.shape and got.dtype == np.float64
             assert np.all(got >= ex)
             assert np.all(got[ref == -np.inf] == -np.inf)  # same rival test as the interval screen
@@ -173,10 +168,10 @@ def test_screening_every_class_at_once_gives_each_class_its_own_screen(case, mon
     for j, cls in enumerate(classes):
         assert np.array_equal(together[j], symbolic_screen(problem, cls, positions))
         assert np.array_equal(intervals[j], screen_upper_bounds(problem, cls, positions))
-    import lucid.bounds.symbolic as symbolic
+    import lucid.bounds.stack_screen as stack_screen
 
     calls = []
-    monkeypatch.setattr(symbolic, "symbolic_screens", lambda *a, **kw: calls.append(a[1]) or symbolic_screens(*a, **kw))
+    monkeypatch.setattr(stack_screen, "symbolic_screens", lambda *a, **kw: calls.append(a[1]) or symbolic_screens(*a, **kw))
     screen = Screen(problem, "symbolic", classes=classes[::-1])
     for cls in classes:
         assert np.array_equal(screen.initial(cls, positions), np.minimum(intervals[cls], together[cls]))
@@ -190,8 +185,8 @@ def test_screening_every_class_at_once_gives_each_class_its_own_screen(case, mon
 
 def test_chunks_do_not_change_the_bounds():
     stack, lower, upper, problem = setup(*CASES[0])
-    a = singleton_upper_bounds(*args(problem, POSITIONS), 0, problem.margin_upper, steps=3)
-    b = singleton_upper_bounds(*args(problem, POSITIONS), 0, problem.margin_upper, steps=3, chunk=3)
+    a = singleton_upper_bounds(*args(problem, POSITIONS), 0, problem.margin_upper, ScreenOptions(steps=3))
+    b = singleton_upper_bounds(*args(problem, POSITIONS), 0, problem.margin_upper, ScreenOptions(steps=3, chunk=3))
     assert np.allclose(a.bound, b.bound, rtol=1e-9, atol=1e-12)
 
 
@@ -228,16 +223,16 @@ def test_a_set_bound_covers_every_member(exact_cache):
     for cls in range(stack.num_classes):
         ex = exact(exact_cache, (1,), stack, cls, lower, upper)
         for members in ([1, 2], [1, 3, 4], [2]):
-            got = set_upper_bound(*args(problem, np.array(members)), cls, problem.margin_upper, steps=4)
+            got = set_upper_bound(*args(problem, np.array(members)), cls, problem.margin_upper, ScreenOptions(steps=4))
             assert got >= max(ex[m - 1] for m in members)
 
 
 def test_bad_parameters_are_refused():
     stack, lower, upper, problem = setup(*CASES[0])
     with pytest.raises(ValueError):
-        singleton_upper_bounds(*args(problem, POSITIONS), 0, lam=-0.1)
+        singleton_upper_bounds(*args(problem, POSITIONS), 0, options=ScreenOptions(lam=-0.1))
     with pytest.raises(ValueError):
-        singleton_upper_bounds(*args(problem, POSITIONS), 0, alpha=1.5)
+        singleton_upper_bounds(*args(problem, POSITIONS), 0, options=ScreenOptions(alpha=1.5))
     with pytest.raises(ValueError):
         difference_intervals(*args(problem, POSITIONS), intermediate="lp")
 
@@ -245,8 +240,8 @@ def test_bad_parameters_are_refused():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 def test_cuda_gives_the_cpu_bounds():  # pragma: no cover - only where a GPU exists
     stack, lower, upper, problem = setup(*CASES[2])
-    cpu = symbolic_screen(problem, 0, POSITIONS, steps=5)
-    gpu = symbolic_screen(problem, 0, POSITIONS, steps=5, device="cuda")
+    cpu = symbolic_screen(problem, 0, POSITIONS, ScreenOptions(steps=5))
+    gpu = symbolic_screen(problem, 0, POSITIONS, ScreenOptions(steps=5, device="cuda"))
     assert np.allclose(cpu, gpu, rtol=1e-6, atol=1e-9)
 
 
@@ -267,7 +262,7 @@ def test_real_leave_one_out_networks_against_the_exact_milp(wine_run):
     positions = np.arange(1, len(problem.stack))
     for cls in (0, 2):
         sym = symbolic_screen(problem, cls, positions)
-        opt = symbolic_screen(problem, cls, positions, steps=10)
+        opt = symbolic_screen(problem, cls, positions, ScreenOptions(steps=10))
         assert np.all(opt <= sym)
         ivl = screen_upper_bounds(problem, cls, positions)
         assert np.median(sym) < np.median(ivl)  # measured: about 2x tighter on this run
@@ -285,9 +280,10 @@ def test_a_cutoff_optimises_only_the_networks_above_it(exact_cache):
     ex = exact(exact_cache, (2,), stack, 1, lower, upper)
     a = args(problem, POSITIONS)
     start = singleton_upper_bounds(*a, 1, problem.margin_upper)
-    full = singleton_upper_bounds(*a, 1, problem.margin_upper, steps=8, lr=0.1)
+    full = singleton_upper_bounds(*a, 1, problem.margin_upper, ScreenOptions(steps=8, lr=0.1))
     cutoff = float(np.median(start.bound))
-    cut = singleton_upper_bounds(*a, 1, problem.margin_upper, steps=8, lr=0.1, cutoff=cutoff, keep_iterates=True)
+    cut = singleton_upper_bounds(*a, 1, problem.margin_upper, ScreenOptions(steps=8, lr=0.1), cutoff=cutoff,
+                                 keep_iterates=True)
     assert len(cut.iterates) == 9 and np.all(cut.bound >= ex)
     above = start.bound > cutoff
     assert above.any() and (~above).any()
@@ -312,9 +308,10 @@ def test_multi_class_mixing_is_sound_in_every_iterate(case, exact_cache):
     stack, lower, upper, problem = setup(*CASES[case])
     for cls in range(stack.num_classes):
         ex = exact(exact_cache, (case,), stack, cls, lower, upper)
-        plain = singleton_upper_bounds(*args(problem, POSITIONS), cls, problem.margin_upper, steps=10, lr=0.1, mix=False)
-        mixed = singleton_upper_bounds(*args(problem, POSITIONS), cls, problem.margin_upper, steps=10, lr=0.1,
-                                       keep_iterates=True)
+        plain = singleton_upper_bounds(*args(problem, POSITIONS), cls, problem.margin_upper,
+                                       ScreenOptions(steps=10, lr=0.1, mix=False))
+        mixed = singleton_upper_bounds(*args(problem, POSITIONS), cls, problem.margin_upper,
+                                       ScreenOptions(steps=10, lr=0.1), keep_iterates=True)
         for it in mixed.iterates:
             assert covers(it, ex)
         assert np.all(mixed.bound >= ex) and np.all(plain.bound >= ex)
@@ -325,9 +322,10 @@ def test_refined_survivors_stay_above_the_exact_bound(case, exact_cache):
     stack, lower, upper, problem = setup(*CASES[case])
     for cls in range(stack.num_classes):
         ex = exact(exact_cache, (case,), stack, cls, lower, upper)
-        plain = singleton_upper_bounds(*args(problem, POSITIONS), cls, problem.margin_upper, steps=5, lr=0.1)
-        refined = singleton_upper_bounds(*args(problem, POSITIONS), cls, problem.margin_upper, steps=5, lr=0.1,
-                                         refine_steps=5)
+        plain = singleton_upper_bounds(*args(problem, POSITIONS), cls, problem.margin_upper,
+                                       ScreenOptions(steps=5, lr=0.1))
+        refined = singleton_upper_bounds(*args(problem, POSITIONS), cls, problem.margin_upper,
+                                         ScreenOptions(steps=5, lr=0.1, refine_steps=5))
         assert np.all(refined.bound >= ex)
         assert np.all(refined.bound <= plain.bound)  # per rival the smaller of two sound bounds
 
@@ -386,7 +384,7 @@ def test_a_box_screen_tightens_only_the_networks_that_could_be_highest(case, mon
     taken with the prior bounds, every network's bound is that full screen's or its interval
     (or prior) bound, never below the full one, and the symbolic screen saw only some networks."""
     import lucid.analysis.screen as screen_module
-    import lucid.bounds.symbolic as symbolic
+    import lucid.bounds.stack_screen as stack_screen
 
     stack, lower, upper, problem = setup(*CASES[case])
     classes = list(range(stack.num_classes))
@@ -398,7 +396,8 @@ def test_a_box_screen_tightens_only_the_networks_that_could_be_highest(case, mon
     full = np.minimum(np.minimum(intervals, symbolic_screens(problem, classes, POSITIONS)),
                       np.array([prior[c] for c in classes]))
     seen = []
-    monkeypatch.setattr(symbolic, "symbolic_screens", lambda p, cl, pos, **kw: seen.extend(pos) or symbolic_screens(p, cl, pos, **kw))
+    monkeypatch.setattr(stack_screen, "symbolic_screens",
+                        lambda p, cl, pos, **kw: seen.extend(pos) or symbolic_screens(p, cl, pos, **kw))
     monkeypatch.setattr(screen_module, "LAZY_BATCH", len(classes))  # one network per class a pass: several passes
     got = Screen(problem, "symbolic").highest(classes, POSITIONS, prior)
     for j, c in enumerate(classes):

@@ -13,7 +13,7 @@ from lucid.network import confidence, stack_from_tensors
 from lucid.witness.replay import find_leak
 from lucid.settings import VerifySettings
 from lucid.solvers import SolverOptions, available_solvers
-from lucid.analysis.analyse import analyse_node
+from lucid.analysis.analyse import NodeRequest, analyse_node
 from lucid.analysis.problem import VerificationProblem
 from lucid.analysis.screen import screen_upper_bounds
 
@@ -229,7 +229,10 @@ def test_node_bound_tightening_stays_sound(seed, lo, classes):
 
 
 def test_witness_search_finds_only_true_leaks_and_never_beats_the_exact_bound():
-    from lucid.witness.search import search_node_witness
+    from dataclasses import replace
+
+    from lucid.witness.replay import LeakQuery
+    from lucid.witness.search import NODE_SEARCH, search_node_witness
 
     found_any = False
     for seed, lo in ((0, -1.0), (2, 0.0)):
@@ -237,7 +240,8 @@ def test_witness_search_finds_only_true_leaks_and_never_beats_the_exact_bound():
         for cls in range(2):
             for p in (1, 2):
                 exact = exact_for(stack, p, cls, lower, upper)
-                w = search_node_witness(stack, np.array([p]), cls, lower, upper, samples=512, starts=4)
+                w = search_node_witness(LeakQuery(stack, np.array([p]), cls, lower, upper),
+                                        replace(NODE_SEARCH, samples=512, starts=4))
                 if w is None:
                     continue
                 found_any = True
@@ -262,14 +266,16 @@ def test_the_split_tier_proves_singletons_below_a_cutoff_without_a_milp(seed, lo
                 continue
             # 8 s: a quarter of it for the first split (one case needs 1.2 s of it alone, too close to 5 / 4 on a
             # loaded machine)
-            above = analyse_node(problem, cls, [p], cutoff=exact + 0.05, settings=VerifySettings(split_time=8.0))
+            above = analyse_node(problem, cls, [p], request=NodeRequest(exact + 0.05),
+                                 settings=VerifySettings(split_time=8.0))
             assert exact <= above.upper <= exact + 0.05 + 1e-5 and above.status == "infeasible"
             if above.stats["split"]["proved"]:
                 proved += 1
                 assert "solves" not in above.stats  # no MILP
             # below the exact bound no split can prove the cutoff: a short split budget is enough to
             # show that the MILP then runs (the default one spends a quarter of 60 s before giving up)
-            below = analyse_node(problem, cls, [p], cutoff=exact - 0.05, settings=VerifySettings(split_time=1.0))
+            below = analyse_node(problem, cls, [p], request=NodeRequest(exact - 0.05),
+                                 settings=VerifySettings(split_time=1.0))
             assert not below.stats["split"]["proved"] and below.stats["solves"]
             assert below.upper >= exact - 1e-9
     assert proved >= 1
@@ -289,7 +295,8 @@ def test_a_split_bound_below_a_replayed_witness_is_dropped(monkeypatch, caplog, 
     exact = exact_for(stack, p, cls, lower, upper)
     wrong = rs.SplitResult(exact - 0.5, False, 1, 0.0, {})
     monkeypatch.setattr(importlib.import_module(f"lucid.bounds.{module}"), name, lambda *a, **k: wrong)
-    out = analyse_node(problem, cls, [p], cutoff=exact - 0.6, attempt=2, settings=VerifySettings(split_space=space))
+    out = analyse_node(problem, cls, [p], request=NodeRequest(exact - 0.6, 2),
+                       settings=VerifySettings(split_space=space))
     assert out.stats["split"]["space"] == space
     assert out.lower is not None and out.lower > wrong.bound
     assert out.upper >= exact - 1e-9
@@ -310,7 +317,7 @@ def test_a_cutoff_proves_nodes_below_it_and_leaves_nodes_above_it_exact(seed, lo
             if exact == -np.inf:
                 continue
             plain = analyse_node(problem, cls, positions, encoding=encoding, settings=milp_only)
-            above = analyse_node(problem, cls, positions, encoding=encoding, cutoff=exact + 0.05, attempt=attempt,
+            above = analyse_node(problem, cls, positions, encoding=encoding, request=NodeRequest(exact + 0.05, attempt),
                                  settings=milp_only)
             if len(positions) == 1:
                 assert bool(above.stats["solves"][0].get("plain")) == (attempt == 1)
@@ -321,7 +328,7 @@ def test_a_cutoff_proves_nodes_below_it_and_leaves_nodes_above_it_exact(seed, lo
             if len(positions) == 1:
                 # nothing reaches the cutoff: proved so, the bound reported is (about) the cutoff
                 assert above.status == "infeasible" and above.upper <= exact + 0.05
-            below = analyse_node(problem, cls, positions, encoding=encoding, cutoff=exact - 0.05, attempt=attempt,
+            below = analyse_node(problem, cls, positions, encoding=encoding, request=NodeRequest(exact - 0.05, attempt),
                                  settings=milp_only)
             assert below.upper >= exact
             if len(positions) == 1:  # a singleton's bound is exact with or without the cutoff

@@ -10,6 +10,7 @@ from bab_fixtures import write_tiny_run
 from click.testing import CliRunner
 
 import lucid.bab.engine
+import lucid.bounds.stack_screen
 import lucid.bounds.symbolic
 import lucid.witness.search
 import lucid.witness.replay
@@ -44,8 +45,8 @@ class Recorder:
         original_analyse = lucid.analysis.analyse.analyse_node
         original_solve = lucid.solvers.solve
         original_screen = lucid.analysis.screen.interval_screens
-        original_symbolic = lucid.bounds.symbolic.symbolic_screen
-        original_symbolics = lucid.bounds.symbolic.symbolic_screens
+        original_symbolic = lucid.bounds.stack_screen.symbolic_screen
+        original_symbolics = lucid.bounds.stack_screen.symbolic_screens
         original_from_run = lucid.analysis.problem.VerificationProblem.from_run.__func__
         recorder = self
 
@@ -64,9 +65,9 @@ class Recorder:
             recorder.screens += 1
             return original_screen(*args, **kw)
 
-        def symbolic(*args, **kw):
-            recorder.symbolic.append({"steps": kw.get("steps", 0), "device": kw.get("device", "cpu")})
-            return original_symbolic(*args, **kw)
+        def symbolic(problem, cls, positions, options=lucid.bounds.symbolic.ScreenOptions(), **kw):
+            recorder.symbolic.append({"steps": options.steps, "device": options.device})
+            return original_symbolic(problem, cls, positions, options, **kw)
 
         def symbolics(*args, **kw):  # the initial screen of several classes at once: no steps
             recorder.symbolic.append({"steps": 0, "device": kw.get("device", "cpu")})
@@ -104,8 +105,8 @@ class Recorder:
         monkeypatch.setattr(lucid.analysis.analyse, "analyse_node", analyse_node)
         monkeypatch.setattr(lucid.solvers, "solve", solve)
         monkeypatch.setattr(lucid.analysis.screen, "interval_screens", screen)
-        monkeypatch.setattr(lucid.bounds.symbolic, "symbolic_screen", symbolic)
-        monkeypatch.setattr(lucid.bounds.symbolic, "symbolic_screens", symbolics)
+        monkeypatch.setattr(lucid.bounds.stack_screen, "symbolic_screen", symbolic)
+        monkeypatch.setattr(lucid.bounds.stack_screen, "symbolic_screens", symbolics)
         monkeypatch.setattr(lucid.analysis.analyse, "search_node_witness", counted("node", lucid.analysis.analyse.search_node_witness))
         monkeypatch.setattr(lucid.witness.search, "search_class_witness",
                             counted("class", lucid.witness.search.search_class_witness))
@@ -276,7 +277,7 @@ def test_workers_keep_solver_trees_except_on_dask(monkeypatch, scheduler, keeps)
     monkeypatch.setattr(lucid.analysis.analyse, "analyse_node", analyse_node)
     settings = VerifySettings(scheduler=scheduler, search=False)
     lucid.bab.workers.analyse_with(object(), settings, 0, np.array([1]), 5.0, -math.inf, 2, 3)
-    assert seen["keep_trees"] is keeps and seen["attempt"] == 2 and seen["settings"] is settings
+    assert seen["request"].keep_trees is keeps and seen["request"].attempt == 2 and seen["settings"] is settings
     assert seen["solver_options"].time_limit == 5.0 and seen["solver_options"].threads == 3
 
 

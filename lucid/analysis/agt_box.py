@@ -18,7 +18,8 @@ import numpy as np
 
 from lucid.errors import LucidError
 from lucid.hyper import HyperNetwork
-from lucid.analysis.milp_tier import encode_model, model_info, solve_once
+from lucid.analysis.encode import EncoderInputs, encode_idp
+from lucid.analysis.milp_tier import SolveContext, model_info, solve_once
 from lucid.analysis.encode import possible_targets
 from lucid.analysis.outcome import NodeOutcome, combine_outcome
 from lucid.analysis.problem import VerificationProblem, node_difference_bounds
@@ -67,14 +68,15 @@ def analyse_box(
     targets = possible_targets(cls, diff.hyper)
     stats: dict = {"bounds_seconds": time.perf_counter() - t0, "targets": targets, "solves": []}
     floor = slack(known.confidence) if known is not None else -math.inf
-    model = encode_model(problem, hyper, cls, targets, encoding, problem.n_bounds, diff, beta_lower=floor) if targets else None
+    model = encode_idp(EncoderInputs.for_node(problem, hyper, diff), cls, encoding, targets=targets,
+                       beta_lower=floor) if targets else None
     if model is None:
         # no class can beat cls in any box network; a known leak would contradict that (-> ERROR)
         return combine_outcome(-math.inf, [INFEASIBLE], known, stats, t0)
     opts = replace(solver_options, focus="bound") if known is not None else solver_options
     positions = np.zeros(0, dtype=np.int64) if loo_positions is None else np.asarray(loo_positions, dtype=np.int64)
-    bound, result, witness = solve_once(problem, model, cls, settings.solver, opts, positions, known=known,
-                                         floor=floor)
+    bound, result, witness = solve_once(SolveContext(problem, cls, positions, settings.solver), model, opts,
+                                         known=known, floor=floor)
     best = max((w for w in (witness, known) if w is not None), key=lambda w: w.confidence, default=None)
     stats["solves"].append({"targets": targets, **result.to_json(), **model_info(model)})
     return combine_outcome(bound, [result.status], best, stats, t0)

@@ -14,6 +14,7 @@ import logging
 import math
 import threading
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -21,14 +22,15 @@ import numpy as np
 from lucid.analysis.budget import NodeBudget
 from lucid.analysis.domain_lp import DomainLp
 from lucid.analysis.kept_trees import KEPT, KeptTree
-from lucid.analysis.milp_tier import GroupBound, NodeModels, final_solve
+from lucid.analysis.milp_tier import FinalMilp, GroupBound, GroupPlan, NodeModels, SolveContext, final_solve
 from lucid.analysis.outcome import NodeOutcome, combine_outcome, with_leak
 from lucid.analysis.problem import VerificationProblem
 from lucid.analysis.soundness import slack
+from lucid.bounds.split_options import SplitLimits, SplitOptions
 from lucid.rundir import decode_float, encode_float
 from lucid.settings import EncodingOptions, VerifySettings, split_space_for
 from lucid.solvers.base import INFEASIBLE, OPTIMAL, SolverOptions
-from lucid.witness.replay import LeakWitness
+from lucid.witness.replay import LeakQuery, LeakWitness
 from lucid.witness.search import search_node_witness
 
 # lucid.analysis.agt_box (and benchmarks/screen.py) still import these three from here.
@@ -39,23 +41,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def analyse_node(
-    problem: VerificationProblem,
-    cls: int,
-    positions: np.ndarray,
-    *,
-    settings: VerifySettings | None = None,
-    solver_options: SolverOptions | None = None,
-    encoding: EncodingOptions | None = None,
-    cutoff: float = -math.inf,
-    attempt: int = 1,
-    keep_trees: bool = False,
-) -> NodeOutcome:
-    """Sound bounds on beta*_{cls,S} for the networks S at `positions` (>= 1) of the stack.
-
-    `settings`: the verification's options (solver, encoder switches, search); `solver_options`:
-    this solve's time limit and threads; `encoding` overrides `settings.encoding_options()` for
-    ablation experiments that switch the encoder's parts one by one.
+@dataclass(frozen=True)
+class NodeRequest:
+    """What the caller asks of one node analysis, besides its networks and options.
 
     `cutoff`: the caller only needs to know whether beta*_{cls,S} exceeds this level (the
     class's best replayed leak, plus the gap it tolerates). The MILP is then restricted to
@@ -68,63 +56,89 @@ def analyse_node(
 
     `keep_trees`: a singleton retry that stops at its time limit keeps its solver tree in this
     process, and the next retry of the same node continues it (`lucid.analysis.kept_trees`)."""
+
+    cutoff: float = -math.inf
+    attempt: int = 1
+    keep_trees: bool = False
+
+
+@dataclass(frozen=True, eq=False)
+class _Node:
+    """One `analyse_node` call as its tiers read it (eq=False: arrays): the networks and class, the
+    request, the options, and the key its singleton's MILP is kept under (None: not kept)."""
+
+    problem: VerificationProblem
+    cls: int
+    positions: np.ndarray
+    request: NodeRequest
+    settings: VerifySettings
+    encoding: EncodingOptions
+    keep_key: tuple | None
+
+
+def analyse_node(problem: VerificationProblem, cls: int, positions: np.ndarray, *,
+                 settings: VerifySettings | None = None, solver_options: SolverOptions | None = None,
+                 encoding: EncodingOptions | None = None, request: NodeRequest = NodeRequest()) -> NodeOutcome:
+    """Sound bounds on beta*_{cls,S} for the networks S at `positions` (>= 1) of the stack.
+
+    `settings`: the verification's options (solver, encoder switches, search); `solver_options`:
+    this solve's time limit and threads; `encoding` overrides `settings.encoding_options()` for
+    ablation experiments that switch the encoder's parts one by one; `request`: the cutoff, the
+    attempt and whether a retry keeps its MILP (`NodeRequest`)."""
     t0 = time.perf_counter()
     settings = settings or VerifySettings()
     encoding = encoding or settings.encoding_options()
     solver_options = solver_options or settings.solver_options(None)
     positions = _checked_positions(problem, positions)
+    cutoff, attempt = request.cutoff, request.attempt
     budget = NodeBudget.for_attempt(settings, encoding, solver_options.time_limit, attempt, start=t0)
-    keep_key = _kept_tree_key(cls, positions) if keep_trees and attempt > 1 else None
+    keep_key = _kept_tree_key(cls, positions) if request.keep_trees and attempt > 1 else None
+    node = _Node(problem, cls, positions, request, settings, encoding, keep_key)
     # A node given more than one thread (the last work, beside idle workers) races on them as well:
     # the split on one core and the MILP on the others, rather than HiGHS's branch and bound, which
     # gains little from a second thread, on both.
     if _splits_first(settings, positions, cutoff) and (settings.split_race or solver_options.threads > 1):
-        return _profiled(_raced(problem, cls, positions, settings, encoding, solver_options, budget, cutoff, attempt,
-                                keep_key))
+        return _profiled(_raced(node, solver_options, budget))
     split, split_stats = None, {}
     if _splits_first(settings, positions, cutoff):
-        split = _split_singleton(problem, cls, int(positions[0]), cutoff, budget.split_time, settings, encoding,
-                                 split_stats, extend=budget.split_extension)
+        split = _split_singleton(node, SplitLimits(budget.split_time, extend=budget.split_extension), split_stats)
         if split.proved:  # every domain is below the cutoff: no MILP needed
             _release_kept_tree(problem, keep_key)
             return _profiled(_split_proved(split, split_stats, t0))
         budget = budget.after_split(time.perf_counter())
     solver_options = dataclasses.replace(solver_options, time_limit=budget.time_limit)
-    outcome = _milp_side(problem, cls, positions, settings, encoding, solver_options, budget, cutoff, attempt, keep_key,
-                         split)
+    outcome = _milp_side(node, solver_options, budget, split)
     outcome.stats.update(split_stats)
     return _profiled(_tighter(outcome, split, cls))
 
 
-def _milp_side(problem: VerificationProblem, cls: int, positions: np.ndarray, settings: VerifySettings,
-               encoding: EncodingOptions, solver_options: SolverOptions, budget: NodeBudget, cutoff: float,
-               attempt: int, keep_key: tuple | None, split: SplitResult | None) -> NodeOutcome:
+def _milp_side(node: _Node, solver_options: SolverOptions, budget: NodeBudget,
+               split: SplitResult | None) -> NodeOutcome:
     """The node's MILP tier: its kept MILP continued, or its models built and solved per target group."""
-    kept = _take_kept_tree(problem, keep_key, cutoff)
+    problem, positions, cutoff = node.problem, node.positions, node.request.cutoff
+    kept = _take_kept_tree(problem, node.keep_key, cutoff)
     if kept is not None:
-        return _continue_kept(problem, kept, cls, positions, settings.solver, solver_options, budget.start)
+        return _continue_kept(node, kept, solver_options, budget.start)
     t_build = time.perf_counter()
-    node = NodeModels.build(problem, cls, positions, encoding, settings.solver, cutoff)
+    models = NodeModels.build(problem, node.cls, positions, node.encoding, node.settings.solver, cutoff)
     stats: dict = {"networks": int(positions.size), "bounds_seconds": time.perf_counter() - t_build,
-                   "targets": node.targets}
-    if not node.targets:
+                   "targets": models.targets}
+    if not models.targets:
         return NodeOutcome(-math.inf, None, None, None, INFEASIBLE, time.perf_counter() - budget.start, stats)
     # Under a cutoff a solver-free leak only matters if it beats the class's best leak, which a
     # search over a large set (the root's) can do but one over a single low-ranked network
     # practically never does. So a singleton's first attempt skips it; retries (the top-ranked
     # networks, where such a leak may exist) search again.
-    first_cut = math.isfinite(cutoff) and attempt <= 1 and positions.size == 1
-    known = _known_leak(node, split, stats, search=node.encoding.search and not first_cut)
-    return _solve_groups(node, budget, solver_options, known, first_cut, keep_key, stats)
+    first_cut = math.isfinite(cutoff) and node.request.attempt <= 1 and positions.size == 1
+    known = _known_leak(models, split, stats, search=models.encoding.search and not first_cut)
+    return _solve_groups(models, budget, solver_options, known, first_cut, node.keep_key, stats)
 
 
 def _split_proved(split: SplitResult, split_stats: dict, t0: float) -> NodeOutcome:
     return NodeOutcome(split.bound, None, None, None, INFEASIBLE, time.perf_counter() - t0, {"networks": 1, **split_stats})
 
 
-def _raced(problem: VerificationProblem, cls: int, positions: np.ndarray, settings: VerifySettings,
-           encoding: EncodingOptions, solver_options: SolverOptions, budget: NodeBudget, cutoff: float, attempt: int,
-           keep_key: tuple | None) -> NodeOutcome:
+def _raced(node: _Node, solver_options: SolverOptions, budget: NodeBudget) -> NodeOutcome:
     """A singleton's splitting tier and MILP side by side (`--split-race`, or a node given several
     threads: the split takes one of them), each with the attempt's whole limit: the first to settle
     the node stops the other (`SolverOptions.stop` interrupts HiGHS; the split checks the same event
@@ -138,8 +152,7 @@ def _raced(problem: VerificationProblem, cls: int, positions: np.ndarray, settin
 
     def split_side() -> None:
         try:
-            box["split"] = _split_singleton(problem, cls, int(positions[0]), cutoff, seconds, settings, encoding,
-                                            split_stats, stop=stop)
+            box["split"] = _split_singleton(node, SplitLimits(seconds, stop), split_stats)
             if box["split"].proved:
                 stop.set()
         except BaseException as exc:  # re-raised in the node's thread below
@@ -150,9 +163,8 @@ def _raced(problem: VerificationProblem, cls: int, positions: np.ndarray, settin
     try:
         options = dataclasses.replace(solver_options, time_limit=budget.time_limit, stop=stop,
                                       threads=max(1, solver_options.threads - 1))
-        outcome = _milp_side(problem, cls, positions, settings, encoding, options, budget, cutoff, attempt, keep_key,
-                             None)
-        if outcome.status in (OPTIMAL, INFEASIBLE) or outcome.upper <= cutoff:
+        outcome = _milp_side(node, options, budget, None)
+        if outcome.status in (OPTIMAL, INFEASIBLE) or outcome.upper <= node.request.cutoff:
             stop.set()
     except BaseException:
         stop.set()  # the MILP side failed: the split has nobody to race
@@ -164,9 +176,9 @@ def _raced(problem: VerificationProblem, cls: int, positions: np.ndarray, settin
     split = box["split"]
     winner = "split" if split.proved else ("milp" if stop.is_set() else None)
     if split.proved:
-        _release_kept_tree(problem, keep_key)
+        _release_kept_tree(node.problem, node.keep_key)
     outcome.stats.update(split_stats, race=winner)
-    return _tighter(outcome, split, cls)
+    return _tighter(outcome, split, node.cls)
 
 
 def _profiled(outcome: NodeOutcome) -> NodeOutcome:
@@ -230,8 +242,8 @@ def _known_leak(node: NodeModels, split: SplitResult | None, stats: dict, *, sea
     known = None
     if search:
         t_search = time.perf_counter()
-        known = search_node_witness(node.problem.stack, node.positions, node.cls, node.problem.lower,
-                                    node.problem.upper)
+        problem = node.problem
+        known = search_node_witness(LeakQuery(problem.stack, node.positions, node.cls, problem.lower, problem.upper))
         stats["search_seconds"] = time.perf_counter() - t_search
         stats["search_lower"] = None if known is None else known.confidence
     if split is not None and split.witness is not None and (known is None or split.witness.confidence > known.confidence):
@@ -250,9 +262,10 @@ def _solve_groups(node: NodeModels, budget: NodeBudget, options: SolverOptions, 
     stats["solves"] = []
     for group in groups:
         # a witness found for all targets may not leak towards this group's targets
+        plan = GroupPlan(search=node.encoding.search and single and not first_cut, plain=first_cut,
+                         keep_key=keep_key if single else None)
         solved = GroupBound(node, group, budget.from_now(time.perf_counter()), options, known if single else None,
-                            search=node.encoding.search and single and not first_cut, plain=first_cut,
-                            keep_key=keep_key if single else None).solve()
+                            plan).solve()
         if solved is None:
             continue
         bound, result, witness, info = solved
@@ -280,28 +293,27 @@ def _tighter(outcome: NodeOutcome, split: SplitResult | None, cls: int) -> NodeO
     return dataclasses.replace(outcome, upper=split.bound)
 
 
-def _split_singleton(problem: VerificationProblem, cls: int, position: int, cutoff: float, seconds: float,
-                     settings: VerifySettings, encoding: EncodingOptions, stats: dict, stop=None,
-                     extend: float = 0.0) -> SplitResult:
-    """The splitting branch and bound of one network before its MILP: of the input box for a network
+def _split_singleton(node: _Node, limits: SplitLimits, stats: dict) -> SplitResult:
+    """The splitting branch and bound of a singleton before its MILP: of the input box for a network
     with few inputs (`lucid.bounds.input_split`), else of its ReLUs (`lucid.bounds.relu_split`), with
     the LP of the network's MILP as the second opinion on stalled domains (`lucid.analysis.domain_lp`);
-    `settings.split_space` chooses. extend: seconds the ReLU split may go on when its time runs out
-    all but done (`lucid.bounds.relu_split.EXTEND_EXCESS`)."""
+    `settings.split_space` chooses. limits.extend: seconds the ReLU split may go on when its time
+    runs out all but done (`lucid.bounds.relu_split.EXTEND_EXCESS`)."""
     t0 = time.perf_counter()
+    problem, cls, position, cutoff = node.problem, node.cls, int(node.positions[0]), node.request.cutoff
+    settings = node.settings
     space = split_space_for(settings.split_space, problem.stack.input_dim, sum(problem.stack.layer_sizes[1:-1]))
     lps = None
     if space == "input":
         from lucid.bounds.input_split import input_split_singleton  # imports torch: only when the tier runs
 
-        res = input_split_singleton(problem, cls, position, cutoff, time_limit=seconds, device=settings.device,
-                                    stop=stop)
+        res = input_split_singleton(problem, cls, position, cutoff, limits, device=settings.device)
     else:
         from lucid.bounds.relu_split import split_singleton
 
-        lp = DomainLp(problem, cls, position, encoding)
-        res = split_singleton(problem, cls, position, cutoff, time_limit=seconds, device=settings.device,
-                              domain_bound=lp.bound, extend=extend, stop=stop)
+        lp = DomainLp(problem, cls, position, node.encoding)
+        res = split_singleton(problem, cls, position, cutoff, limits, SplitOptions(device=settings.device),
+                              domain_bound=lp.bound)
         lps = lp.solved
     stats["split"] = {"space": space, "upper": encode_float(res.bound), "proved": res.proved, "gave_up": res.gave_up,
                       "domains": res.domains, "seconds": res.seconds, "wall_seconds": time.perf_counter() - t0,
@@ -309,13 +321,13 @@ def _split_singleton(problem: VerificationProblem, cls: int, position: int, cuto
     return res
 
 
-def _continue_kept(problem: VerificationProblem, kept: KeptTree, cls: int, positions: np.ndarray, solver: str,
-                   options: SolverOptions, t0: float) -> NodeOutcome:
+def _continue_kept(node: _Node, kept: KeptTree, options: SolverOptions, t0: float) -> NodeOutcome:
     """The node's retry: its kept MILP runs on from where its last time limit stopped it."""
     info = dict(kept.info, resumed=True)
-    bound, result, witness, info = final_solve(problem, kept.model, cls, solver, options, positions, kept.witness,
-                                               kept.bound, kept.level, info, kept.key, tree=kept.tree)
-    stats: dict = {"networks": int(positions.size),
+    context = SolveContext(node.problem, node.cls, node.positions, node.settings.solver)
+    bound, result, witness, info = final_solve(context, FinalMilp(kept.model, kept.level, kept.bound, kept.witness),
+                                               options, info, kept.key, tree=kept.tree)
+    stats: dict = {"networks": int(node.positions.size),
                    "solves": [{**result.to_json(), **info, "root_seconds": result.stats.get("root_seconds")}]}
     if "tree_seconds" in result.stats:
         stats["tree_seconds"] = result.stats["tree_seconds"]

@@ -22,7 +22,7 @@ import numpy as np
 
 from lucid.bounds.lp import dual_bound, proves_empty
 from lucid.hyper import hyper_network
-from lucid.analysis.encode import EncodingOptions, encode_idp
+from lucid.analysis.encode import EncoderInputs, EncodingOptions, encode_idp
 from lucid.analysis.problem import VerificationProblem, node_difference_bounds
 
 
@@ -46,8 +46,7 @@ class DomainLp:
                 at = np.array([self.position]) if self.encoding.symbolic else None
                 self._bounds = hyper, node_difference_bounds(p, hyper, at)
             hyper, diff = self._bounds
-            model = encode_idp(p.n_weights, p.n_biases, p.n_bounds, hyper, diff, p.lower, p.upper, self.cls,
-                               self.encoding, targets=[t], margin_upper=p.margin_upper)
+            model = encode_idp(EncoderInputs.for_node(p, hyper, diff), self.cls, self.encoding, targets=[t])
             self._lps[t] = (model, None if model is None else BoundedLp(model))
         return self._lps[t]
 

@@ -13,18 +13,59 @@ the bias (an interval for N#).
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field, replace
+
 import numpy as np
 
 from lucid.bounds.difference import DifferenceBounds
 from lucid.bounds.interval import LayerBounds, widen
 from lucid.dynamic_range import outside_band
 from lucid.milp.builder import ModelBuilder
-from lucid.milp.matching import add_matching, add_relu_coupling, implied_post_rows
+from lucid.milp.matching import ReluColumns, add_matching, add_relu_coupling, implied_post_rows
 from lucid.milp.model import MilpModel
 from lucid.milp.relax import relax_if_similar
 from lucid.milp.relu import encode_relu, stability
 from lucid.hyper import HyperNetwork
 from lucid.settings import EncodingOptions
+
+
+@dataclass(frozen=True, eq=False)
+class EncoderInputs:
+    """What Eq. 3 is built from for one node (eq=False: arrays): N's layers and pre-activation
+    bounds, the node's hyper-network N# and difference bounds, the input box and, optionally, sound
+    upper bounds margin_upper[c, t] of N's s_c - s_t."""
+
+    weights: list[np.ndarray]
+    biases: list[np.ndarray]
+    n_bounds: LayerBounds
+    hyper: HyperNetwork
+    diff: DifferenceBounds
+    lower: np.ndarray
+    upper: np.ndarray
+    margin_upper: np.ndarray | None = None
+
+    @classmethod
+    def for_node(cls, problem, hyper: HyperNetwork, diff: DifferenceBounds,
+                 n_bounds: LayerBounds | None = None) -> "EncoderInputs":
+        """A `VerificationProblem`'s N, box and margin bounds with a node's hyper-network and
+        difference bounds; n_bounds: N's bounds (tightened for the node), the problem's by default."""
+        return cls(problem.n_weights, problem.n_biases, problem.n_bounds if n_bounds is None else n_bounds, hyper,
+                   diff, problem.lower, problem.upper, problem.margin_upper)
+
+
+@dataclass
+class _Build:
+    """One model under construction: the builder, what every block reads (the inputs, the switches)
+    and what the layers record (their columns, for bound tightening and per-domain LPs; the
+    statistics)."""
+
+    b: ModelBuilder
+    inputs: EncoderInputs
+    options: EncodingOptions
+    relax_all: bool
+    stats: dict
+    cols: dict = field(default_factory=lambda: {"n_pre": [], "h_pre": [], "n_post": [], "h_post": [], "n_on": [],
+                                                "h_on": []})
 
 
 def _affine_rows(b: ModelBuilder, out_cols: np.ndarray, in_cols: np.ndarray, w: np.ndarray, lo, hi,
@@ -47,51 +88,37 @@ def possible_targets(cls: int, hyper_bounds: LayerBounds) -> list[int]:
     return [t for t in range(len(lo)) if t != cls and hi[t] - lo[cls] >= 0]
 
 
-def encode_idp(
-    weights: list[np.ndarray],
-    biases: list[np.ndarray],
-    n_bounds: LayerBounds,
-    hyper: HyperNetwork,
-    diff: DifferenceBounds,
-    lower: np.ndarray,
-    upper: np.ndarray,
-    cls: int,
-    options: EncodingOptions,
-    targets: list[int] | None = None,
-    margin_upper: np.ndarray | None = None,
-    relax_all: bool = False,
-    beta_lower: float = -np.inf,
-) -> MilpModel | None:
+def encode_idp(inputs: EncoderInputs, cls: int, options: EncodingOptions, *, targets: list[int] | None = None,
+               relax_all: bool = False, beta_lower: float = -np.inf) -> MilpModel | None:
     """The MILP of Eq. 3, or None when no target class is possible (beta* = -inf).
 
     `targets` restricts the disjunction to these classes of N# (one sub-problem per target when
-    the caller splits); `margin_upper[c, t]` are optional sound upper bounds of s_c - s_t for N.
-    `relax_all` gives every ReLU the triangle relaxation (the LP used for bound tightening);
-    `beta_lower` restricts beta to a known true lower bound of beta* (the optimum is unchanged).
-    The blocks are added in a fixed order (columns and rows keep their positions and names), which
-    bound tightening, per-domain LPs and the compact form rely on.
+    the caller splits). `relax_all` gives every ReLU the triangle relaxation (the LP used for bound
+    tightening); `beta_lower` restricts beta to a known true lower bound of beta* (the optimum is
+    unchanged). The blocks are added in a fixed order (columns and rows keep their positions and
+    names), which bound tightening, per-domain LPs and the compact form rely on.
     """
-    targets = possible_targets(cls, diff.hyper) if targets is None else list(targets)
+    targets = possible_targets(cls, inputs.diff.hyper) if targets is None else list(targets)
     if not targets:
         return None
-    scale = score_scale(n_bounds, diff)
+    scale = score_scale(inputs.n_bounds, inputs.diff)
     if scale != 1.0:
-        weights, biases, n_bounds, hyper, diff = _scaled_scores(weights, biases, n_bounds, hyper, diff, 1.0 / scale)
-        margin_upper = None if margin_upper is None else margin_upper / scale
+        inputs = _scaled_scores(inputs, scale)
         beta_lower = beta_lower / scale
     b = ModelBuilder()
-    x, offset, shift = _input_domain(b, lower, upper)
-    stats = {"exact_hyper": hyper.exact, "shifted": shift, "binaries_n": 0, "binaries_hyper": 0, "relaxed": 0,
+    x, offset, shift = _input_domain(b, inputs.lower, inputs.upper)
+    stats = {"exact_hyper": inputs.hyper.exact, "shifted": shift, "binaries_n": 0, "binaries_hyper": 0, "relaxed": 0,
              "md_rows": 0}
-    scores, scores_h, cols, defined = _layers(b, x, offset, weights, biases, n_bounds, hyper, diff, options, relax_all,
-                                              stats)
-    beta = _objective(b, n_bounds, cls, margin_upper, beta_lower)
+    build = _Build(b, inputs, options, relax_all, stats)
+    scores, scores_h, defined = _layers(build, x, offset)
+    beta = _objective(b, inputs.n_bounds, cls, inputs.margin_upper, beta_lower)
+    cols = build.cols
     cols["beta"] = beta
     stats["_columns"] = cols  # not JSON: dropped from reported statistics
     if defined[0]:
         stats["_defined"] = (np.concatenate(defined[0]), np.concatenate(defined[1]))
     _confidence(b, beta, scores, cls)
-    _leak_disjunction(b, scores_h, cls, targets, diff.hyper, stats)
+    _leak_disjunction(b, scores_h, cls, targets, inputs.diff.hyper, stats)
     stats["targets"] = targets
     stats["binaries"] = stats["binaries_n"] + stats["binaries_hyper"] + stats.get("binaries_out", 0)
     model = b.build(x, offset if shift else np.zeros(0), stats)
@@ -120,16 +147,19 @@ def _scaled_last(bounds: LayerBounds, factor: float) -> LayerBounds:
                        list(bounds.upper[:-1]) + [bounds.upper[-1] * factor])
 
 
-def _scaled_scores(weights: list[np.ndarray], biases: list[np.ndarray], n_bounds: LayerBounds, hyper: HyperNetwork,
-                   diff: DifferenceBounds, factor: float):
-    """The last layer and every bound on it times `factor`, a power of two: exact."""
+def _scaled_scores(inputs: EncoderInputs, scale: float) -> EncoderInputs:
+    """The last layer and every bound on it divided by `scale`, a power of two: exact."""
+    factor = 1.0 / scale
+    weights, biases, hyper, diff = inputs.weights, inputs.biases, inputs.hyper, inputs.diff
     weights = list(weights[:-1]) + [weights[-1] * factor]
     biases = list(biases[:-1]) + [biases[-1] * factor]
     hyper = HyperNetwork(list(hyper.w_lo[:-1]) + [hyper.w_lo[-1] * factor], list(hyper.w_hi[:-1]) + [hyper.w_hi[-1] * factor],
                          list(hyper.b_lo[:-1]) + [hyper.b_lo[-1] * factor], list(hyper.b_hi[:-1]) + [hyper.b_hi[-1] * factor],
                          hyper.positions)
     diff = DifferenceBounds(_scaled_last(diff.pre, factor), diff.post, _scaled_last(diff.hyper, factor))
-    return weights, biases, _scaled_last(n_bounds, factor), hyper, diff
+    margin_upper = None if inputs.margin_upper is None else inputs.margin_upper / scale
+    return replace(inputs, weights=weights, biases=biases, n_bounds=_scaled_last(inputs.n_bounds, factor), hyper=hyper,
+                   diff=diff, margin_upper=margin_upper)
 
 
 def _input_domain(b: ModelBuilder, lower: np.ndarray, upper: np.ndarray) -> tuple[np.ndarray, np.ndarray, bool]:
@@ -158,17 +188,16 @@ def _shifted_biases(weights: list[np.ndarray], biases: list[np.ndarray], hyper: 
     )
 
 
-def _layers(b: ModelBuilder, x: np.ndarray, offset: np.ndarray, weights: list[np.ndarray], biases: list[np.ndarray],
-            n_bounds: LayerBounds, hyper: HyperNetwork, diff: DifferenceBounds, options: EncodingOptions,
-            relax_all: bool, stats: dict) -> tuple[np.ndarray, np.ndarray, dict, tuple[list, list]]:
+def _layers(build: _Build, x: np.ndarray, offset: np.ndarray) -> tuple[np.ndarray, np.ndarray, tuple[list, list]]:
     """N's layers (3d, 3f) and N#'s (3e, 3g), layer by layer, with the matching dependencies and
-    relax-if-similar (3b) that tie each layer of N# to N's. Returns the score columns of N and N#,
-    the columns per hidden layer (for bound tightening and per-domain LPs; n_on, h_on: the binary
-    per neuron or -1) and layer 0's pre-activations a backend may substitute out with their rows
-    (`lucid.solvers.compact`)."""
+    relax-if-similar (3b) that tie each layer of N# to N's. Returns the score columns of N and N#
+    and layer 0's pre-activations a backend may substitute out with their rows
+    (`lucid.solvers.compact`); the columns per hidden layer go to build.cols (n_on, h_on: the
+    binary per neuron or -1)."""
+    b, inputs, options, stats, cols = build.b, build.inputs, build.options, build.stats, build.cols
+    weights, biases, n_bounds, hyper, diff = inputs.weights, inputs.biases, inputs.n_bounds, inputs.hyper, inputs.diff
     L = len(weights)
     n_b0, h_b0 = _shifted_biases(weights, biases, hyper, offset)
-    cols: dict = {"n_pre": [], "h_pre": [], "n_post": [], "h_post": [], "n_on": [], "h_on": []}
     defined: tuple[list, list] = ([], [])
     z, zh = x, x  # N's and N#'s current layer outputs
     for k in range(L):
@@ -179,11 +208,11 @@ def _layers(b: ModelBuilder, x: np.ndarray, offset: np.ndarray, weights: list[np
         if options.md_pre and not pre_row_implied(k, hyper.exact):
             stats["md_rows"] += add_matching(b, zhat, zhat_h, diff.pre.lower[k], diff.pre.upper[k], f"md{k}.pre")
         if k == 0 and L > 1:
-            _substitutable(defined, zhat, n_rows, n_bounds, zhat_h, h_rows, diff, hyper.exact)
+            _substitutable(inputs, defined, (zhat, n_rows), (zhat_h, h_rows))
         if k == L - 1:
-            return zhat, zhat_h, cols, defined
-        z, zh = _relus(b, k, zhat, zhat_h, n_bounds, diff, options, relax_all, hyper.exact, cols, stats)
-        _post_matching(b, k, zhat, zhat_h, z, zh, n_bounds, diff, options, stats)
+            return zhat, zhat_h, defined
+        z, zh = _relus(build, k, zhat, zhat_h)
+        _post_matching(build, k, ReluColumns(zhat, zhat_h, z, zh))
     raise ValueError("a network needs at least one layer")
 
 
@@ -208,26 +237,29 @@ def _hyper_affine(b: ModelBuilder, k: int, zh: np.ndarray, hyper: HyperNetwork, 
     return zhat_h, None
 
 
-def _substitutable(defined: tuple[list, list], zhat: np.ndarray, n_rows: np.ndarray, n_bounds: LayerBounds,
-                   zhat_h: np.ndarray, h_rows: np.ndarray | None, diff: DifferenceBounds, exact: bool) -> None:
+def _substitutable(inputs: EncoderInputs, defined: tuple[list, list], n_pre: tuple[np.ndarray, np.ndarray],
+                   h_pre: tuple[np.ndarray, np.ndarray | None]) -> None:
     """Layer 0's unstable pre-activations of N (and of N# when it is a single network) with the
-    equality rows that define them: a backend may substitute them out (`lucid.solvers.compact`)."""
-    unstable = stability(n_bounds.lower[0], n_bounds.upper[0])[2]
+    equality rows that define them (n_pre, h_pre: the columns and their rows): a backend may
+    substitute them out (`lucid.solvers.compact`)."""
+    (zhat, n_rows), (zhat_h, h_rows) = n_pre, h_pre
+    unstable = stability(inputs.n_bounds.lower[0], inputs.n_bounds.upper[0])[2]
     defined[0].append(zhat[unstable])
     defined[1].append(n_rows[unstable])
-    if exact:
-        unstable = stability(diff.hyper.lower[0], diff.hyper.upper[0])[2]
+    if inputs.hyper.exact:
+        unstable = stability(inputs.diff.hyper.lower[0], inputs.diff.hyper.upper[0])[2]
         defined[0].append(zhat_h[unstable])
         defined[1].append(h_rows[unstable])
 
 
-def _relus(b: ModelBuilder, k: int, zhat: np.ndarray, zhat_h: np.ndarray, n_bounds: LayerBounds,
-           diff: DifferenceBounds, options: EncodingOptions, relax_all: bool, exact: bool, cols: dict,
-           stats: dict) -> tuple[np.ndarray, np.ndarray]:
+def _relus(build: _Build, k: int, zhat: np.ndarray, zhat_h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """3f / 3g: the ReLUs of N (big-M, exact unless `relax_all`) and of N# (big-M, or the triangle
     relaxation where relax-if-similar, 3b's phi_RiS, applies; never for a single network). Returns
     both post-activations."""
-    nl, nu = n_bounds.lower[k], n_bounds.upper[k]
+    b, inputs, options, relax_all = build.b, build.inputs, build.options, build.relax_all
+    stats, cols = build.stats, build.cols
+    diff, exact = inputs.diff, inputs.hyper.exact
+    nl, nu = inputs.n_bounds.lower[k], inputs.n_bounds.upper[k]
     z, s_n = encode_relu(b, zhat, nl, nu, f"n{k}", relax=np.full(len(nl), relax_all))
     relax = relax_if_similar(diff.pre.lower[k], diff.pre.upper[k], options.ris, options.tau, exact) | relax_all
     zh, s_h = encode_relu(b, zhat_h, diff.hyper.lower[k], diff.hyper.upper[k], f"h{k}", relax=relax)
@@ -241,14 +273,14 @@ def _relus(b: ModelBuilder, k: int, zhat: np.ndarray, zhat_h: np.ndarray, n_boun
     return z, zh
 
 
-def _post_matching(b: ModelBuilder, k: int, zhat: np.ndarray, zhat_h: np.ndarray, z: np.ndarray, zh: np.ndarray,
-                   n_bounds: LayerBounds, diff: DifferenceBounds, options: EncodingOptions, stats: dict) -> None:
+def _post_matching(build: _Build, k: int, layer: ReluColumns) -> None:
     """3b's phi_MD after the ReLU: the relational coupling of z# - z to zhat# - zhat, then the
     matching rows z + dl <= z# <= z + du that the coupling does not already imply."""
+    b, options, stats, diff, n_bounds = build.b, build.options, build.stats, build.inputs.diff, build.inputs.n_bounds
     hl, hu = diff.hyper.lower[k], diff.hyper.upper[k]
-    coupled = np.zeros(len(zhat), dtype=bool)
+    coupled = np.zeros(len(layer.zhat), dtype=bool)
     if options.coupling:
-        rows, coupled = add_relu_coupling(b, zhat, zhat_h, z, zh, diff.pre.lower[k], diff.pre.upper[k], f"md{k}.relu")
+        rows, coupled = add_relu_coupling(b, layer, diff.pre.lower[k], diff.pre.upper[k], f"md{k}.relu")
         stats["md_rows"] += rows
     if options.md:
         implied = None
@@ -256,8 +288,8 @@ def _post_matching(b: ModelBuilder, k: int, zhat: np.ndarray, zhat_h: np.ndarray
             both_off = stability(n_bounds.lower[k], n_bounds.upper[k])[1] & stability(hl, hu)[1]
             implied = implied_post_rows(diff.pre.lower[k], diff.pre.upper[k], diff.post.lower[k], diff.post.upper[k],
                                         coupled, both_off)
-        stats["md_rows"] += add_matching(b, z, zh, diff.post.lower[k], diff.post.upper[k], f"md{k}.post",
-                                         implied=implied)
+        stats["md_rows"] += add_matching(b, layer.z, layer.z_hyper, diff.post.lower[k], diff.post.upper[k],
+                                         f"md{k}.post", implied=implied)
 
 
 def _objective(b: ModelBuilder, n_bounds: LayerBounds, cls: int, margin_upper: np.ndarray | None,

@@ -1,7 +1,8 @@
 """A node's bound from its MILPs: per group of target classes, a probe, bound tightening and a final solve.
 
 `NodeModels` holds what every model of one node shares; `GroupBound` bounds the node for one group
-of target classes. Every solve goes through `solve_once`, which adds the floating-point safety
+of target classes (`GroupPlan`: how). Every solve goes through `solve_once` (`SolveContext`: whose
+solve it is), which adds the floating-point safety
 margin, replays the solver's witness and sends a bound below a replayed witness to another backend
 (`lucid.analysis.soundness`). How the group's time is divided among its solves: `lucid.analysis.budget`.
 """
@@ -25,7 +26,7 @@ from lucid.bounds.obbt import tighten_node_bounds
 from lucid.hyper import HyperNetwork, hyper_network
 from lucid.milp.model import MilpModel
 from lucid.analysis.budget import NodeBudget
-from lucid.analysis.encode import encode_idp, possible_targets
+from lucid.analysis.encode import EncoderInputs, encode_idp, possible_targets
 from lucid.analysis.kept_trees import KEPT, KeptTree
 from lucid.analysis.problem import VerificationProblem, node_difference_bounds
 from lucid.analysis.soundness import contradicts, retry_other, slack, solve_checked, user_bound
@@ -38,6 +39,41 @@ log = logging.getLogger(__name__)
 
 # What one target group's solve returns: its bound, the solver's result, the best witness, its stats.
 GroupResult = tuple[float, SolveResult, LeakWitness | None, dict]
+
+
+@dataclass(frozen=True, eq=False)
+class SolveContext:
+    """Whose solve it is (eq=False: arrays): the problem and class, the networks a solver's witness
+    is replayed on (none for a box verification), and the backend."""
+
+    problem: VerificationProblem
+    cls: int
+    positions: np.ndarray
+    solver: str
+
+
+@dataclass(frozen=True, eq=False)
+class FinalMilp:
+    """A node's last MILP and what the node knew when it was built: the beta floor the model is
+    restricted to (slackened), the other sound bounds of its attempt (OBBT's output interval) and
+    the best replayed leak. A kept tree (`lucid.analysis.kept_trees`) stores the same."""
+
+    model: MilpModel
+    level: float
+    bound: float
+    witness: LeakWitness | None
+
+
+@dataclass(frozen=True)
+class GroupPlan:
+    """How `GroupBound` bounds its group: `search` climbs from the LP relaxation's optimum for a
+    leak; `plain` makes the first solve a bound-focused MILP for the whole time limit, with no
+    tightening after it (a singleton's first attempt under a cutoff); with `keep_key` a final MILP
+    stopped by its time limit is kept for the node's next attempt under that key."""
+
+    search: bool
+    plain: bool
+    keep_key: tuple | None = None
 
 
 @dataclass(frozen=True)
@@ -64,7 +100,13 @@ class NodeModels:
 
     def encode(self, group: list[int], n_bounds: LayerBounds, diff: DifferenceBounds, *, relax_all: bool = False,
                beta_lower: float = -math.inf) -> MilpModel | None:
-        return encode_model(self.problem, self.hyper, self.cls, group, self.encoding, n_bounds, diff, relax_all, beta_lower)
+        """Eq. 3 for the targets `group` over the (tightened) bounds (None: N# can reach none of them)."""
+        return encode_idp(EncoderInputs.for_node(self.problem, self.hyper, diff, n_bounds), self.cls, self.encoding,
+                          targets=group, relax_all=relax_all, beta_lower=beta_lower)
+
+    @property
+    def context(self) -> SolveContext:
+        return SolveContext(self.problem, self.cls, self.positions, self.solver)
 
     @property
     def tightens(self) -> bool:
@@ -94,11 +136,11 @@ class GroupBound:
     """
 
     def __init__(self, node: NodeModels, group: list[int], budget: NodeBudget, options: SolverOptions,
-                 known: LeakWitness | None, *, search: bool, plain: bool, keep_key: tuple | None) -> None:
+                 known: LeakWitness | None, plan: GroupPlan) -> None:
         self.node, self.group, self.budget = node, group, budget
         self.options = dataclasses.replace(options, time_limit=budget.time_limit)
         self.witness = known  # the best replayed leak so far: the models are restricted above it
-        self.search, self.plain, self.keep_key = search, plain, keep_key
+        self.search, self.plain, self.keep_key = plan.search, plan.plain, plan.keep_key
         self.bound = math.inf  # the smallest sound bound proved so far
         self.info: dict = {"cutoff": float(node.cutoff)} if math.isfinite(node.cutoff) else {}
 
@@ -159,9 +201,8 @@ class GroupBound:
             self.info["plain"] = True
         else:
             options = dataclasses.replace(self.options, time_limit=self.budget.probe_time)
-        node = self.node
-        self.bound, result, found = solve_once(node.problem, model, node.cls, node.solver, options, node.positions,
-                                               known=self.witness, floor=self.level())
+        self.bound, result, found = solve_once(self.node.context, model, options, known=self.witness,
+                                               floor=self.level())
         self._take(found)
         self.info["probe_bound"] = encode_float(self.bound)
         if result.status in (OPTIMAL, INFEASIBLE) or self.plain:
@@ -199,29 +240,19 @@ class GroupBound:
         options = dataclasses.replace(options, time_limit=self.budget.seconds_left(time.perf_counter()))
         if self.keep_key is not None:
             self.info["targets"] = list(self.group)
-        node = self.node
-        return final_solve(node.problem, model, node.cls, node.solver, options, node.positions, self.witness,
-                           self.bound, self.level(), self.info, self.keep_key)
+        return final_solve(self.node.context, FinalMilp(model, self.level(), self.bound, self.witness), options,
+                           self.info, self.keep_key)
 
 
-def encode_model(problem: VerificationProblem, hyper: HyperNetwork, cls: int, group: list[int],
-                 encoding: EncodingOptions, n_bounds: LayerBounds, diff: DifferenceBounds, relax_all: bool = False,
-                 beta_lower: float = -math.inf) -> MilpModel | None:
-    """Eq. 3 for the hyper-network `hyper` and the targets `group` (None: N# can reach none of them)."""
-    return encode_idp(
-        problem.n_weights, problem.n_biases, n_bounds, hyper, diff, problem.lower, problem.upper, cls, encoding,
-        targets=group, margin_upper=problem.margin_upper, relax_all=relax_all, beta_lower=beta_lower,
-    )
-
-
-def solve_once(problem: VerificationProblem, model: MilpModel, cls: int, solver: str, opts: SolverOptions,
-               positions: np.ndarray, known: LeakWitness | None = None, floor: float = -math.inf, keep: bool = False,
+def solve_once(context: SolveContext, model: MilpModel, opts: SolverOptions, *, known: LeakWitness | None = None,
+               floor: float = -math.inf, keep: bool = False,
                tree: object | None = None) -> tuple[float, SolveResult, LeakWitness | None]:
     """Solve, add the safety margin, replay the witness; a bound below the replayed witness or a
     `known` one (HiGHS once fell 1.3e-5 below a searched witness after root cuts, with no
     incumbent of its own) is a solver failure and the model goes to another backend.
     `floor`: the model only has the points with beta >= floor, so its bound is max(dual, floor).
     `keep` / `tree`: ask for a continuable result / continue a kept one (`lucid.analysis.kept_trees`)."""
+    problem, cls, positions, solver = context.problem, context.cls, context.positions, context.solver
     result = solve_checked(model, solver, opts, keep=keep, tree=tree)
     bound = max(user_bound(result, model), floor)
     witness = None
@@ -240,13 +271,13 @@ def solve_once(problem: VerificationProblem, model: MilpModel, cls: int, solver:
     return bound, result, witness
 
 
-def final_solve(problem: VerificationProblem, model: MilpModel, cls: int, solver: str, opts: SolverOptions,
-                positions: np.ndarray, witness: LeakWitness | None, bound: float, level: float, info: dict,
-                keep_key: tuple | None, tree: object | None = None) -> GroupResult:
+def final_solve(context: SolveContext, final: FinalMilp, opts: SolverOptions, info: dict, keep_key: tuple | None,
+                tree: object | None = None) -> GroupResult:
     """The node's last MILP (or the continuation of its kept `tree`); with `keep_key` a time-limited
     one is kept in this process for the node's next retry."""
-    bound2, result2, witness2 = solve_once(problem, model, cls, solver, opts, positions, known=witness,
-                                           floor=level, keep=keep_key is not None, tree=tree)
+    model, level, bound, witness = final.model, final.level, final.bound, final.witness
+    bound2, result2, witness2 = solve_once(context, model, opts, known=witness, floor=level,
+                                           keep=keep_key is not None, tree=tree)
     if witness2 is not None and (witness is None or witness2.confidence > witness.confidence):
         witness = witness2
     best_bound = min(bound, bound2)
@@ -256,7 +287,7 @@ def final_solve(problem: VerificationProblem, model: MilpModel, cls: int, solver
     result2.upper_bound = best_bound
     if result2.tree is not None:
         if keep_key is not None and result2.status == TIME_LIMIT:
-            KEPT.put(KeptTree(problem, keep_key, result2.tree, model, level, bound, witness, dict(info)))
+            KEPT.put(KeptTree(context.problem, keep_key, result2.tree, model, level, bound, witness, dict(info)))
             info["kept"] = True
         else:
             result2.tree.release()
@@ -292,8 +323,8 @@ def relaxation_witness(node: NodeModels, group: list[int], n_b: LayerBounds, df:
     if result.solution is None:
         return None
     problem = node.problem
-    return replay.climb(problem.stack, node.positions, model.witness_input(result.solution), node.cls, problem.lower,
-                        problem.upper)
+    query = replay.LeakQuery(problem.stack, node.positions, node.cls, problem.lower, problem.upper)
+    return replay.climb(query, model.witness_input(result.solution))
 
 
 def model_info(model: MilpModel) -> dict:

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from lucid.atomic import write_atomic
-from lucid.bounds.difference import DifferenceBounds, difference_bounds, intersect_differences
+from lucid.bounds.difference import DifferenceBounds, WeightIntervals, difference_bounds, intersect_differences
 from lucid.bounds.interval import LayerBounds, interval_bounds, interval_margin_upper
 from lucid.bounds.pair import PairProblem
 from lucid.errors import LucidError
@@ -147,10 +147,8 @@ def node_difference_bounds(problem: VerificationProblem, hyper: HyperNetwork,
     The hull is not a bound over every weight vector of the hyper-network's box, only over its
     member networks; that is all the MILP needs, since only the members' trajectories must stay
     feasible (the same argument as for the matching dependencies)."""
-    diff = difference_bounds(
-        problem.n_weights, problem.n_biases, hyper.w_lo, hyper.w_hi, hyper.b_lo, hyper.b_hi,
-        problem.n_bounds, problem.lower, problem.upper,
-    )
+    diff = difference_bounds(problem.n_weights, problem.n_biases, WeightIntervals.of(hyper), problem.n_bounds,
+                             problem.lower, problem.upper)
     if positions is None:
         return diff
     from lucid.bounds.symbolic import difference_intervals

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from lucid.bounds.difference import difference_bounds
+from lucid.bounds.difference import WeightIntervals, difference_bounds
 from lucid.bounds.interval import FP_REL
 from lucid.analysis.problem import VerificationProblem
 
@@ -31,7 +31,8 @@ def interval_screens(problem: VerificationProblem, classes: list[int], positions
         pos = positions[start : start + chunk]
         ws = [w[pos] for w in problem.stack.weights]
         bs = [b[pos] for b in problem.stack.biases]
-        diff = difference_bounds(problem.n_weights, problem.n_biases, ws, ws, bs, bs, problem.n_bounds, problem.lower, problem.upper)
+        diff = difference_bounds(problem.n_weights, problem.n_biases, WeightIntervals.points(ws, bs), problem.n_bounds,
+                                 problem.lower, problem.upper)
         dl, du = diff.pre.lower[-1], diff.pre.upper[-1]  # [k, C]
         hl, hu = diff.hyper.lower[-1], diff.hyper.upper[-1]
         for j, cls in enumerate(classes):
@@ -80,7 +81,7 @@ class Screen:
         classes = self.classes if self.classes is not None and cls in self.classes else [cls]
         bounds = interval_screens(self.problem, classes, positions)
         if self.method != "interval":
-            from lucid.bounds.symbolic import symbolic_screens
+            from lucid.bounds.stack_screen import symbolic_screens
 
             bounds = np.minimum(bounds, symbolic_screens(self.problem, classes, positions, device=self.device))
         self._kept = (key, {c: b for c, b in zip(classes, bounds) if c != cls})
@@ -101,7 +102,7 @@ class Screen:
                 bounds[j] = np.minimum(bounds[j], prior[c])
         if self.method == "interval" or positions.size == 0:
             return dict(zip(classes, bounds))
-        from lucid.bounds.symbolic import symbolic_screens
+        from lucid.bounds.stack_screen import symbolic_screens
 
         done = np.zeros(len(positions), dtype=bool)
         highest = np.full(len(classes), -np.inf)
@@ -125,6 +126,7 @@ class Screen:
         return self.method == "optimised"
 
     def refine(self, cls: int, positions: np.ndarray, cutoff: float) -> np.ndarray:
-        from lucid.bounds.symbolic import OPTIMISE_STEPS, symbolic_screen
+        from lucid.bounds.stack_screen import symbolic_screen
+        from lucid.bounds.symbolic import ScreenOptions
 
-        return symbolic_screen(self.problem, cls, positions, steps=OPTIMISE_STEPS, cutoff=cutoff, device=self.device)
+        return symbolic_screen(self.problem, cls, positions, ScreenOptions.optimised(self.device), cutoff=cutoff)

@@ -222,12 +222,12 @@ def _die_with(driver_pid: int) -> None:
 def analyse_with(problem: Any, settings: VerifySettings, cls: int, positions: np.ndarray, time_limit: float | None,
                  cutoff: float = -float("inf"), attempt: int = 1, threads: int = 1):
     """One node analysis (runs in a worker)."""
-    from lucid.analysis.analyse import analyse_node
+    from lucid.analysis.analyse import NodeRequest, analyse_node
     from lucid.analysis.outcome import wants_targeted_search, with_targeted_search
 
     outcome = analyse_node(problem, cls, positions, settings=settings,
-                           solver_options=settings.solver_options(time_limit, threads), cutoff=cutoff, attempt=attempt,
-                           keep_trees=settings.keep_trees)
+                           solver_options=settings.solver_options(time_limit, threads),
+                           request=NodeRequest(cutoff, attempt, settings.keep_trees))
     if settings.targeted_search and wants_targeted_search(outcome, positions):
         outcome = with_targeted_search(problem, cls, positions, outcome)
     return outcome

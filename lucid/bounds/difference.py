@@ -15,11 +15,13 @@ batch axis (one hyper-network per entry), which `screen` uses for every singleto
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 
 from lucid.bounds.interval import (LayerBounds, affine_interval, interval_matvec, matvec, point_matvec, rounding_pad,
                                   widen)
+from lucid.hyper import HyperNetwork
 
 
 @dataclass
@@ -29,18 +31,34 @@ class DifferenceBounds:
     hyper: LayerBounds  # pre-activation bounds of N# itself
 
 
-def difference_bounds(
-    weights: list[np.ndarray],
-    biases: list[np.ndarray],
-    w_lo: list[np.ndarray],
-    w_hi: list[np.ndarray],
-    b_lo: list[np.ndarray],
-    b_hi: list[np.ndarray],
-    n_bounds: LayerBounds,
-    lower: np.ndarray,
-    upper: np.ndarray,
-) -> DifferenceBounds:
-    """Sound intervals for z# - z (N's weights [out, in]; hyper weights [..., out, in])."""
+@dataclass(frozen=True, eq=False)
+class WeightIntervals:
+    """The parameters of N# as intervals, [w_lo, w_hi] and [b_lo, b_hi] per layer (eq=False: arrays).
+
+    Every array may carry a leading batch axis (one hyper-network per entry). A point (one network
+    per entry, `points`) holds the same list as its lower and upper end: `difference_bounds` then
+    takes its exact weight difference instead of an interval product."""
+
+    w_lo: Sequence[np.ndarray]  # [..., out, in] per layer
+    w_hi: Sequence[np.ndarray]
+    b_lo: Sequence[np.ndarray]  # [..., out]
+    b_hi: Sequence[np.ndarray]
+
+    @classmethod
+    def points(cls, weights: Sequence[np.ndarray], biases: Sequence[np.ndarray]) -> "WeightIntervals":
+        """Single networks: each interval is the point itself."""
+        return cls(weights, weights, biases, biases)
+
+    @classmethod
+    def of(cls, hyper: HyperNetwork) -> "WeightIntervals":
+        """A `lucid.hyper.HyperNetwork`'s intervals."""
+        return cls(hyper.w_lo, hyper.w_hi, hyper.b_lo, hyper.b_hi)
+
+
+def difference_bounds(weights: list[np.ndarray], biases: list[np.ndarray], intervals: WeightIntervals,
+                      n_bounds: LayerBounds, lower: np.ndarray, upper: np.ndarray) -> DifferenceBounds:
+    """Sound intervals for z# - z (N's weights [out, in]; `intervals`: N#'s parameters)."""
+    w_lo, w_hi, b_lo, b_hi = intervals.w_lo, intervals.w_hi, intervals.b_lo, intervals.b_hi
     L = len(weights)
     pre_lo, pre_hi, post_lo, post_hi, hyp_lo, hyp_hi = [], [], [], [], [], []
     lead = w_lo[0].shape[:-2]

@@ -25,7 +25,8 @@ import numpy as np
 from lucid.bounds.interval import interval_bounds, interval_margin_upper
 from lucid.bounds.pair import PairProblem
 from lucid.bounds.relu_split import CHECK_SHARE, LEAK_STARTS, TRACE_EVERY, SplitResult, leaks_from
-from lucid.bounds.symbolic import singleton_upper_bounds
+from lucid.bounds.split_options import SplitLimits, is_set
+from lucid.bounds.symbolic import ScreenOptions, singleton_upper_bounds
 
 # After CHECK_SHARE of its time the tier gives up (leaving the rest to the MILP) unless it has closed
 # at least GIVE_UP_LEFT of the distance from its first bound to the cutoff: cutting boxes gains
@@ -46,18 +47,18 @@ def box_bound(problem, cls: int, position: int, lower: np.ndarray, upper: np.nda
     n_bounds = interval_bounds([w[0] for w in stack.weights], [b[0] for b in stack.biases], lower, upper)
     margin = interval_margin_upper(n_bounds)
     pair = PairProblem.singleton(stack, position, n_bounds.lower, n_bounds.upper, lower, upper)
-    return singleton_upper_bounds(pair, cls, margin, steps=0, cutoff=cutoff, device=device).per_target[0]
+    return singleton_upper_bounds(pair, cls, margin, ScreenOptions(device=device), cutoff=cutoff).per_target[0]
 
 
-def input_split_singleton(problem, cls: int, position: int, cutoff: float, *, time_limit: float,
-                          device: str = "cpu", stop=None, max_boxes: int | None = None,
-                          give_up: bool = True) -> SplitResult:
+def input_split_singleton(problem, cls: int, position: int, cutoff: float, limits: SplitLimits, *,
+                          device: str = "cpu", max_boxes: int | None = None) -> SplitResult:
     """Sound upper bound on beta*_{cls,{i}} of the network at `position` of problem.stack (a
     `VerificationProblem`) by cutting the domain into boxes until every box is below `cutoff` or
-    `time_limit` seconds have passed (or `stop`, a threading.Event, is set, or `max_boxes` boxes
-    are bounded: a budget that does not depend on the machine's speed), or, with `give_up`, at the
+    limits.time_limit seconds have passed (or limits.stop is set, or `max_boxes` boxes are
+    bounded: a budget that does not depend on the machine's speed), or, with limits.give_up, at the
     checkpoint when it is not on track (GIVE_UP_LEFT; `gave_up` in the result). An unproved network
     gets a leak search from the centres of its highest open boxes (the result's witness)."""
+    time_limit = limits.time_limit
     t0 = time.perf_counter()
     lower, upper = np.asarray(problem.lower, dtype=np.float64), np.asarray(problem.upper, dtype=np.float64)
     scale = np.where(upper > lower, upper - lower, 1.0)
@@ -83,9 +84,9 @@ def input_split_singleton(problem, cls: int, position: int, cutoff: float, *, ti
 
     add(lower.copy(), upper.copy())
     first = -heap[0][0] if heap else -math.inf
-    checked, gave_up = not give_up, False
+    checked, gave_up = not limits.give_up, False
     while heap and -heap[0][0] > cutoff and time.perf_counter() - t0 < time_limit:
-        if (stop is not None and stop.is_set()) or (max_boxes is not None and boxes >= max_boxes):
+        if is_set(limits.stop) or (max_boxes is not None and boxes >= max_boxes):
             break
         if not checked and time.perf_counter() - t0 >= CHECK_SHARE * time_limit:
             checked = True

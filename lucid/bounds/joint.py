@@ -1,26 +1,25 @@
 """The joint linear-bound system of N and K networks N' (z and the differences delta = z' - z as
-linear functions of the input), batched over networks in torch: the ReLU and ReLU-difference
-relaxations, the backward pass, its floating-point magnitude pass, and the intermediate-bound
-tightening. The mathematics and the floating-point argument are in `lucid.bounds.symbolic`'s
-docstring; this module is the machinery `symbolic.py`'s bounds are computed with.
+linear functions of the input), batched over networks in torch: the backward pass through the
+layers' relaxations (`lucid.bounds.relaxation`), its floating-point magnitude pass, and the
+intermediate-bound tightening. The mathematics and the floating-point argument are in
+`lucid.bounds.symbolic`'s docstring; this module is the machinery `symbolic.py`'s bounds are
+computed with.
 """
 
 from __future__ import annotations
 
 import copy
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from lucid.adam import Adam
-from lucid.bounds.difference import difference_bounds
+from lucid.bounds.difference import WeightIntervals, difference_bounds
 from lucid.bounds.interval import FP_ABS, FP_REL, LayerBounds
 from lucid.bounds.pair import PairProblem
-
-PAD_REL = 1e-14
-DTYPE = torch.float64
+from lucid.bounds.relaxation import DTYPE, Relaxation, consistent, difference_relaxation, relu_relaxation
 
 
 def _t(x, device) -> torch.Tensor:
@@ -32,85 +31,6 @@ def _t(x, device) -> torch.Tensor:
 
 def _np(x: torch.Tensor) -> np.ndarray:
     return x.detach().cpu().numpy()
-
-
-@dataclass
-class _Relax:
-    """Linear relaxations of one hidden layer (every array [K, n] or broadcastable)."""
-
-    su: torch.Tensor  # N: z <= su * zhat + tu
-    tu: torch.Tensor
-    sl: torch.Tensor  # N: z >= sl * zhat (default slopes; 1 / 0 for stable neurons)
-    unstable: torch.Tensor  # N's unstable neurons (where alpha applies)
-    pu: torch.Tensor  # delta <= pu * deltahat + qu
-    qu: torch.Tensor
-    pl: torch.Tensor  # delta >= pl * deltahat + ql
-    ql: torch.Tensor
-    pz: torch.Tensor | None = None  # delta's slope in zhat (both bounds; None: 0), where N and N' are stable but differ
-    mag_t: torch.Tensor = field(init=False)  # max |intercept| for the magnitude pass
-
-    def __post_init__(self) -> None:
-        self.mag_t = torch.maximum(self.tu.abs(), torch.maximum(self.qu.abs(), self.ql.abs()))
-
-    def take(self, ix: torch.Tensor) -> "_Relax":
-        return _Relax(self.su[ix], self.tu[ix], self.sl[ix], self.unstable[ix], self.pu[ix], self.qu[ix], self.pl[ix],
-                      self.ql[ix], None if self.pz is None else self.pz[ix])
-
-
-def _relu_relax(l: torch.Tensor, u: torch.Tensor):
-    """CROWN relaxation of relu over [l, u]: (su, tu, sl, unstable)."""
-    active, inactive = l >= 0, u <= 0
-    unstable = ~(active | inactive)
-    width = torch.where(unstable, u - l, torch.ones_like(u))
-    slope = torch.where(unstable, u / width, active.to(DTYPE))
-    pad = PAD_REL * (l.abs() + u.abs())
-    tu = torch.where(unstable, -slope * l + pad, torch.zeros_like(u))
-    sl = torch.where(unstable, (u > -l).to(DTYPE), active.to(DTYPE))
-    return slope, tu, sl, unstable
-
-
-def _diff_relax(l, u, lp, up, dl, du, exact_below=None):
-    """Linear bounds of delta = relu(zhat + dh) - relu(zhat) in dh (see the module docstring).
-
-    exact_below: None, or a bool [K] marking the networks (domains) whose layers below are exact
-    (every neuron of N and N' stable): there, where N and N' are stable in different states, delta
-    is given exactly in zhat (`_diff_slope_z`). Elsewhere the interval form [dh, 0] / [0, dh] is
-    kept: the backward pass maximises over the whole box, where zhat, unlike dh (which depends on
-    the layers below only through the small dW and delta), ranges widely, so -zhat in place of
-    [dh, 0] loosens the bound of a domain whose split constraints are only Lagrangian terms
-    (measured: 2.4x the domains to the same Adult bound). In a domain with every neuron stable
-    the Lagrangian is exact at its optimum, and there the exact form closes the gap to beta*."""
-    zero, one = torch.zeros_like(dl), torch.ones_like(dl)
-    mixed = (dl < 0) & (du > 0)
-    width = torch.where(mixed, du - dl, one)
-    pad = PAD_REL * (dl.abs() + du.abs())
-    # upper: chord of max(0, dh)
-    cu_s = torch.where(mixed, du / width, torch.where(dl >= 0, one, zero))
-    cu_q = torch.where(mixed, -cu_s * dl + pad, zero)
-    pu = torch.where(up <= 0, zero, torch.where(lp >= 0, one, cu_s))
-    qu = torch.where((up <= 0) | (lp >= 0), zero, cu_q)
-    # lower: chord of min(0, dh)
-    cl_s = torch.where(mixed, -dl / width, torch.where(du <= 0, one, zero))
-    cl_q = torch.where(mixed, dl * du / width - pad, zero)
-    pl = torch.where(u <= 0, zero, torch.where(l >= 0, one, cl_s))
-    ql = torch.where((u <= 0) | (l >= 0), zero, cl_q)
-    pz = None if exact_below is None else _diff_slope_z(l, u, lp, up, exact_below)
-    if pz is not None:  # N active, N' inactive: delta = -zhat; N inactive, N' active: delta = zhat + dh
-        on, off = pz < 0, pz > 0
-        pu, pl = torch.where(on, zero, torch.where(off, one, pu)), torch.where(on, zero, torch.where(off, one, pl))
-        qu, ql = torch.where(on | off, zero, qu), torch.where(on | off, zero, ql)
-    return pu, qu, pl, ql, pz
-
-
-def _diff_slope_z(l, u, lp, up, exact_below: torch.Tensor) -> torch.Tensor | None:
-    """delta's exact slope in zhat where N and N' are stable in different states (-1: N active,
-    N' inactive, delta = -zhat; +1: N inactive, N' active, delta = zhat + dh) and the layers below
-    are exact; None if nowhere."""
-    ok = exact_below[:, None]
-    on, off = (l >= 0) & (up <= 0) & ok, (u <= 0) & (lp >= 0) & ok
-    if not bool((on | off).any()):
-        return None
-    return on.to(DTYPE) * -1.0 + off.to(DTYPE)
 
 
 def _bmm(E: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
@@ -135,26 +55,6 @@ def projected_adam_step(opt: Adam, loss: torch.Tensor, *, nonneg=(), unit=(), pr
             x.clamp_(0.0, 1.0)
         if project is not None:
             project()
-
-
-def outward_pad(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Outward padding of a bound computed as a + b or a - b (FP_REL of the operands, + FP_ABS)."""
-    return FP_REL * (a.abs() + b.abs()) + FP_ABS
-
-
-def consistent(l, u, dl, du, hl, hu):
-    """(dl, du, hl, hu) intersected with what zhat' = zhat + deltahat implies, given zhat in [l, u]:
-    zhat' in [l + dl, u + du], deltahat in [hl - u, hu - l], each derived bound padded outward."""
-    hl = torch.maximum(hl, l + dl - outward_pad(l, dl))
-    hu = torch.minimum(hu, u + du + outward_pad(u, du))
-    dl = torch.maximum(dl, hl - u - outward_pad(hl, u))
-    du = torch.minimum(du, hu - l + outward_pad(hu, l))
-    return dl, du, hl, hu
-
-
-def _all_stable(l, u, lp, up) -> torch.Tensor:
-    """[K]: every neuron of the layer stable in N (l >= 0 or u <= 0) and in N' (lp, up)."""
-    return (((l >= 0) | (u <= 0)) & ((lp >= 0) | (up <= 0))).all(-1)
 
 
 @dataclass
@@ -198,9 +98,10 @@ class JointSystem:
         nb = LayerBounds([np.asarray(x) for x in pair.n_lower], [np.asarray(x) for x in pair.n_upper])
         ws = [np.asarray(w, dtype=np.float64) for w in pair.weights]
         bs = [np.asarray(b, dtype=np.float64) for b in pair.biases]
-        diff = difference_bounds(list(pair.n_weights), list(pair.n_biases), ws, ws, bs, bs, nb, pair.lower, pair.upper)
+        diff = difference_bounds(list(pair.n_weights), list(pair.n_biases), WeightIntervals.points(ws, bs), nb,
+                                 pair.lower, pair.upper)
         self.dl, self.du, self.hl, self.hu = [], [], [], []
-        self.relax: list[_Relax] = []
+        self.relax: list[Relaxation] = []
         for k in range(self.L):
             dl, du = _t(diff.pre.lower[k], dev), _t(diff.pre.upper[k], dev)
             hl, hu = _t(diff.hyper.lower[k], dev), _t(diff.hyper.upper[k], dev)
@@ -213,10 +114,10 @@ class JointSystem:
             self.hl.append(hl)
             self.hu.append(hu)
             if k < self.L - 1:
-                su, tu, sl, unst = _relu_relax(self.nl[k], self.nu[k])
-                pu, qu, pl, ql, pz = _diff_relax(self.nl[k], self.nu[k], hl, hu, dl, du)
+                su, tu, sl, unst = relu_relaxation(self.nl[k], self.nu[k])
+                pu, qu, pl, ql, pz = difference_relaxation(self.nl[k], self.nu[k], hl, hu, dl, du)
                 K = self.K
-                self.relax.append(_Relax(su.expand(K, -1), tu.expand(K, -1), sl.expand(K, -1), unst.expand(K, -1),
+                self.relax.append(Relaxation(su.expand(K, -1), tu.expand(K, -1), sl.expand(K, -1), unst.expand(K, -1),
                                          pu, qu, pl, ql, pz))
 
     # ------------------------------------------------------------------ passes

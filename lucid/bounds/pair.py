@@ -17,7 +17,7 @@ class PairProblem:
     """N against K networks N' over an input box (eq=False: the fields are arrays).
 
     The networks N' are stacked on a leading axis: weights[k] [K, out, in], biases[k] [K, out].
-    Any array that can be sliced along that axis will do (`symbolic_screen` passes views that
+    Any array that can be sliced along that axis will do (`lucid.bounds.stack_screen` passes views that
     gather one chunk at a time)."""
 
     n_weights: Sequence[np.ndarray]  # N's layers, [out, in]

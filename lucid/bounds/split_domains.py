@@ -18,7 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from lucid.bounds.joint import DTYPE, JointSystem, _Relax
+from lucid.bounds.joint import JointSystem
+from lucid.bounds.relaxation import DTYPE, Relaxation
 
 
 @dataclass
@@ -74,7 +75,7 @@ def root_domain(root: JointSystem, rival: int, start_bound: float) -> _Domains:
                     torch.full((1,), -1, dtype=torch.int64, device=dev))
 
 
-def choose_neuron(d: _Domains, relax: list[_Relax], intervals: list, alphas: list, trace: list) -> torch.Tensor:
+def choose_neuron(d: _Domains, relax: list[Relaxation], intervals: list, alphas: list, trace: list) -> torch.Tensor:
     """Per domain, the flat index of the neuron to split next (-1: none is unstable).
 
     The score of a neuron is what its relaxation's intercepts add to the bound (BaBSR's

@@ -19,8 +19,8 @@ Bound of a domain (beta-CROWN's idea on the joint system of `lucid.bounds.joint`
   capped by its parent's bound (a subset's maximum is at most its superset's);
 * a domain where N' cannot rank t >= c at all (the pass's bound of s'_t - s'_c is < 0) is empty;
 * a domain with every neuron of N and N' stable uses delta's exact form where the two differ
-  (`lucid.bounds.joint._diff_relax`): its Lagrangian is then exact at the optimal multipliers,
-  which are those of an LP over the box (`_Brancher.lp_start`); an infeasible LP gives
+  (`lucid.bounds.relaxation.difference_relaxation`): its Lagrangian is then exact at the optimal
+  multipliers, which are those of an LP over the box (`_Brancher.lp_start`); an infeasible LP gives
   multipliers that prove the domain empty (`_certify_empty`). Either way the bound is still the
   backward pass with its margin, followed by more Adam steps (`relu_split.LEAF_STEPS`): it is final.
 Step sizes follow each parameter's units. N's slopes alpha and the mix mu are dimensionless
@@ -47,9 +47,11 @@ import torch
 
 from lucid.adam import Adam
 from lucid.bounds.interval import FP_ABS
-from lucid.bounds.joint import (DTYPE, JointSystem, _all_stable, _diff_relax, _np, _relu_relax, _Relax, consistent,
-                                outward_pad, projected_adam_step)
+from lucid.bounds.joint import JointSystem, _np, projected_adam_step
+from lucid.bounds.relaxation import (DTYPE, Relaxation, all_stable, consistent, difference_relaxation, outward_pad,
+                                     relu_relaxation)
 from lucid.bounds.split_domains import _Domains, _signs, children, choose_neuron, root_domain
+from lucid.bounds.split_options import SplitOptions
 from lucid.bounds.symbolic import _simplex
 from lucid.solvers.lp import inequality_multipliers
 
@@ -65,11 +67,14 @@ class _Brancher:
     """One network N' and one rival t: bounds batches of their domains (`bound`, `lp_start`) and
     splits them (`children`); the search that decides which to split is `relu_split._search`."""
 
-    def __init__(self, root: JointSystem, cls: int, rival: int, steps: int, lr: float, lam_lr: float,
-                 alpha_lr: float, mix_bound: float | None = None) -> None:
-        """mix_bound: a bound on |s_c - s_u| over the box for every u (more than two classes):
-        N's side of the objective then mixes the rivals (module docstring); None: it does not."""
-        self.root, self.steps, self.lr, self.lam_lr, self.alpha_lr = root, steps, lr, lam_lr, alpha_lr
+    def __init__(self, root: JointSystem, cls: int, rival: int, options: SplitOptions,
+                 mix_bound: float | None = None) -> None:
+        """options: the Adam steps per bound and the step sizes (`SplitOptions`; the search may rescale
+        lr and lam_lr to the bound's units). mix_bound: a bound on |s_c - s_u| over the box for every
+        u (more than two classes): N's side of the objective then mixes the rivals (module
+        docstring); None: it does not."""
+        self.root, self.steps, self.lr = root, options.steps, options.lr
+        self.lam_lr, self.alpha_lr = options.lam_lr, options.alpha_lr
         self.cls, self.rival, self.mix_bound = cls, rival, mix_bound
         self.L = root.L
         self.sizes = [w.shape[0] for w in root.W[:-1]]
@@ -85,7 +90,8 @@ class _Brancher:
         """The root system repeated over the domains, with each domain's intervals and
         relaxations; a mask [D] of the domains found empty; per hidden layer the domain's
         intervals (l, u, hl, hu) of zhat and zhat'. leaves: the domains have every neuron stable,
-        so delta takes its exact form where N and N' differ (`lucid.bounds.joint._diff_relax`)."""
+        so delta takes its exact form where N and N' differ
+        (`lucid.bounds.relaxation.difference_relaxation`)."""
         D = len(d)
         sys_ = self.root.select(np.zeros(D, dtype=np.int64))
         empty = torch.zeros(D, dtype=torch.bool, device=self.root.device)
@@ -106,11 +112,11 @@ class _Brancher:
             l = torch.maximum(l, hl - du - outward_pad(hl, du))
             u = torch.minimum(u, hu - dl + outward_pad(hu, dl))
             empty |= ((l > u) | (hl > hu) | (dl > du)).any(-1)
-            su, tu, sl, unst = _relu_relax(l, u)
-            pu, qu, pl, ql, pz = _diff_relax(l, u, hl, hu, dl, du, exact_below)
+            su, tu, sl, unst = relu_relaxation(l, u)
+            pu, qu, pl, ql, pz = difference_relaxation(l, u, hl, hu, dl, du, exact_below)
             if exact_below is not None:
-                exact_below = exact_below & _all_stable(l, u, hl, hu)
-            relax.append(_Relax(su, tu, sl, unst, pu, qu, pl, ql, pz))
+                exact_below = exact_below & all_stable(l, u, hl, hu)
+            relax.append(Relaxation(su, tu, sl, unst, pu, qu, pl, ql, pz))
             intervals.append((l, u, hl, hu))
         sys_.relax = relax
         return sys_, empty, intervals

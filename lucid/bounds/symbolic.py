@@ -24,18 +24,9 @@ dW_k = W'_k - W_k, the pre-activation differences are exactly linear:
 Every objective above is linear in (zhat_{L-1}, deltahat_{L-1}) (s' = zhat + deltahat). It is
 bounded by a CROWN-style backward pass, batched over networks (and objectives):
 
-* N's ReLU with N's pre-activation bounds [l, u] (the LP-tightened `n_bounds`): stable neurons
-  exactly; an unstable one above by the chord u (zhat - l) / (u - l), below by alpha * zhat with a
-  free slope alpha in [0, 1] (CROWN's choice: 1 if u > -l else 0; optimised alpha-CROWN style).
-* The ReLU difference delta = relu(zhat + deltahat) - relu(zhat), using N's interval [l, u], N''s
-  interval [l', u'] and the interval [dl, du] of deltahat. Always min(0, dh) <= delta <= max(0, dh).
-  Upper bound: 0 if N' is stably inactive (delta = -relu(zhat) <= 0); deltahat if N' is stably
-  active (delta = dh + min(zhat, 0) <= dh); else the chord of max(0, dh) over [dl, du] (dh itself if
-  dl >= 0, 0 if du <= 0). Lower bound: 0 if N is stably inactive (delta = relu(zhat') >= 0);
-  deltahat if N is stably active (delta = max(dh, -zhat) >= dh); else the chord of min(0, dh) over
-  [dl, du]. (Both stably active gives delta = dh, both inactive delta = 0: exact.) The chords are
-  the tightest linear bounds of max(0, dh) / min(0, dh) over the interval, so this relaxation has
-  no free slopes.
+* N's ReLU (CROWN: a chord above, a free slope alpha in [0, 1] below) and the ReLU difference
+  delta = relu(zhat + deltahat) - relu(zhat) (chords of max(0, dh) / min(0, dh), no free slopes),
+  both from the layer's intervals: `lucid.bounds.relaxation`.
 * The intermediate intervals: [dl, du] and [l', u'] start from the interval propagation of
   `lucid.bounds.difference.difference_bounds`; with `intermediate="symbolic"` (default) each
   hidden layer's deltahat_k (every neuron) and zhat'_k = zhat_k + deltahat_k (where N's neuron is
@@ -103,10 +94,41 @@ import torch
 
 from lucid.adam import Adam
 from lucid.bounds.interval import FP_ABS
-from lucid.bounds.joint import DTYPE, JointSystem, SymbolicDifference, _np, projected_adam_step
+from lucid.bounds.joint import JointSystem, SymbolicDifference, _np, projected_adam_step
 from lucid.bounds.pair import PairProblem
+from lucid.bounds.relaxation import DTYPE
 
 OPTIMISE_STEPS = 60  # Adam steps of the optimised screen (benchmarks/results/screen.md: 60 at lr 0.02)
+
+
+@dataclass(frozen=True, eq=False)
+class ScreenOptions:
+    """How `singleton_upper_bounds` bounds its networks; the defaults are the plain symbolic screen
+    (eq=False: `lam` may be an array).
+
+    lam: the starting lambda, a scalar or [K, C] per network and rival; alpha: None = CROWN's
+    default slopes, else one starting slope in [0, 1] for every unstable neuron of N; steps:
+    projected Adam steps at rate lr (0 = just the starting point); mix: with more than two classes,
+    also optimise the weights mu over rivals u of N's objective (module docstring); refine_steps:
+    bound the networks still above the cutoff again with alpha-optimised intermediate bounds (that
+    many Adam steps per layer), keeping per rival the smaller bound; intermediate: "symbolic" or
+    "interval" intermediate intervals (`JointSystem`); device: where the tensors live; chunk: the
+    networks bounded together (memory)."""
+
+    lam: float | np.ndarray = 1.0
+    alpha: float | None = None
+    steps: int = 0
+    lr: float = 0.02
+    mix: bool = True
+    refine_steps: int = 0
+    intermediate: str = "symbolic"
+    device: str = "cpu"
+    chunk: int = 512
+
+    @classmethod
+    def optimised(cls, device: str = "cpu") -> "ScreenOptions":
+        """The optimised screen's: OPTIMISE_STEPS Adam steps from lambda = 1 and CROWN's slopes."""
+        return cls(steps=OPTIMISE_STEPS, device=device)
 
 
 @dataclass
@@ -129,24 +151,18 @@ def difference_intervals(pair: PairProblem, *, intermediate: str = "symbolic", d
     return sys_.differences()
 
 
-def singleton_upper_bounds(pair: PairProblem, cls: int, margin_upper: np.ndarray | None = None, *,
-                           lam: float | np.ndarray = 1.0, alpha: float | None = None, steps: int = 0, lr: float = 0.02,
-                           intermediate: str = "symbolic", device: str = "cpu", chunk: int = 512,
-                           keep_iterates: bool = False, cutoff: float | None = None,
-                           mix: bool = True, refine_steps: int = 0) -> SingletonBounds:
+def singleton_upper_bounds(pair: PairProblem, cls: int, margin_upper: np.ndarray | None = None,
+                           options: ScreenOptions = ScreenOptions(), *, cutoff: float | None = None,
+                           keep_iterates: bool = False) -> SingletonBounds:
     """Sound upper bounds on beta*_{cls,{i}} for the K networks N' of `pair` against N (module docstring).
 
-    lam: the starting lambda (scalar or [K, C]); alpha: None = CROWN's default slopes, else one
-    starting slope in [0, 1] for every unstable neuron of N; steps: projected Adam steps (0 = just
-    the starting point). margin_upper [C, C]: sound bounds on max_x s_c - s_t (optional cap).
-    cutoff: only networks whose starting bound is above it are optimised (the others keep their
-    starting bound, already <= cutoff: a screen needs nothing more of them). mix: with more than
-    two classes, also optimise the weights mu over rivals u of N's objective (module docstring).
-    refine_steps: the networks whose bound is still above the cutoff (all, without one) are bounded
-    again with alpha-optimised intermediate bounds (that many Adam steps per layer); per rival the
-    smaller of the two sound bounds is kept (`iterates` are those of the first pass)."""
+    margin_upper [C, C]: sound bounds on max_x s_c - s_t (optional cap). cutoff: only networks
+    whose starting bound is above it are optimised (the others keep their starting bound, already
+    <= cutoff: a screen needs nothing more of them), and only those still above it are refined
+    (all, without one). keep_iterates: the result's `iterates` (those of the first pass)."""
     K = pair.count
     C = pair.n_weights[-1].shape[0]
+    lam, alpha = options.lam, options.alpha
     lam_arr = np.broadcast_to(np.asarray(lam, dtype=np.float64), (K, C)) if np.ndim(lam) else np.full((K, C), float(lam))
     if np.any(lam_arr < 0) or (alpha is not None and not 0 <= alpha <= 1):
         raise ValueError("lambda must be >= 0 and alpha in [0, 1]")
@@ -154,17 +170,16 @@ def singleton_upper_bounds(pair: PairProblem, cls: int, margin_upper: np.ndarray
     per_target = np.full((K, C), -np.inf)
     lagr = np.full((K, C), np.nan)
     iterates: list[np.ndarray] = []
-    for start in range(0, K, chunk):
-        sl = slice(start, min(start + chunk, K))
+    for start in range(0, K, options.chunk):
+        sl = slice(start, min(start + options.chunk, K))
         part = pair.networks(sl)
-        res = _chunk_bounds(part, cls, margin_upper, lam_arr[sl], alpha, steps, lr, intermediate, device,
-                            keep_iterates, cutoff, mix)
-        if refine_steps > 0 and intermediate == "symbolic":
+        res = _chunk_bounds(_system(part, options), cls, margin_upper, lam_arr[sl], options, cutoff, keep_iterates)
+        if options.refine_steps > 0 and options.intermediate == "symbolic":
             # the networks still above the cutoff again, with alpha-optimised intermediate bounds
             idx = np.flatnonzero(res.bound > (-np.inf if cutoff is None else cutoff))
             if len(idx):
-                ref = _chunk_bounds(part.networks(idx), cls, margin_upper, lam_arr[sl][idx], alpha, steps, lr,
-                                    intermediate, device, False, None, mix, intermediate_steps=refine_steps)
+                refined = _system(part.networks(idx), options, options.refine_steps)
+                ref = _chunk_bounds(refined, cls, margin_upper, lam_arr[sl][idx], options, None, False)
                 res.per_target[idx] = np.minimum(res.per_target[idx], ref.per_target)
                 res.lagrangian[idx] = np.fmin(res.lagrangian[idx], ref.lagrangian)
                 res.bound[idx] = res.per_target[idx].max(axis=1)
@@ -174,6 +189,12 @@ def singleton_upper_bounds(pair: PairProblem, cls: int, margin_upper: np.ndarray
                 iterates.append(np.full((K, C), np.nan))
             iterates[i][sl] = it
     return SingletonBounds(bound, per_target, lagr, iterates)
+
+
+def _system(pair: PairProblem, options: ScreenOptions, intermediate_steps: int = 0) -> JointSystem:
+    """The joint system of a chunk, with the intermediate bounds `options` ask for."""
+    return JointSystem(pair, device=options.device, intermediate=options.intermediate,
+                       intermediate_steps=intermediate_steps)
 
 
 def class_screens(pair: PairProblem, classes: list[int], margin_upper: np.ndarray | None = None, *,
@@ -187,17 +208,18 @@ def class_screens(pair: PairProblem, classes: list[int], margin_upper: np.ndarra
     for start in range(0, K, chunk):
         sl = slice(start, min(start + chunk, K))
         part = pair.networks(sl)
-        system = JointSystem(part, device=device)
+        plain = ScreenOptions(device=device)
+        system = _system(part, plain)
         ones = np.ones((part.count, C))
         for j, c in enumerate(classes):
-            out[j, sl] = _chunk_bounds(part, c, margin_upper, ones, None, 0, 0.0, "symbolic", device, False, None,
-                                       True, system=system).bound
+            out[j, sl] = _chunk_bounds(system, c, margin_upper, ones, plain, None, False).bound
     return out
 
 
-def set_upper_bound(pair: PairProblem, cls: int, margin_upper: np.ndarray | None = None, **opts) -> float:
+def set_upper_bound(pair: PairProblem, cls: int, margin_upper: np.ndarray | None = None,
+                    options: ScreenOptions = ScreenOptions()) -> float:
     """Upper bound on max_{i in S} beta*_{cls,{i}} for the set S of networks N' of `pair` (max of singletons)."""
-    res = singleton_upper_bounds(pair, cls, margin_upper, **opts)
+    res = singleton_upper_bounds(pair, cls, margin_upper, options)
     return float(res.bound.max()) if len(res.bound) else -math.inf
 
 
@@ -211,13 +233,13 @@ def _simplex(v: torch.Tensor) -> torch.Tensor:
     return (v - theta).clamp(min=0)
 
 
-def _chunk_bounds(pair: PairProblem, cls, margin_upper, lam0, alpha0, steps, lr, intermediate, device, keep_iterates,
-                  cutoff, mix, intermediate_steps=0, system: JointSystem | None = None) -> SingletonBounds:
-    """`singleton_upper_bounds` of one chunk; system: the chunk's joint system, if already built
-    (it does not depend on the class)."""
-    sys_ = system or JointSystem(pair, device=device, intermediate=intermediate, intermediate_steps=intermediate_steps)
+def _chunk_bounds(sys_: JointSystem, cls: int, margin_upper: np.ndarray | None, lam0: np.ndarray,
+                  options: ScreenOptions, cutoff: float | None, keep_iterates: bool) -> SingletonBounds:
+    """`singleton_upper_bounds` of one chunk, from its joint system `sys_` (built once for every
+    class: it does not depend on the class); lam0: the starting lambda [K, C]."""
+    alpha0, steps, lr, mix = options.alpha, options.steps, options.lr, options.mix
     K, L, dev = sys_.K, sys_.L, sys_.device
-    C = pair.n_weights[-1].shape[0]
+    C = sys_.W[-1].shape[0]
     rivals = [t for t in range(C) if t != cls]
     T = len(rivals)
     g = torch.zeros(T, C, dtype=DTYPE, device=dev)  # rows: e_c - e_t
@@ -315,56 +337,3 @@ def _chunk_bounds(pair: PairProblem, cls, margin_upper, lam0, alpha0, steps, lr,
         full[:, rivals] = _np(it)
         iterates.append(full)
     return SingletonBounds(cand.max(axis=1) if T else np.full(K, -np.inf), per_target, lagr, iterates)
-
-
-# ---------------------------------------------------------------------- adapter for the verifier
-class _Rows:
-    """`array[positions]`, gathered one chunk (`[sl]`) at a time: screening every network of a
-    36 000-network run must not first copy all of them (singleton_upper_bounds reads chunks only)."""
-
-    def __init__(self, array: np.ndarray, positions: np.ndarray) -> None:
-        self.array, self.positions = array, positions
-        self.shape = (len(positions),) + array.shape[1:]
-
-    def __getitem__(self, sl: slice) -> np.ndarray:
-        return self.array[self.positions[sl]]
-
-
-def _stack_pair(problem, positions: np.ndarray) -> PairProblem:
-    """N against the networks at `positions` of problem.stack, read one chunk at a time (`_Rows`)."""
-    stack = problem.stack
-    return PairProblem([w[0] for w in stack.weights], [b[0] for b in stack.biases],
-                       [_Rows(w, positions) for w in stack.weights], [_Rows(b, positions) for b in stack.biases],
-                       problem.n_bounds.lower, problem.n_bounds.upper, problem.lower, problem.upper)
-
-
-def symbolic_screen(problem, cls: int, positions, *, steps: int = 0, lr: float = 0.02, lam: float = 1.0,
-                    intermediate: str = "symbolic", device: str = "cpu", chunk: int = 512,
-                    cutoff: float | None = None, refine_steps: int = 0) -> np.ndarray:
-    """Drop-in for the interval screen (`screen_upper_bounds`): sound upper bounds on beta*_{cls,{i}} for the
-    networks at `positions` of problem.stack ([len(positions)], -inf where no rival is reachable).
-
-    Reads only problem.stack, .lower, .upper, .n_bounds, .margin_upper and .num_classes.
-    steps = 0: symbolic bounds at lambda = 1; steps > 0: optimised (only the networks whose
-    lambda = 1 bound is above `cutoff`, when one is given: e.g. the class's best lower bound)."""
-    positions = np.asarray(positions, dtype=np.int64)
-    if positions.size == 0:
-        return np.empty(0)
-    if not 0 <= cls < problem.num_classes:
-        raise ValueError(f"class {cls} out of range")
-    res = singleton_upper_bounds(_stack_pair(problem, positions), cls, problem.margin_upper, lam=lam, steps=steps, lr=lr,
-                                 intermediate=intermediate, device=device, chunk=chunk, cutoff=cutoff,
-                                 refine_steps=refine_steps)
-    return res.bound
-
-
-def symbolic_screens(problem, classes: list[int], positions, *, device: str = "cpu", chunk: int = 512) -> np.ndarray:
-    """`symbolic_screen(problem, c, positions)` for every class c of `classes` at once ([len(classes),
-    len(positions)]; `class_screens`)."""
-    positions = np.asarray(positions, dtype=np.int64)
-    if any(not 0 <= c < problem.num_classes for c in classes):
-        raise ValueError(f"classes {list(classes)} out of range")
-    if positions.size == 0:
-        return np.empty((len(classes), 0))
-    return class_screens(_stack_pair(problem, positions), list(classes), problem.margin_upper, device=device,
-                         chunk=chunk)

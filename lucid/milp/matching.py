@@ -2,9 +2,22 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from lucid.milp.builder import ModelBuilder
+
+
+@dataclass(frozen=True, eq=False)
+class ReluColumns:
+    """One hidden layer's columns in both networks (eq=False: index arrays): the pre-activations
+    zhat of N and zhat# of N#, and the post-activations z and z#, one column per neuron each."""
+
+    zhat: np.ndarray
+    zhat_hyper: np.ndarray
+    z: np.ndarray
+    z_hyper: np.ndarray
 
 
 def add_matching(b: ModelBuilder, z: np.ndarray, z_hyper: np.ndarray, lower: np.ndarray, upper: np.ndarray, name: str,
@@ -23,16 +36,8 @@ def add_matching(b: ModelBuilder, z: np.ndarray, z_hyper: np.ndarray, lower: np.
     return int(useful.sum())
 
 
-def add_relu_coupling(
-    b: ModelBuilder,
-    zhat: np.ndarray,
-    zhat_hyper: np.ndarray,
-    z: np.ndarray,
-    z_hyper: np.ndarray,
-    lower: np.ndarray,
-    upper: np.ndarray,
-    name: str,
-) -> tuple[int, np.ndarray]:
+def add_relu_coupling(b: ModelBuilder, cols: ReluColumns, lower: np.ndarray, upper: np.ndarray,
+                      name: str) -> tuple[int, np.ndarray]:
     """Relational matching dependency: the post-activation difference follows the pre-activation one.
 
     ReLU is monotone and 1-Lipschitz, so for every real pair of pre-activations
@@ -46,6 +51,7 @@ def add_relu_coupling(
     Valid for every real execution of every network in S, so the optimum never drops.
     Returns the rows added and the mask of neurons that got them.
     """
+    zhat, zhat_hyper, z, z_hyper = cols.zhat, cols.zhat_hyper, cols.z, cols.z_hyper
     a, bb = np.asarray(lower, dtype=np.float64), np.asarray(upper, dtype=np.float64)
     trivial = (z == zhat) & (z_hyper == zhat_hyper)  # both neurons stably active: d = dhat already
     usable = np.isfinite(a) & np.isfinite(bb) & ~trivial & (bb >= a)

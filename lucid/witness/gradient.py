@@ -17,12 +17,14 @@ replay confirms it: the result is a true lower bound, and no upper bound ever de
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import torch
 
 from lucid.adam import Adam
 from lucid.network import NetworkStack, confidence
-from lucid.witness.replay import LeakWitness, climb, past, replay
+from lucid.witness.replay import LeakQuery, LeakWitness, climb, past, replay
 
 MARGIN = 1e-4  # asked of N' in float32 (relative to the score scale), well above float32 rounding
 # The best gradient points are polished by the LP walk (`climb`) and replayed. The walk is what
@@ -55,13 +57,13 @@ def _rivals(stack: NetworkStack, positions: np.ndarray, starts: np.ndarray, cls:
     return positions[np.argmin(conf, axis=0)]
 
 
-def gradient_points(stack: NetworkStack, positions: np.ndarray, cls: int, lower: np.ndarray, upper: np.ndarray,
-                    starts: np.ndarray, *, steps: int = 150, seed: int = 0,
+def gradient_points(query: LeakQuery, starts: np.ndarray, *, steps: int = 150, seed: int = 0,
                     deadline: float | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(points, their rival network's position, N's float32 confidence there; -inf where the rival
     still picks c), one per start, after `steps` projected Adam steps (fewer once `deadline` has
     passed). Only proposals: replay decides."""
-    positions = np.asarray(positions, dtype=np.int64)
+    stack, cls, lower, upper = query.stack, query.cls, query.lower, query.upper
+    positions = np.asarray(query.positions, dtype=np.int64)
     starts = np.clip(np.asarray(starts, dtype=np.float64), lower, upper)
     rivals = _rivals(stack, positions, starts, cls)
     n = len(starts)
@@ -102,23 +104,22 @@ def gradient_points(stack: NetworkStack, positions: np.ndarray, cls: int, lower:
     return best_x.numpy().astype(np.float64), rivals, best_c.numpy().astype(np.float64)
 
 
-def gradient_search(stack: NetworkStack, positions: np.ndarray, cls: int, lower: np.ndarray, upper: np.ndarray,
-                    starts: np.ndarray, *, steps: int = 150, polish: int = POLISH, climb_steps: int = CLIMB_STEPS,
-                    seed: int = 0, deadline: float | None = None) -> LeakWitness | None:
+def gradient_search(query: LeakQuery, starts: np.ndarray, *, steps: int = 150, polish: int = POLISH,
+                    climb_steps: int = CLIMB_STEPS, seed: int = 0, deadline: float | None = None) -> LeakWitness | None:
     """The best replayed leak from gradient ascent at `starts` ([n, d]), polished by the LP walk;
     at `deadline` (time.monotonic()) the best found so far."""
-    if len(starts) == 0 or len(positions) == 0:
+    if len(starts) == 0 or len(query.positions) == 0:
         return None
     with torch.enable_grad():
-        points, rivals, conf = gradient_points(stack, positions, cls, lower, upper, starts, steps=steps, seed=seed,
-                                               deadline=deadline)
+        points, rivals, conf = gradient_points(query, starts, steps=steps, seed=seed, deadline=deadline)
+    stack, cls, lower, upper = query.stack, query.cls, query.lower, query.upper
     best: LeakWitness | None = None
     for i in np.argsort(-conf)[:polish]:
         if not np.isfinite(conf[i]) or past(deadline):
             break
         own = np.array([rivals[i]])
         for found in (replay(stack, own, points[i], cls, lower, upper),
-                      climb(stack, own, points[i], cls, lower, upper, climb_steps, deadline=deadline)):
+                      climb(replace(query, positions=own), points[i], climb_steps, deadline=deadline)):
             if found is not None and (best is None or found.confidence > best.confidence):
                 best = found
     return best

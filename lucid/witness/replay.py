@@ -32,6 +32,20 @@ def past(deadline: float | None) -> bool:
     return deadline is not None and time.monotonic() >= deadline
 
 
+@dataclass(frozen=True, eq=False)
+class LeakQuery:
+    """What a leak search looks for (eq=False: arrays): an input of the box [lower, upper] where N
+    (network 0 of `stack`) is confident in `cls` and a network of `stack` at `positions` is not.
+    The searches that walk or climb (`climb`, `lucid.witness.gradient`, `lucid.witness.search`)
+    take it whole; `replay` and `repair` check one point."""
+
+    stack: NetworkStack
+    positions: np.ndarray
+    cls: int
+    lower: np.ndarray
+    upper: np.ndarray
+
+
 @dataclass
 class LeakWitness:
     x: np.ndarray  # in the domain, float64
@@ -169,19 +183,19 @@ def find_leak(stack: NetworkStack, positions: np.ndarray, x: np.ndarray | None, 
     return found
 
 
-def climb(stack: NetworkStack, positions: np.ndarray, x: np.ndarray, cls: int, lower: np.ndarray, upper: np.ndarray,
-          steps: int = 20, deadline: float | None = None) -> LeakWitness | None:
+def climb(query: LeakQuery, x: np.ndarray, steps: int = 20, deadline: float | None = None) -> LeakWitness | None:
     """The best leak met on a walk from x across linear regions, one `repair` LP per region.
 
     Each LP's optimum lies on a region boundary; stepping slightly past it (along the move just
     made) lets the next linearisation see the neighbouring region."""
+    lower, upper = query.lower, query.upper
     x = np.clip(np.asarray(x, dtype=np.float64), lower, upper)
     best: LeakWitness | None = None
     point = x
     for _ in range(steps):
         if past(deadline):
             break
-        found = repair(stack, positions, point, cls, lower, upper, candidates=2)
+        found = repair(query.stack, query.positions, point, query.cls, lower, upper, candidates=2)
         if found is None:
             break
         if best is None or found.confidence > best.confidence:

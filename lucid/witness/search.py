@@ -19,14 +19,34 @@ lower bound; nothing here can make an upper bound smaller.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+
 import numpy as np
 
 from lucid.network import NetworkStack, confidence
-from lucid.witness.gradient import gradient_search
-from lucid.witness.replay import LeakWitness, climb, past, replay
+from lucid.witness.gradient import CLIMB_STEPS, POLISH, gradient_search
+from lucid.witness.replay import LeakQuery, LeakWitness, climb, past, replay
 
 GRADIENT_STARTS = 64  # starts of the class search's gradient ascent (`lucid.witness.gradient`)
 SMALL_NODE = 8  # networks
+
+
+@dataclass(frozen=True)
+class SearchEffort:
+    """How hard a search tries: `samples` random inputs of the domain, LP walks (`climb`) of up to
+    `steps` regions from its `starts` most promising points, the random `seed`, and whether
+    gradient ascent (`lucid.witness.gradient`) follows the walks."""
+
+    samples: int
+    starts: int
+    steps: int
+    seed: int = 0
+    gradient: bool = True
+
+
+CLASS_SEARCH = SearchEffort(samples=512, starts=6, steps=6)  # `search_class_witness`'s, once per class
+TARGETED_SEARCH = SearchEffort(samples=1024, starts=8, steps=10)  # the same, aimed at a small node's networks
+NODE_SEARCH = SearchEffort(samples=4096, starts=8, steps=20)  # `search_node_witness`'s
 
 
 def _min_confidence(stack, positions: np.ndarray, x: np.ndarray, cls: int, chunk: int = 512) -> np.ndarray:
@@ -40,24 +60,16 @@ def _min_confidence(stack, positions: np.ndarray, x: np.ndarray, cls: int, chunk
     return best
 
 
-def search_class_witness(
-    problem,
-    cls: int,
-    positions: np.ndarray,
-    *,
-    points: np.ndarray | None = None,
-    samples: int = 512,
-    starts: int = 6,
-    steps: int = 6,
-    seed: int = 0,
-    gradient: bool = True,
-    deadline: float | None = None,
-) -> LeakWitness | None:
-    """The best replayed leaking input found for class `cls` and the networks at `positions`
-    (`gradient=False`: without the gradient ascent, for benchmarks/hard_singletons.py). At `deadline`
-    (time.monotonic()) it returns the best found so far: the run's time limit bounds it too."""
+def search_class_witness(problem, cls: int, positions: np.ndarray, *, points: np.ndarray | None = None,
+                         effort: SearchEffort = CLASS_SEARCH, deadline: float | None = None) -> LeakWitness | None:
+    """The best replayed leaking input found for class `cls` and the networks at `positions`, from
+    random samples and the training `points` (`effort.gradient=False`: without the gradient ascent,
+    for benchmarks/hard_singletons.py). At `deadline` (time.monotonic()) it returns the best found
+    so far: the run's time limit bounds it too."""
     stack, lo, hi = problem.stack, problem.lower, problem.upper
     positions = np.asarray(positions, dtype=np.int64)
+    query = LeakQuery(stack, positions, cls, lo, hi)
+    samples, starts, seed = effort.samples, effort.starts, effort.seed
     rng = np.random.default_rng(seed)
     cands = [lo + (hi - lo) * rng.random((samples, len(lo)))]
     if points is not None and len(points):
@@ -79,31 +91,20 @@ def search_class_witness(
         if past(deadline):
             return best
         w = replay(stack, positions, x[i], cls, lo, hi)
-        climbed = climb(stack, positions, x[i], cls, lo, hi, steps, deadline=deadline)
+        climbed = climb(query, x[i], effort.steps, deadline=deadline)
         if w is None or (climbed is not None and climbed.confidence > w.confidence):
             w = climbed
         if w is not None and (best is None or w.confidence > best.confidence):
             best = w
     # gradient ascent from the best-ranked points (leaking or not): it crosses many linear regions
     # per step, where the LP walk above crosses one
-    if not gradient or past(deadline):
+    if not effort.gradient or past(deadline):
         return best
     top = order[:GRADIENT_STARTS] if leaking.any() else np.argsort(-conf_n)[:GRADIENT_STARTS]
-    return _better(best, gradient_search(stack, positions, cls, lo, hi, x[top], seed=seed, deadline=deadline))
+    return _better(best, gradient_search(query, x[top], seed=seed, deadline=deadline))
 
 
-def search_node_witness(
-    stack: NetworkStack,
-    positions: np.ndarray,
-    cls: int,
-    lower: np.ndarray,
-    upper: np.ndarray,
-    samples: int = 4096,
-    starts: int = 8,
-    steps: int = 20,
-    seed: int = 0,
-    gradient: bool = True,
-) -> LeakWitness | None:
+def search_node_witness(query: LeakQuery, effort: SearchEffort = NODE_SEARCH) -> LeakWitness | None:
     """A solver-free primal heuristic for a leaking input (a true lower bound once replayed).
 
     Leaks live where N and a network of S disagree, i.e. near N's decision boundary: random
@@ -112,23 +113,25 @@ def search_node_witness(
     pattern-fixed LP of `repair`, re-linearised at each new point (a walk across linear
     regions). Every returned witness has passed `replay`.
     """
-    positions = np.asarray(positions, dtype=np.int64)
-    a = boundary_points(stack, cls, lower, upper, 32 * starts, samples=samples, seed=seed)
+    query = replace(query, positions=np.asarray(query.positions, dtype=np.int64))
+    stack, positions, cls = query.stack, query.positions, query.cls
+    starts, seed = effort.starts, effort.seed
+    a = boundary_points(stack, cls, query.lower, query.upper, 32 * starts, samples=effort.samples, seed=seed)
     if len(a) == 0:
         return None
     conf_s = confidence(stack.select(positions).forward(a), cls)  # [|S|, m]
     order = np.argsort(conf_s.min(axis=0))[:starts]
     best: LeakWitness | None = None
     for i in order:
-        found = climb(stack, positions, a[i], cls, lower, upper, steps)
+        found = climb(query, a[i], effort.steps)
         if found is not None and (best is None or found.confidence > best.confidence):
             best = found
     # a small node (a retried singleton) gets the full polish; a large one, whose search only has to
     # beat the class's best leak somewhere, a light one
-    if not gradient:
+    if not effort.gradient:
         return best
-    light = {} if len(positions) <= SMALL_NODE else {"polish": 4, "climb_steps": 6}
-    return _better(best, gradient_search(stack, positions, cls, lower, upper, a, seed=seed, **light))
+    polish, climb_steps = (POLISH, CLIMB_STEPS) if len(positions) <= SMALL_NODE else (4, 6)
+    return _better(best, gradient_search(query, a, polish=polish, climb_steps=climb_steps, seed=seed))
 
 
 def boundary_points(stack: NetworkStack, cls: int, lower: np.ndarray, upper: np.ndarray, count: int, *,
