@@ -251,7 +251,7 @@ def prove_once(problem, cls: int, position: int, level: float, method: str, time
     """Seconds until analyse_node proves beta*_{cls,{position}} <= level, escalating attempts as the
     engine does (node limit 60 s, grown 4x per retry), or None at `time_limit`."""
     from lucid.analysis.analyse import NodeRequest, analyse_node
-    from lucid.analysis.budget import RETRY_GROWTH
+    from lucid.analysis.time_shares import RETRY_GROWTH
     from lucid.settings import VerifySettings
     from lucid.solvers.base import SolverOptions
 

@@ -2,7 +2,7 @@
 
 `--time-limit` is the run's deadline (`VerifySettings.time_limit`, which always means the whole
 invocation). The pieces of a run get deadlines derived from it: a region's branch-and-bound its
-share of what is left, a node attempt its limit (`lucid.analysis.budget.attempt_time_limit`), a
+share of what is left, a node attempt its limit (`lucid.analysis.time_shares.attempt_time_limit`), a
 witness search the engine's end. Each piece reads its own deadline; none changes the settings.
 """
 

@@ -160,7 +160,7 @@ class VerifySettings:
         are the default / "none"); device: where the symbolic screen's tensors live (cpu, cuda).
     search: the solver-free witness search (root and nodes).
     split_time: seconds of ReLU-splitting branch and bound a singleton gets before its MILP under a
-        cutoff (`lucid.bounds.relu_split`; `lucid.analysis.budget.NodeBudget`: more on retries, at most half
+        cutoff (`lucid.bounds.relu_split`; `lucid.analysis.time_shares.NodeTimeShares`: more on retries, at most half
         the node's limit); 0 turns it off (the MILP alone, as `--naive` always does).
     split_race: a singleton's splitting tier and MILP run side by side, each for the attempt's whole
         limit, and the first to settle the node stops the other (`lucid.analysis.analyse._raced`),

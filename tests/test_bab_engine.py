@@ -24,7 +24,7 @@ from lucid.settings import VerifySettings
 from lucid.bab.events import EventLog, read_events
 from lucid.bab.partition import choose_k, split_positions
 from lucid.bab.workers import Executor, ThreadExecutor
-from lucid.analysis.budget import RETRY_GROWTH
+from lucid.analysis.time_shares import RETRY_GROWTH
 
 
 @dataclass
@@ -338,7 +338,7 @@ def test_nodes_stop_before_the_session_deadline_so_their_bounds_count(tmp_path, 
     """A node MILP that uses its whole time limit must still report before the session ends."""
     import time
 
-    import lucid.analysis.budget
+    import lucid.analysis.time_shares
 
     values = np.concatenate([[0.0], np.linspace(0, 1, 8)])
     seen_limits = []
@@ -353,7 +353,7 @@ def test_nodes_stop_before_the_session_deadline_so_their_bounds_count(tmp_path, 
 
     # the product's margin for a 2-s session is 40 ms, less than a busy machine may take to hand
     # a finished thread's result over; a real session (minutes) has seconds
-    monkeypatch.setattr(lucid.analysis.budget, "deadline_margin", lambda total: 0.5)
+    monkeypatch.setattr(lucid.analysis.time_shares, "deadline_margin", lambda total: 0.5)
     engine, _, _ = make_engine(tmp_path, values, analyser=UsesItsLimit(values), workers=1, time_limit=2.0)
     cs = engine.run()[0]
     assert seen_limits and seen_limits[0] <= 1.5
@@ -381,7 +381,7 @@ def test_an_unproved_singleton_is_retried_with_its_attempt_number_and_a_longer_l
 
 
 def test_default_node_time_limit_is_a_share_of_the_total():
-    from lucid.analysis.budget import default_node_time_limit
+    from lucid.analysis.time_shares import default_node_time_limit
 
     assert default_node_time_limit(None) is None
     assert default_node_time_limit(60) == 20.0
@@ -488,7 +488,7 @@ def test_a_seek_gets_at_most_a_minute_when_it_can_be_retried(tmp_path, node_time
     spend the rest on a dual bound that its retry under the cutoff proves faster. Without a node
     limit there is no retry, so the seek keeps the whole limit (else the node could never be proved)."""
     import lucid.bab.engine
-    from lucid.analysis.budget import SEEK_TIME_LIMIT
+    from lucid.analysis.time_shares import SEEK_TIME_LIMIT
 
     monkeypatch.setattr(lucid.bab.engine, "PEEL_ROOT_ABOVE", {})
     values = np.concatenate([[0.0], np.linspace(0.1, 1.0, 10)])

@@ -354,12 +354,12 @@ def test_a_leak_above_a_proved_bound_drops_that_bound():
 
 
 def test_a_node_budget_extends_an_all_but_done_split_and_never_runs_past_its_limit():
-    from lucid.analysis.budget import NodeBudget
+    from lucid.analysis.time_shares import NodeTimeShares
 
-    budget = NodeBudget(time_limit=100.0, start=0.0, split_time=25.0)
+    budget = NodeTimeShares(time_limit=100.0, start=0.0, split_time=25.0)
     assert budget.split_extension == 75.0  # the rest of the attempt
     assert budget.after_split(30.0).time_limit == 55.0  # the MILP gets as long as the split had
     late = budget.after_split(90.0)  # the split took its extension: the MILP gets what is left
     assert late.time_limit == 100.0 and late.seconds_left(90.0) == 10.0
-    unlimited = NodeBudget(time_limit=None, start=0.0, split_time=25.0)
+    unlimited = NodeTimeShares(time_limit=None, start=0.0, split_time=25.0)
     assert unlimited.split_extension == 25.0 and unlimited.after_split(90.0) is unlimited

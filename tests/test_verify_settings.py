@@ -15,7 +15,7 @@ import lucid.bounds.symbolic
 import lucid.witness.search
 import lucid.witness.replay
 import lucid.solvers
-from lucid.analysis.budget import node_limit
+from lucid.analysis.time_shares import node_limit
 from lucid.deadline import Deadline
 import lucid.analysis.analyse
 import lucid.analysis.problem

@@ -4,7 +4,7 @@ beta*_{c,S} = max beta  s.t.  exists x in the domain with C_N^c(x) >= beta and C
 C^c(x) = score_c - max_{c' != c} score_c'. `analyse_node` encodes Eq. 3 for the hyper-network
 of S, solves it, adds the floating-point safety margin to the solver's dual bound, and replays
 the solver's witness with the concrete networks to get a true lower bound. The soundness rules it
-applies live in `lucid.analysis.soundness`; how its time is divided, in `lucid.analysis.budget`.
+applies live in `lucid.analysis.soundness`; how its time is divided, in `lucid.analysis.time_shares`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from lucid.analysis.budget import NodeBudget
+from lucid.analysis.time_shares import NodeTimeShares
 from lucid.analysis.domain_lp import DomainLp
 from lucid.analysis.kept_trees import KEPT, KeptTree
 from lucid.analysis.milp_tier import FinalMilp, GroupBound, GroupPlan, NodeModels, SolveContext, final_solve
@@ -91,54 +91,54 @@ def analyse_node(problem: VerificationProblem, cls: int, positions: np.ndarray, 
     solver_options = solver_options or settings.solver_options(None)
     positions = _checked_positions(problem, positions)
     cutoff, attempt = request.cutoff, request.attempt
-    budget = NodeBudget.for_attempt(settings, encoding, solver_options.time_limit, attempt, start=t0)
+    times = NodeTimeShares.for_attempt(settings, encoding, solver_options.time_limit, attempt, start=t0)
     keep_key = _kept_tree_key(cls, positions) if request.keep_trees and attempt > 1 else None
     node = _Node(problem, cls, positions, request, settings, encoding, keep_key)
     # A node given more than one thread (the last work, beside idle workers) races on them as well:
     # the split on one core and the MILP on the others, rather than HiGHS's branch and bound, which
     # gains little from a second thread, on both.
     if _splits_first(settings, positions, cutoff) and (settings.split_race or solver_options.threads > 1):
-        return _profiled(_raced(node, solver_options, budget))
+        return _profiled(_raced(node, solver_options, times))
     split, split_stats = None, {}
     if _splits_first(settings, positions, cutoff):
-        split = _split_singleton(node, SplitLimits(budget.split_time, extend=budget.split_extension), split_stats)
+        split = _split_singleton(node, SplitLimits(times.split_time, extend=times.split_extension), split_stats)
         if split.proved:  # every domain is below the cutoff: no MILP needed
             _release_kept_tree(problem, keep_key)
             return _profiled(_split_proved(split, split_stats, t0))
-        budget = budget.after_split(time.perf_counter())
-    solver_options = dataclasses.replace(solver_options, time_limit=budget.time_limit)
-    outcome = _milp_side(node, solver_options, budget, split)
+        times = times.after_split(time.perf_counter())
+    solver_options = dataclasses.replace(solver_options, time_limit=times.time_limit)
+    outcome = _milp_side(node, solver_options, times, split)
     outcome.stats.update(split_stats)
     return _profiled(_tighter(outcome, split, cls))
 
 
-def _milp_side(node: _Node, solver_options: SolverOptions, budget: NodeBudget,
+def _milp_side(node: _Node, solver_options: SolverOptions, times: NodeTimeShares,
                split: SplitResult | None) -> NodeOutcome:
     """The node's MILP tier: its kept MILP continued, or its models built and solved per target group."""
     problem, positions, cutoff = node.problem, node.positions, node.request.cutoff
     kept = _take_kept_tree(problem, node.keep_key, cutoff)
     if kept is not None:
-        return _continue_kept(node, kept, solver_options, budget.start)
+        return _continue_kept(node, kept, solver_options, times.start)
     t_build = time.perf_counter()
     models = NodeModels.build(problem, node.cls, positions, node.encoding, node.settings.solver, cutoff)
     stats: dict = {"networks": int(positions.size), "bounds_seconds": time.perf_counter() - t_build,
                    "targets": models.targets}
     if not models.targets:
-        return NodeOutcome(-math.inf, None, None, None, INFEASIBLE, time.perf_counter() - budget.start, stats)
+        return NodeOutcome(-math.inf, None, None, None, INFEASIBLE, time.perf_counter() - times.start, stats)
     # Under a cutoff a solver-free leak only matters if it beats the class's best leak, which a
     # search over a large set (the root's) can do but one over a single low-ranked network
     # practically never does. So a singleton's first attempt skips it; retries (the top-ranked
     # networks, where such a leak may exist) search again.
     first_cut = math.isfinite(cutoff) and node.request.attempt <= 1 and positions.size == 1
     known = _known_leak(models, split, stats, search=models.encoding.search and not first_cut)
-    return _solve_groups(models, budget, solver_options, known, first_cut, node.keep_key, stats)
+    return _solve_groups(models, times, solver_options, known, first_cut, node.keep_key, stats)
 
 
 def _split_proved(split: SplitResult, split_stats: dict, t0: float) -> NodeOutcome:
     return NodeOutcome(split.bound, None, None, None, INFEASIBLE, time.perf_counter() - t0, {"networks": 1, **split_stats})
 
 
-def _raced(node: _Node, solver_options: SolverOptions, budget: NodeBudget) -> NodeOutcome:
+def _raced(node: _Node, solver_options: SolverOptions, times: NodeTimeShares) -> NodeOutcome:
     """A singleton's splitting tier and MILP side by side (`--split-race`, or a node given several
     threads: the split takes one of them), each with the attempt's whole limit: the first to settle
     the node stops the other (`SolverOptions.stop` interrupts HiGHS; the split checks the same event
@@ -148,7 +148,7 @@ def _raced(node: _Node, solver_options: SolverOptions, budget: NodeBudget) -> No
     stop = threading.Event()
     split_stats: dict = {}
     box: dict = {}
-    seconds = budget.time_limit if budget.time_limit is not None else budget.split_time
+    seconds = times.time_limit if times.time_limit is not None else times.split_time
 
     def split_side() -> None:
         try:
@@ -161,9 +161,9 @@ def _raced(node: _Node, solver_options: SolverOptions, budget: NodeBudget) -> No
     thread = threading.Thread(target=split_side, name="lucid-split-race", daemon=True)
     thread.start()
     try:
-        options = dataclasses.replace(solver_options, time_limit=budget.time_limit, stop=stop,
+        options = dataclasses.replace(solver_options, time_limit=times.time_limit, stop=stop,
                                       threads=max(1, solver_options.threads - 1))
-        outcome = _milp_side(node, options, budget, None)
+        outcome = _milp_side(node, options, times, None)
         if outcome.status in (OPTIMAL, INFEASIBLE) or outcome.upper <= node.request.cutoff:
             stop.set()
     except BaseException:
@@ -251,7 +251,7 @@ def _known_leak(node: NodeModels, split: SplitResult | None, stats: dict, *, sea
     return known
 
 
-def _solve_groups(node: NodeModels, budget: NodeBudget, options: SolverOptions, known: LeakWitness | None,
+def _solve_groups(node: NodeModels, times: NodeTimeShares, options: SolverOptions, known: LeakWitness | None,
                   first_cut: bool, keep_key: tuple | None, stats: dict) -> NodeOutcome:
     """Bound the node per group of target classes (one group unless the disjunction is split):
     its bound is the largest of the groups'."""
@@ -264,7 +264,7 @@ def _solve_groups(node: NodeModels, budget: NodeBudget, options: SolverOptions, 
         # a witness found for all targets may not leak towards this group's targets
         plan = GroupPlan(search=node.encoding.search and single and not first_cut, plain=first_cut,
                          keep_key=keep_key if single else None)
-        solved = GroupBound(node, group, budget.from_now(time.perf_counter()), options, known if single else None,
+        solved = GroupBound(node, group, times.from_now(time.perf_counter()), options, known if single else None,
                             plan).solve()
         if solved is None:
             continue
@@ -275,7 +275,7 @@ def _solve_groups(node: NodeModels, budget: NodeBudget, options: SolverOptions, 
             best = witness
         stats["solves"].append({"targets": group, **result.to_json(), **info,
                                 "root_seconds": result.stats.get("root_seconds")})
-    return combine_outcome(upper, statuses, best, stats, budget.start)
+    return combine_outcome(upper, statuses, best, stats, times.start)
 
 
 def _tighter(outcome: NodeOutcome, split: SplitResult | None, cls: int) -> NodeOutcome:

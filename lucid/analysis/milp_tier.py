@@ -4,7 +4,7 @@
 of target classes (`GroupPlan`: how). Every solve goes through `solve_once` (`SolveContext`: whose
 solve it is), which adds the floating-point safety
 margin, replays the solver's witness and sends a bound below a replayed witness to another backend
-(`lucid.analysis.soundness`). How the group's time is divided among its solves: `lucid.analysis.budget`.
+(`lucid.analysis.soundness`). How the group's time is divided among its solves: `lucid.analysis.time_shares`.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from lucid.bounds.interval import FP_REL, LayerBounds
 from lucid.bounds.obbt import tighten_node_bounds
 from lucid.hyper import HyperNetwork, hyper_network
 from lucid.milp.model import MilpModel
-from lucid.analysis.budget import NodeBudget
+from lucid.analysis.time_shares import NodeTimeShares
 from lucid.analysis.encode import EncoderInputs, encode_idp, possible_targets
 from lucid.analysis.kept_trees import KEPT, KeptTree
 from lucid.analysis.problem import VerificationProblem, node_difference_bounds
@@ -135,10 +135,10 @@ class GroupBound:
     singletons, which get it on their retry (figures in benchmarks/results/idle_machine.md).
     """
 
-    def __init__(self, node: NodeModels, group: list[int], budget: NodeBudget, options: SolverOptions,
+    def __init__(self, node: NodeModels, group: list[int], times: NodeTimeShares, options: SolverOptions,
                  known: LeakWitness | None, plan: GroupPlan) -> None:
-        self.node, self.group, self.budget = node, group, budget
-        self.options = dataclasses.replace(options, time_limit=budget.time_limit)
+        self.node, self.group, self.times = node, group, times
+        self.options = dataclasses.replace(options, time_limit=times.time_limit)
         self.witness = known  # the best replayed leak so far: the models are restricted above it
         self.search, self.plain, self.keep_key = plan.search, plan.plain, plan.keep_key
         self.bound = math.inf  # the smallest sound bound proved so far
@@ -159,7 +159,7 @@ class GroupBound:
                     return finished
             t_obbt = time.perf_counter()
             tightened = tighten_node_bounds(lambda nb, d: self._encode(nb, d, relax_all=True), n_b, df,
-                                            deadline=self.budget.tightening_deadline, hyper_lp=not self.node.hyper.exact)
+                                            deadline=self.times.tightening_deadline, hyper_lp=not self.node.hyper.exact)
             self.info["obbt_seconds"] = time.perf_counter() - t_obbt
             if tightened is not None:
                 n_b, df = tightened
@@ -189,7 +189,7 @@ class GroupBound:
 
     def _climb_from_relaxation(self, n_b: LayerBounds, df: DifferenceBounds) -> None:
         found = relaxation_witness(self.node, self.group, n_b, df, max(self._lower(), self.node.cutoff),
-                                   self.budget.climb_time)
+                                   self.times.climb_time)
         if self._take(found):
             self.info["relaxation_lower"] = found.confidence
 
@@ -200,7 +200,7 @@ class GroupBound:
             options = dataclasses.replace(self.options, focus="bound")
             self.info["plain"] = True
         else:
-            options = dataclasses.replace(self.options, time_limit=self.budget.probe_time)
+            options = dataclasses.replace(self.options, time_limit=self.times.probe_time)
         self.bound, result, found = solve_once(self.node.context, model, options, known=self.witness,
                                                floor=self.level())
         self._take(found)
@@ -237,7 +237,7 @@ class GroupBound:
         options = self.options
         if self.witness is not None and self.witness.confidence >= self.node.cutoff:
             options = dataclasses.replace(options, focus="bound")  # the lower bound is known: spend the time on the dual
-        options = dataclasses.replace(options, time_limit=self.budget.seconds_left(time.perf_counter()))
+        options = dataclasses.replace(options, time_limit=self.times.seconds_left(time.perf_counter()))
         if self.keep_key is not None:
             self.info["targets"] = list(self.group)
         return final_solve(self.node.context, FinalMilp(model, self.level(), self.bound, self.witness), options,

@@ -17,7 +17,7 @@ import numpy as np
 import lucid.analysis.agt_box as box_analysis
 from lucid.bab.lifecycle import VerificationRun, Verified
 from lucid.errors import LucidError
-from lucid.analysis.budget import box_class_time_limit
+from lucid.analysis.time_shares import box_class_time_limit
 from lucid.analysis.problem import VerificationProblem
 from lucid.analysis.scaling import rescale_hyper
 from lucid.dynamic_range import check_dynamic_range

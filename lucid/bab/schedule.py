@@ -3,7 +3,7 @@
 `Scheduler` decides, over the class states it shares with the engine:
 - which pending node starts next (least busy class first, best bound first; singleton retries ahead
   of the queue on all but one worker);
-- the node's time limit (`lucid.analysis.budget.attempt_time_limit`) and solver threads (more than one
+- the node's time limit (`lucid.analysis.time_shares.attempt_time_limit`) and solver threads (more than one
   only for the last work left);
 - whether the node seeks a leak without the cutoff;
 - whether an unproved singleton is retried.
@@ -20,7 +20,7 @@ from lucid.bab.screening import ScreenBounds
 from lucid.bab.session import Session
 from lucid.bab.state import INF, ClassState
 from lucid.bab.workers import Executor
-from lucid.analysis.budget import attempt_time_limit, node_limit
+from lucid.analysis.time_shares import attempt_time_limit, node_limit
 from lucid.settings import VerifySettings
 
 # Without --time-limit, an unproved singleton gets this many attempts, then keeps its sound bound.

@@ -4,8 +4,8 @@ The rule has two halves, one per side of the executor:
 - the engine gives every attempt at a node a time limit (`attempt_time_limit`): the first
   attempt's limit grown RETRY_GROWTH-fold per retry, capped by what its deadline
   leaves (less `deadline_margin`), all of that for the last work left, at most SEEK_TIME_LIMIT for
-  a seek; a box verification shares the session among its classes (`box_class_time_limit`);
-- the node analysis divides its attempt's limit among its stages (`NodeBudget`): the
+  a seek; an AGT parameter box's verification shares the run among its classes (`box_class_time_limit`);
+- the node analysis divides its attempt's limit among its stages (`NodeTimeShares`): the
   ReLU-splitting tier, the MILP after it, each target group, the climb from the relaxation, the
   probe solve, bound tightening and the final MILP.
 """
@@ -51,7 +51,7 @@ def deadline_margin(time_limit: float) -> float:
 def default_node_time_limit(time_limit: float | None) -> float | None:
     """Per-node MILP limit when only a total limit is given: an eighth of it, at least 20 s.
 
-    Without one the root MILP gets the whole budget, and a root over thousands of networks may
+    Without one the root MILP gets all the time, and a root over thousands of networks may
     not finish in it at all, leaving only the screening bound. A node that hits its limit still
     returns its proved dual bound, and a hyper-network node is then split.
     """
@@ -96,7 +96,7 @@ def box_class_time_limit(node_time_limit: float | None, seconds_left: float | No
 
 
 @dataclass(frozen=True)
-class NodeBudget:
+class NodeTimeShares:
     """One node analysis's time and its division among the stages (seconds; None: no limit).
 
     `start` is the time.perf_counter() at which `time_limit` began to run: every stage's allowance
@@ -110,8 +110,8 @@ class NodeBudget:
 
     @classmethod
     def for_attempt(cls, settings: VerifySettings, encoding: EncodingOptions, time_limit: float | None,
-                    attempt: int, start: float) -> "NodeBudget":
-        """The budget of a node's `attempt` (1 = first): --split-time grows SPLIT_GROWTH-fold per
+                    attempt: int, start: float) -> "NodeTimeShares":
+        """The time shares of a node's `attempt` (1 = first): --split-time grows SPLIT_GROWTH-fold per
         retry, as the node limit does, up to SPLIT_SHARE of the limit. The tightening knobs come
         from `encoding`, which ablation experiments may set apart from `settings`."""
         split = settings.split_time * SPLIT_GROWTH ** max(0, attempt - 1)
@@ -119,8 +119,8 @@ class NodeBudget:
             split = min(split, time_limit * SPLIT_SHARE)
         return cls(time_limit, start, split, encoding.obbt_probe, encoding.obbt_share)
 
-    def after_split(self, now: float) -> "NodeBudget":
-        """The budget once the split ended unproved at `now`: the MILP gets as long as the split
+    def after_split(self, now: float) -> "NodeTimeShares":
+        """The time shares once the split ended unproved at `now`: the MILP gets as long as the split
         had, not the rest of the node's limit, so an unproved node comes back sooner (retried with
         both allowances grown) instead of holding its worker while easier networks wait (Adult
         2x50: a 60-s split, then a 390-s MILP that ended unproved too). A split that gave up early
@@ -145,8 +145,8 @@ class NodeBudget:
             return None
         return max(self.time_limit - (now - self.start), MIN_STAGE_TIME)
 
-    def from_now(self, now: float) -> "NodeBudget":
-        """The rest of this budget as one of its own from `now`: a target group's, which its probe,
+    def from_now(self, now: float) -> "NodeTimeShares":
+        """The rest of these shares as shares of their own from `now`: a target group's, which its probe,
         tightening and final MILP divide in turn."""
         return replace(self, time_limit=self.seconds_left(now), start=now)
 
