@@ -31,7 +31,9 @@ WORKLOADS = [
      {"rel_gap": 0.1, "screen": "interval", "split_time": 0}),
     ("no-md-no-ris", {"networks": 9, "seed": 7}, {"md": False, "ris": False, "screen": "interval", "split_time": 0}),
     ("two-classes-optimised-screen", {"networks": 12, "seed": 2}, {}),
-    ("three-classes-optimised-screen", {"networks": 10, "seed": 5, "classes": 3}, {"rel_gap": 0.1}),
+    # without the split tier: its time shares bind at 3 classes x 10 networks on a loaded machine (a
+    # changed event sequence seen there), and they took 48 s of CI
+    ("three-classes-optimised-screen", {"networks": 10, "seed": 5, "classes": 3}, {"rel_gap": 0.1, "split_time": 0}),
     # the strategies beside plain branch-and-bound: a residual set, and region-wise bounds
     ("residual-set", {"networks": 12, "seed": 2}, {"residual": 3, "split_time": 0}),
     ("regions", {"networks": 10, "seed": 5}, {"regions": 4, "split_time": 0}),

@@ -74,7 +74,9 @@ def test_the_finished_bound_is_close_to_exact(cases):
     root bound (with three classes thanks to mixing the rivals on N's side)."""
     gaps, roots = [], []
     finite = [case for case in cases if case[3] > -math.inf and case[1] == 1]
-    for problem, p, cls, ex in finite[::3]:  # a third of them: each runs to the end (CI time)
+    # four of the 13 run to the end (CI time): those that finish in seconds, two and three classes
+    # (the 6x6 and 3x3x3 networks take 10-50 s each)
+    for problem, p, cls, ex in [finite[i] for i in (2, 3, 6, 9)]:
         root = run(problem, p, cls, -math.inf, time_limit=0.0)
         res = run(problem, p, cls, -math.inf, time_limit=60.0)
         assert ex - 1e-9 <= res.bound <= root.bound
@@ -176,7 +178,7 @@ def test_the_checkpoint_is_asked_once_and_stopping_there_stays_sound(cases):
     # (no assertion on proving: a busy machine may stop a search at its limit, which only asks less)
     asked = 0
     for problem, p, cls, ex in cases:
-        if math.isfinite(ex) and problem.margin_upper.shape[0] > 2 and p <= 2:  # (CI time)
+        if math.isfinite(ex) and problem.margin_upper.shape[0] > 2 and p == 1:  # (CI time)
             calls = []
             run(problem, p, cls, ex + 1e-2, time_limit=5.0, checkpoint=(0.0, lambda b, xs: calls.append(b)))
             assert len(calls) <= 1, (p, cls, len(calls))
@@ -252,11 +254,11 @@ def test_the_depth_first_phase_is_sound_and_finishes_near_exact(cases):
 
     gaps = []
     for problem, p, cls, ex in cases:
-        if p > 2:
+        if p > 1:  # (CI time)
             continue
         lp = DomainLp(problem, cls, p, VerifySettings().encoding_options())
         # runs to the end: the first class of each network only, and not the 6x6 one (20 s; CI time)
-        finishes = p == 1 and cls == 0 and problem.stack.weights[0].shape[1] <= 4
+        finishes = cls == 0 and problem.stack.weights[0].shape[1] <= 4
         for limit in (0.2, 60.0) if finishes else (0.2,):
             res = run(problem, p, cls, -math.inf, time_limit=limit, options=SplitOptions(max_domains=2),
                       domain_bound=lp.bound)
