@@ -161,13 +161,13 @@ def test_the_flags_reach_the_box_analysis(runs, tmp_path, monkeypatch):
     import lucid.analysis.agt_box
 
     seen = []
-    original = lucid.analysis.agt_box.analyse_box
+    original = lucid.analysis.agt_box.analyse_parameter_box
 
-    def analyse_box(problem, cls, hyper, settings, solver_options, **kw):
+    def analyse_parameter_box(problem, cls, hyper, settings, solver_options, **kw):
         seen.append((cls, settings, solver_options))
         return original(problem, cls, hyper, settings, solver_options, **kw)
 
-    monkeypatch.setattr(lucid.analysis.agt_box, "analyse_box", analyse_box)
+    monkeypatch.setattr(lucid.analysis.agt_box, "analyse_parameter_box", analyse_parameter_box)
     run = fresh(runs["agt2"], tmp_path)
     args = ["verify", str(run), "--hyper", "agt:2", "--workers", "1", "--quiet", "--time-limit", "40",
             "--node-time-limit", "7", "--classes", "1", "--no-search"]

@@ -101,7 +101,7 @@ def test_it_is_never_looser_than_the_optimised_symbolic_bound(cases):
 def test_a_cutoff_is_proved_only_above_the_exact_bound(cases):
     proved_any = False
     for problem, p, cls, ex in cases:
-        if not math.isfinite(ex) or p > 2:
+        if not math.isfinite(ex) or p > 1:  # (CI time)
             continue
         below = run(problem, p, cls, ex - 1e-3, time_limit=0.5)
         assert not below.proved and below.bound >= ex - 1e-9

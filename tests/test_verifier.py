@@ -312,8 +312,11 @@ def test_a_cutoff_proves_nodes_below_it_and_leaves_nodes_above_it_exact(seed, lo
     stack, lower, upper, problem = make(seed, lo, classes)
     encoding = EncodingOptions(obbt=obbt)
     milp_only = VerifySettings(split_time=0)
+    # obbt=True differs from "singletons" only on hyper-network nodes (a singleton's is exact): its
+    # singletons would repeat the ("singletons", 2) case (CI time)
+    nodes = ([1], [2], [1, 2]) if obbt == "singletons" else ([1, 2],)
     for cls in range(classes):
-        for positions in ([1], [2], [1, 2]):
+        for positions in nodes:
             exact = max(exact_for(stack, p, cls, lower, upper) for p in positions)
             if exact == -np.inf:
                 continue

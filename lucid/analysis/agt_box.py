@@ -29,7 +29,7 @@ from lucid.solvers.base import INFEASIBLE, SolverOptions
 from lucid.witness.replay import LeakWitness
 
 
-def check_box_holds_networks(problem: VerificationProblem, hyper: HyperNetwork, where: str) -> None:
+def check_parameter_box_holds_networks(problem: VerificationProblem, hyper: HyperNetwork, where: str) -> None:
     """The box must have the networks' shapes and contain every network of the run (N, and each
     N_-i for k >= 1): a box that misses one was not computed for these networks, and its bound
     would be about some other training."""
@@ -44,7 +44,7 @@ def check_box_holds_networks(problem: VerificationProblem, hyper: HyperNetwork, 
                              "it was not trained with them")
 
 
-def analyse_box(
+def analyse_parameter_box(
     problem: VerificationProblem,
     cls: int,
     hyper: HyperNetwork,

@@ -4,7 +4,7 @@ The rule has two halves, one per side of the executor:
 - the engine gives every attempt at a node a time limit (`attempt_time_limit`): the first
   attempt's limit grown RETRY_GROWTH-fold per retry, capped by what its deadline
   leaves (less `deadline_margin`), all of that for the last work left, at most SEEK_TIME_LIMIT for
-  a seek; an AGT parameter box's verification shares the run among its classes (`box_class_time_limit`);
+  a seek; an AGT parameter box's verification shares the run among its classes (`parameter_box_class_time_limit`);
 - the node analysis divides its attempt's limit among its stages (`NodeTimeShares`): the
   ReLU-splitting tier, the MILP after it, each target group, the climb from the relaxation, the
   probe solve, bound tightening and the final MILP.
@@ -85,7 +85,7 @@ def attempt_time_limit(settings: VerifySettings, attempts: int, deadline: Deadli
     return limit
 
 
-def box_class_time_limit(node_time_limit: float | None, seconds_left: float | None, classes_left: int) -> float | None:
+def parameter_box_class_time_limit(node_time_limit: float | None, seconds_left: float | None, classes_left: int) -> float | None:
     """A box verification's MILP for one class: --node-time-limit, and a fair share of what
     --time-limit leaves (`seconds_left`; None: no total limit) among the classes still to do."""
     limit = node_time_limit

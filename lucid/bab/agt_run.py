@@ -13,11 +13,11 @@ from typing import Any
 
 import numpy as np
 
-# analyse_box is looked up through its module at call time, so a test can substitute it.
+# analyse_parameter_box is looked up through its module at call time, so a test can substitute it.
 import lucid.analysis.agt_box as box_analysis
 from lucid.bab.lifecycle import VerificationRun, Verified
 from lucid.errors import LucidError
-from lucid.analysis.time_shares import box_class_time_limit
+from lucid.analysis.time_shares import parameter_box_class_time_limit
 from lucid.analysis.problem import VerificationProblem
 from lucid.analysis.scaling import rescale_hyper
 from lucid.dynamic_range import check_dynamic_range
@@ -33,7 +33,7 @@ REASONS = {
 }
 
 
-def load_box(run: Any, k: int) -> Any:
+def load_parameter_box(run: Any, k: int) -> Any:
     """Box k of the run; one error line (naming the run and the stored ks) before any work."""
     from lucid.agt.store import AGT_FILE, load_boxes  # imports torch: only for a box verification
 
@@ -48,22 +48,22 @@ def load_box(run: Any, k: int) -> Any:
     return boxes[k]
 
 
-class AgtBox:
-    """The strategy of `--hyper agt:K`: per class one MILP over the run's box for K removed rows."""
+class ParameterBoxMilp:
+    """The strategy of `--hyper agt:K`: per class one MILP over the run's parameter box for K removed rows."""
 
     def verify(self, run: VerificationRun) -> Verified:
         from lucid.agt.store import box_hyper_network  # imports torch: only for a box verification
 
         settings = run.settings
         k = settings.removals
-        box = load_box(run.run, k)
+        box = load_parameter_box(run.run, k)
         problem = VerificationProblem.from_run(run.run, bounds=settings.bounds, with_points=settings.search)
         loo = np.arange(1, len(problem.stack), dtype=np.int64)  # every N_-i lies in every box with k >= 1
         hyper = box_hyper_network(box, loo, input_dim=run.run.input_dim)
         where = f"--hyper agt:{k} on {run.path}"
         check_dynamic_range(hyper, problem.lower, problem.upper, f"{where}: the box")
         hyper = rescale_hyper(hyper, problem.neuron_scales)  # into the units of the problem's networks (exact)
-        box_analysis.check_box_holds_networks(problem, hyper, where)
+        box_analysis.check_parameter_box_holds_networks(problem, hyper, where)
         threads = settings.workers or 1
         log = run.start(workers=threads, networks=len(loo), removals=k)
         entries: dict[str, dict] = {}
@@ -74,8 +74,8 @@ class AgtBox:
                      if settings.search and loo.size else None)
             if known is not None:
                 log.emit("witness", c, lower=known.confidence, leaking_row=known.leaking_row, source="search")
-            limit = box_class_time_limit(settings.node_time_limit, run.deadline.left(), len(run.classes) - i)
-            out = box_analysis.analyse_box(problem, c, hyper, settings, settings.solver_options(limit, threads),
+            limit = parameter_box_class_time_limit(settings.node_time_limit, run.deadline.left(), len(run.classes) - i)
+            out = box_analysis.analyse_parameter_box(problem, c, hyper, settings, settings.solver_options(limit, threads),
                                            loo_positions=loo, known=known)
             complete = out.status in (OPTIMAL, INFEASIBLE)
             reason = REASONS.get(out.status, out.status)

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lucid.bab.agt_run import AgtBox
+from lucid.bab.agt_run import ParameterBoxMilp
 from lucid.bab.lifecycle import Strategy, VerificationRun
 from lucid.bab.plain import BranchAndBound
 from lucid.deadline import Deadline
@@ -46,7 +46,7 @@ def verify_run(run_dir: str | Path, settings: VerifySettings | None = None, **op
 def strategy_of(settings: VerifySettings) -> Strategy:
     """The strategy the settings ask for."""
     if settings.removals:  # --hyper agt:K: one MILP per class over the AGT box, no branch-and-bound
-        return AgtBox()
+        return ParameterBoxMilp()
     if settings.regions > 1:  # per-box bounds
         return RegionRefinement()
     return BranchAndBound()
