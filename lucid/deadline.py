@@ -22,10 +22,6 @@ class Deadline:
     seconds: float | None = None
     start: float | None = None
 
-    @classmethod
-    def from_now(cls, seconds: float | None) -> "Deadline":
-        return cls(seconds, time.monotonic())
-
     def begun(self) -> "Deadline":
         """This deadline with its start fixed: now, unless it has one already."""
         return self if self.start is not None else replace(self, start=time.monotonic())

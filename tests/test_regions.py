@@ -249,10 +249,11 @@ def test_a_cut_short_root_is_continued_once_no_split_is_left_and_its_bounds_hold
     import lucid.regions.verify as regions
 
     path = write_tiny_run(tmp_path / "run", networks=6, seed=4, spread=(0.03, 0.08, 0.2))
-    calls, real, real_time = [], BoxVerifier.verify, regions.box_time
+    calls, shares, real, real_time = [], [], BoxVerifier.verify, regions.box_time
 
     def spy(self, node, *args, continued=None, **kw):
         calls.append((node, None if continued is None else sorted(continued)))
+        shares.append((args[1].seconds, self.settings.time_limit))  # (the box's deadline, the run's limit)
         return real(self, node, *args, continued=continued, **kw)
 
     monkeypatch.setattr(BoxVerifier, "verify", spy)
@@ -261,6 +262,8 @@ def test_a_cut_short_root_is_continued_once_no_split_is_left_and_its_bounds_hold
     result = verify_run(path, regions=3, time_limit=60, workers=1, progress=False)
     again = [made for node, made in calls if node == 0 and made is not None]
     assert calls[0] == (0, None) and again and again[0], calls  # with the states of the classes cut short
+    # each box's time is a deadline handed down; the settings keep the run's limit
+    assert shares[0][0] <= 0.5 and all(seconds <= 60 and total == 60 for seconds, total in shares), shares
     assert result["regions"]["leaves"] == 3
     events = [json.loads(line) for line in (path / "verify.log.jsonl").read_text().splitlines()]
     assert len([e for e in events if e["event"] == "region" and e["box"] == 0]) == 1 + len(again)

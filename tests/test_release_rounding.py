@@ -215,7 +215,8 @@ def test_a_run_trained_with_a_tiny_learning_rate_releases_no_leaking_input(tmp_p
     run = tmp_path / "run"
     lucid("train", str(tmp_path / "private.csv"), "--out", str(run), "--epochs", "3", "--lr", "1e-7",
           "--batch-size", "4", "--init", str(tmp_path / "pre"), *common)
-    lucid("verify", str(run), "--time-limit", "120")
+    # MILPs only (23 s to 10 s with the splitting tier; CI time): the bounds are as sound, a little looser
+    lucid("verify", str(run), "--time-limit", "120", "--split-time", "0")
     bounds = json.loads((run / "bounds.json").read_text())["bounds"]
     assert all(entry["upper"] is not None for entry in bounds.values())
 

@@ -28,8 +28,7 @@ CASES = [
     (4, (4, 4), 2, 3, 0.0, 0.05),
     (5, (3, 3, 3), 2, 3, 0.0, 0.1),
     (6, (3, 3), 3, 4, 0.0, 0.05),
-    (8, (6, 6), 2, 3, 0.0, 0.05),
-]
+]  # (a 6x6 case took a sixth of this file's time: the widest here are 4x4 and 3x3x3; CI time)
 POSITIONS = (1, 2, 3, 4)
 
 
@@ -74,8 +73,8 @@ def test_the_finished_bound_is_close_to_exact(cases):
     root bound (with three classes thanks to mixing the rivals on N's side)."""
     gaps, roots = [], []
     finite = [case for case in cases if case[3] > -math.inf and case[1] == 1]
-    # four of the 13 run to the end (CI time): those that finish in seconds, two and three classes
-    # (the 6x6 and 3x3x3 networks take 10-50 s each)
+    # four of the 11 run to the end (CI time): those that finish in seconds, two and three classes
+    # (the 3x3x3 networks and the first 4x4 one take 10-50 s each)
     for problem, p, cls, ex in [finite[i] for i in (2, 3, 6, 9)]:
         root = run(problem, p, cls, -math.inf, time_limit=0.0)
         res = run(problem, p, cls, -math.inf, time_limit=60.0)
@@ -183,6 +182,8 @@ def test_the_checkpoint_is_asked_once_and_stopping_there_stays_sound(cases):
             run(problem, p, cls, ex + 1e-2, time_limit=5.0, checkpoint=(0.0, lambda b, xs: calls.append(b)))
             assert len(calls) <= 1, (p, cls, len(calls))
             asked += len(calls)
+            if asked:
+                break  # one network that was asked (CI time)
     assert asked
 
 
@@ -257,7 +258,7 @@ def test_the_depth_first_phase_is_sound_and_finishes_near_exact(cases):
         if p > 1:  # (CI time)
             continue
         lp = DomainLp(problem, cls, p, VerifySettings().encoding_options())
-        # runs to the end: the first class of each network only, and not the 6x6 one (20 s; CI time)
+        # runs to the end: the first class of each network only (CI time)
         finishes = cls == 0 and problem.stack.weights[0].shape[1] <= 4
         for limit in (0.2, 60.0) if finishes else (0.2,):
             res = run(problem, p, cls, -math.inf, time_limit=limit, options=SplitOptions(max_domains=2),
