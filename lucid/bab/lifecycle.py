@@ -49,6 +49,8 @@ class VerificationRun:
         self.settings = settings
         self.deadline = deadline
         self.classes = settings.resolve_classes(run.num_classes)
+        if settings.residual > run.train_size:
+            raise LucidError(f"--residual {settings.residual} exceeds the run's {run.train_size} leave-one-out networks")
         self.result_options = settings.result_options(self.classes)
         self.path = Path(run.path)
         self.checkpoint_path = self.path / CHECKPOINT_FILE

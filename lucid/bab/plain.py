@@ -121,9 +121,7 @@ def _reconcile_with_log(states: dict[int, ClassState], log_path: Path, result_op
 def _make_executor(problem: VerificationProblem, settings: VerifySettings) -> executors.Executor:
     if settings.scheduler is not None:
         return dask_workers.DaskExecutor(problem, settings, settings.scheduler, settings.workers)
-    if settings.workers == 1:
-        return executors.ThreadExecutor(lambda *args, **kw: executors.analyse_with(problem, settings, *args, **kw), 1)
-    return executors.ProcessExecutor(problem, settings, settings.workers)
+    return executors.local_executor(problem, settings)
 
 
 def _residual_sets(engine: bab_engine.Engine) -> dict[int, ClassResidual]:

@@ -17,7 +17,6 @@ from lucid.bab.agt_run import ParameterBoxMilp
 from lucid.bab.lifecycle import Strategy, VerificationRun
 from lucid.bab.plain import BranchAndBound
 from lucid.deadline import Deadline
-from lucid.errors import LucidError
 from lucid.regions.verify import RegionRefinement
 from lucid.rundir import open_run
 from lucid.option_fields import settings_with_options
@@ -37,9 +36,6 @@ def verify_run(run_dir: str | Path, settings: VerifySettings | None = None, **op
         settings = settings_with_options(settings, "verify", options)
     deadline = Deadline(settings.time_limit, started)
     run = open_run(run_dir)
-    settings.resolve_classes(run.num_classes)
-    if settings.residual > run.train_size:
-        raise LucidError(f"--residual {settings.residual} exceeds the run's {run.train_size} leave-one-out networks")
     return VerificationRun(run, settings, deadline).execute(strategy_of(settings))
 
 

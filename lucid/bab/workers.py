@@ -167,6 +167,27 @@ class ThreadExecutor(Executor):
         KEPT.clear()
 
 
+class InProcessExecutor(ThreadExecutor):
+    """`lucid verify --workers 1`: one thread of this process analyses `problem` with `settings`;
+    `rebind` swaps the problem, as it does in the worker processes."""
+
+    def __init__(self, problem: Any, settings: VerifySettings) -> None:
+        self._problem = problem
+        super().__init__(lambda *args, **kw: analyse_with(self._problem, settings, *args, **kw), 1)
+
+    def _rebind_workers(self, problem: Any) -> None:
+        super()._rebind_workers(problem)
+        self._problem = problem
+
+
+def local_executor(problem: Any, settings: VerifySettings) -> Executor:
+    """The executor of a verification on this machine: in this process with one worker, else one
+    process per worker (`settings.workers`)."""
+    if settings.workers == 1:
+        return InProcessExecutor(problem, settings)
+    return ProcessExecutor(problem, settings, settings.workers)
+
+
 def _accepts(fn: Callable, name: str) -> bool:
     try:
         params = inspect.signature(fn).parameters

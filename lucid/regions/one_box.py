@@ -34,13 +34,6 @@ EXACT_TOLERANCE = 1e-6  # a bound within this (relative) of a leak in its box is
 REBIND_GRACE = 2.0
 
 
-class _ProblemHolder:
-    """The problem the in-process executor analyses (swapped per box)."""
-
-    def __init__(self, problem: VerificationProblem) -> None:
-        self.problem = problem
-
-
 class BoxVerifier:
     """Verifies boxes of one tree on one executor, which follows the box being verified.
 
@@ -51,12 +44,7 @@ class BoxVerifier:
                  leaks: dict[int, dict[int, dict]]) -> None:
         self.tree, self.root, self.settings, self.log, self.leaks = tree, root, settings, log, leaks
         self.screens: dict[int, dict[int, np.ndarray]] = {}
-        self._holder = _ProblemHolder(root)
-        if settings.workers == 1:
-            self.executor: executors.Executor = executors.ThreadExecutor(
-                lambda *args, **kw: executors.analyse_with(self._holder.problem, settings, *args, **kw), 1)
-        else:
-            self.executor = executors.ProcessExecutor(root, settings, settings.workers)
+        self.executor = executors.local_executor(root, settings)  # follows the box being verified (`rebind`)
 
     def close(self) -> None:
         self.executor.close()
@@ -114,7 +102,6 @@ class BoxVerifier:
         continued where they stopped. Returns the states of the classes cut short this time."""
         tree, settings, t0 = self.tree, self.settings, time.monotonic()
         problem = self.problem(node)
-        self._holder.problem = problem
         self.executor.rebind(problem, grace=REBIND_GRACE)
         parent_screens = self.nearest_screens(node)
         # A class whose bound is already <= 0 here releases every confident input: nothing to gain.
