@@ -2,6 +2,7 @@
 
   python benchmarks/residual.py                                   # every workload, M = 0 8 32 128 512
   python benchmarks/residual.py --workloads breast_cancer-2x10 --ms 0,32 --time-limit 120
+  python benchmarks/residual.py --workloads adult3k-2x50 --ms 32,128 --regions 64   # per-box residual sets
   python benchmarks/residual.py --report-only
   python benchmarks/residual.py --refresh                         # measure the verified runs again
 
@@ -20,8 +21,10 @@ split:
     against the time the residual run's level needs to come within 10 % of its final value;
   * the side channel: single-query times of rows released, noised by the level and noised by the
     check, compared pairwise (Mann-Whitney U, p-values).
-Resumable: each (workload, M) is benchmarks/results/residual/<workload>-M<m>.json; the report is
-benchmarks/results/residual.md.
+With `--regions K` the runs are verified with `--regions K --public-inputs` (the public split of
+benchmarks/regions.py): each box gets its own residual sets.
+Resumable: each (workload, M) is benchmarks/results/residual/<workload>-M<m>.json (with -R<K> for
+`--regions K`); the report is benchmarks/results/residual.md.
 """
 
 from __future__ import annotations
@@ -68,8 +71,12 @@ def prepare(name: str) -> Path:
     return run
 
 
-def scratch(run: Path, name: str, m: int) -> Path:
-    path = RUNS / name / f"M{m}"
+def _label(m: int, regions: int) -> str:
+    return f"M{m}" if regions <= 1 else f"M{m}-R{regions}"
+
+
+def scratch(run: Path, name: str, label: str) -> Path:
+    path = RUNS / name / label
     path.mkdir(parents=True, exist_ok=True)
     for f in ("run.json", "networks.safetensors", "data.npz"):
         if not (path / f).exists():
@@ -115,7 +122,9 @@ def side_channel(clf, x: np.ndarray) -> dict:
     cls, noised = clf.decide(x)
     if clf.residual is None:
         return {}
-    above = confidence(clf.scores(x)) > clf.residual_thresholds[cls]
+    levels = (clf.residual_thresholds[cls] if clf.regions is None else
+              clf.region_thresholds[clf._lookup.locate(x), cls])
+    above = confidence(clf.scores(x)) > levels
     groups = {"released": x[~noised], "noised_by_level": x[~above], "noised_by_check": x[above & noised]}
     for c in np.unique(cls)[:2]:  # N's class is hidden in a noised answer: it must not show in time either
         groups[f"class_{c}"] = x[cls == c]
@@ -173,11 +182,12 @@ def served_bytes(clf, run) -> dict:
 
 
 def run_one(name: str, m: int, args: argparse.Namespace) -> None:
-    out = RESULTS / f"{name}-M{m}.json"
+    label = _label(m, args.regions)
+    out = RESULTS / f"{name}-{label}.json"
     if out.exists():
         if args.refresh:  # the measurements again, on the verified run (nothing is verified again)
             old = json.loads(out.read_text())
-            record = measure(name, m, RUNS / name / f"M{m}", old["verify_wall_s"], args)
+            record = measure(name, m, RUNS / name / label, old["verify_wall_s"], args)
             record.update(time_limit=old["time_limit"], workers=old["workers"])
             out.write_text(json.dumps(record, indent=1) + "\n")
         print(f"{name} M={m}: done before", file=sys.stderr)
@@ -188,9 +198,11 @@ def run_one(name: str, m: int, args: argparse.Namespace) -> None:
     if m > json.loads((source / "run.json").read_text())["train_size"]:
         print(f"{name} M={m}: more than the run's networks, skipped", file=sys.stderr)
         return
-    path = scratch(source, name, m)
+    path = scratch(source, name, label)
     cmd = [sys.executable, "-m", "lucid", "verify", str(path), "--time-limit", str(args.time_limit), "--quiet",
            "--workers", str(args.workers), "--residual", str(m)]
+    if args.regions > 1:
+        cmd += ["--regions", str(args.regions), "--public-inputs", str(source.parent / "public.npz")]
     if (path / "verify.checkpoint.json").exists() and not (path / "bounds.json").exists():
         cmd.append("--resume")
     t0 = time.monotonic()
@@ -199,7 +211,7 @@ def run_one(name: str, m: int, args: argparse.Namespace) -> None:
     record = measure(name, m, path, wall, args)
     RESULTS.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=1) + "\n")
-    print(f"{name} M={m}: noised {record['noised']}, {wall:.0f} s", file=sys.stderr)
+    print(f"{name} {label}: noised {record['noised']}, {wall:.0f} s", file=sys.stderr)
 
 
 def measure(name: str, m: int, path: Path, wall: float, args: argparse.Namespace) -> dict:
@@ -219,7 +231,7 @@ def measure(name: str, m: int, path: Path, wall: float, args: argparse.Namespace
     exp = result["expected_accuracy"]
     bounds = json.loads((path / "bounds.json").read_text())
     record = {
-        "workload": name, "M": m, "time_limit": args.time_limit, "workers": args.workers,
+        "workload": name, "M": m, "regions": args.regions, "time_limit": args.time_limit, "workers": args.workers,
         "verify_wall_s": round(wall, 1), "networks": len(NetworkFile(run.path, run.meta)) - 1,
         "test_inputs": len(x),
         "noised": {"rule": result["noised_fraction"]["lucid"],
@@ -233,6 +245,7 @@ def measure(name: str, m: int, path: Path, wall: float, args: argparse.Namespace
         "naive_idp_single_ms": naive_single_ms(run, x),
         "memory": served_bytes(clf, run),
         "levels": {c: e.get("level") for c, e in bounds.get("residual", {}).get("classes", {}).items()},
+        "leaves": (bounds.get("regions") or {}).get("leaves", 1),
         "global_bounds": {c: (b["upper"], b["lower"]) for c, b in bounds["bounds"].items()},
         "seconds_to_ratio_1.1": time_to_ratio(path),
         "seconds_to_final_upper": time_to_final(path),
@@ -248,29 +261,35 @@ def _target(naive: float) -> float:
     return max(2 * naive, naive + 0.02)
 
 
+def _regions(r: dict) -> str:
+    return "1" if r.get("regions", 1) <= 1 else f"{r['regions']} ({r.get('leaves', '?')})"
+
+
 def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.0f} s"
 
 
 def report() -> None:
     rows = [json.loads(p.read_text()) for p in sorted(RESULTS.glob("*.json"))]
-    rows.sort(key=lambda r: (WORKLOADS.index(r["workload"]) if r["workload"] in WORKLOADS else 99, r["M"]))
+    rows.sort(key=lambda r: (WORKLOADS.index(r["workload"]) if r["workload"] in WORKLOADS else 99,
+                             r.get("regions", 1), r["M"]))
     pct = lambda v: f"{100 * v:.1f} %"  # noqa: E731
     lines = ["# The residual check (`lucid verify --residual M`)", "",
              "`python benchmarks/residual.py` (open-source backend HiGHS, 2 workers). Noised share and expected "
              "accuracy at ε = 0 on the test split; target: noised ≤ max(2 × Naive-iDP, Naive-iDP + 2 points), "
-             "accuracy within 0.3 points of Naive-iDP's. M = 0 is one bound per class (today's LUCID).", "",
-             "| workload | M | time limit | noised (rule) | noised target | Naive-iDP | accuracy rule / Naive-iDP | "
+             "accuracy within 0.3 points of Naive-iDP's. M = 0 is one bound per class (today's LUCID); K > 1: "
+             "`--regions K`, residual sets per box (K: the boxes asked for, leaves: those made).", "",
+             "| workload | M | K (leaves) | time limit | noised (rule) | noised target | Naive-iDP | accuracy rule / Naive-iDP | "
              "released but leaking | decide, 1 row | memory served / all | u/l ≤ 1.1 after | upper within 10 % of "
              "its final after |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         nz, acc, mem = r["noised"], r["accuracy_eps0"], r["memory"]
         ok = nz["rule"] <= _target(nz["naive_idp"]) + 1e-12
         acc_ok = acc["rule"] >= acc["naive_idp"] - 0.003
         ratio = r["seconds_to_ratio_1.1"]
         lines.append(
-            f"| {r['workload']} | {r['M']} | {r['time_limit']:.0f} s | {pct(nz['rule'])} | "
+            f"| {r['workload']} | {r['M']} | {_regions(r)} | {r['time_limit']:.0f} s | {pct(nz['rule'])} | "
             f"{pct(_target(nz['naive_idp']))} {'met' if ok else 'missed'} | {pct(nz['naive_idp'])} | "
             f"{pct(acc['rule'])} / {pct(acc['naive_idp'])} {'met' if acc_ok else 'missed'} | {r['released_but_leaking']} | "
             f"{r['single_decide_ms']:.3f} ms | {mem['served'] / 1e3:.0f} / {mem['all_networks'] / 1e3:.0f} kB | "
@@ -279,19 +298,21 @@ def report() -> None:
     lines += ["", "Single query in process, `decide` on one row (N, the level and every network of the union of the sets) "
               "against Naive-iDP on one row (all |D| + 1 networks, one stacked float64 pass; the paper reports 25 s "
               "per query for its Naive-iDP):", "",
-              "| workload | M | networks | residual rule | Naive-iDP | full query with the memo |", "|---|---|---|---|---|---|"]
+              "| workload | M | K (leaves) | networks | residual networks served | residual rule | Naive-iDP | "
+              "full query with the memo |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['workload']} | {r['M']} | {r['networks']} | {r['single_decide_ms']:.3f} ms | "
+        lines.append(f"| {r['workload']} | {r['M']} | {_regions(r)} | {r['networks']} | "
+                     f"{r['memory'].get('residual_networks', 0)} | {r['single_decide_ms']:.3f} ms | "
                      f"{r.get('naive_idp_single_ms', float('nan')):.2f} ms | {r['single_query_ms']:.3f} ms |")
     lines += ["", "Side channel: single-row `decide` on test inputs and 5 000 uniform samples of the domain, 300 "
               "interleaved timings per group (released, noised by the level, noised by the check, and N's first two "
               "classes), compared pairwise with Mann-Whitney U:", "",
-              "| workload | M | rows per group | median µs per group | smallest p |", "|---|---|---|---|---|"]
+              "| workload | M | K (leaves) | rows per group | median µs per group | smallest p |", "|---|---|---|---|---|---|"]
     for r in rows:
         sc = r.get("side_channel") or {}
         if "p_values" in sc:
             sizes, med = sc["sizes"], sc["median_us"]
-            lines.append(f"| {r['workload']} | {r['M']} | {' / '.join(str(v) for v in sizes.values())} | "
+            lines.append(f"| {r['workload']} | {r['M']} | {_regions(r)} | {' / '.join(str(v) for v in sizes.values())} | "
                          f"{' / '.join(f'{v:.1f}' for v in med.values())} | {min(sc['p_values'].values()):.3f} |")
     if rows:
         lines += ["", f"Machine: {rows[-1]['machine']}; last row {rows[-1]['date']}."]
@@ -305,6 +326,7 @@ def main() -> None:
     parser.add_argument("--ms", default="0,8,32,128,512")
     parser.add_argument("--time-limit", type=float, default=300.0)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--regions", type=int, default=1, help="K > 1: verify with --regions K (per-box residual sets)")
     parser.add_argument("--report-only", action="store_true")
     parser.add_argument("--refresh", action="store_true", help="measure the verified runs again, verify nothing")
     args = parser.parse_args()

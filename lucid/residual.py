@@ -23,7 +23,7 @@ import hashlib
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import numpy as np
 from safetensors.numpy import load, save
@@ -49,6 +49,25 @@ class ClassResidual:
         """The largest bound of the class over every network: max(L_c, the members' bounds)."""
         return max([self.level, *self.bounds.tolist()])
 
+    def to_json(self) -> dict[str, Any]:
+        return {"level": bound_entry_value(self.level, upper=True), "positions": [int(p) for p in self.positions],
+                "bounds": [bound_entry_value(b, upper=True) for b in self.bounds]}
+
+    @classmethod
+    def from_json(cls, obj: Any, where: str) -> "ClassResidual":
+        """Read `to_json`'s form (a region's set, lucid/regions/tree.py); one-line LucidError otherwise."""
+        if not isinstance(obj, dict):
+            raise LucidError(f"{where} must be an object with level, positions and bounds")
+        positions, bounds = obj.get("positions"), obj.get("bounds")
+        if not isinstance(positions, list) or not all(
+                isinstance(p, int) and not isinstance(p, bool) and p >= 1 for p in positions) \
+                or positions != sorted(set(positions)):
+            raise LucidError(f"{where}: positions must be ascending network positions >= 1")
+        if not isinstance(bounds, list) or len(bounds) != len(positions):
+            raise LucidError(f"{where}: bounds must list one bound per position")
+        return cls(_level(obj.get("level"), f"{where}: the level"), np.asarray(positions, dtype=np.int64),
+                   np.array([_level(b, f"{where}: a bound") for b in bounds], dtype=np.float64))
+
 
 @dataclass(frozen=True)
 class ResidualSets:
@@ -62,6 +81,16 @@ class ResidualSets:
     digest: str  # sha256 of the parameter file: which networks the memo's answers were checked by
 
 
+def split_off(bounds: np.ndarray, positions: np.ndarray, size: int) -> ClassResidual:
+    """A class's residual set and level from sound per-network bounds alone (a box that got only
+    its screen): the `size` highest bounds of `positions` are set aside, the largest of the rest
+    is the level (-inf when nothing is left outside)."""
+    members = residual_members(bounds, positions, size)
+    rest = np.setdiff1d(positions, members, assume_unique=True)
+    level = float(bounds[rest].max()) if len(rest) else -math.inf
+    return ClassResidual(level, members, bounds[members].astype(np.float64))
+
+
 def residual_members(screen: np.ndarray, positions: np.ndarray, size: int) -> np.ndarray:
     """A class's residual set: the `size` networks of `positions` with the highest screened bounds
     (ties by position), sorted; a network screened harmless (bound -inf) never takes a place."""
@@ -70,10 +99,13 @@ def residual_members(screen: np.ndarray, positions: np.ndarray, size: int) -> np
     return np.sort(candidates[order[:size]])
 
 
-def write_residual(run_dir: str | Path, classes: dict[int, ClassResidual], size: int) -> dict:
-    """Write the union's parameter file and return bounds.json's "residual" section (write that after)."""
+def write_residual(run_dir: str | Path, classes: dict[int, ClassResidual], size: int,
+                   boxes: Iterable[ClassResidual] = ()) -> dict:
+    """Write the union's parameter file and return bounds.json's "residual" section (write that after).
+    `classes`: the domain's sets; `boxes`: the sets of the region boxes (`--regions`), whose
+    networks the file holds too."""
     run_dir = Path(run_dir)
-    union = np.unique(np.concatenate([r.positions for r in classes.values()] + [np.zeros(0, np.int64)]))
+    union = np.unique(np.concatenate([r.positions for r in (*classes.values(), *boxes)] + [np.zeros(0, np.int64)]))
     source = NetworkFile(run_dir)
     parts = [source.tensors(int(p), int(p) + 1) for p in union]
     names = sorted(parts[0]) if parts else ["removed"]
@@ -90,9 +122,8 @@ def write_residual(run_dir: str | Path, classes: dict[int, ClassResidual], size:
     write_atomic(run_dir / name, write)
     return {
         "format": RESIDUAL_FORMAT, "size": int(size), "file": name, "sha256": digest,
-        "classes": {str(c): {"level": bound_entry_value(r.level, upper=True), "positions": [int(p) for p in r.positions],
-                             "rows": [int(source.removed[p]) for p in r.positions],
-                             "bounds": [bound_entry_value(b, upper=True) for b in r.bounds]}
+        "networks": [int(p) for p in union],
+        "classes": {str(c): {**r.to_json(), "rows": [int(source.removed[p]) for p in r.positions]}
                     for c, r in sorted(classes.items())},
     }
 
@@ -128,12 +159,19 @@ def read_residual(run_dir: str | Path, section: Any, num_classes: int, meta: dic
                 isinstance(p, int) and not isinstance(p, bool) and p >= 1 for p in positions):
             raise LucidError(f"{where}: class {cls}'s residual positions must be at most {size} network positions")
         sets[cls] = np.asarray(positions, dtype=np.int64)
-    stack, positions = _load_networks(run_dir, name, digest, meta, sets, where)
+    union = np.unique(np.concatenate(list(sets.values()) + [np.zeros(0, np.int64)]))
+    networks = section.get("networks")
+    if networks is not None:  # the file also holds the region boxes' sets
+        if not isinstance(networks, list) or not all(isinstance(p, int) and not isinstance(p, bool) and p >= 1 for p in networks) \
+                or networks != sorted(set(networks)) or not np.isin(union, networks).all():
+            raise LucidError(f"{where}: the residual networks must be ascending positions holding every class's set")
+        union = np.asarray(networks, dtype=np.int64)
+    stack, positions = _load_networks(run_dir, name, digest, meta, union, where)
     members = np.stack([np.isin(positions, sets.get(c, np.zeros(0, np.int64))) for c in range(num_classes)])
     return ResidualSets(size, levels, members, stack, positions, digest)
 
 
-def _load_networks(run_dir: Path, name: str, digest: str, meta: dict, sets: dict[int, np.ndarray],
+def _load_networks(run_dir: Path, name: str, digest: str, meta: dict, union: np.ndarray,
                    where: str) -> tuple[NetworkStack, np.ndarray]:
     """The union's networks from the parameter file, checked against its digest and against the
     run's own networks at the same positions (another run's file is refused, not served)."""
@@ -150,7 +188,6 @@ def _load_networks(run_dir: Path, name: str, digest: str, meta: dict, sets: dict
         tensors = load(blob)
     except Exception as exc:  # safetensors raises its own error types
         raise LucidError(f"cannot read {path}: {exc}") from None
-    union = np.unique(np.concatenate(list(sets.values()) + [np.zeros(0, np.int64)]))
     own = NetworkFile(run_dir, meta)
     if len(union) and union[-1] >= len(own):
         raise LucidError(f"{where}: a residual position is beyond the run's {len(own) - 1} networks")

@@ -179,7 +179,8 @@ class VerifySettings:
         bound per class); public_inputs: an .npz of public inputs that weighs where boxes are cut.
     residual: M, the size of each class's residual set (`lucid.residual`): the M networks with the
         highest screened bounds are set aside, checked at query time, and the engine bounds the
-        others (the level L_c); 0: one bound over every network.
+        others (the level L_c); with regions, per box (`lucid.regions.one_box`); 0: one bound over
+        every network.
     """
 
     solver: str = "highs"
@@ -285,11 +286,11 @@ class VerifySettings:
             raise LucidError(f"--residual must be a whole number >= 0, got {self.residual!r}")
         if self.residual == 0:
             return
-        unused = [flag for flag, on in (("--regions", self.regions > 1), (f"--hyper {self.hyper}", self.removals > 0),
+        unused = [flag for flag, on in ((f"--hyper {self.hyper}", self.removals > 0),
                                         ("--screen none", self.screen == "none"), ("--naive", self.naive)) if on]
         if unused:
-            # the residual set is ranked by the screen; per-box residual sets are not built yet
-            raise LucidError(f"{', '.join(unused)} cannot be combined with --residual (yet)")
+            # the residual set is ranked by the screen; AGT's box bounds no single network
+            raise LucidError(f"{', '.join(unused)} cannot be combined with --residual")
 
     @property
     def removals(self) -> int:

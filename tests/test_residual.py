@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from bab_fixtures import write_tiny_run
-from exact_oracle import exact_label_and_agreement, exact_scores, exact_singleton
+from exact_oracle import exact_singleton
+from release_probes import class_margin, crossings, released_rows_agree_exactly, work_traces
 from lucid.access import ClassifierOptions, LabelOnlyClassifier
 from lucid.access.evaluate import leaking_set
 from lucid.bab import verify_run
@@ -83,33 +84,6 @@ def test_the_level_bounds_every_network_outside_the_set_and_upper_bounds_all(ver
         assert level is None or not entry["bounds"] or min(b for b in entry["bounds"]) >= level - 1e-12
 
 
-def _crossings(values_at, xs: np.ndarray, level: float, steps: int = 60) -> list[np.ndarray]:
-    """Points on segments between random inputs where values_at(x) crosses `level`, bisected to
-    neighbouring floats on both sides."""
-    out = []
-    for a, b in zip(xs[:-1], xs[1:]):
-        va, vb = values_at(np.vstack([a, b]))
-        if not np.isfinite([va, vb]).all() or (va > level) == (vb > level):
-            continue
-        lo, hi = (a, b) if va <= level else (b, a)
-        for _ in range(steps):
-            mid = (lo + hi) / 2
-            if values_at(mid[None])[0] > level:
-                hi = mid
-            else:
-                lo = mid
-        out += [lo, hi]
-    return out
-
-
-def _released_rows_agree_exactly(clf, stack, xs: np.ndarray) -> int:
-    cls, noised = clf.decide(xs)
-    for x, c in zip(xs[~noised], cls[~noised]):
-        label, agree = exact_label_and_agreement(stack, x)
-        assert label == c and agree, f"released {x.tolist()} although some network disagrees exactly"
-    return int((~noised).sum())
-
-
 def test_every_release_agrees_with_all_networks_exactly_also_at_one_ulp_from_each_bound(verified):
     stack = load_networks(verified)
     clf = LabelOnlyClassifier.from_run(verified, epsilon=1.0)
@@ -117,31 +91,22 @@ def test_every_release_agrees_with_all_networks_exactly_also_at_one_ulp_from_eac
     xs = rng.random((300, 2))
     points = [xs]
     section = _section(verified)
-    n_conf = lambda x: _class_margin(stack, 0, x, clf.decide(x)[0])  # noqa: E731
+    n_conf = lambda x: class_margin(stack, 0, x, clf.decide(x)[0])  # noqa: E731
     for entry in section["classes"].values():
         for level in [entry["level"], *entry["bounds"]]:
             if level is not None:
-                points += _crossings(n_conf, xs[:80], float(level) + clf.confidence_error)
-                points += _crossings(n_conf, xs[:80], float(level))
+                points += crossings(n_conf, xs[:80], float(level) + clf.confidence_error)
+                points += crossings(n_conf, xs[:80], float(level))
     for j in np.unique(np.concatenate([e["positions"] for e in section["classes"].values()])):  # a member's own boundary
-        points += _crossings(lambda x, j=int(j): _class_margin(stack, j, x, clf.decide(x)[0]), xs[:80], 0.0)
+        points += crossings(lambda x, j=int(j): class_margin(stack, j, x, clf.decide(x)[0]), xs[:80], 0.0)
     allx = np.vstack(points)
     assert len(allx) > 300
-    released = _released_rows_agree_exactly(clf, stack, allx)
+    released = released_rows_agree_exactly(clf, stack, allx)
     assert released > 50  # the rule releases most inputs, not a vacuous pass
     # the check does work: some input above the level is noised because a member disagrees
     cls, noised = clf.decide(xs)
-    above = ~(clf.residual_thresholds[cls] >= _class_margin(stack, 0, xs, cls))
+    above = ~(clf.residual_thresholds[cls] >= class_margin(stack, 0, xs, cls))
     assert (above & noised).any()
-
-
-def _class_margin(stack, j: int, x: np.ndarray, cls: np.ndarray) -> np.ndarray:
-    """Network j's float margin s_cls - max_{t != cls} s_t at each row of x."""
-    s = stack.forward(np.atleast_2d(x))[j]
-    rows = np.arange(len(s))
-    own = s[rows, cls].copy()
-    s[rows, cls] = -np.inf
-    return own - s.max(axis=1)
 
 
 def test_a_level_one_ulp_below_the_exact_bound_flips_no_release(verified, tmp_path):
@@ -161,9 +126,9 @@ def test_a_level_one_ulp_below_the_exact_bound_flips_no_release(verified, tmp_pa
     points = [xs]
     for entry in doc["residual"]["classes"].values():
         if entry["level"] is not None:
-            points += _crossings(lambda x: _class_margin(stack, 0, x, clf.decide(x)[0]), xs[:80],
+            points += crossings(lambda x: class_margin(stack, 0, x, clf.decide(x)[0]), xs[:80],
                                  entry["level"] + clf.confidence_error)
-    _released_rows_agree_exactly(clf, stack, np.vstack(points))
+    released_rows_agree_exactly(clf, stack, np.vstack(points))
 
 
 def test_with_every_network_in_the_set_the_rule_is_naive_idp(tmp_path):
@@ -180,7 +145,7 @@ def test_with_every_network_in_the_set_the_rule_is_naive_idp(tmp_path):
     cls = clf.decide(xs)[0]
     close = np.zeros(len(xs), dtype=bool)
     for j in range(len(stack)):
-        close |= _class_margin(stack, j, xs, cls) <= 1e-6
+        close |= class_margin(stack, j, xs, cls) <= 1e-6
     assert not (noised & ~leaking & ~close).any()
 
 
@@ -191,23 +156,11 @@ def test_the_check_does_the_same_work_for_level_check_and_noise(verified):
     probe = LabelOnlyClassifier.from_run(verified, epsilon=0.0)
     xs = np.random.default_rng(9).random((3000, 2))
     cls, noised = probe.decide(xs)
-    above = _class_margin(stack, 0, xs, cls) > probe.residual_thresholds[cls]
+    above = class_margin(stack, 0, xs, cls) > probe.residual_thresholds[cls]
     groups = {"released": xs[~noised], "by level": xs[~above], "by check": xs[above & noised]}
     assert all(len(g) >= 5 for g in groups.values()), {k: len(g) for k, g in groups.items()}
-    traces = {}
-    for name, rows in groups.items():
-        clf = LabelOnlyClassifier.from_run(verified, epsilon=0.0, options=ClassifierOptions(seed=0))
-        calls: list[int] = []
-        uniform = clf.rng.uniform
-        clf.rng.uniform = lambda n, calls=calls, uniform=uniform: calls.append(n) or uniform(n)
-        statements: list[str] = []
-        clf.memo._db.set_trace_callback(statements.append)
-        for i in range(5):
-            clf.predict_network_space(rows[i : i + 1])
-        clf.predict_network_space(rows[:5])  # repeats: the memo answers, nothing drawn
-        clf.memo._db.set_trace_callback(None)
-        traces[name] = (calls, len(statements))
-        clf.close()
+    traces = work_traces(lambda: LabelOnlyClassifier.from_run(verified, epsilon=0.0, options=ClassifierOptions(seed=0)),
+                         groups)
     assert traces["released"] == traces["by level"] == traces["by check"]
 
 
@@ -222,7 +175,7 @@ def test_a_bad_residual_size_is_one_line_and_exit_2(verified, tmp_path, value, m
     assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
 
 
-@pytest.mark.parametrize("flags", [["--regions", "4"], ["--screen", "none"], ["--naive"]])
+@pytest.mark.parametrize("flags", [["--hyper", "agt:1"], ["--screen", "none"], ["--naive"]])
 def test_options_the_residual_set_cannot_use_are_refused(verified, tmp_path, flags):
     result = _lucid("verify", str(_copy(verified, tmp_path)), "--residual", "2", *flags, "--quiet")
     assert result.returncode == 2 and "cannot be combined with --residual" in result.stderr

@@ -136,10 +136,11 @@ class LabelOnlyClassifier:
         served = BoundsRecord(self.bounds)
         if self.regions is not None:
             # Per box: an input's threshold is its leaf's (lucid/regions/tree.py), found by a walk of the
-            # same length for every input. Rows of non-leaf nodes are never selected.
+            # same length for every input. Rows of non-leaf nodes are never selected. With residual
+            # sets, the box's levels.
             self._lookup = self.regions.lookup_arrays()
-            self.region_thresholds = release_thresholds(np.array(self.regions.bound_upper), self.confidence_error)
-            served = BoundsRecord(np.array(self.regions.bound_upper), self.regions.digest())
+            self.region_thresholds = release_thresholds(self.regions.release_bounds(), self.confidence_error)
+            served = BoundsRecord(self.regions.release_bounds(), self.regions.digest())
         # --residual: released above the level L_c when the residual networks agree (lucid.residual);
         # the memo's record names the residual file, so answers checked by other networks are refused.
         self.residual: ResidualCheck | None = None
@@ -147,9 +148,11 @@ class LabelOnlyClassifier:
             for k in range(len(residual.positions)):
                 check_network_range([w[k] for w in residual.stack.weights], [b[k] for b in residual.stack.biases],
                                     lower, upper, f"{run.path}: residual network at position {residual.positions[k]}")
-            self.residual = ResidualCheck(residual, lower, upper)
+            self.residual = ResidualCheck(residual, lower, upper, self.regions)
             self.residual_thresholds = release_thresholds(residual.levels, self.confidence_error)
-            served = BoundsRecord(residual.levels, f"residual:{residual.digest}")
+            served = (BoundsRecord(residual.levels, f"residual:{residual.digest}") if self.regions is None else
+                      BoundsRecord(self.regions.release_bounds(),
+                                   f"residual:{residual.digest}:{self.regions.digest()}:{self.regions.sets_digest()}"))
         slack = _DOMAIN_TOLERANCE * np.maximum(1.0, np.maximum(np.abs(lower), np.abs(upper)))
         self._lower_tol, self._upper_tol = lower - slack, upper + slack
         # The memo records the epsilon and bounds of its draws and refuses others (memo/metadata.py).
@@ -230,11 +233,15 @@ class LabelOnlyClassifier:
             cls = s.argmax(axis=1)
             top2 = np.partition(s, -2, axis=1)[:, -2:]
             conf = top2[:, 1] - top2[:, 0]  # = score_c - runner-up (0 on ties)
+        leaves = None if self.regions is None else self._lookup.locate(xn)
+        if leaves is not None:
+            thresholds = self.region_thresholds[leaves]
+        else:
+            thresholds = self.thresholds if self.residual is None else self.residual_thresholds
+        noised = needs_noise(conf, cls, thresholds)
         if self.residual is not None:  # both terms for every row: no branch on the answer
-            return cls, needs_noise(conf, cls, self.residual_thresholds) | ~self.residual.agree(xn, cls)
-        if self.regions is None:
-            return cls, needs_noise(conf, cls, self.thresholds)
-        return cls, needs_noise(conf, cls, self.region_thresholds[self._lookup.locate(xn)])
+            noised |= ~self.residual.agree(xn, cls, leaves)
+        return cls, noised
 
     def predict_network_space(self, xn: np.ndarray, return_noised: bool = False, client: str | None = None,
                               turn: Callable[[int], ContextManager[Any]] | None = None):
@@ -286,8 +293,9 @@ class LabelOnlyClassifier:
 
     @property
     def rule(self) -> str:
-        """Which release rule answers: "global" (beta_c), "regions" or "residual"."""
-        return "regions" if self.regions is not None else "residual" if self.residual is not None else "global"
+        """Which release rule answers: "global" (beta_c), "regions", "residual" or both ("regions+residual")."""
+        return "+".join(name for name, on in (("regions", self.regions is not None),
+                                              ("residual", self.residual is not None)) if on) or "global"
 
     def with_global_bounds(self) -> "LabelOnlyClassifier":
         """The same classifier answering with beta_c alone, without regions or residual check (the

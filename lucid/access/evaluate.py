@@ -185,7 +185,8 @@ def markdown_table(result: dict[str, Any], epsilons: list[tuple[str, float]]) ->
     acc = result["accuracy"]
     pct = lambda v: f"{100 * v:.1f} %"  # noqa: E731
     regions = "lucid_global" in acc  # LUCID is then region-wise or residual, next to its global bounds
-    rule = f"residual M = {result['residual_size']}" if result.get("rule") == "residual" else "regions"
+    rule = {"residual": f"residual M = {result.get('residual_size')}", "regions": "regions",
+            "regions+residual": f"regions, residual M = {result.get('residual_size')}"}.get(result.get("rule"), "regions")
     head = f"| ε | N (no privacy) | LUCID ({rule}) | LUCID (global) |" if regions else "| ε | N (no privacy) | LUCID |"
     lines = [head + " Naive-Noise | Naive-iDP |", "|---|---|---|---|---|" + ("---|" if regions else "")]
     for key, _ in epsilons:

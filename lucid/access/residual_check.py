@@ -20,17 +20,23 @@ from __future__ import annotations
 import numpy as np
 
 from lucid.analysis.soundness import confidence_error
+from lucid.regions import RegionTree
 from lucid.residual import ResidualSets
 
 
 class ResidualCheck:
-    """The union's networks as stacked float64 matrices, their error margins and the class masks."""
+    """The union's networks as stacked float64 matrices, their error margins and the class masks
+    (with regions, per box: a row's leaf selects the mask as its class does)."""
 
-    def __init__(self, sets: ResidualSets, lower: np.ndarray, upper: np.ndarray) -> None:
+    def __init__(self, sets: ResidualSets, lower: np.ndarray, upper: np.ndarray,
+                 regions: RegionTree | None = None) -> None:
         stack = sets.stack
         self.size = sets.size
         self.count = len(sets.positions)  # K, the networks of the union
         self.members = np.ascontiguousarray(sets.members)  # [C, K]
+        self.box_members = None if regions is None else np.stack(  # [nodes, C, K]
+            [[np.isin(sets.positions, box[c].positions) if c in box else np.zeros(self.count, dtype=bool)
+              for c in range(len(sets.members))] for box in regions.residual])
         errors = np.array([confidence_error([w[k] for w in stack.weights], [b[k] for b in stack.biases], lower, upper)
                            for k in range(self.count)], dtype=np.float64)
         self._margins = np.nextafter(errors, np.inf)[:, None]  # [K, 1]: a margin above it is exact
@@ -68,8 +74,9 @@ class ResidualCheck:
                 np.maximum(h, 0.0, out=h)
         return h
 
-    def agree(self, xn: np.ndarray, classes: np.ndarray) -> np.ndarray:
-        """[B] bool: every network of R_{classes[b]} labels row b with classes[b], exactly."""
+    def agree(self, xn: np.ndarray, classes: np.ndarray, leaves: np.ndarray | None = None) -> np.ndarray:
+        """[B] bool: every network of R_{classes[b]} (of the box `leaves[b]` with regions) labels
+        row b with classes[b], exactly."""
         if self._first is None:
             return np.ones(len(xn), dtype=bool)
         s = self.scores(xn)
@@ -77,5 +84,6 @@ class ResidualCheck:
         own = s[:, rows, classes]  # [K, B]
         s[:, rows, classes] = -np.inf
         margin = own - s.max(axis=2)  # s_c - max_{t != c} s_t, the float scores as computed
-        needed = self.members[classes].T  # [K, B]: whether row b's class checks network k
+        # [K, B]: whether row b's class (and box) checks network k
+        needed = (self.members[classes] if leaves is None else self.box_members[leaves, classes]).T
         return ((margin > self._margins) | ~needed).all(axis=0)

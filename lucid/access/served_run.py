@@ -40,9 +40,12 @@ def load_bounds(run: Run) -> tuple[np.ndarray, RegionTree | None, ResidualSets |
     if doc.get("regions") is not None:
         regions = RegionTree.from_json(doc["regions"], *run.domain, run.num_classes, str(path))
     if doc.get("residual") is not None:
-        if regions is not None:
-            raise LucidError(f"{path}: residual sets per region are not supported; verify with one of the two")
         residual = read_residual(run.path, doc["residual"], run.num_classes, run.meta, str(path))
+        if regions is not None and not all(np.isin(r.positions, residual.positions).all()
+                                           for r in regions.residual_sets()):
+            raise LucidError(f"{path}: a region's residual set names a network the residual file does not hold")
+    elif regions is not None and regions.residual_sets():
+        raise LucidError(f"{path}: the regions section has residual sets but there is no residual section")
     return upper, regions, residual
 
 

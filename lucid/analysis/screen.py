@@ -88,13 +88,14 @@ class Screen:
         return bounds[classes.index(cls)]
 
     def highest(self, classes: list[int], positions: np.ndarray,
-                prior: dict[int, np.ndarray] | None = None) -> dict[int, np.ndarray]:
-        """Per class, a sound bound for every network of `positions` whose largest is the largest of
-        `initial`'s (taken with `prior`: per class, other sound bounds per position), at
-        less cost: only a box's bound is needed here, not each network's tightest. The interval
-        screen bounds every network; the symbolic one, ten times dearer, only those whose bound
-        could still be the largest, highest first, until no network's bound exceeds the largest
-        found. A network left with its interval (or prior) bound is at or below that largest."""
+                prior: dict[int, np.ndarray] | None = None, rank: int = 1) -> dict[int, np.ndarray]:
+        """Per class, a sound bound for every network of `positions` whose `rank` largest are the
+        `rank` largest of `initial`'s (taken with `prior`: per class, other sound bounds per
+        position), at less cost: only a box's bound is needed here (with residual sets of M
+        networks, its M + 1 highest: rank M + 1), not each network's tightest. The interval screen
+        bounds every network; the symbolic one, ten times dearer, only those whose bound could
+        still be among the `rank` largest, highest first, until no network's bound exceeds the
+        `rank`-th largest found. A network left with its interval (or prior) bound is at or below it."""
         positions = np.asarray(positions, dtype=np.int64)
         bounds = interval_screens(self.problem, classes, positions)
         for j, c in enumerate(classes):
@@ -105,8 +106,8 @@ class Screen:
         from lucid.bounds.stack_screen import symbolic_screens
 
         done = np.zeros(len(positions), dtype=bool)
-        highest = np.full(len(classes), -np.inf)
-        batch = LAZY_BATCH
+        highest = np.full(len(classes), -np.inf)  # per class, the rank-th largest bound found
+        batch = max(LAZY_BATCH, 2 * rank)
         while True:
             above = ~done & (bounds > highest[:, None]).any(axis=0)
             if not above.any():
@@ -118,7 +119,8 @@ class Screen:
             tightened = symbolic_screens(self.problem, classes, positions[take], device=self.device)
             bounds[:, take] = np.fmin(bounds[:, take], tightened)  # a NaN screen keeps the interval bound
             done[take] = True
-            highest = np.maximum(highest, bounds[:, take].max(axis=1))
+            if done.sum() >= rank:
+                highest = -np.partition(-bounds[:, done], rank - 1, axis=1)[:, rank - 1]
             batch *= 2  # few passes however many networks stay above
 
     @property

@@ -17,9 +17,10 @@ from lucid.settings import VerifySettings
 
 def noised_mask(tree: RegionTree, sample: np.ndarray, sample_class: np.ndarray,
                 sample_conf: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(leaf of each sample point, whether the point is noised under its leaf's bound)."""
+    """(leaf of each sample point, whether the point is noised under its leaf's bound, or level
+    with residual sets: a residual network that disagrees is not counted, it is rare)."""
     leaf = tree.locate(sample)
-    return leaf, is_noised(sample_conf, np.array(tree.bound_upper)[leaf, sample_class])
+    return leaf, is_noised(sample_conf, tree.release_bounds()[leaf, sample_class])
 
 
 def is_noised(confidences: np.ndarray, bounds: np.ndarray) -> np.ndarray:
@@ -239,18 +240,19 @@ def screen_first(tree: RegionTree, classes: list[int], settings: VerifySettings)
 
 
 def cheap_to_deepen(tree: RegionTree, node: int, screened: dict[int, np.ndarray], classes_of: np.ndarray,
-                    confidences: np.ndarray) -> bool:
+                    confidences: np.ndarray, residual: int = 0) -> bool:
     """Whether the branch-and-bound of a just screened box should come now rather than after the
     splits: some of its public points (`classes_of`, `confidences`: those noised before the
     screen) are still noised, and at most `DEEPEN_AT_ONCE` networks are screened above the level
     that would release them. Each of those needs the refined screen or a MILP: a few take
     seconds, while splitting on the screen's looser bound would carve boxes around points that
-    the box's own exact bound releases."""
-    still = is_noised(confidences, tree.bound_upper[node][classes_of])
+    the box's own exact bound releases. With residual sets of `residual` networks, those are
+    checked at query time and need no proof."""
+    still = is_noised(confidences, tree.release_bounds()[node][classes_of])
     levels = box_targets(classes_of[still], confidences[still], sorted(screened), tree.bound_lower[node])
     if not levels:
         return False
-    return sum(int((screened[c] > level).sum()) for c, level in levels.items()) <= DEEPEN_AT_ONCE
+    return sum(max(0, int((screened[c] > level).sum()) - residual) for c, level in levels.items()) <= DEEPEN_AT_ONCE
 
 
 def box_owner(tree: RegionTree, leaf: int) -> int:

@@ -4,6 +4,12 @@ A box starts from what its ancestors proved: their per-network screened bounds (
 sub-box), their bound as a cap (`RegionTree.record`), and their best leaks inside the box (true
 lower bounds there). Each box's verification records its bounds in the tree and logs one `region`
 event, whose `seconds` `lucid log` sums.
+
+With `--residual M` each box chooses its own residual sets: a screened box sets aside the M
+networks its screen ranks highest and its level is the largest bound of the rest
+(`lucid.residual.split_off`); a box's branch-and-bound chooses them as the plain strategy does
+and its level is the engine's upper. Leaks found in an ancestor are not carried into such a box's
+branch-and-bound: one found by a network that is now in the box's set is no lower bound on its level.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from lucid.analysis.problem import VerificationProblem
 from lucid.analysis.screen import Screen
 from lucid.deadline import Deadline
 from lucid.regions.tree import RegionTree
+from lucid.residual import ClassResidual, split_off
 from lucid.rundir import bound_entry_value
 from lucid.settings import VerifySettings
 
@@ -77,11 +84,14 @@ class BoxVerifier:
             screen = Screen(problem, self.settings.screen, self.settings.device, open_classes)
             positions = np.arange(1, len(problem.stack), dtype=np.int64)
             known = {c: prior[c][positions] for c in open_classes if c in prior}
-            for c, found in screen.highest(open_classes, positions, known).items():
+            size = self.settings.residual
+            for c, found in screen.highest(open_classes, positions, known, rank=size + 1).items():
                 bound = np.full(len(problem.stack), -np.inf)
                 bound[positions] = found
                 self.screens[node][c] = bound
                 upper[c] = min(upper[c], float(bound.max()))
+                if size:
+                    tree.record_residual(node, c, split_off(bound, positions, size))
         for c, leak in inherited.items():
             lower[c] = leak["value"]
             self.leaks[node][c] = leak
@@ -135,6 +145,10 @@ class BoxVerifier:
         self.leaks[node], self.screens[node] = {}, {}
         for c, cs in engine.states.items():
             upper[c], complete[c] = cs.upper, cs.complete
+            if cs.residual is not None:  # the engine's upper is the level outside the set
+                found = ClassResidual(cs.upper, cs.residual, cs.screen[cs.residual].astype(np.float64))
+                tree.record_residual(node, c, found)
+                upper[c] = found.highest
             if cs.lower is not None:
                 lower[c] = cs.lower
                 self.leaks[node][c] = {"x": cs.lower_witness, "row": cs.lower_row, "value": cs.lower}
@@ -151,7 +165,7 @@ class BoxVerifier:
         """Each class's starting state in `node`'s box: its inherited leak, its screen if the box
         was screened, the state a deadline cut short if continued, and its target level."""
         states = {c: ClassState(cls=c) for c in classes}
-        for c, leak in self.inherited_leaks(node).items():
+        for c, leak in ({} if self.settings.residual else self.inherited_leaks(node)).items():
             if c in states:
                 states[c].lower, states[c].lower_row, states[c].lower_witness = leak["value"], leak["row"], leak["x"]
         for c, bound in self.screens.get(node, {}).items():

@@ -1,5 +1,10 @@
 """`RegionTree`: the partition of the domain into boxes with their bounds, and its JSON section
-(lucid-regions/1) with the reader's checks; why any partition keeps the guarantee: lucid/regions/__init__.py."""
+(lucid-regions/1) with the reader's checks; why any partition keeps the guarantee: lucid/regions/__init__.py.
+
+With `--residual M` each box also keeps, per class, its own residual set and level
+(`lucid.residual.ClassResidual`): the level bounds every network outside the box's set over the
+box. Unlike a box's bound it is never capped by its parent's *level* (that one holds only outside
+the parent's set), only by the parent's bound, which holds for every network."""
 
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ import numpy as np
 
 from lucid.errors import LucidError
 from lucid.regions.lookup import RegionLookup
+from lucid.residual import ClassResidual
 from lucid.rundir import bound_entry_value
 
 REGIONS_FORMAT = "lucid-regions/1"
@@ -38,6 +44,7 @@ class RegionTree:
     verified: list[bool] = field(default_factory=lambda: [False])
     seconds: list[float] = field(default_factory=lambda: [0.0])
     carved: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)  # carve node -> its box
+    residual: list[dict[int, ClassResidual]] = field(default_factory=lambda: [{}])  # per node: class -> its set
 
     def __post_init__(self) -> None:
         self.lower = np.asarray(self.lower, dtype=np.float64)
@@ -147,6 +154,7 @@ class RegionTree:
             self.complete.append(np.zeros(self.num_classes, dtype=bool))
             self.verified.append(False)
             self.seconds.append(0.0)
+            self.residual.append(dict(self.residual[node]))  # sound over any sub-box, as the bound
         self.children += [(left, left), (right, right)]
         self.children[node] = (left, right)
         return left, right
@@ -173,6 +181,34 @@ class RegionTree:
         while up >= 0:
             self.bound_lower[up] = np.maximum(self.bound_lower[up], self.bound_lower[node])
             up = self.parent[up]
+
+    def record_residual(self, node: int, c: int, found: ClassResidual) -> None:
+        """A residual set and level of class `c` proved over `node`'s box. The level is capped by the
+        parent's bound (which holds for every network over a superset), and the node keeps the set
+        it inherited instead when that one's level is lower (both are sound over the box)."""
+        parent = self.parent[node]
+        level = found.level if parent < 0 else min(found.level, float(self.bound_upper[parent][c]))
+        kept = self.residual[node].get(c)
+        if kept is None or level <= kept.level:
+            self.residual[node][c] = ClassResidual(level, found.positions, found.bounds)
+
+    def release_bounds(self) -> np.ndarray:
+        """[nodes, C]: the bound an input's confidence must exceed to be released in each box: with
+        residual sets the box's level (where the residual networks agree), else its bound."""
+        out = np.array(self.bound_upper, dtype=np.float64).reshape(len(self), self.num_classes)
+        for i, sets in enumerate(self.residual):
+            for c, r in sets.items():
+                out[i, c] = min(out[i, c], r.level)
+        return out
+
+    def sets_digest(self) -> str:
+        """A fingerprint of every node's residual sets (which networks check which box and class)."""
+        listed = [{str(c): r.positions.tolist() for c, r in sorted(sets.items())} for sets in self.residual]
+        return hashlib.sha256(json.dumps(listed).encode()).hexdigest()[:16]
+
+    def residual_sets(self) -> list[ClassResidual]:
+        """Every set a leaf is served with (the union of their networks is what serving needs)."""
+        return [r for i in self.leaves() for r in self.residual[i].values()]
 
     def leaf_upper(self) -> np.ndarray:
         """[C]: the domain's bound per class as the leaves prove it (max over the leaves, which cover
@@ -217,7 +253,9 @@ class RegionTree:
                 "seconds": round(self.seconds[i], 3),
                 "bounds": {str(c): {"upper": bound_entry_value(self.bound_upper[i][c], upper=True),
                                     "lower": bound_entry_value(self.bound_lower[i][c], upper=False),
-                                    "complete": bool(self.complete[i][c])} for c in range(self.num_classes)},
+                                    "complete": bool(self.complete[i][c]),
+                                    **({"residual": self.residual[i][c].to_json()} if c in self.residual[i] else {})}
+                           for c in range(self.num_classes)},
             })
         return {"format": REGIONS_FORMAT, "depth": self.depth, "leaves": len(self.leaves()), "nodes": nodes}
 
@@ -289,6 +327,9 @@ class RegionTree:
                     raise bad(f"has a bound for an unknown class {key!r} at node {i}")
                 up[c] = _read_number(value.get("upper"), np.inf, bad, i)
                 low[c] = _read_number(value.get("lower"), -np.inf, bad, i)
+                if value.get("residual") is not None:
+                    tree.residual[i][c] = ClassResidual.from_json(value["residual"], f"{where}: the regions "
+                                                                  f"section's residual set of class {c} at node {i}")
             tree.bound_upper[i] = up
             tree.bound_lower[i] = low
             tree.complete[i] = np.array([bool((bounds.get(str(c)) or {}).get("complete", False))

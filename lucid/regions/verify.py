@@ -42,6 +42,7 @@ from lucid.regions.choice import (box_owner, box_targets, box_time, box_to_conti
                                   choose_split, noised_mask, screen_first, share)
 from lucid.regions.one_box import EXACT_TOLERANCE, BoxVerifier
 from lucid.regions.tree import RegionTree
+from lucid.residual import write_residual
 from lucid.rundir import Run, bound_entry_value, read_scaler
 from lucid.settings import VerifySettings
 
@@ -97,8 +98,13 @@ class RegionRefinement:
                     self._checkpoint()
         finally:
             self.boxes.close()
+        residual = None
+        if settings.residual:  # the domain's sets, and the file holding every leaf's networks too
+            root = {c: r for c, r in self.tree.residual[0].items() if c in run.classes}
+            residual = write_residual(run.path, root, settings.residual, self.tree.residual_sets())
         return Verified(_bounds_entries(self.tree, run.classes, self.leaks, run.elapsed()),
-                        regions=self.tree.to_json(), finished={"regions": len(self.tree.leaves())})
+                        regions=self.tree.to_json(), finished={"regions": len(self.tree.leaves())},
+                        residual=residual)
 
     def _checkpoint(self) -> None:
         self.run.save({}, extra={"regions": self.tree.to_json(), "screened": sorted(self.screened),
@@ -141,7 +147,7 @@ class RegionRefinement:
             self.boxes.screen(node, box_classes)
             self.screened.add(node)
             if not cheap_to_deepen(self.tree, node, self.boxes.screens[node], self.sample_class[here],
-                                   self.sample_conf[here]):
+                                   self.sample_conf[here], self.settings.residual):
                 return True
             self._checkpoint()
             look.todo = []  # the screen left few networks to prove: its branch-and-bound now
