@@ -20,7 +20,7 @@ from lucid.bab import verify_run
 from lucid.errors import LucidError
 from lucid.network import load_networks
 from lucid.regions import RegionTree
-from lucid.residual import ClassResidual
+from lucid.residual import ClassResidual, split_off
 
 M = 2
 
@@ -190,3 +190,12 @@ def test_a_box_keeps_the_lower_of_its_inherited_and_its_own_level_capped_by_the_
     again = RegionTree.from_json(tree.to_json(), np.zeros(2), np.ones(2), 2, "here")
     assert again.sets_digest() == tree.sets_digest()
     assert np.array_equal(again.release_bounds(), tree.release_bounds())
+
+
+def test_a_screened_box_sets_aside_its_m_highest_and_its_level_is_the_largest_of_the_rest():
+    bounds = np.array([-np.inf, 0.3, -np.inf, 0.9, 0.1, 0.9, 0.5])  # position 0 is N
+    positions = np.arange(1, 7)
+    found = split_off(bounds, positions, 2)
+    assert found.positions.tolist() == [3, 5] and found.level == 0.5 and found.bounds.tolist() == [0.9, 0.9]
+    everything = split_off(bounds, positions, 6)  # networks screened harmless never take a place
+    assert everything.positions.tolist() == [1, 3, 4, 5, 6] and everything.level == -np.inf

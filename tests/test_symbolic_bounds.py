@@ -378,11 +378,12 @@ def test_the_tightening_pass_takes_rows_and_gets_the_products_bit_for_bit(case, 
             assert torch.equal(a, b), name
 
 
-@pytest.mark.parametrize("case", [1, 3, 6])
-def test_a_box_screen_tightens_only_the_networks_that_could_be_highest(case, monkeypatch):
-    """`Screen.highest`: per class its largest bound is exactly the largest of the full screen
-    taken with the prior bounds, every network's bound is that full screen's or its interval
-    (or prior) bound, never below the full one, and the symbolic screen saw only some networks."""
+@pytest.mark.parametrize("case,rank", [(1, 1), (3, 1), (6, 1)])
+def test_a_box_screen_tightens_only_the_networks_that_could_be_highest(case, rank, monkeypatch):
+    """`Screen.highest`: per class its `rank` largest bounds are exactly the `rank` largest of the
+    full screen taken with the prior bounds (rank M + 1 for residual sets of M networks), every
+    network's bound is that full screen's or its interval (or prior) bound, never below the full
+    one, and the symbolic screen saw only some networks."""
     import lucid.analysis.screen as screen_module
     import lucid.bounds.stack_screen as stack_screen
 
@@ -399,9 +400,23 @@ def test_a_box_screen_tightens_only_the_networks_that_could_be_highest(case, mon
     monkeypatch.setattr(stack_screen, "symbolic_screens",
                         lambda p, cl, pos, **kw: seen.extend(pos) or symbolic_screens(p, cl, pos, **kw))
     monkeypatch.setattr(screen_module, "LAZY_BATCH", len(classes))  # one network per class a pass: several passes
-    got = Screen(problem, "symbolic").highest(classes, POSITIONS, prior)
+    got = Screen(problem, "symbolic").highest(classes, POSITIONS, prior, rank=rank)
     for j, c in enumerate(classes):
-        assert got[c].max() == full[j].max()
+        assert np.array_equal(np.sort(got[c])[-rank:], np.sort(full[j])[-rank:])
         cheap = np.minimum(intervals[j], prior[c])
         assert np.all(got[c] >= full[j]) and np.all((got[c] == full[j]) | (got[c] == cheap))
     assert len(seen) == len(set(seen)) and 0 < len(seen) and POSITIONS[-1] not in seen, seen
+
+
+def test_a_box_screen_for_residual_sets_tightens_the_m_plus_one_highest(monkeypatch):
+    """With residual sets of M networks a box needs its M + 1 highest bounds tight (the largest
+    outside the set is its level): rank 2 tightens past the point where the largest alone stops."""
+    import lucid.analysis.screen as screen_module
+
+    stack, lower, upper, problem = setup(*CASES[6])
+    full = np.minimum(interval_screens(problem, [0], POSITIONS), symbolic_screens(problem, [0], POSITIONS))[0]
+    monkeypatch.setattr(screen_module, "LAZY_BATCH", 1)
+    highest = Screen(problem, "symbolic").highest([0], POSITIONS, rank=1)[0]
+    second = Screen(problem, "symbolic").highest([0], POSITIONS, rank=2)[0]
+    assert highest.max() == full.max() and np.sort(highest)[-2] > np.sort(full)[-2]  # rank 1 stops early here
+    assert np.array_equal(np.sort(second)[-2:], np.sort(full)[-2:]) and np.all(second >= full)

@@ -168,7 +168,10 @@ def _bounds(f: ReportFacts) -> Section:
                                 "(at most M) are evaluated at every query, and the verification bounds the others by "
                                 f"a level L ({levels}). An input is released when N's confidence is above its class's "
                                 "level and every network of the class's set gives N's label; either way the label "
-                                "is the same from all networks. The table's β_c covers every network.", "note"))
+                                "is the same from all networks. The table's β_c covers every network."
+                                + (" With region-wise bounds each box has its own sets and levels (those above are "
+                                   "the whole domain's); the service evaluates the union of every box's sets at "
+                                   "every query." if v.regions > 1 else ""), "note"))
     if any(c.removals > 1 for c in v.classes):
         blocks.append(Paragraph("Classes verified over an AGT box hold for every data set within K removed rows "
                                 "of D (group iDP).", "note"))
