@@ -112,7 +112,9 @@ def _region_table(view: RegionView):
         title_justify="left",
         caption=(f"{what}: the bound proved in the box / the best leak found there (- : none); * : its "
                  "verification stopped before it finished (the bound is still sound). seconds - : not "
-                 "verified yet, the box keeps its parent's bound."),
+                 "verified yet, the box keeps its parent's bound."
+                 + (" With --residual M the bound is the box's level over the networks outside its own "
+                    "residual sets (those are checked at query time)." if tree.residual_sets() else "")),
         caption_justify="left",
     )
     classes = ["class", "bound / leak"] if by_class else [f"class {c}" for c in range(tree.num_classes)]
@@ -120,7 +122,7 @@ def _region_table(view: RegionView):
         table.add_column(name, justify="right", no_wrap=by_class or name.startswith("class "))
     # Last, so that on a narrow terminal only the longest column wraps and the numbers stay aligned.
     table.add_column("box constraints")
-    domain = tree.bound_upper[0]
+    domain = tree.release_bounds()[0]
     for row in region_rows(view):
         seconds = f"{row.seconds:.2f}" if row.verified else "-"
         if not by_class:

@@ -180,10 +180,12 @@ def _num(v: float) -> str:
 
 
 def region_rows(view: RegionView) -> list[RegionRow]:
-    """One row per leaf box, by box id."""
+    """One row per leaf box, by box id; with residual sets a box's upper is its level (what an
+    input's confidence must exceed there)."""
     tree = view.tree
+    release = tree.release_bounds()
     return [RegionRow(box=i, depth=tree.depth_of(i), description=describe_box(view, i),
-                      upper=tree.bound_upper[i], lower=tree.bound_lower[i], complete=tree.complete[i],
+                      upper=release[i], lower=tree.bound_lower[i], complete=tree.complete[i],
                       # bounds.json stores a box's summed seconds rounded to ms: the log's sum, shown
                       # the same way, must not round a half-way figure the other way
                       verified=tree.verified[i], seconds=round(tree.seconds[i], 3))
