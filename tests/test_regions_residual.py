@@ -153,6 +153,12 @@ def _damage_set_outside_the_file(doc: dict) -> None:
     leaf["bounds"]["0"]["residual"] = {"level": 0.0, "positions": outside[:1], "bounds": [1.0]}
 
 
+def _damage_too_many(doc: dict) -> None:
+    leaf = next(n for n in doc["regions"]["nodes"] if n["split"] is None)
+    networks = doc["residual"]["networks"][: M + 1]
+    leaf["bounds"]["0"]["residual"] = {"level": 0.0, "positions": networks, "bounds": [1.0] * len(networks)}
+
+
 def _damage_no_residual_section(doc: dict) -> None:
     del doc["residual"]
 
@@ -164,6 +170,7 @@ def _damage_unsorted_set(doc: dict) -> None:
 
 @pytest.mark.parametrize("damage,message", [
     (_damage_set_outside_the_file, "names a network the residual file does not hold"),
+    (_damage_too_many, f"holds more than {M} networks"),
     (_damage_no_residual_section, "has residual sets but there is no residual section"),
     (_damage_unsorted_set, "positions must be ascending")])
 def test_a_region_set_the_run_does_not_back_is_refused_in_one_line(verified, tmp_path, damage, message):

@@ -41,9 +41,11 @@ def load_bounds(run: Run) -> tuple[np.ndarray, RegionTree | None, ResidualSets |
         regions = RegionTree.from_json(doc["regions"], *run.domain, run.num_classes, str(path))
     if doc.get("residual") is not None:
         residual = read_residual(run.path, doc["residual"], run.num_classes, run.meta, str(path))
-        if regions is not None and not all(np.isin(r.positions, residual.positions).all()
-                                           for r in regions.residual_sets()):
+        boxes = [] if regions is None else regions.residual_sets()
+        if not all(np.isin(r.positions, residual.positions).all() for r in boxes):
             raise LucidError(f"{path}: a region's residual set names a network the residual file does not hold")
+        if any(len(r.positions) > residual.size for r in boxes):
+            raise LucidError(f"{path}: a region's residual set holds more than {residual.size} networks")
     elif regions is not None and regions.residual_sets():
         raise LucidError(f"{path}: the regions section has residual sets but there is no residual section")
     return upper, regions, residual
