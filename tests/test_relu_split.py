@@ -254,12 +254,16 @@ def test_the_depth_first_phase_is_sound_and_finishes_near_exact(cases):
     from lucid.settings import VerifySettings
 
     gaps = []
-    for problem, p, cls, ex in cases:
-        if p > 1:  # (CI time)
-            continue
+    first = [case for case in cases if case[1] == 1]  # (CI time)
+    finite = [case for case in first if math.isfinite(case[3])]
+    # runs to the end: four of the 11 with a finite beta*, those that finish in about a second
+    # (4x4 and 3x3x3 with two classes, 4x4 and 3x3 with three; CI time: the first class of seed 0
+    # and of the 3x3x3 network with three inputs took 3-26 s and 20-45 s, varying run to run)
+    finishing = [finite[i] for i in (2, 5, 6, 9)]
+    for case in first:
+        problem, p, cls, ex = case
         lp = DomainLp(problem, cls, p, VerifySettings().encoding_options())
-        # runs to the end: the first class of each network only (CI time)
-        finishes = cls == 0 and problem.stack.weights[0].shape[1] <= 4
+        finishes = any(case is other for other in finishing)
         for limit in (0.2, 60.0) if finishes else (0.2,):
             res = run(problem, p, cls, -math.inf, time_limit=limit, options=SplitOptions(max_domains=2),
                       domain_bound=lp.bound)
@@ -267,7 +271,7 @@ def test_the_depth_first_phase_is_sound_and_finishes_near_exact(cases):
         if math.isfinite(ex) and finishes:
             gaps.append(res.bound - ex)
         if math.isfinite(ex):
-            cut = run(problem, p, cls, ex - 1e-3, time_limit=0.5, options=SplitOptions(max_domains=2),
+            cut = run(problem, p, cls, ex - 1e-3, time_limit=0.3, options=SplitOptions(max_domains=2),
                       domain_bound=lp.bound)
             assert not cut.proved and cut.bound >= ex - 1e-9
     assert len(gaps) >= 4 and np.median(gaps) < 0.05, gaps
