@@ -93,7 +93,8 @@ def test_it_is_never_looser_than_the_optimised_symbolic_bound(cases):
         sym = singleton_upper_bounds(PairProblem(nw, nb, [w[None] for w in ws], [b[None] for b in bs],
                                                  problem.n_bounds.lower, problem.n_bounds.upper, problem.lower,
                                                  problem.upper), cls, problem.margin_upper, ScreenOptions(steps=20))
-        res = run(problem, p, cls, -math.inf, time_limit=0.5, start=sym.per_target[0])
+        # (0.3 s, not 0.5: never looser than its start whenever it stops; CI time)
+        res = run(problem, p, cls, -math.inf, time_limit=0.3, start=sym.per_target[0])
         assert ex - 1e-9 <= res.bound <= sym.bound[0]
 
 
