@@ -65,6 +65,26 @@ def tiny_run(image_data, tmp_path_factory):
                      epochs=10, batch_size=4, lr=0.5, seed=1, test_fraction=0.25, progress=False)
 
 
+@pytest.fixture(scope="module")
+def verified(tiny_run, tmp_path_factory):
+    """A copy of tiny_run verified by `lucid verify` (the oracle test's and the round trip's first
+    verification: the same networks and command; CI time)."""
+    run = tmp_path_factory.mktemp("verified") / "run"
+    shutil.copytree(tiny_run, run)
+    from lucid.cli import main
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # (as `one_thread`, which a module's fixture comes before)
+    try:
+        with pytest.raises(SystemExit) as exc:
+            main(["verify", str(run), "--time-limit", "60", "--workers", "1", "--quiet"])
+            raise SystemExit(0)
+    finally:
+        torch.set_num_threads(before)
+    assert not exc.value.code
+    return run
+
+
 # --- the spec ---------------------------------------------------------------------------------------
 
 
@@ -244,16 +264,14 @@ def test_other_specs_train_chunked_and_lower_exactly(tmp_path, arch, shape):
 # --- the pipeline -----------------------------------------------------------------------------------
 
 
-def test_verify_matches_the_naive_oracle_and_evaluate_releases_no_leak(tiny_run, tmp_path, capsys):
+def test_verify_matches_the_naive_oracle_and_evaluate_releases_no_leak(tiny_run, verified, tmp_path, capsys):
     from lucid.access.evaluate import evaluate_run
     from lucid.bab import verify_run
 
     oracle_run = tmp_path / "oracle"
     shutil.copytree(tiny_run, oracle_run)
     naive = verify_run(oracle_run, workers=1, ris=False, naive=True, search=False, progress=False)["bounds"]
-    code, err = run_main(["verify", str(tiny_run), "--time-limit", "60", "--workers", "1", "--quiet"], capsys)
-    assert code == 0, err
-    bounds = json.loads((tiny_run / "bounds.json").read_text())["bounds"]
+    bounds = json.loads((verified / "bounds.json").read_text())["bounds"]
     for c, b in bounds.items():
         ref = naive[c]
         assert b["complete"] and ref["complete"], (c, b, ref)
@@ -266,16 +284,16 @@ def test_verify_matches_the_naive_oracle_and_evaluate_releases_no_leak(tiny_run,
             assert b["lower"] <= ref["upper"] + 1e-12
         if b["exact"]:
             assert abs(b["upper"] - ref["upper"]) <= 1e-5, (c, b, ref)
-    _, plot = evaluate_run(tiny_run, [("0", 0.0), ("1", 1.0)], seed=0)
+    _, plot = evaluate_run(verified, [("0", 0.0), ("1", 1.0)], seed=0)
     assert plot["released_but_leaking"] == 0
-    code, err = run_main(["evaluate", str(tiny_run), "--epsilon", "0,1", "--seed", "0",
+    code, err = run_main(["evaluate", str(verified), "--epsilon", "0,1", "--seed", "0",
                           "--json", str(tmp_path / "eval.json")], capsys)
     assert code == 0, err
     result = json.loads((tmp_path / "eval.json").read_text())
     assert result["accuracy"]["plain"] > 0.8
 
 
-def test_export_and_import_round_trip_a_cnn_to_the_same_networks_and_bounds(tiny_run, tmp_path, capsys):
+def test_export_and_import_round_trip_a_cnn_to_the_same_networks_and_bounds(tiny_run, verified, tmp_path, capsys):
     """`lucid export` writes a 2-D CNN run's networks with their convolutions as dense layers;
     importing them gives the same networks (float32, bit for bit), onnxruntime computes what
     LUCID's float64 forward pass of the CNN run computes, and both runs verify to the same bounds."""
@@ -302,12 +320,11 @@ def test_export_and_import_round_trip_a_cnn_to_the_same_networks_and_bounds(tiny
         name = "N.onnx" if row == -1 else f"n{row}.onnx"
         session = onnxruntime.InferenceSession(str(tmp_path / "onnx" / name), providers=["CPUExecutionProvider"])
         assert np.abs(session.run(None, {"x": x})[0] - reference[position]).max() <= 1e-5, name
-    bounds = {}
-    for run in (cnn, tmp_path / "back"):
-        code, err = run_main(["verify", str(run), "--time-limit", "60", "--workers", "1", "--quiet"], capsys)
-        assert code == 0, err
-        bounds[run] = json.loads((run / "bounds.json").read_text())["bounds"]
-    first, second = bounds.values()
+    # the CNN run's bounds: `verified`'s, the same networks verified by the same command
+    code, err = run_main(["verify", str(tmp_path / "back"), "--time-limit", "60", "--workers", "1", "--quiet"], capsys)
+    assert code == 0, err
+    first = json.loads((verified / "bounds.json").read_text())["bounds"]
+    second = json.loads((tmp_path / "back" / "bounds.json").read_text())["bounds"]
     for c in first:
         for key in ("lower", "complete", "leaking_row"):
             assert first[c][key] == second[c][key], (c, key, first[c], second[c])

@@ -114,7 +114,7 @@ def test_local_n_starts_and_stops_its_own_cluster(local_run, tmp_path):
     ("local:0", "use local:N with N >= 1"),
 ])
 def test_bad_schedulers_are_one_line_and_leave_nothing(tmp_path, monkeypatch, scheduler, message):
-    monkeypatch.setattr(lucid.cluster, "CONNECT_TIMEOUT", 2)
+    monkeypatch.setattr(lucid.cluster, "CONNECT_TIMEOUT", 0.5)  # (nothing listens there; CI time: 2 before)
     from lucid.cli import cli as main
 
     for command in (["train", "sklearn:wine", "--out", str(tmp_path / "run")], ["verify", str(tmp_path / "vrun")]):
@@ -153,7 +153,7 @@ def test_workers_without_lucid_are_refused():
 
 @pytest.fixture(scope="module")
 def verify_reference(tmp_path_factory):
-    run = write_tiny_run(tmp_path_factory.mktemp("vref") / "run", networks=12, seed=2)
+    run = write_tiny_run(tmp_path_factory.mktemp("vref") / "run", networks=8, seed=2)  # (8, not 12: CI time)
     return verify_run(run, workers=1, ris=False, progress=False)
 
 
@@ -195,7 +195,7 @@ def test_inputs_held_for_a_run_come_back_on_a_restarted_worker_and_go_on_release
 
 def test_verification_on_worker_processes_survives_a_killed_worker(cluster, verify_reference, tmp_path):
     cl, client = cluster
-    run = write_tiny_run(tmp_path / "run", networks=12, seed=2)
+    run = write_tiny_run(tmp_path / "run", networks=8, seed=2)  # verify_reference's networks
     result: dict = {}
     thread = threading.Thread(target=lambda: result.update(
         verify_run(run, scheduler=client, ris=False, progress=False)))
@@ -219,7 +219,7 @@ def test_verification_on_worker_processes_survives_a_killed_worker(cluster, veri
 
 
 def test_a_vanished_scheduler_keeps_the_checkpoint_and_resume_finishes_locally(verify_reference, tmp_path):
-    run = write_tiny_run(tmp_path / "run", networks=12, seed=2)
+    run = write_tiny_run(tmp_path / "run", networks=8, seed=2)  # verify_reference's networks
     cl = distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None)
     client = distributed.Client(cl)
     errors = []

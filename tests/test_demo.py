@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 
 import lucid.bab
 import lucid.training
@@ -44,10 +45,14 @@ def test_demo_wires_train_verify_evaluate(tmp_path, monkeypatch, capsys):
     assert calls[1] == ("verify", "highs", 7.0, True)
 
 
-def test_demo_bad_option_is_one_line(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "lucid", "demo", "--out", str(tmp_path), "--time-limit", "-3"],
-                       capture_output=True, text=True, timeout=60)
-    assert r.returncode == 2 and "--time-limit" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+def test_demo_bad_option_is_one_line(tmp_path, capsys):
+    # in this process (the command line itself: test_demo_end_to_end_tiny; CI time)
+    from lucid.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["demo", "--out", str(tmp_path), "--time-limit", "-3"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "--time-limit" in err and len(err.strip().splitlines()) == 1
 
 
 def test_demo_end_to_end_tiny(tmp_path):

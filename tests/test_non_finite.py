@@ -7,8 +7,9 @@ every screen and bound answers a NaN network with a bound no smaller than N alon
 
 from __future__ import annotations
 
+import contextlib
+import io
 import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -29,7 +30,18 @@ from lucid.analysis.screen import Screen, screen_upper_bounds
 
 
 def lucid(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "lucid", *args], capture_output=True, text=True, timeout=300)
+    """`lucid ARGS` through the CLI's main in this process: the one-line error and its exit status
+    are main's (the command line around it runs in test_verify_cli, test_demo, ...; CI time: three
+    interpreters importing torch and lucid)."""
+    from lucid.cli import main
+
+    out, err, code = io.StringIO(), io.StringIO(), 0
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            main(list(args))
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+    return subprocess.CompletedProcess(list(args), code, out.getvalue(), err.getvalue())
 
 
 def one_line_error(done: subprocess.CompletedProcess, *words: str) -> str:

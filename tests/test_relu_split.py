@@ -93,7 +93,8 @@ def test_it_is_never_looser_than_the_optimised_symbolic_bound(cases):
         sym = singleton_upper_bounds(PairProblem(nw, nb, [w[None] for w in ws], [b[None] for b in bs],
                                                  problem.n_bounds.lower, problem.n_bounds.upper, problem.lower,
                                                  problem.upper), cls, problem.margin_upper, ScreenOptions(steps=20))
-        res = run(problem, p, cls, -math.inf, time_limit=0.5, start=sym.per_target[0])
+        # (0.3 s, not 0.5: never looser than its start whenever it stops; CI time)
+        res = run(problem, p, cls, -math.inf, time_limit=0.3, start=sym.per_target[0])
         assert ex - 1e-9 <= res.bound <= sym.bound[0]
 
 
@@ -102,7 +103,8 @@ def test_a_cutoff_is_proved_only_above_the_exact_bound(cases):
     for problem, p, cls, ex in cases:
         if not math.isfinite(ex) or p > 1:  # (CI time)
             continue
-        below = run(problem, p, cls, ex - 1e-3, time_limit=0.5)
+        # (0.2 s: the same unprovable cutoff runs 0.3 s in the checkpoint test, 0.4 s in the adapter test; CI time)
+        below = run(problem, p, cls, ex - 1e-3, time_limit=0.2)
         assert not below.proved and below.bound >= ex - 1e-9
         above = run(problem, p, cls, ex + 0.05, time_limit=0.5)
         assert above.bound >= ex - 1e-9
@@ -165,7 +167,8 @@ def test_the_checkpoint_is_asked_once_and_stopping_there_stays_sound(cases):
             calls.append((bound, xs))
             return False
 
-        res = run(problem, p, cls, ex - 1e-3, time_limit=0.5, checkpoint=(0.0, carry_on))
+        # (asked in the first round; 0.3 s is still 30-900 domains of not asking again; CI time)
+        res = run(problem, p, cls, ex - 1e-3, time_limit=0.3, checkpoint=(0.0, carry_on))
         assert res.bound >= ex - 1e-9 and not res.gave_up
         assert len(calls) <= 1 and all(b > ex - 1e-3 and 1 <= len(xs) <= rs.LEAK_STARTS and np.all(xs >= problem.lower - 1e-12)
                                        and np.all(xs <= problem.upper + 1e-12) for b, xs in calls)
@@ -254,12 +257,16 @@ def test_the_depth_first_phase_is_sound_and_finishes_near_exact(cases):
     from lucid.settings import VerifySettings
 
     gaps = []
-    for problem, p, cls, ex in cases:
-        if p > 1:  # (CI time)
-            continue
+    first = [case for case in cases if case[1] == 1]  # (CI time)
+    finite = [case for case in first if math.isfinite(case[3])]
+    # runs to the end: four of the 11 with a finite beta*, those that finish in about a second
+    # (4x4 and 3x3x3 with two classes, 4x4 and 3x3 with three; CI time: the first class of seed 0
+    # and of the 3x3x3 network with three inputs took 3-26 s and 20-45 s, varying run to run)
+    finishing = [finite[i] for i in (2, 5, 6, 9)]
+    for case in first:
+        problem, p, cls, ex = case
         lp = DomainLp(problem, cls, p, VerifySettings().encoding_options())
-        # runs to the end: the first class of each network only (CI time)
-        finishes = cls == 0 and problem.stack.weights[0].shape[1] <= 4
+        finishes = any(case is other for other in finishing)
         for limit in (0.2, 60.0) if finishes else (0.2,):
             res = run(problem, p, cls, -math.inf, time_limit=limit, options=SplitOptions(max_domains=2),
                       domain_bound=lp.bound)
@@ -267,7 +274,7 @@ def test_the_depth_first_phase_is_sound_and_finishes_near_exact(cases):
         if math.isfinite(ex) and finishes:
             gaps.append(res.bound - ex)
         if math.isfinite(ex):
-            cut = run(problem, p, cls, ex - 1e-3, time_limit=0.5, options=SplitOptions(max_domains=2),
+            cut = run(problem, p, cls, ex - 1e-3, time_limit=0.3, options=SplitOptions(max_domains=2),
                       domain_bound=lp.bound)
             assert not cut.proved and cut.bound >= ex - 1e-9
     assert len(gaps) >= 4 and np.median(gaps) < 0.05, gaps
