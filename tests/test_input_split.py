@@ -91,3 +91,17 @@ def test_auto_cuts_the_box_of_wide_networks_with_few_inputs_only():
 def test_an_unknown_split_space_is_one_line():
     with pytest.raises(LucidError, match="unknown split space 'boxes'; valid: auto, relu, input"):
         VerifySettings(split_space="boxes")
+
+
+def test_without_search_an_unproved_network_gets_no_leak_search(monkeypatch):
+    """--no-search switches off every witness search, the tier's climbs from its open boxes too."""
+    import lucid.bounds.input_split as input_split
+
+    problem, pos, cls, exact = CASES[0]
+    calls = []
+    monkeypatch.setattr(input_split, "leaks_from", lambda *a: calls.append(a) or [])
+    res = input_split_singleton(problem, cls, pos, exact - 0.02 * (1 + abs(exact)), SplitLimits(60.0), max_boxes=12,
+                                search=False)
+    assert not res.proved and res.witness is None and not calls
+    input_split_singleton(problem, cls, pos, exact - 0.02 * (1 + abs(exact)), SplitLimits(60.0), max_boxes=12)
+    assert calls  # the same split with the search on climbs

@@ -208,6 +208,18 @@ def test_the_adapter_gives_up_only_off_track_or_at_a_leak(cases):
     assert gave_up >= 3, gave_up
 
 
+def test_without_search_the_adapter_climbs_to_no_leak(cases, monkeypatch):
+    """--no-search switches off every witness search: the tier's climbs (at its give-up check and
+    for an unproved network) too; the same split with the search on climbs."""
+    problem, p, cls, ex = next(c for c in cases if math.isfinite(c[3]) and c[1] <= 2)
+    calls = []
+    monkeypatch.setattr(rs, "leaks_from", lambda *a: calls.append(a) or [])
+    res = split_singleton(problem, cls, p, ex - 1e-3, SplitLimits(0.3), SplitOptions(search=False))
+    assert not res.proved and res.witness is None and not calls
+    split_singleton(problem, cls, p, ex - 1e-3, SplitLimits(0.3))
+    assert calls
+
+
 def test_a_search_all_but_done_at_its_deadline_goes_on_once(cases):
     """The extension: a search whose time runs out within the extension's excess of the cutoff goes
     on for the extension's seconds (once), and proves what it could not in its own time; one

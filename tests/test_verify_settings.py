@@ -11,6 +11,8 @@ from click.testing import CliRunner
 
 import lucid.bab.engine
 import lucid.bounds.stack_screen
+import lucid.bounds.input_split
+import lucid.bounds.relu_split
 import lucid.bounds.symbolic
 import lucid.witness.search
 import lucid.witness.replay
@@ -39,7 +41,7 @@ class Recorder:
         self.engines: list = []
         self.screens = 0
         self.symbolic: list[dict] = []  # symbolic_screen(s) calls: steps and device
-        self.searches = {"class": 0, "node": 0, "climb": 0}
+        self.searches = {"class": 0, "node": 0, "climb": 0, "split": 0}
         self.problems: list = []
         self.displays: list[bool] = []
         original_analyse = lucid.analysis.analyse.analyse_node
@@ -111,6 +113,9 @@ class Recorder:
         monkeypatch.setattr(lucid.witness.search, "search_class_witness",
                             counted("class", lucid.witness.search.search_class_witness))
         monkeypatch.setattr(lucid.witness.replay, "climb", counted("climb", lucid.witness.replay.climb))
+        # the splitting tier's own climbs from where an unproved network's open domains peak
+        for module in (lucid.bounds.relu_split, lucid.bounds.input_split):
+            monkeypatch.setattr(module, "leaks_from", counted("split", module.leaks_from))
         monkeypatch.setattr(lucid.analysis.problem.VerificationProblem, "from_run", classmethod(from_run))
         monkeypatch.setattr(lucid.bab.engine, "Engine", Engine)
         monkeypatch.setattr("lucid.bab.display.LiveDisplay", Display)

@@ -307,13 +307,14 @@ def _split_singleton(node: _Node, limits: SplitLimits, stats: dict) -> SplitResu
     if space == "input":
         from lucid.bounds.input_split import input_split_singleton  # imports torch: only when the tier runs
 
-        res = input_split_singleton(problem, cls, position, cutoff, limits, device=settings.device)
+        res = input_split_singleton(problem, cls, position, cutoff, limits, device=settings.device,
+                                    search=settings.search)
     else:
         from lucid.bounds.relu_split import split_singleton
 
         lp = DomainLp(problem, cls, position, node.encoding)
-        res = split_singleton(problem, cls, position, cutoff, limits, SplitOptions(device=settings.device),
-                              domain_bound=lp.bound)
+        res = split_singleton(problem, cls, position, cutoff, limits,
+                              SplitOptions(device=settings.device, search=settings.search), domain_bound=lp.bound)
         lps = lp.solved
     stats["split"] = {"space": space, "upper": encode_float(res.bound), "proved": res.proved, "gave_up": res.gave_up,
                       "domains": res.domains, "seconds": res.seconds, "wall_seconds": time.perf_counter() - t0,

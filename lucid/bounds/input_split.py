@@ -51,13 +51,14 @@ def box_bound(problem, cls: int, position: int, lower: np.ndarray, upper: np.nda
 
 
 def input_split_singleton(problem, cls: int, position: int, cutoff: float, limits: SplitLimits, *,
-                          device: str = "cpu", max_boxes: int | None = None) -> SplitResult:
+                          device: str = "cpu", max_boxes: int | None = None, search: bool = True) -> SplitResult:
     """Sound upper bound on beta*_{cls,{i}} of the network at `position` of problem.stack (a
     `VerificationProblem`) by cutting the domain into boxes until every box is below `cutoff` or
     limits.time_limit seconds have passed (or limits.stop is set, or `max_boxes` boxes are
     bounded: a budget that does not depend on the machine's speed), or, with limits.give_up, at the
     checkpoint when it is not on track (GIVE_UP_LEFT; `gave_up` in the result). An unproved network
-    gets a leak search from the centres of its highest open boxes (the result's witness)."""
+    gets a leak search from the centres of its highest open boxes (the result's witness; not with
+    `search` off, as with --no-search)."""
     time_limit = limits.time_limit
     t0 = time.perf_counter()
     lower, upper = np.asarray(problem.lower, dtype=np.float64), np.asarray(problem.upper, dtype=np.float64)
@@ -119,7 +120,8 @@ def input_split_singleton(problem, cls: int, position: int, cutoff: float, limit
     if not proved and heap:
         highest = heapq.nsmallest(LEAK_STARTS, heap)
         starts = np.array([0.5 * (lo + hi) for _, _, lo, hi, _ in highest])
-        witness = max(leaks_from(problem, cls, position, starts), key=lambda leak: leak.confidence, default=None)
+        if search:
+            witness = max(leaks_from(problem, cls, position, starts), key=lambda leak: leak.confidence, default=None)
     trace.append((time.perf_counter() - t0, bound))
     return SplitResult(bound=bound, proved=proved, domains=boxes, seconds=time.perf_counter() - t0,
                        per_target={t: float(v) for t, v in enumerate(per_target) if t != cls and v > -math.inf},

@@ -326,7 +326,8 @@ def split_singleton(problem, cls: int, position: int, cutoff: float, limits: Spl
     leaks: list = []
 
     def leak_from(xs: np.ndarray) -> None:
-        leaks.extend(leaks_from(problem, cls, position, xs))
+        if options.search:
+            leaks.extend(leaks_from(problem, cls, position, xs))
 
     def hopeless(bound: float, xs: np.ndarray) -> bool:
         if bound > cutoff + GIVE_UP_EXCESS * abs(cutoff):

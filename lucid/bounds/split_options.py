@@ -30,7 +30,8 @@ class SplitOptions:
     max_domains: open domains beyond which the search goes depth first; steps, lr, lam_lr,
     alpha_lr: Adam steps per bound of a batch and the step sizes of the split multipliers beta,
     of lambda (both relative to the bound's scale) and of the slopes and the mix
-    (`lucid.bounds.split_lagrangian`); device: where the tensors live."""
+    (`lucid.bounds.split_lagrangian`); device: where the tensors live; search: whether an
+    unproved network gets a leak search from where its open domains peak (off with --no-search)."""
 
     batch: int = 1024
     deep_batch: int = 8192
@@ -40,6 +41,7 @@ class SplitOptions:
     alpha_lr: float = 0.1
     max_domains: int = 300_000
     device: str = "cpu"
+    search: bool = True
 
 
 @dataclass(frozen=True)
