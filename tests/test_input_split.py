@@ -15,7 +15,7 @@ from bruteforce import exact_for, tiny_stack
 from lucid.analysis.analyse import NodeRequest, analyse_node
 from lucid.analysis.problem import VerificationProblem
 from lucid.bounds.input_split import input_split_singleton
-from lucid.bounds.split_options import SplitLimits
+from lucid.bounds.split_options import SplitLimits, SplitOptions
 from lucid.errors import LucidError
 from lucid.settings import VerifySettings
 
@@ -100,8 +100,8 @@ def test_without_search_an_unproved_network_gets_no_leak_search(monkeypatch):
     problem, pos, cls, exact = CASES[0]
     calls = []
     monkeypatch.setattr(input_split, "leaks_from", lambda *a: calls.append(a) or [])
-    res = input_split_singleton(problem, cls, pos, exact - 0.02 * (1 + abs(exact)), SplitLimits(60.0), max_boxes=12,
-                                search=False)
+    res = input_split_singleton(problem, cls, pos, exact - 0.02 * (1 + abs(exact)), SplitLimits(60.0),
+                                SplitOptions(search=False), max_boxes=12)
     assert not res.proved and res.witness is None and not calls
     input_split_singleton(problem, cls, pos, exact - 0.02 * (1 + abs(exact)), SplitLimits(60.0), max_boxes=12)
     assert calls  # the same split with the search on climbs

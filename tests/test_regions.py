@@ -27,6 +27,7 @@ from lucid.bab import verify_run  # noqa: E402
 from lucid.errors import LucidError  # noqa: E402
 from lucid.regions import MAX_DEPTH, RegionTree  # noqa: E402
 from lucid.regions.one_box import BoxVerifier  # noqa: E402
+from lucid.regions.reader import read_regions  # noqa: E402
 from lucid.rundir import open_run  # noqa: E402
 
 
@@ -164,7 +165,7 @@ def test_a_cut_short_box_is_continued_for_the_noised_points_of_the_leaves_verifi
 def test_json_round_trip_and_one_line_refusals():
     tree = random_tree(1)
     doc = json.loads(json.dumps(tree.to_json()))
-    back = RegionTree.from_json(doc, np.zeros(3), np.ones(3), 2, "bounds.json")
+    back = read_regions(doc, np.zeros(3), np.ones(3), 2, "bounds.json")
     assert back.digest() == tree.digest()
     assert all(np.array_equal(a, b) for a, b in zip(back.bound_upper, tree.bound_upper))
     X = np.random.default_rng(0).random((500, 3))
@@ -174,7 +175,7 @@ def test_json_round_trip_and_one_line_refusals():
         bad = json.loads(json.dumps(doc))
         mutate(bad)
         with pytest.raises(LucidError) as err:
-            RegionTree.from_json(bad, *domain, 2, "bounds.json")
+            read_regions(bad, *domain, 2, "bounds.json")
         assert "\n" not in str(err.value)
         return str(err.value)
 
@@ -188,7 +189,7 @@ def test_json_round_trip_and_one_line_refusals():
     raised = json.loads(json.dumps(doc))
     child = split_node["split"]["left"]
     raised["nodes"][child]["bounds"]["0"]["upper"] = 50.0
-    capped = RegionTree.from_json(raised, np.zeros(3), np.ones(3), 2, "bounds.json")
+    capped = read_regions(raised, np.zeros(3), np.ones(3), 2, "bounds.json")
     assert capped.bound_upper[child][0] <= capped.bound_upper[split_node["id"]][0]
 
 
@@ -209,7 +210,7 @@ def region_run(tmp_path_factory):
 def test_every_box_bound_is_above_the_exact_leaking_confidence_in_that_box(region_run):
     run = open_run(region_run)
     doc = json.loads((region_run / "bounds.json").read_text())
-    tree = RegionTree.from_json(doc["regions"], *run.domain, run.num_classes, "bounds.json")
+    tree = read_regions(doc["regions"], *run.domain, run.num_classes, "bounds.json")
     # every leaf is verified but the rest of a carved box (verified over its parent's box, it keeps
     # the parent's bound, checked below like every other)
     assert len(tree.leaves()) > 1 and all(tree.verified[i] for i in tree.leaves() if not tree.inherits_box(i))
@@ -221,7 +222,7 @@ def assert_every_box_bound_holds(path: Path) -> None:
     and its lower bound at most that; the top-level bound at least the domain's exact bound."""
     run = open_run(path)
     doc = json.loads((path / "bounds.json").read_text())
-    tree = RegionTree.from_json(doc["regions"], *run.domain, run.num_classes, "bounds.json")
+    tree = read_regions(doc["regions"], *run.domain, run.num_classes, "bounds.json")
     stack = VerificationProblem.from_run(run, bounds="interval").stack
     checked = 0
     for node in range(len(tree)):

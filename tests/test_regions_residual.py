@@ -20,6 +20,7 @@ from lucid.bab import verify_run
 from lucid.errors import LucidError
 from lucid.network import load_networks
 from lucid.regions import RegionTree
+from lucid.regions.reader import read_regions
 from lucid.residual import ClassResidual, split_off
 
 M = 2
@@ -38,7 +39,7 @@ def _doc(run: Path) -> dict:
 
 
 def _tree(run: Path) -> RegionTree:
-    return RegionTree.from_json(_doc(run)["regions"], np.zeros(2), np.ones(2), 3, "bounds.json")
+    return read_regions(_doc(run)["regions"], np.zeros(2), np.ones(2), 3, "bounds.json")
 
 
 def _net(stack, j):
@@ -194,7 +195,7 @@ def test_a_box_keeps_the_lower_of_its_inherited_and_its_own_level_capped_by_the_
     assert tree.residual[right][0].positions.tolist() == [2]
     tree.record_residual(right, 1, ClassResidual(0.9, np.array([1]), np.array([0.95])))
     assert tree.residual[right][1].level == 0.5  # capped by the parent's bound over every network
-    again = RegionTree.from_json(tree.to_json(), np.zeros(2), np.ones(2), 2, "here")
+    again = read_regions(tree.to_json(), np.zeros(2), np.ones(2), 2, "here")
     assert again.sets_digest() == tree.sets_digest()
     assert np.array_equal(again.release_bounds(), tree.release_bounds())
 

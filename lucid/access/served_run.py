@@ -18,6 +18,7 @@ from lucid.atomic import read_json
 from lucid.errors import LucidError
 from lucid.network import NetworkFile, stack_from_tensors
 from lucid.regions import RegionTree
+from lucid.regions.reader import read_regions
 from lucid.residual import ResidualSets, read_residual
 from lucid.rundir import BOUNDS_FILE, BOUNDS_FORMAT, Run
 
@@ -38,7 +39,7 @@ def load_bounds(run: Run) -> tuple[np.ndarray, RegionTree | None, ResidualSets |
     upper = _class_bounds(doc, run, path)
     regions = residual = None
     if doc.get("regions") is not None:
-        regions = RegionTree.from_json(doc["regions"], *run.domain, run.num_classes, str(path))
+        regions = read_regions(doc["regions"], *run.domain, run.num_classes, str(path))
     if doc.get("residual") is not None:
         residual = read_residual(run.path, doc["residual"], run.num_classes, run.meta, str(path))
         boxes = [] if regions is None else regions.residual_sets()

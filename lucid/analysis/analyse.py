@@ -304,17 +304,16 @@ def _split_singleton(node: _Node, limits: SplitLimits, stats: dict) -> SplitResu
     settings = node.settings
     space = split_space_for(settings.split_space, problem.stack.input_dim, sum(problem.stack.layer_sizes[1:-1]))
     lps = None
+    options = SplitOptions(device=settings.device, search=settings.search)
     if space == "input":
         from lucid.bounds.input_split import input_split_singleton  # imports torch: only when the tier runs
 
-        res = input_split_singleton(problem, cls, position, cutoff, limits, device=settings.device,
-                                    search=settings.search)
+        res = input_split_singleton(problem, cls, position, cutoff, limits, options)
     else:
         from lucid.bounds.relu_split import split_singleton
 
         lp = DomainLp(problem, cls, position, node.encoding)
-        res = split_singleton(problem, cls, position, cutoff, limits,
-                              SplitOptions(device=settings.device, search=settings.search), domain_bound=lp.bound)
+        res = split_singleton(problem, cls, position, cutoff, limits, options, domain_bound=lp.bound)
         lps = lp.solved
     stats["split"] = {"space": space, "upper": encode_float(res.bound), "proved": res.proved, "gave_up": res.gave_up,
                       "domains": res.domains, "seconds": res.seconds, "wall_seconds": time.perf_counter() - t0,

@@ -25,7 +25,7 @@ import numpy as np
 from lucid.bounds.interval import interval_bounds, interval_margin_upper
 from lucid.bounds.pair import PairProblem
 from lucid.bounds.relu_split import CHECK_SHARE, LEAK_STARTS, TRACE_EVERY, SplitResult, leaks_from
-from lucid.bounds.split_options import SplitLimits, is_set
+from lucid.bounds.split_options import SplitLimits, SplitOptions, is_set
 from lucid.bounds.symbolic import ScreenOptions, singleton_upper_bounds
 
 # After CHECK_SHARE of its time the tier gives up (leaving the rest to the MILP) unless it has closed
@@ -50,15 +50,15 @@ def box_bound(problem, cls: int, position: int, lower: np.ndarray, upper: np.nda
     return singleton_upper_bounds(pair, cls, margin, ScreenOptions(device=device), cutoff=cutoff).per_target[0]
 
 
-def input_split_singleton(problem, cls: int, position: int, cutoff: float, limits: SplitLimits, *,
-                          device: str = "cpu", max_boxes: int | None = None, search: bool = True) -> SplitResult:
+def input_split_singleton(problem, cls: int, position: int, cutoff: float, limits: SplitLimits,
+                          options: SplitOptions = SplitOptions(), *, max_boxes: int | None = None) -> SplitResult:
     """Sound upper bound on beta*_{cls,{i}} of the network at `position` of problem.stack (a
     `VerificationProblem`) by cutting the domain into boxes until every box is below `cutoff` or
     limits.time_limit seconds have passed (or limits.stop is set, or `max_boxes` boxes are
     bounded: a budget that does not depend on the machine's speed), or, with limits.give_up, at the
     checkpoint when it is not on track (GIVE_UP_LEFT; `gave_up` in the result). An unproved network
     gets a leak search from the centres of its highest open boxes (the result's witness; not with
-    `search` off, as with --no-search)."""
+    options.search off, as with --no-search). Of `options` only `device` and `search` apply here."""
     time_limit = limits.time_limit
     t0 = time.perf_counter()
     lower, upper = np.asarray(problem.lower, dtype=np.float64), np.asarray(problem.upper, dtype=np.float64)
@@ -73,7 +73,7 @@ def input_split_singleton(problem, cls: int, position: int, cutoff: float, limit
 
     def add(lo: np.ndarray, hi: np.ndarray) -> None:
         nonlocal tick, boxes, closed, per_target
-        per = box_bound(problem, cls, position, lo, hi, cutoff, device)
+        per = box_bound(problem, cls, position, lo, hi, cutoff, options.device)
         boxes += 1
         b = float(per.max())
         if b <= cutoff:
@@ -120,7 +120,7 @@ def input_split_singleton(problem, cls: int, position: int, cutoff: float, limit
     if not proved and heap:
         highest = heapq.nsmallest(LEAK_STARTS, heap)
         starts = np.array([0.5 * (lo + hi) for _, _, lo, hi, _ in highest])
-        if search:
+        if options.search:
             witness = max(leaks_from(problem, cls, position, starts), key=lambda leak: leak.confidence, default=None)
     trace.append((time.perf_counter() - t0, bound))
     return SplitResult(bound=bound, proved=proved, domains=boxes, seconds=time.perf_counter() - t0,

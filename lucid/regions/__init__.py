@@ -24,10 +24,11 @@ boxes only decides which sound bound is compared with.
 `locate` walks the tree a fixed number of steps (the tree's depth) for every input
 (lucid/regions/lookup.py).
 
-The package: the partition (`tree`), its access-time walk (`lookup`); for `lucid verify --regions K`
-the strategy (`verify`) and its choices of where to refine (`choice`); `lucid log`'s view of the
-boxes (`report`). Only `tree` and `lookup` sit beside the run directory, where the access layer
-reads them; the rest sit with the engine (tests/test_layering.py).
+The package: the partition (`tree`), the reader of its bounds.json section (`reader`), its
+access-time walk (`lookup`); for `lucid verify --regions K` the strategy (`verify`), one box's
+work (`one_box`) and the choices of where to refine (`choice`); `lucid log`'s view of the boxes
+(`report`). Only `tree`, `reader` and `lookup` sit beside the run directory, where the access
+layer reads them; the rest sit with the engine (tests/test_layering.py).
 """
 
 from lucid.regions.tree import CARVE, MAX_DEPTH, REGIONS_FORMAT, RegionTree

@@ -14,6 +14,7 @@ from lucid.atomic import read_json
 from lucid.bab.report import save_figure
 from lucid.errors import LucidError
 from lucid.regions import RegionTree
+from lucid.regions.reader import read_regions
 from lucid.rundir import BOUNDS_FILE, Run, open_run, read_scaler
 
 REGION_EVENTS = ("region", "region_split")
@@ -70,7 +71,7 @@ def load_regions(run_dir: str | Path, events: list[dict]) -> RegionView | None:
     lower, upper = run.domain
     finished = any(e.get("event") == "finished" for e in events)
     if section is not None and (finished or not logged):
-        tree = RegionTree.from_json(section, lower, upper, run.num_classes, str(run_dir / BOUNDS_FILE))
+        tree = read_regions(section, lower, upper, run.num_classes, str(run_dir / BOUNDS_FILE))
         source = BOUNDS_FILE
     else:
         tree = region_tree_from_events(events, lower, upper, run.num_classes)

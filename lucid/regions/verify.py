@@ -41,6 +41,7 @@ from lucid.network import confidence
 from lucid.regions.choice import (box_owner, box_targets, box_time, box_to_continue, cheap_to_deepen, choose_leaf,
                                   choose_split, noised_mask, screen_first, share)
 from lucid.regions.one_box import EXACT_TOLERANCE, BoxVerifier
+from lucid.regions.reader import read_regions
 from lucid.regions.tree import RegionTree
 from lucid.residual import write_residual
 from lucid.rundir import Run, bound_entry_value, read_scaler
@@ -72,7 +73,7 @@ class RegionRefinement:
         saved = run.saved()
         if saved is not None:
             try:
-                self.tree = RegionTree.from_json(saved["regions"], lower, upper, run.run.num_classes,
+                self.tree = read_regions(saved["regions"], lower, upper, run.run.num_classes,
                                                  str(run.checkpoint_path))
                 self.leaks = {int(k): {int(c): w for c, w in v.items()} for k, v in saved["leaks"].items()}
                 self.screened = {int(i) for i in saved.get("screened", [])}
