@@ -19,6 +19,9 @@ branch-and-bound deepens a screened box only when no split is left to make (K le
 worth splitting), the boxes with the most noised public points first: a cheap bound on many boxes
 releases more than a tight bound on few.
 
+With `--residual M` every box keeps its own residual sets and levels (lucid/regions/one_box.py),
+and a public point counts as noised when its confidence is not above its leaf's level.
+
 Anytime: a box that is not verified yet (or was cut short) keeps its parent's bound. The tree,
 its bounds and the best leaks are checkpointed after every box, so `--resume` continues from the
 last finished box; the log gets one `region` event per box.
