@@ -250,3 +250,22 @@ def test_one_row_and_a_batch_take_the_same_decision(verified):
     cls, batch = clf.decide(xs)
     single = np.array([clf.decide(xs[i : i + 1])[1][0] for i in range(len(xs))])
     assert (single == batch).all() and 0 < batch.sum() < len(xs) and len(set(cls.tolist())) > 1
+
+
+def test_a_level_set_by_a_leak_outside_the_set_falls_once_that_network_is_inside(tmp_path):
+    """The first branch-and-bound ends with the level on a replayed leak of a network outside the
+    set; the next round moves that network in and the level falls, and the stored (set, level)
+    still bounds every network outside the set exactly."""
+    run = write_tiny_run(tmp_path / "run", networks=10, classes=2, seed=5)
+    verify_run(run, residual=1, time_limit=30, **FAST)
+    rounds = [e for e in map(json.loads, (run / "verify.log.jsonl").read_text().splitlines())
+              if e["event"] == "residual_round" and e["kept"]]
+    assert rounds and all(e["level"] < e["before"] for e in rounds)
+    stack = load_networks(run)
+    for key, entry in _section(run)["classes"].items():
+        members = set(entry["positions"])
+        outside = [b for j, b in enumerate(_exact_betas(stack, int(key)), start=1) if j not in members and b is not None]
+        if outside:
+            assert entry["level"] is not None and Fraction(entry["level"]) >= max(outside)
+    moved = rounds[0]
+    assert _section(run)["classes"][str(moved["class"])]["positions"] == moved["positions"]

@@ -2,7 +2,9 @@
 
 With `--residual M` the engine sets each class's M hardest networks aside (their parameters go to
 a residual file that the access layer checks at query time, lucid/residual.py) and bounds the rest:
-its anytime upper is then the class's level. A resume continues from the checkpoint's queue.
+its anytime upper is then the class's level. A class whose level ends on a leak of a network
+outside its set is then verified again with that network inside (`_leakers_moved_in`). A resume
+continues from the checkpoint's queue.
 """
 
 from __future__ import annotations
@@ -21,15 +23,16 @@ import lucid.bab.display as live_display
 import lucid.bab.engine as bab_engine
 import lucid.bab.workers as executors
 import lucid.witness.search as witness_search
-from lucid.bab.events import LOG_FILE, read_events
+from lucid.bab.events import LOG_FILE, EventLog, read_events
 from lucid.bab.lifecycle import VerificationRun, Verified
 from lucid.bab.hooks import EngineHooks
 from lucid.bab.partition import FlatParameters
 from lucid.bab.state import ClassState
+from lucid.deadline import Deadline
 from lucid.errors import LucidError
 from lucid.analysis.problem import VerificationProblem
 from lucid.analysis.screen import Screen
-from lucid.residual import ClassResidual, write_residual
+from lucid.residual import ClassResidual, swap_in_leaker, write_residual
 from lucid.rundir import bound_entry_value
 from lucid.settings import VerifySettings
 
@@ -71,11 +74,15 @@ class BranchAndBound:
                                                params=FlatParameters(problem.stack), hooks=hooks, log=log,
                                                states=states, deadline=run.deadline)
                     engine.run()
+                    chosen = dict(engine.states)
+                    if settings.residual:
+                        again = replace(hooks, on_checkpoint=None)
+                        chosen = _leakers_moved_in(chosen, problem, settings, executor, again, run.deadline, log)
         finally:
             executor.close()
-        residual = _residual_sets(engine)
+        residual = _residual_sets(chosen)
         section = write_residual(run.path, residual, settings.residual) if settings.residual else None
-        return Verified(_bounds_entries(engine, residual), residual=section)
+        return Verified(_bounds_entries(chosen, engine.elapsed(), residual), residual=section)
 
     @staticmethod
     def _resumed_states(run: VerificationRun) -> dict[int, ClassState] | None:
@@ -124,18 +131,69 @@ def _make_executor(problem: VerificationProblem, settings: VerifySettings) -> ex
     return executors.local_executor(problem, settings)
 
 
-def _residual_sets(engine: bab_engine.Engine) -> dict[int, ClassResidual]:
+RESIDUAL_ROUNDS = 8  # verifications again, each with the network whose leak sets a class's level moved into its set
+PINNED = 1e-4  # a level within this (relative) of a leak is set by that leak (the engine stops within its float margins)
+
+
+def _leakers_moved_in(states: dict[int, ClassState], problem: VerificationProblem, settings: VerifySettings,
+                      executor: executors.Executor, hooks: EngineHooks, deadline: Deadline,
+                      log: EventLog) -> dict[int, ClassState]:
+    """With --residual M, every leak the searches find is of a network outside the set, so a class
+    whose level ends on such a leak cannot fall below it while that network stays outside (the
+    screen ranks loose networks that never leak above real leakers). Up to RESIDUAL_ROUNDS times,
+    while the deadline allows, each such class is verified again from its screen with the leaking
+    network swapped in for the member the screen ranks lowest (`lucid.residual.swap_in_leaker`),
+    and keeps whichever level is lower: each bounds every network outside its own set, so either
+    is sound. These rounds write no checkpoint and no anytime events (a resume reconciles the log's
+    anytime bounds with the checkpoint's sets: it continues from the first round's states, whose
+    sets they belong to); each logs a `residual_round` event."""
+    tried: set[int] = set()
+    moved: dict[int, list[int]] = {c: [] for c in states}  # per class, the leakers moved in so far
+    for _ in range(RESIDUAL_ROUNDS):
+        redo = {}
+        for c, cs in states.items():
+            if c in tried or cs.residual is None or not cs.complete or cs.lower is None or cs.lower_row is None \
+                    or cs.upper > cs.lower + PINNED * max(1.0, abs(cs.lower)):
+                continue
+            leaker = int(problem.stack.positions_of([cs.lower_row])[0])
+            outside = np.setdiff1d(np.arange(1, len(problem.stack)), cs.residual)
+            if leaker not in outside or len(moved[c]) >= len(cs.residual):
+                continue
+            members = swap_in_leaker(cs.residual, cs.screen, outside, leaker, np.array(moved[c], dtype=np.int64))[0]
+            redo[c] = ClassState(cls=c, residual=members, screen=cs.screen.copy(),
+                                 refined=None if cs.refined is None else cs.refined.copy())
+            redo[c].moved = leaker  # (kept with the state only here)
+        if not redo or deadline.past():
+            return states
+        engine = bab_engine.Engine(executor, sorted(redo), len(problem.stack), settings,
+                                   params=FlatParameters(problem.stack), hooks=hooks, states=redo, deadline=deadline)
+        engine.run()
+        for c, cs in engine.states.items():
+            kept = cs.upper < states[c].upper
+            log.emit("residual_round", c, level=bound_entry_value(cs.upper, upper=True), kept=kept,
+                     before=bound_entry_value(states[c].upper, upper=True), positions=cs.residual.tolist(),
+                     bounds=[float(b) for b in np.sort(cs.screen[cs.residual])[::-1]])
+            if kept:
+                states[c] = cs
+                moved[c].append(cs.moved)
+            else:
+                tried.add(c)
+    return states
+
+
+def _residual_sets(states: dict[int, ClassState]) -> dict[int, ClassResidual]:
     """Each class's residual set with its members' screened bounds; the engine's upper is its level."""
     out = {}
-    for c, cs in engine.states.items():
+    for c, cs in states.items():
         if cs.residual is not None:
             out[c] = ClassResidual(cs.upper, cs.residual, cs.screen[cs.residual].astype(np.float64))
     return out
 
 
-def _bounds_entries(engine: bab_engine.Engine, residual: dict[int, ClassResidual]) -> dict[str, dict]:
+def _bounds_entries(states: dict[int, ClassState], elapsed: float,
+                    residual: dict[int, ClassResidual]) -> dict[str, dict]:
     out = {}
-    for c, cs in sorted(engine.states.items()):
+    for c, cs in sorted(states.items()):
         out[str(c)] = {
             # over every network: the level, or with a residual set the larger of it and its members' bounds
             "upper": bound_entry_value(residual[c].highest if c in residual else cs.upper, upper=True),
@@ -143,7 +201,7 @@ def _bounds_entries(engine: bab_engine.Engine, residual: dict[int, ClassResidual
             "complete": bool(cs.complete),
             # finished without using --gap / --rel-gap (upper = the largest proved node bound)
             "exact": bool(cs.complete and not cs.within_gap),
-            "seconds": round(cs.seconds if cs.done else engine.elapsed(), 3),
+            "seconds": round(cs.seconds if cs.done else elapsed, 3),
             "nodes": cs.solved,
             "reason": cs.reason,
             "leaking_row": cs.lower_row,

@@ -32,7 +32,8 @@ def _render(events: list[dict], max_rows: int, regions: RegionView | None = None
 
     curves = anytime_curves(events)
     summary = node_summary(events)
-    residual = {e["class"]: e for e in events if e.get("event") == "residual"}
+    residual = {e["class"]: e for e in events if e.get("event") == "residual" or (
+        e.get("event") == "residual_round" and e.get("kept"))}  # the last set chosen
     parts = []
     for c in sorted(set(curves) | set(summary)):
         pts = curves.get(c, [])
@@ -67,8 +68,11 @@ def _residual_caption(event: dict | None) -> str | None:
         return None
     ranked = event.get("bounds") or []
     shown = ", ".join(_fmt(b) for b in ranked[:8]) + (f", … {_fmt(ranked[-1])}" if len(ranked) > 8 else "")
-    return (f"upper is the level L_c over the networks outside the residual set; the set's {event.get('networks')} "
-            f"networks (checked at query time), screened bounds highest first: {shown or '-'}")
+    again = (f" A later round moved leaking networks into the set: its level is {_fmt(event.get('level'))} "
+             "(the curve shows the first round)." if event.get("event") == "residual_round" else "")
+    return (f"upper is the level L_c over the networks outside the residual set; the set's "
+            f"{len(event.get('positions') or [])} networks (checked at query time), screened bounds highest first: "
+            f"{shown or '-'}.{again}")
 
 
 def _slowest_table(events: list[dict], count: int):
