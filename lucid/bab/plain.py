@@ -75,7 +75,7 @@ class BranchAndBound:
                                                states=states, deadline=run.deadline)
                     engine.run()
                     chosen = dict(engine.states)
-                    if settings.residual:
+                    if settings.residual and settings.scheduler is None:
                         again = replace(hooks, on_checkpoint=None)
                         chosen = _leakers_moved_in(chosen, problem, settings, executor, again, run.deadline, log)
         finally:
@@ -133,6 +133,7 @@ def _make_executor(problem: VerificationProblem, settings: VerifySettings) -> ex
 
 RESIDUAL_ROUNDS = 8  # verifications again, each with the network whose leak sets a class's level moved into its set
 PINNED = 1e-4  # a level within this (relative) of a leak is set by that leak (the engine stops within its float margins)
+ROUND_GRACE = 2.0  # seconds the last round's analyses still running get before their workers are replaced
 
 
 def _leakers_moved_in(states: dict[int, ClassState], problem: VerificationProblem, settings: VerifySettings,
@@ -146,7 +147,10 @@ def _leakers_moved_in(states: dict[int, ClassState], problem: VerificationProble
     and keeps whichever level is lower: each bounds every network outside its own set, so either
     is sound. These rounds write no checkpoint and no anytime events (a resume reconciles the log's
     anytime bounds with the checkpoint's sets: it continues from the first round's states, whose
-    sets they belong to); each logs a `residual_round` event."""
+    sets they belong to); each logs a `residual_round` event. The executor is rebound before each
+    round: the last round's analyses still in flight would report under the node keys the new
+    engine reuses, and their results must be dropped, never taken for the new nodes' (local
+    executors only: not with a Dask scheduler)."""
     tried: set[int] = set()
     moved: dict[int, list[int]] = {c: [] for c in states}  # per class, the leakers moved in so far
     for _ in range(RESIDUAL_ROUNDS):
@@ -165,6 +169,7 @@ def _leakers_moved_in(states: dict[int, ClassState], problem: VerificationProble
             redo[c].moved = leaker  # (kept with the state only here)
         if not redo or deadline.past():
             return states
+        executor.rebind(problem, grace=ROUND_GRACE)
         engine = bab_engine.Engine(executor, sorted(redo), len(problem.stack), settings,
                                    params=FlatParameters(problem.stack), hooks=hooks, states=redo, deadline=deadline)
         engine.run()
