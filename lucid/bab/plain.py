@@ -154,7 +154,7 @@ def _leakers_moved_in(states: dict[int, ClassState], problem: VerificationProble
     tried: set[int] = set()
     moved: dict[int, list[int]] = {c: [] for c in states}  # per class, the leakers moved in so far
     for _ in range(RESIDUAL_ROUNDS):
-        redo = {}
+        redo, leakers = {}, {}
         for c, cs in states.items():
             if c in tried or cs.residual is None or not cs.complete or cs.lower is None or cs.lower_row is None \
                     or cs.upper > cs.lower + PINNED * max(1.0, abs(cs.lower)):
@@ -166,7 +166,7 @@ def _leakers_moved_in(states: dict[int, ClassState], problem: VerificationProble
             members = swap_in_leaker(cs.residual, cs.screen, outside, leaker, np.array(moved[c], dtype=np.int64))[0]
             redo[c] = ClassState(cls=c, residual=members, screen=cs.screen.copy(),
                                  refined=None if cs.refined is None else cs.refined.copy())
-            redo[c].moved = leaker  # (kept with the state only here)
+            leakers[c] = leaker
         if not redo or deadline.past():
             return states
         executor.rebind(problem, grace=ROUND_GRACE)
@@ -180,7 +180,7 @@ def _leakers_moved_in(states: dict[int, ClassState], problem: VerificationProble
                      bounds=[float(b) for b in np.sort(cs.screen[cs.residual])[::-1]])
             if kept:
                 states[c] = cs
-                moved[c].append(cs.moved)
+                moved[c].append(leakers[c])
             else:
                 tried.add(c)
     return states
