@@ -91,15 +91,14 @@ def split_off(bounds: np.ndarray, positions: np.ndarray, size: int) -> ClassResi
     return ClassResidual(level, members, bounds[members].astype(np.float64))
 
 
-def swap_in_leaker(members: np.ndarray, screen: np.ndarray, outside: np.ndarray, leaker: int,
-                   keep: np.ndarray = np.zeros(0, np.int64)) -> tuple[np.ndarray, np.ndarray]:
-    """(members, outside) with `leaker`, a network outside the set, moved into it in place of the
-    member the screen ranks lowest (ties: the highest position) that is not in `keep` (the
-    leakers moved in before: their leaks are real, a screen bound may not be)."""
+def swap_in_leaker(members: np.ndarray, screen: np.ndarray, leaker: int,
+                   keep: np.ndarray = np.zeros(0, np.int64)) -> np.ndarray:
+    """The set with `leaker`, a network outside it, moved in place of the member the screen ranks
+    lowest (ties: the highest position) that is not in `keep` (the leakers moved in before: their
+    leaks are real, a screen bound may not be)."""
     candidates = members[~np.isin(members, keep)]
     out = candidates[np.lexsort((-candidates, screen[candidates]))[0]]
-    members = np.sort(np.append(members[members != out], leaker))
-    return members, np.sort(np.append(outside[outside != leaker], out))
+    return np.sort(np.append(members[members != out], leaker))
 
 
 def residual_members(screen: np.ndarray, positions: np.ndarray, size: int) -> np.ndarray:

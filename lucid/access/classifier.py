@@ -139,8 +139,9 @@ class LabelOnlyClassifier:
             # same length for every input. Rows of non-leaf nodes are never selected. With residual
             # sets, the box's levels.
             self._lookup = self.regions.lookup_arrays()
-            self.region_thresholds = release_thresholds(self.regions.release_bounds(), self.confidence_error)
-            served = BoundsRecord(self.regions.release_bounds(), self.regions.digest())
+            release = self.regions.release_bounds()
+            self.region_thresholds = release_thresholds(release, self.confidence_error)
+            served = BoundsRecord(release, self.regions.digest())
         # --residual: released above the level L_c when the residual networks agree (lucid.residual);
         # the memo's record names the residual file, so answers checked by other networks are refused.
         self.residual: ResidualCheck | None = None
@@ -151,7 +152,7 @@ class LabelOnlyClassifier:
             self.residual = ResidualCheck(residual, lower, upper, self.regions)
             self.residual_thresholds = release_thresholds(residual.levels, self.confidence_error)
             served = (BoundsRecord(residual.levels, f"residual:{residual.digest}") if self.regions is None else
-                      BoundsRecord(self.regions.release_bounds(),
+                      BoundsRecord(release,
                                    f"residual:{residual.digest}:{self.regions.digest()}:{self.regions.sets_digest()}"))
         slack = _DOMAIN_TOLERANCE * np.maximum(1.0, np.maximum(np.abs(lower), np.abs(upper)))
         self._lower_tol, self._upper_tol = lower - slack, upper + slack

@@ -160,10 +160,9 @@ def _leakers_moved_in(states: dict[int, ClassState], problem: VerificationProble
                     or cs.upper > cs.lower + PINNED * max(1.0, abs(cs.lower)):
                 continue
             leaker = int(problem.stack.positions_of([cs.lower_row])[0])
-            outside = np.setdiff1d(np.arange(1, len(problem.stack)), cs.residual)
-            if leaker not in outside or len(moved[c]) >= len(cs.residual):
+            if leaker in cs.residual or len(moved[c]) >= len(cs.residual):
                 continue
-            members = swap_in_leaker(cs.residual, cs.screen, outside, leaker, np.array(moved[c], dtype=np.int64))[0]
+            members = swap_in_leaker(cs.residual, cs.screen, leaker, np.array(moved[c], dtype=np.int64))
             redo[c] = ClassState(cls=c, residual=members, screen=cs.screen.copy(),
                                  refined=None if cs.refined is None else cs.refined.copy())
             leakers[c] = leaker
