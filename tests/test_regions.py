@@ -258,13 +258,13 @@ def test_a_cut_short_root_is_continued_once_no_split_is_left_and_its_bounds_hold
         return real(self, node, *args, continued=continued, **kw)
 
     monkeypatch.setattr(BoxVerifier, "verify", spy)
-    monkeypatch.setattr(regions, "box_time", lambda left, total, node, *rest: min(left, 0.5) if node == 0 else
-                        real_time(left, total, node, *rest))  # the root: half a second, not its third of the run
+    monkeypatch.setattr(regions, "box_time", lambda left, total, node, *rest: min(left, 0.05) if node == 0 else
+                        real_time(left, total, node, *rest))  # the root: 0.05 s, not its third of the run (1 s finishes it here)
     result = verify_run(path, regions=3, time_limit=60, workers=1, progress=False)
     again = [made for node, made in calls if node == 0 and made is not None]
     assert calls[0] == (0, None) and again and again[0], calls  # with the states of the classes cut short
     # each box's time is a deadline handed down; the settings keep the run's limit
-    assert shares[0][0] <= 0.5 and all(seconds <= 60 and total == 60 for seconds, total in shares), shares
+    assert shares[0][0] <= 0.05 and all(seconds <= 60 and total == 60 for seconds, total in shares), shares
     assert result["regions"]["leaves"] == 3
     events = [json.loads(line) for line in (path / "verify.log.jsonl").read_text().splitlines()]
     assert len([e for e in events if e["event"] == "region" and e["box"] == 0]) == 1 + len(again)
