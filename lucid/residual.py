@@ -161,14 +161,12 @@ def read_residual(run_dir: str | Path, section: Any, num_classes: int, meta: dic
     sets: dict[int, np.ndarray] = {}
     for key, entry in entries.items():
         cls = int(key) if isinstance(key, str) and key.isdigit() else -1
-        if not 0 <= cls < num_classes or not isinstance(entry, dict):
+        if not 0 <= cls < num_classes:
             raise LucidError(f"{where}: residual class {key!r} is not a class of this run")
-        levels[cls] = _level(entry.get("level"), f"{where}: the residual level of class {cls}")
-        positions = entry.get("positions")
-        if not isinstance(positions, list) or len(positions) > size or not all(
-                isinstance(p, int) and not isinstance(p, bool) and p >= 1 for p in positions):
-            raise LucidError(f"{where}: class {cls}'s residual positions must be at most {size} network positions")
-        sets[cls] = np.asarray(positions, dtype=np.int64)
+        residual = ClassResidual.from_json(entry, f"{where}: class {cls}'s residual set")
+        if len(residual.positions) > size:
+            raise LucidError(f"{where}: class {cls}'s residual set holds more than {size} networks")
+        levels[cls], sets[cls] = residual.level, residual.positions
     union = np.unique(np.concatenate(list(sets.values()) + [np.zeros(0, np.int64)]))
     networks = section.get("networks")
     if networks is not None:  # the file also holds the region boxes' sets

@@ -211,13 +211,14 @@ def _damage_non_finite(run: Path) -> None:
 def _damage_too_many(run: Path) -> None:
     doc = json.loads((run / "bounds.json").read_text())
     doc["residual"]["classes"]["0"]["positions"] = list(range(1, M + 2))
+    doc["residual"]["classes"]["0"]["bounds"] = [1.0] * (M + 1)
     (run / "bounds.json").write_text(json.dumps(doc))
 
 
 @pytest.mark.parametrize("damage,message", [
     (_damage_missing, "is missing"), (_damage_truncated, "truncated or altered"),
     (_damage_foreign, "does not hold this run's residual networks"), (_damage_non_finite, "must be a finite number"),
-    (_damage_too_many, "at most 3 network positions")])
+    (_damage_too_many, "holds more than 3 networks")])
 def test_a_damaged_residual_file_is_refused_in_one_line(verified, tmp_path, damage, message):
     run = _copy(verified, tmp_path)
     damage(run)
