@@ -3,7 +3,7 @@
 With `--residual M` the engine sets each class's M hardest networks aside (their parameters go to
 a residual file that the access layer checks at query time, lucid/residual.py) and bounds the rest:
 its anytime upper is then the class's level. A class whose level ends on a leak of a network
-outside its set is then verified again with that network inside (`_leakers_moved_in`). A resume
+outside its set is then verified again with that network inside (lucid/bab/leaker_rounds.py). A resume
 continues from the checkpoint's queue.
 """
 
@@ -26,13 +26,14 @@ import lucid.witness.search as witness_search
 from lucid.bab.events import LOG_FILE, EventLog, read_events
 from lucid.bab.lifecycle import VerificationRun, Verified
 from lucid.bab.hooks import EngineHooks
+from lucid.bab.leaker_rounds import leakers_moved_in
 from lucid.bab.partition import FlatParameters
 from lucid.bab.state import ClassState
 from lucid.deadline import Deadline
 from lucid.errors import LucidError
 from lucid.analysis.problem import VerificationProblem
 from lucid.analysis.screen import Screen
-from lucid.residual import ClassResidual, swap_in_leaker, write_residual
+from lucid.residual import ClassResidual, write_residual
 from lucid.rundir import bound_entry_value
 from lucid.settings import VerifySettings
 
@@ -77,7 +78,7 @@ class BranchAndBound:
                     chosen = dict(engine.states)
                     if settings.residual and settings.scheduler is None:
                         again = replace(hooks, on_checkpoint=None)
-                        chosen = _leakers_moved_in(chosen, problem, settings, executor, again, run.deadline, log)
+                        chosen = leakers_moved_in(chosen, problem, settings, executor, again, run.deadline, log)
         finally:
             executor.close()
         residual = _residual_sets(chosen)
@@ -129,60 +130,6 @@ def _make_executor(problem: VerificationProblem, settings: VerifySettings) -> ex
     if settings.scheduler is not None:
         return dask_workers.DaskExecutor(problem, settings, settings.scheduler, settings.workers)
     return executors.local_executor(problem, settings)
-
-
-RESIDUAL_ROUNDS = 8  # verifications again, each with the network whose leak sets a class's level moved into its set
-PINNED = 1e-4  # a level within this (relative) of a leak is set by that leak (the engine stops within its float margins)
-ROUND_GRACE = 2.0  # seconds the last round's analyses still running get before their workers are replaced
-
-
-def _leakers_moved_in(states: dict[int, ClassState], problem: VerificationProblem, settings: VerifySettings,
-                      executor: executors.Executor, hooks: EngineHooks, deadline: Deadline,
-                      log: EventLog) -> dict[int, ClassState]:
-    """With --residual M, every leak the searches find is of a network outside the set, so a class
-    whose level ends on such a leak cannot fall below it while that network stays outside (the
-    screen ranks loose networks that never leak above real leakers). Up to RESIDUAL_ROUNDS times,
-    while the deadline allows, each such class is verified again from its screen with the leaking
-    network swapped in for the member the screen ranks lowest (`lucid.residual.swap_in_leaker`),
-    and keeps whichever level is lower: each bounds every network outside its own set, so either
-    is sound. These rounds write no checkpoint and no anytime events (a resume reconciles the log's
-    anytime bounds with the checkpoint's sets: it continues from the first round's states, whose
-    sets they belong to); each logs a `residual_round` event. The executor is rebound before each
-    round: the last round's analyses still in flight would report under the node keys the new
-    engine reuses, and their results must be dropped, never taken for the new nodes' (local
-    executors only: not with a Dask scheduler)."""
-    tried: set[int] = set()
-    moved: dict[int, list[int]] = {c: [] for c in states}  # per class, the leakers moved in so far
-    for _ in range(RESIDUAL_ROUNDS):
-        redo, leakers = {}, {}
-        for c, cs in states.items():
-            if c in tried or cs.residual is None or not cs.complete or cs.lower is None or cs.lower_row is None \
-                    or cs.upper > cs.lower + PINNED * max(1.0, abs(cs.lower)):
-                continue
-            leaker = int(problem.stack.positions_of([cs.lower_row])[0])
-            if leaker in cs.residual or len(moved[c]) >= len(cs.residual):
-                continue
-            members = swap_in_leaker(cs.residual, cs.screen, leaker, np.array(moved[c], dtype=np.int64))
-            redo[c] = ClassState(cls=c, residual=members, screen=cs.screen.copy(),
-                                 refined=None if cs.refined is None else cs.refined.copy())
-            leakers[c] = leaker
-        if not redo or deadline.past():
-            return states
-        executor.rebind(problem, grace=ROUND_GRACE)
-        engine = bab_engine.Engine(executor, sorted(redo), len(problem.stack), settings,
-                                   params=FlatParameters(problem.stack), hooks=hooks, states=redo, deadline=deadline)
-        engine.run()
-        for c, cs in engine.states.items():
-            kept = cs.upper < states[c].upper
-            log.emit("residual_round", c, level=bound_entry_value(cs.upper, upper=True), kept=kept,
-                     before=bound_entry_value(states[c].upper, upper=True), positions=cs.residual.tolist(),
-                     bounds=[float(b) for b in np.sort(cs.screen[cs.residual])[::-1]])
-            if kept:
-                states[c] = cs
-                moved[c].append(leakers[c])
-            else:
-                tried.add(c)
-    return states
 
 
 def _residual_sets(states: dict[int, ClassState]) -> dict[int, ClassResidual]:

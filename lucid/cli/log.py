@@ -32,8 +32,8 @@ def _render(events: list[dict], max_rows: int, regions: RegionView | None = None
 
     curves = anytime_curves(events)
     summary = node_summary(events)
-    residual = {e["class"]: e for e in events if e.get("event") == "residual" or (
-        e.get("event") == "residual_round" and e.get("kept"))}  # the last set chosen
+    residual = {e["class"]: e for e in events if "box" not in e and (e.get("event") == "residual" or (
+        e.get("event") == "residual_round" and e.get("kept")))}  # the domain's last set chosen (a box's: its table)
     parts = []
     for c in sorted(set(curves) | set(summary)):
         pts = curves.get(c, [])

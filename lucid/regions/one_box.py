@@ -8,7 +8,7 @@ event, whose `seconds` `lucid log` sums.
 With `--residual M` each box chooses its own residual sets: a screened box sets aside the M
 networks its screen ranks highest and its level is the largest bound of the rest
 (`lucid.residual.split_off`); a box's branch-and-bound chooses them as the plain strategy does
-and its level is the engine's upper. Leaks found in an ancestor are not carried into such a box's
+and its level is the engine's upper, lowered by leaker rounds as there. Leaks found in an ancestor are not carried into such a box's
 branch-and-bound: one found by a network that is now in the box's set is no lower bound on its level.
 """
 
@@ -25,6 +25,7 @@ import lucid.bab.workers as executors
 import lucid.witness.search as witness_search
 from lucid.bab.events import EventLog
 from lucid.bab.hooks import EngineHooks
+from lucid.bab.leaker_rounds import leakers_moved_in
 from lucid.bab.partition import FlatParameters
 from lucid.bab.state import ClassState
 from lucid.analysis.problem import VerificationProblem
@@ -139,11 +140,15 @@ class BoxVerifier:
                                        params=FlatParameters(problem.stack), hooks=hooks, states=states,
                                        deadline=deadline)
             engine.run()
+            states = engine.states
+            if settings.residual:  # (the boxes' executor is always local: lucid/bab/leaker_rounds.py)
+                states = leakers_moved_in(dict(states), problem, settings, self.executor, hooks, deadline,
+                                          self.log, box=node)
         upper = tree.bound_upper[node].copy()  # classes not verified here keep what they had
         lower = np.full(tree.num_classes, -np.inf)
         complete = tree.complete[node] | ~(upper > 0)
         self.leaks[node], self.screens[node] = {}, {}
-        for c, cs in engine.states.items():
+        for c, cs in states.items():
             upper[c], complete[c] = cs.upper, cs.complete
             if cs.residual is not None:  # the engine's upper is the level outside the set
                 found = ClassResidual(cs.upper, cs.residual, cs.screen[cs.residual].astype(np.float64))
@@ -157,8 +162,8 @@ class BoxVerifier:
         seconds = round(time.monotonic() - t0, 3)  # the same figure in the tree and the log
         tree.record(node, upper, lower, seconds, complete)
         self._log_region(node, open_classes, seconds,
-                         complete={str(c): bool(cs.complete) for c, cs in engine.states.items()})
-        return {c: _to_continue(cs) for c, cs in engine.states.items() if cs.reason == "time limit"}
+                         complete={str(c): bool(cs.complete) for c, cs in states.items()})
+        return {c: _to_continue(cs) for c, cs in states.items() if cs.reason == "time limit"}
 
     def _start_states(self, node: int, classes: list[int], targets: dict[int, float] | None,
                       continued: dict[int, ClassState] | None) -> dict[int, ClassState]:
