@@ -19,8 +19,8 @@ split:
     the single-query time and memory of the union are what every row pays (equal work);
   * the time the global bound (M = 0) needs to reach upper <= 1.1 x lower per class, from its log,
     against the time the residual run's level needs to come within 10 % of its final value;
-  * the side channel: single-query times of rows released, noised by the level and noised by the
-    check, compared pairwise (Mann-Whitney U, p-values).
+  * the side channel: single-query times of rows released by the level, released by the check,
+    noised by the level and noised by the check, compared pairwise (Mann-Whitney U, p-values).
 With `--regions K` the runs are verified with `--regions K --public-inputs` (the public split of
 benchmarks/regions.py): each box gets its own residual sets.
 Resumable: each (workload, M) is benchmarks/results/residual/<workload>-M<m>.json (with -R<K> for
@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import subprocess
@@ -91,7 +92,7 @@ def time_to_ratio(run: Path, ratio: float = 1.1) -> float | None:
     reached: dict[int, float] = {}
     for e in events:
         if e["event"] in ("anytime", "class_done") and e.get("class") in classes and e["class"] not in reached:
-            up, lo = e.get("upper"), e.get("lower")
+            up, lo = _number(e.get("upper")), _number(e.get("lower"))
             if up is not None and (up <= 0 or (lo is not None and lo > 0 and up <= ratio * lo)):
                 reached[e["class"]] = e["t"]
     return max(reached.values()) if len(reached) == len(classes) and classes else None
@@ -103,18 +104,26 @@ def time_to_final(run: Path, share: float = 0.1) -> float | None:
     curves: dict[int, list] = {}
     for e in events:
         if e["event"] == "anytime" and e.get("upper") is not None:
-            curves.setdefault(e["class"], []).append((e["t"], e["upper"]))
+            curves.setdefault(e["class"], []).append((e["t"], _number(e["upper"])))
     if not curves:
         return None
     when = []
     for points in curves.values():
         final = points[-1][1]
-        when.append(next(t for t, up in points if up <= final + share * abs(final)))
+        near = final if math.isinf(final) else final + share * abs(final)
+        when.append(next(t for t, up in points if up <= near))
     return max(when)
 
 
-def side_channel(clf, x: np.ndarray) -> dict:
-    """Single-query decide times of the three outcomes, compared pairwise (Mann-Whitney U)."""
+def _number(value) -> float | None:
+    """A bound as the log writes it: a number, null, or "inf" / "-inf" (no network outside the set)."""
+    return None if value is None else float(value)
+
+
+def side_channel(clf, x: np.ndarray, section: dict | None) -> dict:
+    """Single-query decide times of the outcomes, compared pairwise (Mann-Whitney U): released with
+    every member's bound below the confidence (by the level) or not (by the check), noised by the
+    level, noised by the check. `section`: bounds.json's residual section (the members' bounds)."""
     from scipy.stats import mannwhitneyu
 
     from lucid.network import confidence
@@ -122,10 +131,21 @@ def side_channel(clf, x: np.ndarray) -> dict:
     cls, noised = clf.decide(x)
     if clf.residual is None:
         return {}
-    levels = (clf.residual_thresholds[cls] if clf.regions is None else
-              clf.region_thresholds[clf._lookup.locate(x), cls])
-    above = confidence(clf.scores(x)) > levels
-    groups = {"released": x[~noised], "noised_by_level": x[~above], "noised_by_check": x[above & noised]}
+    conf = confidence(clf.scores(x))
+    if clf.regions is None:
+        levels = clf.residual_thresholds[cls]
+        entries = (section or {}).get("classes", {})
+        tops = np.array([_highest(entries[str(c)]["bounds"]) if str(c) in entries else -np.inf
+                         for c in range(len(clf.residual_thresholds))])[cls]
+    else:
+        leaves = clf._lookup.locate(x)
+        levels = clf.region_thresholds[leaves, cls]
+        sets = clf.regions.residual
+        tops = np.array([_highest(sets[leaf][c].bounds.tolist()) if c in sets[leaf] else -np.inf
+                         for leaf, c in zip(leaves.tolist(), cls.tolist())])
+    above, checked = conf > levels, conf <= tops
+    groups = {"released_by_level": x[~noised & ~checked], "released_by_check": x[~noised & checked],
+              "noised_by_level": x[~above], "noised_by_check": x[above & noised]}
     for c in np.unique(cls)[:2]:  # N's class is hidden in a noised answer: it must not show in time either
         groups[f"class_{c}"] = x[cls == c]
     if any(len(g) < 5 for g in groups.values()):
@@ -143,6 +163,11 @@ def side_channel(clf, x: np.ndarray) -> dict:
     out["p_values"] = {f"{a} vs {b}": float(mannwhitneyu(times[a], times[b]).pvalue)
                        for i, a in enumerate(names) for b in names[i + 1:]}
     return out
+
+
+def _highest(bounds: list) -> float:
+    """The largest of a set's member bounds as bounds.json writes them (null: +inf, nothing proved)."""
+    return max((math.inf if b is None else float(b) for b in bounds), default=-math.inf)
 
 
 def single_decide_ms(clf, x: np.ndarray) -> float:
@@ -251,7 +276,7 @@ def measure(name: str, m: int, path: Path, wall: float, args: argparse.Namespace
         "seconds_to_ratio_1.1": time_to_ratio(path),
         "seconds_to_final_upper": time_to_final(path),
         "side_channel": side_channel(clf, np.vstack([x, np.random.default_rng(0).uniform(
-            clf.domain_lower, clf.domain_upper, size=(5000, len(clf.domain_lower)))])),
+            clf.domain_lower, clf.domain_upper, size=(5000, len(clf.domain_lower)))]), bounds.get("residual")),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": f"{platform.platform()}, {os.cpu_count()} cores",
     }
@@ -306,15 +331,17 @@ def report() -> None:
                      f"{r['memory'].get('residual_networks', 0)} | {r['single_decide_ms']:.3f} ms | "
                      f"{r.get('naive_idp_single_ms', float('nan')):.2f} ms | {r['single_query_ms']:.3f} ms |")
     lines += ["", "Side channel: single-row `decide` on test inputs and 5 000 uniform samples of the domain, 300 "
-              "interleaved timings per group (released, noised by the level, noised by the check, and N's first two "
-              "classes), compared pairwise with Mann-Whitney U:", "",
-              "| workload | M | K (leaves) | rows per group | median µs per group | smallest p |", "|---|---|---|---|---|---|"]
+              "interleaved timings per group (released by the level: every member's bound below the confidence; "
+              "released by the check: some member's bound at or above it; noised by the level; noised by the check; "
+              "N's first two classes; rows measured before the released rows were split show one `released` group), "
+              "compared pairwise with Mann-Whitney U:", "",
+              "| workload | M | K (leaves) | rows, median µs per group | smallest p |", "|---|---|---|---|---|"]
     for r in rows:
         sc = r.get("side_channel") or {}
         if "p_values" in sc:
-            sizes, med = sc["sizes"], sc["median_us"]
-            lines.append(f"| {r['workload']} | {r['M']} | {_regions(r)} | {' / '.join(str(v) for v in sizes.values())} | "
-                         f"{' / '.join(f'{v:.1f}' for v in med.values())} | {min(sc['p_values'].values()):.3f} |")
+            cells = [f"{name.replace('_', ' ')} {n}, {sc['median_us'][name]:.1f}" for name, n in sc["sizes"].items()]
+            lines.append(f"| {r['workload']} | {r['M']} | {_regions(r)} | {' / '.join(cells)} | "
+                         f"{min(sc['p_values'].values()):.3f} |")
     if rows:
         lines += ["", f"Machine: {rows[-1]['machine']}; last row {rows[-1]['date']}."]
     REPORT.write_text("\n".join(lines) + "\n")

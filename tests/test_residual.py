@@ -150,18 +150,27 @@ def test_with_every_network_in_the_set_the_rule_is_naive_idp(tmp_path):
 
 
 def test_the_check_does_the_same_work_for_level_check_and_noise(verified):
-    """Released, noised by the level and noised by a residual network that disagrees: the same draws
-    and the same memo statements for every row (module docstring of lucid.access.residual_check)."""
+    """Released by the level (every member's bound below the confidence: nothing to check),
+    released by the check (some member's bound at or above it: the member's own label decided),
+    noised by the level and noised by a residual network that disagrees: the same draws and the
+    same memo statements for every row (module docstring of lucid.access.residual_check)."""
     stack = load_networks(verified)
     probe = LabelOnlyClassifier.from_run(verified, epsilon=0.0)
     xs = np.random.default_rng(9).random((3000, 2))
     cls, noised = probe.decide(xs)
-    above = class_margin(stack, 0, xs, cls) > probe.residual_thresholds[cls]
-    groups = {"released": xs[~noised], "by level": xs[~above], "by check": xs[above & noised]}
+    conf = class_margin(stack, 0, xs, cls)
+    above = conf > probe.residual_thresholds[cls]
+    classes = _section(verified)["classes"]
+    top = np.array([max((np.inf if b is None else b for b in classes[str(c)]["bounds"]), default=-np.inf)
+                    if str(c) in classes else -np.inf
+                    for c in range(len(probe.residual_thresholds))])
+    checked = conf <= top[cls]
+    groups = {"released by level": xs[~noised & ~checked], "released by check": xs[~noised & checked],
+              "noised by level": xs[~above], "noised by check": xs[above & noised]}
     assert all(len(g) >= 5 for g in groups.values()), {k: len(g) for k, g in groups.items()}
     traces = work_traces(lambda: LabelOnlyClassifier.from_run(verified, epsilon=0.0, options=ClassifierOptions(seed=0)),
                          groups)
-    assert traces["released"] == traces["by level"] == traces["by check"]
+    assert len(set(map(repr, traces.values()))) == 1, traces
 
 
 # -- bad input --------------------------------------------------------------------------------------
