@@ -279,3 +279,15 @@ def test_a_level_set_by_a_leak_outside_the_set_falls_once_that_network_is_inside
             assert entry["level"] is not None and Fraction(entry["level"]) >= max(outside)
     moved = rounds[0]
     assert _section(run)["classes"][str(moved["class"])]["positions"] == moved["positions"]
+
+
+def test_leaker_rounds_refuse_a_deadline_that_has_not_begun():
+    """A region box's deadline begins when its branch-and-bound does; handed to the rounds unbegun,
+    every round's engine would start it afresh and the box would overrun its share (the rounds of
+    one breast cancer box ran 126 s of a 40 s share that way)."""
+    from lucid.bab.leaker_rounds import leakers_moved_in
+    from lucid.deadline import Deadline
+
+    with pytest.raises(ValueError, match="begun deadline"):
+        leakers_moved_in({}, None, None, None, None, Deadline(40.0), None)
+    assert leakers_moved_in({}, None, None, None, None, Deadline(40.0).begun(), None) == {}

@@ -37,7 +37,11 @@ def leakers_moved_in(states: dict[int, ClassState], problem: VerificationProblem
     sets they belong to); each logs a `residual_round` event. The executor is rebound before each
     round: the last round's analyses still in flight would report under the node keys the new
     engine reuses, and their results must be dropped, never taken for the new nodes' (local
-    executors only: not with a Dask scheduler). `where`: fields every event carries (a region's box)."""
+    executors only: not with a Dask scheduler). `where`: fields every event carries (a region's
+    box). `deadline` must have begun (the branch-and-bound's before the rounds): an unbegun one
+    would give every round a fresh span."""
+    if deadline.seconds is not None and deadline.start is None:
+        raise ValueError("leaker rounds need a begun deadline (the branch-and-bound's): each round would restart it")
     tried: set[int] = set()
     moved: dict[int, list[int]] = {c: [] for c in states}  # per class, the leakers moved in so far
     for _ in range(RESIDUAL_ROUNDS):

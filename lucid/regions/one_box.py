@@ -142,8 +142,9 @@ class BoxVerifier:
             engine.run()
             states = engine.states
             if settings.residual:  # (the boxes' executor is always local: lucid/bab/leaker_rounds.py)
-                states = leakers_moved_in(dict(states), problem, settings, self.executor, hooks, deadline,
-                                          self.log, box=node)
+                # the engine's deadline, begun when the box's branch-and-bound did: the rounds share its span
+                states = leakers_moved_in(dict(states), problem, settings, self.executor, hooks,
+                                          engine.session.deadline, self.log, box=node)
         upper = tree.bound_upper[node].copy()  # classes not verified here keep what they had
         lower = np.full(tree.num_classes, -np.inf)
         complete = tree.complete[node] | ~(upper > 0)
