@@ -31,7 +31,9 @@ def leakers_moved_in(states: dict[int, ClassState], problem: VerificationProblem
     screen ranks loose networks that never leak above real leakers). Up to RESIDUAL_ROUNDS times,
     while the deadline allows, each such class is verified again from its screen with the leaking
     network swapped in for the member the screen ranks lowest (`lucid.residual.swap_in_leaker`),
-    and keeps whichever level is lower: each bounds every network outside its own set, so either
+    and keeps whichever level is lower (a round whose level ends on a leak of the member it evicted
+    keeps that member in later rounds and evicts the next one; any other round that does not lower
+    the level ends the class's rounds): each bounds every network outside its own set, so either
     is sound. These rounds write no checkpoint and no anytime events (a resume reconciles the log's
     anytime bounds with the checkpoint's sets: it continues from the first round's states, whose
     sets they belong to); each logs a `residual_round` event. The executor is rebound before each
@@ -47,8 +49,7 @@ def leakers_moved_in(states: dict[int, ClassState], problem: VerificationProblem
     for _ in range(RESIDUAL_ROUNDS):
         redo, leakers = {}, {}
         for c, cs in states.items():
-            if c in tried or cs.residual is None or not cs.complete or cs.lower is None or cs.lower_row is None \
-                    or cs.upper > cs.lower + PINNED * max(1.0, abs(cs.lower)):
+            if c in tried or cs.residual is None or not _pinned(cs):
                 continue
             leaker = int(problem.stack.positions_of([cs.lower_row])[0])
             if leaker in cs.residual or len(moved[c]) >= len(cs.residual):
@@ -71,6 +72,23 @@ def leakers_moved_in(states: dict[int, ClassState], problem: VerificationProblem
             if kept:
                 states[c] = cs
                 moved[c].append(leakers[c])
+            elif (evicted := _evicted_leaker(states[c], cs, problem)) is not None:
+                moved[c].append(evicted)  # a real leaker too: it stays, and the next round evicts another
             else:
                 tried.add(c)
     return states
+
+
+def _evicted_leaker(before: ClassState, after: ClassState, problem: VerificationProblem) -> int | None:
+    """The member a round evicted, if the round's level ends on a leak of that network (the screen
+    ranked it lowest, yet it leaks above the level kept); None otherwise."""
+    evicted = np.setdiff1d(before.residual, after.residual)
+    if len(evicted) != 1 or not _pinned(after):
+        return None
+    return int(evicted[0]) if int(problem.stack.positions_of([after.lower_row])[0]) == int(evicted[0]) else None
+
+
+def _pinned(cs: ClassState) -> bool:
+    """Whether the class's level ends on a leak it found (within PINNED): a network that leaks."""
+    return bool(cs.complete and cs.lower is not None and cs.lower_row is not None
+                and cs.upper <= cs.lower + PINNED * max(1.0, abs(cs.lower)))
