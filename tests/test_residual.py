@@ -281,6 +281,31 @@ def test_a_level_set_by_a_leak_outside_the_set_falls_once_that_network_is_inside
     assert _section(run)["classes"][str(moved["class"])]["positions"] == moved["positions"]
 
 
+def test_a_round_that_evicted_a_real_leaker_keeps_it_and_evicts_another(tmp_path):
+    """A round whose level ends on a leak of the member it evicted did not lower the level; the
+    next round keeps that member in the set, evicts the next one, and the level falls (before, the
+    class's rounds ended there). The stored (set, level) still bounds every network outside exactly."""
+    run = write_tiny_run(tmp_path / "run", networks=12, seed=2)
+    verify_run(run, residual=3, time_limit=60, **FAST)
+    rounds = [e for e in map(json.loads, (run / "verify.log.jsonl").read_text().splitlines())
+              if e["event"] == "residual_round"]
+    retried = 0
+    for failed, after in zip(rounds, rounds[1:]):
+        later = [e for e in rounds[rounds.index(after):] if e["class"] == failed["class"]]
+        if failed["kept"] or not later:
+            continue
+        evicted = set(later[0]["positions"]) - set(failed["positions"])  # the failed round's evictee, back in
+        assert later[0]["before"] == failed["before"] and evicted
+        retried += later[0]["kept"]
+    assert retried  # a retried round lowered a level
+    stack = load_networks(run)
+    for key, entry in _section(run)["classes"].items():
+        members = set(entry["positions"])
+        outside = [b for j, b in enumerate(_exact_betas(stack, int(key)), start=1) if j not in members and b is not None]
+        if outside:
+            assert entry["level"] is not None and Fraction(entry["level"]) >= max(outside)
+
+
 def test_leaker_rounds_refuse_a_deadline_that_has_not_begun():
     """A region box's deadline begins when its branch-and-bound does; handed to the rounds unbegun,
     every round's engine would start it afresh and the box would overrun its share (the rounds of
