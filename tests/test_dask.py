@@ -55,17 +55,44 @@ def test_training_survives_a_killed_worker_bit_identically(cluster, local_run, t
     """The worker running a chunk dies: the scheduler runs that chunk again on a worker that
     still (or, restarted, again) holds the training inputs."""
     _, client = cluster
+
+    def first_chunk_waits(seconds: float) -> None:  # in each worker: its first chunk starts late
+        import lucid.worker_inputs as held
+
+        original = held.held_value
+
+        def late(name):
+            held.held_value = original
+            time.sleep(seconds)
+            return original(name)
+
+        late.original = original
+        held.held_value = late
+
+    def restore() -> None:
+        import lucid.worker_inputs as held
+
+        held.held_value = getattr(held.held_value, "original", held.held_value)
+
+    # The whole training takes about 40 ms of the workers' time: the chunk seen running had often
+    # ended by the next look, so the kill could miss it. A first chunk that waits 0.5 s (inside the
+    # task, before it reads the inputs; the result is the same) is still running when it is killed.
+    client.run(first_chunk_waits, 0.5)
     result: dict = {}
     thread = threading.Thread(target=lambda: result.update(
         run=train_run("sklearn:wine", tmp_path / "run", scheduler=client, **TRAIN)))
     thread.start()
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not any(client.processing().values()):
-        time.sleep(0.005)
-    busy = [w for w, tasks in client.processing().items() if tasks]
-    if busy:  # (a chunk of this size may already be done: then no worker is busy to kill)
-        os.kill(client.run(os.getpid, workers=busy[:1])[busy[0]], signal.SIGKILL)
-    thread.join(120)
+    try:
+        deadline = time.monotonic() + 60
+        busy: list = []
+        while time.monotonic() < deadline and not busy:
+            busy = [w for w, tasks in client.processing().items() if tasks]
+            time.sleep(0.005)
+        if busy:
+            os.kill(client.run(os.getpid, workers=busy[:1])[busy[0]], signal.SIGKILL)
+        thread.join(120)
+    finally:
+        client.run(restore, on_error="ignore")
     assert not thread.is_alive() and result
     a, b = networks(local_run), networks(result["run"])
     assert sorted(a) == sorted(b) and all(np.array_equal(a[k], b[k]) for k in a)

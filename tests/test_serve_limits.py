@@ -332,23 +332,30 @@ def test_small_requests_pass_queued_batches_at_the_gate():
         with gate.hold(rows):
             order.append(name)
 
+    def waiting(n: int) -> None:  # until n threads wait at the gate (a fixed sleep let a loaded
+        deadline = time.monotonic() + 10  # machine start the next thread before this one arrived)
+        while len(gate._waiting) < n:
+            assert time.monotonic() < deadline, "a thread never reached the gate"
+            time.sleep(0.005)
+
     with gate.hold(1):  # a decision under way
         batch = threading.Thread(target=take, args=("batch", 10_000))
         batch.start()
-        time.sleep(0.05)
+        waiting(1)
         single = threading.Thread(target=take, args=("single", 1))
         single.start()
-        time.sleep(0.05)
+        waiting(2)
     batch.join(5)
     single.join(5)
     assert order == ["single", "batch"]
     with gate.hold(1):
         old = threading.Thread(target=take, args=("old batch", 10))  # waits beyond 10 x 1 ms
         old.start()
-        time.sleep(0.1)
+        waiting(1)
+        time.sleep(0.1)  # at least 0.1 s after the old batch arrived (its key is its arrival)
         late = threading.Thread(target=take, args=("late single", 1))
         late.start()
-        time.sleep(0.05)
+        waiting(2)
     old.join(5)
     late.join(5)
     assert order[2:] == ["old batch", "late single"]
