@@ -397,6 +397,9 @@ def test_a_time_limit_that_ends_during_a_screen_ends_the_run_with_its_bounds(tmp
     node = next(n for n in result["regions"]["nodes"] if n["id"] == screened[0])
     assert node["verified"] and all(b["upper"] is not None for b in node["bounds"].values())
     assert json.loads((path / "bounds.json").read_text())["regions"]["leaves"] >= 2
+    # the screen took the rest: the box stays screened, no branch-and-bound is started past the end
+    events = [json.loads(line) for line in (path / "verify.log.jsonl").read_text().splitlines()]
+    assert [e.get("screen_only", False) for e in events if e["event"] == "region" and e["box"] == screened[0]] == [True]
 
 
 def test_memo_refuses_bounds_over_other_regions(region_run, tmp_path):
