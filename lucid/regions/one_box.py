@@ -8,8 +8,9 @@ event, whose `seconds` `lucid log` sums.
 With `--residual M` each box chooses its own residual sets: a screened box sets aside the M
 networks its screen ranks highest and its level is the largest bound of the rest
 (`lucid.residual.split_off`); a box's branch-and-bound chooses them as the plain strategy does
-and its level is the engine's upper, lowered by leaker rounds as there. Leaks found in an ancestor are not carried into such a box's
-branch-and-bound: one found by a network that is now in the box's set is no lower bound on its level.
+and its level is the engine's upper, lowered by leaker rounds as there. Leaks found in an
+ancestor are not carried into such a box's branch-and-bound: one found by a network that is now
+in the box's set is no lower bound on its level.
 """
 
 from __future__ import annotations
