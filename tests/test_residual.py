@@ -279,6 +279,14 @@ def test_a_level_set_by_a_leak_outside_the_set_falls_once_that_network_is_inside
             assert entry["level"] is not None and Fraction(entry["level"]) >= max(outside)
     moved = rounds[0]
     assert _section(run)["classes"][str(moved["class"])]["positions"] == moved["positions"]
+    # L_c over time goes on with the kept rounds' levels (no lower: that leak's network is in the set now)
+    from lucid.bab.report import anytime_curves
+
+    events = [json.loads(line) for line in (run / "verify.log.jsonl").read_text().splitlines()]
+    last = rounds[-1]
+    assert anytime_curves(events)[last["class"]][-1] == (last["t"], None, last["level"])
+    shown = _lucid("log", str(run))
+    assert shown.returncode == 0 and "Later rounds moved leaking networks" in " ".join(shown.stdout.split())
 
 
 def test_a_round_that_evicted_a_real_leaker_keeps_it_and_evicts_another(tmp_path):

@@ -68,8 +68,9 @@ def _residual_caption(event: dict | None) -> str | None:
         return None
     ranked = event.get("bounds") or []
     shown = ", ".join(_fmt(b) for b in ranked[:8]) + (f", … {_fmt(ranked[-1])}" if len(ranked) > 8 else "")
-    again = (f" A later round moved leaking networks into the set: its level is {_fmt(event.get('level'))} "
-             "(the curve shows the first round)." if event.get("event") == "residual_round" else "")
+    again = (f" Later rounds moved leaking networks into the set: its level is {_fmt(event.get('level'))} "
+             "(the curve's last rows, without a lower: the leak below the first level was of a network now in "
+             "the set)." if event.get("event") == "residual_round" else "")
     return (f"upper is the level L_c over the networks outside the residual set; the set's "
             f"{len(event.get('positions') or [])} networks (checked at query time), screened bounds highest first: "
             f"{shown or '-'}.{again}")
