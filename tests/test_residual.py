@@ -262,6 +262,16 @@ def test_one_row_and_a_batch_take_the_same_decision(verified):
     assert (single == batch).all() and 0 < batch.sum() < len(xs) and len(set(cls.tolist())) > 1
 
 
+def _assert_levels_bound_the_networks_outside_exactly(run: Path) -> None:
+    """Each class's stored level is at or above the exact bound of every network outside its set."""
+    stack = load_networks(run)
+    for key, entry in _section(run)["classes"].items():
+        members = set(entry["positions"])
+        outside = [b for j, b in enumerate(_exact_betas(stack, int(key)), start=1) if j not in members and b is not None]
+        if outside:
+            assert entry["level"] is not None and Fraction(entry["level"]) >= max(outside)
+
+
 def test_a_level_set_by_a_leak_outside_the_set_falls_once_that_network_is_inside(tmp_path):
     """The first branch-and-bound ends with the level on a replayed leak of a network outside the
     set; the next round moves that network in and the level falls, and the stored (set, level)
@@ -271,12 +281,7 @@ def test_a_level_set_by_a_leak_outside_the_set_falls_once_that_network_is_inside
     rounds = [e for e in map(json.loads, (run / "verify.log.jsonl").read_text().splitlines())
               if e["event"] == "residual_round" and e["kept"]]
     assert rounds and all(e["level"] < e["before"] for e in rounds)
-    stack = load_networks(run)
-    for key, entry in _section(run)["classes"].items():
-        members = set(entry["positions"])
-        outside = [b for j, b in enumerate(_exact_betas(stack, int(key)), start=1) if j not in members and b is not None]
-        if outside:
-            assert entry["level"] is not None and Fraction(entry["level"]) >= max(outside)
+    _assert_levels_bound_the_networks_outside_exactly(run)
     moved = rounds[0]
     assert _section(run)["classes"][str(moved["class"])]["positions"] == moved["positions"]
     # L_c over time goes on with the kept rounds' levels (no lower: that leak's network is in the set now)
@@ -306,12 +311,7 @@ def test_a_round_that_evicted_a_real_leaker_keeps_it_and_evicts_another(tmp_path
         assert later[0]["before"] == failed["before"] and evicted
         retried += later[0]["kept"]
     assert retried  # a retried round lowered a level
-    stack = load_networks(run)
-    for key, entry in _section(run)["classes"].items():
-        members = set(entry["positions"])
-        outside = [b for j, b in enumerate(_exact_betas(stack, int(key)), start=1) if j not in members and b is not None]
-        if outside:
-            assert entry["level"] is not None and Fraction(entry["level"]) >= max(outside)
+    _assert_levels_bound_the_networks_outside_exactly(run)
 
 
 def test_leaker_rounds_refuse_a_deadline_that_has_not_begun():
