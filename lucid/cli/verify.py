@@ -71,7 +71,8 @@ def _print_summary(result: dict) -> None:
 @click.option("--residual", type=int, default=_default("residual"), show_default=True,
               help="M: per class, the M networks the screens rank highest are checked at query time (the residual "
                    "check) and the verification bounds the others; an input is released when its confidence is above "
-                   "that level and those M networks agree with N. 0: one bound over every network.")
+                   "that level and those M networks agree with N. 0: one bound over every network; |D|: every "
+                   "network checked (Naive-iDP). Which M pays: docs/verification.md.")
 @click.option("--quiet", is_flag=True, help="No live progress display.")
 def command(run_dir, solver, workers, time_limit, node_time_limit, classes, tau, gap, rel_gap, resume, scheduler,
             no_md, no_ris, no_bab, naive, screen, no_screen, device, no_search, split_time, split_race,
