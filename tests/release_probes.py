@@ -64,3 +64,16 @@ def work_traces(make_classifier, groups: dict[str, np.ndarray]) -> dict[str, tup
         traces[name] = (calls, len(statements))
         clf.close()
     return traces
+
+
+def assert_four_outcomes_do_the_same_work(make_classifier, xs: np.ndarray, noised: np.ndarray, conf: np.ndarray,
+                                          levels: np.ndarray, tops: np.ndarray) -> None:
+    """Rows released by the level (every member's bound `tops` below N's confidence `conf`),
+    released by the check, noised by the level (`levels`) and noised by the check: at least five
+    of each, and the same draws and memo statements for all four groups."""
+    checked, above = conf <= tops, conf > levels
+    groups = {"released by level": xs[~noised & ~checked], "released by check": xs[~noised & checked],
+              "noised by level": xs[~above], "noised by check": xs[above & noised]}
+    assert all(len(g) >= 5 for g in groups.values()), {k: len(g) for k, g in groups.items()}
+    traces = work_traces(make_classifier, groups)
+    assert len(set(map(repr, traces.values()))) == 1, traces

@@ -14,7 +14,8 @@ import pytest
 
 from bab_fixtures import write_tiny_run
 from exact_oracle import exact_singleton
-from release_probes import class_margin, crossings, released_rows_agree_exactly, work_traces
+from release_probes import (assert_four_outcomes_do_the_same_work, class_margin, crossings,
+                            released_rows_agree_exactly)
 from lucid.access import ClassifierOptions, LabelOnlyClassifier
 from lucid.bab import verify_run
 from lucid.errors import LucidError
@@ -120,18 +121,13 @@ def test_released_by_level_by_check_and_noised_do_the_same_work(verified):
     probe = LabelOnlyClassifier.from_run(verified, epsilon=0.0)
     xs = np.random.default_rng(9).random((3000, 2))
     cls, noised = probe.decide(xs)
-    leaves, conf = probe._lookup.locate(xs), class_margin(stack, 0, xs, cls)
-    above = conf > probe.region_thresholds[leaves, cls]
+    leaves = probe._lookup.locate(xs)
     sets = probe.regions.residual
     top = np.array([max(sets[leaf][c].bounds.tolist(), default=-np.inf) if c in sets[leaf] else -np.inf
                     for leaf, c in zip(leaves.tolist(), cls.tolist())])  # the box's members' highest bound
-    checked = conf <= top
-    groups = {"released by level": xs[~noised & ~checked], "released by check": xs[~noised & checked],
-              "noised by level": xs[~above], "noised by check": xs[above & noised]}
-    assert all(len(g) >= 5 for g in groups.values()), {k: len(g) for k, g in groups.items()}
-    traces = work_traces(lambda: LabelOnlyClassifier.from_run(verified, epsilon=0.0, options=ClassifierOptions(seed=0)),
-                         groups)
-    assert len(set(map(repr, traces.values()))) == 1, traces
+    assert_four_outcomes_do_the_same_work(
+        lambda: LabelOnlyClassifier.from_run(verified, epsilon=0.0, options=ClassifierOptions(seed=0)),
+        xs, noised, class_margin(stack, 0, xs, cls), probe.region_thresholds[leaves, cls], top)
 
 
 def test_a_row_is_checked_by_the_set_of_its_own_box(verified, tmp_path):

@@ -15,7 +15,8 @@ import pytest
 
 from bab_fixtures import write_tiny_run
 from exact_oracle import exact_singleton
-from release_probes import class_margin, crossings, released_rows_agree_exactly, work_traces
+from release_probes import (assert_four_outcomes_do_the_same_work, class_margin, crossings,
+                            released_rows_agree_exactly)
 from lucid.access import ClassifierOptions, LabelOnlyClassifier
 from lucid.access.evaluate import leaking_set
 from lucid.bab import verify_run
@@ -158,19 +159,13 @@ def test_the_check_does_the_same_work_for_level_check_and_noise(verified):
     probe = LabelOnlyClassifier.from_run(verified, epsilon=0.0)
     xs = np.random.default_rng(9).random((3000, 2))
     cls, noised = probe.decide(xs)
-    conf = class_margin(stack, 0, xs, cls)
-    above = conf > probe.residual_thresholds[cls]
     classes = _section(verified)["classes"]
     top = np.array([max((np.inf if b is None else b for b in classes[str(c)]["bounds"]), default=-np.inf)
                     if str(c) in classes else -np.inf
                     for c in range(len(probe.residual_thresholds))])
-    checked = conf <= top[cls]
-    groups = {"released by level": xs[~noised & ~checked], "released by check": xs[~noised & checked],
-              "noised by level": xs[~above], "noised by check": xs[above & noised]}
-    assert all(len(g) >= 5 for g in groups.values()), {k: len(g) for k, g in groups.items()}
-    traces = work_traces(lambda: LabelOnlyClassifier.from_run(verified, epsilon=0.0, options=ClassifierOptions(seed=0)),
-                         groups)
-    assert len(set(map(repr, traces.values()))) == 1, traces
+    assert_four_outcomes_do_the_same_work(
+        lambda: LabelOnlyClassifier.from_run(verified, epsilon=0.0, options=ClassifierOptions(seed=0)),
+        xs, noised, class_margin(stack, 0, xs, cls), probe.residual_thresholds[cls], top[cls])
 
 
 # -- bad input --------------------------------------------------------------------------------------
