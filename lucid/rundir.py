@@ -53,17 +53,21 @@ def bound_entry_value(v: float | None, *, upper: bool) -> float | None:
 
 
 def write_bounds(run_dir: str | Path, bounds: dict[str, dict], *, solver: str, options: dict[str, Any],
-                 regions: dict | None = None, residual: dict | None = None) -> dict:
+                 regions: dict | None = None, residual: dict | None = None,
+                 residual_choice: dict | None = None) -> dict:
     """Write RUN/bounds.json (lucid-bounds/1) atomically and return its content; `bounds` maps a
     class id to its entry (upper, lower, complete, exact, seconds, nodes, reason, leaking_row);
     `regions`: the per-box bounds of `lucid verify --regions K` (lucid/regions/tree.py); `residual`: the
-    residual sets of `lucid verify --residual M` (lucid/residual.py). Each class's `upper` always
+    residual sets of `lucid verify --residual M` (lucid/residual.py); `residual_choice`: with
+    `--residual auto`, the M chosen and its figures (lucid/residual_choice.py). Each class's `upper` always
     bounds every network, so a reader that knows neither section stays sound."""
     content = {"format": BOUNDS_FORMAT, "solver": solver, "options": options, "bounds": bounds}
     if regions is not None:
         content["regions"] = regions
     if residual is not None:
         content["residual"] = residual
+    if residual_choice is not None:
+        content["residual_choice"] = residual_choice
     write_json_atomic(Path(run_dir) / BOUNDS_FILE, content)
     _remove_stale_residual_files(Path(run_dir), residual)
     return content
@@ -150,6 +154,27 @@ def read_scaler(run: Run) -> tuple[np.ndarray, np.ndarray]:
         raise LucidError("run.json: the scaler has non-finite values")
     check_scaler_range(offset, scale, "run.json: scaler")
     return offset, scale
+
+
+def read_public_inputs(run: Run, path: str | Path) -> np.ndarray:
+    """`--public-inputs FILE`: an .npz's array X of public inputs (the data's units), mapped into
+    network space and clipped to the domain; one-line LucidError for a missing, malformed,
+    wrongly shaped or non-finite file."""
+    lower, upper = run.domain
+    path = Path(path)
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            X = np.asarray(npz["X"], dtype=np.float64)
+    except FileNotFoundError:
+        raise LucidError(f"--public-inputs: {path} does not exist") from None
+    except (KeyError, ValueError, OSError) as exc:
+        raise LucidError(f"--public-inputs: {path} must be a .npz file with an array X ({exc})") from None
+    if X.ndim != 2 or X.shape[1] != len(lower) or len(X) == 0:
+        raise LucidError(f"--public-inputs: X must have shape [rows, {len(lower)}], got {list(X.shape)}")
+    if not np.isfinite(X).all():
+        raise LucidError("--public-inputs: X has NaN or infinite values")
+    offset, scale = read_scaler(run)
+    return np.clip((X - offset) * scale, lower, upper)
 
 
 def trained_run_fingerprint(meta: dict, X_train: np.ndarray, y_train: np.ndarray, X_test: np.ndarray,

@@ -84,6 +84,11 @@ def parse_classes(classes: Any) -> tuple[int, ...] | None:
 
 
 SPLIT_TIME = 60.0  # the default --split-time
+RESIDUAL_AUTO = "auto"  # --residual auto (lucid/residual_choice.py)
+# --max-residual's default: networks per class a deployment serves at most. The query checks the
+# union of the sets for every input (equal work), so this bounds its time and memory: on 2x50 a
+# query of 256 networks takes about 0.3 ms (benchmarks/results/residual.md), 30 x N's own.
+DEFAULT_MAX_RESIDUAL = 256
 SPLIT_SPACES = ("auto", "relu", "input")
 DEFAULT_SPLIT_SPACE = "auto"
 # `split_space="auto"` cuts the input box of networks with at most INPUT_SPLIT_MAX_DIM inputs and at
@@ -178,9 +183,11 @@ class VerifySettings:
     regions: up to this many boxes of the domain get their own bounds (`lucid.regions.verify`; 1: one
         bound per class); public_inputs: an .npz of public inputs that weighs where boxes are cut.
     residual: M, the size of each class's residual set (`lucid.residual`): the M networks with the
-        highest screened bounds are set aside, checked at query time, and the engine bounds the
-        others (the level L_c); with regions, per box (`lucid.regions.one_box`); 0: one bound over
-        every network.
+        largest proven bounds are checked at query time, and the level L_c, the (M+1)-th largest
+        bound, covers the others (`lucid.bab.order_statistic`); with regions, per box
+        (`lucid.regions.one_box`); 0: one bound over every network; "auto": the smallest M up to
+        `max_residual` whose rule meets the noised-share target (`lucid.residual_choice`).
+    max_residual: with residual "auto", the most networks per class a deployment may serve.
     """
 
     solver: str = "highs"
@@ -213,7 +220,8 @@ class VerifySettings:
     hyper: str = "loo"
     regions: int = 1
     public_inputs: str | None = None
-    residual: int = 0
+    residual: int | str = 0
+    max_residual: int | None = None
 
     def __post_init__(self) -> None:
         _positive("--time-limit", self.time_limit)
@@ -272,8 +280,9 @@ class VerifySettings:
         if self.public_inputs is not None:
             object.__setattr__(self, "public_inputs", str(self.public_inputs))
         if self.regions == 1:
-            if self.public_inputs is not None:
-                raise LucidError("--public-inputs only weighs the boxes of --regions K (K > 1)")
+            if self.public_inputs is not None and self.residual != RESIDUAL_AUTO:
+                raise LucidError("--public-inputs only weighs the boxes of --regions K (K > 1) or measures "
+                                 "--residual auto")
             return
         unused = [flag for flag, on in (("--scheduler", self.scheduler is not None), ("--naive", self.naive),
                                         ("--no-bab", not self.bab), (f"--hyper {self.hyper}", self.removals > 0))
@@ -282,15 +291,30 @@ class VerifySettings:
             raise LucidError(f"{', '.join(unused)} cannot be combined with --regions (yet)")
 
     def _check_residual(self) -> None:
-        if isinstance(self.residual, bool) or not isinstance(self.residual, int) or self.residual < 0:
-            raise LucidError(f"--residual must be a whole number >= 0, got {self.residual!r}")
+        if self.residual != RESIDUAL_AUTO and (isinstance(self.residual, bool) or not isinstance(self.residual, int)
+                                               or self.residual < 0):
+            raise LucidError(f"--residual must be a whole number >= 0 or auto, got {self.residual!r}")
+        if self.max_residual is not None:
+            if isinstance(self.max_residual, bool) or not isinstance(self.max_residual, int) or self.max_residual < 1:
+                raise LucidError(f"--max-residual must be a whole number >= 1, got {self.max_residual!r}")
+            if self.residual != RESIDUAL_AUTO:
+                raise LucidError("--max-residual caps --residual auto only; give --residual auto or drop it")
         if self.residual == 0:
             return
+        if self.residual == RESIDUAL_AUTO and self.regions > 1:
+            raise LucidError("--residual auto cannot be combined with --regions (yet): give --residual M")
         unused = [flag for flag, on in ((f"--hyper {self.hyper}", self.removals > 0),
                                         ("--screen none", self.screen == "none"), ("--naive", self.naive)) if on]
         if unused:
             # the residual set is ranked by the screen; AGT's box bounds no single network
             raise LucidError(f"{', '.join(unused)} cannot be combined with --residual")
+
+    def residual_size(self, networks: int) -> int:
+        """M to start from for a run of `networks` leave-one-out networks: the given M, or with
+        "auto" the cap (every network when there are fewer: then the rule may become Naive-iDP)."""
+        if self.residual == RESIDUAL_AUTO:
+            return min(self.max_residual or DEFAULT_MAX_RESIDUAL, networks)
+        return int(self.residual)
 
     @property
     def removals(self) -> int:
@@ -341,7 +365,8 @@ class VerifySettings:
                 "bounds": self.bounds, "node_time_limit": self.node_time_limit, "classes": list(classes),
                 "hyper": self.hyper, "regions": self.regions, "public_inputs": self.public_inputs,
                 # only when set, so that checkpoints written before the option still resume
-                **({"residual": self.residual} if self.residual else {})}
+                **({"residual": self.residual} if self.residual else {}),
+                **({"max_residual": self.max_residual} if self.max_residual is not None else {})}
 
     def to_json(self) -> dict:
         out = {f.name: getattr(self, f.name) for f in fields(self)}  # not asdict: it deep-copies a Client

@@ -69,13 +69,6 @@ def test_each_box_level_bounds_every_network_outside_its_set_over_the_box(verifi
     assert any(not np.array_equal(tree.residual[i][c].positions, root[c].positions)
                for i in tree.leaves() for c in tree.residual[i])
     assert (release[tree.leaves()] < release[0]).any()
-    # boxes below the root ran leaker rounds too (lucid/bab/leaker_rounds.py); a kept round's level
-    # is what the box keeps, or lower (checked above against the exact bounds like every level)
-    events = [json.loads(line) for line in (verified / "verify.log.jsonl").read_text().splitlines()]
-    kept = [e for e in events if e["event"] == "residual_round" and e["kept"] and e["box"] != 0]
-    assert kept
-    for e in kept:
-        assert e["level"] < e["before"] and tree.residual[e["box"]][e["class"]].level <= e["level"]
 
 
 def test_every_release_agrees_with_all_networks_exactly_also_at_one_ulp_from_each_box_level(verified):
@@ -139,11 +132,12 @@ def test_a_row_is_checked_by_the_set_of_its_own_box(verified, tmp_path):
     stack = load_networks(run)
     xs = np.random.default_rng(4).random((4000, 2))
     cls, leaves = LabelOnlyClassifier.from_run(run, epsilon=1.0).decide(xs)[0], tree.locate(xs)
-    counts = {(leaf, c, j): int((class_margin(stack, j, xs[here], cls[here]) < 0).sum())
+    counts = {(leaf, c, j): (int((class_margin(stack, j, xs[here], cls[here]) < 0).sum()), int(here.sum()))
               for leaf in tree.leaves() for c in range(3)
               if (here := (leaves == leaf) & (cls == c)).any()
               for j in doc["residual"]["networks"] if j not in doc["residual"]["classes"][str(c)]["positions"]}
-    leaf, c, j = max(counts, key=counts.get)
+    mixed = {key: d for key, (d, n) in counts.items() if 0 < d < n}  # it disagrees on some rows, not all
+    leaf, c, j = max(mixed, key=mixed.get)
     xs, cls = xs[(leaves == leaf) & (cls == c)], cls[(leaves == leaf) & (cls == c)]
     doc["regions"]["nodes"][leaf]["bounds"][str(c)]["residual"] = {"level": -1.0, "positions": [j], "bounds": [1.0]}
     (run / "bounds.json").write_text(json.dumps(doc))

@@ -267,55 +267,83 @@ def _assert_levels_bound_the_networks_outside_exactly(run: Path) -> None:
             assert entry["level"] is not None and Fraction(entry["level"]) >= max(outside)
 
 
-def test_a_level_set_by_a_leak_outside_the_set_falls_once_that_network_is_inside(tmp_path):
-    """The first branch-and-bound ends with the level on a replayed leak of a network outside the
-    set; the next round moves that network in and the level falls, and the stored (set, level)
-    still bounds every network outside the set exactly."""
-    run = write_tiny_run(tmp_path / "run", networks=10, classes=2, seed=5)
-    verify_run(run, residual=1, time_limit=30, **FAST)
-    rounds = [e for e in map(json.loads, (run / "verify.log.jsonl").read_text().splitlines())
-              if e["event"] == "residual_round" and e["kept"]]
-    assert rounds and all(e["level"] < e["before"] for e in rounds)
-    _assert_levels_bound_the_networks_outside_exactly(run)
-    moved = rounds[0]
-    assert _section(run)["classes"][str(moved["class"])]["positions"] == moved["positions"]
-    # L_c over time goes on with the kept rounds' levels (no lower: that leak's network is in the set now)
-    from lucid.bab.report import anytime_curves
-
-    events = [json.loads(line) for line in (run / "verify.log.jsonl").read_text().splitlines()]
-    last = rounds[-1]
-    assert anytime_curves(events)[last["class"]][-1] == (last["t"], None, last["level"])
-    shown = _lucid("log", str(run))
-    assert shown.returncode == 0 and "Later rounds moved leaking networks" in " ".join(shown.stdout.split())
+def _optimal_level(betas: list[Fraction | None], size: int) -> Fraction | None:
+    """The lowest level any set of `size` networks can have: the (size+1)-th largest exact bound."""
+    known = sorted((b for b in betas if b is not None), reverse=True)
+    return known[size] if len(known) > size else None
 
 
-def test_a_round_that_evicted_a_real_leaker_keeps_it_and_evicts_another(tmp_path):
-    """A round whose level ends on a leak of the member it evicted did not lower the level; the
-    next round keeps that member in the set, evicts the next one, and the level falls (before, the
-    class's rounds ended there). The stored (set, level) still bounds every network outside exactly."""
-    run = write_tiny_run(tmp_path / "run", networks=12, seed=2)
-    verify_run(run, residual=3, time_limit=60, **FAST)
-    rounds = [e for e in map(json.loads, (run / "verify.log.jsonl").read_text().splitlines())
-              if e["event"] == "residual_round"]
-    retried = 0
-    for failed, after in zip(rounds, rounds[1:]):
-        later = [e for e in rounds[rounds.index(after):] if e["class"] == failed["class"]]
-        if failed["kept"] or not later:
-            continue
-        evicted = set(later[0]["positions"]) - set(failed["positions"])  # the failed round's evictee, back in
-        assert later[0]["before"] == failed["before"] and evicted
-        retried += later[0]["kept"]
-    assert retried  # a retried round lowered a level
-    _assert_levels_bound_the_networks_outside_exactly(run)
+@pytest.mark.parametrize("seed, networks, size", [(5, 10, 1), (2, 12, 3), (6, 10, 3)])
+def test_the_level_is_the_exact_order_statistic_of_the_networks_bounds(tmp_path, seed, networks, size):
+    """The level is the (M+1)-th largest exact beta*_{c,{i}} (up to the float margins of a proved
+    bound and a replayed leak): the lowest level any set of M networks can have, found without
+    rounds; a network whose leak is above it is in the set. Every network's stored bound in the
+    checkpoint is sound too."""
+    run = write_tiny_run(tmp_path / "run", networks=networks, classes=2, seed=seed)
+    result = verify_run(run, residual=size, time_limit=120, **FAST)
+    stack = load_networks(run)
+    checkpoint = json.loads((run / "verify.checkpoint.json").read_text())
+    for key, entry in _section(run)["classes"].items():
+        betas = _exact_betas(stack, int(key))
+        optimal, level = _optimal_level(betas, size), entry["level"]
+        members = set(entry["positions"])
+        outside = [b for j, b in enumerate(betas, start=1) if j not in members and b is not None]
+        assert result["bounds"][key]["complete"]
+        if outside:
+            assert level is not None and Fraction(level) >= max(outside)  # sound
+        if optimal is None:
+            assert level is None or not outside
+        else:
+            assert Fraction(level) - optimal <= Fraction(1e-5) * (1 + abs(optimal))  # and optimal
+        assert all(b is None or j in members for j, b in enumerate(betas, start=1)
+                   if b is not None and optimal is not None and b > optimal + Fraction(1e-5))
+        state = checkpoint["classes"][key]
+        for j, bound in enumerate(state["network_bound"][1:], start=1):
+            assert betas[j - 1] is None or Fraction(float(bound)) >= betas[j - 1]
+        for j, leak in state["network_leak"]:
+            assert betas[j - 1] is not None and Fraction(float(leak)) <= betas[j - 1]
 
 
-def test_leaker_rounds_refuse_a_deadline_that_has_not_begun():
-    """A region box's deadline begins when its branch-and-bound does; handed to the rounds unbegun,
-    every round's engine would start it afresh and the box would overrun its share (the rounds of
-    one breast cancer box ran 126 s of a 40 s share that way)."""
-    from lucid.bab.leaker_rounds import leakers_moved_in
-    from lucid.deadline import Deadline
+def test_the_log_names_the_network_that_holds_the_level(verified):
+    events = [json.loads(line) for line in (verified / "verify.log.jsonl").read_text().splitlines()]
+    sets = {e["class"]: e for e in events if e["event"] == "residual"}
+    section = _section(verified)
+    assert sorted(sets) == sorted(int(k) for k in section["classes"])
+    for c, e in sets.items():
+        entry = section["classes"][str(c)]
+        assert sorted(e["positions"]) == entry["positions"] and e["level"] == entry["level"]
+        assert e["bounds"] == sorted(e["bounds"], reverse=True) and e["holder"]["bound"] == e["level"]
+    shown = _lucid("log", str(verified))
+    assert shown.returncode == 0
+    text = " ".join(shown.stdout.split())
+    holder = sets[0]["holder"]
+    assert f"held by the network without row {holder['row']}" in text
 
-    with pytest.raises(ValueError, match="begun deadline"):
-        leakers_moved_in({}, None, None, None, None, Deadline(40.0), None)
-    assert leakers_moved_in({}, None, None, None, None, Deadline(40.0).begun(), None) == {}
+
+def test_a_run_cut_short_resumes_to_the_same_level(verified, tmp_path):
+    """A time limit that ends the search early leaves a sound, looser level; --resume continues
+    from the checkpoint's per-network bounds and leaks and ends where an uninterrupted run did."""
+    run = write_tiny_run(tmp_path / "run", networks=10, classes=3, seed=6, spread=(0.01, 0.03, 0.08))
+    verify_run(run, residual=M, time_limit=2, **FAST)
+    short = _section(run)
+    state = json.loads((run / "verify.checkpoint.json").read_text())["classes"]
+    assert all("network_bound" in s and s["residual_size"] == M for s in state.values())
+    verify_run(run, residual=M, time_limit=60, resume=True, **FAST)
+    whole = _section(verified)
+    for key, entry in _section(run)["classes"].items():
+        assert entry["level"] == pytest.approx(whole["classes"][key]["level"], rel=1e-6, abs=1e-9)
+        if short["classes"][key]["level"] is not None:
+            assert entry["level"] <= short["classes"][key]["level"]
+
+
+def test_a_checkpoint_with_a_set_chosen_before_the_search_is_refused_in_one_line(verified, tmp_path):
+    run = _copy(verified, tmp_path)
+    path = run / "verify.checkpoint.json"
+    doc = json.loads(path.read_text())
+    for state in doc["classes"].values():
+        for key in ("residual_size", "networks", "network_bound", "network_leak"):
+            state.pop(key)
+        state["residual"] = [1, 2, 3]
+    path.write_text(json.dumps(doc))
+    result = _lucid("verify", str(run), "--residual", str(M), "--resume", "--quiet")
+    assert result.returncode == 2 and "older LUCID" in result.stderr and len(result.stderr.strip().splitlines()) == 1

@@ -6,6 +6,10 @@ replayed witness raises the lower bound, which networks the screen prunes, the a
 (the largest of the best lower bound, every active node's bound and the bound of any node closed
 within the tolerance; it never rises) and how a class finishes. Every rule here only closes work
 that cannot change the reported upper bound, so the bound stays >= beta*_c in every case.
+
+With `--residual M` the upper bound is the level and the lower bound its floor, both order
+statistics of per-network bounds and leaks (lucid/bab/order_statistic.py): a closed node's
+networks keep their own bounds there, so nothing needs a gap floor.
 """
 
 from __future__ import annotations
@@ -16,18 +20,21 @@ from typing import Any
 import numpy as np
 
 from lucid.bab.node import CLOSED, OPEN, PENDING, SETTLED, STUCK, Node
+from lucid.bab.order_statistic import leak_floor, network_bounds, ranked
 from lucid.bab.session import Session
 from lucid.bab.state import INF, ClassState
 from lucid.errors import InconsistentBounds
 from lucid.settings import VerifySettings
+from lucid.witness.network_leaks import NetworkLeaks
 
 
 class AnytimeBounds:
     """The bound rules of every class of one verification (the states themselves are passed in)."""
 
-    def __init__(self, settings: VerifySettings, session: Session) -> None:
+    def __init__(self, settings: VerifySettings, session: Session, leaks: NetworkLeaks | None = None) -> None:
         self.settings = settings
         self.session = session
+        self.leaks = leaks  # every network's own leaks (--residual M)
 
     def tolerance(self, cs: ClassState) -> float:
         """How far above the best lower bound a bound may stay (0: exact); with a class target, up
@@ -53,7 +60,7 @@ class AnytimeBounds:
 
     def close(self, cs: ClassState, node: Node, why: str) -> None:
         """Take `node` out of the class; a bound above the best lower one stays in the upper bound."""
-        if cs.lower is not None and node.upper > cs.lower:
+        if cs.residual_size is None and cs.lower is not None and node.upper > cs.lower:
             # closed within the tolerance: its bound stays part of the reported upper bound
             cs.gap_floor = max(cs.gap_floor, node.upper)
             why = "bound within the gap of the best lower"
@@ -65,6 +72,11 @@ class AnytimeBounds:
                     update: bool = True, **extra: Any) -> None:
         """A replayed witness: a true lower bound on beta_c. (`update=False` while the root is not
         queued yet: an empty queue would otherwise read as "everything closed".)"""
+        if cs.residual_size is not None:
+            here = self._network_leaks(cs, value, row, x)
+            if self._raise_floor(cs, x, here, source, **extra) and update:
+                self.update(cs)
+            return
         if not math.isfinite(value) or (cs.lower is not None and value <= cs.lower):
             return
         cs.lower = value
@@ -73,6 +85,37 @@ class AnytimeBounds:
         self.session.emit("witness", cs.cls, lower=value, leaking_row=cs.lower_row, source=source, **extra)
         if update:
             self.update(cs)
+
+    def _network_leaks(self, cs: ClassState, value: float, row: int | None, x: Any) -> np.ndarray | None:
+        """Every network's leak at the witness `x` (a point usually leaks for many), and `value`
+        for the network of `row` that the caller replayed; returns the leaks at x."""
+        if self.leaks is None:
+            raise ValueError("--residual needs the networks' own leaks (EngineHooks.leaks)")
+        here = None
+        if x is not None:
+            here = self.leaks.at(cs.cls, np.asarray(x, dtype=np.float64))
+            np.maximum(cs.network_leak, here, out=cs.network_leak)
+        position = None if row is None else self.leaks.position(row)
+        if position is not None and math.isfinite(value):
+            cs.network_leak[position] = max(cs.network_leak[position], value)
+        return here
+
+    def seed_leaks(self, cs: ClassState) -> None:
+        """--residual M: every network's leaks at many candidate inputs, before the first node."""
+        np.maximum(cs.network_leak, self.leaks.sampled(cs.cls), out=cs.network_leak)
+        self._raise_floor(cs, None, None, "sampled")
+
+    def _raise_floor(self, cs: ClassState, x: Any, here: np.ndarray | None, source: str, **extra: Any) -> bool:
+        """The level's lower bound, the (M+1)-th largest leak, if it rose (True)."""
+        value, position = leak_floor(cs.network_leak, cs.residual_size)
+        if value is None or (cs.lower is not None and value <= cs.lower):
+            return False
+        cs.lower = value
+        cs.lower_row = self.leaks.row(position)
+        cs.lower_witness = ([float(v) for v in np.ravel(x)] if here is not None and here[position] == value
+                            else None)
+        self.session.emit("witness", cs.cls, lower=value, leaking_row=cs.lower_row, source=source, **extra)
+        return True
 
     def prune(self, cs: ClassState, positions: np.ndarray, cap: float = INF) -> np.ndarray:
         """Drop networks whose screened bound is within the tolerance of the best lower bound
@@ -83,12 +126,17 @@ class AnytimeBounds:
         values = cs.screen[positions]
         keep = values > cs.lower + self.tolerance(cs)
         dropped = values[~keep]
-        if dropped.size and min(dropped.max(), cap) > cs.lower:
+        if cs.residual_size is None and dropped.size and min(dropped.max(), cap) > cs.lower:
             cs.gap_floor = max(cs.gap_floor, float(min(dropped.max(), cap)))
         return positions[keep]
 
     def update(self, cs: ClassState) -> None:
-        """Anytime upper = max(best lower, every active node's bound); it only ever decreases."""
+        """Anytime upper = max(best lower, every active node's bound); it only ever decreases.
+        With --residual M: the level, the (M+1)-th largest network bound (for a fixed M it only
+        ever decreases too)."""
+        if cs.residual_size is not None:
+            self._update_level(cs)
+            return
         if cs.nodes:
             current = cs.active_max()
             if cs.lower is not None:
@@ -106,10 +154,27 @@ class AnytimeBounds:
             cs.logged = state
             self.session.emit("anytime", cs.cls, upper=cs.upper, lower=cs.lower, open=len(cs.nodes), solved=cs.solved)
 
+    def _update_level(self, cs: ClassState) -> None:
+        bounds = network_bounds(cs)
+        unsound = np.flatnonzero(bounds[1:] < cs.network_leak[1:]) + 1
+        if len(unsound):
+            p = int(unsound[0])
+            raise InconsistentBounds(
+                f"internal error: class {cs.cls}'s proved bound {bounds[p]!r} of the network without row "
+                f"{self.leaks.row(p)} lies below its replayed leak {cs.network_leak[p]!r}, so some bound is "
+                "unsound; no bounds are written (please report this run)")
+        cs.residual, cs.upper, holder = ranked(bounds, cs.residual_size)
+        state = (cs.upper, cs.lower, cs.residual_size)
+        if state != cs.logged:
+            cs.logged = state
+            self.session.emit("anytime", cs.cls, upper=cs.upper, lower=cs.lower, open=len(cs.nodes), solved=cs.solved,
+                              residual_size=cs.residual_size,
+                              holder=None if holder is None else self.leaks.row(holder) if self.leaks else holder)
+
     def finish(self, cs: ClassState, complete: bool, reason: str, within_gap: bool = False) -> None:
         """End the class with its anytime bounds as they stand (`complete`: no time limit cut it short)."""
         # a node closed within the gap keeps its bound in upper: the finish is then not exact either
-        kept = complete and cs.lower is not None and cs.gap_floor > cs.lower
+        kept = complete and cs.lower is not None and cs.gap_floor > cs.lower and cs.residual_size is None
         if kept and not within_gap:
             reason += ", some nodes closed within the gap"
         cs.done = True
@@ -119,6 +184,22 @@ class AnytimeBounds:
         cs.seconds = self.session.elapsed()
         self.session.emit("class_done", cs.cls, upper=cs.upper, lower=cs.lower, complete=complete, reason=reason,
                           within_gap=cs.within_gap, solved=cs.solved, open=len(cs.nodes))
+        if cs.residual_size is not None:
+            self._log_set(cs)
+
+    def _log_set(self, cs: ClassState) -> None:
+        """The `residual` event: the class's set, its members' bounds and leaks (largest bound
+        first), and the network that holds the level (the next largest bound)."""
+        bounds = network_bounds(cs)
+        members, level, holder = ranked(bounds, cs.residual_size)
+        members = members[np.lexsort((members, -bounds[members]))]
+        row = self.leaks.row if self.leaks is not None else int
+        self.session.emit(
+            "residual", cs.cls, networks=len(members), size=cs.residual_size, level=level,
+            positions=[int(p) for p in members], rows=[row(int(p)) for p in members],
+            bounds=[float(bounds[p]) for p in members], leaks=[float(cs.network_leak[p]) for p in members],
+            holder=None if holder is None else {"row": row(holder), "bound": float(bounds[holder]),
+                                                "leak": float(cs.network_leak[holder])})
 
     def close_dominated(self, cs: ClassState) -> None:
         """Close every waiting node the best lower bound makes irrelevant (not running ones)."""

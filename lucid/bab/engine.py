@@ -41,8 +41,10 @@ from lucid.bab.state import INF, ClassState
 from lucid.bab.workers import Executor
 from lucid.deadline import Deadline
 from lucid.errors import LucidError
-from lucid.residual import residual_members
+from lucid.bab.order_statistic import known_member, relevant, set_aside, worth_retrying
 from lucid.settings import VerifySettings
+
+CHOOSE_EVERY = 2.0  # seconds between two choices of M (--residual auto): each is a pass over its inputs
 
 
 class Engine:
@@ -67,18 +69,33 @@ class Engine:
         self.on_progress = hooks.on_progress
         self.on_checkpoint = hooks.on_checkpoint
         self.session = Session(log, deadline if deadline is not None else Deadline(config.time_limit))
-        self.anytime = AnytimeBounds(config, self.session)
+        self.anytime = AnytimeBounds(config, self.session, hooks.leaks)
+        self._choose_size = hooks.choose_size
+        self._chosen_at = -INF
         self.screening = ScreenBounds(num_networks, config, self.anytime, self.session, hooks.screen, hooks.refine)
         self.states = states if states is not None else {c: ClassState(cls=c) for c in classes}
+        if config.residual:
+            for cs in self.states.values():
+                self._track_networks(cs)
         if self.screening.enabled:
             for c, cs in self.states.items():
                 if cs.screen is None:
                     cs.screen = self.screening.initial(c)
         self.scheduler = Scheduler(executor, self.states, config, self.anytime, self.screening, self.session)
 
+    def _track_networks(self, cs: ClassState) -> None:
+        """--residual M: the class's per-network bounds and leaks (lucid/bab/order_statistic.py)."""
+        if cs.residual_size is None:
+            cs.residual_size = self.config.residual_size(self.num_networks - 1)
+        if cs.network_bound is None:
+            cs.network_bound = np.full(self.num_networks, INF)
+            cs.network_leak = np.full(self.num_networks, -INF)
+
     def _pending(self) -> bool:
-        """Whether some open class has a node waiting for a worker."""
-        return any(cs.pending_heap for cs in self.states.values() if not cs.done)
+        """Whether some open class has a node waiting for a worker (with --residual M, one at or
+        above the level: the others wait, `Scheduler.submit_ready`)."""
+        return any(relevant(cs, cs.nodes[nid]) for cs in self.states.values() if not cs.done
+                   for _, nid in cs.pending_heap if nid in cs.nodes and cs.nodes[nid].state == PENDING)
 
     def elapsed(self) -> float:
         """Seconds of the whole verification (across resumes), as the log and checkpoint count them."""
@@ -107,6 +124,8 @@ class Engine:
         self.session.emit("queued", cs.cls, node=node.id, parent=node.parent, size=node.size, upper=upper)
         if self.anytime.can_close(cs, node):
             self.anytime.close(cs, node, "bound <= best lower")
+        elif self.scheduler.set_aside_member(cs, node):
+            pass
         elif peel:
             node.state = OPEN
             heapq.heappush(cs.open_heap, (-node.upper, node.id))
@@ -114,22 +133,11 @@ class Engine:
             heapq.heappush(cs.pending_heap, (-node.upper, node.id))
         return node
 
-    def _verified_positions(self, cs: ClassState) -> np.ndarray:
-        """The positions the engine bounds: every network, or with --residual M all but the class's
-        residual set, chosen here once (the M highest screened bounds, ties by position)."""
-        positions = np.arange(1, self.num_networks, dtype=np.int64)
-        if self.config.residual and cs.residual is None and cs.screen is not None:
-            cs.residual = residual_members(cs.screen, positions, self.config.residual)
-            ranked = np.sort(cs.screen[cs.residual])[::-1]
-            self.session.emit("residual", cs.cls, networks=len(cs.residual), positions=cs.residual.tolist(),
-                              bounds=[float(b) for b in ranked])
-        if cs.residual is None:
-            return positions
-        return np.setdiff1d(positions, cs.residual, assume_unique=True)
-
     def _seed(self, cs: ClassState) -> None:
         """The root node(s) of a fresh class."""
-        positions = self._verified_positions(cs)
+        positions = np.arange(1, self.num_networks, dtype=np.int64)
+        if cs.residual_size is not None:
+            self.anytime.seed_leaks(cs)
         self.session.emit("class_started", cs.cls, networks=len(positions))
         if self.config.naive:
             for p in positions:
@@ -159,8 +167,10 @@ class Engine:
     def _unseeded(self, cs: ClassState) -> None:
         """A class the time limit ended before its first node (a seed's witness search and screen
         refinement take seconds per class): it keeps its screened bound, or none."""
-        positions = self._verified_positions(cs)
-        if cs.screen is not None:
+        positions = np.arange(1, self.num_networks, dtype=np.int64)
+        if cs.residual_size is not None:
+            self.anytime.update(cs)  # the level of the screened bounds
+        elif cs.screen is not None:
             cs.upper = min(cs.upper, self.screening.upper(cs, positions))
         self.anytime.finish(cs, False, "time limit")
 
@@ -182,6 +192,8 @@ class Engine:
         screened = self.screening.upper(cs, node.positions)
         before = min(node.upper, screened)
         node.upper = min(node.upper, own, screened)
+        if cs.residual_size is not None:  # a sound bound of each of its networks
+            cs.network_bound[node.positions] = np.minimum(cs.network_bound[node.positions], node.upper)
         if not node.is_singleton and own >= before and cs.screen is not None and not self.config.naive:
             node.peel = True  # the hyper-network MILP was no help here: peel, do not cluster
         node.status = outcome.status
@@ -246,13 +258,15 @@ class Engine:
                 self.anytime.finish(cs, True, "upper = lower" if exact else "upper within the gap of the lower bound",
                                     within_gap=not exact)
                 return
-            best = max(cs.nodes.values(), key=lambda n: (n.upper, n.state == SETTLED))
-            if best.state == SETTLED:
+            if cs.residual_size is not None:
+                if self._level_decided(cs):
+                    return
+            elif (best := max(cs.nodes.values(), key=lambda n: (n.upper, n.state == SETTLED))).state == SETTLED:
                 best.state = FINAL
                 self.session.emit("final", cs.cls, node=best.id, parent=best.parent, size=best.size, upper=best.upper)
                 self.anytime.finish(cs, True, "proved singleton on top" if best.is_singleton else "hyper-network solved")
                 return
-            if best.state == STUCK and not any(n.state in (OPEN, PENDING, RUNNING) for n in cs.nodes.values()):
+            elif best.state == STUCK and not any(n.state in (OPEN, PENDING, RUNNING) for n in cs.nodes.values()):
                 # Nothing left that could improve the bound: the unproved bound stands (sound).
                 self.anytime.finish(cs, False, "unproved node on top (node time limit)")
                 return
@@ -263,10 +277,14 @@ class Engine:
             if not cs.open_heap:
                 return  # waiting for pending / running nodes
             top = cs.nodes[cs.open_heap[0][1]]
+            if not relevant(cs, top):
+                return  # below the level: it cannot lower it (unless the level falls below it)
             if top.is_singleton or not (cfg.bab or cfg.naive):
                 heapq.heappop(cs.open_heap)
                 if top.proved:
                     top.state = SETTLED
+                elif set_aside(cs, top):
+                    top.state = STUCK  # in the set whatever its bound: retried only once the level waits for it
                 elif self.scheduler.retryable(top):
                     self.scheduler.retry(cs, top)
                 else:
@@ -276,11 +294,52 @@ class Engine:
             # busy would only wait, and after the running nodes report, their leaks can close or
             # prune it first. (With one worker the order of events is then fixed, not a race
             # between the split and a result that comes in within milliseconds.)
-            pending = sum(1 for n in cs.nodes.values() if n.state == PENDING)
+            pending = sum(1 for n in cs.nodes.values() if n.state == PENDING and relevant(cs, n))
             if pending + self.executor.in_flight >= self.executor.capacity:
                 return
             heapq.heappop(cs.open_heap)
             self._split(cs, top)
+
+    def _level_decided(self, cs: ClassState) -> bool:
+        """--residual M: finish the class once no node at or above the level can lower it (each is a
+        settled or stuck singleton), True; first, while the deadline allows, stuck singletons set
+        aside in the set are retried on the free workers (proving one harmless evicts it and lowers
+        the level), those without a leak first."""
+        above = [n for n in cs.nodes.values() if relevant(cs, n)]
+        if any(n.state not in (SETTLED, STUCK) for n in above):
+            return False
+        cutoff = self.anytime.cutoff(cs)
+        free = self.executor.capacity - self.executor.in_flight
+        again = sorted((n for n in above if n.state == STUCK and self.scheduler.retryable(n)
+                        and worth_retrying(cs, n, cutoff)),
+                       key=lambda n: (float(cs.network_leak[n.positions[0]]), -n.upper))
+        if again and not self.session.past():
+            for node in again[:max(0, free)]:
+                self.scheduler.retry(cs, node)
+            return True  # (no worker free: the retries wait for one)
+        # the set's members need no proof; the level does
+        proved = all(n.state == SETTLED or set_aside(cs, n) or known_member(cs, n, cutoff) for n in above)
+        self.anytime.finish(cs, proved, "the level's networks are proved" if proved
+                            else "unproved node at the level (node time limit)")
+        return True
+
+    def _choose_residual_size(self, final: bool = False) -> None:
+        """--residual auto: M chosen again from the improved bounds (at most every CHOOSE_EVERY
+        seconds, and once at the end); a class finished at the old M goes on at the new one."""
+        if self._choose_size is None or (not final and self.session.seconds() - self._chosen_at < CHOOSE_EVERY):
+            return
+        self._chosen_at = self.session.seconds()
+        size = self._choose_size(self)
+        for cs in self.states.values():
+            if cs.residual_size is None or size >= cs.residual_size:
+                continue
+            cs.residual_size = size
+            self.session.emit("residual_size", cs.cls, size=size)
+            if cs.done and cs.reason != "time limit" and not final and not self.session.past():
+                cs.done, cs.complete, cs.reason = False, False, ""
+                self.session.emit("class_reopened", cs.cls, upper=cs.upper, lower=cs.lower, open=len(cs.nodes))
+            if not final:
+                self.anytime.update(cs)
 
     # --- main loop ---------------------------------------------------------------------------------
     def run(self, poll: float = 0.25) -> dict[int, ClassState]:
@@ -323,11 +382,13 @@ class Engine:
                 self.scheduler.submit_ready()
                 if self.executor.in_flight == 0 and not self._pending():
                     # Submitting may have closed the last pending node (its networks pruned by a lower
-                    # bound), leaving open nodes that only a split turns into work: split them first.
-                    for cs in self.states.values():
-                        if not cs.done:
-                            self._advance(cs)
-                    self.scheduler.submit_ready()
+                    # bound) or set it aside (--residual M), leaving open nodes that only a split
+                    # turns into work: split them first (twice: a split's children may go the same way).
+                    for _ in range(2):
+                        for cs in self.states.values():
+                            if not cs.done:
+                                self._advance(cs)
+                        self.scheduler.submit_ready()
                     if self.executor.in_flight == 0 and not self._pending() and not all(
                             cs.done for cs in self.states.values()):
                         # No work anywhere and no class finished: should not happen; fail loudly.
@@ -340,11 +401,14 @@ class Engine:
                 for key, outcome in results:
                     self._on_result(key, outcome)
                 dirty = dirty or bool(results)
+                if results:
+                    self._choose_residual_size()
                 if self.on_progress is not None:
                     self.on_progress(self)
         finally:
             if self.on_progress is not None:
                 self.on_progress(self)
+        self._choose_residual_size(final=True)
         if self.on_checkpoint is not None:
             self.on_checkpoint(self)
         return self.states

@@ -32,6 +32,7 @@ class Verified:
     entries: dict[str, dict]
     regions: dict | None = None
     residual: dict | None = None
+    residual_choice: dict | None = None  # --residual auto: the M chosen and why
     finished: dict[str, Any] = field(default_factory=dict)
 
 
@@ -49,7 +50,7 @@ class VerificationRun:
         self.settings = settings
         self.deadline = deadline
         self.classes = settings.resolve_classes(run.num_classes)
-        if settings.residual > run.train_size:
+        if settings.residual != "auto" and settings.residual > run.train_size:
             raise LucidError(f"--residual {settings.residual} exceeds the run's {run.train_size} leave-one-out networks")
         self.result_options = settings.result_options(self.classes)
         self.path = Path(run.path)
@@ -70,7 +71,8 @@ class VerificationRun:
             if self.log is not None:
                 self.log.close()
         result = write_bounds(self.path, verified.entries, solver=self.settings.solver, options=self.options,
-                              regions=verified.regions, residual=verified.residual)
+                              regions=verified.regions, residual=verified.residual,
+                              residual_choice=verified.residual_choice)
         with EventLog(self.path / LOG_FILE, elapsed_before=self.elapsed(), append=True) as tail:
             tail.emit("finished", None, bounds=result["bounds"], **verified.finished)
         return result

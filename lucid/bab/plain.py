@@ -1,10 +1,9 @@
 """The plain strategy: one branch-and-bound over the whole domain (paper Algorithm 1, `Engine`).
 
-With `--residual M` the engine sets each class's M hardest networks aside (their parameters go to
-a residual file that the access layer checks at query time, lucid/residual.py) and bounds the rest:
-its anytime upper is then the class's level. A class whose level ends on a leak of a network
-outside its set is then verified again with that network inside (lucid/bab/leaker_rounds.py). A resume
-continues from the checkpoint's queue.
+With `--residual M` the engine bounds every network on its own as well, and its anytime upper is
+the class's level: the (M+1)-th largest network bound (lucid/bab/order_statistic.py); the M
+networks above it go to a residual file that the access layer checks at query time
+(lucid/residual.py). A resume continues from the checkpoint's queue.
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ import lucid.witness.search as witness_search
 from lucid.bab.events import LOG_FILE, EventLog, read_events
 from lucid.bab.lifecycle import VerificationRun, Verified
 from lucid.bab.hooks import EngineHooks
-from lucid.bab.leaker_rounds import leakers_moved_in
+from lucid.bab.order_statistic import SizeChooser, leak_outside, residual_set
 from lucid.bab.partition import FlatParameters
 from lucid.bab.state import ClassState
 from lucid.deadline import Deadline
@@ -34,7 +33,10 @@ from lucid.errors import LucidError
 from lucid.analysis.problem import VerificationProblem
 from lucid.analysis.screen import Screen
 from lucid.residual import ClassResidual, write_residual
-from lucid.rundir import bound_entry_value
+from lucid.residual_choice import ChoiceInputs
+from lucid.settings import RESIDUAL_AUTO
+from lucid.witness.network_leaks import NetworkLeaks
+from lucid.rundir import bound_entry_value, read_public_inputs
 from lucid.settings import VerifySettings
 
 
@@ -50,6 +52,7 @@ class BranchAndBound:
             raise LucidError(f"{run.path} has no leave-one-out networks to verify")
         if settings.workers is None and settings.scheduler is None:
             settings = replace(settings, workers=os.cpu_count() or 1)
+        chooser = _size_chooser(run, problem) if settings.residual == RESIDUAL_AUTO else None
         executor = _make_executor(problem, settings)
         screen = None if settings.screen == "none" else Screen(problem, settings.screen, settings.device, run.classes)
         search = partial(witness_search.search_class_witness, problem, points=problem.points) if settings.search else None
@@ -70,20 +73,21 @@ class BranchAndBound:
                 with live_display.LiveDisplay(title, enabled=settings.progress) as display:
                     hooks = EngineHooks(screen=None if screen is None else screen.initial,
                                         refine=screen.refine if screen is not None and screen.refines else None,
-                                        search=search, on_progress=display.update, on_checkpoint=checkpoint)
+                                        search=search, on_progress=display.update, on_checkpoint=checkpoint,
+                                        leaks=NetworkLeaks.of(problem) if settings.residual else None,
+                                        choose_size=None if chooser is None else chooser.choose)
                     engine = bab_engine.Engine(executor, run.classes, len(problem.stack), settings,
                                                params=FlatParameters(problem.stack), hooks=hooks, log=log,
                                                states=states, deadline=run.deadline)
                     engine.run()
                     chosen = dict(engine.states)
-                    if settings.residual and settings.scheduler is None:
-                        again = replace(hooks, on_checkpoint=None)
-                        chosen = leakers_moved_in(chosen, problem, settings, executor, again, run.deadline, log)
         finally:
             executor.close()
         residual = _residual_sets(chosen)
-        section = write_residual(run.path, residual, settings.residual) if settings.residual else None
-        return Verified(_bounds_entries(chosen, engine.elapsed(), residual), residual=section)
+        size = max((cs.residual_size for cs in chosen.values() if cs.residual_size is not None), default=0)
+        section = write_residual(run.path, residual, size) if size else None
+        return Verified(_bounds_entries(chosen, engine.elapsed(), residual, problem.stack.removed), residual=section,
+                        residual_choice=None if chooser is None else chooser.record(section))
 
     @staticmethod
     def _resumed_states(run: VerificationRun) -> dict[int, ClassState] | None:
@@ -93,7 +97,12 @@ class BranchAndBound:
             return None
         try:
             states = {int(c): ClassState.from_json(int(c), obj) for c, obj in saved["classes"].items()}
-        except (KeyError, TypeError, ValueError) as exc:
+        except ValueError as exc:
+            if "older LUCID" in str(exc):
+                raise LucidError(f"checkpoint {run.checkpoint_path} holds {exc}: run without --resume") from None
+            raise LucidError(f"checkpoint {run.checkpoint_path} is corrupt ({exc!r}); delete it and run "
+                             "without --resume") from None
+        except (KeyError, TypeError) as exc:
             raise LucidError(f"checkpoint {run.checkpoint_path} is corrupt ({exc!r}); delete it and run "
                              "without --resume") from None
         if sorted(states) != run.classes:
@@ -121,7 +130,9 @@ def _reconcile_with_log(states: dict[int, ClassState], log_path: Path, result_op
         if start.get("run_fingerprint") != fingerprint or any(opts.get(k) != v for k, v in result_options.items()):
             return
     for e in events:
-        if e.get("event") == "anytime" and e.get("class") in states and e.get("upper") is not None:
+        # (a residual level bounds the networks outside the set it had then: not carried over)
+        if e.get("event") == "anytime" and e.get("class") in states and e.get("upper") is not None \
+                and states[e["class"]].residual_size is None:
             cs = states[e["class"]]
             cs.upper = min(cs.upper, float(e["upper"]))
 
@@ -132,29 +143,43 @@ def _make_executor(problem: VerificationProblem, settings: VerifySettings) -> ex
     return executors.local_executor(problem, settings)
 
 
+def _size_chooser(run: VerificationRun, problem: VerificationProblem) -> SizeChooser:
+    """--residual auto: measured on --public-inputs, else on the run's test split."""
+    if run.settings.public_inputs is not None:
+        x, source = read_public_inputs(run.run, run.settings.public_inputs), "--public-inputs"
+    else:
+        x, source = run.run.data().get("X_test"), "the test split"
+        if x is None or not len(x):
+            raise LucidError(f"--residual auto measures the noised share on the test split, and {run.path} has "
+                             "none: give --public-inputs FILE.npz (public inputs in the data's units)")
+    networks = len(problem.stack) - 1
+    inputs = ChoiceInputs.measure(problem.stack, x, source, problem.lower, problem.upper)
+    return SizeChooser(inputs, run.settings.residual_size(networks), networks)
+
+
 def _residual_sets(states: dict[int, ClassState]) -> dict[int, ClassResidual]:
-    """Each class's residual set with its members' screened bounds; the engine's upper is its level."""
-    out = {}
-    for c, cs in states.items():
-        if cs.residual is not None:
-            out[c] = ClassResidual(cs.upper, cs.residual, cs.screen[cs.residual].astype(np.float64))
-    return out
+    """Each class's residual set and level, with its members' proven bounds."""
+    return {c: residual_set(cs) for c, cs in states.items() if cs.residual_size is not None}
 
 
 def _bounds_entries(states: dict[int, ClassState], elapsed: float,
-                    residual: dict[int, ClassResidual]) -> dict[str, dict]:
+                    residual: dict[int, ClassResidual], rows: np.ndarray) -> dict[str, dict]:
     out = {}
     for c, cs in sorted(states.items()):
+        lower, row = cs.lower, cs.lower_row
+        if c in residual:  # the level's own lower bound: the best leak outside its set
+            lower, position = leak_outside(cs, residual[c].positions)
+            row = None if position is None else int(rows[position])
         out[str(c)] = {
             # over every network: the level, or with a residual set the larger of it and its members' bounds
             "upper": bound_entry_value(residual[c].highest if c in residual else cs.upper, upper=True),
-            "lower": bound_entry_value(cs.lower, upper=False),
+            "lower": bound_entry_value(lower, upper=False),
             "complete": bool(cs.complete),
             # finished without using --gap / --rel-gap (upper = the largest proved node bound)
             "exact": bool(cs.complete and not cs.within_gap),
             "seconds": round(cs.seconds if cs.done else elapsed, 3),
             "nodes": cs.solved,
             "reason": cs.reason,
-            "leaking_row": cs.lower_row,
+            "leaking_row": row,
         }
     return out

@@ -14,16 +14,11 @@ from lucid.errors import LucidError
 
 def anytime_curves(events: list[dict]) -> dict[int, list[tuple[float, float | None, float | None]]]:
     """Per class: [(t, lower, upper)] at every anytime update, in log order. With --residual M the
-    upper is the level, and a leaker round that lowered it (over the domain) goes on the curve as
-    well, without a lower: the leak that bounded the level from below was of a network now in the set."""
+    upper is the level and the lower its floor, the (M+1)-th largest leak (lucid/bab/order_statistic.py)."""
     curves: dict[int, list] = defaultdict(list)
     for e in events:
-        if e.get("class") is None:
-            continue
-        if e.get("event") == "anytime":
+        if e.get("class") is not None and e.get("event") == "anytime":
             curves[int(e["class"])].append((float(e["t"]), parse_float(e.get("lower")), parse_float(e.get("upper"))))
-        elif e.get("event") == "residual_round" and e.get("kept") and "box" not in e:
-            curves[int(e["class"])].append((float(e["t"]), None, parse_float(e.get("level"))))
     return dict(curves)
 
 

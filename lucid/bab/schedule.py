@@ -16,6 +16,7 @@ import math
 
 from lucid.bab.anytime import AnytimeBounds
 from lucid.bab.node import FINAL, OPEN, PENDING, RUNNING, SETTLED, STUCK, Node
+from lucid.bab.order_statistic import known_member, relevant, set_aside
 from lucid.bab.screening import ScreenBounds
 from lucid.bab.session import Session
 from lucid.bab.state import INF, ClassState
@@ -81,7 +82,19 @@ class Scheduler:
             if self.anytime.can_close(cs, node):
                 self.anytime.close(cs, node, "bound <= best lower")
                 continue
+            if self.set_aside_member(cs, node):
+                continue
             self._start(cs, node)
+
+    def set_aside_member(self, cs: ClassState, node: Node) -> bool:
+        """With --residual M, a singleton whose network leaks above the cutoff is in the set
+        unanalysed (`lucid.bab.order_statistic.known_member`): STUCK, True."""
+        if not known_member(cs, node, self.anytime.cutoff(cs)):
+            return False
+        node.state = STUCK
+        self.session.emit("set_aside", cs.cls, node=node.id, parent=node.parent, size=node.size,
+                          upper=node.upper, leak=float(cs.network_leak[node.positions[0]]))
+        return True
 
     def _next_node(self) -> tuple[ClassState, Node] | None:
         """A preferred retry, else the best pending node of the least busy class; None: none pending."""
@@ -93,7 +106,9 @@ class Scheduler:
                 cs.pending_heap[0][1] not in cs.nodes or cs.nodes[cs.pending_heap[0][1]].state != PENDING
             ):
                 heapq.heappop(cs.pending_heap)
-            if cs.pending_heap:
+            # with --residual M a node below the level waits: it cannot lower it (nor can any
+            # node after it in the queue), and a worker it held would be missing at the level
+            if cs.pending_heap and relevant(cs, cs.nodes[cs.pending_heap[0][1]]):
                 busy = sum(1 for (k, _) in self.running if k == c)
                 candidates.append((busy, cs.pending_heap[0][0], c))
         if not candidates:
@@ -148,8 +163,9 @@ class Scheduler:
 
         def candidate(cs: ClassState, node: Node | None) -> bool:
             return (node is not None and node.attempts > 0 and node.is_singleton
-                    and (node.state == PENDING or (node.state == OPEN and self.retryable(node)))
-                    and not self.anytime.can_close(cs, node))
+                    and (node.state == PENDING or (node.state == OPEN and self.retryable(node)
+                                                   and not set_aside(cs, node)))
+                    and relevant(cs, node) and not self.anytime.can_close(cs, node))
 
         choice = None
         continuable = set(self.executor.continuable())
@@ -181,7 +197,9 @@ class Scheduler:
         early and so raise the level every later singleton has to be proved below, which makes all of
         those proofs easier."""
         return (node.is_singleton and node.attempts == 0 and cs.seekers < self.executor.capacity
-                and self.anytime.tolerance(cs) > 0 and not self.settings.naive)
+                and self.anytime.tolerance(cs) > 0 and not self.settings.naive
+                # (--residual M seeds every network's leaks at the start instead)
+                and cs.residual_size is None)
 
     def retryable(self, node: Node) -> bool:
         """An unproved singleton gets another attempt with a longer node time limit; with a total

@@ -42,9 +42,13 @@ class ClassState:
     # noised public points); like --gap, nodes proved below it are closed with their bound kept in
     # upper. Set per box by lucid.regions.one_box, never checkpointed.
     target: float | None = None
-    # --residual M: the positions set aside for the query-time check (lucid.residual); the engine
-    # bounds the others, so `upper` is then the level L_c over them. None: every network (M = 0).
+    # --residual M (lucid/bab/order_statistic.py): M, the set checked at query time (the M largest
+    # network bounds) and, per position, the smallest bound a node analysis proved and the best
+    # replayed leak; `upper` and `lower` are then the level and its lower bound. None: M = 0.
+    residual_size: int | None = None
     residual: np.ndarray | None = None
+    network_bound: np.ndarray | None = None
+    network_leak: np.ndarray | None = None
 
     # --- bookkeeping ---------------------------------------------------------------------------
     def active_max(self) -> float:
@@ -69,7 +73,14 @@ class ClassState:
             "seconds": self.seconds,
             "seekers": self.seekers,
             "nodes": [n.to_json() for n in self.nodes.values()],
-            **({} if self.residual is None else {"residual": [int(p) for p in self.residual]}),
+            **({} if self.residual_size is None else {"residual_size": self.residual_size,
+                                                      "networks": len(self.network_bound),
+                                                      # with the screen folded in: a resume screens again,
+                                                      # but without the refinements
+                                                      "network_bound": [encode_float(float(v)) for v in (
+                                                          self.network_bound if self.screen is None else
+                                                          np.minimum(self.screen, self.network_bound))],
+                                                      "network_leak": _sparse(self.network_leak, -INF)}),
         }
 
     @classmethod
@@ -89,8 +100,15 @@ class ClassState:
             within_gap=bool(obj.get("within_gap", False)),
             seconds=float(obj["seconds"]),
             seekers=int(obj.get("seekers", 0)),
-            residual=None if obj.get("residual") is None else np.asarray(obj["residual"], dtype=np.int64),
         )
+        if obj.get("residual") is not None and "residual_size" not in obj:
+            raise ValueError("a residual set chosen before the search (an older LUCID's checkpoint)")
+        if "residual_size" in obj:
+            cs.residual_size = int(obj["residual_size"])
+            cs.network_bound = np.array([decode_float(v) for v in obj["network_bound"]], dtype=np.float64)
+            if len(cs.network_bound) != int(obj["networks"]):
+                raise ValueError("network_bound has the wrong length")
+            cs.network_leak = _dense(obj["network_leak"], int(obj["networks"]), -INF)
         for raw in obj["nodes"]:
             node = Node.from_json(raw)
             if node.state == RUNNING:  # its MILP was lost with the killed process: redo it
@@ -104,3 +122,15 @@ class ClassState:
         self.pending_heap = [(-n.upper, n.id) for n in self.nodes.values() if n.state == PENDING]
         heapq.heapify(self.open_heap)
         heapq.heapify(self.pending_heap)
+
+
+def _sparse(values: np.ndarray, default: float) -> list:
+    """[[position, value], ...] of the entries that differ from `default` (JSON-safe floats)."""
+    return [[int(p), encode_float(float(values[p]))] for p in np.flatnonzero(values != default)]
+
+
+def _dense(pairs: list, size: int, default: float) -> np.ndarray:
+    values = np.full(size, default)
+    for p, v in pairs:
+        values[int(p)] = decode_float(v)
+    return values

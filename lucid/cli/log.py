@@ -32,8 +32,8 @@ def _render(events: list[dict], max_rows: int, regions: RegionView | None = None
 
     curves = anytime_curves(events)
     summary = node_summary(events)
-    residual = {e["class"]: e for e in events if "box" not in e and (e.get("event") == "residual" or (
-        e.get("event") == "residual_round" and e.get("kept")))}  # the domain's last set chosen (a box's: its table)
+    # the domain's set as each class ended (a box's: the region table)
+    residual = {e["class"]: e for e in events if "box" not in e and e.get("event") == "residual"}
     parts = []
     for c in sorted(set(curves) | set(summary)):
         pts = curves.get(c, [])
@@ -63,17 +63,20 @@ def _render(events: list[dict], max_rows: int, regions: RegionView | None = None
 
 
 def _residual_caption(event: dict | None) -> str | None:
-    """With --residual M: what the upper column is, and the set's screened bounds, ranked."""
+    """With --residual M: what the upper column is, who holds the level, and the set's bounds."""
     if event is None:
         return None
     ranked = event.get("bounds") or []
     shown = ", ".join(_fmt(b) for b in ranked[:8]) + (f", … {_fmt(ranked[-1])}" if len(ranked) > 8 else "")
-    again = (f" Later rounds moved leaking networks into the set: its level is {_fmt(event.get('level'))} "
-             "(the curve's last rows, without a lower: the leak below the first level was of a network now in "
-             "the set)." if event.get("event") == "residual_round" else "")
-    return (f"upper is the level L_c over the networks outside the residual set; the set's "
-            f"{len(event.get('positions') or [])} networks (checked at query time), screened bounds highest first: "
-            f"{shown or '-'}.{again}")
+    holder = event.get("holder")
+    held = ("no network is left outside the set" if holder is None else
+            f"held by the network without row {holder['row']} (bound {_fmt(holder['bound'])}, best leak "
+            f"{_fmt(holder['leak'])})")
+    level = event.get("level")
+    leaking = sum(1 for v in event.get("leaks") or [] if level is not None and v is not None and v > level)
+    return (f"upper is the level L_c, the ({event.get('size')}+1)-th largest network bound, {held}; the set's "
+            f"{len(event.get('positions') or [])} networks (checked at query time), proven bounds highest first: "
+            f"{shown or '-'}; {leaking} of them leak above the level.")
 
 
 def _slowest_table(events: list[dict], count: int):

@@ -7,14 +7,42 @@ from typing import Any
 import click
 
 from lucid.option_fields import default_of
-from lucid.settings import DEFAULT_SCREEN, INPUT_SPLIT_MAX_DIM, INPUT_SPLIT_MIN_NEURONS, SPLIT_SPACES, VerifySettings
+from lucid.settings import (DEFAULT_MAX_RESIDUAL, DEFAULT_SCREEN, INPUT_SPLIT_MAX_DIM, INPUT_SPLIT_MIN_NEURONS,
+                            RESIDUAL_AUTO, SPLIT_SPACES, VerifySettings)
 
 
 def _default(name: str) -> Any:
     return default_of(VerifySettings, name)
 
 
+class _ResidualSize(click.ParamType):
+    """--residual: a whole number, or auto."""
+
+    name = "M|auto"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> int | str:
+        if isinstance(value, int) or value == RESIDUAL_AUTO:
+            return value
+        try:
+            return int(value)
+        except ValueError:
+            self.fail(f"{value!r} is not a valid integer or {RESIDUAL_AUTO!r}", param, ctx)
+
+
 def _print_summary(result: dict) -> None:
+    residual = result.get("residual") or {}
+    for c, entry in (residual.get("classes") or {}).items():
+        level = "none proved" if entry["level"] is None else f"{entry['level']:.6g}"
+        click.echo(f"class {c}: level {level} over all but {len(entry['positions'])} networks (checked at query time)")
+    choice = result.get("residual_choice")
+    if choice is not None:
+        click.echo(f"--residual auto chose M = {choice['size']} (cap {choice['cap']}): noises "
+                   f"{100 * choice['noised']:.1f} % of {choice['inputs']} ({choice['count']} inputs) against Naive-iDP's "
+                   f"{100 * choice['naive_idp']:.1f} %, target {100 * choice['target']:.1f} % "
+                   + ("met" if choice["met"] else f"missed: M = {choice.get('needed')} would meet it")
+                   + f"; serves {choice.get('networks_served', 0)} networks"
+                   + (" (the run has no more networks than the cap: every one may be checked, as Naive-iDP does)"
+                      if choice.get("every_network") else ""))
     for c, b in result["bounds"].items():
         upper = "none proved (every input of this class is noised)" if b["upper"] is None else (
             "-inf (no input can leak)" if b["upper"] == -1.0 and b["lower"] is None else f"{b['upper']:.6g}")
@@ -67,16 +95,22 @@ def _print_summary(result: dict) -> None:
                    "can leak (1: one bound per class). --time-limit bounds the whole run.")
 @click.option("--public-inputs", type=click.Path(dir_okay=False, path_type=str), default=None,
               help="An .npz with an array X of public inputs (the data's units) that weighs where --regions cuts "
-                   "(default: uniform samples of the domain). Never the training rows.")
-@click.option("--residual", type=int, default=_default("residual"), show_default=True,
-              help="M: per class, the M networks the screens rank highest are checked at query time (the residual "
-                   "check) and the verification bounds the others; an input is released when its confidence is above "
-                   "that level and those M networks agree with N. 0: one bound over every network; |D|: every "
-                   "network checked (Naive-iDP). Which M pays: docs/verification.md.")
+                   "(default: uniform samples of the domain), or on which --residual auto measures the noised share "
+                   "(default: the test split). Never the training rows.")
+@click.option("--residual", type=_ResidualSize(), default=_default("residual"), show_default=True,
+              help="M: per class, the M networks with the largest proven bounds are checked at query time (the "
+                   "residual check) and the level, the (M+1)-th largest bound, covers the others; an input is "
+                   "released when its confidence is above that level and those M networks agree with N. 0: one bound "
+                   "over every network; |D|: every network checked (Naive-iDP); auto: the smallest M up to "
+                   "--max-residual that noises at most max(2x, +2 points) of Naive-iDP's share of the test split "
+                   "(or of --public-inputs). Which M pays: docs/verification.md.")
+@click.option("--max-residual", type=int, default=None,
+              help=f"With --residual auto: the most networks per class a deployment may serve (default "
+                   f"{DEFAULT_MAX_RESIDUAL}).")
 @click.option("--quiet", is_flag=True, help="No live progress display.")
 def command(run_dir, solver, workers, time_limit, node_time_limit, classes, tau, gap, rel_gap, resume, scheduler,
             no_md, no_ris, no_bab, naive, screen, no_screen, device, no_search, split_time, split_race,
-            split_space, bounds, hyper, regions, public_inputs, residual, quiet) -> None:
+            split_space, bounds, hyper, regions, public_inputs, residual, max_residual, quiet) -> None:
     from lucid.bab import verify_run
     from lucid.errors import LucidError
 
@@ -89,7 +123,7 @@ def command(run_dir, solver, workers, time_limit, node_time_limit, classes, tau,
         classes=classes, tau=tau, gap=gap, rel_gap=rel_gap, md=not no_md, ris=not no_ris, bab=not no_bab, naive=naive,
         resume=resume, scheduler=scheduler, progress=not quiet, screen=screen, device=device, search=not no_search,
         split_time=split_time, split_race=split_race, split_space=split_space, bounds=bounds, hyper=hyper, regions=regions, public_inputs=public_inputs,
-        residual=residual,
+        residual=residual, max_residual=max_residual,
     )
     result = verify_run(run_dir, settings)
     _print_summary(result)

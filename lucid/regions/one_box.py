@@ -7,10 +7,10 @@ event, whose `seconds` `lucid log` sums.
 
 With `--residual M` each box chooses its own residual sets: a screened box sets aside the M
 networks its screen ranks highest and its level is the largest bound of the rest
-(`lucid.residual.split_off`); a box's branch-and-bound chooses them as the plain strategy does
-and its level is the engine's upper, lowered by leaker rounds as there. Leaks found in an
-ancestor are not carried into such a box's branch-and-bound: one found by a network that is now
-in the box's set is no lower bound on its level.
+(`lucid.residual.split_off`); a box's branch-and-bound chooses them as the plain strategy does:
+its level is the (M+1)-th largest network bound over the box (lucid/bab/order_statistic.py).
+Leaks found in an ancestor are not carried into such a box's branch-and-bound (the box's own
+search seeds every network's leaks).
 """
 
 from __future__ import annotations
@@ -26,14 +26,15 @@ import lucid.bab.workers as executors
 import lucid.witness.search as witness_search
 from lucid.bab.events import EventLog
 from lucid.bab.hooks import EngineHooks
-from lucid.bab.leaker_rounds import leakers_moved_in
+from lucid.bab.order_statistic import residual_set
 from lucid.bab.partition import FlatParameters
+from lucid.witness.network_leaks import NetworkLeaks
 from lucid.bab.state import ClassState
 from lucid.analysis.problem import VerificationProblem
 from lucid.analysis.screen import Screen
 from lucid.deadline import Deadline
 from lucid.regions.tree import RegionTree
-from lucid.residual import ClassResidual, split_off
+from lucid.residual import split_off
 from lucid.rundir import bound_entry_value
 from lucid.settings import VerifySettings
 
@@ -136,29 +137,27 @@ class BoxVerifier:
         with live_display.LiveDisplay(title, enabled=settings.progress) as display:
             hooks = EngineHooks(screen=None if screen is None else initial,
                                 refine=screen.refine if screen is not None and screen.refines else None,
-                                search=search, on_progress=display.update)
+                                search=search, on_progress=display.update,
+                                leaks=NetworkLeaks.of(problem) if settings.residual else None)
             engine = bab_engine.Engine(self.executor, open_classes, len(problem.stack), settings,
                                        params=FlatParameters(problem.stack), hooks=hooks, states=states,
                                        deadline=deadline)
             engine.run()
             states = engine.states
-            if settings.residual:  # (the boxes' executor is always local: lucid/bab/leaker_rounds.py)
-                # the engine's deadline, begun when the box's branch-and-bound did: the rounds share its span
-                states = leakers_moved_in(dict(states), problem, settings, self.executor, hooks,
-                                          engine.session.deadline, self.log, box=node)
         upper = tree.bound_upper[node].copy()  # classes not verified here keep what they had
         lower = np.full(tree.num_classes, -np.inf)
         complete = tree.complete[node] | ~(upper > 0)
         self.leaks[node], self.screens[node] = {}, {}
         for c, cs in states.items():
             upper[c], complete[c] = cs.upper, cs.complete
-            if cs.residual is not None:  # the engine's upper is the level outside the set
-                found = ClassResidual(cs.upper, cs.residual, cs.screen[cs.residual].astype(np.float64))
+            if cs.residual_size is not None:  # the engine's upper is the level outside the set
+                found = residual_set(cs)
                 tree.record_residual(node, c, found)
                 upper[c] = found.highest
             if cs.lower is not None:
                 lower[c] = cs.lower
-                self.leaks[node][c] = {"x": cs.lower_witness, "row": cs.lower_row, "value": cs.lower}
+                if cs.lower_witness is not None:  # (a residual level's floor may come from sampled leaks)
+                    self.leaks[node][c] = {"x": cs.lower_witness, "row": cs.lower_row, "value": cs.lower}
             if cs.screen is not None:
                 self.screens[node][c] = cs.screen
         seconds = round(time.monotonic() - t0, 3)  # the same figure in the tree and the log

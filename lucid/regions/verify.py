@@ -47,7 +47,7 @@ from lucid.regions.one_box import EXACT_TOLERANCE, BoxVerifier
 from lucid.regions.reader import read_regions
 from lucid.regions.tree import RegionTree
 from lucid.residual import write_residual
-from lucid.rundir import Run, bound_entry_value, read_scaler
+from lucid.rundir import Run, bound_entry_value, read_public_inputs
 from lucid.settings import VerifySettings
 
 UNIFORM_SAMPLES = 4096  # public sample of the domain when no --public-inputs file is given
@@ -222,20 +222,7 @@ def public_sample(run: Run, settings: VerifySettings) -> np.ndarray:
     if settings.public_inputs is None:
         rng = np.random.default_rng(settings.seed)
         return lower + (upper - lower) * rng.random((UNIFORM_SAMPLES, len(lower)))
-    path = Path(settings.public_inputs)
-    try:
-        with np.load(path, allow_pickle=False) as npz:
-            X = np.asarray(npz["X"], dtype=np.float64)
-    except FileNotFoundError:
-        raise LucidError(f"--public-inputs: {path} does not exist") from None
-    except (KeyError, ValueError, OSError) as exc:
-        raise LucidError(f"--public-inputs: {path} must be a .npz file with an array X ({exc})") from None
-    if X.ndim != 2 or X.shape[1] != len(lower) or len(X) == 0:
-        raise LucidError(f"--public-inputs: X must have shape [rows, {len(lower)}], got {list(X.shape)}")
-    if not np.isfinite(X).all():
-        raise LucidError("--public-inputs: X has NaN or infinite values")
-    offset, scale = read_scaler(run)
-    return np.clip((X - offset) * scale, lower, upper)
+    return read_public_inputs(run, settings.public_inputs)
 
 
 def _leaves_exact(tree: RegionTree, c: int) -> bool:
