@@ -39,7 +39,7 @@ LAYERS = [
     {"solvers"},  # backends
     {"bounds"},  # bound propagation, LPs, ReLU splitting
     {"settings"},  # the typed settings objects
-    {"analysis", "agt", "training", "sgd"},  # a node's analysis and encoding; AGT boxes; training; T's step
+    {"analysis", "agt", "training", "sgd", "residual_choice"},  # a node's analysis and encoding; AGT boxes; training; T's step; choosing M
     {"bab", *ENGINE_REGIONS},  # the branch-and-bound engine and its strategies
     {"access"},  # label-only access
     {"report", "baselines"},  # reports and the baselines

@@ -31,7 +31,7 @@ M = 2
 def verified(tmp_path_factory) -> Path:
     run = write_tiny_run(tmp_path_factory.mktemp("regions_residual") / "run", networks=10, classes=3, seed=6,
                          spread=(0.01, 0.03, 0.08))
-    verify_run(run, residual=M, regions=6, time_limit=40, workers=1, progress=False, split_time=0)
+    verify_run(run, residual=M, regions=6, time_limit=60, workers=1, progress=False, split_time=0)
     return run
 
 

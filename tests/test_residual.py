@@ -347,3 +347,94 @@ def test_a_checkpoint_with_a_set_chosen_before_the_search_is_refused_in_one_line
     path.write_text(json.dumps(doc))
     result = _lucid("verify", str(run), "--residual", str(M), "--resume", "--quiet")
     assert result.returncode == 2 and "older LUCID" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+# -- --residual auto ----------------------------------------------------------------------------------
+def _with_test_split(run: Path, rows: int = 300, seed: int = 9) -> Path:
+    """The tiny run with a test split of uniform inputs (labelled by N: only the inputs matter here)."""
+    data = dict(np.load(run / "data.npz"))
+    x = np.random.default_rng(seed).random((rows, 2)).astype(np.float32)
+    data["X_test"], data["y_test"] = x, load_networks(run).select([0]).forward(x.astype(np.float64))[0].argmax(1)
+    np.savez(run / "data.npz", **data)
+    meta = json.loads((run / "run.json").read_text())
+    meta["test_size"] = rows
+    (run / "run.json").write_text(json.dumps(meta))
+    return run
+
+
+def _brute_noised(stack, x: np.ndarray, bounds: dict[int, np.ndarray], m: int, error: float) -> float:
+    """The rule's noised share with M = m, input by input: the M largest bounds (ties: lower
+    position) form the set, the next one is the level; released iff the confidence is above
+    max(level, 0) + error and every member labels the input as N does."""
+    scores = stack.forward(x)
+    labels = scores[0].argmax(1)
+    noised = 0
+    for i, c in enumerate(labels):
+        b = bounds[int(c)]
+        order = sorted(range(1, len(b)), key=lambda j: (-b[j], j))
+        members, level = order[:m], (b[order[m]] if m < len(order) else -np.inf)
+        conf = class_margin(stack, 0, x[i : i + 1], np.array([c]))[0]
+        agree = all(scores[j, i].argmax() == c for j in members)
+        noised += not (conf > max(level, 0.0) + error and agree)
+    return noised / len(x)
+
+
+def test_auto_chooses_the_smallest_m_meeting_the_target_on_the_test_split(tmp_path):
+    run = _with_test_split(write_tiny_run(tmp_path / "run", networks=12, classes=2, seed=2))
+    result = _lucid("verify", str(run), "--residual", "auto", "--max-residual", "6", "--quiet", "--workers", "1",
+                    "--split-time", "0", "--time-limit", "60")
+    assert result.returncode == 0, result.stderr
+    doc = json.loads((run / "bounds.json").read_text())
+    choice = doc["residual_choice"]
+    assert choice["inputs"] == "the test split" and choice["count"] == 300 and choice["cap"] == 6
+    assert f"--residual auto chose M = {choice['size']}" in result.stdout
+    stack = load_networks(run)
+    x = np.asarray(np.load(run / "data.npz")["X_test"], dtype=np.float64)
+    naive = float(np.mean((stack.forward(x).argmax(2) != stack.forward(x)[0].argmax(1)).any(0)))
+    assert choice["naive_idp"] == pytest.approx(naive, abs=1e-9)
+    assert choice["target"] == pytest.approx(max(2 * naive, naive + 0.02), abs=1e-6)
+    state = json.loads((run / "verify.checkpoint.json").read_text())["classes"]
+    bounds = {int(c): np.array([float(v) for v in s["network_bound"]]) for c, s in state.items()}
+    error = LabelOnlyClassifier.from_run(run, epsilon=1.0).confidence_error
+    shares = [_brute_noised(stack, x, bounds, m, error) for m in range(choice["size"] + 1)]
+    assert shares[-1] == pytest.approx(choice["noised"], abs=1e-6) and choice["met"] == (shares[-1] <= choice["target"])
+    assert all(s > choice["target"] for s in shares[:-1]) or not choice["met"]  # the smallest that meets it
+    # what is served is what was chosen: the classifier noises the same share of the test split
+    clf = LabelOnlyClassifier.from_run(run, epsilon=1.0)
+    assert float(clf.decide(x)[1].mean()) == pytest.approx(choice["noised"], abs=1e-6)
+    if choice["size"]:
+        assert doc["residual"]["size"] == choice["size"]
+        assert choice["networks_served"] == len(doc["residual"]["networks"])
+
+
+def test_auto_with_more_cap_than_networks_says_every_network_may_be_checked(tmp_path):
+    run = _with_test_split(write_tiny_run(tmp_path / "run", networks=8, classes=2, seed=3))
+    result = _lucid("verify", str(run), "--residual", "auto", "--quiet", "--workers", "1", "--split-time", "0",
+                    "--time-limit", "60")
+    assert result.returncode == 0, result.stderr
+    assert json.loads((run / "bounds.json").read_text())["residual_choice"]["every_network"] is True
+    assert "every one may be checked, as Naive-iDP does" in result.stdout
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--max-residual", "0"], "--max-residual must be a whole number >= 1"),
+    (["--max-residual", "-2"], "--max-residual must be a whole number >= 1"),
+    (["--max-residual", "x"], "'x' is not a valid integer"),
+    (["--public-inputs", "wide.npz"], "X must have shape [rows, 2]"),
+    (["--public-inputs", "nan.npz"], "X has NaN or infinite values"),
+    ([], "has none: give --public-inputs"),
+])
+def test_auto_refuses_bad_input_in_one_line(verified, tmp_path, args, message):
+    run = _copy(verified, tmp_path)  # a run without a test split
+    np.savez(tmp_path / "wide.npz", X=np.zeros((4, 5)))
+    np.savez(tmp_path / "nan.npz", X=np.full((4, 2), np.nan))
+    args = [str(tmp_path / a) if a.endswith(".npz") else a for a in args]
+    before = (run / "bounds.json").read_bytes()
+    result = _lucid("verify", str(run), "--residual", "auto", *args, "--quiet")
+    assert result.returncode == 2 and message in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert (run / "bounds.json").read_bytes() == before
+
+
+def test_max_residual_without_auto_is_refused(verified, tmp_path):
+    result = _lucid("verify", str(_copy(verified, tmp_path)), "--residual", "3", "--max-residual", "5", "--quiet")
+    assert result.returncode == 2 and "--max-residual caps --residual auto only" in result.stderr

@@ -144,7 +144,10 @@ def evaluate_run(
     }
     # A test input LUCID releases although some N_-i disagrees is a concrete counterexample to
     # the bounds (beta_c below the iDP-DB): the caller must warn loudly.
-    plot_data = {"confidence": _confidences(clf, x), "classes": n_cls, "bounds": clf.bounds,
+    # the threshold the rule compares with: with residual sets (one per class) the level L_c
+    levels = clf.residual is not None and clf.regions is None
+    plot_data = {"confidence": _confidences(clf, x), "classes": n_cls,
+                 "bounds": clf.residual.levels if levels else clf.bounds, "bound_name": "level" if levels else "iDP-DB",
                  "labels": clf.labels, "noised": noised, "regions": clf.regions is not None,
                  "released_but_leaking": int(np.sum(~noised & leaking))}
     return result, plot_data
@@ -237,7 +240,7 @@ def plot_confidences(plot_data: dict[str, Any], path: str | Path) -> None:
         ax.scatter(ranks[~released], mine[~released], s=6, color="tab:orange", label="noised")
         if math.isfinite(beta):  # with regions each input has its box's bound, at most this one
             ax.axhline(beta, color="tab:red", linestyle="--",
-                       label=f"{'largest box bound' if regions else 'iDP-DB'} = {beta:.3g}")
+                       label=f"{'largest box bound' if regions else plot_data.get('bound_name', 'iDP-DB')} = {beta:.3g}")
         elif not released.any():
             ax.text(0.5, 0.95, "no bound proved: all noised", transform=ax.transAxes, ha="center", va="top")
         share = 100 * released.mean() if len(mine) else 0.0

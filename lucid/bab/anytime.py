@@ -15,17 +15,21 @@ networks keep their own bounds there, so nothing needs a gap floor.
 from __future__ import annotations
 
 import math
+import time
 from typing import Any
 
 import numpy as np
 
 from lucid.bab.node import CLOSED, OPEN, PENDING, SETTLED, STUCK, Node
-from lucid.bab.order_statistic import leak_floor, network_bounds, ranked
+from lucid.bab.order_statistic import leak_floor, leak_outside, network_bounds, ranked
 from lucid.bab.session import Session
 from lucid.bab.state import INF, ClassState
 from lucid.errors import InconsistentBounds
 from lucid.settings import VerifySettings
 from lucid.witness.network_leaks import NetworkLeaks
+
+SEED_SEARCHED = 256  # --residual M: the most networks searched one by one for leaks at a class's start
+SEED_SEARCH_SHARE = 0.05  # of the time left, at most, for that search
 
 
 class AnytimeBounds:
@@ -47,10 +51,21 @@ class AnytimeBounds:
         return tolerance
 
     def cutoff(self, cs: ClassState) -> float:
-        """The level a node's MILP must get below: lower + tolerance (-inf without a lower bound)."""
-        if cs.lower is None or self.settings.naive:
+        """The level a node's MILP must get below: lower + tolerance (-inf without a lower bound).
+        With --residual M, at least the best leak outside the current set (plus the tolerance):
+        that set's level can be no lower, and the (M+1)-th largest leak, the level's own floor, is
+        often far below it (then every analysis would have to find its network's exact bound).
+        Only the question asked rises: nodes are closed against the floor alone, so a node proved
+        below this cutoff stays open, below the level, and is analysed again if the level falls
+        under its bound (the set changed)."""
+        if self.settings.naive:
             return -INF
-        return cs.lower + self.tolerance(cs)
+        level = -INF if cs.lower is None else cs.lower + self.tolerance(cs)
+        if cs.residual_size is not None and cs.residual is not None:
+            leak, _ = leak_outside(cs, cs.residual)
+            if leak is not None:
+                level = max(level, leak + max(self.settings.gap, self.settings.rel_gap * abs(leak)))
+        return level
 
     def can_close(self, cs: ClassState, node: Node) -> bool:
         """Whether `node` cannot raise the reported upper bound (infeasible, or within the tolerance)."""
@@ -101,8 +116,18 @@ class AnytimeBounds:
         return here
 
     def seed_leaks(self, cs: ClassState) -> None:
-        """--residual M: every network's leaks at many candidate inputs, before the first node."""
+        """--residual M, before the first node: every network's leaks at many candidate inputs,
+        then a search per network for the 2(M+1) networks the screen ranks highest (those that
+        decide the level's lower bound, which is the cutoff every analysis is asked about; a
+        cutoff far below the level makes each singleton MILP compute its exact bound), within
+        SEED_SEARCH_SHARE of the time left."""
         np.maximum(cs.network_leak, self.leaks.sampled(cs.cls), out=cs.network_leak)
+        bounds = network_bounds(cs)
+        order = np.lexsort((np.arange(len(bounds)), -bounds))
+        top = order[order > 0][: min(2 * (cs.residual_size + 1), SEED_SEARCHED)]
+        left = self.session.deadline.left()
+        deadline = None if left is None else time.monotonic() + SEED_SEARCH_SHARE * left
+        np.maximum(cs.network_leak, self.leaks.searched(cs.cls, top, deadline), out=cs.network_leak)
         self._raise_floor(cs, None, None, "sampled")
 
     def _raise_floor(self, cs: ClassState, x: Any, here: np.ndarray | None, source: str, **extra: Any) -> bool:

@@ -309,16 +309,24 @@ class Engine:
         if any(n.state not in (SETTLED, STUCK) for n in above):
             return False
         cutoff = self.anytime.cutoff(cs)
+        # proved only below an older question (the set has changed since, and its best leak
+        # outside with it): asked again at the lower one
+        stale = [n for n in above if n.state == SETTLED and n.status == "infeasible" and n.upper > cutoff]
+        if stale and not self.session.past():
+            for node in stale:
+                self.scheduler.retry(cs, node)
+            return False
         free = self.executor.capacity - self.executor.in_flight
-        again = sorted((n for n in above if n.state == STUCK and self.scheduler.retryable(n)
-                        and worth_retrying(cs, n, cutoff)),
+        again = sorted((n for n in above if n.state == STUCK and (n.attempts == 0 or self.scheduler.retryable(n))
+                        and worth_retrying(cs, n)),
                        key=lambda n: (float(cs.network_leak[n.positions[0]]), -n.upper))
         if again and not self.session.past():
             for node in again[:max(0, free)]:
+                node.evicting = True
                 self.scheduler.retry(cs, node)
             return True  # (no worker free: the retries wait for one)
         # the set's members need no proof; the level does
-        proved = all(n.state == SETTLED or set_aside(cs, n) or known_member(cs, n, cutoff) for n in above)
+        proved = all(n.state == SETTLED or set_aside(cs, n) or known_member(cs, n) for n in above)
         self.anytime.finish(cs, proved, "the level's networks are proved" if proved
                             else "unproved node at the level (node time limit)")
         return True

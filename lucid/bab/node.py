@@ -40,6 +40,9 @@ class Node:
     # a hyper-network MILP over (a superset of) these networks did not beat their screened bounds:
     # split by peeling off the top-screened networks as singletons instead (lucid.bab.partition.peel_top)
     peel: bool = False
+    # --residual M: a member of the set sent to an analysis that may evict it (not checkpointed:
+    # a resume sets members aside again, and tries the evictions again when the level waits)
+    evicting: bool = False
 
     @property
     def size(self) -> int:

@@ -58,26 +58,26 @@ def leak_floor(leaks: np.ndarray, size: int) -> tuple[float | None, int | None]:
 
 
 def set_aside(cs: ClassState, node: Node) -> bool:
-    """Whether `node`, a singleton, ranks among its class's M largest bounds: it is in the set
-    whatever its exact bound, so proving it can only lower the level by evicting it."""
-    if cs.residual_size is None or not node.is_singleton:
+    """Whether `node`, a singleton, is in its class's current set (the M largest bounds, ties by
+    position): proving it can only lower the level by evicting it."""
+    if cs.residual_size is None or not node.is_singleton or cs.residual is None:
         return False
-    return int((network_bounds(cs) > node.upper).sum()) < cs.residual_size
+    return bool(np.isin(node.positions[0], cs.residual))
 
 
-def known_member(cs: ClassState, node: Node, cutoff: float) -> bool:
-    """Whether `node` is a singleton whose network leaks above `cutoff` (the level the nodes are
-    proved against): no level at or below the cutoff leaves it outside the set, and there are at
-    most M such networks (the cutoff is at least the (M+1)-th largest leak). Analysing it could
-    only find its exact bound, which no such level needs: it is set aside unanalysed."""
+def known_member(cs: ClassState, node: Node) -> bool:
+    """Whether `node` is a singleton whose network leaks at or above the level: every set with a
+    lower level holds it, so analysing it could only find its exact bound, which no lower level
+    needs: it is set aside unanalysed (at most M networks leak that high, or the level would be
+    higher)."""
     return (cs.residual_size is not None and node.is_singleton
-            and bool(cs.network_leak[node.positions[0]] > cutoff))
+            and bool(cs.network_leak[node.positions[0]] >= cs.upper))
 
 
-def worth_retrying(cs: ClassState, node: Node, cutoff: float) -> bool:
-    """Whether a set-aside singleton is worth another analysis: it is no known member, and its
-    leak is below the level (evicting it could lower the level)."""
-    return not known_member(cs, node, cutoff) and bool(cs.network_leak[node.positions[0]] < cs.upper)
+def worth_retrying(cs: ClassState, node: Node) -> bool:
+    """Whether a set-aside singleton is worth another analysis: it is no known member (evicting
+    it could lower the level)."""
+    return not known_member(cs, node)
 
 
 def relevant(cs: ClassState, node: Node) -> bool:

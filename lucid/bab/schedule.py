@@ -87,9 +87,13 @@ class Scheduler:
             self._start(cs, node)
 
     def set_aside_member(self, cs: ClassState, node: Node) -> bool:
-        """With --residual M, a singleton whose network leaks above the cutoff is in the set
-        unanalysed (`lucid.bab.order_statistic.known_member`): STUCK, True."""
-        if not known_member(cs, node, self.anytime.cutoff(cs)):
+        """With --residual M, a singleton in the set is set aside unanalysed (STUCK, True): one
+        whose network leaks at or above the level (`lucid.bab.order_statistic.known_member`), or
+        one that ranks among the M largest bounds and was never analysed. Analysing a member can
+        only lower the level by evicting it, while every network outside the set that is not yet
+        below the level holds it up: those go first, and members are analysed (evictions tried)
+        once the level waits for nothing else (`Engine._level_decided`)."""
+        if not (known_member(cs, node) or (node.attempts == 0 and not node.evicting and set_aside(cs, node))):
             return False
         node.state = STUCK
         self.session.emit("set_aside", cs.cls, node=node.id, parent=node.parent, size=node.size,

@@ -111,6 +111,8 @@ class VerificationFacts:
     regions: int = 1  # leaves of `lucid verify --regions K` (1: one bound per class)
     residual: int = 0  # M of `lucid verify --residual M` (0: no residual check)
     levels: tuple[tuple[int, float | None, int], ...] = ()  # per class: (class, L_c, networks in R_c)
+    members: tuple[tuple[int, tuple[int, ...], tuple[float | None, ...]], ...] = ()  # per class: (class, rows, bounds)
+    choice: Mapping[str, Any] | None = None  # --residual auto: bounds.json's residual_choice
 
 
 @dataclass(frozen=True)
@@ -123,7 +125,8 @@ class EvaluationFacts:
     confidence: np.ndarray  # N's confidence (top score - runner-up) per test input
     predicted: np.ndarray  # N's class per test input
     noised: np.ndarray  # per test input: did the access layer noise it (its own decision, not recomputed)
-    betas: tuple[float, ...]  # beta_c used by the access layer (+inf: nothing proved)
+    betas: tuple[float, ...]  # beta_c used by the access layer (+inf: nothing proved); with residual sets, L_c
+    bound_name: str = "iDP-DB"  # "level" when the rule compares with the residual levels
     released_but_leaking: int  # > 0 means bounds.json is contradicted by a concrete input
 
 

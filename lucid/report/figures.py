@@ -87,7 +87,8 @@ def figure6(ev: EvaluationFacts, labels: Sequence[Any]) -> bytes:
                 label=[f"released ({int(released.sum())})", f"noised ({int((~released).sum())})"])
         ax.set_xscale("log")
         if math.isfinite(beta) and beta > 0:
-            ax.axvline(beta, color=BETA, linestyle="--", linewidth=1.5, label=f"β = {beta:.3g}")
+            name = "L" if ev.bound_name == "level" else "β"
+            ax.axvline(beta, color=BETA, linestyle="--", linewidth=1.5, label=f"{name} = {beta:.3g}")
         ax.legend(loc="upper left", fontsize=8, frameon=False)
         ax.tick_params(labelsize=8)
     return _png(fig)

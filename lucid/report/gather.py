@@ -93,13 +93,17 @@ def _verification(run: Run, class_logs: Mapping[int, ClassLog] | None) -> Verifi
             removals=int(e.get("removals", 1)), log=(class_logs or {}).get(c)))
     regions = doc.get("regions")
     residual = doc.get("residual") if isinstance(doc.get("residual"), dict) else {}
-    levels = tuple((int(c), _num(e.get("level")), len(e.get("positions") or []))
-                   for c, e in sorted((residual.get("classes") or {}).items(), key=lambda kv: int(kv[0])))
+    entries = sorted((residual.get("classes") or {}).items(), key=lambda kv: int(kv[0]))
+    levels = tuple((int(c), _num(e.get("level")), len(e.get("positions") or [])) for c, e in entries)
+    members = tuple((int(c), tuple(int(r) for r in e.get("rows") or []), tuple(_num(b) for b in e.get("bounds") or []))
+                    for c, e in entries)
+    choice = doc.get("residual_choice") if isinstance(doc.get("residual_choice"), dict) else None
     return VerificationFacts(solver=str(doc.get("solver", "?")), hyper=str(options.get("hyper", "loo")),
                              options=tuple(sorted(options.items())), classes=tuple(classes),
                              log_present=class_logs is not None,
                              regions=int(regions.get("leaves", 1)) if isinstance(regions, dict) else 1,
-                             residual=int(residual.get("size", 0) or 0), levels=levels)
+                             residual=int(residual.get("size", 0) or 0), levels=levels, members=members,
+                             choice=choice)
 
 
 def _num(v: Any) -> float | None:
@@ -199,7 +203,8 @@ def _evaluation(run: Run, epsilons: list[tuple[str, float]], seed: int | None,
         epsilons=tuple(k for k, _ in epsilons), seed=seed, result=result,
         confidence=np.asarray(plot["confidence"], dtype=np.float64), predicted=np.asarray(plot["classes"]),
         noised=np.asarray(plot["noised"], dtype=bool),
-        betas=tuple(float(b) for b in plot["bounds"]), released_but_leaking=int(plot["released_but_leaking"]))
+        betas=tuple(float(b) for b in plot["bounds"]), released_but_leaking=int(plot["released_but_leaking"]),
+        bound_name=str(plot.get("bound_name", "iDP-DB")))
     return facts, ""
 
 

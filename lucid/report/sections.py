@@ -10,6 +10,7 @@ missing row from a forgotten one.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
 from lucid.report import caveats, figures
@@ -149,7 +150,12 @@ def _bounds(f: ReportFacts) -> Section:
                       for k in ("time_limit", "node_time_limit", "gap", "rel_gap", "workers", "screen") if k in opts)
     header = ("class", "β_c = upper (proved)", "lower (leak found)", "u/l", "complete", "exact", "status",
               "time [s]", "nodes", "leak from row", "solver work (log)")
-    rows = tuple(_bound_row(c) for c in v.classes)
+    levels = {c: level for c, level, _ in v.levels}
+    by_level = bool(v.residual) and v.regions <= 1  # the rule's threshold is the level: the table shows it
+    if by_level:
+        header = ("class", "L_c = level (proved)", "lower (leak outside the set)", *header[3:])
+    rows = tuple(_bound_row(replace(c, upper=levels.get(c.cls)) if by_level and c.cls in levels else c)
+                 for c in v.classes)
     blocks: list = [
         Paragraph(f"Verified with solver {v.solver} ({'leave-one-out networks' if v.hyper == 'loo' else v.hyper})"
                   + (f"; {shown}" if shown else "") + ". The upper bound β_c is proved: every input N labels c with "
@@ -164,14 +170,30 @@ def _bounds(f: ReportFacts) -> Section:
     if v.residual:
         levels = "; ".join(f"class {c}: L = {'none proved' if level is None else f'{level:.4g}'}, {size} networks"
                            for c, level, size in v.levels)
-        blocks.append(Paragraph(f"Residual check (M = {v.residual}): per class, the networks the screen ranked highest "
-                                "(at most M) are evaluated at every query, and the verification bounds the others by "
-                                f"a level L ({levels}). An input is released when N's confidence is above its class's "
-                                "level and every network of the class's set gives N's label; either way the label "
-                                "is the same from all networks. The table's β_c covers every network."
+        sets = "; ".join(
+            f"class {c}: rows {', '.join(str(r) for r in rows[:8])}{', …' if len(rows) > 8 else ''} (bounds "
+            f"{', '.join('–' if b is None else f'{b:.3g}' for b in sorted((b for b in bounds if b is not None), reverse=True)[:4])}"
+            f"{', …' if len(bounds) > 4 else ''})" for c, rows, bounds in v.members if rows)
+        every = "; ".join(f"class {c.cls}: {'nothing proved' if c.upper is None else f'{c.upper:.4g}'}" for c in v.classes)
+        blocks.append(Paragraph(f"Residual check (M = {v.residual}): per class, the M networks with the largest proven "
+                                "bounds are evaluated at every query, and the level L, the (M+1)-th largest bound, "
+                                f"covers all the others ({levels}). An input is released when N's confidence is above "
+                                "its class's level and every network of the class's set gives N's label; either way "
+                                "the label is the same from all networks."
+                                + (f" The sets (the rows their networks were trained without): {sets}." if sets else "")
+                                + f" Over every network (what a reader without the residual check would use): {every}."
                                 + (" With region-wise bounds each box has its own sets and levels (those above are "
                                    "the whole domain's); the service evaluates the union of every box's sets at "
                                    "every query." if v.regions > 1 else ""), "note"))
+    if v.choice:
+        ch = v.choice
+        blocks.append(Paragraph(
+            f"M was chosen by `--residual auto` (cap {ch.get('cap')}): the smallest M whose rule noises at most "
+            f"max(2 × Naive-iDP, + 2 points) of {ch.get('inputs')} ({ch.get('count')} inputs). With M = {ch.get('size')} it "
+            f"noises {pct(ch.get('noised'))} against Naive-iDP's {pct(ch.get('naive_idp'))} (target "
+            f"{pct(ch.get('target'))}, {'met' if ch.get('met') else 'missed: M = ' + str(ch.get('needed')) + ' would meet it'}"
+            f"); the service evaluates {ch.get('networks_served', 0)} networks besides N at every query "
+            f"({(ch.get('bytes_served') or 0) / 1e6:.2f} MB of float64 parameters with N).", "note"))
     if any(c.removals > 1 for c in v.classes):
         blocks.append(Paragraph("Classes verified over an AGT box hold for every data set within K removed rows "
                                 "of D (group iDP).", "note"))
@@ -223,6 +245,11 @@ def _figure6(f: ReportFacts) -> Section:
     text = ("For every class c, N's confidence (top score minus runner-up) on each test input N labels c. Inputs "
             "right of the dashed line β_c are released with N's label; inputs at or left of it are answered by the "
             "exponential mechanism.")
+    if ev.bound_name == "level":
+        text = ("For every class c, N's confidence (top score minus runner-up) on each test input N labels c. The "
+                "dashed line is the class's level L_c (the table's β column): an input right of it is released when "
+                "every network of the class's residual set also gives N's label, so a few orange bars may lie right "
+                "of it; inputs at or left of it are answered by the exponential mechanism.")
     return Section("figure6", "Test-set confidences against β_c (paper Fig. 6)", (
         Paragraph(text), Figure("figure6", figures.figure6(ev, f.training.labels),
                                 "Paper Fig. 6 for this run: blue bars released, orange bars noised, dashed line β_c "

@@ -7,7 +7,9 @@ point is replayed through all of them (`leaks_at`), with the same rigorous float
 `lucid.witness.replay.replay`: a network counts only if it disagrees with N beyond the error bound
 of its own evaluation, and the claimed confidence is N's rounded down by N's error bound.
 `sampled_leaks` seeds the leaks from many candidate inputs at once: a float32 pass ranks them, and
-only the points it picks are replayed in float64.
+only the points it picks are replayed in float64; `searched_leaks` then climbs, network by network,
+for the networks that decide the level's lower bound (gradient ascent on N and that network, the
+class search's own tool), and replays every point it reaches through all the networks.
 """
 
 from __future__ import annotations
@@ -15,8 +17,11 @@ from __future__ import annotations
 import numpy as np
 
 from lucid.network import UNIT_ROUNDOFF, NetworkStack, confidence
-from lucid.witness.replay import CLAIM_PAD, DISAGREE_TOL
+from lucid.witness.gradient import gradient_search
+from lucid.witness.replay import CLAIM_PAD, DISAGREE_TOL, LeakQuery, past
 
+SEARCH_STARTS = 4  # gradient starts per searched network: its most disagreeing candidate points
+SEARCH_STEPS = 100
 SAMPLES = 2048  # uniform samples of the domain (besides the training points) that `sampled_leaks` ranks
 REPLAYED = 256  # points `sampled_leaks` replays in float64: the most confident leaking ones
 CHUNK = 256  # networks per forward pass
@@ -54,13 +59,8 @@ def sampled_leaks(stack: NetworkStack, cls: int, lower: np.ndarray, upper: np.nd
     each network's most confident leaking point (ranked in float32; only the replay in float64
     decides), the REPLAYED most confident of them: the networks with the largest leaks, which set
     the level's lower bound, are the ones whose points are replayed."""
-    rng = np.random.default_rng(seed)
-    candidates = [lower + (upper - lower) * rng.random((SAMPLES, len(lower)))]
-    if points is not None and len(points):
-        candidates.append(np.clip(np.asarray(points, dtype=np.float64), lower, upper))
-    x = np.concatenate(candidates)
+    x = _candidates(stack, cls, lower, upper, points, seed)
     conf_n = confidence(stack.select(np.array([0])).forward(x)[0], cls)
-    x, conf_n = x[conf_n > 0], conf_n[conf_n > 0]
     if not len(x):
         return np.full(len(stack), -np.inf)
     best = np.full(len(stack), -1, dtype=np.int64)  # per network: its most confident leaking point
@@ -72,6 +72,35 @@ def sampled_leaks(stack: NetworkStack, cls: int, lower: np.ndarray, upper: np.nd
     chosen = np.unique(best[best >= 0])
     chosen = chosen[np.argsort(-conf_n[chosen])[:REPLAYED]]
     return leaks_at(stack, cls, x[chosen], lower, upper)
+
+
+def _candidates(stack: NetworkStack, cls: int, lower: np.ndarray, upper: np.ndarray, points: np.ndarray | None,
+                seed: int) -> np.ndarray:
+    """Uniform samples of the domain and the training points, those N labels `cls`."""
+    rng = np.random.default_rng(seed)
+    candidates = [lower + (upper - lower) * rng.random((SAMPLES, len(lower)))]
+    if points is not None and len(points):
+        candidates.append(np.clip(np.asarray(points, dtype=np.float64), lower, upper))
+    x = np.concatenate(candidates)
+    return x[confidence(stack.select(np.array([0])).forward(x)[0], cls) > 0]
+
+
+def searched_leaks(stack: NetworkStack, cls: int, positions: np.ndarray, lower: np.ndarray, upper: np.ndarray,
+                   points: np.ndarray | None = None, deadline: float | None = None, seed: int = 0) -> np.ndarray:
+    """`leaks_at` over the points that gradient ascent reaches for each network of `positions` in
+    turn (from its SEARCH_STARTS most disagreeing candidates), until `deadline` (time.monotonic())."""
+    x = _candidates(stack, cls, lower, upper, points, seed)
+    found = []
+    for p in positions:
+        if past(deadline) or not len(x):
+            break
+        own = np.array([int(p)])
+        starts = x[np.argsort(confidence(stack.select(own).forward(x)[0], cls))[:SEARCH_STARTS]]
+        leak = gradient_search(LeakQuery(stack, own, cls, lower, upper), starts, steps=SEARCH_STEPS, polish=1,
+                               seed=seed, deadline=deadline)
+        if leak is not None:
+            found.append(leak.x)
+    return leaks_at(stack, cls, np.array(found), lower, upper) if found else np.full(len(stack), -np.inf)
 
 
 class NetworkLeaks:
@@ -94,6 +123,9 @@ class NetworkLeaks:
 
     def sampled(self, cls: int) -> np.ndarray:
         return sampled_leaks(self.stack, cls, self.lower, self.upper, self.points)
+
+    def searched(self, cls: int, positions: np.ndarray, deadline: float | None) -> np.ndarray:
+        return searched_leaks(self.stack, cls, positions, self.lower, self.upper, self.points, deadline)
 
     def position(self, row: int) -> int | None:
         return self._positions.get(int(row))
