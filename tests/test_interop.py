@@ -790,3 +790,80 @@ def test_export_then_import_restores_a_run_with_its_fingerprint(tmp_path, capsys
                          "--out", tmp_path / "changed"], capsys)
     assert code == 0 and "provenance not kept" in err, err
     assert open_run(tmp_path / "changed").meta["training"]["algorithm"] == "external"
+
+
+# ------------------------------------------------------------------------------------- paths and sizes
+
+
+def _import_case(tmp_path: Path, exported: Path, tiny_run: Path, capsys, change, *flags) -> tuple[int, str, Path]:
+    """Import `exported`'s networks after `change(files, manifest)`; (exit status, stderr, RUN)."""
+    import shutil
+
+    files = tmp_path / "files"
+    shutil.copytree(exported, files)
+    manifest = json.loads((files / "manifest.json").read_text())
+    change(files, manifest)
+    (files / "manifest.json").write_text(json.dumps(manifest))
+    out = tmp_path / "out"
+    code, err = run_cli(["import", "--manifest", files / "manifest.json", "--data", tiny_run / "data.npz",
+                         "--out", out, *flags], capsys)
+    return code, err, out
+
+
+def _outside(tmp_path: Path) -> Path:
+    """A valid network file outside the manifest's directory."""
+    import shutil
+
+    shutil.copytree(tmp_path / "files", tmp_path / "elsewhere")
+    return tmp_path / "elsewhere" / "n1.onnx"
+
+
+def _link(files: Path, target: Path) -> str:
+    (files / "link.onnx").symlink_to(target)
+    return "link.onnx"
+
+
+PATH_CASES = {  # (change to the exported files, words of the one-line refusal)
+    "absolute path": (lambda files, tmp: str((files / "n1.onnx").resolve()), "is an absolute path"),
+    "parent directory": (lambda files, tmp: "../elsewhere/n1.onnx", "outside the manifest's directory"),
+    "link outside": (lambda files, tmp: _link(files, _outside(tmp)), "a symbolic link must point inside it"),
+    "link to a system file": (lambda files, tmp: _link(files, Path("/etc/passwd")), "outside the manifest's directory"),
+    "a directory": (lambda files, tmp: (files / "sub.onnx").mkdir() or "sub.onnx", "is a directory; give the file"),
+}
+
+
+@pytest.mark.parametrize("case", list(PATH_CASES))
+def test_paths_outside_the_manifests_directory_are_refused_before_reading(case, tmp_path, exported, tiny_run, capsys):
+    change, words = PATH_CASES[case]
+
+    def edit(files, manifest):
+        manifest["networks"][2]["file"] = change(files, tmp_path)
+
+    code, err, out = _import_case(tmp_path, exported, tiny_run, capsys, edit)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and words in err and not out.exists(), err
+    # a link that stays inside the directory is read as the file it points to
+    code, err, out = _import_case(tmp_path / "inside", exported, tiny_run, capsys,
+                                  lambda files, m: m["networks"][2].update(file=_link(files, files / m["networks"][2]["file"])))
+    assert code == 0 and out.exists(), err
+
+
+def test_a_file_over_the_size_cap_is_refused_from_its_size_and_the_flag_raises_it(tmp_path, exported, tiny_run, capsys):
+    def huge(files, manifest):  # sparse: 2.5 GB on paper, no disk space, never read
+        with open(files / "huge.onnx", "wb") as fh:
+            fh.truncate(2_500_000_000)
+        manifest["networks"][1]["file"] = "huge.onnx"
+
+    code, err, out = _import_case(tmp_path / "a", exported, tiny_run, capsys, huge)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "huge.onnx has 2.5GB, more than the 1GB" in err and "--max-file-size 2.5G" in err, err
+    assert not out.exists()
+    size = (exported / "n0.onnx").stat().st_size
+    code, err, out = _import_case(tmp_path / "b", exported, tiny_run, capsys, lambda f, m: None,
+                                  "--max-file-size", str(size - 1))
+    assert code == 2 and "more than the" in err and "--max-file-size" in err and not out.exists(), err
+    code, err, out = _import_case(tmp_path / "c", exported, tiny_run, capsys, lambda f, m: None,
+                                  "--max-file-size", "1M")
+    assert code == 0 and out.exists(), err
+    code, err, out = _import_case(tmp_path / "d", exported, tiny_run, capsys, lambda f, m: None,
+                                  "--max-file-size", "lots")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "is not a size" in err, err

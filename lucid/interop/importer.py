@@ -25,7 +25,7 @@ from lucid.atomic import write_atomic, write_json_atomic
 from lucid.dynamic_range import check_tensors_range
 from lucid.errors import LucidError
 from lucid.interop.dense import DenseNet, non_finite_layer
-from lucid.interop.import_data import ImportData, load_data
+from lucid.interop.import_data import MAX_FILE_BYTES, ImportData, checked_file, load_data
 from lucid.interop.manifest import Manifest, domain_of, feature_names_of, labels_of, read_manifest, scaler_of
 from lucid.interop.onnx_read import read_onnx
 from lucid.interop.provenance import NOT_KEPT, imported_run_fingerprint, restored_run
@@ -39,7 +39,7 @@ READERS = {".onnx": read_onnx, ".pt": read_torch, ".pth": read_torch, ".safetens
 # ------------------------------------------------------------------------------------- networks
 
 
-def check_rows(manifest: Manifest, train_size: int) -> list[int]:
+def check_rows(manifest: Manifest, train_size: int, max_bytes: int = MAX_FILE_BYTES) -> list[int]:
     """The manifest's order of the stack: N first, then the network of each training row 0..n-1."""
     where: dict[int, int] = {}
     for j, row in enumerate(manifest.removed):
@@ -59,10 +59,9 @@ def check_rows(manifest: Manifest, train_size: int) -> list[int]:
         raise LucidError(f"manifest {manifest.path}: no network for training row {missing[0]}{more} "
                          f"(LUCID needs one per row of the {train_size} training rows)")
     for file in manifest.files:
-        if not file.is_file():
-            raise LucidError(f"manifest {manifest.path}: network file {file} does not exist")
         if file.suffix.lower() not in READERS:
             raise LucidError(f"{file}: unknown network file type '{file.suffix}' (use .onnx, .pt, .pth or .safetensors)")
+        checked_file(file, f"manifest {manifest.path}: network file", max_bytes)
     return [where[row] for row in range(-1, train_size)]
 
 
@@ -132,13 +131,15 @@ class Imported:
     provenance: str = ""
 
 
-def import_run(manifest_path: str | Path, data_path: str | Path, out: str | Path) -> Imported:
-    """Build the run directory `out` from the manifest's networks and the data."""
+def import_run(manifest_path: str | Path, data_path: str | Path, out: str | Path,
+               max_file_bytes: int = MAX_FILE_BYTES) -> Imported:
+    """Build the run directory `out` from the manifest's networks and the data; every input file is
+    refused, before it is read, when larger than `max_file_bytes`."""
     out = Path(out)
     _check_out(out)
-    manifest = read_manifest(manifest_path)
-    data = load_data(data_path)
-    order = check_rows(manifest, len(data.y_train))
+    manifest = read_manifest(manifest_path, max_file_bytes)
+    data = load_data(data_path, max_file_bytes)
+    order = check_rows(manifest, len(data.y_train), max_file_bytes)
     n_file = manifest.files[order[0]]
     n = read_network(n_file)
     sizes = n.layer_sizes

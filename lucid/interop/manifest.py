@@ -19,7 +19,7 @@ import numpy as np
 from lucid.atomic import read_json
 from lucid.dynamic_range import check_scaler_range
 from lucid.errors import LucidError
-from lucid.interop.import_data import ImportData
+from lucid.interop.import_data import MAX_FILE_BYTES, ImportData, checked_file
 
 IN_UNIT_SLACK = 1e-6  # as lucid.data: features within [-slack, 1 + slack] count as in [0, 1]
 
@@ -37,9 +37,10 @@ class Manifest:
     origin: Any = None  # `lucid export --all`'s record of the run it came from
 
 
-def read_manifest(path: str | Path) -> Manifest:
+def read_manifest(path: str | Path, max_bytes: int = MAX_FILE_BYTES) -> Manifest:
     """The manifest at `path`, its form checked (fields, training record, one entry per network)."""
     path = Path(path)
+    checked_file(path, "manifest", max_bytes)
     obj = read_json(path, missing=f"manifest {path} does not exist", unreadable=f"cannot read manifest {path} as JSON")
     if not isinstance(obj, dict):
         raise LucidError(f"manifest {path} must be a JSON object with 'training' and 'networks'")
@@ -66,10 +67,26 @@ def read_manifest(path: str | Path) -> Manifest:
         row = entry["removed"]
         if row is not None and (isinstance(row, bool) or not isinstance(row, int) or row < 0):
             raise LucidError(f"manifest {path}: networks[{j}] 'removed' must be a training row (an integer >= 0) or null")
-        files.append(path.parent / entry["file"])  # relative paths are relative to the manifest
+        files.append(_network_path(path, entry["file"], j))
         removed.append(-1 if row is None else row)
     return Manifest(path, record, files, removed, obj.get("domain"), obj.get("labels"), obj.get("scaler"),
                     obj.get("feature_names"), obj.get("origin"))
+
+
+def _network_path(manifest: Path, name: str, j: int) -> Path:
+    """A network file's path: relative to the manifest's directory and, once every '..' and symbolic
+    link is followed, inside it. A manifest is often someone else's: it must not make the import read
+    any other file the user can read (a key, a system file) into a run directory."""
+    where = f"manifest {manifest}: networks[{j}] file '{name}'"
+    if Path(name).is_absolute():
+        raise LucidError(f"{where} is an absolute path; give it relative to the manifest's directory "
+                         "(copy or move the file there)")
+    base = manifest.parent.resolve()
+    target = (manifest.parent / name).resolve()
+    if not target.is_relative_to(base):
+        raise LucidError(f"{where} resolves to {target}, outside the manifest's directory {base}; copy or move "
+                         "the file into that directory (a symbolic link must point inside it too)")
+    return manifest.parent / name
 
 
 # ------------------------------------------------------------------------------------- run.json fields
