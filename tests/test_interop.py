@@ -867,3 +867,43 @@ def test_a_file_over_the_size_cap_is_refused_from_its_size_and_the_flag_raises_i
     code, err, out = _import_case(tmp_path / "d", exported, tiny_run, capsys, lambda f, m: None,
                                   "--max-file-size", "lots")
     assert code == 2 and len(err.strip().splitlines()) == 1 and "is not a size" in err, err
+
+
+# ------------------------------------------------------------------------------------- bfloat16
+
+
+@pytest.mark.parametrize("form", ["safetensors", "pt", "onnx-default-exporter", "onnx-legacy-exporter"])
+def test_bfloat16_parameters_are_widened_exactly(form, tmp_path):
+    """A bfloat16 model imports as the float32 network holding the same values (bfloat16 is float32
+    with the low 16 mantissa bits zero), and computes what torch computes with them."""
+    import torch
+
+    from lucid.interop.importer import read_network
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3)).to(torch.bfloat16)
+    if form == "safetensors":
+        from safetensors.torch import save_file
+
+        path = tmp_path / "net.safetensors"
+        save_file(model.state_dict(), str(path))
+    elif form == "pt":
+        path = tmp_path / "net.pt"
+        torch.save(model.state_dict(), path)
+    else:
+        if "default" in form:
+            pytest.importorskip("onnxscript")
+        path = _export(model, torch.rand(1, 4, dtype=torch.bfloat16), tmp_path / "net.onnx", dynamo="default" in form)
+        inits = {i.name: i.data_type for i in onnx.load(str(path)).graph.initializer}
+        assert TensorProto.BFLOAT16 in inits.values(), inits  # the file does hold bfloat16
+    net = read_network(path)
+    params = [p.detach().float().numpy() for p in model.parameters()]
+    assert [w.dtype for w in net.weights] == [np.float32, np.float32]
+    for got, want in zip([net.weights[0], net.biases[0], net.weights[1], net.biases[1]], params):
+        assert got.tobytes() == want.tobytes()
+    rows = torch.rand(64, 4)
+    with torch.no_grad():
+        expected = model.float()(rows).double().numpy()
+    h = rows.double().numpy()
+    h = np.maximum(h @ net.weights[0].T.astype(np.float64) + net.biases[0], 0.0) @ net.weights[1].T + net.biases[1]
+    assert np.abs(h - expected).max() <= 1e-5

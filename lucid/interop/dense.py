@@ -39,6 +39,8 @@ def exact_float32(value: np.ndarray, what: str) -> np.ndarray:
     a = np.asarray(value)
     if a.dtype == np.float32:
         return a
+    if a.dtype.name == "bfloat16":  # ml_dtypes' type, as onnx and safetensors read it (numpy has none)
+        return a.astype(np.float32)  # exact: bfloat16 is float32 with the last 16 mantissa bits zero
     if a.dtype.kind != "f":
         raise LucidError(f"{what} has dtype {a.dtype}; LUCID reads floating-point parameters only")
     cast = a.astype(np.float32)
