@@ -571,12 +571,33 @@ def test_a_zero_or_extreme_scaler_and_extreme_weights_are_refused_in_one_line(tm
     assert not (tmp_path / "huge-run").exists()
 
 
+def _flatten_cnn(idiom: str):
+    """A CNN flattened by hand, as PyTorch scripts usually do: x.view(x.size(0), -1) or
+    x.reshape(x.shape[0], -1)."""
+    import torch
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = torch.nn.Conv2d(1, 2, 3, stride=2, padding=1)
+            self.fc1, self.fc2 = torch.nn.Linear(18, 6), torch.nn.Linear(6, 2)
+
+        def forward(self, x):
+            h = torch.relu(self.conv(x))
+            h = h.view(h.size(0), -1) if idiom == "view" else h.reshape(h.shape[0], -1)
+            return self.fc2(torch.relu(self.fc1(h)))
+
+    return Net()
+
+
 @pytest.mark.parametrize("dynamo", [True, False], ids=["default-exporter", "legacy-exporter"])
 @pytest.mark.parametrize("batch", ["fixed", "dynamic"])
-@pytest.mark.parametrize("kind", ["mlp", "cnn"])
+@pytest.mark.parametrize("kind", ["mlp", "cnn", "cnn-view", "cnn-reshape"])
 def test_what_torch_onnx_export_writes_imports_as_the_same_network(tmp_path, kind, batch, dynamo):
     """The files torch.onnx.export really writes (the default dynamo exporter writes nn.Flatten as
-    Reshape(allowzero=1) to [1, w] or [-1, w]) import, and LUCID's forward pass matches torch's."""
+    Reshape(allowzero=1) to [1, w] or [-1, w]; the flatten idioms x.view(x.size(0), -1) and
+    x.reshape(x.shape[0], -1) become [1, -1], or a shape built from Shape by the legacy exporter)
+    import, and LUCID's forward pass matches torch's."""
     import torch
 
     if dynamo:
@@ -584,7 +605,9 @@ def test_what_torch_onnx_export_writes_imports_as_the_same_network(tmp_path, kin
     from lucid.interop.onnx_read import read_onnx
 
     torch.manual_seed(0)
-    if kind == "cnn":
+    if kind in ("cnn-view", "cnn-reshape"):
+        model, x = _flatten_cnn(kind.split("-")[1]), torch.rand(1, 1, 5, 5)
+    elif kind == "cnn":
         model = torch.nn.Sequential(torch.nn.Conv2d(1, 2, 3, stride=2, padding=1), torch.nn.ReLU(), torch.nn.Flatten(),
                                     torch.nn.Linear(18, 6), torch.nn.ReLU(), torch.nn.Linear(6, 2))
         x = torch.rand(1, 1, 5, 5)
@@ -907,3 +930,33 @@ def test_bfloat16_parameters_are_widened_exactly(form, tmp_path):
     h = rows.double().numpy()
     h = np.maximum(h @ net.weights[0].T.astype(np.float64) + net.biases[0], 0.0) @ net.weights[1].T + net.biases[1]
     assert np.abs(h - expected).max() <= 1e-5
+
+
+@pytest.mark.parametrize("index, batch, accepted", [(0, "n", True), (1, "n", False), (0, 3, True)])
+def test_a_reshape_from_the_running_shape_keeps_the_batch_only_from_its_batch_entry(tmp_path, index, batch, accepted):
+    """Shape -> Gather(index) -> Unsqueeze -> Concat [-1] -> Reshape: the batch entry keeps the
+    [batch, features] layout (a fixed batch too); another entry (here the 3 features: [3, -1] on
+    a dynamic batch) is refused."""
+    from lucid.errors import LucidError
+    from lucid.interop.onnx_read import read_onnx
+
+    w = np.arange(6, dtype=np.float32).reshape(2, 3)
+    nodes = [helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("Gather", ["s", "i"], ["g"], axis=0),
+             helper.make_node("Unsqueeze", ["g", "axes"], ["u"]),
+             helper.make_node("Concat", ["u", "minus"], ["shape"], axis=0),
+             helper.make_node("Reshape", ["x", "shape"], ["r"]),
+             helper.make_node("Gemm", ["r", "w"], ["scores"], transB=1)]
+    inits = [numpy_helper.from_array(np.array(index, dtype=np.int64), "i"),
+             numpy_helper.from_array(np.array([0], dtype=np.int64), "axes"),
+             numpy_helper.from_array(np.array([-1], dtype=np.int64), "minus"), numpy_helper.from_array(w, "w")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 3])],
+                              [helper.make_tensor_value_info("scores", TensorProto.FLOAT, [batch, 2])], initializer=inits)
+    onnx.save_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), str(tmp_path / "s.onnx"))
+    if accepted:
+        assert np.array_equal(read_onnx(tmp_path / "s.onnx").weights[0], w)
+        x = np.random.default_rng(0).uniform(size=(3, 3)).astype(np.float32)
+        assert np.abs(ort_run(tmp_path / "s.onnx", x) - x @ w.T).max() <= 1e-5
+    else:
+        with pytest.raises(LucidError, match=r"reshapes to \[3, -1\], which does not keep"):
+            read_onnx(tmp_path / "s.onnx")

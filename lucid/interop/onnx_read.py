@@ -1,8 +1,9 @@
 """Dense ReLU networks read from ONNX with the `onnx` library (`lucid import`; the writer is `onnx_write`).
 
 Read: a chain of Gemm, MatMul (optionally followed by the Add of its bias), Relu, and
-Flatten / Reshape that keep the [batch, features] layout; constants come from initializers or
-Constant nodes. On an image input [batch, C, H, W], 2-D `Conv` layers (one group, no dilation,
+Flatten / Reshape that keep the [batch, features] layout (a Reshape's shape may be built from the
+running tensor's Shape, as torch's legacy exporter writes `x.view(x.size(0), -1)`); constants come
+from initializers or Constant nodes. On an image input [batch, C, H, W], 2-D `Conv` layers (one group, no dilation,
 the same stride on both axes and the same zero padding on every side) come first, each lowered
 exactly to the dense layer it is (`lucid.convolution`, on the C-H-W flattened image), then a
 Flatten. Anything else (another op, a branch, a ReLU after the last layer, two layers without a
@@ -52,6 +53,14 @@ class _Chain:
         self.relu: list[bool] = []
         self.kinds: list[str] = []
         self.open_matmul = False  # the last layer was a MatMul whose Add may follow
+        # shape tensors computed from the running tensor's Shape (`_shape_arithmetic`): a list of
+        # entries or one entry, each a size, "batch" (the input's own batch size) or None (unknown)
+        self.shapes: dict[str, object] = {}
+
+    def dims(self) -> list:
+        """The running tensor's shape as `shapes` holds it."""
+        rest = list(self.image) if self.image is not None else [self.width] if self.rank == 2 else [None] * (self.rank - 1)
+        return ["batch" if self.batch is None else self.batch, *rest]
 
     def fail(self, node, why: str) -> None:
         raise LucidError(f"{self.path}: {node.op_type} node '{node.name or node.output[0]}' {why}")
@@ -100,7 +109,9 @@ def read_onnx(path: str | Path) -> DenseNet:
         if node.op_type == "Identity" and node.input and node.input[0] in consts:  # a constant's copy
             consts[node.output[0]] = consts[node.input[0]]
             continue
-        data = [name for name in node.input if name and name not in consts]
+        if _shape_arithmetic(chain, node, consts):
+            continue
+        data = [name for name in node.input if name and name not in consts and name not in chain.shapes]
         if data != [chain.current]:
             _unsupported_consumer(chain, graph.node, consts)
             chain.fail(node, "does not act on the previous layer's output alone; LUCID imports a plain chain of layers")
@@ -116,7 +127,43 @@ def read_onnx(path: str | Path) -> DenseNet:
     return checked_net(chain.weights, biases, str(path), tuple(chain.kinds))
 
 
-READ_OPS = {"Gemm", "MatMul", "Add", "Conv", "Relu", "Flatten", "Reshape", "Identity", "Constant"}
+READ_OPS = {"Gemm", "MatMul", "Add", "Conv", "Relu", "Flatten", "Reshape", "Identity", "Constant", "Shape"}
+
+
+def _shape_arithmetic(chain: _Chain, node, consts: dict[str, np.ndarray]) -> bool:
+    """Follow the shape tensor that a Reshape to [batch, -1] is built from, when the batch is not
+    fixed: torch's legacy exporter writes `x.view(x.size(0), -1)` (and `x.reshape(x.shape[0], -1)`)
+    as Shape(x) -> Gather(0) -> Unsqueeze -> Concat with [-1] -> Reshape. Only these ops, on the
+    running tensor's shape and constants, are followed (`chain.shapes`); True if `node` was one."""
+    op, attrs = node.op_type, _attrs(node)
+    names = [name for name in node.input if name]
+    if op == "Shape" and names == [chain.current]:
+        start, end = int(attrs.get("start", 0)), attrs.get("end")
+        chain.shapes[node.output[0]] = chain.dims()[start:None if end is None else int(end)]
+        return True
+    if not names or names[0] not in chain.shapes or not all(n in chain.shapes or n in consts for n in names):
+        return False
+    value = chain.shapes[names[0]]
+    if op == "Gather" and len(names) == 2 and names[1] in consts and attrs.get("axis", 0) == 0 and isinstance(value, list):
+        index = np.asarray(consts[names[1]])
+        picked = [value[int(i)] if -len(value) <= int(i) < len(value) else None for i in index.ravel()]
+        result: object = picked[0] if index.ndim == 0 else picked
+    elif op == "Unsqueeze" and not isinstance(value, list):
+        axes = consts[names[1]] if len(names) > 1 and names[1] in consts else attrs.get("axes")
+        if axes is None or [int(a) for a in np.ravel(axes)] not in ([0], [-1]):
+            return False
+        result = [value]
+    elif op == "Concat" and attrs.get("axis") in (0, -1):
+        parts = [chain.shapes[n] if n in chain.shapes else np.ravel(consts[n]).tolist() for n in names]
+        if not all(isinstance(part, list) for part in parts):
+            return False
+        result = [entry for part in parts for entry in part]
+    elif op == "Cast" and len(names) == 1:  # a shape's integer type changes nothing read here
+        result = value
+    else:
+        return False
+    chain.shapes[node.output[0]] = result
+    return True
 HINTS = {"BatchNormalization": " (fold it into the layer before: torch.onnx.export's default exporter does so "
                                "for a model in eval mode)",
          "Pad": " (a padding mode other than zeros, or padding the Conv cannot express)"}
@@ -222,17 +269,25 @@ def _conv(chain: _Chain, node, consts: dict[str, np.ndarray], attrs: dict) -> No
 
 def _reshape(chain: _Chain, node, consts: dict[str, np.ndarray], attrs: dict) -> None:
     """Only a reshape to [batch, features] is read: [0, w] or [0, -1] (0: keep the batch, so not with
-    allowzero, where 0 is a literal zero), [-1, w] with w the known width, or [1, w] when the
-    graph's input has a fixed batch of 1 (what torch.onnx.export writes for nn.Flatten: allowzero=1
-    with [-1, w] for a dynamic batch, [1, w] for the example's batch of 1)."""
-    if len(node.input) < 2 or node.input[1] not in consts:
+    allowzero, where 0 is a literal zero), [-1, w] with w the known width, [B, w] or [B, -1] when the
+    graph's input has a fixed batch B, or [batch, w] or [batch, -1] with the batch taken from the
+    running tensor's Shape (`_shape_arithmetic`). torch.onnx.export writes nn.Flatten and
+    `x.view(x.size(0), -1)` as [-1, w] for a dynamic batch and [1, w] or [1, -1] for the example's
+    batch of 1; its legacy exporter writes the latter idiom with a dynamic batch from Shape."""
+    if len(node.input) < 2 or (node.input[1] not in consts and node.input[1] not in chain.shapes):
         chain.fail(node, "has a shape that is not a constant")
-    shape = [int(v) for v in np.asarray(consts[node.input[1]]).ravel()]
+    if node.input[1] in chain.shapes:
+        found = chain.shapes[node.input[1]]
+        shape = found if isinstance(found, list) else [found]
+    else:
+        shape = [int(v) for v in np.asarray(consts[node.input[1]]).ravel()]
+    if not all(isinstance(v, int) for v in shape[1:]) or None in shape:
+        chain.fail(node, f"reshapes to {shape}, a shape LUCID cannot follow")
     width_known = chain.width is not None and len(shape) == 2 and shape[1] == chain.width
     keeps_batch = len(shape) == 2 and (
         (shape[0] == 0 and not attrs.get("allowzero", 0) and (shape[1] == -1 or shape[1] > 0))
         or (shape[0] == -1 and width_known)
-        or (shape[0] == 1 and chain.batch == 1 and width_known))
+        or (shape[0] in ("batch", chain.batch) and chain.batch != 0 and (shape[1] == -1 or width_known)))
     if not keeps_batch:
         zero = " (allowzero=1 makes its 0 a literal zero)" if attrs.get("allowzero", 0) and 0 in shape else ""
         chain.fail(node, f"reshapes to {shape}, which does not keep the [batch, features] layout{zero}")
