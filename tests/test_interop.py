@@ -960,3 +960,110 @@ def test_a_reshape_from_the_running_shape_keeps_the_batch_only_from_its_batch_en
     else:
         with pytest.raises(LucidError, match=r"reshapes to \[3, -1\], which does not keep"):
             read_onnx(tmp_path / "s.onnx")
+
+
+# ------------------------------------------------------------------------------------- one stacked file
+
+
+def _vmap_trained(X: np.ndarray, y: np.ndarray, steps: int = 30):
+    """N and every leave-one-out network trained at once with torch.func.vmap (the left-out row
+    masked out of each network's mean loss): the stacked parameters and the template module."""
+    import torch
+    from torch.func import functional_call, stack_module_state, vmap
+
+    torch.manual_seed(0)
+    template = torch.nn.Sequential(torch.nn.Linear(X.shape[1], 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+    n = len(y)
+    params, _ = stack_module_state([template] * (n + 1))  # one start for every network
+    removed = torch.tensor([-1, *range(n)])
+    keep = torch.ones(n + 1, n)
+    keep[torch.arange(1, n + 1), torch.arange(n)] = 0.0
+    xs, ys = torch.as_tensor(X), torch.as_tensor(y)
+
+    def loss(p, mask):
+        per_row = torch.nn.functional.cross_entropy(functional_call(template, p, (xs,)), ys, reduction="none")
+        return (per_row * mask).sum() / mask.sum()
+
+    optimiser = torch.optim.SGD(list(params.values()), lr=0.5)
+    for _ in range(steps):
+        optimiser.zero_grad()
+        vmap(loss)(params, keep).sum().backward()
+        optimiser.step()
+    return {k: v.detach() for k, v in params.items()}, removed, template
+
+
+def test_a_stacked_file_of_vmap_trained_networks_imports_as_the_same_networks_as_one_file_each(tmp_path):
+    """The fast route: every network in one .safetensors file (stack_module_state's names with a
+    leading network axis, and `removed`). It imports to exactly the networks of one file each (the
+    same networks.safetensors and fingerprint), in the file's own order or any other, and each
+    computes what torch's functional_call computes."""
+    import torch
+    from safetensors.torch import save_file
+    from torch.func import functional_call
+
+    rng = np.random.default_rng(0)
+    X = rng.uniform(size=(7, 4)).astype(np.float32)
+    y = np.array([0, 1, 2, 0, 1, 2, 0])
+    np.savez(tmp_path / "data.npz", X=X, y=y)
+    params, removed, template = _vmap_trained(X, y)
+    shuffled = torch.randperm(len(removed), generator=torch.Generator().manual_seed(1))  # any order
+    (tmp_path / "stacked").mkdir()
+    save_file({**{k: v[shuffled].contiguous() for k, v in params.items()}, "removed": removed[shuffled]},
+              str(tmp_path / "stacked" / "all.safetensors"))
+    (tmp_path / "stacked" / "manifest.json").write_text(json.dumps({
+        "training": {"name": "vmap-sgd"}, "networks": [{"file": "all.safetensors", "stacked": True}]}))
+    (tmp_path / "single").mkdir()
+    entries = []
+    for p, row in enumerate(removed.tolist()):
+        save_file({k: v[p].contiguous() for k, v in params.items()}, str(tmp_path / "single" / f"n{p}.safetensors"))
+        entries.append({"file": f"n{p}.safetensors", "removed": None if row == -1 else row})
+    (tmp_path / "single" / "manifest.json").write_text(json.dumps({"training": {"name": "vmap-sgd"}, "networks": entries}))
+    for form in ("stacked", "single"):
+        main(["import", "--manifest", str(tmp_path / form / "manifest.json"), "--data", str(tmp_path / "data.npz"),
+              "--out", str(tmp_path / f"run-{form}")])
+    stacked, single = (load_file(str(tmp_path / f"run-{f}" / "networks.safetensors")) for f in ("stacked", "single"))
+    assert stacked.keys() == single.keys() and all(stacked[k].tobytes() == single[k].tobytes() for k in stacked)
+    assert open_run(tmp_path / "run-stacked").meta == open_run(tmp_path / "run-single").meta  # one fingerprint
+    stack = load_networks(tmp_path / "run-stacked")
+    assert stack.removed.tolist() == [-1, *range(7)]
+    rows = torch.rand(64, 4)
+    mine = stack.forward(rows.double().numpy())
+    for p, row in enumerate(removed.tolist()):
+        with torch.no_grad():
+            theirs = functional_call(template, {k: v[p] for k, v in params.items()}, (rows,)).double().numpy()
+        assert np.abs(mine[stack.positions_of([row])[0] if row >= 0 else 0] - theirs).max() <= 1e-5
+
+
+STACKED_CASES = {  # change to the stacked file's tensors or the manifest entry, words of the refusal
+    "no removed": (lambda t, e: t.pop("removed"), "needs a 'removed' tensor"),
+    "short removed": (lambda t, e: t.update(removed=t["removed"][:-1]), "lists 7 networks"),
+    "row twice": (lambda t, e: t["removed"].__setitem__(3, 1), "training row 1 appears twice (all.safetensors (network 2) "
+                                                               "and all.safetensors (network 3))"),
+    "removed given too": (lambda t, e: e.update(removed=0), "drop its 'removed' field"),
+    "not safetensors": (lambda t, e: e.update(file="all.pt"), "is not a .safetensors file"),
+    "listed as one network": (lambda t, e: e.update(stacked=False), "list it in the manifest as"),
+    "NaN": (lambda t, e: t["2.weight"].__setitem__((3, 0, 0), float("nan")), "all.safetensors (network 3) (the network"),
+}
+
+
+@pytest.mark.parametrize("case", list(STACKED_CASES))
+def test_a_malformed_stacked_file_is_refused_in_one_line(case, tmp_path, capsys):
+    import torch
+    from safetensors.torch import save_file
+
+    rng = np.random.default_rng(0)
+    X = rng.uniform(size=(7, 4)).astype(np.float32)
+    np.savez(tmp_path / "data.npz", X=X, y=np.array([0, 1, 2, 0, 1, 2, 0]))
+    torch.manual_seed(0)
+    tensors = {"0.weight": torch.randn(8, 8, 4), "0.bias": torch.randn(8, 8), "2.weight": torch.randn(8, 3, 8),
+               "2.bias": torch.randn(8, 3), "removed": torch.arange(-1, 7)}
+    entry: dict = {"file": "all.safetensors", "stacked": True}
+    change, words = STACKED_CASES[case]
+    change(tensors, entry)
+    save_file(tensors, str(tmp_path / "all.safetensors"))
+    entries = [entry] if entry["stacked"] else [{"file": entry["file"], "removed": r} for r in (None, *range(7))]
+    (tmp_path / "manifest.json").write_text(json.dumps({"training": {"name": "t"}, "networks": entries}))
+    code, err = run_cli(["import", "--manifest", tmp_path / "manifest.json", "--data", tmp_path / "data.npz",
+                         "--out", tmp_path / "run"], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and words in err, err
+    assert not (tmp_path / "run").exists()

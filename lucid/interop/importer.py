@@ -29,7 +29,7 @@ from lucid.interop.import_data import MAX_FILE_BYTES, ImportData, checked_file, 
 from lucid.interop.manifest import Manifest, domain_of, feature_names_of, labels_of, read_manifest, scaler_of
 from lucid.interop.onnx_read import read_onnx
 from lucid.interop.provenance import NOT_KEPT, imported_run_fingerprint, restored_run
-from lucid.interop.state_dict import read_safetensors, read_torch
+from lucid.interop.state_dict import StackedStateDicts, read_safetensors, read_torch
 from lucid.network import NETWORKS_FILE
 from lucid.rundir import EXTERNAL_ALGORITHM, RUN_FORMAT
 
@@ -39,6 +39,17 @@ READERS = {".onnx": read_onnx, ".pt": read_torch, ".pth": read_torch, ".safetens
 # ------------------------------------------------------------------------------------- networks
 
 
+def open_stacked(manifest: Manifest, max_bytes: int = MAX_FILE_BYTES) -> dict[Path, StackedStateDicts]:
+    """Each stacked file of the manifest, read once, its networks listed in the manifest."""
+    stacks: dict[Path, StackedStateDicts] = {}
+    for file in manifest.stacked:
+        if file in stacks:
+            raise LucidError(f"manifest {manifest.path}: the stacked file {file.name} is listed twice")
+        stacks[file] = StackedStateDicts(checked_file(file, f"manifest {manifest.path}: network file", max_bytes))
+        manifest.add_stacked(file, stacks[file].removed.tolist())
+    return stacks
+
+
 def check_rows(manifest: Manifest, train_size: int, max_bytes: int = MAX_FILE_BYTES) -> list[int]:
     """The manifest's order of the stack: N first, then the network of each training row 0..n-1."""
     where: dict[int, int] = {}
@@ -46,9 +57,9 @@ def check_rows(manifest: Manifest, train_size: int, max_bytes: int = MAX_FILE_BY
         if row in where:
             which = "N (removed null)" if row == -1 else f"training row {row}"
             raise LucidError(f"manifest {manifest.path}: {which} appears twice "
-                             f"({manifest.files[where[row]].name} and {manifest.files[j].name})")
+                             f"({manifest.name_of(where[row])} and {manifest.name_of(j)})")
         if row >= train_size:
-            raise LucidError(f"manifest {manifest.path}: {manifest.files[j].name} leaves out row {row}, "
+            raise LucidError(f"manifest {manifest.path}: {manifest.name_of(j)} leaves out row {row}, "
                              f"but the data has {train_size} training rows (0..{train_size - 1})")
         where[row] = j
     if -1 not in where:
@@ -58,7 +69,7 @@ def check_rows(manifest: Manifest, train_size: int, max_bytes: int = MAX_FILE_BY
         more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
         raise LucidError(f"manifest {manifest.path}: no network for training row {missing[0]}{more} "
                          f"(LUCID needs one per row of the {train_size} training rows)")
-    for file in manifest.files:
+    for file in (f for f in dict.fromkeys(manifest.files) if f not in manifest.stacked):  # each file once, in order
         if file.suffix.lower() not in READERS:
             raise LucidError(f"{file}: unknown network file type '{file.suffix}' (use .onnx, .pt, .pth or .safetensors)")
         checked_file(file, f"manifest {manifest.path}: network file", max_bytes)
@@ -66,7 +77,15 @@ def check_rows(manifest: Manifest, train_size: int, max_bytes: int = MAX_FILE_BY
 
 
 def read_network(path: Path) -> DenseNet:
+    """The network of a file that holds one."""
     return two_scores(READERS[path.suffix.lower()](path))
+
+
+def _read_entry(manifest: Manifest, j: int, stacks: dict[Path, StackedStateDicts]) -> DenseNet:
+    position = manifest.positions[j]
+    if position is None:
+        return read_network(manifest.files[j])
+    return two_scores(stacks[manifest.files[j]].network(position))
 
 
 def two_scores(net: DenseNet) -> DenseNet:
@@ -81,21 +100,22 @@ def two_scores(net: DenseNet) -> DenseNet:
     return DenseNet(weights, biases, net.kinds)
 
 
-def _check(net: DenseNet, path: Path, row: int, reference: DenseNet, reference_file: Path) -> None:
+def _check(net: DenseNet, source: str, row: int, reference: DenseNet, reference_name: str) -> None:
     if net.layer_sizes != reference.layer_sizes:
-        raise LucidError(f"{path}: layer widths {net.layer_sizes} differ from N's {reference.layer_sizes} "
-                         f"({reference_file.name}); every network needs the same architecture")
+        raise LucidError(f"{source}: layer widths {net.layer_sizes} differ from N's {reference.layer_sizes} "
+                         f"({reference_name}); every network needs the same architecture")
     for k, (mine, theirs) in enumerate(zip(net.layer_kinds, reference.layer_kinds)):
         if mine != theirs:
-            raise LucidError(f"{path}: layer {k} is {mine} but N's is {theirs} ({reference_file.name}); every "
+            raise LucidError(f"{source}: layer {k} is {mine} but N's is {theirs} ({reference_name}); every "
                              "network needs N's architecture, layer kinds included")
     bad = non_finite_layer(net)
     if bad is not None:
         who = "N" if row == -1 else f"the network without row {row}"
-        raise LucidError(f"{path} ({who}): layer {bad} has NaN or infinite parameters")
+        raise LucidError(f"{source} ({who}): layer {bad} has NaN or infinite parameters")
 
 
-def _stacked(manifest: Manifest, order: list[int], n: DenseNet) -> dict[str, np.ndarray]:
+def _stacked(manifest: Manifest, order: list[int], n: DenseNet,
+             stacks: dict[Path, StackedStateDicts]) -> dict[str, np.ndarray]:
     """networks.safetensors' tensors, filled one network at a time (position p = order[p])."""
     k = len(order)
     tensors: dict[str, np.ndarray] = {}
@@ -103,10 +123,11 @@ def _stacked(manifest: Manifest, order: list[int], n: DenseNet) -> dict[str, np.
         tensors[f"layers.{i}.weight"] = np.empty((k, *w.shape), dtype=np.float32)
         tensors[f"layers.{i}.bias"] = np.empty((k, *b.shape), dtype=np.float32)
     tensors["removed"] = np.array([manifest.removed[j] for j in order], dtype=np.int64)
-    reference, n_file = n, manifest.files[order[0]]
+    reference, n_name = n, manifest.name_of(order[0])
     for position, j in enumerate(order):
-        net = n if position == 0 else read_network(manifest.files[j])
-        _check(net, manifest.files[j], manifest.removed[j], reference, n_file)
+        net = n if position == 0 else _read_entry(manifest, j, stacks)
+        where = manifest.files[j].parent / manifest.name_of(j)
+        _check(net, str(where), manifest.removed[j], reference, n_name)
         for i, (w, b) in enumerate(zip(net.weights, net.biases)):
             tensors[f"layers.{i}.weight"][position] = w
             tensors[f"layers.{i}.bias"][position] = b
@@ -139,9 +160,10 @@ def import_run(manifest_path: str | Path, data_path: str | Path, out: str | Path
     _check_out(out)
     manifest = read_manifest(manifest_path, max_file_bytes)
     data = load_data(data_path, max_file_bytes)
+    stacks = open_stacked(manifest, max_file_bytes)
     order = check_rows(manifest, len(data.y_train), max_file_bytes)
-    n_file = manifest.files[order[0]]
-    n = read_network(n_file)
+    n_file = manifest.files[order[0]].parent / manifest.name_of(order[0])
+    n = _read_entry(manifest, order[0], stacks)
     sizes = n.layer_sizes
     d, num_classes = sizes[0], sizes[-1]
     if d != data.X_train.shape[1]:
@@ -164,7 +186,7 @@ def import_run(manifest_path: str | Path, data_path: str | Path, out: str | Path
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.import-", dir=out.parent))
     try:
-        tensors = _stacked(manifest, order, n)
+        tensors = _stacked(manifest, order, n, stacks)
         check_tensors_range(tensors, meta, str(manifest.path))
         arrays = (data.X_train, data.y_train, data.X_test, data.y_test)
         meta["training"]["fingerprint"] = imported_run_fingerprint(meta, arrays, tensors)

@@ -10,7 +10,7 @@ against the data and N's width when the importer builds run.json from them (`dom
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,20 @@ class Manifest:
     scaler: Any
     feature_names: Any
     origin: Any = None  # `lucid export --all`'s record of the run it came from
+    # per entry of `files`: the network's position in a stacked file, None for a file of one network
+    positions: list[int | None] = field(default_factory=list)
+    stacked: list[Path] = field(default_factory=list)  # stacked files, until `add_stacked` lists their networks
+
+    def add_stacked(self, file: Path, removed: list[int]) -> None:
+        """The networks of a stacked file, one entry each, in the file's order."""
+        self.files += [file] * len(removed)
+        self.removed += removed
+        self.positions += list(range(len(removed)))
+
+    def name_of(self, j: int) -> str:
+        """Entry j as messages name it: the file's name, and the position in a stacked file."""
+        position = self.positions[j]
+        return self.files[j].name if position is None else f"{self.files[j].name} (network {position})"
 
 
 def read_manifest(path: str | Path, max_bytes: int = MAX_FILE_BYTES) -> Manifest:
@@ -60,17 +74,31 @@ def read_manifest(path: str | Path, max_bytes: int = MAX_FILE_BYTES) -> Manifest
     networks = obj.get("networks")
     if not isinstance(networks, list) or not networks:
         raise LucidError(f"manifest {path}: 'networks' must be a non-empty list of {{\"file\": ..., \"removed\": ...}}")
-    files, removed = [], []
+    files, removed, stacked = [], [], []
     for j, entry in enumerate(networks):
-        if not isinstance(entry, dict) or not isinstance(entry.get("file"), str) or "removed" not in entry:
-            raise LucidError(f"manifest {path}: networks[{j}] must be {{\"file\": PATH, \"removed\": ROW or null}}")
+        form = "{\"file\": PATH, \"removed\": ROW or null} (or {\"file\": PATH, \"stacked\": true})"
+        if not isinstance(entry, dict) or not isinstance(entry.get("file"), str):
+            raise LucidError(f"manifest {path}: networks[{j}] must be {form}")
+        if entry.get("stacked", False) not in (True, False):
+            raise LucidError(f"manifest {path}: networks[{j}] 'stacked' must be true or false")
+        if entry.get("stacked"):
+            if "removed" in entry:
+                raise LucidError(f"manifest {path}: networks[{j}] is stacked, so its rows come from the file's "
+                                 "'removed' tensor; drop its 'removed' field")
+            if Path(entry["file"]).suffix.lower() != ".safetensors":
+                raise LucidError(f"manifest {path}: networks[{j}] is stacked but '{entry['file']}' is not a "
+                                 ".safetensors file; a stacked file is safetensors (docs/interop.md)")
+            stacked.append(_network_path(path, entry["file"], j))
+            continue
+        if "removed" not in entry:
+            raise LucidError(f"manifest {path}: networks[{j}] must be {form}")
         row = entry["removed"]
         if row is not None and (isinstance(row, bool) or not isinstance(row, int) or row < 0):
             raise LucidError(f"manifest {path}: networks[{j}] 'removed' must be a training row (an integer >= 0) or null")
         files.append(_network_path(path, entry["file"], j))
         removed.append(-1 if row is None else row)
     return Manifest(path, record, files, removed, obj.get("domain"), obj.get("labels"), obj.get("scaler"),
-                    obj.get("feature_names"), obj.get("origin"))
+                    obj.get("feature_names"), obj.get("origin"), [None] * len(files), stacked)
 
 
 def _network_path(manifest: Path, name: str, j: int) -> Path:

@@ -1,5 +1,6 @@
 """Dense ReLU networks from PyTorch state dicts: `.pt` / `.pth` (read with
-`torch.load(..., weights_only=True)`, which never runs pickled code) or `.safetensors`.
+`torch.load(..., weights_only=True)`, which never runs pickled code) or `.safetensors`, one network
+per file or every network in one stacked `.safetensors` file (`StackedStateDicts`).
 
 A state dict holds parameters, not the forward pass, so LUCID reads it as a stack of
 `torch.nn.Linear` layers with a ReLU between every two (`nn.Sequential(Linear, ReLU, ...,
@@ -11,8 +12,6 @@ from __future__ import annotations
 
 import re
 import warnings
-
-import re
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -50,16 +49,64 @@ def read_torch(path: str | Path) -> DenseNet:
     return from_state_dict(arrays, str(path))
 
 
-def read_safetensors(path: str | Path) -> DenseNet:
-    path = Path(path)
+def _safetensors_arrays(path: Path) -> dict[str, np.ndarray]:
     try:
         with safe_open(str(path), framework="numpy") as fh:
-            arrays = {name: fh.get_tensor(name) for name in fh.keys()}
+            return {name: fh.get_tensor(name) for name in fh.keys()}
     except FileNotFoundError:
         raise LucidError(f"{path} does not exist") from None
     except Exception as exc:  # safetensors raises its own error types for damaged files
         raise LucidError(f"cannot read {path} as safetensors: {exc}") from None
+
+
+def read_safetensors(path: str | Path) -> DenseNet:
+    path = Path(path)
+    arrays = _safetensors_arrays(path)
+    if REMOVED in arrays:
+        raise LucidError(f"{path} holds a '{REMOVED}' tensor, so it is a stacked file of every network: list it in the "
+                         "manifest as {\"file\": ..., \"stacked\": true}")
     return from_state_dict(arrays, str(path))
+
+
+REMOVED = "removed"  # a stacked file's [K] vector of left-out rows, -1 for N (as networks.safetensors)
+
+
+class StackedStateDicts:
+    """K networks in one `.safetensors` file: every parameter of the state dict with a leading
+    network axis (`NAME.weight` [K, out, in], `NAME.bias` [K, out]), and `removed` [K], the
+    training row each network was trained without (-1 for N): what `torch.func.stack_module_state`
+    gives for networks trained together with `torch.func.vmap`. The file is read once (it is below
+    the import's size cap); each network is taken from it in turn (`network`)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        arrays = _safetensors_arrays(self.path)
+        removed = arrays.pop(REMOVED, None)
+        if removed is None:
+            raise LucidError(f"{self.path}: a stacked file needs a '{REMOVED}' tensor [networks] of int64 (the training "
+                             "row each network was trained without, -1 for N); without one, list the file as one "
+                             "network: {\"file\": ..., \"removed\": ROW or null}")
+        if removed.ndim != 1 or removed.dtype.kind not in "iu" or len(removed) < 1:
+            raise LucidError(f"{self.path}: '{REMOVED}' must be a 1-D integer tensor with one row per network "
+                             f"(-1 for N), got {removed.dtype} {tuple(removed.shape)}")
+        if (removed < -1).any():
+            raise LucidError(f"{self.path}: '{REMOVED}' holds {int(removed.min())}; each entry is a training row "
+                             "(>= 0) or -1 for N")
+        for name, value in arrays.items():
+            if value.ndim < 1 or value.shape[0] != len(removed):
+                raise LucidError(f"{self.path}: '{name}' has shape {tuple(value.shape)}, but '{REMOVED}' lists "
+                                 f"{len(removed)} networks; every tensor of a stacked file has one entry per network "
+                                 "along its first axis")
+        self.removed = removed.astype(np.int64)
+        self._arrays = arrays
+
+    def __len__(self) -> int:
+        return len(self.removed)
+
+    def network(self, position: int) -> DenseNet:
+        """The network at `position` of the file's leading axis."""
+        return from_state_dict({name: value[position] for name, value in self._arrays.items()},
+                               f"{self.path} (network {position})")
 
 
 def _natural(name: str) -> list:
