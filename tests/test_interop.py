@@ -426,7 +426,7 @@ def test_state_dict_reader_orders_layers_naturally_and_keeps_float32_exact():
     assert np.array_equal(net.weights[0], w2) and np.array_equal(net.biases[1], np.zeros(2, np.float32))
     for arrays, message in [
         ({"0.weight": w2.astype(np.float64) + 1e-12}, "float32 cannot hold exactly"),
-        ({"0.weight": w2, "1.running_mean": np.zeros(3)}, "not a Linear layer's weight or bias"),
+        ({"0.weight": w2, "1.running_mean": np.zeros(3)}, "not a layer's weight or bias"),
         ({"0.weight": w2, "1.weight": w2}, "takes 2 inputs but layer 0 gives 3"),
     ]:
         with pytest.raises(LucidError, match=message):
@@ -1067,3 +1067,77 @@ def test_a_malformed_stacked_file_is_refused_in_one_line(case, tmp_path, capsys)
                          "--out", tmp_path / "run"], capsys)
     assert code == 2 and len(err.strip().splitlines()) == 1 and words in err, err
     assert not (tmp_path / "run").exists()
+
+
+# ------------------------------------------------------------------------------------- CNN state dicts
+
+
+def _digits_cnn():
+    import torch
+
+    nn = torch.nn
+    return nn.Sequential(nn.Conv2d(1, 3, 3, stride=2, padding=1), nn.ReLU(), nn.Conv2d(3, 2, 3), nn.ReLU(),
+                         nn.Flatten(), nn.Linear(8, 6), nn.ReLU(), nn.Linear(6, 3))
+
+
+CNN_CONV = {"input_shape": [1, 8, 8], "layers": [{"stride": 2, "pad": 1}, {"stride": 1, "pad": 0}]}
+
+
+@pytest.mark.parametrize("form", ["pt", "safetensors", "stacked"])
+def test_a_cnn_state_dict_imports_as_the_network_onnx_gives_and_torch_computes(form, tmp_path, capsys):
+    """With the manifest's "conv" (image, strides, padding), a CNN's state dict imports to the very
+    networks its ONNX export does (bit for bit), whose forward pass is torch's; without "conv"
+    it is refused in one line saying what to give."""
+    import torch
+    from safetensors.torch import save_file
+
+    rows = 3
+    X = np.random.default_rng(0).uniform(size=(rows, 64)).astype(np.float32)
+    np.savez(tmp_path / "data.npz", X=X, y=np.array([0, 1, 2]))
+    models = []
+    for position in range(rows + 1):
+        torch.manual_seed(position)
+        models.append(_digits_cnn().eval())
+    for d in ("sd", "onnx"):
+        (tmp_path / d).mkdir()
+    removed = [None, *range(rows)]
+    entries, onnx_entries = [], []
+    for p, (model, row) in enumerate(zip(models, removed)):
+        _export(model, torch.rand(1, 1, 8, 8), tmp_path / "onnx" / f"n{p}.onnx", dynamo=False)
+        onnx_entries.append({"file": f"n{p}.onnx", "removed": row})
+        if form == "pt":
+            torch.save(model.state_dict(), tmp_path / "sd" / f"n{p}.pt")
+            entries.append({"file": f"n{p}.pt", "removed": row})
+        elif form == "safetensors":
+            save_file(model.state_dict(), str(tmp_path / "sd" / f"n{p}.safetensors"))
+            entries.append({"file": f"n{p}.safetensors", "removed": row})
+    if form == "stacked":
+        from torch.func import stack_module_state
+
+        params, _ = stack_module_state(models)
+        save_file({**{k: v.detach().contiguous() for k, v in params.items()}, "removed": torch.tensor([-1, 0, 1, 2])},
+                  str(tmp_path / "sd" / "all.safetensors"))
+        entries.append({"file": "all.safetensors", "stacked": True})
+    for d, listed, extra in (("sd", entries, {"conv": CNN_CONV}), ("onnx", onnx_entries, {})):
+        (tmp_path / d / "manifest.json").write_text(json.dumps({"training": {"name": "t"}, "networks": listed, **extra}))
+        main(["import", "--manifest", str(tmp_path / d / "manifest.json"), "--data", str(tmp_path / "data.npz"),
+              "--out", str(tmp_path / f"run-{d}")])
+    from_sd, from_onnx = (load_file(str(tmp_path / f"run-{d}" / "networks.safetensors")) for d in ("sd", "onnx"))
+    assert from_sd.keys() == from_onnx.keys() and all(from_sd[k].tobytes() == from_onnx[k].tobytes() for k in from_sd)
+    stack = load_networks(tmp_path / "run-sd")
+    images = torch.rand(64, 1, 8, 8)
+    mine = stack.forward(images.reshape(64, -1).double().numpy())
+    for p, model in enumerate(models):
+        with torch.no_grad():
+            assert np.abs(mine[p] - model(images).double().numpy()).max() <= 1e-5
+    # without "conv", or with the wrong strides: one line, what to do, nothing written
+    capsys.readouterr()
+    for conv, words in ((None, "give them in the manifest"), ({**CNN_CONV, "layers": CNN_CONV["layers"][:1]},
+                                                              "2 convolutions, but the manifest's \"conv\" describes 1"),
+                        ({**CNN_CONV, "input_shape": [1, 8]}, "write 'conv' as")):
+        manifest = {"training": {"name": "t"}, "networks": entries, **({} if conv is None else {"conv": conv})}
+        (tmp_path / "sd" / "manifest.json").write_text(json.dumps(manifest))
+        code, err = run_cli(["import", "--manifest", tmp_path / "sd" / "manifest.json", "--data", tmp_path / "data.npz",
+                             "--out", tmp_path / "refused"], capsys)
+        assert code == 2 and len(err.strip().splitlines()) == 1 and words in err, err
+        assert not (tmp_path / "refused").exists()

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from lucid.convolution import conv2d_output_hw, conv2d_to_dense
 from lucid.errors import LucidError
 
 
@@ -72,3 +73,20 @@ def non_finite_layer(net: DenseNet) -> int | None:
         if not (np.isfinite(w).all() and np.isfinite(b).all()):
             return k
     return None
+
+
+def lowered_conv(weight: np.ndarray, bias: np.ndarray, image: tuple[int, int, int], stride: int,
+                 pad: int) -> tuple[np.ndarray, np.ndarray, str, tuple[int, int, int]]:
+    """A 2-D convolution (kernel [out, in, kh, kw], bias [out], zero padding `pad` on every side) of
+    the C-H-W image `image`, as the dense layer it is on the flattened image (exact:
+    `lucid.convolution.conv2d_to_dense`), in the kernel's own type; with the layer's kind (what
+    networks of one run must agree on) and its output image. The one lowering of every reader."""
+    c_out, c_in, kh, kw = (int(v) for v in weight.shape)
+    if c_in != image[0]:
+        raise LucidError(f"reads {c_in} channels but its input has {image[0]}")
+    # conv2d_to_dense checks the stride and padding before any size is computed from them
+    dense_w, dense_b = conv2d_to_dense(weight[None], bias[None], image, stride, pad)
+    oh, ow = conv2d_output_hw(image[1], image[2], (kh, kw), stride, pad)
+    # back in the file's own types (the entries are copies, so exactly), for checked_net's dtype rules
+    kind = f"conv {kh}x{kw} stride {stride} pad {pad} on image {image}"
+    return dense_w[0].astype(weight.dtype), dense_b[0].astype(bias.dtype), kind, (c_out, oh, ow)

@@ -29,7 +29,7 @@ from lucid.interop.import_data import MAX_FILE_BYTES, ImportData, checked_file, 
 from lucid.interop.manifest import Manifest, domain_of, feature_names_of, labels_of, read_manifest, scaler_of
 from lucid.interop.onnx_read import read_onnx
 from lucid.interop.provenance import NOT_KEPT, imported_run_fingerprint, restored_run
-from lucid.interop.state_dict import StackedStateDicts, read_safetensors, read_torch
+from lucid.interop.state_dict import ConvSpec, StackedStateDicts, read_safetensors, read_torch
 from lucid.network import NETWORKS_FILE
 from lucid.rundir import EXTERNAL_ALGORITHM, RUN_FORMAT
 
@@ -76,16 +76,19 @@ def check_rows(manifest: Manifest, train_size: int, max_bytes: int = MAX_FILE_BY
     return [where[row] for row in range(-1, train_size)]
 
 
-def read_network(path: Path) -> DenseNet:
-    """The network of a file that holds one."""
-    return two_scores(READERS[path.suffix.lower()](path))
+def read_network(path: Path, conv: ConvSpec | None = None) -> DenseNet:
+    """The network of a file that holds one; `conv`: a state-dict CNN's image, strides and padding
+    (an ONNX graph says its own)."""
+    if path.suffix.lower() == ".onnx":
+        return two_scores(read_onnx(path))
+    return two_scores(READERS[path.suffix.lower()](path, conv))
 
 
 def _read_entry(manifest: Manifest, j: int, stacks: dict[Path, StackedStateDicts]) -> DenseNet:
     position = manifest.positions[j]
     if position is None:
-        return read_network(manifest.files[j])
-    return two_scores(stacks[manifest.files[j]].network(position))
+        return read_network(manifest.files[j], manifest.conv)
+    return two_scores(stacks[manifest.files[j]].network(position, manifest.conv))
 
 
 def two_scores(net: DenseNet) -> DenseNet:

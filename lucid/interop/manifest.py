@@ -20,6 +20,7 @@ from lucid.atomic import read_json
 from lucid.dynamic_range import check_scaler_range
 from lucid.errors import LucidError
 from lucid.interop.import_data import MAX_FILE_BYTES, ImportData, checked_file
+from lucid.interop.state_dict import CONV_FORM, ConvSpec
 
 IN_UNIT_SLACK = 1e-6  # as lucid.data: features within [-slack, 1 + slack] count as in [0, 1]
 
@@ -38,6 +39,7 @@ class Manifest:
     # per entry of `files`: the network's position in a stacked file, None for a file of one network
     positions: list[int | None] = field(default_factory=list)
     stacked: list[Path] = field(default_factory=list)  # stacked files, until `add_stacked` lists their networks
+    conv: ConvSpec | None = None  # a state-dict CNN's image, strides and padding: the manifest's "conv"
 
     def add_stacked(self, file: Path, removed: list[int]) -> None:
         """The networks of a stacked file, one entry each, in the file's order."""
@@ -58,7 +60,7 @@ def read_manifest(path: str | Path, max_bytes: int = MAX_FILE_BYTES) -> Manifest
     obj = read_json(path, missing=f"manifest {path} does not exist", unreadable=f"cannot read manifest {path} as JSON")
     if not isinstance(obj, dict):
         raise LucidError(f"manifest {path} must be a JSON object with 'training' and 'networks'")
-    unknown = sorted(set(obj) - {"training", "networks", "domain", "labels", "scaler", "feature_names", "origin"})
+    unknown = sorted(set(obj) - {"training", "networks", "domain", "labels", "scaler", "feature_names", "origin", "conv"})
     if unknown:
         raise LucidError(f"manifest {path}: unknown field '{unknown[0]}'")
     training = obj.get("training")
@@ -98,7 +100,8 @@ def read_manifest(path: str | Path, max_bytes: int = MAX_FILE_BYTES) -> Manifest
         files.append(_network_path(path, entry["file"], j))
         removed.append(-1 if row is None else row)
     return Manifest(path, record, files, removed, obj.get("domain"), obj.get("labels"), obj.get("scaler"),
-                    obj.get("feature_names"), obj.get("origin"), [None] * len(files), stacked)
+                    obj.get("feature_names"), obj.get("origin"), [None] * len(files), stacked,
+                    _conv_spec(obj.get("conv"), path))
 
 
 def _network_path(manifest: Path, name: str, j: int) -> Path:
@@ -115,6 +118,28 @@ def _network_path(manifest: Path, name: str, j: int) -> Path:
         raise LucidError(f"{where} resolves to {target}, outside the manifest's directory {base}; copy or move "
                          "the file into that directory (a symbolic link must point inside it too)")
     return manifest.parent / name
+
+
+def _conv_spec(c: Any, path: Path) -> ConvSpec | None:
+    """The manifest's "conv": what a state dict of a 2-D CNN does not say (None when absent)."""
+    if c is None:
+        return None
+    bad = LucidError(f"manifest {path}: write 'conv' as {CONV_FORM}, with positive sizes, strides >= 1 and pads >= 0 "
+                     "(one layer per Conv2d, in order)")
+
+    def whole(v: Any, least: int) -> int:
+        if isinstance(v, bool) or not isinstance(v, int) or v < least:
+            raise bad
+        return v
+
+    if not isinstance(c, dict) or set(c) != {"input_shape", "layers"} or not isinstance(c["input_shape"], list) \
+            or len(c["input_shape"]) != 3 or not isinstance(c["layers"], list) or not c["layers"]:
+        raise bad
+    shape = tuple(whole(v, 1) for v in c["input_shape"])
+    if not all(isinstance(layer, dict) and set(layer) == {"stride", "pad"} for layer in c["layers"]):
+        raise bad
+    return ConvSpec(shape, tuple(whole(layer["stride"], 1) for layer in c["layers"]),  # type: ignore[arg-type]
+                    tuple(whole(layer["pad"], 0) for layer in c["layers"]))
 
 
 # ------------------------------------------------------------------------------------- run.json fields

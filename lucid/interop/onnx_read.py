@@ -19,9 +19,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from lucid.convolution import conv2d_output_hw, conv2d_to_dense
 from lucid.errors import LucidError
-from lucid.interop.dense import DenseNet, checked_net
+from lucid.interop.dense import DenseNet, checked_net, lowered_conv
 
 SUPPORTED = "Gemm, MatMul (+ Add), Conv, Relu, Flatten and Reshape"
 
@@ -238,8 +237,6 @@ def _conv(chain: _Chain, node, consts: dict[str, np.ndarray], attrs: dict) -> No
     c_out, c_in, kh, kw = (int(v) for v in w.shape)
     if attrs.get("group", 1) != 1:  # before the channels: a grouped kernel reads channels / groups each
         chain.fail(node, f"has group={attrs['group']}; LUCID imports convolutions with one group")
-    if c_in != chain.image[0]:
-        chain.fail(node, f"reads {c_in} channels but its input has {chain.image[0]}")
     strides = [int(v) for v in attrs.get("strides", [1, 1])]
     pads = [int(v) for v in attrs.get("pads", [0, 0, 0, 0])]
     refused = {"group": attrs.get("group", 1) != 1,
@@ -254,17 +251,15 @@ def _conv(chain: _Chain, node, consts: dict[str, np.ndarray], attrs: dict) -> No
                          "pads equal on every side and the same stride on both axes")
     b = _const(chain, node, consts, 2, ndim=None) if len(node.input) > 2 and node.input[2] else None
     bias = np.zeros(c_out, dtype=w.dtype) if b is None else _bias(chain, node, b, c_out)
-    try:  # conv2d_to_dense checks the stride and padding before any size is computed from them
-        dense_w, dense_b = conv2d_to_dense(w[None], bias[None], chain.image, strides[0], pads[0])
+    try:
+        dense_w, dense_b, kind, image = lowered_conv(w, bias, chain.image, strides[0], pads[0])
     except LucidError as exc:
         chain.fail(node, str(exc))
-    oh, ow = conv2d_output_hw(chain.image[1], chain.image[2], (kh, kw), strides[0], pads[0])
-    # back in the file's own types (the entries are copies, so exactly), for checked_net's dtype rules
-    chain.weights.append(dense_w[0].astype(w.dtype))
-    chain.biases.append(dense_b[0].astype(bias.dtype))
+    chain.weights.append(dense_w)
+    chain.biases.append(dense_b)
     chain.relu.append(False)
-    chain.kinds.append(f"conv {kh}x{kw} stride {strides[0]} pad {pads[0]} on image {chain.image}")
-    chain.image, chain.width = (c_out, oh, ow), c_out * oh * ow
+    chain.kinds.append(kind)
+    chain.image, chain.width = image, int(np.prod(image))
 
 
 def _reshape(chain: _Chain, node, consts: dict[str, np.ndarray], attrs: dict) -> None:
