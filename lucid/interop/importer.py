@@ -22,7 +22,7 @@ import numpy as np
 from safetensors.numpy import save_file
 
 from lucid.atomic import write_atomic, write_json_atomic
-from lucid.dynamic_range import check_tensors_range
+from lucid.dynamic_range import check_network_range, check_tensors_range
 from lucid.errors import LucidError
 from lucid.interop.dense import DenseNet, non_finite_layer
 from lucid.interop.import_data import MAX_FILE_BYTES, ImportData, checked_file, load_data
@@ -103,7 +103,8 @@ def two_scores(net: DenseNet) -> DenseNet:
     return DenseNet(weights, biases, net.kinds)
 
 
-def _check(net: DenseNet, source: str, row: int, reference: DenseNet, reference_name: str) -> None:
+def _check(net: DenseNet, source: str, row: int, reference: DenseNet, reference_name: str,
+           domain: tuple[list[float], list[float]]) -> None:
     if net.layer_sizes != reference.layer_sizes:
         raise LucidError(f"{source}: layer widths {net.layer_sizes} differ from N's {reference.layer_sizes} "
                          f"({reference_name}); every network needs the same architecture")
@@ -115,10 +116,11 @@ def _check(net: DenseNet, source: str, row: int, reference: DenseNet, reference_
     if bad is not None:
         who = "N" if row == -1 else f"the network without row {row}"
         raise LucidError(f"{source} ({who}): layer {bad} has NaN or infinite parameters")
+    check_network_range(net.weights, net.biases, *domain, source)  # naming the file; the stack's hull is checked later
 
 
-def _stacked(manifest: Manifest, order: list[int], n: DenseNet,
-             stacks: dict[Path, StackedStateDicts]) -> dict[str, np.ndarray]:
+def _stacked(manifest: Manifest, order: list[int], n: DenseNet, stacks: dict[Path, StackedStateDicts],
+             domain: tuple[list[float], list[float]]) -> dict[str, np.ndarray]:
     """networks.safetensors' tensors, filled one network at a time (position p = order[p])."""
     k = len(order)
     tensors: dict[str, np.ndarray] = {}
@@ -130,7 +132,7 @@ def _stacked(manifest: Manifest, order: list[int], n: DenseNet,
     for position, j in enumerate(order):
         net = n if position == 0 else _read_entry(manifest, j, stacks)
         where = manifest.files[j].parent / manifest.name_of(j)
-        _check(net, str(where), manifest.removed[j], reference, n_name)
+        _check(net, str(where), manifest.removed[j], reference, n_name, domain)
         for i, (w, b) in enumerate(zip(net.weights, net.biases)):
             tensors[f"layers.{i}.weight"][position] = w
             tensors[f"layers.{i}.bias"][position] = b
@@ -184,13 +186,15 @@ def import_run(manifest_path: str | Path, data_path: str | Path, out: str | Path
         "architecture": {"type": "mlp", "hidden": sizes[1:-1]},
         "training": {"algorithm": EXTERNAL_ALGORITHM, **manifest.training},
         "labels": labels_of(manifest, num_classes), "scaler": scaler_of(manifest, d),
-        "data": {"source": data.source, "feature_names": feature_names_of(manifest, d)},
+        "data": {"source": data.source, "feature_names": feature_names_of(manifest, d),
+                 # whether the owner gave the verified box: a report must not call a given box "no public domain"
+                 "domain_source": "manifest" if manifest.domain is not None else "default"},
     }
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.import-", dir=out.parent))
     try:
-        tensors = _stacked(manifest, order, n, stacks)
-        check_tensors_range(tensors, meta, str(manifest.path))
+        tensors = _stacked(manifest, order, n, stacks, (domain["lower"], domain["upper"]))
+        check_tensors_range(tensors, meta, f"the networks of manifest {manifest.path}")
         arrays = (data.X_train, data.y_train, data.X_test, data.y_test)
         meta["training"]["fingerprint"] = imported_run_fingerprint(meta, arrays, tensors)
         kept = restored_run(manifest.origin, meta, arrays, tensors, len(sizes) - 1)

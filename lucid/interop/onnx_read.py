@@ -90,6 +90,11 @@ def read_onnx(path: str | Path) -> DenseNet:
     graph = model.graph
     if not graph.node and not graph.input and not graph.output:
         raise LucidError(f"{path} holds no ONNX graph (an empty or non-ONNX file)")
+    ml = sorted({node.op_type for node in graph.node if node.domain == "ai.onnx.ml"})
+    if ml:  # before the input/output count: skl2onnx's graphs have two outputs, a label and probabilities
+        raise LucidError(f"{path}: an ONNX-ML graph (ops {', '.join(ml)}), as skl2onnx writes for scikit-learn; "
+                         "LUCID verifies a ReLU network's scores, so write an MLPClassifier's coefs_ and intercepts_ "
+                         "as a state dict instead (docs/interop.md, scikit-learn)")
     consts = {init.name: numpy_helper.to_array(init) for init in graph.initializer}
     inputs = [i for i in graph.input if i.name not in consts]
     if len(inputs) != 1 or len(graph.output) != 1:
