@@ -169,7 +169,8 @@ def main() -> None:
                      "evaluation": ev})
         print(json.dumps(rows[-1])[:400], flush=True)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    name = "loo_training_elsewhere.json" if args.variants == "mask,drop,vmap" else f"loo_training_elsewhere-{args.variants}.json"
+    suffix = "" if args.variants == "mask,drop,vmap" else "-" + args.variants.replace(",", "-")
+    name = f"loo_training_elsewhere{suffix}.json"
     (RESULTS / name).write_text(json.dumps(rows, indent=1))
 
 

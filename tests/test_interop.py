@@ -460,9 +460,10 @@ def _cnn_onnx(conv_w, conv_b, dense_w, dense_b, path: Path, **conv_attrs) -> Non
 
 
 def test_a_cnn_in_onnx_imports_as_the_dense_layers_torch_computes(tmp_path, capsys):
-    """A Conv graph imports to the same float32 networks as the dense graph whose first layer torch's
-    own conv2d computes (its response to each basis image: exact), and onnxruntime's outputs on the
-    images equal LUCID's float64 forward pass on the flattened rows."""
+    """A Conv graph imports as a cnn2d run (its kernels stored) whose lowered networks are the
+    dense graph's, whose first layer torch's own conv2d computes (its response to each basis image:
+    exact), and onnxruntime's outputs on the images equal LUCID's float64 forward pass on the
+    flattened rows."""
     import torch
 
     from lucid.interop.onnx_write import network_model, save_model
@@ -495,10 +496,14 @@ def test_a_cnn_in_onnx_imports_as_the_dense_layers_torch_computes(tmp_path, caps
         runs[form] = tmp_path / f"{form}-run"
         main(["import", "--manifest", str(tmp_path / form / "manifest.json"), "--data", str(tmp_path / "data.npz"),
               "--out", str(runs[form])])
-    conv_tensors, dense_tensors = (load_file(str(runs[f] / "networks.safetensors")) for f in ("conv", "dense"))
-    assert conv_tensors.keys() == dense_tensors.keys()
-    for name in conv_tensors:
-        assert conv_tensors[name].tobytes() == dense_tensors[name].tobytes(), name
+    conv_tensors = load_file(str(runs["conv"] / "networks.safetensors"))
+    assert conv_tensors["conv.0.weight"].shape == (4, 2, 1, 3, 3)  # the kernels themselves
+    assert open_run(runs["conv"]).meta["architecture"] == {
+        "type": "cnn2d", "spec": "conv(2,3,stride=2,pad=1),fc(6)", "input_shape": [1, 5, 5],
+        "conv": [{"channels": 2, "kernel": 3, "stride": 2, "pad": 1}], "hidden": [6]}
+    lowered, dense = load_networks(runs["conv"]), load_networks(runs["dense"])
+    for a, b in zip(lowered.weights + lowered.biases, dense.weights + dense.biases):
+        assert a.tobytes() == b.tobytes()
     stack = load_networks(runs["conv"])
     assert stack.layer_sizes == [25, 18, 6, 2]
     images = np.random.default_rng(1).uniform(-0.5, 1.5, size=(256, 1, 5, 5)).astype(np.float32)

@@ -100,7 +100,7 @@ def two_scores(net: DenseNet) -> DenseNet:
     w, b = net.weights[-1], net.biases[-1]
     weights = [*net.weights[:-1], np.concatenate([np.zeros_like(w), w])]
     biases = [*net.biases[:-1], np.concatenate([np.zeros_like(b), b])]
-    return DenseNet(weights, biases, net.kinds)
+    return DenseNet(weights, biases, net.kinds, net.convs)
 
 
 def _check(net: DenseNet, source: str, row: int, reference: DenseNet, reference_name: str,
@@ -119,23 +119,32 @@ def _check(net: DenseNet, source: str, row: int, reference: DenseNet, reference_
     check_network_range(net.weights, net.biases, *domain, source)  # naming the file; the stack's hull is checked later
 
 
+def _parameters(net: DenseNet, cnn: bool) -> dict[str, np.ndarray]:
+    """One network's tensors under networks.safetensors' names: a `cnn2d` run's convolutions as
+    `conv.{j}` kernels and the dense layers after them as `layers.{i}`; else every layer as dense."""
+    found: dict[str, np.ndarray] = {}
+    convs = net.convs if cnn else ()
+    for j, c in enumerate(convs):
+        found[f"conv.{j}.weight"], found[f"conv.{j}.bias"] = c.weight, c.bias
+    for i, (w, b) in enumerate(zip(net.weights[len(convs):], net.biases[len(convs):])):
+        found[f"layers.{i}.weight"], found[f"layers.{i}.bias"] = w, b
+    return found
+
+
 def _stacked(manifest: Manifest, order: list[int], n: DenseNet, stacks: dict[Path, StackedStateDicts],
-             domain: tuple[list[float], list[float]]) -> dict[str, np.ndarray]:
-    """networks.safetensors' tensors, filled one network at a time (position p = order[p])."""
+             domain: tuple[list[float], list[float]], cnn: bool) -> dict[str, np.ndarray]:
+    """networks.safetensors' tensors, filled one network at a time (position p = order[p]); `cnn`:
+    stored as a `cnn2d` run (N's `DenseNet.cnn2d`)."""
     k = len(order)
-    tensors: dict[str, np.ndarray] = {}
-    for i, (w, b) in enumerate(zip(n.weights, n.biases)):
-        tensors[f"layers.{i}.weight"] = np.empty((k, *w.shape), dtype=np.float32)
-        tensors[f"layers.{i}.bias"] = np.empty((k, *b.shape), dtype=np.float32)
+    tensors = {name: np.empty((k, *v.shape), dtype=np.float32) for name, v in _parameters(n, cnn).items()}
     tensors["removed"] = np.array([manifest.removed[j] for j in order], dtype=np.int64)
     reference, n_name = n, manifest.name_of(order[0])
     for position, j in enumerate(order):
         net = n if position == 0 else _read_entry(manifest, j, stacks)
         where = manifest.files[j].parent / manifest.name_of(j)
         _check(net, str(where), manifest.removed[j], reference, n_name, domain)
-        for i, (w, b) in enumerate(zip(net.weights, net.biases)):
-            tensors[f"layers.{i}.weight"][position] = w
-            tensors[f"layers.{i}.bias"][position] = b
+        for name, value in _parameters(net, cnn).items():
+            tensors[name][position] = value
     return tensors
 
 
@@ -183,7 +192,8 @@ def import_run(manifest_path: str | Path, data_path: str | Path, out: str | Path
     meta = {
         "format": RUN_FORMAT, "num_classes": num_classes, "input_dim": d, "train_size": int(len(data.y_train)),
         "test_size": int(len(data.y_test)), "domain": domain,
-        "architecture": {"type": "mlp", "hidden": sizes[1:-1]},
+        # a 2-D CNN stays one (its kernels stored, lowered as `lucid train`'s are); any other as dense layers
+        "architecture": n.cnn2d() or {"type": "mlp", "hidden": sizes[1:-1]},
         "training": {"algorithm": EXTERNAL_ALGORITHM, **manifest.training},
         "labels": labels_of(manifest, num_classes), "scaler": scaler_of(manifest, d),
         "data": {"source": data.source, "feature_names": feature_names_of(manifest, d),
@@ -193,11 +203,12 @@ def import_run(manifest_path: str | Path, data_path: str | Path, out: str | Path
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.import-", dir=out.parent))
     try:
-        tensors = _stacked(manifest, order, n, stacks, (domain["lower"], domain["upper"]))
+        tensors = _stacked(manifest, order, n, stacks, (domain["lower"], domain["upper"]),
+                           meta["architecture"]["type"] == "cnn2d")
         check_tensors_range(tensors, meta, f"the networks of manifest {manifest.path}")
         arrays = (data.X_train, data.y_train, data.X_test, data.y_test)
         meta["training"]["fingerprint"] = imported_run_fingerprint(meta, arrays, tensors)
-        kept = restored_run(manifest.origin, meta, arrays, tensors, len(sizes) - 1)
+        kept = restored_run(manifest.origin, meta, arrays, tensors)
         provenance = "kept" if kept is not None else ("" if manifest.origin is None else NOT_KEPT)
         meta = kept or meta
         _publish(staging, out, meta, data, tensors)

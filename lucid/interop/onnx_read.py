@@ -20,7 +20,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from lucid.errors import LucidError
-from lucid.interop.dense import DenseNet, checked_net, lowered_conv
+from lucid.interop.dense import ConvLayer, DenseNet, checked_net, lowered_conv
 
 SUPPORTED = "Gemm, MatMul (+ Add), Conv, Relu, Flatten and Reshape"
 
@@ -51,6 +51,7 @@ class _Chain:
         self.biases: list[np.ndarray | None] = []
         self.relu: list[bool] = []
         self.kinds: list[str] = []
+        self.convs: list[ConvLayer] = []
         self.open_matmul = False  # the last layer was a MatMul whose Add may follow
         # shape tensors computed from the running tensor's Shape (`_shape_arithmetic`): a list of
         # entries or one entry, each a size, "batch" (the input's own batch size) or None (unknown)
@@ -128,7 +129,7 @@ def read_onnx(path: str | Path) -> DenseNet:
     if chain.relu[-1]:
         raise LucidError(f"{path}: a Relu follows the last layer; LUCID reads the scores before any activation")
     biases = [np.zeros(w.shape[0], dtype=w.dtype) if b is None else b for w, b in zip(chain.weights, chain.biases)]
-    return checked_net(chain.weights, biases, str(path), tuple(chain.kinds))
+    return checked_net(chain.weights, biases, str(path), tuple(chain.kinds), tuple(chain.convs))
 
 
 READ_OPS = {"Gemm", "MatMul", "Add", "Conv", "Relu", "Flatten", "Reshape", "Identity", "Constant", "Shape"}
@@ -257,13 +258,14 @@ def _conv(chain: _Chain, node, consts: dict[str, np.ndarray], attrs: dict) -> No
     b = _const(chain, node, consts, 2, ndim=None) if len(node.input) > 2 and node.input[2] else None
     bias = np.zeros(c_out, dtype=w.dtype) if b is None else _bias(chain, node, b, c_out)
     try:
-        dense_w, dense_b, kind, image = lowered_conv(w, bias, chain.image, strides[0], pads[0])
+        dense_w, dense_b, kind, image, layer = lowered_conv(w, bias, chain.image, strides[0], pads[0])
     except LucidError as exc:
         chain.fail(node, str(exc))
     chain.weights.append(dense_w)
     chain.biases.append(dense_b)
     chain.relu.append(False)
     chain.kinds.append(kind)
+    chain.convs.append(layer)
     chain.image, chain.width = image, int(np.prod(image))
 
 
@@ -283,6 +285,13 @@ def _reshape(chain: _Chain, node, consts: dict[str, np.ndarray], attrs: dict) ->
         shape = [int(v) for v in np.asarray(consts[node.input[1]]).ravel()]
     if not all(isinstance(v, int) for v in shape[1:]) or None in shape:
         chain.fail(node, f"reshapes to {shape}, a shape LUCID cannot follow")
+    batch_kept = (shape[0] in (-1, "batch", chain.batch) and chain.batch != 0) or (
+        shape[0] == 0 and not attrs.get("allowzero", 0))
+    if len(shape) == 4 and chain.rank == 2 and batch_kept and min(shape[1:]) > 0 \
+            and chain.width == int(np.prod(shape[1:])):
+        # the flat rows as the C-H-W images they are (what `lucid export` writes before a CNN's first Conv)
+        chain.rank, chain.image = 4, (shape[1], shape[2], shape[3])
+        return
     width_known = chain.width is not None and len(shape) == 2 and shape[1] == chain.width
     keeps_batch = len(shape) == 2 and (
         (shape[0] == 0 and not attrs.get("allowzero", 0) and (shape[1] == -1 or shape[1] > 0))

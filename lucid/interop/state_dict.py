@@ -168,15 +168,16 @@ def from_state_dict(arrays: dict[str, np.ndarray], source: str, conv: ConvSpec |
     if len(convs) != len(conv.strides):
         raise LucidError(f"{where}: {len(convs)} convolutions, but the manifest's \"conv\" describes "
                          f"{len(conv.strides)}")
-    ws, kinds, image = [], [], conv.input_shape
+    ws, kinds, layers, image = [], [], [], conv.input_shape
     for j, prefix in enumerate(convs):
         try:
-            w, b, kind, image = lowered_conv(weights[prefix], bs[j], image, conv.strides[j], conv.pads[j])
+            w, b, kind, image, layer = lowered_conv(weights[prefix], bs[j], image, conv.strides[j], conv.pads[j])
         except LucidError as exc:
             raise LucidError(f"{where}: convolution '{prefix}' {exc}") from None
         ws.append(w)
         bs[j] = b
         kinds.append(kind)
+        layers.append(layer)
     ws += [weights[p] for p in order[len(convs):]]
     kinds += ["dense"] * (len(order) - len(convs))
-    return checked_net(ws, bs, where, tuple(kinds))
+    return checked_net(ws, bs, where, tuple(kinds), tuple(layers))
