@@ -1,8 +1,10 @@
 """The manifest of `lucid import` (docs/interop.md): its reading, and the run.json fields it gives.
 
 The manifest lists one file per network (ONNX, a `.pt` state dict or `.safetensors`): N (removed
-null) and one network per training row, the training algorithm's name, and optionally the run's
-domain, labels, scaler and feature names. `read_manifest` checks its form; the fields are checked
+null) and one network per training row, or stacked `.safetensors` files of many networks each; the
+training algorithm's name; and optionally the run's domain, labels, scaler, feature names and a
+state-dict CNN's image, strides and padding ("conv"). Network paths must lie inside the
+manifest's directory. `read_manifest` checks its form; the fields are checked
 against the data and N's width when the importer builds run.json from them (`domain_of`,
 `labels_of`, `scaler_of`, `feature_names_of`), each with its `lucid train` default when absent.
 """
