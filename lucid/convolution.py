@@ -91,6 +91,12 @@ def lower_conv1d(tensors: dict[str, np.ndarray], input_dim: int) -> tuple[list[n
     return weights, biases
 
 
+def format_layer_spec(convs: list[dict], hidden: list[int]) -> str:
+    """The normalised spec string a `cnn2d` run.json records (every argument written out)."""
+    parts = [f"conv({c['channels']},{c['kernel']},stride={c['stride']},pad={c['pad']})" for c in convs]
+    return ",".join(parts + [f"fc({w})" for w in hidden])
+
+
 def conv2d_layers(architecture: dict) -> tuple[tuple[int, int, int], list[dict]]:
     """(input shape, conv layers) of a `cnn2d` architecture, checked to be well-formed."""
     try:

@@ -101,12 +101,12 @@ def check_scaler_range(offset, scale, where: str) -> None:
     size = np.abs(scale)
     for f in range(size.size):
         if not (np.isfinite(size[f]) and 2.0**-PARAMETER_EXPONENT <= size[f] <= 2.0**PARAMETER_EXPONENT):
-            raise LucidError(f"{where}: the scale {scale[f]!r} of feature {f} is outside [2^-{PARAMETER_EXPONENT}, "
+            raise LucidError(f"{where}: the scale {float(scale[f])!r} of feature {f} is outside [2^-{PARAMETER_EXPONENT}, "
                              f"2^{PARAMETER_EXPONENT}] in magnitude" + (" (a scale of 0 maps every input to one point)"
                                                                       if scale[f] == 0 else ""))
     if offset.size and not (np.all(np.isfinite(offset)) and np.abs(offset).max() <= 2.0**PARAMETER_EXPONENT):
         f = int(np.argmax(np.where(np.isfinite(offset), np.abs(offset), np.inf)))
-        raise LucidError(f"{where}: the offset {offset[f]!r} of feature {f} exceeds the limit 2^{PARAMETER_EXPONENT}")
+        raise LucidError(f"{where}: the offset {float(offset[f])!r} of feature {f} exceeds the limit 2^{PARAMETER_EXPONENT}")
 
 
 def check_tensors_range(tensors: dict[str, np.ndarray], meta: dict, where: str, chunk: int = 256) -> None:

@@ -7,6 +7,7 @@ import json
 import shutil
 
 import numpy as np
+import onnx
 import pytest
 import torch
 import torch.nn.functional as F
@@ -294,9 +295,11 @@ def test_verify_matches_the_naive_oracle_and_evaluate_releases_no_leak(tiny_run,
 
 
 def test_export_and_import_round_trip_a_cnn_to_the_same_networks_and_bounds(tiny_run, verified, tmp_path, capsys):
-    """`lucid export` writes a 2-D CNN run's networks with their convolutions as dense layers;
-    importing them gives the same networks (float32, bit for bit), onnxruntime computes what
-    LUCID's float64 forward pass of the CNN run computes, and both runs verify to the same bounds."""
+    """`lucid export --all` writes a 2-D CNN run's networks with their convolutions (a Reshape of the
+    flat input to the image, Conv layers, a Flatten); importing them gives the run back as it was
+    (a cnn2d run: the same tensors, run.json byte for byte, so the same fingerprint), onnxruntime
+    computes what LUCID's float64 forward pass of the CNN run computes, and both runs verify to the
+    same bounds."""
     import onnxruntime
 
     from lucid.network import load_networks
@@ -309,7 +312,15 @@ def test_export_and_import_round_trip_a_cnn_to_the_same_networks_and_bounds(tiny
     assert code == 0, err
     code, err = run_main(["import", "--manifest", str(tmp_path / "onnx" / "manifest.json"), "--data",
                           str(cnn / "data.npz"), "--out", str(tmp_path / "back")], capsys)
-    assert code == 0, err
+    assert code == 0 and "restored as it was" in err, err
+    assert (tmp_path / "back" / "run.json").read_bytes() == (cnn / "run.json").read_bytes()
+    from safetensors.numpy import load_file
+
+    stored, again = (load_file(str(r / "networks.safetensors")) for r in (cnn, tmp_path / "back"))
+    assert stored.keys() == again.keys() and any(k.startswith("conv.") for k in stored)
+    assert all(stored[k].tobytes() == again[k].tobytes() for k in stored)
+    model = onnx.load(str(tmp_path / "onnx" / "N.onnx"))
+    assert [n.op_type for n in model.graph.node][:2] == ["Reshape", "Conv"]
     original, back = load_networks(cnn), load_networks(tmp_path / "back")
     assert back.layer_sizes == original.layer_sizes and back.removed.tolist() == original.removed.tolist()
     for a, b in zip(original.weights + original.biases, back.weights + back.biases):

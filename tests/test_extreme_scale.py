@@ -292,3 +292,34 @@ def test_a_parameter_box_rescales_with_the_networks_it_holds():
     moved, direct = rescale_hyper(box, scales), hyper_network(rescale_stack(stack, scales), everyone)
     for a, b in zip(moved.w_lo + moved.w_hi + moved.b_lo + moved.b_hi, direct.w_lo + direct.w_hi + direct.b_lo + direct.b_hi):
         assert np.array_equal(a, b)
+
+
+def test_regions_verify_a_stack_whose_rescaled_parameters_pass_the_limit(tmp_path):
+    """At 2e6 per layer the stored parameters and the score bound lie inside the limits, but the
+    root's rescaled stack carries each hidden neuron's factor into the next layer (up to ~9e19, past
+    2^64). Each box is rebuilt from the stored networks: `--regions` verifies the stack that the
+    global verification does, and every box's networks compute the stored scores."""
+    from lucid.analysis.problem import VerificationProblem
+    from lucid.bab import verify_run
+    from lucid.regions import RegionTree
+    from lucid.regions.one_box import BoxVerifier
+
+    tensors = scaled_tensors((2e6, 2e6, 2e6), 1e-2, 0)  # networks far enough apart to leak: boxes are split
+    stack = _stack(tensors)
+    root = VerificationProblem.from_stack(stack, np.zeros(2), np.ones(2), bounds="interval")
+    assert max(float(np.abs(w).max()) for w in root.stack.weights) > 2.0**64  # what the box once re-guarded
+    tree = RegionTree(np.zeros(2), np.ones(2), 2)
+    tree.split(0, 0, 0.5)
+    boxes = BoxVerifier.__new__(BoxVerifier)  # problem() needs the tree and the root only
+    boxes.tree, boxes.root = tree, root
+    xs = np.random.default_rng(0).uniform(0.0, 0.5, size=(100, 2))
+    for child in (1, 2):
+        problem = boxes.problem(child)
+        inside = xs + (0.5 if child == 2 else 0.0) * np.array([1.0, 0.0])
+        assert np.array_equal(problem.stack.forward(inside, use_torch=False), stack.forward(inside, use_torch=False))
+    run = write_scaled_run(tmp_path / "run", tensors)
+    verify_run(run, regions=3, workers=1, progress=False, time_limit=20)
+    doc = json.loads((run / "bounds.json").read_text())
+    assert len(doc["regions"]["nodes"]) > 1  # boxes below the root were verified
+    exact = [exact_bound(stack, c, [0, 0], [1, 1]) for c in range(2)]
+    check_bounds_and_releases(run, tensors, exact)

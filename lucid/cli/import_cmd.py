@@ -7,6 +7,23 @@ from pathlib import Path
 
 import click
 
+from lucid.interop.import_data import MAX_FILE_BYTES, size_text
+
+UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def _size(ctx: click.Context, param: click.Parameter, value: str) -> int:
+    """A byte count: a number with an optional K, M, G or T (binary units; a trailing B is allowed)."""
+    text = value.strip().upper().removesuffix("B")
+    unit = text[-1:] if text[-1:] in UNITS else ""
+    try:
+        number = float(text[:len(text) - len(unit)])
+    except ValueError:
+        number = -1.0
+    if not number > 0 or number == float("inf"):
+        raise click.BadParameter(f"'{value}' is not a size such as 4G, 500M or 1000000")
+    return int(number * UNITS[unit])
+
 
 @click.command(name="import")
 @click.option("--manifest", required=True, type=click.Path(path_type=Path, dir_okay=False),
@@ -16,11 +33,13 @@ import click
                    "input space, y as class ids.")
 @click.option("--out", required=True, type=click.Path(path_type=Path),
               help="Run directory to write (created atomically; must not exist or be empty).")
-def command(manifest: Path, data: Path, out: Path) -> None:
+@click.option("--max-file-size", "max_file_bytes", default=size_text(MAX_FILE_BYTES), show_default=True,
+              callback=_size, help="Refuse any input file larger than this before reading it (K, M, G: binary units).")
+def command(manifest: Path, data: Path, out: Path, max_file_bytes: int) -> None:
     """Import N and its leave-one-out networks, trained elsewhere, into the run directory OUT."""
     from lucid.interop import import_run
 
-    result = import_run(manifest, data, out)
+    result = import_run(manifest, data, out, max_file_bytes)
     meta = result.meta
     trained_by = meta["training"].get("name") or meta["training"].get("algorithm", "?")
     click.echo(f"wrote {result.path}: {result.networks} networks ({'x'.join(map(str, meta['architecture']['hidden'])) or 'no'} "

@@ -7,13 +7,15 @@ a large run never holds more than one network.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
 from lucid.atomic import read_json, write_json_atomic, write_text_atomic
 from lucid.errors import LucidError
-from lucid.interop.dense import DenseNet, exact_float32
+from lucid.convolution import conv2d_layers, conv2d_output_hw
+from lucid.interop.dense import ConvLayer, DenseNet, exact_float32
 from lucid.interop.onnx_write import joint_model, network_model, save_model
 from lucid.interop.provenance import NetworksDigest, origin_record
 from lucid.interop.vnnlib import query_text
@@ -30,20 +32,38 @@ def network_file_name(removed: int) -> str:
 
 def dense_network(source: NetworkFile, position: int) -> DenseNet:
     """The network at `position` of the stack, float32 exactly as stored. A CNN run's convolutions
-    come lowered to dense (Toeplitz) layers: their entries are the stored floats and zeros."""
+    come lowered to dense (Toeplitz) layers: their entries are the stored floats and zeros; a 2-D
+    CNN's also come as themselves (`DenseNet.convs`), which its ONNX file is written with."""
     tensors = source.tensors(position, position + 1)
     bad = non_finite(tensors)
     if bad.any():
         raise LucidError(diverged_message(1, None, int(source.removed[position])))
+    architecture = source.meta.get("architecture", {})
+    convs: tuple[ConvLayer, ...] = ()
     if any(name.startswith("conv.") for name in tensors):
-        stack = stack_from_tensors(tensors, source.meta.get("architecture", {}), int(source.meta["input_dim"]))
+        stack = stack_from_tensors(tensors, architecture, int(source.meta["input_dim"]))
         weights, biases = [w[0] for w in stack.weights], [b[0] for b in stack.biases]
+        if architecture.get("type") == "cnn2d":
+            convs = _conv_layers(tensors, architecture)
     else:
         count = sum(1 for name in tensors if name.startswith("layers.") and name.endswith(".weight"))
         weights = [tensors[f"layers.{k}.weight"][0] for k in range(count)]
         biases = [tensors[f"layers.{k}.bias"][0] for k in range(count)]
     what = f"network at position {position}"
-    return DenseNet([exact_float32(w, what) for w in weights], [exact_float32(b, what) for b in biases])
+    return DenseNet([exact_float32(w, what) for w in weights], [exact_float32(b, what) for b in biases],
+                    convs=convs)
+
+
+def _conv_layers(tensors: dict[str, np.ndarray], architecture: dict) -> tuple[ConvLayer, ...]:
+    """A `cnn2d` network's convolutions (one network's tensors), each with its input image."""
+    image, layers = conv2d_layers(architecture)
+    found = []
+    for j, layer in enumerate(layers):
+        weight = tensors[f"conv.{j}.weight"][0]
+        found.append(ConvLayer(weight, tensors[f"conv.{j}.bias"][0], layer["stride"], layer["pad"], image))
+        oh, ow = conv2d_output_hw(image[1], image[2], weight.shape[2:], layer["stride"], layer["pad"])
+        image = (int(weight.shape[0]), oh, ow)
+    return tuple(found)
 
 
 def _position(source: NetworkFile, row: int | None, position: int | None) -> int:
@@ -114,7 +134,7 @@ def export_all(run: Run, out_dir: str | Path, training: dict | None = None) -> P
     names = (run.meta.get("data") or {}).get("feature_names")
     if names is not None:
         manifest["feature_names"] = names
-    if (run.meta.get("architecture") or {}).get("type") == "mlp":  # a CNN comes back as its dense layers
+    if (run.meta.get("architecture") or {}).get("type") in ("mlp", "cnn2d"):  # (a 1-D CNN comes back as dense layers)
         manifest["origin"] = origin_record(run.meta, digest.hexdigest())
     write_json_atomic(out_dir / MANIFEST_FILE, manifest)
     return out_dir / MANIFEST_FILE
@@ -136,7 +156,8 @@ def export_query(run: Run, out_dir: str | Path, cls: int, *, row: int | None = N
     out_dir = Path(out_dir)
     stem = f"query-c{cls}-n{row}"
     onnx_path, vnnlib_path = out_dir / f"{stem}.onnx", out_dir / f"{stem}.vnnlib"
-    n, other = dense_network(source, 0), dense_network(source, position)
+    # the query is one dense graph (convolutions lowered), the form VNN-COMP tools read most widely
+    n, other = (replace(dense_network(source, p), convs=()) for p in (0, position))
     save_model(joint_model(n, other, cls, f"LUCID iDP query of run {run.path}: N and N_-{row} (position {position}), "
                                           f"class {cls}; outputs s_N[c]-s_N[u] (u != c), then s_i[c]-s_i[t] (t != c)"),
                onnx_path)

@@ -13,6 +13,33 @@ import numpy as np
 
 from lucid.errors import LucidError
 
+# Per input file of `lucid import` (its --max-file-size raises it): a file above it is refused from
+# its size alone, before any byte is read, so a wrong path to a huge file costs no memory.
+MAX_FILE_BYTES = 2**30
+
+
+def size_text(size: int) -> str:
+    """A byte count as a --max-file-size value that reads back to at least it."""
+    for unit, exponent in (("G", 30), ("M", 20), ("K", 10)):
+        if size >= 2**exponent:
+            return f"{-(-size // 2**(exponent - 1)) / 2:g}{unit}"  # rounded up to half a unit
+    return str(size)
+
+
+def checked_file(path: Path, what: str, max_bytes: int) -> Path:
+    """`path` if it is a regular file of at most `max_bytes`; else one line naming it (`what`
+    says which input it is) and what to do."""
+    if path.is_dir():
+        raise LucidError(f"{what} {path} is a directory; give the file itself")
+    if not path.is_file():
+        kind = "does not exist" if not path.exists() else "is not a regular file"
+        raise LucidError(f"{what} {path} {kind}")
+    size = path.stat().st_size
+    if size > max_bytes:
+        raise LucidError(f"{what} {path} has {size_text(size)}B, more than the {size_text(max_bytes)}B that lucid "
+                         f"import reads per file; if it is the right file, pass --max-file-size {size_text(size)}")
+    return path
+
 
 @dataclass
 class ImportData:
@@ -23,12 +50,13 @@ class ImportData:
     source: str
 
 
-def load_data(path: str | Path) -> ImportData:
+def load_data(path: str | Path, max_bytes: int = MAX_FILE_BYTES) -> ImportData:
     """DATA: an .npz with X_train, y_train (and optionally X_test, y_test), or X, y (all training rows),
     in the networks' input space, y as class ids (the networks' output index)."""
     path = Path(path)
     if path.suffix.lower() != ".npz":
         raise LucidError(f"--data must be an .npz file with X_train and y_train (or X and y), got {path}")
+    checked_file(path, "data file", max_bytes)
     try:
         with np.load(path, allow_pickle=False) as npz:
             arrays = {k: npz[k] for k in npz.files}

@@ -22,14 +22,14 @@ import numpy as np
 from safetensors.numpy import save_file
 
 from lucid.atomic import write_atomic, write_json_atomic
-from lucid.dynamic_range import check_tensors_range
+from lucid.dynamic_range import check_network_range, check_tensors_range
 from lucid.errors import LucidError
 from lucid.interop.dense import DenseNet, non_finite_layer
-from lucid.interop.import_data import ImportData, load_data
+from lucid.interop.import_data import MAX_FILE_BYTES, ImportData, checked_file, load_data
 from lucid.interop.manifest import Manifest, domain_of, feature_names_of, labels_of, read_manifest, scaler_of
 from lucid.interop.onnx_read import read_onnx
 from lucid.interop.provenance import NOT_KEPT, imported_run_fingerprint, restored_run
-from lucid.interop.state_dict import read_safetensors, read_torch
+from lucid.interop.state_dict import ConvSpec, StackedStateDicts, read_safetensors, read_torch
 from lucid.network import NETWORKS_FILE
 from lucid.rundir import EXTERNAL_ALGORITHM, RUN_FORMAT
 
@@ -39,16 +39,27 @@ READERS = {".onnx": read_onnx, ".pt": read_torch, ".pth": read_torch, ".safetens
 # ------------------------------------------------------------------------------------- networks
 
 
-def check_rows(manifest: Manifest, train_size: int) -> list[int]:
+def open_stacked(manifest: Manifest, max_bytes: int = MAX_FILE_BYTES) -> dict[Path, StackedStateDicts]:
+    """Each stacked file of the manifest, read once, its networks listed in the manifest."""
+    stacks: dict[Path, StackedStateDicts] = {}
+    for file in manifest.stacked:
+        if file in stacks:
+            raise LucidError(f"manifest {manifest.path}: the stacked file {file.name} is listed twice")
+        stacks[file] = StackedStateDicts(checked_file(file, f"manifest {manifest.path}: network file", max_bytes))
+        manifest.add_stacked(file, stacks[file].removed.tolist())
+    return stacks
+
+
+def check_rows(manifest: Manifest, train_size: int, max_bytes: int = MAX_FILE_BYTES) -> list[int]:
     """The manifest's order of the stack: N first, then the network of each training row 0..n-1."""
     where: dict[int, int] = {}
     for j, row in enumerate(manifest.removed):
         if row in where:
             which = "N (removed null)" if row == -1 else f"training row {row}"
             raise LucidError(f"manifest {manifest.path}: {which} appears twice "
-                             f"({manifest.files[where[row]].name} and {manifest.files[j].name})")
+                             f"({manifest.name_of(where[row])} and {manifest.name_of(j)})")
         if row >= train_size:
-            raise LucidError(f"manifest {manifest.path}: {manifest.files[j].name} leaves out row {row}, "
+            raise LucidError(f"manifest {manifest.path}: {manifest.name_of(j)} leaves out row {row}, "
                              f"but the data has {train_size} training rows (0..{train_size - 1})")
         where[row] = j
     if -1 not in where:
@@ -58,16 +69,26 @@ def check_rows(manifest: Manifest, train_size: int) -> list[int]:
         more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
         raise LucidError(f"manifest {manifest.path}: no network for training row {missing[0]}{more} "
                          f"(LUCID needs one per row of the {train_size} training rows)")
-    for file in manifest.files:
-        if not file.is_file():
-            raise LucidError(f"manifest {manifest.path}: network file {file} does not exist")
+    for file in (f for f in dict.fromkeys(manifest.files) if f not in manifest.stacked):  # each file once, in order
         if file.suffix.lower() not in READERS:
             raise LucidError(f"{file}: unknown network file type '{file.suffix}' (use .onnx, .pt, .pth or .safetensors)")
+        checked_file(file, f"manifest {manifest.path}: network file", max_bytes)
     return [where[row] for row in range(-1, train_size)]
 
 
-def read_network(path: Path) -> DenseNet:
-    return two_scores(READERS[path.suffix.lower()](path))
+def read_network(path: Path, conv: ConvSpec | None = None) -> DenseNet:
+    """The network of a file that holds one; `conv`: a state-dict CNN's image, strides and padding
+    (an ONNX graph says its own)."""
+    if path.suffix.lower() == ".onnx":
+        return two_scores(read_onnx(path))
+    return two_scores(READERS[path.suffix.lower()](path, conv))
+
+
+def _read_entry(manifest: Manifest, j: int, stacks: dict[Path, StackedStateDicts]) -> DenseNet:
+    position = manifest.positions[j]
+    if position is None:
+        return read_network(manifest.files[j], manifest.conv)
+    return two_scores(stacks[manifest.files[j]].network(position, manifest.conv))
 
 
 def two_scores(net: DenseNet) -> DenseNet:
@@ -79,38 +100,51 @@ def two_scores(net: DenseNet) -> DenseNet:
     w, b = net.weights[-1], net.biases[-1]
     weights = [*net.weights[:-1], np.concatenate([np.zeros_like(w), w])]
     biases = [*net.biases[:-1], np.concatenate([np.zeros_like(b), b])]
-    return DenseNet(weights, biases, net.kinds)
+    return DenseNet(weights, biases, net.kinds, net.convs)
 
 
-def _check(net: DenseNet, path: Path, row: int, reference: DenseNet, reference_file: Path) -> None:
+def _check(net: DenseNet, source: str, row: int, reference: DenseNet, reference_name: str,
+           domain: tuple[list[float], list[float]]) -> None:
     if net.layer_sizes != reference.layer_sizes:
-        raise LucidError(f"{path}: layer widths {net.layer_sizes} differ from N's {reference.layer_sizes} "
-                         f"({reference_file.name}); every network needs the same architecture")
+        raise LucidError(f"{source}: layer widths {net.layer_sizes} differ from N's {reference.layer_sizes} "
+                         f"({reference_name}); every network needs the same architecture")
     for k, (mine, theirs) in enumerate(zip(net.layer_kinds, reference.layer_kinds)):
         if mine != theirs:
-            raise LucidError(f"{path}: layer {k} is {mine} but N's is {theirs} ({reference_file.name}); every "
+            raise LucidError(f"{source}: layer {k} is {mine} but N's is {theirs} ({reference_name}); every "
                              "network needs N's architecture, layer kinds included")
     bad = non_finite_layer(net)
     if bad is not None:
         who = "N" if row == -1 else f"the network without row {row}"
-        raise LucidError(f"{path} ({who}): layer {bad} has NaN or infinite parameters")
+        raise LucidError(f"{source} ({who}): layer {bad} has NaN or infinite parameters")
+    check_network_range(net.weights, net.biases, *domain, source)  # naming the file; the stack's hull is checked later
 
 
-def _stacked(manifest: Manifest, order: list[int], n: DenseNet) -> dict[str, np.ndarray]:
-    """networks.safetensors' tensors, filled one network at a time (position p = order[p])."""
+def _parameters(net: DenseNet, cnn: bool) -> dict[str, np.ndarray]:
+    """One network's tensors under networks.safetensors' names: a `cnn2d` run's convolutions as
+    `conv.{j}` kernels and the dense layers after them as `layers.{i}`; else every layer as dense."""
+    found: dict[str, np.ndarray] = {}
+    convs = net.convs if cnn else ()
+    for j, c in enumerate(convs):
+        found[f"conv.{j}.weight"], found[f"conv.{j}.bias"] = c.weight, c.bias
+    for i, (w, b) in enumerate(zip(net.weights[len(convs):], net.biases[len(convs):])):
+        found[f"layers.{i}.weight"], found[f"layers.{i}.bias"] = w, b
+    return found
+
+
+def _stacked(manifest: Manifest, order: list[int], n: DenseNet, stacks: dict[Path, StackedStateDicts],
+             domain: tuple[list[float], list[float]], cnn: bool) -> dict[str, np.ndarray]:
+    """networks.safetensors' tensors, filled one network at a time (position p = order[p]); `cnn`:
+    stored as a `cnn2d` run (N's `DenseNet.cnn2d`)."""
     k = len(order)
-    tensors: dict[str, np.ndarray] = {}
-    for i, (w, b) in enumerate(zip(n.weights, n.biases)):
-        tensors[f"layers.{i}.weight"] = np.empty((k, *w.shape), dtype=np.float32)
-        tensors[f"layers.{i}.bias"] = np.empty((k, *b.shape), dtype=np.float32)
+    tensors = {name: np.empty((k, *v.shape), dtype=np.float32) for name, v in _parameters(n, cnn).items()}
     tensors["removed"] = np.array([manifest.removed[j] for j in order], dtype=np.int64)
-    reference, n_file = n, manifest.files[order[0]]
+    reference, n_name = n, manifest.name_of(order[0])
     for position, j in enumerate(order):
-        net = n if position == 0 else read_network(manifest.files[j])
-        _check(net, manifest.files[j], manifest.removed[j], reference, n_file)
-        for i, (w, b) in enumerate(zip(net.weights, net.biases)):
-            tensors[f"layers.{i}.weight"][position] = w
-            tensors[f"layers.{i}.bias"][position] = b
+        net = n if position == 0 else _read_entry(manifest, j, stacks)
+        where = manifest.files[j].parent / manifest.name_of(j)
+        _check(net, str(where), manifest.removed[j], reference, n_name, domain)
+        for name, value in _parameters(net, cnn).items():
+            tensors[name][position] = value
     return tensors
 
 
@@ -132,15 +166,18 @@ class Imported:
     provenance: str = ""
 
 
-def import_run(manifest_path: str | Path, data_path: str | Path, out: str | Path) -> Imported:
-    """Build the run directory `out` from the manifest's networks and the data."""
+def import_run(manifest_path: str | Path, data_path: str | Path, out: str | Path,
+               max_file_bytes: int = MAX_FILE_BYTES) -> Imported:
+    """Build the run directory `out` from the manifest's networks and the data; every input file is
+    refused, before it is read, when larger than `max_file_bytes`."""
     out = Path(out)
     _check_out(out)
-    manifest = read_manifest(manifest_path)
-    data = load_data(data_path)
-    order = check_rows(manifest, len(data.y_train))
-    n_file = manifest.files[order[0]]
-    n = read_network(n_file)
+    manifest = read_manifest(manifest_path, max_file_bytes)
+    data = load_data(data_path, max_file_bytes)
+    stacks = open_stacked(manifest, max_file_bytes)
+    order = check_rows(manifest, len(data.y_train), max_file_bytes)
+    n_file = manifest.files[order[0]].parent / manifest.name_of(order[0])
+    n = _read_entry(manifest, order[0], stacks)
     sizes = n.layer_sizes
     d, num_classes = sizes[0], sizes[-1]
     if d != data.X_train.shape[1]:
@@ -155,19 +192,23 @@ def import_run(manifest_path: str | Path, data_path: str | Path, out: str | Path
     meta = {
         "format": RUN_FORMAT, "num_classes": num_classes, "input_dim": d, "train_size": int(len(data.y_train)),
         "test_size": int(len(data.y_test)), "domain": domain,
-        "architecture": {"type": "mlp", "hidden": sizes[1:-1]},
+        # a 2-D CNN stays one (its kernels stored, lowered as `lucid train`'s are); any other as dense layers
+        "architecture": n.cnn2d() or {"type": "mlp", "hidden": sizes[1:-1]},
         "training": {"algorithm": EXTERNAL_ALGORITHM, **manifest.training},
         "labels": labels_of(manifest, num_classes), "scaler": scaler_of(manifest, d),
-        "data": {"source": data.source, "feature_names": feature_names_of(manifest, d)},
+        "data": {"source": data.source, "feature_names": feature_names_of(manifest, d),
+                 # whether the owner gave the verified box: a report must not call a given box "no public domain"
+                 "domain_source": "manifest" if manifest.domain is not None else "default"},
     }
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.import-", dir=out.parent))
     try:
-        tensors = _stacked(manifest, order, n)
-        check_tensors_range(tensors, meta, str(manifest.path))
+        tensors = _stacked(manifest, order, n, stacks, (domain["lower"], domain["upper"]),
+                           meta["architecture"]["type"] == "cnn2d")
+        check_tensors_range(tensors, meta, f"the networks of manifest {manifest.path}")
         arrays = (data.X_train, data.y_train, data.X_test, data.y_test)
         meta["training"]["fingerprint"] = imported_run_fingerprint(meta, arrays, tensors)
-        kept = restored_run(manifest.origin, meta, arrays, tensors, len(sizes) - 1)
+        kept = restored_run(manifest.origin, meta, arrays, tensors)
         provenance = "kept" if kept is not None else ("" if manifest.origin is None else NOT_KEPT)
         meta = kept or meta
         _publish(staging, out, meta, data, tensors)

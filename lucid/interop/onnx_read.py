@@ -1,8 +1,9 @@
 """Dense ReLU networks read from ONNX with the `onnx` library (`lucid import`; the writer is `onnx_write`).
 
 Read: a chain of Gemm, MatMul (optionally followed by the Add of its bias), Relu, and
-Flatten / Reshape that keep the [batch, features] layout; constants come from initializers or
-Constant nodes. On an image input [batch, C, H, W], 2-D `Conv` layers (one group, no dilation,
+Flatten / Reshape that keep the [batch, features] layout (a Reshape's shape may be built from the
+running tensor's Shape, as torch's legacy exporter writes `x.view(x.size(0), -1)`); constants come
+from initializers or Constant nodes. On an image input [batch, C, H, W], 2-D `Conv` layers (one group, no dilation,
 the same stride on both axes and the same zero padding on every side) come first, each lowered
 exactly to the dense layer it is (`lucid.convolution`, on the C-H-W flattened image), then a
 Flatten. Anything else (another op, a branch, a ReLU after the last layer, two layers without a
@@ -18,9 +19,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from lucid.convolution import conv2d_output_hw, conv2d_to_dense
 from lucid.errors import LucidError
-from lucid.interop.dense import DenseNet, checked_net
+from lucid.interop.dense import ConvLayer, DenseNet, checked_net, lowered_conv
 
 SUPPORTED = "Gemm, MatMul (+ Add), Conv, Relu, Flatten and Reshape"
 
@@ -51,7 +51,16 @@ class _Chain:
         self.biases: list[np.ndarray | None] = []
         self.relu: list[bool] = []
         self.kinds: list[str] = []
+        self.convs: list[ConvLayer] = []
         self.open_matmul = False  # the last layer was a MatMul whose Add may follow
+        # shape tensors computed from the running tensor's Shape (`_shape_arithmetic`): a list of
+        # entries or one entry, each a size, "batch" (the input's own batch size) or None (unknown)
+        self.shapes: dict[str, object] = {}
+
+    def dims(self) -> list:
+        """The running tensor's shape as `shapes` holds it."""
+        rest = list(self.image) if self.image is not None else [self.width] if self.rank == 2 else [None] * (self.rank - 1)
+        return ["batch" if self.batch is None else self.batch, *rest]
 
     def fail(self, node, why: str) -> None:
         raise LucidError(f"{self.path}: {node.op_type} node '{node.name or node.output[0]}' {why}")
@@ -82,6 +91,11 @@ def read_onnx(path: str | Path) -> DenseNet:
     graph = model.graph
     if not graph.node and not graph.input and not graph.output:
         raise LucidError(f"{path} holds no ONNX graph (an empty or non-ONNX file)")
+    ml = sorted({node.op_type for node in graph.node if node.domain == "ai.onnx.ml"})
+    if ml:  # before the input/output count: skl2onnx's graphs have two outputs, a label and probabilities
+        raise LucidError(f"{path}: an ONNX-ML graph (ops {', '.join(ml)}), as skl2onnx writes for scikit-learn; "
+                         "LUCID verifies a ReLU network's scores, so write an MLPClassifier's coefs_ and intercepts_ "
+                         "as a state dict instead (docs/interop.md, scikit-learn)")
     consts = {init.name: numpy_helper.to_array(init) for init in graph.initializer}
     inputs = [i for i in graph.input if i.name not in consts]
     if len(inputs) != 1 or len(graph.output) != 1:
@@ -100,7 +114,9 @@ def read_onnx(path: str | Path) -> DenseNet:
         if node.op_type == "Identity" and node.input and node.input[0] in consts:  # a constant's copy
             consts[node.output[0]] = consts[node.input[0]]
             continue
-        data = [name for name in node.input if name and name not in consts]
+        if _shape_arithmetic(chain, node, consts):
+            continue
+        data = [name for name in node.input if name and name not in consts and name not in chain.shapes]
         if data != [chain.current]:
             _unsupported_consumer(chain, graph.node, consts)
             chain.fail(node, "does not act on the previous layer's output alone; LUCID imports a plain chain of layers")
@@ -113,10 +129,46 @@ def read_onnx(path: str | Path) -> DenseNet:
     if chain.relu[-1]:
         raise LucidError(f"{path}: a Relu follows the last layer; LUCID reads the scores before any activation")
     biases = [np.zeros(w.shape[0], dtype=w.dtype) if b is None else b for w, b in zip(chain.weights, chain.biases)]
-    return checked_net(chain.weights, biases, str(path), tuple(chain.kinds))
+    return checked_net(chain.weights, biases, str(path), tuple(chain.kinds), tuple(chain.convs))
 
 
-READ_OPS = {"Gemm", "MatMul", "Add", "Conv", "Relu", "Flatten", "Reshape", "Identity", "Constant"}
+READ_OPS = {"Gemm", "MatMul", "Add", "Conv", "Relu", "Flatten", "Reshape", "Identity", "Constant", "Shape"}
+
+
+def _shape_arithmetic(chain: _Chain, node, consts: dict[str, np.ndarray]) -> bool:
+    """Follow the shape tensor that a Reshape to [batch, -1] is built from, when the batch is not
+    fixed: torch's legacy exporter writes `x.view(x.size(0), -1)` (and `x.reshape(x.shape[0], -1)`)
+    as Shape(x) -> Gather(0) -> Unsqueeze -> Concat with [-1] -> Reshape. Only these ops, on the
+    running tensor's shape and constants, are followed (`chain.shapes`); True if `node` was one."""
+    op, attrs = node.op_type, _attrs(node)
+    names = [name for name in node.input if name]
+    if op == "Shape" and names == [chain.current]:
+        start, end = int(attrs.get("start", 0)), attrs.get("end")
+        chain.shapes[node.output[0]] = chain.dims()[start:None if end is None else int(end)]
+        return True
+    if not names or names[0] not in chain.shapes or not all(n in chain.shapes or n in consts for n in names):
+        return False
+    value = chain.shapes[names[0]]
+    if op == "Gather" and len(names) == 2 and names[1] in consts and attrs.get("axis", 0) == 0 and isinstance(value, list):
+        index = np.asarray(consts[names[1]])
+        picked = [value[int(i)] if -len(value) <= int(i) < len(value) else None for i in index.ravel()]
+        result: object = picked[0] if index.ndim == 0 else picked
+    elif op == "Unsqueeze" and not isinstance(value, list):
+        axes = consts[names[1]] if len(names) > 1 and names[1] in consts else attrs.get("axes")
+        if axes is None or [int(a) for a in np.ravel(axes)] not in ([0], [-1]):
+            return False
+        result = [value]
+    elif op == "Concat" and attrs.get("axis") in (0, -1):
+        parts = [chain.shapes[n] if n in chain.shapes else np.ravel(consts[n]).tolist() for n in names]
+        if not all(isinstance(part, list) for part in parts):
+            return False
+        result = [entry for part in parts for entry in part]
+    elif op == "Cast" and len(names) == 1:  # a shape's integer type changes nothing read here
+        result = value
+    else:
+        return False
+    chain.shapes[node.output[0]] = result
+    return True
 HINTS = {"BatchNormalization": " (fold it into the layer before: torch.onnx.export's default exporter does so "
                                "for a model in eval mode)",
          "Pad": " (a padding mode other than zeros, or padding the Conv cannot express)"}
@@ -191,8 +243,6 @@ def _conv(chain: _Chain, node, consts: dict[str, np.ndarray], attrs: dict) -> No
     c_out, c_in, kh, kw = (int(v) for v in w.shape)
     if attrs.get("group", 1) != 1:  # before the channels: a grouped kernel reads channels / groups each
         chain.fail(node, f"has group={attrs['group']}; LUCID imports convolutions with one group")
-    if c_in != chain.image[0]:
-        chain.fail(node, f"reads {c_in} channels but its input has {chain.image[0]}")
     strides = [int(v) for v in attrs.get("strides", [1, 1])]
     pads = [int(v) for v in attrs.get("pads", [0, 0, 0, 0])]
     refused = {"group": attrs.get("group", 1) != 1,
@@ -207,32 +257,46 @@ def _conv(chain: _Chain, node, consts: dict[str, np.ndarray], attrs: dict) -> No
                          "pads equal on every side and the same stride on both axes")
     b = _const(chain, node, consts, 2, ndim=None) if len(node.input) > 2 and node.input[2] else None
     bias = np.zeros(c_out, dtype=w.dtype) if b is None else _bias(chain, node, b, c_out)
-    try:  # conv2d_to_dense checks the stride and padding before any size is computed from them
-        dense_w, dense_b = conv2d_to_dense(w[None], bias[None], chain.image, strides[0], pads[0])
+    try:
+        dense_w, dense_b, kind, image, layer = lowered_conv(w, bias, chain.image, strides[0], pads[0])
     except LucidError as exc:
         chain.fail(node, str(exc))
-    oh, ow = conv2d_output_hw(chain.image[1], chain.image[2], (kh, kw), strides[0], pads[0])
-    # back in the file's own types (the entries are copies, so exactly), for checked_net's dtype rules
-    chain.weights.append(dense_w[0].astype(w.dtype))
-    chain.biases.append(dense_b[0].astype(bias.dtype))
+    chain.weights.append(dense_w)
+    chain.biases.append(dense_b)
     chain.relu.append(False)
-    chain.kinds.append(f"conv {kh}x{kw} stride {strides[0]} pad {pads[0]} on image {chain.image}")
-    chain.image, chain.width = (c_out, oh, ow), c_out * oh * ow
+    chain.kinds.append(kind)
+    chain.convs.append(layer)
+    chain.image, chain.width = image, int(np.prod(image))
 
 
 def _reshape(chain: _Chain, node, consts: dict[str, np.ndarray], attrs: dict) -> None:
     """Only a reshape to [batch, features] is read: [0, w] or [0, -1] (0: keep the batch, so not with
-    allowzero, where 0 is a literal zero), [-1, w] with w the known width, or [1, w] when the
-    graph's input has a fixed batch of 1 (what torch.onnx.export writes for nn.Flatten: allowzero=1
-    with [-1, w] for a dynamic batch, [1, w] for the example's batch of 1)."""
-    if len(node.input) < 2 or node.input[1] not in consts:
+    allowzero, where 0 is a literal zero), [-1, w] with w the known width, [B, w] or [B, -1] when the
+    graph's input has a fixed batch B, or [batch, w] or [batch, -1] with the batch taken from the
+    running tensor's Shape (`_shape_arithmetic`). torch.onnx.export writes nn.Flatten and
+    `x.view(x.size(0), -1)` as [-1, w] for a dynamic batch and [1, w] or [1, -1] for the example's
+    batch of 1; its legacy exporter writes the latter idiom with a dynamic batch from Shape."""
+    if len(node.input) < 2 or (node.input[1] not in consts and node.input[1] not in chain.shapes):
         chain.fail(node, "has a shape that is not a constant")
-    shape = [int(v) for v in np.asarray(consts[node.input[1]]).ravel()]
+    if node.input[1] in chain.shapes:
+        found = chain.shapes[node.input[1]]
+        shape = found if isinstance(found, list) else [found]
+    else:
+        shape = [int(v) for v in np.asarray(consts[node.input[1]]).ravel()]
+    if not all(isinstance(v, int) for v in shape[1:]) or None in shape:
+        chain.fail(node, f"reshapes to {shape}, a shape LUCID cannot follow")
+    batch_kept = (shape[0] in (-1, "batch", chain.batch) and chain.batch != 0) or (
+        shape[0] == 0 and not attrs.get("allowzero", 0))
+    if len(shape) == 4 and chain.rank == 2 and batch_kept and min(shape[1:]) > 0 \
+            and chain.width == int(np.prod(shape[1:])):
+        # the flat rows as the C-H-W images they are (what `lucid export` writes before a CNN's first Conv)
+        chain.rank, chain.image = 4, (shape[1], shape[2], shape[3])
+        return
     width_known = chain.width is not None and len(shape) == 2 and shape[1] == chain.width
     keeps_batch = len(shape) == 2 and (
         (shape[0] == 0 and not attrs.get("allowzero", 0) and (shape[1] == -1 or shape[1] > 0))
         or (shape[0] == -1 and width_known)
-        or (shape[0] == 1 and chain.batch == 1 and width_known))
+        or (shape[0] in ("batch", chain.batch) and chain.batch != 0 and (shape[1] == -1 or width_known)))
     if not keeps_batch:
         zero = " (allowzero=1 makes its 0 a literal zero)" if attrs.get("allowzero", 0) and 0 in shape else ""
         chain.fail(node, f"reshapes to {shape}, which does not keep the [batch, features] layout{zero}")

@@ -23,11 +23,33 @@ IR_VERSION = 8  # the IR of opset 13: older verifiers' onnx readers refuse newer
 
 
 def _layers(net: DenseNet, prefix: str, source: str, nodes: list, inits: list) -> str:
-    """Append `net`'s Gemm/Relu chain acting on `source`; returns the name of its scores."""
+    """Append `net`'s Gemm/Relu chain acting on `source` (a 2-D CNN's convolutions first: a Reshape
+    of the flat input to its image, Conv/Relu layers, a Flatten); returns the name of its scores."""
     h = source
     last = len(net.weights) - 1
+    if net.convs:
+        shape = np.array([-1, *net.convs[0].image], dtype=np.int64)
+        inits.append(numpy_helper.from_array(shape, f"{prefix}image_shape"))
+        nodes.append(helper.make_node("Reshape", [h, f"{prefix}image_shape"], [f"{prefix}image"], name=f"{prefix}image"))
+        h = f"{prefix}image"
     for k, (w, b) in enumerate(zip(net.weights, net.biases)):
-        wn, bn, out = f"{prefix}layers.{k}.weight", f"{prefix}layers.{k}.bias", f"{prefix}gemm{k}"
+        if k < len(net.convs):
+            c = net.convs[k]
+            wn, bn, out = f"{prefix}conv.{k}.weight", f"{prefix}conv.{k}.bias", f"{prefix}conv{k}"
+            inits += [numpy_helper.from_array(np.ascontiguousarray(c.weight, dtype=np.float32), wn),
+                      numpy_helper.from_array(np.ascontiguousarray(c.bias, dtype=np.float32), bn)]
+            nodes.append(helper.make_node("Conv", [h, wn, bn], [out], name=out, kernel_shape=list(c.weight.shape[2:]),
+                                          strides=[c.stride] * 2, pads=[c.pad] * 4))
+            h = out
+            if k < last:
+                nodes.append(helper.make_node("Relu", [h], [f"{prefix}relu{k}"], name=f"{prefix}relu{k}"))
+                h = f"{prefix}relu{k}"
+            continue
+        if k and k == len(net.convs):
+            nodes.append(helper.make_node("Flatten", [h], [f"{prefix}flat"], name=f"{prefix}flat", axis=1))
+            h = f"{prefix}flat"
+        i = k - len(net.convs)  # the dense layers' names are networks.safetensors' (layers.{i} after conv.{j})
+        wn, bn, out = f"{prefix}layers.{i}.weight", f"{prefix}layers.{i}.bias", f"{prefix}gemm{k}"
         inits += [numpy_helper.from_array(np.ascontiguousarray(w, dtype=np.float32), wn),
                   numpy_helper.from_array(np.ascontiguousarray(b, dtype=np.float32), bn)]
         nodes.append(helper.make_node("Gemm", [h, wn, bn], [out], name=out, transB=1))

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from lucid.network import stack_from_tensors
 from lucid.rundir import EXTERNAL_ALGORITHM, trained_run_fingerprint
 
 NOT_KEPT = "not kept: the manifest's origin does not match these networks and data"
@@ -54,8 +55,20 @@ def origin_record(meta: dict, networks_sha256: str) -> dict:
     return {"run": meta, "networks_sha256": networks_sha256}
 
 
-def restored_run(origin: Any, meta: dict, arrays: tuple[np.ndarray, ...], tensors: dict[str, np.ndarray],
-                 layers: int) -> dict | None:
+def dense_layers(tensors: dict[str, np.ndarray], meta: dict, chunk: int = 256):
+    """(weights, biases) of each network of a stacked tensors dict in stack order, float32, as the
+    verifier sees them: a CNN's convolutions lowered (exactly: kernel entries and zeros)."""
+    for start in range(0, len(tensors["removed"]), chunk):
+        part = {k: v[start:start + chunk] for k, v in tensors.items()}
+        stack = stack_from_tensors(part, meta.get("architecture", {}), int(meta["input_dim"]))
+        for p in range(len(stack)):
+            yield ([w[p].astype(np.float32) for w in stack.weights], [b[p].astype(np.float32) for b in stack.biases])
+
+
+ARCHITECTURE_FIELDS = ("type", "hidden", "input_shape", "conv")  # ("spec" is written from these)
+
+
+def restored_run(origin: Any, meta: dict, arrays: tuple[np.ndarray, ...], tensors: dict[str, np.ndarray]) -> dict | None:
     """The run.json of the run `lucid export --all` wrote these files from, when they are that run's
     networks and data exactly: the networks' digest and the run's own fingerprint (recomputed here,
     from the data given) must match, and so must every field the import derived from the files
@@ -69,12 +82,12 @@ def restored_run(origin: Any, meta: dict, arrays: tuple[np.ndarray, ...], tensor
     derived = ("format", "num_classes", "input_dim", "train_size", "test_size", "domain", "labels", "scaler")
     if any(run.get(k) != meta.get(k) for k in derived):
         return None
-    if (run.get("architecture") or {}).get("hidden") != meta["architecture"]["hidden"]:
+    architecture = run.get("architecture") if isinstance(run.get("architecture"), dict) else {}
+    if any(architecture.get(k) != meta["architecture"].get(k) for k in ARCHITECTURE_FIELDS):
         return None
     digest = NetworksDigest(tensors["removed"])
-    for p in range(len(tensors["removed"])):
-        digest.add([tensors[f"layers.{k}.weight"][p] for k in range(layers)],
-                   [tensors[f"layers.{k}.bias"][p] for k in range(layers)])
+    for weights, biases in dense_layers(tensors, meta):
+        digest.add(weights, biases)
     if origin.get("networks_sha256") != digest.hexdigest():
         return None
     try:

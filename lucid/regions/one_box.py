@@ -31,6 +31,7 @@ from lucid.bab.partition import FlatParameters
 from lucid.witness.network_leaks import NetworkLeaks
 from lucid.bab.state import ClassState
 from lucid.analysis.problem import VerificationProblem
+from lucid.analysis.scaling import rescale_stack
 from lucid.analysis.screen import Screen
 from lucid.deadline import Deadline
 from lucid.regions.tree import RegionTree
@@ -64,7 +65,13 @@ class BoxVerifier:
         if node == 0:
             return self.root
         lo, hi = self.tree.box(node)
-        problem = VerificationProblem.from_stack(self.root.stack, lo, hi, bounds=self.root.bounds_method)
+        stack = self.root.stack
+        if self.root.neuron_scales is not None:
+            # Back to the stored networks (exact: powers of two). The root's rescaled stack moves each
+            # hidden neuron's factor into the next layer's columns, where it can pass the entry guard's
+            # parameter limit; and the box's own scales must be relative to the stored networks.
+            stack = rescale_stack(stack, [1.0 / s for s in self.root.neuron_scales])
+        problem = VerificationProblem.from_stack(stack, lo, hi, bounds=self.root.bounds_method)
         if self.root.points is not None:
             inside = np.all((self.root.points >= lo) & (self.root.points <= hi), axis=1)
             problem.points = self.root.points[inside] if inside.any() else None

@@ -88,8 +88,10 @@ def not_covered(facts: ReportFacts) -> tuple[tuple[str, str], ...]:
         ("Inputs outside the verified domain",
          "The bounds hold only inside the verified box (section Data and training algorithm T); the service "
          "refuses other inputs, or clips them into the box with `--clip`."
-         + (" This run's box appears fitted to the data (no public domain), so the box, and which inputs "
-            "are refused, reveal the data's extremes: "
+         + (" This run's box " + ("coincides with the data's extremes (the manifest gave it, but unless its bounds "
+                                  "are public it was fitted to the data)" if t.domain_given
+                                  else "appears fitted to the data (no public domain)")
+            + ", so the box, and which inputs are refused, reveal the data's extremes: "
             + ("import it again with a public `domain` in the manifest" if t.algorithm == EXTERNAL_ALGORITHM
                else "retrain with `--domain` and public bounds")
             + " for a deployment." if t.domain_from_data else "")),

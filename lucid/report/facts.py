@@ -43,6 +43,7 @@ class TrainingFacts:
     domain_from_data: bool | None  # True: the box looks min-max fitted to the data (reveals extremes)
     # an imported run's training as its manifest named it: (name, version, description); None otherwise
     external: tuple[str, str, str] | None = None
+    domain_given: bool = False  # the box was given by the run's owner (an imported run's manifest domain)
 
     @property
     def loo_networks(self) -> int:

@@ -144,6 +144,7 @@ def _training(run: Run) -> TrainingFacts:
         feature_names=tuple(str(n) for n in names), domain_from_data=_domain_from_data(run, lower, upper, offset, scale),
         external=(str(t.get("name", "")), str(t.get("version", "")), str(t.get("description", "")))
         if t.get("algorithm") == EXTERNAL_ALGORITHM else None,
+        domain_given=data.get("domain_source") == "manifest",
     )
 
 

@@ -84,9 +84,17 @@ def _summary(f: ReportFacts) -> Section:
     else:
         items.append(("Served", "no privacy ledger (the run has not been served with a memo)."))
     if f.training.domain_from_data:
-        blocks.append(Paragraph("The verified domain appears fitted to the data (no public domain was given): it "
-                                "reveals the data's extremes. See the caveats.", "warning"))
+        blocks.append(Paragraph(f"The verified domain {_fitted(f.training)}: it reveals the data's extremes. See the "
+                                "caveats.", "warning"))
     return Section("summary", "Summary", (Paragraph(f"Run directory `{f.run}`."), Bullets(tuple(items)), *blocks))
+
+
+def _fitted(t) -> str:
+    """How a box that coincides with the data's extremes came to be, as far as the run says."""
+    if t.domain_given:
+        return ("given in the import's manifest coincides with the data's minima and maxima (unless those bounds "
+                "are public, they were fitted to the data)")
+    return "appears fitted to the data's minima and maxima (no public domain was given)"
 
 
 def _training(f: ReportFacts) -> Section:
@@ -135,8 +143,7 @@ def _training(f: ReportFacts) -> Section:
                     Heading("Verified input domain (original units)"), domain]
     if n < t.input_dim:
         blocks.append(Paragraph(f"… and {t.input_dim - n} more features (see run.json).", "note"))
-    origin = {True: "It appears fitted to the data's minima and maxima (no public domain was given): it reveals "
-                    "them.",
+    origin = {True: f"This box {_fitted(t)}: it reveals them.",
               False: "It does not coincide with the data's extremes on any rescaled feature.",
               None: ""}[t.domain_from_data]
     blocks.append(Paragraph(f"Only inputs inside this box are answered (or clipped into it). {origin}", "note"))

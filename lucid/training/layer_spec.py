@@ -18,7 +18,7 @@ import re
 from typing import Sequence
 
 from lucid.errors import LucidError
-from lucid.convolution import conv2d_output_hw
+from lucid.convolution import conv2d_output_hw, format_layer_spec
 
 USAGE = "use conv(out_channels, kernel, stride=1, pad=0) and fc(width), e.g. conv(8,3,pad=1),conv(8,3,stride=2),fc(32)"
 _LAYER = re.compile(r"\s*([a-z_][a-z0-9_]*)\s*\(([^()]*)\)\s*(?:,|$)")
@@ -64,12 +64,6 @@ def parse_layer_spec(arch: str, input_shape: list[int] | None) -> dict:
     _check_shapes(arch, convs, input_shape)
     return {"type": "cnn2d", "spec": format_layer_spec(convs, hidden), "input_shape": list(input_shape),
             "conv": convs, "hidden": hidden}
-
-
-def format_layer_spec(convs: list[dict], hidden: list[int]) -> str:
-    """The normalised spec string run.json records (every argument written out)."""
-    parts = [f"conv({c['channels']},{c['kernel']},stride={c['stride']},pad={c['pad']})" for c in convs]
-    return ",".join(parts + [f"fc({w})" for w in hidden])
 
 
 def _split(arch: str) -> list[tuple[str, str]]:
