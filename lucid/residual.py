@@ -1,14 +1,15 @@
 """Residual sets (`lucid verify --residual M`): the few networks checked at query time.
 
-Per class c the verification sets aside R_c, the M networks whose screened bounds rank highest,
-and bounds every other network: the level L_c >= beta*_{c,{j}} for every j outside R_c. An input
+Per class c the verification keeps R_c, the M networks with the largest proven bounds, and the
+level L_c, the next largest (lucid/bab/order_statistic.py): L_c >= beta*_{c,{j}} for every j
+outside R_c. An input
 that N labels c is released iff its confidence is above L_c (plus N's float error, as for beta_c)
 and every network of R_c labels it c too (`lucid.access.residual_check`); docs/guarantee.md
 proves that a release still means that all |D| + 1 networks agree.
 
 Stored in the run directory as (docs/formats.md, `lucid-residual/1`):
   * bounds.json's "residual" section: the format, M, the parameter file's name and sha256, and per
-    class its level, positions, removed rows and the screened bounds of its members;
+    class its level, positions, removed rows and the proven bounds of its members;
   * `residual-<sha256 prefix>.safetensors`: the union of the sets' networks, with the tensors and
     dtypes of networks.safetensors (so it is read by the same `stack_from_tensors`). Its name
     carries its digest, so a new verification never overwrites the file an older bounds.json
@@ -42,7 +43,7 @@ class ClassResidual:
 
     level: float
     positions: np.ndarray  # [m] positions in networks.safetensors, ascending
-    bounds: np.ndarray  # [m] the members' screened bounds (sound, what M = 0 would have to cover)
+    bounds: np.ndarray  # [m] the members' proven bounds (sound, what M = 0 would have to cover)
 
     @property
     def highest(self) -> float:
@@ -89,16 +90,6 @@ def split_off(bounds: np.ndarray, positions: np.ndarray, size: int) -> ClassResi
     rest = np.setdiff1d(positions, members, assume_unique=True)
     level = float(bounds[rest].max()) if len(rest) else -math.inf
     return ClassResidual(level, members, bounds[members].astype(np.float64))
-
-
-def swap_in_leaker(members: np.ndarray, screen: np.ndarray, leaker: int,
-                   keep: np.ndarray = np.zeros(0, np.int64)) -> np.ndarray:
-    """The set with `leaker`, a network outside it, moved in place of the member the screen ranks
-    lowest (ties: the highest position) that is not in `keep` (the leakers moved in before: their
-    leaks are real, a screen bound may not be)."""
-    candidates = members[~np.isin(members, keep)]
-    out = candidates[np.lexsort((-candidates, screen[candidates]))[0]]
-    return np.sort(np.append(members[members != out], leaker))
 
 
 def residual_members(screen: np.ndarray, positions: np.ndarray, size: int) -> np.ndarray:

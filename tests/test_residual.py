@@ -438,3 +438,19 @@ def test_auto_refuses_bad_input_in_one_line(verified, tmp_path, args, message):
 def test_max_residual_without_auto_is_refused(verified, tmp_path):
     result = _lucid("verify", str(_copy(verified, tmp_path)), "--residual", "3", "--max-residual", "5", "--quiet")
     assert result.returncode == 2 and "--max-residual caps --residual auto only" in result.stderr
+
+
+def test_the_report_leads_with_the_levels_and_names_the_sets(verified, tmp_path):
+    """`lucid report` shows what the rule uses: the level per class in the bound table (not the
+    bound over every network, which moves to a note), and the rows of each class's set."""
+    run = _copy(verified, tmp_path)
+    out = tmp_path / "report.html"
+    result = _lucid("report", str(run), "--format", "html", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    text = out.read_text()
+    assert "L_c = level (proved)" in text and "β_c = upper (proved)" not in text
+    section = _section(run)
+    for key, entry in section["classes"].items():
+        assert f'id="bound-{key}-upper" data-value="{json.dumps(entry["level"])}"' in text
+        assert f"class {key}: rows {', '.join(str(r) for r in entry['rows'][:8])}" in text
+    assert "Over every network (what a reader without the residual check would use)" in text

@@ -150,6 +150,7 @@ class LabelOnlyClassifier:
                 check_network_range([w[k] for w in residual.stack.weights], [b[k] for b in residual.stack.biases],
                                     lower, upper, f"{run.path}: residual network at position {residual.positions[k]}")
             self.residual = ResidualCheck(residual, lower, upper, self.regions)
+            self.residual_levels = residual.levels  # L_c per class (the report's Fig. 6 draws them)
             self.residual_thresholds = release_thresholds(residual.levels, self.confidence_error)
             served = (BoundsRecord(residual.levels, f"residual:{residual.digest}") if self.regions is None else
                       BoundsRecord(release,

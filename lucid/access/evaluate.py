@@ -147,7 +147,7 @@ def evaluate_run(
     # the threshold the rule compares with: with residual sets (one per class) the level L_c
     levels = clf.residual is not None and clf.regions is None
     plot_data = {"confidence": _confidences(clf, x), "classes": n_cls,
-                 "bounds": clf.residual.levels if levels else clf.bounds, "bound_name": "level" if levels else "iDP-DB",
+                 "bounds": clf.residual_levels if levels else clf.bounds, "bound_name": "level" if levels else "iDP-DB",
                  "labels": clf.labels, "noised": noised, "regions": clf.regions is not None,
                  "released_but_leaking": int(np.sum(~noised & leaking))}
     return result, plot_data

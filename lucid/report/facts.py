@@ -127,8 +127,8 @@ class EvaluationFacts:
     predicted: np.ndarray  # N's class per test input
     noised: np.ndarray  # per test input: did the access layer noise it (its own decision, not recomputed)
     betas: tuple[float, ...]  # beta_c used by the access layer (+inf: nothing proved); with residual sets, L_c
-    bound_name: str = "iDP-DB"  # "level" when the rule compares with the residual levels
     released_but_leaking: int  # > 0 means bounds.json is contradicted by a concrete input
+    bound_name: str = "iDP-DB"  # "level" when the rule compares with the residual levels
 
 
 @dataclass(frozen=True)
