@@ -20,7 +20,17 @@ sends one byte at a time gains nothing. A response the client stops reading (the
 full) is dropped after --body-timeout. The head cap is checked on the raw bytes before h11 parses
 them: h11's own `max_incomplete_event_size` only bounds a head still incomplete, so a larger one
 that arrives in one read would pass. A head with both Content-Length and Transfer-Encoding is
-refused (400, close) at the same point, before h11 frames its body (request smuggling). A client that
+refused (400, close) at the same point, before h11 frames its body (request smuggling).
+
+An answer sent before its request's body was read (404, 405, 400 for an unknown Host, 401, 413, 415:
+the application need not read a body it refuses) ends the connection: the response says
+`connection: close`, the server shuts its sending side, and whatever the client still sends is read
+and dropped, never parsed, until the client closes, DRAIN_BYTES have come or the body's deadline
+passes. uvicorn would instead read the rest of the body by its own framing and go on to the next
+request with none of the head checks above, so a request hidden in or after that body was answered
+and charged (request smuggling behind an early answer). Dropping rather than closing at once lets
+the answer reach the client: a socket closed with unread bytes sends a reset, which may destroy
+the answer before the client reads it. A client that
 shuts its sending side after a complete request gets the answer it is charged for (`eof_received`). h11 rather than httptools because httptools buffered a 50 MB
 header before any check could run; h11 costs tens of microseconds per request.
 
@@ -86,11 +96,50 @@ def _frames_twice(head: bytes) -> bool:
 # answered: a request from a client that waited for its last answer starts at once.
 PIPELINED_IN_FLIGHT = 1
 
+# After an early answer (module docstring), at most this many bytes are read and dropped before the
+# connection is closed: enough for the rest of a body up to the default --max-body.
+DRAIN_BYTES = 4 * 1024 * 1024
+
 TIMED_OUT = _raw_response(408, "Request Timeout", "the request did not arrive in time")
 HEAD_TOO_LARGE = _raw_response(431, "Request Header Fields Too Large", "the request headers are too large")
 BAD_REQUEST = _raw_response(400, "Bad Request", "invalid HTTP request")
 TOO_MANY_CONNECTIONS = _raw_response(503, "Service Unavailable", "too many connections")
 TOO_MANY_FROM_ADDRESS = _raw_response(503, "Service Unavailable", "too many connections from this address")
+
+
+class _ClosingH11Connection(h11.Connection):
+    """h11's server side that marks an answer begun before its request's body was read
+    `connection: close` (h11 then ends the connection after it; module docstring)."""
+
+    def send(self, event: Any) -> bytes | None:  # type: ignore[override]
+        if isinstance(event, h11.Response) and self.their_state is h11.SEND_BODY:
+            headers = list(event.headers)
+            if (b"connection", b"close") not in headers:
+                headers.append((b"connection", b"close"))
+            event = h11.Response(status_code=event.status_code, headers=headers, reason=event.reason,
+                                 http_version=event.http_version)
+        return super().send(event)
+
+
+class _AnswerTransport:
+    """The transport as a request's cycle (uvicorn's RequestResponseCycle) sees it: its close(),
+    which uvicorn calls after an answer that ends the connection, leaves the choice between closing
+    and dropping the rest of an unread body to the protocol."""
+
+    def __init__(self, protocol: "GuardedH11Protocol") -> None:
+        self._protocol = protocol
+
+    def write(self, data: bytes) -> None:
+        self._protocol.transport.write(data)
+
+    def is_closing(self) -> bool:
+        return self._protocol.transport.is_closing() or self._protocol._draining
+
+    def close(self) -> None:
+        self._protocol._close_after_answer()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._protocol.transport, name)
 
 
 class GuardedH11Protocol(H11Protocol):
@@ -104,6 +153,12 @@ class GuardedH11Protocol(H11Protocol):
     idle: dict["GuardedH11Protocol", None] = {}
     # Connections whose next request was pipelined behind an answer, waiting their turn, oldest first.
     waiting: dict["GuardedH11Protocol", None] = {}
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.conn = _ClosingH11Connection(h11.SERVER, self.limits.max_header_bytes)
+        self._draining = False  # an early answer was sent: what the client sends is dropped
+        self._drained = 0
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._phase: str | None = None
@@ -148,12 +203,43 @@ class GuardedH11Protocol(H11Protocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        if self._draining:
+            self._drained += len(data)
+            if self._drained > DRAIN_BYTES:
+                self.transport.close()
+            return
         if self.conn.their_state is h11.IDLE and self._refused_head(data):
             return
         super().data_received(data)
         self._watch()
 
+    def handle_events(self) -> None:
+        if self._draining:  # nothing after an early answer is parsed
+            return
+        cycle = self.cycle
+        super().handle_events()
+        if self.cycle is not None and self.cycle is not cycle:  # a request was read: its cycle's transport
+            self.cycle.transport = _AnswerTransport(self)  # type: ignore[assignment]
+
+    def _close_after_answer(self) -> None:
+        """An answer that ends the connection was sent: close, or, if the request's body was not read
+        to its end, drop what the client still sends (module docstring)."""
+        if self.transport.is_closing() or self._draining:
+            return
+        if self.conn.their_state is not h11.SEND_BODY:
+            self.transport.close()
+            return
+        self._draining = True
+        self.waiting.pop(self, None)
+        self.flow.resume_reading()  # reading stopped at uvicorn's high-water mark must go on, to drop
+        if self.transport.can_write_eof():  # the client sees the answer end (TLS cannot half-close)
+            self.transport.write_eof()
+        if self._phase != "body":
+            self._set_phase("body")  # else the body's deadline, already running, stays
+
     def on_response_complete(self) -> None:
+        if self._draining:
+            return
         # A pipelined request read while this one was answered is parsed now: check its head first.
         if self.conn.their_state is h11.DONE and self._refused_head(b""):
             return
@@ -222,7 +308,8 @@ class GuardedH11Protocol(H11Protocol):
     def shutdown(self) -> None:
         """A stop closes at once every connection whose request is still arriving: it cannot be
         answered before it arrives, and a stalled client would hold the stop up to --shutdown-timeout."""
-        if self.cycle is not None and not self.cycle.response_started and self.conn.their_state is h11.SEND_BODY:
+        if self._draining or (self.cycle is not None and not self.cycle.response_started
+                              and self.conn.their_state is h11.SEND_BODY):
             self.transport.close()
             return
         super().shutdown()

@@ -1,0 +1,97 @@
+"""`lucid serve` on an open network, one layer deeper (issue 64): no request is parsed after an
+answer sent before its request's body was read (request smuggling), bodies are UTF-8 only, TLS,
+the client address behind a trusted proxy, the per-client request rate, and fair shedding at the
+connection cap. Real servers over raw sockets; nothing here is timed."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from serve_helpers import (connect, read_response, request, run_dir, server,  # noqa: F401 (run_dir: a fixture)
+                           to_orig, until_closed)
+
+TOKEN = "s3cret"
+AUTH = b"authorization: Bearer " + TOKEN.encode() + b"\r\n"
+
+
+def _answers(run_dir, memo) -> int:
+    """The answers the memo's ledger charged, over all clients."""
+    r = subprocess.run([sys.executable, "-m", "lucid", "budget", str(run_dir), "--memo", str(memo), "--json"],
+                       capture_output=True, text=True, check=True)
+    return sum(c["answers"] for c in json.loads(r.stdout)["clients"] if c["client"] != "*")
+
+
+def _responses(sock: socket.socket, count: int, limit: float = 10.0) -> list[bytes]:
+    """The next `count` whole responses (Content-Length bodies) on a connection that stays open."""
+    sock.settimeout(limit)
+    got, out = b"", []
+    while len(out) < count:
+        head_end = got.find(b"\r\n\r\n")
+        if head_end >= 0:
+            length = re.search(rb"content-length:\s*(\d+)", got[:head_end], re.IGNORECASE)
+            end = head_end + 4 + (int(length.group(1)) if length else 0)
+            if len(got) >= end:
+                out.append(got[:end])
+                got = got[end:]
+                continue
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise AssertionError(f"closed after {len(out)} responses: {got[:60]!r}")
+        got += chunk
+    assert got == b"", got[:60]
+    return out
+
+
+# -- 1. nothing is parsed after an early answer ---------------------------------------------------
+_EARLY = {  # status -> a request head that gets it before its 10-byte body is read
+    404: b"POST /nope HTTP/1.1\r\nHost: localhost\r\n" + AUTH + b"content-length: 10\r\n\r\n",
+    405: b"PUT /v1/predict HTTP/1.1\r\nHost: localhost\r\n" + AUTH + b"content-length: 10\r\n\r\n",
+    400: b"POST /v1/predict HTTP/1.1\r\nHost: evil.example\r\n" + AUTH
+         + b"content-type: application/json\r\ncontent-length: 10\r\n\r\n",
+    401: b"POST /v1/predict HTTP/1.1\r\nHost: localhost\r\ncontent-type: application/json\r\n"
+         b"content-length: 10\r\n\r\n",
+    415: b"POST /v1/predict HTTP/1.1\r\nHost: localhost\r\n" + AUTH + b"content-length: 10\r\n\r\n",
+    413: b"POST /v1/predict HTTP/1.1\r\nHost: localhost\r\n" + AUTH
+         + b"content-type: application/json\r\ncontent-length: 5000\r\n\r\n",
+}
+
+
+def test_no_request_is_parsed_after_an_answer_sent_before_its_body(run_dir, tmp_path):
+    """The issue's probe: a request answered before its body was read (each early status), then the
+    rest of that body and smuggled requests (a plain prediction, one framed twice, one with a head
+    over --max-header-bytes) in one packet. Measured before: the smuggled prediction was answered
+    200 and charged. Now the early answer says `connection: close`, nothing after it is parsed, and
+    the ledger charged nothing; the same pipelined behind an honest request."""
+    memo = tmp_path / "m.sqlite"
+    body = json.dumps({"inputs": to_orig([[0.5, 0.5]])}).encode()
+    args = ["-e", "1", "--budget", "100", "--memo", str(memo), "--api-key-env", "KEY", "--max-body", "1000",
+            "--max-header-bytes", "2048"]
+    with server(run_dir, *args, env={"KEY": TOKEN}) as url:
+        predict = request(url, body, AUTH)
+        framed_twice = request(url, body, AUTH + b"transfer-encoding: chunked\r\n")
+        big_head = request(url, body, AUTH + b"x-pad: " + b"a" * 5000 + b"\r\n")
+        smuggled = b"67890" + framed_twice + predict + big_head + predict
+        healthz = b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n"
+        for status, head in _EARLY.items():
+            for behind in (b"", healthz):  # on its own, and pipelined behind an honest request
+                sock = connect(url, behind + head + b"12345")
+                *first, answer = _responses(sock, 2 if behind else 1)
+                assert all(r.startswith(b"HTTP/1.1 200") for r in first)
+                assert answer.startswith(b"HTTP/1.1 %d" % status), (status, answer)
+                assert b"\r\nconnection: close\r\n" in answer.lower(), (status, answer)
+                sock.sendall(smuggled)
+                rest = until_closed(sock)
+                assert rest == b"", (status, behind, rest[:80])
+        # Every early status still closes when the rest of the body never comes (nothing waits forever),
+        # and an honest request on a new connection is answered and charged.
+        assert until_closed(connect(url, _EARLY[404] + b"12345")).startswith(b"HTTP/1.1 404")
+        sock = connect(url, predict)
+        assert read_response(sock).startswith(b"HTTP/1.1 200")
+        sock.close()
+    assert _answers(run_dir, memo) == 1
