@@ -95,3 +95,44 @@ def test_no_request_is_parsed_after_an_answer_sent_before_its_body(run_dir, tmp_
         assert read_response(sock).startswith(b"HTTP/1.1 200")
         sock.close()
     assert _answers(run_dir, memo) == 1
+
+
+# -- 5. UTF-8 only ----------------------------------------------------------------------------------
+def test_bodies_are_utf8_only(run_dir):
+    """RFC 8259: JSON between systems is UTF-8, without a byte-order mark. Measured before: UTF-16 and
+    UTF-32 bodies and a UTF-8 byte-order mark were answered 200. Now 400 and one fixed line, for
+    small bodies and for large ones (parsed in pieces), while the same body in UTF-8 is answered."""
+    import asyncio
+
+    import httpx
+
+    from lucid.access import LabelOnlyClassifier
+    from lucid.access.server import ServiceOptions, create_app
+
+    small = json.dumps({"inputs": to_orig([[0.5, 0.5]])})
+    large = json.dumps({"inputs": to_orig([[0.5, 0.5]] * 1500)})  # over 16 KiB: parsed in pieces
+    clf = LabelOnlyClassifier.from_run(run_dir, epsilon=1.0)
+    app = create_app(clf, options=ServiceOptions())
+
+    async def check() -> None:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
+            for text in (small, large):
+                assert len(text) < 16_384 or len(text) > 20_000
+                spellings = [text.encode("utf-16"), text.encode("utf-16-le"), text.encode("utf-16-be"),
+                             text.encode("utf-32"), text.encode("utf-32-le"), b"\xef\xbb\xbf" + text.encode()]
+                for body in spellings:
+                    r = await client.post("/v1/predict", content=body, headers={"content-type": "application/json"})
+                    assert r.status_code == 400, body[:8]
+                    # (UTF-16 or UTF-32 without a byte-order mark is valid UTF-8, with NULs: not JSON)
+                    assert r.json()["error"] in ("the request body must be UTF-8 without a byte-order mark",
+                                                 "the request body is not valid JSON"), body[:8]
+                r = await client.post("/v1/predict", content=text.encode(), headers={"content-type": "application/json"})
+                assert r.status_code == 200 and len(r.json()["labels"]) in (1, 1500)
+
+    try:
+        asyncio.run(check())
+    finally:
+        for pool in app.state.pools:
+            pool.shutdown()
+        clf.close()

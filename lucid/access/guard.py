@@ -24,6 +24,7 @@ MAX_DEADLINE_MS = 60_000.0
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "[::1]")
 
 BAD_JSON = "the request body is not valid JSON"
+NOT_UTF8 = "the request body must be UTF-8 without a byte-order mark"
 NOT_JSON_MEDIA = "the request body must be application/json"
 UNKNOWN_HOST = "unknown host"
 _NAME = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9._-]+)(?::(\d{1,5}))?$")
@@ -237,9 +238,17 @@ def _unique_fields(pairs: list[tuple[str, object]]) -> dict:
 
 
 def _whole_inputs(body: bytes) -> list:
-    """The "inputs" list of a body parsed in one piece, or its error."""
+    """The "inputs" list of a body parsed in one piece, or its error. UTF-8 only (RFC 8259 8.1):
+    json.loads would also take UTF-16 or UTF-32 and skip a byte-order mark, so the same request would
+    have several spellings that a filter in front of the service may not read as JSON at all."""
     try:
-        doc = json.loads(body, object_pairs_hook=_unique_fields)
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        raise BadJson(NOT_UTF8) from None
+    if text.startswith("\ufeff"):
+        raise BadJson(NOT_UTF8)
+    try:
+        doc = json.loads(text, object_pairs_hook=_unique_fields)
     except _RepeatedField:
         raise LucidError("the request body must not repeat a field") from None
     except (ValueError, RecursionError):
