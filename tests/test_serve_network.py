@@ -136,3 +136,94 @@ def test_bodies_are_utf8_only(run_dir):
         for pool in app.state.pools:
             pool.shutdown()
         clf.close()
+
+
+# -- 6. TLS ---------------------------------------------------------------------------------------
+@pytest.fixture()
+def tls_files(tmp_path):
+    """(CA, certificate file, key file) for 127.0.0.1 and localhost (trustme), and a second key."""
+    trustme = pytest.importorskip("trustme")
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1", "localhost")
+    other = ca.issue_cert("localhost")
+    files = {"cert": tmp_path / "cert.pem", "key": tmp_path / "key.pem", "other_key": tmp_path / "other.pem",
+             "ca": tmp_path / "ca.pem"}
+    cert.cert_chain_pems[0].write_to_path(files["cert"])
+    cert.private_key_pem.write_to_path(files["key"])
+    other.private_key_pem.write_to_path(files["other_key"])
+    ca.cert_pem.write_to_path(files["ca"])
+    return files
+
+
+def test_bad_tls_and_proxy_options_are_one_line(run_dir, tmp_path, tls_files, capsys, monkeypatch):
+    from serve_helpers import serve_cli
+
+    garbage = tmp_path / "garbage.pem"
+    garbage.write_text("not a certificate\n")
+    unreadable = tmp_path / "a-directory"
+    unreadable.mkdir()
+    cert, key = str(tls_files["cert"]), str(tls_files["key"])
+    cases = [
+        (["--ssl-certfile", str(tmp_path / "missing.pem"), "--ssl-keyfile", key], "--ssl-certfile"),
+        (["--ssl-certfile", cert, "--ssl-keyfile", str(tmp_path / "missing.pem")], "--ssl-keyfile"),
+        (["--ssl-certfile", str(unreadable), "--ssl-keyfile", key], "--ssl-certfile"),
+        (["--ssl-certfile", cert], "--ssl-keyfile"),
+        (["--ssl-keyfile", key], "--ssl-certfile"),
+        (["--ssl-certfile", cert, "--ssl-keyfile", str(tls_files["other_key"])], "not the key"),
+        (["--ssl-certfile", str(garbage), "--ssl-keyfile", key], "cannot load"),
+        (["--ssl-certfile", key, "--ssl-keyfile", key], "cannot load"),
+        (["--forwarded-allow-ips", "*"], "--forwarded-allow-ips"),
+        (["--forwarded-allow-ips", "proxy.example"], "--forwarded-allow-ips"),
+        (["--forwarded-allow-ips", "127.0.0.1,"], "--forwarded-allow-ips"),
+        (["--forwarded-allow-ips", ""], "--forwarded-allow-ips"),
+        (["--forwarded-allow-ips", "10.0.0.0/33"], "--forwarded-allow-ips"),
+    ]
+    for extra, named in cases:
+        code, err = serve_cli(run_dir, ["-e", "1", "--budget", "1", "--memo", str(tmp_path / "m.sqlite"), *extra],
+                               capsys, monkeypatch)
+        assert code == 2 and err.startswith("lucid: error:") and named in err, (extra, err)
+        assert len(err.splitlines()) == 1 and "Traceback" not in err, (extra, err)
+    code, err = serve_cli(run_dir, ["-e", "1", "--budget", "1", "--memo", str(tmp_path / "m.sqlite"),
+                                     "--ssl-certfile", cert, "--ssl-keyfile", key,
+                                     "--forwarded-allow-ips", "127.0.0.1, 10.0.0.0/8,::1"], capsys, monkeypatch)
+    assert code == "started" and " on https://127.0.0.1:" in err, err
+
+
+def test_https_end_to_end(run_dir, tmp_path, tls_files):
+    """`--ssl-certfile/--ssl-keyfile`: the start line says https, a client that trusts the CA gets its
+    labels, and plain HTTP on the same port gets no answer."""
+    import ssl
+    import time
+
+    cmd = [sys.executable, "-m", "lucid", "serve", str(run_dir), "--port", "0", "-e", "1", "--budget", "10",
+           "--memo", str(tmp_path / "m.sqlite"), "--ssl-certfile", str(tls_files["cert"]),
+           "--ssl-keyfile", str(tls_files["key"])]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+    try:
+        url = None
+        while url is None:
+            line = proc.stderr.readline()
+            assert line, "the server ended before naming its address"
+            found = re.search(r" on (https://127\.0\.0\.1:(\d+))/v1/predict", line)
+            url = found and found.group(1)
+        port = int(url.rsplit(":", 1)[1])
+        context = ssl.create_default_context(cafile=str(tls_files["ca"]))
+        body = json.dumps({"inputs": to_orig([[0.5, 0.5]])}).encode()
+        deadline = time.monotonic() + 30
+        while True:  # until the server has started (the socket listens before the line)
+            try:
+                raw = socket.create_connection(("127.0.0.1", port), timeout=10)
+                tls = context.wrap_socket(raw, server_hostname="127.0.0.1")
+                break
+            except (ssl.SSLError, OSError):
+                assert time.monotonic() < deadline, "no TLS handshake"
+                time.sleep(0.1)
+        tls.sendall(request(url, body, b"connection: close\r\n"))
+        answer = until_closed(tls)
+        assert answer.startswith(b"HTTP/1.1 200") and b'"labels":[' in answer, answer
+        plain = until_closed(connect(url, b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n"))
+        assert not plain.startswith(b"HTTP/1.1 200"), plain
+    finally:
+        proc.terminate()
+        proc.wait(timeout=15)
+        proc.stderr.close()

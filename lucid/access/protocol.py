@@ -68,6 +68,7 @@ import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from lucid.access.limits import ServeLimits, client_group
+from lucid.access.transport import ServeTransport
 
 
 def _raw_response(status: int, reason: str, message: str) -> bytes:
@@ -147,6 +148,7 @@ class GuardedH11Protocol(H11Protocol):
     `guarded_protocol(limits)`, which binds the limits, as uvicorn's `http=` class."""
 
     limits: ServeLimits = ServeLimits()
+    transport_options: ServeTransport = ServeTransport()
     # Open connections per client address (client_group) in this process; one dict per bound class.
     per_address: dict[str, int] = {}
     # The connections now idle, longest idle first (a dict keeps insertion order); one per bound class.
@@ -170,7 +172,9 @@ class GuardedH11Protocol(H11Protocol):
             self._refuse(TOO_MANY_CONNECTIONS)  # at once: it must not hold a slot until a timeout
             return
         peer = transport.get_extra_info("peername")
-        address = client_group(peer[0] if isinstance(peer, (tuple, list)) and peer else None)
+        host = peer[0] if isinstance(peer, (tuple, list)) and peer else None
+        # A trusted proxy carries every client's connections: the proxy caps them per client.
+        address = None if self.transport_options.trusts(host) else client_group(host)
         if address is not None:
             held = self.per_address.get(address, 0)
             if held >= self.limits.max_connections_per_ip:
@@ -370,7 +374,9 @@ class GuardedH11Protocol(H11Protocol):
             self._send_deadline = None
 
 
-def guarded_protocol(limits: ServeLimits) -> type[GuardedH11Protocol]:
-    """GuardedH11Protocol bound to `limits` (uvicorn instantiates the class itself, per connection)."""
-    attributes: dict[str, Any] = {"limits": limits, "per_address": {}, "idle": {}, "waiting": {}}
+def guarded_protocol(limits: ServeLimits, transport: ServeTransport | None = None) -> type[GuardedH11Protocol]:
+    """GuardedH11Protocol bound to `limits` and `transport` (uvicorn instantiates the class itself,
+    per connection)."""
+    attributes: dict[str, Any] = {"limits": limits, "transport_options": transport or ServeTransport(),
+                                  "per_address": {}, "idle": {}, "waiting": {}}
     return type("GuardedH11Protocol", (GuardedH11Protocol,), attributes)
