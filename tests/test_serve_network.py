@@ -227,3 +227,79 @@ def test_https_end_to_end(run_dir, tmp_path, tls_files):
         proc.terminate()
         proc.wait(timeout=15)
         proc.stderr.close()
+
+
+# -- 2 and 3. room is made fairly at the connection cap --------------------------------------------
+HEALTHZ = b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n"
+
+
+def _partial(url: str, source: str) -> socket.socket:
+    """A connection from `source` whose request's body has not come: the server has read its head and
+    asked for the body (100 Continue), so it is registered and counts as a partial request."""
+    sock = connect(url, b"POST /v1/predict HTTP/1.1\r\nHost: localhost\r\ncontent-type: application/json\r\n"
+                        b"content-length: 100\r\nexpect: 100-continue\r\n\r\n", source=source)
+    sock.settimeout(10)
+    got = b""
+    while b"\r\n\r\n" not in got:
+        chunk = sock.recv(4096)
+        assert chunk, "closed before 100 Continue"
+        got += chunk
+    assert got.startswith(b"HTTP/1.1 100"), got
+    return sock
+
+
+def _closed(sock: socket.socket) -> bool:
+    """Whether the server has closed `sock` (without waiting)."""
+    sock.setblocking(False)
+    try:
+        return sock.recv(1) == b""
+    except BlockingIOError:
+        return False
+    except ConnectionResetError:
+        return True
+    finally:
+        sock.setblocking(True)
+
+
+def test_a_newcomer_refused_per_address_closes_nobody(run_dir, tmp_path):
+    """Measured before: at --max-connections, a newcomer that the per-address cap then refused had
+    first closed the connection idle longest, another client's. Now the per-address cap is checked
+    first: the honest client's idle keep-alive connection still answers."""
+    args = ["-e", "1", "--budget", "10", "--memo", str(tmp_path / "m.sqlite"), "--max-connections", "4",
+            "--max-connections-per-ip", "2", "--idle-timeout", "60"]
+    with server(run_dir, *args) as url:
+        honest = connect(url, HEALTHZ, source="127.0.0.2")  # idle longest once answered
+        assert read_response(honest).startswith(b"HTTP/1.1 200")
+        others = []
+        for source in ("127.0.0.3", "127.0.0.3", "127.0.0.4"):
+            others.append(connect(url, HEALTHZ, source=source))
+            assert read_response(others[-1]).startswith(b"HTTP/1.1 200")  # registered by the server
+        refused = until_closed(connect(url, source="127.0.0.3"))
+        assert refused.startswith(b"HTTP/1.1 503") and b"from this address" in refused, refused
+        honest.sendall(HEALTHZ)
+        assert read_response(honest).startswith(b"HTTP/1.1 200")
+        for sock in [honest, *others]:
+            sock.close()
+
+
+def test_partial_requests_from_other_addresses_give_way_to_a_newcomer(run_dir, tmp_path):
+    """The cap full of partial requests (a head read, its body never coming) from two addresses.
+    Measured before: only idle connections gave way, so every newcomer got 503 (an honest client got
+    2 answers of 195 under the issue's attack). Now a newcomer from another address closes the oldest
+    partial request of the address holding the most, while a newcomer from that address itself (the
+    one over its fair share) is refused and closes nothing."""
+    args = ["-e", "1", "--budget", "10", "--memo", str(tmp_path / "m.sqlite"), "--max-connections", "6",
+            "--max-connections-per-ip", "6", "--idle-timeout", "60", "--body-timeout", "60"]
+    with server(run_dir, *args) as url:
+        heavy = [_partial(url, "127.0.0.3") for _ in range(4)]
+        light = [_partial(url, "127.0.0.4") for _ in range(2)]
+        refused = until_closed(connect(url, HEALTHZ, source="127.0.0.3"))
+        assert refused.startswith(b"HTTP/1.1 503") and refused.endswith(b'{"error":"too many connections"}')
+        assert not any(_closed(sock) for sock in heavy + light)
+        answered = until_closed(connect(url, HEALTHZ.replace(b"\r\n\r\n", b"\r\nconnection: close\r\n\r\n"),
+                                        source="127.0.0.2"))
+        assert answered.startswith(b"HTTP/1.1 200"), answered
+        assert until_closed(heavy[0]) == b""  # the oldest partial request of the heaviest address
+        assert not any(_closed(sock) for sock in heavy[1:] + light)
+        for sock in heavy + light:
+            sock.close()

@@ -41,15 +41,21 @@ connections that pipeline hundreds of requests and never read the answers get th
 turns, and a client that waits for each answer is never queued behind them (measured before: 300
 such connections took an honest client's p50 from 3.7 ms to 300-557 ms).
 
-A worker process keeps at most --max-connections open connections. When a new one would pass that
-cap, the connection that has been idle longest (no request under way, nothing buffered) is closed
-to make room, so idle sockets, however many addresses hold them, cannot shut out a client that
-sends requests (measured before: 1 100 idle sockets from 20 addresses, reopened when closed, left
-an honest client 13 answers out of 300). Only when every connection is busy with a request is the
-newcomer refused: 503 and close at once, so a refused connection holds nothing. At most
---max-connections-per-ip of them come from one client address (IPv6: one /64), so that one address
-cannot take every slot and shut out the others. The address is the TCP peer's, never a header (X-Forwarded-For is anyone's to write);
-behind a reverse proxy every client has the proxy's address, so raise the per-address cap there.
+A worker process keeps at most --max-connections open connections, at most
+--max-connections-per-ip of them from one client address (IPv6: one /64), so that one address cannot
+take every slot. A newcomer over the per-address cap is refused (503, closed at once) before anything
+is done for it. When a newcomer would pass the total cap, room is made fairly: a connection is closed
+at the address holding the most connections, if it holds more than the newcomer's address will
+with the newcomer (its connection idle longest, else its oldest partial request: a head or a body still
+arriving); failing that, the connection idle longest at the newcomer's own address or one as large.
+So connections that stall, idle or a byte into a request, from however many addresses, cannot shut
+out a client from an address below its fair share (measured before: 29 addresses x 38 one-byte
+connections, reopened when closed, left an honest client 2 answers of 195; and idle sockets, which
+were already evicted, 13 of 300 before that). A connection whose request is being answered is never
+closed for a newcomer; only when no connection can give way is the newcomer refused: 503 and close at
+once, so a refused connection holds nothing. The address is the TCP peer's, or, from a trusted proxy
+(--forwarded-allow-ips), not counted here at all: the proxy carries every client's connections and
+caps them per client itself (lucid/access/transport.py).
 A request body is capped by the application (--max-body: 413 on a larger Content-Length before any
 of the body is read, and as soon as a chunked body passes the cap; meanwhile uvicorn buffers at most
 64 KiB plus one socket read of 256 KiB before it stops reading the socket).
@@ -149,10 +155,13 @@ class GuardedH11Protocol(H11Protocol):
 
     limits: ServeLimits = ServeLimits()
     transport_options: ServeTransport = ServeTransport()
-    # Open connections per client address (client_group) in this process; one dict per bound class.
-    per_address: dict[str, int] = {}
+    # The open connections of each client address (client_group; "" for those not counted per address:
+    # a Unix socket, a trusted proxy), oldest first, in this process; one dict per bound class.
+    members: dict[str, dict["GuardedH11Protocol", None]] = {}
     # The connections now idle, longest idle first (a dict keeps insertion order); one per bound class.
     idle: dict["GuardedH11Protocol", None] = {}
+    # Connections closed by this process whose close uvicorn has not seen yet (still in `connections`).
+    closing: dict["GuardedH11Protocol", None] = {}
     # Connections whose next request was pipelined behind an answer, waiting their turn, oldest first.
     waiting: dict["GuardedH11Protocol", None] = {}
 
@@ -164,46 +173,81 @@ class GuardedH11Protocol(H11Protocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._phase: str | None = None
+        self._phase_since = 0.0
         self._deadline: asyncio.TimerHandle | None = None
         self._send_deadline: asyncio.TimerHandle | None = None
-        self._address: str | None = None  # set once counted in per_address
+        self._group: str | None = None  # set once counted in `members`
         super().connection_made(transport)
-        if len(self.connections) > self.limits.max_connections and not self._make_room():
-            self._refuse(TOO_MANY_CONNECTIONS)  # at once: it must not hold a slot until a timeout
-            return
         peer = transport.get_extra_info("peername")
         host = peer[0] if isinstance(peer, (tuple, list)) and peer else None
         # A trusted proxy carries every client's connections: the proxy caps them per client.
         address = None if self.transport_options.trusts(host) else client_group(host)
-        if address is not None:
-            held = self.per_address.get(address, 0)
-            if held >= self.limits.max_connections_per_ip:
-                self._refuse(TOO_MANY_FROM_ADDRESS)
-                return
-            self.per_address[address] = held + 1
-            self._address = address
+        group = address or ""
+        held = len(self.members.get(group, ()))
+        # The per-address cap first: a newcomer it refuses must not close another client's connection.
+        if address is not None and held >= self.limits.max_connections_per_ip:
+            self._refuse(TOO_MANY_FROM_ADDRESS)
+            return
+        if len(self.connections) - len(self.closing) > self.limits.max_connections and not self._make_room(group):
+            self._refuse(TOO_MANY_CONNECTIONS)  # at once: it must not hold a slot until a timeout
+            return
+        self.members.setdefault(group, {})[self] = None
+        self._group = group
         self._watch()
 
-    def _make_room(self) -> bool:
-        """Close the connection idle longest (module docstring); False when none is idle."""
+    def _make_room(self, group: str) -> bool:
+        """Close a connection for a newcomer from `group`, fairly (module docstring); False when none
+        may give way."""
+        mine = len(self.members.get(group, ())) + 1  # the newcomer's address, the newcomer counted
+        heavier = sorted(((len(m), g) for g, m in self.members.items() if g != group and len(m) > mine),
+                         reverse=True)
+        for _, other in heavier:
+            victim = self._victim(self.members[other])
+            if victim is not None:
+                victim._close_for_room()
+                return True
         for victim in self.idle:
-            if victim is not self:
-                victim._set_phase(None)  # out of `idle` now: the next newcomer picks another
-                victim.transport.close()
+            if victim is not self and (victim._group == group or len(self.members.get(victim._group or "", ())) >= mine):
+                victim._close_for_room()
                 return True
         return False
 
+    @staticmethod
+    def _victim(connections: dict["GuardedH11Protocol", None]) -> "GuardedH11Protocol | None":
+        """Of one address's connections: the one idle longest, else the oldest partial request (a head
+        or a body still arriving, no answer begun), else None."""
+        idle = partial = None
+        for connection in connections:
+            phase = connection._phase
+            if phase == "idle" and (idle is None or connection._phase_since < idle._phase_since):
+                idle = connection
+            elif phase in ("head", "body") and not (connection.cycle and connection.cycle.response_started) \
+                    and (partial is None or connection._phase_since < partial._phase_since):
+                partial = connection
+        return idle or partial
+
+    def _close_for_room(self) -> None:
+        self._set_phase(None)  # out of `idle` now: the next newcomer picks another
+        self._leave()
+        self.closing[self] = None
+        self.transport.close()
+
+    def _leave(self) -> None:
+        """No longer counted at its address."""
+        if self._group is not None:
+            connections = self.members.get(self._group)
+            if connections is not None:
+                connections.pop(self, None)
+                if not connections:
+                    del self.members[self._group]
+            self._group = None
+
     def connection_lost(self, exc: Exception | None) -> None:
         self.waiting.pop(self, None)
+        self.closing.pop(self, None)
         self._set_phase(None)
         self._cancel_send_deadline()
-        if self._address is not None:
-            held = self.per_address.get(self._address, 0) - 1
-            if held > 0:
-                self.per_address[self._address] = held
-            else:
-                self.per_address.pop(self._address, None)
-            self._address = None
+        self._leave()
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -308,6 +352,8 @@ class GuardedH11Protocol(H11Protocol):
     def _refuse(self, response: bytes) -> None:
         self.transport.write(response)
         self.transport.close()
+        if self in self.connections:
+            self.closing[self] = None
 
     def shutdown(self) -> None:
         """A stop closes at once every connection whose request is still arriving: it cannot be
@@ -350,6 +396,7 @@ class GuardedH11Protocol(H11Protocol):
             self._deadline.cancel()
             self._deadline = None
         self.idle.pop(self, None)
+        self._phase_since = self.loop.time()
         if phase == "idle":
             self.idle[self] = None  # at the end: the longest idle stay first
         self._phase = phase
@@ -378,5 +425,5 @@ def guarded_protocol(limits: ServeLimits, transport: ServeTransport | None = Non
     """GuardedH11Protocol bound to `limits` and `transport` (uvicorn instantiates the class itself,
     per connection)."""
     attributes: dict[str, Any] = {"limits": limits, "transport_options": transport or ServeTransport(),
-                                  "per_address": {}, "idle": {}, "waiting": {}}
+                                  "members": {}, "idle": {}, "closing": {}, "waiting": {}}
     return type("GuardedH11Protocol", (GuardedH11Protocol,), attributes)
