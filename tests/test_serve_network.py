@@ -155,7 +155,7 @@ def tls_files(tmp_path):
     return files
 
 
-def test_bad_tls_and_proxy_options_are_one_line(run_dir, tmp_path, tls_files, capsys, monkeypatch):
+def test_bad_tls_proxy_and_rate_options_are_one_line(run_dir, tmp_path, tls_files, capsys, monkeypatch):
     from serve_helpers import serve_cli
 
     garbage = tmp_path / "garbage.pem"
@@ -177,6 +177,8 @@ def test_bad_tls_and_proxy_options_are_one_line(run_dir, tmp_path, tls_files, ca
         (["--forwarded-allow-ips", "127.0.0.1,"], "--forwarded-allow-ips"),
         (["--forwarded-allow-ips", ""], "--forwarded-allow-ips"),
         (["--forwarded-allow-ips", "10.0.0.0/33"], "--forwarded-allow-ips"),
+        (["--rate", "0"], "--rate"), (["--rate", "-1"], "--rate"), (["--rate", "nan"], "--rate"),
+        (["--rate", "inf"], "--rate"), (["--rate", "1e7"], "--rate"),
     ]
     for extra, named in cases:
         code, err = serve_cli(run_dir, ["-e", "1", "--budget", "1", "--memo", str(tmp_path / "m.sqlite"), *extra],
@@ -185,8 +187,10 @@ def test_bad_tls_and_proxy_options_are_one_line(run_dir, tmp_path, tls_files, ca
         assert len(err.splitlines()) == 1 and "Traceback" not in err, (extra, err)
     code, err = serve_cli(run_dir, ["-e", "1", "--budget", "1", "--memo", str(tmp_path / "m.sqlite"),
                                      "--ssl-certfile", cert, "--ssl-keyfile", key,
-                                     "--forwarded-allow-ips", "127.0.0.1, 10.0.0.0/8,::1"], capsys, monkeypatch)
-    assert code == "started" and " on https://127.0.0.1:" in err, err
+                                     "--forwarded-allow-ips", "127.0.0.1, 10.0.0.0/8,::1", "--rate", "2.5"],
+                          capsys, monkeypatch)
+    assert code == "started" and " on https://127.0.0.1:" in err and "2.5 requests/s per client" in err, err
+    assert "X-Forwarded-For trusted from 127.0.0.1,10.0.0.0/8,::1" in err, err
 
 
 def test_https_end_to_end(run_dir, tmp_path, tls_files):
@@ -303,3 +307,160 @@ def test_partial_requests_from_other_addresses_give_way_to_a_newcomer(run_dir, t
         assert not any(_closed(sock) for sock in heavy[1:] + light)
         for sock in heavy + light:
             sock.close()
+
+
+# -- the request rate and the client address behind a trusted proxy -----------------------------------
+def test_the_request_rate_refills_and_forgets():
+    from lucid.access.guard import RequestRate
+
+    rate = RequestRate(2.0, clients=3)  # bursts of 2
+    assert [rate.wait("a", 0.0) for _ in range(3)] == [0.0, 0.0, 0.5]  # a refused request is not counted
+    assert rate.wait("a", 0.25) == 0.25
+    assert rate.wait("a", 0.5) == 0.0 and rate.wait("a", 0.5) > 0  # half a second refills one request
+    assert rate.wait("b", 0.5) == 0.0  # another client: its own allowance
+    slow = RequestRate(0.01)
+    assert slow.wait("a", 0.0) == 0.0 and slow.wait("a", 1.0) == pytest.approx(99.0)
+    for i, client in enumerate("cdef"):  # more clients than kept: full allowances are forgotten first
+        rate.wait(client, 100.0 + i)
+    assert len(rate._buckets) <= 3
+
+
+def test_the_client_address_comes_from_a_trusted_proxy_only():
+    from lucid.access.transport import ServeTransport
+
+    direct = ServeTransport()
+    assert direct.client_address("203.0.113.9", [b"198.51.100.1"]) == "203.0.113.9"
+    proxied = ServeTransport(forwarded_allow_ips=("127.0.0.1", "10.0.0.0/8"))
+    assert proxied.trusts("::ffff:10.1.2.3") and not proxied.trusts("11.0.0.1") and not proxied.trusts(None)
+    assert proxied.client_address("127.0.0.1", [b"198.51.100.1"]) == "198.51.100.1"
+    # a client's own entries come first; each proxy appends the address it saw
+    assert proxied.client_address("127.0.0.1", [b"6.6.6.6, 198.51.100.1"]) == "198.51.100.1"
+    assert proxied.client_address("127.0.0.1", [b"6.6.6.6", b"198.51.100.1, 10.0.0.7"]) == "198.51.100.1"
+    assert proxied.client_address("127.0.0.1", [b"[2001:db8::1]:443"]) == "2001:db8::/64"
+    assert proxied.client_address("127.0.0.1", [b"198.51.100.1:5555"]) == "198.51.100.1"
+    assert proxied.client_address("127.0.0.1", [b"unknown"]) == "127.0.0.1"  # not an address: the proxy's
+    assert proxied.client_address("127.0.0.1", []) == "127.0.0.1"
+    assert proxied.client_address("203.0.113.9", [b"198.51.100.1"]) == "203.0.113.9"  # not a trusted peer
+
+
+_ROWS = iter(range(1, 1000))
+
+
+def _post(url: str, source: str, extra: bytes = b"") -> bytes:
+    """One prediction of a new input on its own connection: everything the server sends."""
+    body = json.dumps({"inputs": to_orig([[next(_ROWS) / 1000, 0.75]])}).encode()
+    return until_closed(connect(url, request(url, body, extra + b"connection: close\r\n"), source=source))
+
+
+def test_the_request_rate_is_per_client_and_per_real_client_behind_a_trusted_proxy(run_dir, tmp_path):
+    """--rate 0.01: one request per client, then 429 with Retry-After (deterministic: the next would be
+    allowed 100 s later), per address without tokens, per token with them. From a trusted proxy
+    (--forwarded-allow-ips) the address is X-Forwarded-For's; from any other peer the header is
+    ignored, and the proxy's connections are not held to the per-address cap."""
+    memo = tmp_path / "m.sqlite"
+    args = ["-e", "1", "--budget", "10", "--memo", str(memo), "--rate", "0.01", "--forwarded-allow-ips",
+            "127.0.0.2", "--max-connections-per-ip", "2", "--idle-timeout", "60"]
+    with server(run_dir, *args) as url:
+        assert _post(url, "127.0.0.3").startswith(b"HTTP/1.1 200")
+        refused = _post(url, "127.0.0.3")
+        assert refused.startswith(b"HTTP/1.1 429") and b"\r\nretry-after: 100\r\n" in refused, refused
+        assert refused.endswith(b'{"error":"too many requests: at most 0.01 per second per client"}')
+        # an untrusted peer's X-Forwarded-For changes nothing
+        assert _post(url, "127.0.0.3", b"x-forwarded-for: 198.51.100.7\r\n").startswith(b"HTTP/1.1 429")
+        assert _post(url, "127.0.0.4").startswith(b"HTTP/1.1 200")
+        # behind the trusted proxy: per real client, whatever the client wrote before the proxy's entry
+        via = b"x-forwarded-for: 198.51.100.1\r\n"
+        assert _post(url, "127.0.0.2", via).startswith(b"HTTP/1.1 200")
+        assert _post(url, "127.0.0.2", via).startswith(b"HTTP/1.1 429")
+        assert _post(url, "127.0.0.2", b"x-forwarded-for: 9.9.9.9, 198.51.100.1\r\n").startswith(b"HTTP/1.1 429")
+        assert _post(url, "127.0.0.2", b"x-forwarded-for: 198.51.100.2\r\n").startswith(b"HTTP/1.1 200")
+        held = []
+        for _ in range(3):  # over --max-connections-per-ip 2: the proxy's connections are not capped here
+            held.append(connect(url, HEALTHZ, source="127.0.0.2"))
+            assert read_response(held[-1]).startswith(b"HTTP/1.1 200")
+        for sock in held:
+            sock.close()
+    assert _answers(run_dir, memo) == 4
+
+
+def test_the_request_rate_is_per_token(run_dir, tmp_path):
+    keys = tmp_path / "keys"
+    keys.write_text("alice tok-a\nbob tok-b\n")
+    args = ["-e", "1", "--budget", "10", "--memo", str(tmp_path / "m.sqlite"), "--rate", "0.01", "--api-keys",
+            str(keys)]
+    with server(run_dir, *args) as url:
+        alice, bob = b"authorization: Bearer tok-a\r\n", b"authorization: Bearer tok-b\r\n"
+        assert _post(url, "127.0.0.3", alice).startswith(b"HTTP/1.1 200")
+        assert _post(url, "127.0.0.4", alice).startswith(b"HTTP/1.1 429")  # another address, the same token
+        assert _post(url, "127.0.0.3", bob).startswith(b"HTTP/1.1 200")
+
+
+# -- 4. parse cost is charged to its sender -------------------------------------------------------------
+def test_one_large_body_at_a_time_per_address(run_dir, monkeypatch):
+    """Measured before: four connections sending 4 MB bodies that fail to parse took every large-body
+    thread and an honest client's p99 from 16 to 997 ms. Now one address has one large body parsed at a
+    time (a failing one included), while another address's large body is parsed beside it. Shown on
+    the parser itself, held until the test lets it go: no clock."""
+    import asyncio
+    import threading
+
+    import httpx
+
+    from lucid.access import LabelOnlyClassifier
+    from lucid.access import server as served
+    from lucid.access.server import ServiceOptions, create_app
+
+    parsing: list[int] = []  # the lengths of the bodies being parsed
+    guard, release = threading.Lock(), threading.Event()
+    real = served.input_pieces
+
+    def held_pieces(body: bytes, max_batch: int, width: int):
+        with guard:
+            parsing.append(len(body))
+        try:
+            assert release.wait(60)
+            yield from real(body, max_batch, width)
+        finally:
+            with guard:
+                parsing.remove(len(body))
+
+    monkeypatch.setattr(served, "input_pieces", held_pieces)
+    clf = LabelOnlyClassifier.from_run(run_dir, epsilon=1.0)
+    app = create_app(clf, options=ServiceOptions())
+    large = json.dumps({"inputs": to_orig([[0.5, 0.5]] * 6000)}).encode()
+    broken = large[:-1]  # fails to parse: 400, still one turn
+    again = large + b" "  # the same address's next body (told apart by its length)
+    assert len(large) > served.SMALL_BODY
+
+    async def until(condition) -> None:
+        for _ in range(2000):
+            if condition():
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError("the condition never held")
+
+    async def check() -> None:
+        def client(address: str) -> httpx.AsyncClient:
+            return httpx.AsyncClient(transport=httpx.ASGITransport(app=app, client=(address, 1)),
+                                     base_url="http://localhost", timeout=60)
+
+        async with client("198.51.100.1") as one, client("198.51.100.2") as other:
+            post = {"headers": {"content-type": "application/json"}}
+            first = asyncio.create_task(one.post("/v1/predict", content=broken, **post))
+            await until(lambda: len(parsing) == 1)
+            second = asyncio.create_task(one.post("/v1/predict", content=again, **post))
+            await until(lambda: app.state.large_turns["198.51.100.1"][1] == 2)  # the second waits its turn
+            beside = asyncio.create_task(other.post("/v1/predict", content=large, **post))
+            await until(lambda: len(large) in parsing)  # the other address's body is parsed beside the first
+            assert sorted(parsing) == [len(broken), len(large)] and not second.done()
+            release.set()
+            statuses = [(await task).status_code for task in (first, second, beside)]
+            assert statuses == [400, 200, 200] and app.state.large_turns == {}
+
+    try:
+        asyncio.run(check())
+    finally:
+        release.set()
+        for pool in app.state.pools:
+            pool.shutdown()
+        clf.close()

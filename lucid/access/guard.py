@@ -1,6 +1,6 @@
 """What a request (or a caller) must satisfy before N is evaluated, for `lucid serve` on an open
-network: the Host header, the media type, the bearer token, the body's shape, and the limits
-on the deadline.
+network: the Host header, the media type, the bearer token, the request rate, the body's shape,
+and the limits on the deadline.
 
 Every refusal here carries a fixed message: its text depends only on the kind of error, the
 server's configuration (limits, the public input width) and positions in the request (row
@@ -49,6 +49,58 @@ def check_deadline_ms(value: object) -> float:
         raise LucidError(f"the deadline in ms must be a finite number from 0 (off) to {MAX_DEADLINE_MS:g}, "
                          f"got {value!r}")
     return number
+
+
+# Requests per second per client: far above what one client's answers could need (10 000 rows each).
+MAX_RATE = 1_000_000.0
+# Clients whose request rate is tracked at once; past it, those with a full allowance are forgotten
+# first (they lose nothing), then the least recently seen.
+RATE_CLIENTS = 100_000
+
+
+def check_rate(value: object) -> float:
+    """`--rate` as a float: finite, above 0, at most MAX_RATE; else one line (NaN would pass every
+    comparison and turn the limit off)."""
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise LucidError(f"--rate must be a number of requests per second, got {value!r}") from None
+    if not (math.isfinite(number) and 0.0 < number <= MAX_RATE):
+        raise LucidError(f"--rate must be a finite number of requests per second above 0 up to {MAX_RATE:g}, "
+                         f"got {value!r}")
+    return number
+
+
+class RequestRate:
+    """At most `rate` requests per second per client, in bursts of up to max(1, rate): one allowance
+    (a token bucket) per client, refilled continuously. Not thread-safe: the event loop asks it."""
+
+    def __init__(self, rate: float, clients: int = RATE_CLIENTS) -> None:
+        self.rate = check_rate(rate)
+        self.burst = max(1.0, self.rate)
+        self.clients = clients
+        self._buckets: dict[str, tuple[float, float]] = {}  # client -> (allowance, when), least recent first
+
+    def wait(self, client: str, now: float) -> float:
+        """0.0 if `client` may send a request at `now` (it is counted); else the seconds until it may."""
+        allowance, then = self._buckets.pop(client, (self.burst, now))
+        allowance = min(self.burst, allowance + (now - then) * self.rate)
+        wait = 0.0
+        if allowance >= 1.0:
+            allowance -= 1.0
+        else:
+            wait = (1.0 - allowance) / self.rate
+        self._buckets[client] = (allowance, now)
+        if len(self._buckets) > self.clients:
+            self._forget(now)
+        return wait
+
+    def _forget(self, now: float) -> None:
+        full = [c for c, (a, t) in self._buckets.items() if a + (now - t) * self.rate >= self.burst]
+        for client in full:
+            del self._buckets[client]
+        while len(self._buckets) > self.clients:
+            del self._buckets[next(iter(self._buckets))]
 
 
 def _split_host(text: str) -> tuple[str, int | None] | None:

@@ -174,6 +174,9 @@ def _budget_note(budget: float | None, total_budget: float | None, plan: Epsilon
               help="Serve HTTPS with this PEM certificate (chain); needs --ssl-keyfile.")
 @click.option("--ssl-keyfile", type=click.Path(path_type=Path), default=None, metavar="FILE",
               help="The unencrypted PEM private key of --ssl-certfile.")
+@click.option("--rate", type=float, default=None, metavar="R",
+              help="Most prediction requests per second per client (its token, or its address without tokens), "
+                   "per worker; further ones get 429 with Retry-After [default: no limit].")
 @click.option("--forwarded-allow-ips", metavar="IP1,NET2", default=None,
               help="Reverse proxies (IP addresses or networks, comma-separated) whose X-Forwarded-For names the "
                    "client: per-client caps and rates then count the client, not the proxy (docs/deploy.md).")
@@ -183,10 +186,10 @@ def command(run: Path, epsilon: float | None, host: str, port: int, memo: str | 
             max_batch: int, max_body: int, allowed_hosts: str | None, workers: int, threads: int,
             max_connections: int, max_connections_per_ip: int, max_header_bytes: int, idle_timeout: float,
             header_timeout: float, body_timeout: float, shutdown_timeout: float, ssl_certfile: Path | None,
-            ssl_keyfile: Path | None, forwarded_allow_ips: str | None) -> None:
+            ssl_keyfile: Path | None, rate: float | None, forwarded_allow_ips: str | None) -> None:
     """Serve RUN's classifier: POST /v1/predict {"inputs": [[...]]} -> {"labels": [...]}."""
     from lucid.access.classifier import ClassifierOptions, LabelOnlyClassifier
-    from lucid.access.guard import check_deadline_ms, parse_allowed_hosts
+    from lucid.access.guard import check_deadline_ms, check_rate, parse_allowed_hosts
     from lucid.access.server import create_app
 
     limits = ServeLimits(idle_timeout=idle_timeout, header_timeout=header_timeout, body_timeout=body_timeout,
@@ -199,6 +202,7 @@ def command(run: Path, epsilon: float | None, host: str, port: int, memo: str | 
     transport.ssl_context()  # the files' errors, in one line, before anything starts
     epsilon, budget, plan = resolve_epsilon(epsilon, budget, target_epsilon, delta, queries)
     deadline_ms = check_deadline_ms(deadline_ms)
+    rate = check_rate(rate) if rate is not None else None
     hosts = parse_allowed_hosts(allowed_hosts) if allowed_hosts is not None else None
     if api_key_env is not None and api_keys is not None:
         raise LucidError("give --api-key-env or --api-keys, not both")
@@ -220,7 +224,8 @@ def command(run: Path, epsilon: float | None, host: str, port: int, memo: str | 
     if hosts is None:
         hosts = [*LOOPBACK_HOSTS, f"[{host}]" if ":" in host else host]
     service = ServiceOptions(api_key=api_key, api_keys=key_table, max_body=max_body, max_batch=max_batch,
-                             deadline_ms=deadline_ms, allowed_hosts=hosts, threads=limits.threads)
+                             deadline_ms=deadline_ms, allowed_hosts=hosts, threads=limits.threads, rate=rate,
+                             transport=transport)
     app = create_app(clf, options=service)
     for line in startup_warnings(budget, host, allowed_hosts, total_budget):
         click.echo(f"lucid: warning: {line}", err=True)
@@ -230,7 +235,8 @@ def command(run: Path, epsilon: float | None, host: str, port: int, memo: str | 
     click.echo(
         f"lucid: serving {run} on {transport.scheme}://{netloc}/v1/predict (epsilon={clf.epsilon:g}, memo={clf.memo.name}"
         f"{auth}{', clipping' if clip else ''}{_budget_note(budget, total_budget, plan)}"
-        f"{f', deadline {deadline_ms:g} ms' if deadline_ms else ''}); Ctrl-C stops",
+        f"{f', deadline {deadline_ms:g} ms' if deadline_ms else ''}{f', {rate:g} requests/s per client' if rate else ''}"
+        f"{f', X-Forwarded-For trusted from {chr(44).join(proxies)}' if proxies else ''}); Ctrl-C stops",
         err=True,
     )
     if limits.workers == 1:
