@@ -157,8 +157,8 @@ def _budget_note(budget: float | None, total_budget: float | None, plan: Epsilon
               help="Open connections per worker; further ones get 503 and are closed.")
 @click.option("--max-connections-per-ip", type=int, default=_DEFAULTS.max_connections_per_ip, show_default=True,
               metavar="N", help="Open connections per worker from one client address (an IPv6 client: its /64); "
-                                "further ones get 503 and are closed. Behind a reverse proxy every client has "
-                                "the proxy's address: raise it to --max-connections there.")
+                                "further ones get 503 and are closed. A trusted proxy (--forwarded-allow-ips) is "
+                                "not held to it: cap connections per client at the proxy.")
 @click.option("--max-header-bytes", type=int, default=_DEFAULTS.max_header_bytes, show_default=True,
               help="Largest request line plus headers (431 above).")
 @click.option("--idle-timeout", type=float, default=_DEFAULTS.idle_timeout, show_default=True, metavar="S",
