@@ -32,11 +32,12 @@ def documented_nginx_block() -> str:
 
 
 @contextlib.contextmanager
-def nginx(tmp: Path, upstream_port: int, cert: Path, key: Path):
-    """nginx with docs/deploy.md's block (its names, paths and ports replaced) on a free port; yields it."""
+def nginx(tmp: Path, upstream_port: int, cert: Path, key: Path, replace: tuple[tuple[str, str], ...] = ()):
+    """nginx with docs/deploy.md's block (its names, paths and ports replaced, and `replace`) on a free
+    port; yields the port."""
     port = free_port()
     block = documented_nginx_block()
-    for old, new in [("127.0.0.1:8000", f"127.0.0.1:{upstream_port}"), ("listen 443 ssl", f"listen 127.0.0.1:{port} ssl"),
+    for old, new in [*replace, ("127.0.0.1:8000", f"127.0.0.1:{upstream_port}"), ("listen 443 ssl", f"listen 127.0.0.1:{port} ssl"),
                      ("/etc/lucid/tls/fullchain.pem", str(cert)), ("/etc/lucid/tls/privkey.pem", str(key)),
                      ("api.example.com", "localhost")]:
         assert old in block, old
@@ -46,7 +47,7 @@ def nginx(tmp: Path, upstream_port: int, cert: Path, key: Path):
     conf = tmp / "nginx.conf"
     conf.write_text(
         f"daemon off;\nworker_processes 1;\npid {tmp / 'nginx.pid'};\nerror_log {tmp / 'error.log'} warn;\n"
-        "events { worker_connections 256; }\n"
+        "worker_rlimit_nofile 8192;\nevents { worker_connections 4096; }\n"
         "http {\n access_log off;\n"
         f" client_body_temp_path {temp['body']};\n proxy_temp_path {temp['proxy']};\n"
         f" fastcgi_temp_path {temp['fastcgi']};\n uwsgi_temp_path {temp['uwsgi']};\n scgi_temp_path {temp['scgi']};\n"

@@ -81,6 +81,12 @@ DEFAULT_THREADS = 4
 # Bodies up to this size (a few hundred rows) are parsed and answered by their own threads, so that
 # batches filling the other pool never make a small request wait for a thread.
 SMALL_BODY = 64 * 1024
+# The share of one core that one client address's large bodies (over SMALL_BODY) may use, failed ones
+# included: after a large body took t CPU seconds, the address's next one starts no sooner than
+# t x (1 / share - 1) after it ended. A 10 000-row batch costs a few hundred ms, so an honest batch
+# client still gets several a second; a sender of back-to-back 4 MB bodies that fail no longer keeps a
+# thread (and the GIL) busy all the time.
+LARGE_BODY_SHARE = 0.25
 # What a row is taken to cost when turns queue at the gate (SizeOrderedGate): a batch takes its turns
 # a piece (lucid/access/guard.py) or TURN_ROWS inputs (lucid/access/memo/turns.py) at a time, and a
 # single row that arrives while such a turn waits goes first unless the turn has waited rows x this
@@ -220,6 +226,7 @@ def create_app(clf: LabelOnlyClassifier, options: ServiceOptions | None = None, 
     # address -> (its lock, the requests holding or waiting for it).
     large_turns: dict[str, tuple[asyncio.Lock, int]] = {}
     app.state.large_turns = large_turns
+    rest_until: dict[str, float] = {}  # address -> when its next large body may start (loop time)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -286,7 +293,16 @@ def create_app(clf: LabelOnlyClassifier, options: ServiceOptions | None = None, 
         large_turns[address] = (lock, users + 1)
         try:
             async with lock:
-                return await loop.run_in_executor(large, work, bytes(body), client)
+                rest = rest_until.pop(address, 0.0) - loop.time()
+                if rest > 0:
+                    await asyncio.sleep(rest)
+                out, cpu = await loop.run_in_executor(large, timed_work, bytes(body), client)
+                rest_until[address] = loop.time() + cpu * (1.0 / LARGE_BODY_SHARE - 1.0)
+                if len(rest_until) > 4 * len(large_turns) + 1024:  # forget the addresses that rested enough
+                    now = loop.time()
+                    for stale in [a for a, until in rest_until.items() if until <= now]:
+                        del rest_until[stale]
+                return out
         finally:
             lock, users = large_turns[address]
             if users > 1:
@@ -309,6 +325,12 @@ def create_app(clf: LabelOnlyClassifier, options: ServiceOptions | None = None, 
                     if piece:
                         parts.append(clf.validate(piece))
         return clf.to_network_space(np.concatenate(parts)) if parts else None
+
+    def timed_work(body: bytes, client: str | None) -> tuple[tuple[int, bytes, list], float]:
+        """`work`, and the CPU seconds its thread spent on it."""
+        started = time.thread_time()
+        out = work(body, client)
+        return out, time.thread_time() - started
 
     def work(body: bytes, client: str | None) -> tuple[int, bytes, list]:
         """(status, JSON body, extra headers) for one complete request body; runs in the pool."""

@@ -31,6 +31,11 @@ from lucid.access.transport import ServeTransport
 from lucid.errors import LucidError
 
 LISTEN_BACKLOG = 2048  # uvicorn's own default, which it passes to listen() again when it starts
+# How long a thread running Python keeps the GIL while another waits (Python's default: 5 ms). A thread
+# parsing a large body (valid or not) would otherwise hold up the event loop and a single row's thread
+# up to 5 ms at each of their steps; measured with four 4 MB parse bombs beside a single-row client
+# (benchmarks/serve_load.py --network): p99 52 ms at 5 ms, 25 ms at 1 ms.
+GIL_SWITCH_S = 0.001
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -79,6 +84,7 @@ def serve_process(clf: Any, app: Any, sock: socket.socket, host: str, port: int,
     )
     config.load()
     config.ssl = transport.ssl_context()  # the ssl module's defaults, not uvicorn's cipher string
+    sys.setswitchinterval(GIL_SWITCH_S)
     previous = signal.signal(signal.SIGTERM, _stop)
     try:
         uvicorn.Server(config).run(sockets=[sock])
