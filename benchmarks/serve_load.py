@@ -25,6 +25,16 @@ Scenario D: `--pipeliners` connections (default 300, from the same addresses as 
 `--depth` (400) pipelined single-row requests of new inputs and never read; the single-row client
 of A measures p50/p99 and its answered share.
 
+`--network` runs instead the open-network scenarios of issue 64 for each of `--fronts`: `http`
+(lucid serve, plain), `https` (lucid serve with --ssl-certfile/--ssl-keyfile) and `nginx`
+(docs/deploy.md's nginx, run as tests/test_serve_deploy.py runs it, terminating TLS in front of
+lucid serve): the single-row client alone, beside C, D, a partial-request flood (`--partial-addresses`
+x `--partial-per-address` connections each sending one byte of a request line, or a head and one
+body byte; at the default caps and at --max-connections 64 --max-connections-per-ip 4) and four
+parse-bomb connections (4 MB bodies that fail), and the smuggling probe (an early answer, then the
+rest of its body and smuggled requests). Report: benchmarks/results/serve_network.md. Needs trustme,
+and nginx for that front.
+
 Scenario B: `--connections` keep-alive connections from two client processes send new single-row
 requests as fast as the server answers, against `lucid serve --workers 1` and then `--workers 2`.
 On a 2-core machine the two client processes share the cores with the server, so the numbers are
@@ -43,6 +53,7 @@ import argparse
 import asyncio
 import itertools
 import json
+import logging
 import multiprocessing
 import os
 import random
@@ -800,6 +811,8 @@ def report(args, runs_a: dict[int, tuple[dict, int]], b: dict[int, dict], b_rss:
 
 
 def main() -> None:
+    # The floods write to sockets the server has closed; asyncio logs each such write.
+    logging.getLogger("asyncio").setLevel(logging.ERROR)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--run", type=Path, default=None, help="a run directory with bounds.json [synthetic]")
     parser.add_argument("--stalled", type=int, default=1000)
