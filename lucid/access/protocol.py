@@ -49,9 +49,9 @@ at the address holding the most connections, if it holds more than the newcomer'
 with the newcomer (its connection idle longest, else its oldest partial request: a head or a body still
 arriving); failing that, the connection idle longest at the newcomer's own address or one as large.
 So connections that stall, idle or a byte into a request, from however many addresses, cannot shut
-out a client from an address below its fair share (measured before: 29 addresses x 38 one-byte
-connections, reopened when closed, left an honest client 2 answers of 195; and idle sockets, which
-were already evicted, 13 of 300 before that). A connection whose request is being answered is never
+out a client from an address below its fair share (29 addresses x 38 one-byte connections, reopened
+when closed, left an honest client 2 answers of 195 before, every one now:
+benchmarks/results/serve_network.md). A connection whose request is being answered is never
 closed for a newcomer; only when no connection can give way is the newcomer refused: 503 and close at
 once, so a refused connection holds nothing. The address is the TCP peer's, or, from a trusted proxy
 (--forwarded-allow-ips), not counted here at all: the proxy carries every client's connections and
