@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from serve_helpers import free_port, port_of, request, run_dir, server, to_orig, until_closed  # noqa: F401
+from serve_helpers import free_port, port_of, request, run_dir, server, stop, to_orig, until_closed  # noqa: F401
 
 ROOT = Path(__file__).resolve().parent.parent
 NGINX = shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx", "/usr/local/sbin/nginx") if Path(p).exists()),
@@ -67,13 +67,7 @@ def nginx(tmp: Path, upstream_port: int, cert: Path, key: Path, replace: tuple[t
                 time.sleep(0.1)
         yield port
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        proc.stderr.close()
+        stop(proc)
 
 
 def test_the_documented_nginx_deployment(run_dir, tmp_path):

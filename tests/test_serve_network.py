@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from serve_helpers import (connect, read_response, request, run_dir, server,  # noqa: F401 (run_dir: a fixture)
-                           to_orig, until_closed)
+                           started_url, stop, to_orig, until_closed)
 
 TOKEN = "s3cret"
 AUTH = b"authorization: Bearer " + TOKEN.encode() + b"\r\n"
@@ -204,12 +204,7 @@ def test_https_end_to_end(run_dir, tmp_path, tls_files):
            "--ssl-keyfile", str(tls_files["key"])]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
     try:
-        url = None
-        while url is None:
-            line = proc.stderr.readline()
-            assert line, "the server ended before naming its address"
-            found = re.search(r" on (https://127\.0\.0\.1:(\d+))/v1/predict", line)
-            url = found and found.group(1)
+        url = started_url(proc, "https")
         port = int(url.rsplit(":", 1)[1])
         context = ssl.create_default_context(cafile=str(tls_files["ca"]))
         body = json.dumps({"inputs": to_orig([[0.5, 0.5]])}).encode()
@@ -228,9 +223,7 @@ def test_https_end_to_end(run_dir, tmp_path, tls_files):
         plain = until_closed(connect(url, b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n"))
         assert not plain.startswith(b"HTTP/1.1 200"), plain
     finally:
-        proc.terminate()
-        proc.wait(timeout=15)
-        proc.stderr.close()
+        stop(proc)
 
 
 # -- 2 and 3. room is made fairly at the connection cap --------------------------------------------
