@@ -195,13 +195,14 @@ def test_bad_tls_proxy_and_rate_options_are_one_line(run_dir, tmp_path, tls_file
 
 def test_https_end_to_end(run_dir, tmp_path, tls_files):
     """`--ssl-certfile/--ssl-keyfile`: the start line says https, a client that trusts the CA gets its
-    labels, and plain HTTP on the same port gets no answer."""
+    labels, plain HTTP on the same port gets no answer, and a handshake that stalls is dropped at
+    --header-timeout (measured before: held for asyncio's 60 s)."""
     import ssl
     import time
 
     cmd = [sys.executable, "-m", "lucid", "serve", str(run_dir), "--port", "0", "-e", "1", "--budget", "10",
            "--memo", str(tmp_path / "m.sqlite"), "--ssl-certfile", str(tls_files["cert"]),
-           "--ssl-keyfile", str(tls_files["key"])]
+           "--ssl-keyfile", str(tls_files["key"]), "--header-timeout", "1"]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
     try:
         url = started_url(proc, "https")
@@ -222,6 +223,10 @@ def test_https_end_to_end(run_dir, tmp_path, tls_files):
         assert answer.startswith(b"HTTP/1.1 200") and b'"labels":[' in answer, answer
         plain = until_closed(connect(url, b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n"))
         assert not plain.startswith(b"HTTP/1.1 200"), plain
+        # A TLS handshake that never comes (nothing, or one byte of it) has --header-timeout (1 s here),
+        # not asyncio's 60 s: until it completes the connection is not yet under the connection caps.
+        for first in (b"", b"\x16"):
+            assert until_closed(connect(url, first), limit=10) == b""
     finally:
         stop(proc)
 

@@ -68,7 +68,9 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from typing import Any
+import ssl
+from asyncio import sslproto
+from typing import Any, Callable
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -419,6 +421,22 @@ class GuardedH11Protocol(H11Protocol):
         if self._send_deadline is not None:
             self._send_deadline.cancel()
             self._send_deadline = None
+
+
+def tls_protocol(protocol_class: Callable[..., asyncio.Protocol], context: ssl.SSLContext,
+                 handshake_timeout: float) -> Callable[..., asyncio.BaseProtocol]:
+    """`protocol_class` (uvicorn's `http=` factory) behind TLS, with a handshake deadline. The HTTP
+    protocol, and so the connection caps and phase deadlines, only sees a connection once its
+    handshake is done; uvicorn leaves TLS to asyncio, whose handshake timeout is 60 s, so a client
+    that opens TCP connections and never completes a handshake would hold sockets uncounted for a
+    minute each. Here the handshake gets --header-timeout, like a request head."""
+
+    def factory(*args: Any, **kwargs: Any) -> asyncio.BaseProtocol:
+        loop = kwargs.get("_loop") or asyncio.get_event_loop()
+        return sslproto.SSLProtocol(loop, protocol_class(*args, **kwargs), context, None, server_side=True,
+                                    ssl_handshake_timeout=handshake_timeout)
+
+    return factory
 
 
 def guarded_protocol(limits: ServeLimits, transport: ServeTransport | None = None) -> type[GuardedH11Protocol]:

@@ -71,19 +71,21 @@ def serve_process(clf: Any, app: Any, sock: socket.socket, host: str, port: int,
     """Serve `app` on `sock` in this process until SIGTERM or Ctrl-C, then close the pool and the memo."""
     import uvicorn
 
-    from lucid.access.protocol import guarded_protocol
+    from lucid.access.protocol import guarded_protocol, tls_protocol
 
     transport = ServeTransport() if transport is None else transport
+    protocol: Any = guarded_protocol(limits, transport)
+    context = transport.ssl_context()
+    if context is not None:  # TLS here, not in uvicorn: its handshake needs a deadline (tls_protocol)
+        protocol = tls_protocol(protocol, context, limits.header_timeout)
     config = uvicorn.Config(
         app, host=host, port=port, log_level="warning", access_log=False, server_header=False,
-        http=guarded_protocol(limits, transport), ws="none",  # type: ignore[arg-type]
+        http=protocol, ws="none",
         timeout_keep_alive=limits.idle_timeout,  # type: ignore[arg-type]
         h11_max_incomplete_event_size=limits.max_header_bytes,
         timeout_graceful_shutdown=limits.shutdown_timeout,  # type: ignore[arg-type]
         proxy_headers=False,  # X-Forwarded-For is read by lucid.access.transport alone
     )
-    config.load()
-    config.ssl = transport.ssl_context()  # the ssl module's defaults, not uvicorn's cipher string
     sys.setswitchinterval(GIL_SWITCH_S)
     previous = signal.signal(signal.SIGTERM, _stop)
     try:
