@@ -462,3 +462,51 @@ def test_one_large_body_at_a_time_per_address(run_dir, monkeypatch):
         for pool in app.state.pools:
             pool.shutdown()
         clf.close()
+
+
+def test_the_prediction_threads_go_to_the_client_with_the_fewest_running():
+    """FairPool, one slot: client "a" holds it and queues three more jobs, then "b" asks for one. When
+    the slot frees, "b" goes first (a plain pool would run a's three first: behind a proxy, a flood of
+    one client's pipelined requests arrives as ordinary requests), then a's in their order."""
+    import asyncio
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from lucid.access.server import FairPool
+
+    started: list[str] = []
+    hold = threading.Event()
+
+    def job(name: str) -> str:
+        started.append(name)
+        if name == "a0":
+            assert hold.wait(30)
+        return name
+
+    async def check() -> None:
+        pool = FairPool(ThreadPoolExecutor(max_workers=2), width=1)
+        first = asyncio.create_task(pool.run("a", job, "a0"))
+        while started != ["a0"]:
+            await asyncio.sleep(0.01)
+        queued = [asyncio.create_task(pool.run("a", job, f"a{i}")) for i in (1, 2, 3)]
+        await asyncio.sleep(0)
+        other = asyncio.create_task(pool.run("b", job, "b0"))
+        await asyncio.sleep(0)
+        assert started == ["a0"] and pool.busy == 1
+        hold.set()
+        assert await asyncio.gather(first, *queued, other) == ["a0", "a1", "a2", "a3", "b0"]
+        assert started == ["a0", "b0", "a1", "a2", "a3"] and pool.busy == 0 and not pool.running
+        # a job cancelled while it waits gives its turn to the next
+        hold.clear()
+        blocker = asyncio.create_task(pool.run("a", job, "a0"))
+        while started.count("a0") < 2:
+            await asyncio.sleep(0.01)
+        gone = asyncio.create_task(pool.run("c", job, "c0"))
+        kept = asyncio.create_task(pool.run("d", job, "d0"))
+        await asyncio.sleep(0)
+        gone.cancel()
+        hold.set()
+        assert await asyncio.gather(blocker, kept) == ["a0", "d0"] and "c0" not in started
+        assert pool.busy == 0 and not pool.waiting and not pool.running and not pool.served
+
+    asyncio.run(check())

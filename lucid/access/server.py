@@ -56,6 +56,7 @@ import logging
 import math
 import threading
 import time
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -136,6 +137,66 @@ class SizeOrderedGate:
             with self._cond:
                 self._busy = False
                 self._cond.notify_all()
+
+
+class FairPool:
+    """Runs jobs in `executor` at most `width` at a time; when more wait, the next slot goes to the
+    waiting client with the fewest jobs running, among those the one served longest ago (a client with
+    nothing running or waiting is forgotten, so it comes first), a client's own jobs in arrival order.
+    So a client sending one request at a time waits for at most one job to finish, however many
+    requests other clients queue: direct connections that pipeline are held back by the protocol
+    (lucid/access/protocol.py), but a reverse proxy forwards each pipelined request as an ordinary one,
+    on its own upstream connection. Used from the event loop only."""
+
+    def __init__(self, executor: ThreadPoolExecutor, width: int) -> None:
+        self.executor, self.width = executor, width
+        self.busy = 0
+        self.running: dict[str, int] = {}
+        self.waiting: dict[str, deque[asyncio.Future]] = {}  # client -> its tickets, oldest first
+        self.served: dict[str, int] = {}  # client -> when it was last given a slot (a count of slots given)
+        self._slots = itertools.count()
+
+    async def run(self, client: str, fn: Any, *args: Any) -> Any:
+        ticket = asyncio.get_running_loop().create_future()
+        self.waiting.setdefault(client, deque()).append(ticket)
+        self._dispatch()
+        try:
+            await ticket
+        except BaseException:
+            if ticket.done() and not ticket.cancelled():  # granted just before the cancellation
+                self._release(client)
+            raise
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+        finally:
+            self._release(client)
+
+    def _release(self, client: str) -> None:
+        self.busy -= 1
+        left = self.running[client] - 1
+        if left:
+            self.running[client] = left
+        else:
+            del self.running[client]
+            if client not in self.waiting:
+                self.served.pop(client, None)
+        self._dispatch()
+
+    def _dispatch(self) -> None:
+        while self.busy < self.width and self.waiting:
+            client = min(self.waiting, key=lambda c: (self.running.get(c, 0), self.served.get(c, -1)))
+            queue = self.waiting[client]
+            ticket = queue.popleft()
+            if not queue:
+                del self.waiting[client]
+            if ticket.cancelled():
+                if client not in self.waiting and client not in self.running:
+                    self.served.pop(client, None)
+                continue
+            self.busy += 1
+            self.running[client] = self.running.get(client, 0) + 1
+            self.served[client] = next(self._slots)
+            ticket.set_result(None)
 
 
 class FailFlag:
@@ -219,6 +280,7 @@ def create_app(clf: LabelOnlyClassifier, options: ServiceOptions | None = None, 
     small, large = (ThreadPoolExecutor(max_workers=threads, thread_name_prefix=f"lucid-{lane}")
                     for lane in ("small", "large"))
     app.state.pools = (small, large)
+    small_turns = FairPool(small, threads)
     rate = RequestRate(options.rate) if options.rate is not None else None
     transport = options.transport
     # One large body parsed and answered at a time per client address, failed parses included, so a
@@ -288,7 +350,7 @@ def create_app(clf: LabelOnlyClassifier, options: ServiceOptions | None = None, 
         # they would hold up every other connection, single-row clients included.
         loop = asyncio.get_running_loop()
         if len(body) <= SMALL_BODY:
-            return await loop.run_in_executor(small, work, bytes(body), client)
+            return await small_turns.run(address, work, bytes(body), client)
         lock, users = large_turns.get(address) or (asyncio.Lock(), 0)
         large_turns[address] = (lock, users + 1)
         try:
