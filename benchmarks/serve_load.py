@@ -25,6 +25,16 @@ Scenario D: `--pipeliners` connections (default 300, from the same addresses as 
 `--depth` (400) pipelined single-row requests of new inputs and never read; the single-row client
 of A measures p50/p99 and its answered share.
 
+`--network` runs instead the open-network scenarios of issue 64 for each of `--fronts`: `http`
+(lucid serve, plain), `https` (lucid serve with --ssl-certfile/--ssl-keyfile) and `nginx`
+(docs/deploy.md's nginx, run as tests/test_serve_deploy.py runs it, terminating TLS in front of
+lucid serve): the single-row client alone, beside C, D, a partial-request flood (`--partial-addresses`
+x `--partial-per-address` connections each sending one byte of a request line, or a head and one
+body byte; at the default caps and at --max-connections 64 --max-connections-per-ip 4) and four
+parse-bomb connections (4 MB bodies that fail), and the smuggling probe (an early answer, then the
+rest of its body and smuggled requests). Report: benchmarks/results/serve_network.md. Needs trustme,
+and nginx for that front.
+
 Scenario B: `--connections` keep-alive connections from two client processes send new single-row
 requests as fast as the server answers, against `lucid serve --workers 1` and then `--workers 2`.
 On a 2-core machine the two client processes share the cores with the server, so the numbers are
@@ -43,11 +53,13 @@ import argparse
 import asyncio
 import itertools
 import json
+import logging
 import multiprocessing
 import os
 import random
 import re
 import shutil
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -109,12 +121,12 @@ def running_server(cmd: list[str], log_path: Path) -> Iterator[tuple[int, subpro
     proc = subprocess.Popen(cmd, stderr=log, stdout=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 120
-        while not (m := re.search(r"on http://[^:]+:(\d+)/v1/predict", _read_from(log, start))):
+        while not (m := re.search(r"on (https?)://[^:]+:(\d+)/v1/predict", _read_from(log, start))):
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise SystemExit(f"lucid serve did not start: {_read_from(log, start)}")
             time.sleep(0.1)
-        port = int(m.group(1))
-        asyncio.run(_wait_ready(port))
+        port = int(m.group(2))
+        asyncio.run(_wait_ready(port, CLIENT_TLS if m.group(1) == "https" else None))
         yield port, proc
     finally:
         proc.terminate()
@@ -133,10 +145,11 @@ def _read_from(log, start: int) -> str:
         return f.read()
 
 
-async def _wait_ready(port: int) -> None:
+async def _wait_ready(port: int, tls: ssl.SSLContext | None = None) -> None:
     for _ in range(300):
         try:
-            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=tls,
+                                                          server_hostname="localhost" if tls else None)
             writer.write(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nconnection: close\r\n\r\n")
             if (await reader.read()).startswith(b"HTTP/1.1 200"):
                 writer.close()
@@ -197,6 +210,20 @@ def peak_rss(pid: int) -> Iterator[list[int]]:
 
 
 # -- the asyncio HTTP client ------------------------------------------------------------------------
+# How clients reach the service (--network's fronts): None for plain HTTP, else the TLS context that
+# trusts the benchmark's own CA (lucid serve's HTTPS, or nginx's in front of it). Forked client
+# processes inherit it.
+CLIENT_TLS: ssl.SSLContext | None = None
+
+
+async def open_connection(port: int, source: str | None = None, tls: ssl.SSLContext | None = None,
+                          ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A client connection to 127.0.0.1:`port` (from loopback address `source`), over `tls` or CLIENT_TLS."""
+    context = tls or CLIENT_TLS
+    return await asyncio.open_connection("127.0.0.1", port, local_addr=None if source is None else (source, 0),
+                                         ssl=context, server_hostname="localhost" if context else None)
+
+
 async def post(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, body: bytes) -> tuple[int, bytes]:
     """One POST /v1/predict on a keep-alive connection: (status, body)."""
     writer.write(b"POST /v1/predict HTTP/1.1\r\nHost: localhost\r\ncontent-type: application/json\r\n"
@@ -230,7 +257,7 @@ class Stalled:
     async def _hold(self, kind: str) -> None:
         while not self.stop.is_set():
             try:
-                reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
+                reader, writer = await open_connection(self.port)
             except OSError:
                 self.failed_connects += 1
                 await asyncio.sleep(0.5)
@@ -277,7 +304,7 @@ class Flood:
     async def _hold(self, source: str) -> None:
         while not self.stop.is_set():
             try:
-                reader, writer = await asyncio.open_connection("127.0.0.1", self.port, local_addr=(source, 0))
+                reader, writer = await open_connection(self.port, source)
             except OSError:
                 await asyncio.sleep(0.05)
                 continue
@@ -332,7 +359,7 @@ async def request_loop(port: int, next_body: Callable[[], bytes], done: Callable
     """POST `next_body()` on one keep-alive connection until `done()`, each response's latency into
     out["latencies"] and every non-200 answer or dropped connection into out["errors"] (a dropped
     connection is opened again); `pause()` seconds between requests. Every client here is this loop."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    reader, writer = await open_connection(port)
     while not done():
         body = next_body()
         t0 = time.perf_counter()
@@ -341,7 +368,7 @@ async def request_loop(port: int, next_body: Callable[[], bytes], done: Callable
         except (OSError, asyncio.IncompleteReadError):
             out["errors"] += 1
             writer.close()
-            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            reader, writer = await open_connection(port)
             continue
         out["latencies"].append(time.perf_counter() - t0)
         out["errors"] += status != 200
@@ -476,6 +503,225 @@ def scenario_b(port: int, run: Path, connections: int, seconds: float, server_pi
             "p50": float(np.percentile(latencies, 50)), "p99": float(np.percentile(latencies, 99))}
 
 
+# -- --network: the open-network scenarios of issue 64, per front ----------------------------------
+PARTIAL_HEAD = (b"POST /v1/predict HTTP/1.1\r\nHost: localhost\r\ncontent-type: application/json\r\n"
+                b"content-length: 100\r\n\r\n")
+BENCH_KEY = "lucid-bench-token"  # the smuggling probe's server wants a bearer token (for its 401)
+
+
+class PartialFlood(Flood):
+    """Connections that send one byte of a request line, or a whole head and one byte of its body (in
+    turn), then wait for the server to close them (and are opened again)."""
+
+    sent = 0
+
+    async def use(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.sent += 1
+        writer.write(b"P" if self.sent % 2 else PARTIAL_HEAD + b"{")
+        while not self.stop.is_set():
+            try:
+                if await asyncio.wait_for(reader.read(4096), timeout=1.0) == b"":
+                    return
+            except asyncio.TimeoutError:
+                continue
+
+
+def bomb_bodies(inputs) -> list[bytes]:
+    """Two ~4 MB bodies that fail: more rows than --max-rows (413), and 10 000 rows of long numbers
+    whose last row is not numbers (422, after every piece before it was parsed)."""
+    short = b'{"inputs": [' + b",".join([b"[0.5,0.5,0.5,0.5,0.5,0.5,0.5]"] * 130_000) + b"]}"
+    row = "[" + ",".join(f"{v:.45f}" for v in inputs(1)[0]) + "]"
+    long = ('{"inputs": [' + ",".join([row] * 9_999) + ',["x"]]}').encode()
+    return [short[:4_000_000 - 2] + b"]}" if len(short) > 4_000_000 else short, long]
+
+
+async def parse_bombs(port: int, count: int, bodies: list[bytes], stop: asyncio.Event, out: dict) -> None:
+    """`count` connections from one address posting `bodies` in turn until `stop`; statuses into `out`."""
+    async def one() -> None:
+        reader, writer = await open_connection(port, "127.0.0.200")
+        for body in itertools.cycle(bodies):
+            if stop.is_set():
+                break
+            try:
+                status, _ = await post(reader, writer, body)
+            except (OSError, asyncio.IncompleteReadError):
+                writer.close()
+                reader, writer = await open_connection(port, "127.0.0.200")
+                continue
+            out[status] = out.get(status, 0) + 1
+        writer.close()
+
+    await asyncio.gather(*(one() for _ in range(count)))
+
+
+async def beside_bombs(port: int, run: Path, inputs, count: int, seconds: float) -> dict:
+    stop, statuses = asyncio.Event(), {}
+    bombing = asyncio.create_task(parse_bombs(port, count, bomb_bodies(inputs), stop, statuses))
+    await asyncio.sleep(2.0)
+    single = await single_row_client(port, run, seconds)
+    stop.set()
+    await bombing
+    return {"single": single, "statuses": statuses}
+
+
+async def alone(port: int, run: Path, seconds: float) -> dict:
+    return {"single": await single_row_client(port, run, seconds)}
+
+
+_EARLY_PROBES = {
+    404: b"POST /nope HTTP/1.1\r\nHost: localhost\r\ncontent-length: 10\r\n\r\n",
+    400: b"POST /v1/predict HTTP/1.1\r\nHost: evil.example\r\ncontent-type: application/json\r\n"
+         b"content-length: 10\r\n\r\n",
+    401: b"POST /v1/predict HTTP/1.1\r\nHost: localhost\r\ncontent-type: application/json\r\n"
+         b"content-length: 10\r\n\r\n",
+    415: b"POST /v1/predict HTTP/1.1\r\nHost: localhost\r\nauthorization: Bearer " + BENCH_KEY.encode()
+         + b"\r\ncontent-length: 10\r\n\r\n",
+    413: b"POST /v1/predict HTTP/1.1\r\nHost: localhost\r\nauthorization: Bearer " + BENCH_KEY.encode()
+         + b"\r\ncontent-type: application/json\r\ncontent-length: 5000\r\n\r\n",
+}
+
+
+async def smuggle_probe(port: int, inputs) -> dict[str, int]:
+    """The issue's probe: each early answer, its head and half its body sent (split) or behind an honest
+    request (pipelined), then the rest with a plain prediction, one framed twice and one with a 5 KB
+    head, in one write. Returns framing -> how many 200 answers to a smuggled prediction came back."""
+    body = json.dumps({"inputs": inputs(1)}).encode()
+    auth = b"authorization: Bearer " + BENCH_KEY.encode() + b"\r\n"
+
+    def predict(extra: bytes = b"") -> bytes:
+        return (b"POST /v1/predict HTTP/1.1\r\nHost: localhost\r\ncontent-type: application/json\r\n" + auth
+                + extra + b"content-length: %d\r\n\r\n" % len(body) + body)
+
+    smuggled = b"67890" + predict(b"transfer-encoding: chunked\r\n") + predict() + predict(b"x-pad: " + b"a" * 5000
+                                                                                          + b"\r\n") + predict()
+    healthz = b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n"
+    out: dict[str, int] = {}
+    for status, head in _EARLY_PROBES.items():
+        for framing, before in (("split", b""), ("pipelined", healthz)):
+            reader, writer = await open_connection(port)
+            writer.write(before + head + b"12345")
+            got = b""
+            try:
+                while got.count(b"HTTP/1.1 ") < (2 if before else 1) or not got.endswith(b"}"):
+                    chunk = await asyncio.wait_for(reader.read(65536), timeout=10)
+                    if not chunk:
+                        break
+                    got += chunk
+                writer.write(smuggled)
+                while chunk := await asyncio.wait_for(reader.read(65536), timeout=35):
+                    got += chunk
+            except (OSError, asyncio.TimeoutError):
+                pass
+            writer.close()
+            key = f"{status} {framing}"
+            out[key] = got.count(b"HTTP/1.1 200") - (1 if before else 0)
+    return out
+
+
+@contextmanager
+def serve_front(run: Path, scratch: Path, front: str, tls_files: dict, *args: str) -> Iterator[int]:
+    """`lucid serve` reached as `front` says: "http" (plain, direct), "https" (its own TLS) or "nginx"
+    (docs/deploy.md's nginx terminating TLS in front of it, its request rate per client raised to
+    1 000/s so that the single-row client is not held back). Yields the port clients connect to."""
+    global CLIENT_TLS
+    CLIENT_TLS = None if front == "http" else ssl.create_default_context(cafile=str(tls_files["ca"]))
+    if front == "https":
+        args = (*args, "--ssl-certfile", str(tls_files["cert"]), "--ssl-keyfile", str(tls_files["key"]))
+    if front != "nginx":
+        with serve(run, scratch, *args) as (port, _):
+            yield port
+        return
+    from test_serve_deploy import nginx  # docs/deploy.md's block, as its test runs it
+
+    CLIENT_TLS, client = None, CLIENT_TLS  # lucid serve itself is plain behind nginx
+    args = (*args, "--forwarded-allow-ips", "127.0.0.1", "--allowed-hosts", "localhost,127.0.0.1")
+    with serve(run, scratch, *args) as (port, _):
+        place = scratch / f"nginx-{time.monotonic_ns()}"
+        place.mkdir()
+        with nginx(place, port, tls_files["cert"], tls_files["key"], replace=(("rate=50r/s", "rate=1000r/s"),)) as front_port:
+            CLIENT_TLS = client
+            yield front_port
+
+
+def network_suite(args, run: Path, scratch: Path, inputs) -> dict:
+    """Per front: the single-row client alone, beside C, D, the partial-request flood (at the default
+    caps and at 64 / 4) and four parse-bomb connections; and the smuggling probe."""
+    import trustme
+
+    ca = trustme.CA()
+    issued = ca.issue_cert("localhost", "127.0.0.1")
+    tls_files = {"cert": scratch / "cert.pem", "key": scratch / "key.pem", "ca": scratch / "ca.pem"}
+    issued.cert_chain_pems[0].write_to_path(tls_files["cert"])
+    issued.private_key_pem.write_to_path(tls_files["key"])
+    ca.cert_pem.write_to_path(tls_files["ca"])
+    os.environ["LUCID_BENCH_KEY"] = BENCH_KEY
+    flood = args.partial_addresses * args.partial_per_address
+    results: dict = {}
+    for front in args.fronts.split(","):
+        rows: dict = {}
+        with serve_front(run, scratch, front, tls_files) as port:
+            rows["alone"] = asyncio.run(alone(port, run, args.seconds))
+            if args.flood:
+                rows["C: idle flood"] = asyncio.run(scenario_c(port, run, args.flood, args.flood_addresses,
+                                                               args.seconds))
+            rows["partial-request flood"] = asyncio.run(beside_a_flood(
+                PartialFlood(port, flood, args.partial_addresses), port, run, args.seconds))
+            rows["4 parse bombs"] = asyncio.run(beside_bombs(port, run, inputs, 4, args.seconds))
+            if args.pipeliners:  # last: behind nginx, the requests it pipelined are still answered after it
+                rows["D: pipelining"] = asyncio.run(scenario_d(port, run, inputs, args.pipeliners,
+                                                               args.flood_addresses, args.depth, args.seconds))
+        with serve_front(run, scratch, front, tls_files, "--max-connections", "64",
+                         "--max-connections-per-ip", "4") as port:
+            rows["alone, caps 64 / 4"] = asyncio.run(alone(port, run, args.seconds))
+            rows["partial-request flood, caps 64 / 4"] = asyncio.run(beside_a_flood(
+                PartialFlood(port, flood, args.partial_addresses), port, run, args.seconds))
+        with serve_front(run, scratch, front, tls_files, "--api-key-env", "LUCID_BENCH_KEY", "--max-body",
+                         "1000") as port:
+            rows["smuggled"] = asyncio.run(smuggle_probe(port, inputs))
+        results[front] = rows
+        print(f"{front}: " + json.dumps({k: ({kk: vv for kk, vv in v.items() if kk != "single"} if k != "smuggled"
+                                              else v) for k, v in rows.items()}), file=sys.stderr)
+    return results
+
+
+def network_report(args, results: dict, loads: list, run_note: str) -> str:
+    lines = [
+        "# `lucid serve` on an open network (`benchmarks/serve_load.py --network`)",
+        "",
+        f"Machine: {os.cpu_count()} cores; load average {loads[0]} at the start, {loads[1]} at the end. {args.note}",
+        "",
+        f"Run: {run_note}. Command: `python benchmarks/serve_load.py --network --fronts {args.fronts} --seconds "
+        f"{args.seconds:g} --flood {args.flood} --pipeliners {args.pipeliners} --depth {args.depth} "
+        f"--partial-addresses {args.partial_addresses} --partial-per-address {args.partial_per_address}`. "
+        "Fronts: `http` (lucid serve, plain), `https` (lucid serve with --ssl-certfile/--ssl-keyfile), `nginx` "
+        "(docs/deploy.md's configuration terminating TLS in front of lucid serve --forwarded-allow-ips 127.0.0.1, "
+        "its limit_req raised to 1 000 r/s). Every client, attackers included, runs on the same 2 cores as the "
+        "server (and nginx).",
+        "",
+        "The single-row client (new single rows, a random 0-20 ms pause between them, one keep-alive connection "
+        "from 127.0.0.1) beside each load. Partial-request flood: "
+        f"{args.partial_addresses} addresses x {args.partial_per_address} connections, each sending one byte of "
+        "a request line or a head and one body byte, reopened when closed. Parse bombs: 4 connections from one "
+        "address posting ~4 MB bodies that fail (413: over 10 000 rows; 422: the last row not numbers).",
+        "",
+        "| front | load | requests | answered (200) | p50 | **p99** | max | p99 / alone |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for front, rows in results.items():
+        for name, row in rows.items():
+            if name == "smuggled":
+                continue
+            base = rows["alone, caps 64 / 4" if "64 / 4" in name else "alone"]["single"]["latencies"]
+            ratio = np.percentile(row["single"]["latencies"], 99) / np.percentile(base, 99)
+            lines.append(f"| {front} | {name} {_single_client_cells(row['single'])} {ratio:.2f} |")
+    lines += ["", "Smuggling probe (issue 64): 200 answers to a smuggled prediction, per early answer and framing.",
+              "", "| front | " + " | ".join(next(iter(results.values()))["smuggled"]) + " |",
+              "|---|" + "---|" * len(next(iter(results.values()))["smuggled"])]
+    for front, rows in results.items():
+        lines.append(f"| {front} | " + " | ".join(str(v) for v in rows["smuggled"].values()) + " |")
+    return "\n".join(lines) + "\n"
+
+
 # -- the report -----------------------------------------------------------------------------------
 def ms(seconds: float) -> str:
     return f"{seconds * 1e3:.1f} ms"
@@ -565,6 +811,8 @@ def report(args, runs_a: dict[int, tuple[dict, int]], b: dict[int, dict], b_rss:
 
 
 def main() -> None:
+    # The floods write to sockets the server has closed; asyncio logs each such write.
+    logging.getLogger("asyncio").setLevel(logging.ERROR)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--run", type=Path, default=None, help="a run directory with bounds.json [synthetic]")
     parser.add_argument("--stalled", type=int, default=1000)
@@ -577,15 +825,31 @@ def main() -> None:
     parser.add_argument("--pipeliners", type=int, default=300, help="scenario D's connections (0: skip D)")
     parser.add_argument("--depth", type=int, default=400, help="scenario D's pipelined requests per connection")
     parser.add_argument("--only", default="abcd", help="the scenarios to run, e.g. cd")
-    parser.add_argument("--report", type=Path, default=ROOT / "benchmarks" / "results" / "serve_load.md")
+    parser.add_argument("--network", action="store_true",
+                        help="instead: the open-network scenarios (issue 64) per front, into serve_network.md")
+    parser.add_argument("--fronts", default="http,https,nginx", help="--network's fronts (nginx: if installed)")
+    parser.add_argument("--partial-addresses", type=int, default=29)
+    parser.add_argument("--partial-per-address", type=int, default=38)
+    parser.add_argument("--report", type=Path, default=None,
+                        help="[benchmarks/results/serve_load.md; with --network, serve_network.md]")
     parser.add_argument("--note", default="", help="a sentence on the machine's state, for the report")
     args = parser.parse_args()
+    if args.report is None:
+        args.report = ROOT / "benchmarks" / "results" / ("serve_network.md" if args.network else "serve_load.md")
     scratch = Path(tempfile.mkdtemp(prefix="serve-load-"))
     try:
         run = args.run if args.run is not None else synthetic_run(scratch)
         run_note = str(args.run) if args.run is not None else "synthetic, 7 features, 2x50, 2 classes"
         inputs = make_inputs(run)
         loads = [" / ".join(f"{x:.1f}" for x in os.getloadavg())]
+        if args.network:
+            results = network_suite(args, run, scratch, inputs)
+            loads.append(" / ".join(f"{x:.1f}" for x in os.getloadavg()))
+            text = network_report(args, results, loads, run_note)
+            args.report.parent.mkdir(parents=True, exist_ok=True)
+            args.report.write_text(text)
+            print(text)
+            return
         runs_a = {}
         for rows in (int(r) for r in args.rows.split(",") if "a" in args.only):
             # Every client here, the stalled ones included, comes from 127.0.0.1: without the per-address cap

@@ -92,13 +92,29 @@ def server(run_dir: Path, *args: str, env: dict | None = None, stderr_lines: lis
             time.sleep(0.1)
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """SIGTERM, SIGKILL after 10 s; its stderr pipe closed."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    if proc.stderr is not None:
         proc.stderr.close()
+
+
+def started_url(proc: subprocess.Popen, scheme: str = "http") -> str:
+    """The URL a `lucid serve --port 0` names on stderr (`scheme`://127.0.0.1:PORT), read line by line."""
+    while True:
+        line = proc.stderr.readline()
+        assert line, "the server ended before naming its address"
+        found = re.search(rf" on ({scheme}://127\.0\.0\.1:\d+)/v1/predict", line)
+        if found:
+            return found.group(1)
 
 
 def serve_cli(run_dir: Path, args: list[str], capsys, monkeypatch) -> tuple[object, str]:

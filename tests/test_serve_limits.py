@@ -9,7 +9,6 @@ import asyncio
 import http.client
 import itertools
 import json
-import re
 import socket
 import subprocess
 import sys
@@ -22,7 +21,7 @@ import pytest
 
 from lucid.access.limits import ServeLimits
 from serve_helpers import (JSON, connect, httpx_post, port_of, read_response, request, run_dir,  # noqa: F401
-                           serve_cli, server, to_orig, until_closed)
+                           serve_cli, server, started_url, to_orig, until_closed)
 
 
 # -- 1. every connection phase has a deadline ---------------------------------------------------
@@ -474,12 +473,7 @@ def test_the_address_accepts_connections_as_soon_as_it_is_printed(run_dir, tmp_p
                "--memo", str(tmp_path / f"m{attempt}.sqlite")]
         proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
         try:
-            url = None
-            while url is None:
-                line = proc.stderr.readline()
-                assert line, "the server ended before naming its address"
-                found = re.search(r" on (http://127\.0\.0\.1:\d+)/v1/predict", line)
-                url = found and found.group(1)
+            url = started_url(proc)
             sock = connect(url, b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nconnection: close\r\n\r\n")
             assert until_closed(sock, limit=30).startswith(b"HTTP/1.1 200")
         finally:

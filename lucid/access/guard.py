@@ -1,6 +1,6 @@
 """What a request (or a caller) must satisfy before N is evaluated, for `lucid serve` on an open
-network: the Host header, the media type, the bearer token, the body's shape, and the limits
-on the deadline.
+network: the Host header, the media type, the bearer token, the request rate, the body's shape,
+and the limits on the deadline.
 
 Every refusal here carries a fixed message: its text depends only on the kind of error, the
 server's configuration (limits, the public input width) and positions in the request (row
@@ -24,6 +24,7 @@ MAX_DEADLINE_MS = 60_000.0
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "[::1]")
 
 BAD_JSON = "the request body is not valid JSON"
+NOT_UTF8 = "the request body must be UTF-8 without a byte-order mark"
 NOT_JSON_MEDIA = "the request body must be application/json"
 UNKNOWN_HOST = "unknown host"
 _NAME = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9._-]+)(?::(\d{1,5}))?$")
@@ -48,6 +49,58 @@ def check_deadline_ms(value: object) -> float:
         raise LucidError(f"the deadline in ms must be a finite number from 0 (off) to {MAX_DEADLINE_MS:g}, "
                          f"got {value!r}")
     return number
+
+
+# Requests per second per client: far above what one client's answers could need (10 000 rows each).
+MAX_RATE = 1_000_000.0
+# Clients whose request rate is tracked at once; past it, those with a full allowance are forgotten
+# first (they lose nothing), then the least recently seen.
+RATE_CLIENTS = 100_000
+
+
+def check_rate(value: object) -> float:
+    """`--rate` as a float: finite, above 0, at most MAX_RATE; else one line (NaN would pass every
+    comparison and turn the limit off)."""
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise LucidError(f"--rate must be a number of requests per second, got {value!r}") from None
+    if not (math.isfinite(number) and 0.0 < number <= MAX_RATE):
+        raise LucidError(f"--rate must be a finite number of requests per second above 0 up to {MAX_RATE:g}, "
+                         f"got {value!r}")
+    return number
+
+
+class RequestRate:
+    """At most `rate` requests per second per client, in bursts of up to max(1, rate): one allowance
+    (a token bucket) per client, refilled continuously. Not thread-safe: the event loop asks it."""
+
+    def __init__(self, rate: float, clients: int = RATE_CLIENTS) -> None:
+        self.rate = check_rate(rate)
+        self.burst = max(1.0, self.rate)
+        self.clients = clients
+        self._buckets: dict[str, tuple[float, float]] = {}  # client -> (allowance, when), least recent first
+
+    def wait(self, client: str, now: float) -> float:
+        """0.0 if `client` may send a request at `now` (it is counted); else the seconds until it may."""
+        allowance, then = self._buckets.pop(client, (self.burst, now))
+        allowance = min(self.burst, allowance + (now - then) * self.rate)
+        wait = 0.0
+        if allowance >= 1.0:
+            allowance -= 1.0
+        else:
+            wait = (1.0 - allowance) / self.rate
+        self._buckets[client] = (allowance, now)
+        if len(self._buckets) > self.clients:
+            self._forget(now)
+        return wait
+
+    def _forget(self, now: float) -> None:
+        full = [c for c, (a, t) in self._buckets.items() if a + (now - t) * self.rate >= self.burst]
+        for client in full:
+            del self._buckets[client]
+        while len(self._buckets) > self.clients:
+            del self._buckets[next(iter(self._buckets))]
 
 
 def _split_host(text: str) -> tuple[str, int | None] | None:
@@ -237,9 +290,17 @@ def _unique_fields(pairs: list[tuple[str, object]]) -> dict:
 
 
 def _whole_inputs(body: bytes) -> list:
-    """The "inputs" list of a body parsed in one piece, or its error."""
+    """The "inputs" list of a body parsed in one piece, or its error. UTF-8 only (RFC 8259 8.1):
+    json.loads would also take UTF-16 or UTF-32 and skip a byte-order mark, so the same request would
+    have several spellings that a filter in front of the service may not read as JSON at all."""
     try:
-        doc = json.loads(body, object_pairs_hook=_unique_fields)
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        raise BadJson(NOT_UTF8) from None
+    if text.startswith("\ufeff"):
+        raise BadJson(NOT_UTF8)
+    try:
+        doc = json.loads(text, object_pairs_hook=_unique_fields)
     except _RepeatedField:
         raise LucidError("the request body must not repeat a field") from None
     except (ValueError, RecursionError):

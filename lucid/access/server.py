@@ -31,8 +31,13 @@ pool of threads (numpy and SQLite release the GIL for the heavy parts), so a 10 
 not hold up other connections. The work on the memo, and the parsing of a large body, take turns
 through a gate that lets small requests pass queued turns (SizeOrderedGate), and a batch takes
 many short turns (a piece of its body, or TURN_ROWS of its inputs) rather than one long one, so
-a single-row request waits for at most one short turn, never for a whole batch. Connection
-deadlines and caps are in lucid/access/protocol.py.
+a single-row request waits for at most one short turn, never for a whole batch. A client address
+has one body over SMALL_BODY parsed and answered at a time, failed parses included, so a sender of
+large bodies (valid or not) waits for its own work and cannot take every thread; with `rate`, each
+client (its token, or its address without tokens) gets at most that many prediction requests per
+second, 429 with Retry-After beyond it, before the body is read. A client's address comes from
+lucid/access/transport.py (X-Forwarded-For only from a trusted proxy). Connection deadlines and
+caps are in lucid/access/protocol.py.
 
 Accounting: each bearer token names a client; its answers are charged to that client's ledger
 (lucid.access.ledger; one ledger, "default", without tokens). With a budget, a request whose new
@@ -48,8 +53,10 @@ import heapq
 import itertools
 import json
 import logging
+import math
 import threading
 import time
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -61,11 +68,12 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from lucid.access.classifier import LabelOnlyClassifier
-from lucid.access.guard import (NOT_JSON_MEDIA, UNKNOWN_HOST, BadJson, HostCheck, TooLarge, bearer_client,
-                                check_deadline_ms, input_pieces, is_json_media)
+from lucid.access.guard import (NOT_JSON_MEDIA, UNKNOWN_HOST, BadJson, HostCheck, RequestRate, TooLarge,
+                                bearer_client, check_deadline_ms, input_pieces, is_json_media)
 from lucid.access.health import MemoHealth
 from lucid.access.ledger import DEFAULT_CLIENT, BudgetExceeded, check_client_name
 from lucid.access.memo import MemoUnavailable
+from lucid.access.transport import ServeTransport
 from lucid.errors import LucidError
 
 DEFAULT_MAX_BODY = 4 * 1024 * 1024
@@ -74,6 +82,12 @@ DEFAULT_THREADS = 4
 # Bodies up to this size (a few hundred rows) are parsed and answered by their own threads, so that
 # batches filling the other pool never make a small request wait for a thread.
 SMALL_BODY = 64 * 1024
+# The share of one core that one client address's large bodies (over SMALL_BODY) may use, failed ones
+# included: after a large body took t CPU seconds, the address's next one starts no sooner than
+# t x (1 / share - 1) after it ended. A 10 000-row batch costs a few hundred ms, so an honest batch
+# client still gets several a second; a sender of back-to-back 4 MB bodies that fail no longer keeps a
+# thread (and the GIL) busy all the time.
+LARGE_BODY_SHARE = 0.25
 # What a row is taken to cost when turns queue at the gate (SizeOrderedGate): a batch takes its turns
 # a piece (lucid/access/guard.py) or TURN_ROWS inputs (lucid/access/memo/turns.py) at a time, and a
 # single row that arrives while such a turn waits goes first unless the turn has waited rows x this
@@ -125,6 +139,66 @@ class SizeOrderedGate:
                 self._cond.notify_all()
 
 
+class FairPool:
+    """Runs jobs in `executor` at most `width` at a time; when more wait, the next slot goes to the
+    waiting client with the fewest jobs running, among those the one served longest ago (a client with
+    nothing running or waiting is forgotten, so it comes first), a client's own jobs in arrival order.
+    So a client sending one request at a time waits for at most one job to finish, however many
+    requests other clients queue: direct connections that pipeline are held back by the protocol
+    (lucid/access/protocol.py), but a reverse proxy forwards each pipelined request as an ordinary one,
+    on its own upstream connection. Used from the event loop only."""
+
+    def __init__(self, executor: ThreadPoolExecutor, width: int) -> None:
+        self.executor, self.width = executor, width
+        self.busy = 0
+        self.running: dict[str, int] = {}
+        self.waiting: dict[str, deque[asyncio.Future]] = {}  # client -> its tickets, oldest first
+        self.served: dict[str, int] = {}  # client -> when it was last given a slot (a count of slots given)
+        self._slots = itertools.count()
+
+    async def run(self, client: str, fn: Any, *args: Any) -> Any:
+        ticket = asyncio.get_running_loop().create_future()
+        self.waiting.setdefault(client, deque()).append(ticket)
+        self._dispatch()
+        try:
+            await ticket
+        except BaseException:
+            if ticket.done() and not ticket.cancelled():  # granted just before the cancellation
+                self._release(client)
+            raise
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+        finally:
+            self._release(client)
+
+    def _release(self, client: str) -> None:
+        self.busy -= 1
+        left = self.running[client] - 1
+        if left:
+            self.running[client] = left
+        else:
+            del self.running[client]
+            if client not in self.waiting:
+                self.served.pop(client, None)
+        self._dispatch()
+
+    def _dispatch(self) -> None:
+        while self.busy < self.width and self.waiting:
+            client = min(self.waiting, key=lambda c: (self.running.get(c, 0), self.served.get(c, -1)))
+            queue = self.waiting[client]
+            ticket = queue.popleft()
+            if not queue:
+                del self.waiting[client]
+            if ticket.cancelled():
+                if client not in self.waiting and client not in self.running:
+                    self.served.pop(client, None)
+                continue
+            self.busy += 1
+            self.running[client] = self.running.get(client, 0) + 1
+            self.served[client] = next(self._slots)
+            ticket.set_result(None)
+
+
 class FailFlag:
     """Set once a prediction failed after N was evaluated: every later prediction gets 503. In
     several worker processes, pass one shared flag (`multiprocessing.RawValue`) to each."""
@@ -158,7 +232,9 @@ class ServiceOptions:
     bytes and `max_batch` rows per request. `deadline_ms` (0 to MAX_DEADLINE_MS) > 0 holds each
     prediction response until then. `allowed_hosts`: the Host names answered (default: the loopback
     names). `threads`: the threads that parse and answer request bodies off the event loop, as many
-    again for bodies up to SMALL_BODY (`app.state.pools`; shut them down after serving)."""
+    again for bodies up to SMALL_BODY (`app.state.pools`; shut them down after serving). `rate`: most
+    prediction requests per second per client (its token's client, or its address without tokens;
+    None: no limit). `transport`: the trusted proxies whose X-Forwarded-For names a request's address."""
 
     api_key: str | None = None
     api_keys: dict[str, str] | None = None
@@ -167,6 +243,8 @@ class ServiceOptions:
     deadline_ms: float = 0.0
     allowed_hosts: Sequence[str] | None = None
     threads: int = DEFAULT_THREADS
+    rate: float | None = None
+    transport: ServeTransport = ServeTransport()
 
 
 def create_app(clf: LabelOnlyClassifier, options: ServiceOptions | None = None, failed: Any = None) -> FastAPI:
@@ -202,6 +280,15 @@ def create_app(clf: LabelOnlyClassifier, options: ServiceOptions | None = None, 
     small, large = (ThreadPoolExecutor(max_workers=threads, thread_name_prefix=f"lucid-{lane}")
                     for lane in ("small", "large"))
     app.state.pools = (small, large)
+    small_turns = FairPool(small, threads)
+    rate = RequestRate(options.rate) if options.rate is not None else None
+    transport = options.transport
+    # One large body parsed and answered at a time per client address, failed parses included, so a
+    # sender of many large bodies waits for its own work instead of taking every thread and the GIL:
+    # address -> (its lock, the requests holding or waiting for it).
+    large_turns: dict[str, tuple[asyncio.Lock, int]] = {}
+    app.state.large_turns = large_turns
+    rest_until: dict[str, float] = {}  # address -> when its next large body may start (loop time)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -228,13 +315,19 @@ def create_app(clf: LabelOnlyClassifier, options: ServiceOptions | None = None, 
     def _json(status: int, doc: dict, extra: list | None = None) -> tuple[int, bytes, list]:
         return status, json.dumps(doc, separators=(",", ":")).encode(), extra or []
 
-    async def answer(headers: dict[bytes, bytes], receive: Any) -> tuple[int, bytes, list] | None:
-        """(status, JSON body, extra headers) for one POST /v1/predict; None if the client left."""
+    async def answer(headers: dict[bytes, bytes], receive: Any, address: str) -> tuple[int, bytes, list] | None:
+        """(status, JSON body, extra headers) for one POST /v1/predict from client `address`
+        (lucid.access.transport; "" when it has none); None if the client left."""
         client: str | None = DEFAULT_CLIENT
         if tokens:
             client = bearer_client(headers.get(b"authorization"), tokens)
             if client is None:
                 return _json(401, {"error": "missing or invalid bearer token"}, [(b"www-authenticate", b"Bearer")])
+        if rate is not None:
+            wait = rate.wait(f"token:{client}" if tokens else f"address:{address}", time.monotonic())
+            if wait > 0:  # before the body is read: a refused request costs next to nothing
+                return _json(429, {"error": f"too many requests: at most {rate.rate:g} per second per client"},
+                             [(b"retry-after", str(max(1, math.ceil(wait))).encode())])
         if not is_json_media(headers.get(b"content-type")):
             return _json(415, {"error": NOT_JSON_MEDIA})
         too_big = _json(413, {"error": f"the request body must be at most {max_body} bytes"})
@@ -255,8 +348,29 @@ def create_app(clf: LabelOnlyClassifier, options: ServiceOptions | None = None, 
             return _json(503, {"error": "service unavailable"})
         # Parsing a 4 MB body and a 10 000-row decision take tens of milliseconds: on the event loop
         # they would hold up every other connection, single-row clients included.
-        pool = small if len(body) <= SMALL_BODY else large
-        return await asyncio.get_running_loop().run_in_executor(pool, work, bytes(body), client)
+        loop = asyncio.get_running_loop()
+        if len(body) <= SMALL_BODY:
+            return await small_turns.run(address, work, bytes(body), client)
+        lock, users = large_turns.get(address) or (asyncio.Lock(), 0)
+        large_turns[address] = (lock, users + 1)
+        try:
+            async with lock:
+                rest = rest_until.pop(address, 0.0) - loop.time()
+                if rest > 0:
+                    await asyncio.sleep(rest)
+                out, cpu = await loop.run_in_executor(large, timed_work, bytes(body), client)
+                rest_until[address] = loop.time() + cpu * (1.0 / LARGE_BODY_SHARE - 1.0)
+                if len(rest_until) > 4 * len(large_turns) + 1024:  # forget the addresses that rested enough
+                    now = loop.time()
+                    for stale in [a for a, until in rest_until.items() if until <= now]:
+                        del rest_until[stale]
+                return out
+        finally:
+            lock, users = large_turns[address]
+            if users > 1:
+                large_turns[address] = (lock, users - 1)
+            else:
+                del large_turns[address]
 
     def network_inputs(body: bytes) -> np.ndarray | None:
         """The body's rows in network space (None if there are none). A large body is parsed and checked
@@ -273,6 +387,12 @@ def create_app(clf: LabelOnlyClassifier, options: ServiceOptions | None = None, 
                     if piece:
                         parts.append(clf.validate(piece))
         return clf.to_network_space(np.concatenate(parts)) if parts else None
+
+    def timed_work(body: bytes, client: str | None) -> tuple[tuple[int, bytes, list], float]:
+        """`work`, and the CPU seconds its thread spent on it."""
+        started = time.thread_time()
+        out = work(body, client)
+        return out, time.thread_time() - started
 
     def work(body: bytes, client: str | None) -> tuple[int, bytes, list]:
         """(status, JSON body, extra headers) for one complete request body; runs in the pool."""
@@ -313,9 +433,15 @@ def create_app(clf: LabelOnlyClassifier, options: ServiceOptions | None = None, 
         async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
             started = time.perf_counter()
             headers: dict[bytes, bytes] = {}
+            forwarded: list[bytes] = []
             for key, value in scope["headers"]:
-                headers.setdefault(key.lower(), value)  # the first value wins, as in Starlette
-            out = await answer(headers, receive)
+                key = key.lower()
+                headers.setdefault(key, value)  # the first value wins, as in Starlette
+                if key == b"x-forwarded-for":
+                    forwarded.append(value)  # every line: a proxy may add its own
+            peer = scope.get("client")
+            address = transport.client_address(peer[0] if peer else None, forwarded) or ""
+            out = await answer(headers, receive, address)
             if out is None:
                 return
             status, body, extra = out

@@ -19,6 +19,7 @@ from lucid.access.ledger import EpsilonPlan
 from lucid.access.limits import ServeLimits, ensure_open_files
 from lucid.access.memo import DEFAULT_MEMO_SIZE, memo_target
 from lucid.access.server import DEFAULT_MAX_BATCH, DEFAULT_MAX_BODY, ServiceOptions
+from lucid.access.transport import ServeTransport, parse_forwarded_allow_ips
 from lucid.cli.serve_processes import listen, serve_process, serve_workers
 from lucid.errors import LucidError
 
@@ -156,8 +157,8 @@ def _budget_note(budget: float | None, total_budget: float | None, plan: Epsilon
               help="Open connections per worker; further ones get 503 and are closed.")
 @click.option("--max-connections-per-ip", type=int, default=_DEFAULTS.max_connections_per_ip, show_default=True,
               metavar="N", help="Open connections per worker from one client address (an IPv6 client: its /64); "
-                                "further ones get 503 and are closed. Behind a reverse proxy every client has "
-                                "the proxy's address: raise it to --max-connections there.")
+                                "further ones get 503 and are closed. A trusted proxy (--forwarded-allow-ips) is "
+                                "not held to it: cap connections per client at the proxy.")
 @click.option("--max-header-bytes", type=int, default=_DEFAULTS.max_header_bytes, show_default=True,
               help="Largest request line plus headers (431 above).")
 @click.option("--idle-timeout", type=float, default=_DEFAULTS.idle_timeout, show_default=True, metavar="S",
@@ -169,15 +170,26 @@ def _budget_note(budget: float | None, total_budget: float | None, plan: Epsilon
                    "stops reading is dropped after S seconds.")
 @click.option("--shutdown-timeout", type=float, default=_DEFAULTS.shutdown_timeout, show_default=True,
               metavar="S", help="On SIGTERM, requests already received get S seconds to be answered.")
+@click.option("--ssl-certfile", type=click.Path(path_type=Path), default=None, metavar="FILE",
+              help="Serve HTTPS with this PEM certificate (chain); needs --ssl-keyfile.")
+@click.option("--ssl-keyfile", type=click.Path(path_type=Path), default=None, metavar="FILE",
+              help="The unencrypted PEM private key of --ssl-certfile.")
+@click.option("--rate", type=float, default=None, metavar="R",
+              help="Most prediction requests per second per client (its token, or its address without tokens), "
+                   "per worker; further ones get 429 with Retry-After [default: no limit].")
+@click.option("--forwarded-allow-ips", metavar="IP1,NET2", default=None,
+              help="Reverse proxies (IP addresses or networks, comma-separated) whose X-Forwarded-For names the "
+                   "client: per-client caps and rates then count the client, not the proxy (docs/deploy.md).")
 def command(run: Path, epsilon: float | None, host: str, port: int, memo: str | None, memo_size: int, clip: bool,
             api_key_env: str | None, api_keys: Path | None, budget: float | None, total_budget: float | None,
             target_epsilon: float | None, delta: float | None, queries: int | None, deadline_ms: float,
             max_batch: int, max_body: int, allowed_hosts: str | None, workers: int, threads: int,
             max_connections: int, max_connections_per_ip: int, max_header_bytes: int, idle_timeout: float,
-            header_timeout: float, body_timeout: float, shutdown_timeout: float) -> None:
+            header_timeout: float, body_timeout: float, shutdown_timeout: float, ssl_certfile: Path | None,
+            ssl_keyfile: Path | None, rate: float | None, forwarded_allow_ips: str | None) -> None:
     """Serve RUN's classifier: POST /v1/predict {"inputs": [[...]]} -> {"labels": [...]}."""
     from lucid.access.classifier import ClassifierOptions, LabelOnlyClassifier
-    from lucid.access.guard import check_deadline_ms, parse_allowed_hosts
+    from lucid.access.guard import check_deadline_ms, check_rate, parse_allowed_hosts
     from lucid.access.server import create_app
 
     limits = ServeLimits(idle_timeout=idle_timeout, header_timeout=header_timeout, body_timeout=body_timeout,
@@ -185,8 +197,12 @@ def command(run: Path, epsilon: float | None, host: str, port: int, memo: str | 
                          max_connections=max_connections, max_connections_per_ip=max_connections_per_ip,
                          threads=threads, workers=workers)
     ensure_open_files(limits.max_connections)
+    proxies = parse_forwarded_allow_ips(forwarded_allow_ips) if forwarded_allow_ips is not None else ()
+    transport = ServeTransport(ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile, forwarded_allow_ips=proxies)
+    transport.ssl_context()  # the files' errors, in one line, before anything starts
     epsilon, budget, plan = resolve_epsilon(epsilon, budget, target_epsilon, delta, queries)
     deadline_ms = check_deadline_ms(deadline_ms)
+    rate = check_rate(rate) if rate is not None else None
     hosts = parse_allowed_hosts(allowed_hosts) if allowed_hosts is not None else None
     if api_key_env is not None and api_keys is not None:
         raise LucidError("give --api-key-env or --api-keys, not both")
@@ -208,7 +224,8 @@ def command(run: Path, epsilon: float | None, host: str, port: int, memo: str | 
     if hosts is None:
         hosts = [*LOOPBACK_HOSTS, f"[{host}]" if ":" in host else host]
     service = ServiceOptions(api_key=api_key, api_keys=key_table, max_body=max_body, max_batch=max_batch,
-                             deadline_ms=deadline_ms, allowed_hosts=hosts, threads=limits.threads)
+                             deadline_ms=deadline_ms, allowed_hosts=hosts, threads=limits.threads, rate=rate,
+                             transport=transport)
     app = create_app(clf, options=service)
     for line in startup_warnings(budget, host, allowed_hosts, total_budget):
         click.echo(f"lucid: warning: {line}", err=True)
@@ -216,17 +233,18 @@ def command(run: Path, epsilon: float | None, host: str, port: int, memo: str | 
     auth = f", {len(key_table)} clients" if key_table else (", auth on" if api_key else "")
     netloc = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"  # an IPv6 address needs its brackets
     click.echo(
-        f"lucid: serving {run} on http://{netloc}/v1/predict (epsilon={clf.epsilon:g}, memo={clf.memo.name}"
+        f"lucid: serving {run} on {transport.scheme}://{netloc}/v1/predict (epsilon={clf.epsilon:g}, memo={clf.memo.name}"
         f"{auth}{', clipping' if clip else ''}{_budget_note(budget, total_budget, plan)}"
-        f"{f', deadline {deadline_ms:g} ms' if deadline_ms else ''}); Ctrl-C stops",
+        f"{f', deadline {deadline_ms:g} ms' if deadline_ms else ''}{f', {rate:g} requests/s per client' if rate else ''}"
+        f"{f', X-Forwarded-For trusted from {chr(44).join(proxies)}' if proxies else ''}); Ctrl-C stops",
         err=True,
     )
     if limits.workers == 1:
-        serve_process(clf, app, sock, host, port, limits)
+        serve_process(clf, app, sock, host, port, limits, transport)
         return
     for pool in app.state.pools:
         pool.shutdown()
     clf.close()  # each worker opens its own: a connection (or a pool's threads) must not cross a fork
-    code = serve_workers(open_classifier, service, sock, host, port, limits)
+    code = serve_workers(open_classifier, service, sock, host, port, limits, transport)
     if code:
         sys.exit(code)

@@ -27,9 +27,15 @@ import click
 
 from lucid.access.limits import ServeLimits
 from lucid.access.server import ServiceOptions
+from lucid.access.transport import ServeTransport
 from lucid.errors import LucidError
 
 LISTEN_BACKLOG = 2048  # uvicorn's own default, which it passes to listen() again when it starts
+# How long a thread running Python keeps the GIL while another waits (Python's default: 5 ms). A thread
+# parsing a large body (valid or not) would otherwise hold up the event loop and a single row's thread
+# up to 5 ms at each of their steps; measured with four 4 MB parse bombs beside a single-row client
+# (benchmarks/serve_load.py --network): p99 52 ms at 5 ms, 25 ms at 1 ms.
+GIL_SWITCH_S = 0.001
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -60,18 +66,27 @@ def _stop(signum: int, frame: FrameType | None) -> None:
     raise SystemExit(0)
 
 
-def serve_process(clf: Any, app: Any, sock: socket.socket, host: str, port: int, limits: ServeLimits) -> None:
+def serve_process(clf: Any, app: Any, sock: socket.socket, host: str, port: int, limits: ServeLimits,
+                  transport: ServeTransport | None = None) -> None:
     """Serve `app` on `sock` in this process until SIGTERM or Ctrl-C, then close the pool and the memo."""
     import uvicorn
 
-    from lucid.access.protocol import guarded_protocol
+    from lucid.access.protocol import guarded_protocol, tls_protocol
 
+    transport = ServeTransport() if transport is None else transport
+    protocol: Any = guarded_protocol(limits, transport)
+    context = transport.ssl_context()
+    if context is not None:  # TLS here, not in uvicorn: its handshake needs a deadline (tls_protocol)
+        protocol = tls_protocol(protocol, context, limits.header_timeout)
     config = uvicorn.Config(
         app, host=host, port=port, log_level="warning", access_log=False, server_header=False,
-        http=guarded_protocol(limits), ws="none", timeout_keep_alive=limits.idle_timeout,  # type: ignore[arg-type]
+        http=protocol, ws="none",
+        timeout_keep_alive=limits.idle_timeout,  # type: ignore[arg-type]
         h11_max_incomplete_event_size=limits.max_header_bytes,
         timeout_graceful_shutdown=limits.shutdown_timeout,  # type: ignore[arg-type]
+        proxy_headers=False,  # X-Forwarded-For is read by lucid.access.transport alone
     )
+    sys.setswitchinterval(GIL_SWITCH_S)
     previous = signal.signal(signal.SIGTERM, _stop)
     try:
         uvicorn.Server(config).run(sockets=[sock])
@@ -135,7 +150,7 @@ def _supervise(pids: list[int]) -> int:
 
 
 def serve_workers(open_classifier: Callable[[], Any], options: ServiceOptions, sock: socket.socket, host: str,
-                  port: int, limits: ServeLimits) -> int:
+                  port: int, limits: ServeLimits, transport: ServeTransport | None = None) -> int:
     """Fork `limits.workers` processes serving on `sock`, each with its own classifier (an SQLite
     connection must not cross a fork) and one shared fail-closed flag; wait for them."""
     from lucid.access.server import create_app
@@ -144,7 +159,7 @@ def serve_workers(open_classifier: Callable[[], Any], options: ServiceOptions, s
 
     def start() -> None:
         clf = open_classifier()
-        serve_process(clf, create_app(clf, options=options, failed=failed), sock, host, port, limits)
+        serve_process(clf, create_app(clf, options=options, failed=failed), sock, host, port, limits, transport)
 
     pids = []
     for _ in range(limits.workers):
