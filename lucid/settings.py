@@ -86,8 +86,9 @@ def parse_classes(classes: Any) -> tuple[int, ...] | None:
 SPLIT_TIME = 60.0  # the default --split-time
 RESIDUAL_AUTO = "auto"  # --residual auto (lucid/residual_choice.py)
 # --max-residual's default: networks per class a deployment serves at most. The query checks the
-# union of the sets for every input (equal work), so this bounds its time and memory: on 2x50 a
-# query of 256 networks takes about 0.3 ms (benchmarks/results/residual.md), 30 x N's own.
+# union of the sets for every input (equal work), so this bounds its time and memory: on Adult
+# 2x50 a single query took 0.09 ms with 32 such networks and 1.1 ms with 1 024 (git show
+# 00a0405:benchmarks/results/residual.md), so about 0.3 ms at 256, and 256 x 3 752 float64 parameters (7.7 MB).
 DEFAULT_MAX_RESIDUAL = 256
 SPLIT_SPACES = ("auto", "relu", "input")
 DEFAULT_SPLIT_SPACE = "auto"

@@ -86,12 +86,14 @@ def serve_process(clf: Any, app: Any, sock: socket.socket, host: str, port: int,
         timeout_graceful_shutdown=limits.shutdown_timeout,  # type: ignore[arg-type]
         proxy_headers=False,  # X-Forwarded-For is read by lucid.access.transport alone
     )
+    switch = sys.getswitchinterval()
     sys.setswitchinterval(GIL_SWITCH_S)
     previous = signal.signal(signal.SIGTERM, _stop)
     try:
         uvicorn.Server(config).run(sockets=[sock])
     finally:
         signal.signal(signal.SIGTERM, previous)
+        sys.setswitchinterval(switch)  # a server run inside another program (a test) leaves it as it was
         for pool in app.state.pools:
             pool.shutdown(wait=True, cancel_futures=True)  # a decision under way finishes first
         sock.close()
