@@ -94,10 +94,16 @@ class Engine:
     def _pending(self) -> bool:
         """Whether some open class has a node waiting for a worker (with --residual M, one at or
         above the level: the others wait, `Scheduler.submit_ready`)."""
-        return any(relevant(cs, cs.nodes[nid]) if cs.residual_size is not None else True
-                   for cs in self.states.values() if not cs.done
-                   for _, nid in cs.pending_heap if cs.residual_size is None or (
-                       nid in cs.nodes and cs.nodes[nid].state == PENDING))
+        for cs in self.states.values():
+            if cs.done:
+                continue
+            if cs.residual_size is None:
+                if cs.pending_heap:
+                    return True
+            elif any(nid in cs.nodes and cs.nodes[nid].state == PENDING and relevant(cs, cs.nodes[nid])
+                     for _, nid in cs.pending_heap):
+                return True
+        return False
 
     def elapsed(self) -> float:
         """Seconds of the whole verification (across resumes), as the log and checkpoint count them."""

@@ -59,8 +59,7 @@ def sampled_leaks(stack: NetworkStack, cls: int, lower: np.ndarray, upper: np.nd
     each network's most confident leaking point (ranked in float32; only the replay in float64
     decides), the REPLAYED most confident of them: the networks with the largest leaks, which set
     the level's lower bound, are the ones whose points are replayed."""
-    x = _candidates(stack, cls, lower, upper, points, seed)
-    conf_n = confidence(stack.select(np.array([0])).forward(x)[0], cls)
+    x, conf_n = _candidates(stack, cls, lower, upper, points, seed)
     if not len(x):
         return np.full(len(stack), -np.inf)
     best = np.full(len(stack), -1, dtype=np.int64)  # per network: its most confident leaking point
@@ -75,21 +74,23 @@ def sampled_leaks(stack: NetworkStack, cls: int, lower: np.ndarray, upper: np.nd
 
 
 def _candidates(stack: NetworkStack, cls: int, lower: np.ndarray, upper: np.ndarray, points: np.ndarray | None,
-                seed: int) -> np.ndarray:
-    """Uniform samples of the domain and the training points, those N labels `cls`."""
+                seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Uniform samples of the domain and the training points, those N labels `cls`, with N's
+    confidence there."""
     rng = np.random.default_rng(seed)
     candidates = [lower + (upper - lower) * rng.random((SAMPLES, len(lower)))]
     if points is not None and len(points):
         candidates.append(np.clip(np.asarray(points, dtype=np.float64), lower, upper))
     x = np.concatenate(candidates)
-    return x[confidence(stack.select(np.array([0])).forward(x)[0], cls) > 0]
+    conf_n = confidence(stack.select(np.array([0])).forward(x)[0], cls)
+    return x[conf_n > 0], conf_n[conf_n > 0]
 
 
 def searched_leaks(stack: NetworkStack, cls: int, positions: np.ndarray, lower: np.ndarray, upper: np.ndarray,
                    points: np.ndarray | None = None, deadline: float | None = None, seed: int = 0) -> np.ndarray:
     """`leaks_at` over the points that gradient ascent reaches for each network of `positions` in
     turn (from its SEARCH_STARTS most disagreeing candidates), until `deadline` (time.monotonic())."""
-    x = _candidates(stack, cls, lower, upper, points, seed)
+    x, _ = _candidates(stack, cls, lower, upper, points, seed)
     found = []
     for p in positions:
         if past(deadline) or not len(x):
