@@ -4,6 +4,7 @@ each against an independent computation in exact rational arithmetic (tests/exac
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import subprocess
 import sys
@@ -273,14 +274,34 @@ def _optimal_level(betas: list[Fraction | None], size: int) -> Fraction | None:
     return known[size] if len(known) > size else None
 
 
-@pytest.mark.parametrize("seed, networks, size", [(5, 10, 1), (2, 12, 3), (6, 10, 3)])
-def test_the_level_is_the_exact_order_statistic_of_the_networks_bounds(tmp_path, seed, networks, size):
+@pytest.mark.parametrize("seed, networks, size, halfway", [(5, 10, 1, False), (2, 12, 3, False), (6, 10, 3, False),
+                                                         (2, 12, 3, True), (6, 10, 3, True)])
+def test_the_level_is_the_exact_order_statistic_of_the_networks_bounds(tmp_path, monkeypatch, seed, networks, size,
+                                                                      halfway):
     """The level is the (M+1)-th largest exact beta*_{c,{i}} (up to the float margins of a proved
     bound and a replayed leak): the lowest level any set of M networks can have, found without
     rounds; a network whose leak is above it is in the set. Every network's stored bound in the
-    checkpoint is sound too."""
+    checkpoint is sound too. `halfway`: every class backs off from the start (as after a singleton
+    that could not be proved below its question), so its questions lie halfway up to the level
+    until the last ones: the level still reaches the optimum."""
     run = write_tiny_run(tmp_path / "run", networks=networks, classes=2, seed=seed)
+    backed_off = []
+    if halfway:
+        from lucid.bab.anytime import AnytimeBounds
+
+        update = AnytimeBounds.update
+
+        def update_and_back_off(self, cs):
+            update(self, cs)
+            if cs.cls not in self._backed_off and math.isfinite(cs.upper):
+                self.back_off(cs)
+                backed_off.append(cs.cls)
+
+        monkeypatch.setattr(AnytimeBounds, "update", update_and_back_off)
     result = verify_run(run, residual=size, time_limit=120, **FAST)
+    if halfway:
+        events = [json.loads(line) for line in (run / "verify.log.jsonl").read_text().splitlines()]
+        assert sorted(e["class"] for e in events if e["event"] == "question_backed_off") == sorted(backed_off) == [0, 1]
     stack = load_networks(run)
     checkpoint = json.loads((run / "verify.checkpoint.json").read_text())
     for key, entry in _section(run)["classes"].items():

@@ -60,9 +60,24 @@ def default_node_time_limit(time_limit: float | None) -> float | None:
     return max(20.0, time_limit / 8)
 
 
+# With --residual M the level is decided by thousands of singletons, each asked whether its network
+# stays below a question it mostly answers in a second or two, while the few whose true bound is above
+# it (the networks the set will hold) spend any limit they get: an eighth of the run each would let a
+# dozen of those hold both workers for the whole run (Adult 4k 2x50: 37.5-s singletons, 5 in 300 s,
+# each ending at 0.51-0.58 where the split proves 0.50 in 1-2 s). They come back sooner and are
+# retried with RETRY_GROWTH-fold limits while the level waits for them.
+RESIDUAL_NODE_SHARE = 1 / 64
+RESIDUAL_MIN_NODE_TIME = 5.0
+
+
 def node_limit(settings: VerifySettings, deadline: Deadline) -> float | None:
-    """A node's first attempt's limit: --node-time-limit, or a share of the deadline's span."""
-    return settings.node_time_limit if settings.node_time_limit is not None else default_node_time_limit(deadline.seconds)
+    """A node's first attempt's limit: --node-time-limit, or a share of the deadline's span (a
+    smaller one with --residual M)."""
+    if settings.node_time_limit is not None:
+        return settings.node_time_limit
+    if settings.residual and deadline.seconds is not None:
+        return max(RESIDUAL_MIN_NODE_TIME, deadline.seconds * RESIDUAL_NODE_SHARE)
+    return default_node_time_limit(deadline.seconds)
 
 
 def attempt_time_limit(settings: VerifySettings, attempts: int, deadline: Deadline, *, last_work: bool,

@@ -30,6 +30,20 @@ from lucid.witness.network_leaks import NetworkLeaks
 
 SEED_SEARCHED = 256  # --residual M: the most networks searched one by one for leaks at a class's start
 SEED_SEARCH_SHARE = 0.05  # of the time left, at most, for that search
+# --residual M: once a singleton of the class could not be proved below its question in its time,
+# the class's later questions lie this share of the way from the best leak outside the set up to the
+# level, while the two are more than QUESTION_EXACT_WITHIN (relative) apart. Asked at the leak
+# itself, a network whose own bound lies between the two (the networks the level is made of) cannot
+# be proved in any time and holds its worker until its limit, while halfway it is proved in seconds
+# (Adult 4k 2x50, class 0's 33rd and 34th networks: <= 0.50 in 1-2 s, 0.44-0.45 after 15 s at 0.42
+# or 0.36, 0.51-0.58 after 37 s at 0.27-0.30; benchmarks/results/residual_adult4k.md). The level
+# then falls in steps, the question with it, and the last questions are the leak's: once the two
+# are within QUESTION_EXACT_WITHIN of the leak (relative), or of the class's level when it backed
+# off times the same share (a leak at 0 would otherwise halve the distance for ever). A class whose
+# questions are all answered in time (small networks, where the MILP is exact in seconds) keeps
+# asking at the leak: each halfway step would cost it a round of analyses.
+QUESTION_SHARE = 0.5
+QUESTION_EXACT_WITHIN = 0.05
 
 
 class AnytimeBounds:
@@ -39,6 +53,7 @@ class AnytimeBounds:
         self.settings = settings
         self.session = session
         self.leaks = leaks  # every network's own leaks (--residual M)
+        self._backed_off: dict[int, float] = {}  # --residual M: class -> its level when it backed off
 
     def tolerance(self, cs: ClassState) -> float:
         """How far above the best lower bound a bound may stay (0: exact); with a class target, up
@@ -55,9 +70,10 @@ class AnytimeBounds:
         With --residual M, at least the best leak outside the current set (plus the tolerance):
         that set's level can be no lower, and the (M+1)-th largest leak, the level's own floor, is
         often far below it (then every analysis would have to find its network's exact bound).
-        Only the question asked rises: nodes are closed against the floor alone, so a node proved
-        below this cutoff stays open, below the level, and is analysed again if the level falls
-        under its bound (the set changed)."""
+        Once a question proved too hard (`back_off`), while the level is far above that leak, the
+        question lies QUESTION_SHARE of the way up to the level. Only the question asked rises: nodes are closed against the floor alone, so a
+        node proved below this cutoff stays open, below the level, and is analysed again if the
+        level falls under its bound (the set changed)."""
         if self.settings.naive:
             return -INF
         level = -INF if cs.lower is None else cs.lower + self.tolerance(cs)
@@ -65,7 +81,18 @@ class AnytimeBounds:
             leak, _ = leak_outside(cs, cs.residual)
             if leak is not None:
                 level = max(level, leak + max(self.settings.gap, self.settings.rel_gap * abs(leak)))
+            scale = self._backed_off.get(cs.cls)
+            if (scale is not None and math.isfinite(level) and math.isfinite(cs.upper)
+                    and cs.upper - level > QUESTION_EXACT_WITHIN * max(abs(level), QUESTION_EXACT_WITHIN * scale)):
+                level += QUESTION_SHARE * (cs.upper - level)
         return level
+
+    def back_off(self, cs: ClassState) -> None:
+        """--residual M: a singleton of the class was not proved below its question in its time;
+        the class's questions lie halfway up to the level from now on (`cutoff`)."""
+        if cs.residual_size is not None and cs.cls not in self._backed_off and math.isfinite(cs.upper):
+            self._backed_off[cs.cls] = abs(cs.upper)
+            self.session.emit("question_backed_off", cs.cls, level=cs.upper, share=QUESTION_SHARE)
 
     def can_close(self, cs: ClassState, node: Node) -> bool:
         """Whether `node` cannot raise the reported upper bound (infeasible, or within the tolerance)."""

@@ -32,7 +32,7 @@ import numpy as np
 from lucid.bab.anytime import AnytimeBounds
 from lucid.bab.events import EventLog
 from lucid.bab.hooks import EngineHooks
-from lucid.bab.node import FINAL, OPEN, PENDING, RUNNING, SETTLED, SPLIT, STUCK, Node
+from lucid.bab.node import FINAL, OPEN, PENDING, PROVED_STATUSES, RUNNING, SETTLED, SPLIT, STUCK, Node
 from lucid.bab.schedule import Scheduler
 from lucid.bab.screening import ScreenBounds
 from lucid.bab.session import Session
@@ -202,6 +202,8 @@ class Engine:
         node.upper = min(node.upper, own, screened)
         if cs.residual_size is not None:  # a sound bound of each of its networks
             cs.network_bound[node.positions] = np.minimum(cs.network_bound[node.positions], node.upper)
+            if node.is_singleton and outcome.status not in PROVED_STATUSES:
+                self.anytime.back_off(cs)
         if not node.is_singleton and own >= before and cs.screen is not None and not self.config.naive:
             node.peel = True  # the hyper-network MILP was no help here: peel, do not cluster
         node.status = outcome.status
