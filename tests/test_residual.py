@@ -475,3 +475,45 @@ def test_the_report_leads_with_the_levels_and_names_the_sets(verified, tmp_path)
         assert f'id="bound-{key}-upper" data-value="{json.dumps(entry["level"])}"' in text
         assert f"class {key}: rows {', '.join(str(r) for r in entry['rows'][:8])}" in text
     assert "Over every network (what a reader without the residual check would use)" in text
+
+
+def test_with_residual_sets_the_screen_refines_only_when_the_level_reaches_unrefined_networks():
+    """--residual M: the optimised screen refines nothing while every network at or above the
+    level is refined, then the highest unrefined ones in one batch (those at or above the level
+    and the next below it), never a singleton alone (its split starts from that bound itself);
+    and a refined bound only ever lowers a network's screen."""
+    from lucid.bab.anytime import AnytimeBounds
+    from lucid.bab.screening import RESIDUAL_REFINE_BATCH, ScreenBounds
+    from lucid.bab.session import Session
+    from lucid.bab.state import ClassState
+    from lucid.settings import VerifySettings
+
+    networks = 3 * RESIDUAL_REFINE_BATCH + 1
+    settings = VerifySettings(residual=4)
+    session = Session()
+    asked: list[np.ndarray] = []
+
+    def refine(cls, positions, level):
+        asked.append(np.array(positions))
+        return cs.screen[positions] - 0.5
+
+    screening = ScreenBounds(networks, settings, AnytimeBounds(settings, session), session,
+                             screen=lambda c, p: np.zeros(len(p)), refine=refine)
+    cs = ClassState(cls=0, residual_size=4, lower=0.0)
+    cs.screen = np.concatenate([[-np.inf], np.linspace(1.0, 2.0, networks - 1)])
+    everything = np.arange(1, networks)
+    cs.upper = 5.0  # no network reaches the level: nothing to refine
+    screening.refine(cs, everything)
+    assert asked == []
+    cs.upper = 1.9  # the top tenth reaches it: one batch, the highest first
+    before = cs.screen.copy()
+    screening.refine(cs, everything)
+    assert len(asked) == 1 and len(asked[0]) == RESIDUAL_REFINE_BATCH
+    assert set(asked[0]) == set(np.argsort(-before)[:RESIDUAL_REFINE_BATCH].tolist())
+    assert (cs.screen <= before).all() and (cs.screen[asked[0]] < before[asked[0]]).all()
+    screening.refine(cs, np.array([int(np.argmax(np.where(cs.refined, -np.inf, cs.screen)))]))  # a singleton
+    assert len(asked) == 1
+    cs.upper = 1.0 - 1e-9  # every network at or above the level: all the unrefined ones at once
+    screening.refine(cs, everything)
+    assert len(asked) == 2 and len(asked[1]) == networks - 1 - RESIDUAL_REFINE_BATCH
+    assert cs.refined[1:].all()

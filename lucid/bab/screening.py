@@ -21,6 +21,7 @@ RefineFn = Callable[[int, np.ndarray, float], np.ndarray]  # (class, positions, 
 
 
 REFINE_CHUNK = 512  # networks per call of the optimised screen (its own batch: the same bounds as one call)
+RESIDUAL_REFINE_BATCH = 128  # --residual M: networks per refinement once one at or above the level needs it
 REFINE_PROBE = 32  # with a time limit, the first call's networks: it measures the cost per network
 
 
@@ -63,8 +64,14 @@ class ScreenBounds:
             # Only networks at or above the residual level can lower it; the others are refined
             # when the level reaches them, if it does. Refining every network at a class's start
             # held the workers idle for minutes (Adult 4k 2x50: 107 s and 50 s for 3 000 networks
-            # on a loaded machine), and the singletons' split recomputes that bound anyway.
-            todo = todo[cs.screen[todo] >= cs.upper]
+            # on a loaded machine). A singleton's split starts from this bound itself. A call has
+            # a fixed cost (tens of ms, in this process, while finished workers wait for it), so
+            # the highest networks below the level come along, RESIDUAL_REFINE_BATCH in all.
+            if len(positions) == 1:
+                return
+            todo = todo[np.argsort(-cs.screen[todo], kind="stable")]
+            above = int((cs.screen[todo] >= cs.upper).sum())
+            todo = todo[: max(above, RESIDUAL_REFINE_BATCH)] if above else todo[:0]
         if not len(todo):
             return
         t0 = self.session.elapsed()
