@@ -11,11 +11,12 @@ summation order.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
 from lucid.errors import LucidError
+
 
 def conv1d_to_dense(weight: np.ndarray, bias: np.ndarray, length: int) -> tuple[np.ndarray, np.ndarray]:
     """Lower a valid, stride-1 1-D convolution to a dense layer.

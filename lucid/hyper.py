@@ -33,7 +33,7 @@ class HyperNetwork:
     def num_layers(self) -> int:
         return len(self.w_lo)
 
-    def join(self, other: "HyperNetwork") -> "HyperNetwork":
+    def join(self, other: HyperNetwork) -> HyperNetwork:
         """The hyper-network of both sets of networks: the union of their intervals."""
         return HyperNetwork([np.minimum(a, b) for a, b in zip(self.w_lo, other.w_lo)],
                             [np.maximum(a, b) for a, b in zip(self.w_hi, other.w_hi)],

@@ -11,9 +11,9 @@ witness replay never lose precision relative to the trained networks.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 from safetensors import safe_open
@@ -55,7 +55,7 @@ class NetworkStack:
         """[input, hidden..., output] widths."""
         return [self.input_dim] + [w.shape[1] for w in self.weights]
 
-    def select(self, index: Sequence[int] | np.ndarray | slice) -> "NetworkStack":
+    def select(self, index: Sequence[int] | np.ndarray | slice) -> NetworkStack:
         """The sub-stack of the given network positions (not row ids: use `positions_of`)."""
         idx = np.arange(len(self))[index] if isinstance(index, slice) else np.asarray(index, dtype=np.int64)
         if idx.ndim == 1 and len(idx) > 0 and np.all(np.diff(idx) == 1):

@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 from safetensors.numpy import load, save
@@ -55,7 +56,7 @@ class ClassResidual:
                 "bounds": [bound_entry_value(b, upper=True) for b in self.bounds]}
 
     @classmethod
-    def from_json(cls, obj: Any, where: str) -> "ClassResidual":
+    def from_json(cls, obj: Any, where: str) -> ClassResidual:
         """Read `to_json`'s form (a region's set, lucid/regions/tree.py); one-line LucidError otherwise."""
         if not isinstance(obj, dict):
             raise LucidError(f"{where} must be an object with level, positions and bounds")

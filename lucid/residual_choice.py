@@ -46,7 +46,7 @@ class ChoiceInputs:
 
     @classmethod
     def measure(cls, stack: NetworkStack, x: np.ndarray, source: str, lower: np.ndarray, upper: np.ndarray,
-                chunk: int = 256) -> "ChoiceInputs":
+                chunk: int = 256) -> ChoiceInputs:
         """Every network's label on `x` (network space, float64)."""
         x = np.asarray(x, dtype=np.float64)
         scores_n = stack.select(np.array([0])).forward(x)[0]

@@ -323,7 +323,7 @@ class VerifySettings:
         return parse_hyper(self.hyper)
 
     @classmethod
-    def from_options(cls, **options: Any) -> "VerifySettings":
+    def from_options(cls, **options: Any) -> VerifySettings:
         """From keyword options; an unknown name is one error line, not a TypeError."""
         return settings_from_options(cls, "verify", options)
 

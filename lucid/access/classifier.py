@@ -35,9 +35,10 @@ from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, ContextManager
+from typing import Any, ContextManager
 
 import numpy as np
 
@@ -165,7 +166,7 @@ class LabelOnlyClassifier:
 
     @classmethod
     def from_run(cls, path: str | Path, epsilon: float, memo: str | Path | MemoStore | None = None,
-                 options: ClassifierOptions | None = None) -> "LabelOnlyClassifier":
+                 options: ClassifierOptions | None = None) -> LabelOnlyClassifier:
         """Open a run directory. `memo`: a SQLite file path (persistent; use one in production), a
         `postgresql://` URL (a database several replicas share), an open memo (`Memo`,
         `PostgresMemo`), or None for an in-memory memo that is lost when the process exits.
@@ -299,7 +300,7 @@ class LabelOnlyClassifier:
         return "+".join(name for name, on in (("regions", self.regions is not None),
                                               ("residual", self.residual is not None)) if on) or "global"
 
-    def with_global_bounds(self) -> "LabelOnlyClassifier":
+    def with_global_bounds(self) -> LabelOnlyClassifier:
         """The same classifier answering with beta_c alone, without regions or residual check (the
         memo, the mechanism's source and the settings shared): `lucid evaluate`'s side-by-side
         comparison."""

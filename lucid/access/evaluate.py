@@ -19,8 +19,9 @@ from __future__ import annotations
 import hashlib
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 

@@ -14,7 +14,7 @@ import hmac
 import json
 import math
 import re
-from typing import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 from lucid.errors import LucidError
 
@@ -127,7 +127,7 @@ class HostCheck:
             raise LucidError("--allowed-hosts names no host")
 
     @classmethod
-    def default(cls, bound_host: str | None = None) -> "HostCheck":
+    def default(cls, bound_host: str | None = None) -> HostCheck:
         """The loopback names and, if given, the address the server is bound to."""
         names = list(LOOPBACK_HOSTS)
         if bound_host:

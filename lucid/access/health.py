@@ -46,7 +46,7 @@ class MemoHealth:
             threading.Thread(target=self._run, args=(loop, self._pending), name="lucid-health", daemon=True).start()
         try:
             ok = await asyncio.wait_for(asyncio.shield(self._pending), self.timeout + 0.5)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             ok = False
         self._last = (time.monotonic(), ok)
         if ok != self._reported:

@@ -39,9 +39,10 @@ from __future__ import annotations
 
 import math
 import sqlite3
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from lucid.errors import LucidError, non_negative_number
 
@@ -111,7 +112,8 @@ def optimal_composition(groups: Iterable[tuple[float, int]], delta: float) -> fl
     events = [(e, k) for e, k in events if e <= _TIGHT_MAX_EPSILON]
     if not events:
         return basic_rest
-    from dp_accounting.pld import common, privacy_loss_distribution as pld
+    from dp_accounting.pld import common
+    from dp_accounting.pld import privacy_loss_distribution as pld
 
     smallest = min(e for e, _ in events)
     step = _grid_step(smallest, 1 if len({e for e, _ in events}) == 1 else _MIXED_GRID)

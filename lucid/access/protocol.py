@@ -70,7 +70,8 @@ import json
 import re
 import ssl
 from asyncio import sslproto
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -135,7 +136,7 @@ class _AnswerTransport:
     which uvicorn calls after an answer that ends the connection, leaves the choice between closing
     and dropping the rest of an unread body to the protocol."""
 
-    def __init__(self, protocol: "GuardedH11Protocol") -> None:
+    def __init__(self, protocol: GuardedH11Protocol) -> None:
         self._protocol = protocol
 
     def write(self, data: bytes) -> None:
@@ -159,13 +160,13 @@ class GuardedH11Protocol(H11Protocol):
     transport_options: ServeTransport = ServeTransport()
     # The open connections of each client address (client_group; "" for those not counted per address:
     # a Unix socket, a trusted proxy), oldest first, in this process; one dict per bound class.
-    members: dict[str, dict["GuardedH11Protocol", None]] = {}
+    members: dict[str, dict[GuardedH11Protocol, None]] = {}
     # The connections now idle, longest idle first (a dict keeps insertion order); one per bound class.
-    idle: dict["GuardedH11Protocol", None] = {}
+    idle: dict[GuardedH11Protocol, None] = {}
     # Connections closed by this process whose close uvicorn has not seen yet (still in `connections`).
-    closing: dict["GuardedH11Protocol", None] = {}
+    closing: dict[GuardedH11Protocol, None] = {}
     # Connections whose next request was pipelined behind an answer, waiting their turn, oldest first.
-    waiting: dict["GuardedH11Protocol", None] = {}
+    waiting: dict[GuardedH11Protocol, None] = {}
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -215,7 +216,7 @@ class GuardedH11Protocol(H11Protocol):
         return False
 
     @staticmethod
-    def _victim(connections: dict["GuardedH11Protocol", None]) -> "GuardedH11Protocol | None":
+    def _victim(connections: dict[GuardedH11Protocol, None]) -> GuardedH11Protocol | None:
         """Of one address's connections: the one idle longest, else the oldest partial request (a head
         or a body still arriving, no answer begun), else None."""
         idle = partial = None

@@ -57,10 +57,11 @@ import math
 import threading
 import time
 from collections import deque
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 from fastapi import FastAPI, Request
@@ -68,8 +69,18 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from lucid.access.classifier import LabelOnlyClassifier
-from lucid.access.guard import (NOT_JSON_MEDIA, UNKNOWN_HOST, BadJson, HostCheck, RequestRate, TooLarge,
-                                bearer_client, check_deadline_ms, input_pieces, is_json_media)
+from lucid.access.guard import (
+    NOT_JSON_MEDIA,
+    UNKNOWN_HOST,
+    BadJson,
+    HostCheck,
+    RequestRate,
+    TooLarge,
+    bearer_client,
+    check_deadline_ms,
+    input_pieces,
+    is_json_media,
+)
 from lucid.access.health import MemoHealth
 from lucid.access.ledger import DEFAULT_CLIENT, BudgetExceeded, check_client_name
 from lucid.access.memo import MemoUnavailable

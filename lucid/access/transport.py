@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import ipaddress
 import ssl
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Union
+from typing import Union
 
 from lucid.access.limits import client_group
 from lucid.errors import LucidError

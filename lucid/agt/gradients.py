@@ -86,7 +86,7 @@ class DenseBox:
     bu: list[torch.Tensor]
 
     @classmethod
-    def of_layers(cls, lower: dict[str, torch.Tensor], upper: dict[str, torch.Tensor], n_layers: int) -> "DenseBox":
+    def of_layers(cls, lower: dict[str, torch.Tensor], upper: dict[str, torch.Tensor], n_layers: int) -> DenseBox:
         """The box of `layers.0` .. `layers.{n_layers - 1}` of [lower, upper] (by safetensors name)."""
         w, b = [f"layers.{i}.weight" for i in range(n_layers)], [f"layers.{i}.bias" for i in range(n_layers)]
         return cls([lower[n] for n in w], [upper[n] for n in w], [lower[n] for n in b], [upper[n] for n in b])

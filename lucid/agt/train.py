@@ -24,8 +24,8 @@ batches of an epoch, k rows in all. `abstract_train` checks that the orders are 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -81,8 +81,8 @@ def abstract_train(
     k: int,
     max_width: float = DEFAULT_MAX_WIDTH,
     update: str = "zonotope",
-    on_epoch: Callable[[int, "AgtBox"], None] | None = None,
-    on_step: Callable[[int, int, "AgtBox"], None] | None = None,
+    on_epoch: Callable[[int, AgtBox], None] | None = None,
+    on_step: Callable[[int, int, AgtBox], None] | None = None,
 ) -> AgtBox:
     """The k-removal parameter box of T (`sgd`) run on `inputs` (initial parameters, rows, batch orders).
 

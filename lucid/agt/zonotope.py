@@ -51,7 +51,6 @@ from lucid.agt.gradients import RowBounds, affine_nonneg, product_nonneg, remova
 from lucid.agt.last_layer import LastLayerStep, enclose
 from lucid.agt.rounding import ETA, SOFTMAX_ULPS, U, gamma, outward, update_radius
 
-
 FOLD_ELEMENTS = 20_000_000  # fold an epoch's removal effects early beyond this many stored numbers
 
 
@@ -65,7 +64,7 @@ class Zonotope:
     removals: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
 
     @classmethod
-    def from_box(cls, lo: torch.Tensor, hi: torch.Tensor) -> "Zonotope":
+    def from_box(cls, lo: torch.Tensor, hi: torch.Tensor) -> Zonotope:
         """The box [lo, hi] ([C, J + 1]) as a zonotope (rounded outward)."""
         lo, hi = lo.flatten(), hi.flatten()
         mid = (lo + hi) / 2

@@ -16,14 +16,13 @@ from dataclasses import replace
 
 import numpy as np
 
-from lucid.errors import LucidError
-from lucid.hyper import HyperNetwork
-from lucid.analysis.encode import EncoderInputs, encode_idp
+from lucid.analysis.encode import EncoderInputs, encode_idp, possible_targets
 from lucid.analysis.milp_tier import SolveContext, model_info, solve_once
-from lucid.analysis.encode import possible_targets
 from lucid.analysis.outcome import NodeOutcome, combine_outcome
 from lucid.analysis.problem import VerificationProblem, node_difference_bounds
 from lucid.analysis.soundness import slack
+from lucid.errors import LucidError
+from lucid.hyper import HyperNetwork
 from lucid.settings import VerifySettings
 from lucid.solvers.base import INFEASIBLE, SolverOptions
 from lucid.witness.replay import LeakWitness

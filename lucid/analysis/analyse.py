@@ -19,13 +19,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from lucid.analysis.time_shares import NodeTimeShares
 from lucid.analysis.domain_lp import DomainLp
 from lucid.analysis.kept_trees import KEPT, KeptTree
 from lucid.analysis.milp_tier import FinalMilp, GroupBound, GroupPlan, NodeModels, SolveContext, final_solve
 from lucid.analysis.outcome import NodeOutcome, combine_outcome, with_leak
 from lucid.analysis.problem import VerificationProblem
 from lucid.analysis.soundness import slack
+from lucid.analysis.time_shares import NodeTimeShares
 from lucid.bounds.split_options import SplitLimits, SplitOptions
 from lucid.rundir import decode_float, encode_float
 from lucid.settings import EncodingOptions, VerifySettings, split_space_for

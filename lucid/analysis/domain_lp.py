@@ -20,10 +20,10 @@ import math
 
 import numpy as np
 
-from lucid.bounds.lp import dual_bound, proves_empty
-from lucid.hyper import hyper_network
 from lucid.analysis.encode import EncoderInputs, EncodingOptions, encode_idp
 from lucid.analysis.problem import VerificationProblem, node_difference_bounds
+from lucid.bounds.lp import dual_bound, proves_empty
+from lucid.hyper import hyper_network
 
 
 class DomainLp:

@@ -20,12 +20,12 @@ import numpy as np
 from lucid.bounds.difference import DifferenceBounds
 from lucid.bounds.interval import LayerBounds, widen
 from lucid.dynamic_range import outside_band
+from lucid.hyper import HyperNetwork
 from lucid.milp.builder import ModelBuilder
 from lucid.milp.matching import ReluColumns, add_matching, add_relu_coupling, implied_post_rows
 from lucid.milp.model import MilpModel
 from lucid.milp.relax import relax_if_similar
 from lucid.milp.relu import encode_relu, stability
-from lucid.hyper import HyperNetwork
 from lucid.settings import EncodingOptions
 
 
@@ -46,7 +46,7 @@ class EncoderInputs:
 
     @classmethod
     def for_node(cls, problem, hyper: HyperNetwork, diff: DifferenceBounds,
-                 n_bounds: LayerBounds | None = None) -> "EncoderInputs":
+                 n_bounds: LayerBounds | None = None) -> EncoderInputs:
         """A `VerificationProblem`'s N, box and margin bounds with a node's hyper-network and
         difference bounds; n_bounds: N's bounds (tightened for the node), the problem's by default."""
         return cls(problem.n_weights, problem.n_biases, problem.n_bounds if n_bounds is None else n_bounds, hyper,

@@ -20,16 +20,16 @@ import numpy as np
 # solve and climb are looked up through their modules at call time, so a test can count them.
 import lucid.solvers as solvers
 import lucid.witness.replay as replay
+from lucid.analysis.encode import EncoderInputs, encode_idp, possible_targets
+from lucid.analysis.kept_trees import KEPT, KeptTree
+from lucid.analysis.problem import VerificationProblem, node_difference_bounds
+from lucid.analysis.soundness import contradicts, retry_other, slack, solve_checked, user_bound
+from lucid.analysis.time_shares import NodeTimeShares
 from lucid.bounds.difference import DifferenceBounds
 from lucid.bounds.interval import FP_REL, LayerBounds
 from lucid.bounds.obbt import tighten_node_bounds
 from lucid.hyper import HyperNetwork, hyper_network
 from lucid.milp.model import MilpModel
-from lucid.analysis.time_shares import NodeTimeShares
-from lucid.analysis.encode import EncoderInputs, encode_idp, possible_targets
-from lucid.analysis.kept_trees import KEPT, KeptTree
-from lucid.analysis.problem import VerificationProblem, node_difference_bounds
-from lucid.analysis.soundness import contradicts, retry_other, slack, solve_checked, user_bound
 from lucid.rundir import encode_float
 from lucid.settings import EncodingOptions
 from lucid.solvers.base import ERROR, INFEASIBLE, OPTIMAL, TIME_LIMIT, SolveResult, SolverOptions
@@ -93,7 +93,7 @@ class NodeModels:
 
     @classmethod
     def build(cls, problem: VerificationProblem, c: int, positions: np.ndarray, encoding: EncodingOptions,
-              solver: str, cutoff: float) -> "NodeModels":
+              solver: str, cutoff: float) -> NodeModels:
         hyper = hyper_network(problem.stack, positions)
         diff = node_difference_bounds(problem, hyper, positions if encoding.symbolic else None)
         return cls(problem, c, positions, hyper, diff, possible_targets(c, diff.hyper), encoding, solver, cutoff)

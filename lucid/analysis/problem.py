@@ -13,15 +13,15 @@ from pathlib import Path
 
 import numpy as np
 
+from lucid.analysis.scaling import hidden_scales, rescale_stack
 from lucid.atomic import write_atomic
 from lucid.bounds.difference import DifferenceBounds, WeightIntervals, difference_bounds, intersect_differences
 from lucid.bounds.interval import LayerBounds, interval_bounds, interval_margin_upper
 from lucid.bounds.pair import PairProblem
+from lucid.dynamic_range import check_dynamic_range
 from lucid.errors import LucidError
 from lucid.hyper import HyperNetwork, stack_hull
 from lucid.network import NetworkStack
-from lucid.analysis.scaling import hidden_scales, rescale_stack
-from lucid.dynamic_range import check_dynamic_range
 from lucid.network_cache import mapped_networks
 from lucid.settings import BOUND_METHODS
 
@@ -55,14 +55,14 @@ class VerificationProblem:
         return [b[0] for b in self.stack.biases]
 
     @classmethod
-    def from_stack(cls, stack: NetworkStack, lower: np.ndarray, upper: np.ndarray, bounds: str = "lp") -> "VerificationProblem":
+    def from_stack(cls, stack: NetworkStack, lower: np.ndarray, upper: np.ndarray, bounds: str = "lp") -> VerificationProblem:
         lower, upper = _check_domain(stack, lower, upper)
         stack, scales = _rescaled(stack, lower, upper)
         n_bounds, margin = compute_n_bounds(stack, lower, upper, bounds)
         return cls(stack, lower, upper, n_bounds, margin, bounds, neuron_scales=scales)
 
     @classmethod
-    def from_run(cls, run, bounds: str = "lp", with_points: bool = False) -> "VerificationProblem":
+    def from_run(cls, run, bounds: str = "lp", with_points: bool = False) -> VerificationProblem:
         """Load the run's networks and N's bounds (cached in RUN/cache/, keyed by content);
         `with_points`: also the training inputs, for the witness search."""
         points = None

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from lucid.analysis.problem import VerificationProblem
 from lucid.bounds.difference import WeightIntervals, difference_bounds
 from lucid.bounds.interval import FP_REL
-from lucid.analysis.problem import VerificationProblem
 
 
 def screen_upper_bounds(problem: VerificationProblem, cls: int, positions: np.ndarray, chunk: int = 128) -> np.ndarray:

@@ -18,9 +18,9 @@ import numpy as np
 from lucid.errors import UnsoundSolverResult
 from lucid.milp.model import MilpModel
 from lucid.network import UNIT_ROUNDOFF, float_gamma
-from lucid.witness.replay import LeakWitness
 from lucid.solvers.base import ERROR, SolveResult, SolverOptions
 from lucid.solvers.registry import fallback_order
+from lucid.witness.replay import LeakWitness
 
 log = logging.getLogger(__name__)
 

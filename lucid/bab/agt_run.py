@@ -15,12 +15,12 @@ import numpy as np
 
 # analyse_parameter_box is looked up through its module at call time, so a test can substitute it.
 import lucid.analysis.agt_box as box_analysis
-from lucid.bab.lifecycle import VerificationRun, Verified
-from lucid.errors import LucidError
-from lucid.analysis.time_shares import parameter_box_class_time_limit
 from lucid.analysis.problem import VerificationProblem
 from lucid.analysis.scaling import rescale_hyper
+from lucid.analysis.time_shares import parameter_box_class_time_limit
+from lucid.bab.lifecycle import VerificationRun, Verified
 from lucid.dynamic_range import check_dynamic_range
+from lucid.errors import LucidError
 from lucid.rundir import bound_entry_value
 from lucid.solvers.base import ERROR, INFEASIBLE, OPTIMAL, TIME_LIMIT
 from lucid.witness.search import search_class_witness

@@ -23,7 +23,7 @@ class LiveDisplay:
         self.title = title
         self._engine = None
 
-    def __enter__(self) -> "LiveDisplay":
+    def __enter__(self) -> LiveDisplay:
         if self.enabled:
             from rich.console import Console
             from rich.live import Live
@@ -32,7 +32,7 @@ class LiveDisplay:
             self._live.__enter__()
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self._live is not None:
             if self._engine is not None:
                 self._live.update(render(self._engine, self.title))

@@ -15,8 +15,9 @@ import json
 import math
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 LOG_FILE = "verify.log.jsonl"
 
@@ -52,10 +53,10 @@ class EventLog:
         self._fh.flush()
         return record
 
-    def __enter__(self) -> "EventLog":
+    def __enter__(self) -> EventLog:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def close(self) -> None:

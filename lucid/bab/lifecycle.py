@@ -10,10 +10,11 @@ event, SIGTERM as Ctrl-C (the checkpoint is saved, then the interrupt goes on), 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, Protocol
 
 from lucid.bab.checkpoint import CHECKPOINT_FILE, load_checkpoint, run_fingerprint, save_checkpoint
 from lucid.bab.events import LOG_FILE, EventLog
@@ -37,7 +38,7 @@ class Verified:
 
 
 class Strategy(Protocol):
-    def verify(self, run: "VerificationRun") -> Verified:
+    def verify(self, run: VerificationRun) -> Verified:
         """Bound the run's classes; calls `run.start` once its set-up has failed or succeeded."""
         ...
 

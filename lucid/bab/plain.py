@@ -22,22 +22,20 @@ import lucid.bab.display as live_display
 import lucid.bab.engine as bab_engine
 import lucid.bab.workers as executors
 import lucid.witness.search as witness_search
-from lucid.bab.events import LOG_FILE, EventLog, read_events
-from lucid.bab.lifecycle import VerificationRun, Verified
+from lucid.analysis.problem import VerificationProblem
+from lucid.analysis.screen import Screen
+from lucid.bab.events import LOG_FILE, read_events
 from lucid.bab.hooks import EngineHooks
+from lucid.bab.lifecycle import VerificationRun, Verified
 from lucid.bab.order_statistic import SizeChooser, leak_outside, residual_set
 from lucid.bab.partition import FlatParameters
 from lucid.bab.state import ClassState
-from lucid.deadline import Deadline
 from lucid.errors import LucidError
-from lucid.analysis.problem import VerificationProblem
-from lucid.analysis.screen import Screen
 from lucid.residual import ClassResidual, write_residual
 from lucid.residual_choice import ChoiceInputs
-from lucid.settings import RESIDUAL_AUTO
-from lucid.witness.network_leaks import NetworkLeaks
 from lucid.rundir import bound_entry_value, read_public_inputs
-from lucid.settings import VerifySettings
+from lucid.settings import RESIDUAL_AUTO, VerifySettings
+from lucid.witness.network_leaks import NetworkLeaks
 
 
 class BranchAndBound:

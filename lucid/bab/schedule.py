@@ -14,6 +14,7 @@ from __future__ import annotations
 import heapq
 import math
 
+from lucid.analysis.time_shares import attempt_time_limit, node_limit
 from lucid.bab.anytime import AnytimeBounds
 from lucid.bab.node import FINAL, OPEN, PENDING, RUNNING, SETTLED, STUCK, Node
 from lucid.bab.order_statistic import known_member, relevant, set_aside
@@ -21,7 +22,6 @@ from lucid.bab.screening import ScreenBounds
 from lucid.bab.session import Session
 from lucid.bab.state import INF, ClassState
 from lucid.bab.workers import Executor
-from lucid.analysis.time_shares import attempt_time_limit, node_limit
 from lucid.settings import VerifySettings
 
 # Without --time-limit, an unproved singleton gets this many attempts, then keeps its sound bound.

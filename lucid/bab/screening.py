@@ -7,7 +7,7 @@ of the networks a node is about to solve that are still above the class's cutoff
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import signal
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from lucid.bab.events import EventLog
 from lucid.deadline import Deadline

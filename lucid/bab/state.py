@@ -84,7 +84,7 @@ class ClassState:
         }
 
     @classmethod
-    def from_json(cls, c: int, obj: dict) -> "ClassState":
+    def from_json(cls, c: int, obj: dict) -> ClassState:
         cs = cls(
             cls=c,
             next_id=int(obj["next_id"]),

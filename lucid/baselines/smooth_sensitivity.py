@@ -36,14 +36,14 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 
+from lucid.access.mechanism import check_epsilon
 from lucid.agt import AgtDiverged, abstract_train
 from lucid.agt.stability import stable_distances
-from lucid.access.mechanism import check_epsilon
 from lucid.baselines.common import BaselineResult, Dataset, TrainConfig
 from lucid.baselines.models import parse_architecture
 from lucid.baselines.subsample_aggregate import disjoint_parts

@@ -13,7 +13,7 @@ Training happens once per T; every eps reuses the same votes and reports the sam
 from __future__ import annotations
 
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 from scipy.special import softmax

@@ -14,13 +14,20 @@ batch axis (one hyper-network per entry), which `screen` uses for every singleto
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
-from lucid.bounds.interval import (LayerBounds, affine_interval, interval_matvec, matvec, point_matvec, rounding_pad,
-                                  widen)
+from lucid.bounds.interval import (
+    LayerBounds,
+    affine_interval,
+    interval_matvec,
+    matvec,
+    point_matvec,
+    rounding_pad,
+    widen,
+)
 from lucid.hyper import HyperNetwork
 
 
@@ -45,12 +52,12 @@ class WeightIntervals:
     b_hi: Sequence[np.ndarray]
 
     @classmethod
-    def points(cls, weights: Sequence[np.ndarray], biases: Sequence[np.ndarray]) -> "WeightIntervals":
+    def points(cls, weights: Sequence[np.ndarray], biases: Sequence[np.ndarray]) -> WeightIntervals:
         """Single networks: each interval is the point itself."""
         return cls(weights, weights, biases, biases)
 
     @classmethod
-    def of(cls, hyper: HyperNetwork) -> "WeightIntervals":
+    def of(cls, hyper: HyperNetwork) -> WeightIntervals:
         """A `lucid.hyper.HyperNetwork`'s intervals."""
         return cls(hyper.w_lo, hyper.w_hi, hyper.b_lo, hyper.b_hi)
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import heapq
 import math
 import time
+
 import numpy as np
 
 from lucid.bounds.interval import interval_bounds, interval_margin_upper

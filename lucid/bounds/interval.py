@@ -35,13 +35,13 @@ class LayerBounds:
         return out
 
     @classmethod
-    def from_arrays(cls, arrays: dict, num_layers: int, prefix: str = "") -> "LayerBounds":
+    def from_arrays(cls, arrays: dict, num_layers: int, prefix: str = "") -> LayerBounds:
         return cls(
             [np.asarray(arrays[f"{prefix}lower.{i}"]) for i in range(num_layers)],
             [np.asarray(arrays[f"{prefix}upper.{i}"]) for i in range(num_layers)],
         )
 
-    def intersect(self, other: "LayerBounds") -> "LayerBounds":
+    def intersect(self, other: LayerBounds) -> LayerBounds:
         return LayerBounds(
             [np.maximum(a, b) for a, b in zip(self.lower, other.lower)],
             [np.minimum(a, b) for a, b in zip(self.upper, other.upper)],

@@ -283,7 +283,7 @@ class JointSystem:
             return self.aW[k], self.adW[k], self.aWp[k], self.ab[k], self.adb[k]
         return self.W[k], self.dW[k], self.Wp[k], self.b[k], self.db[k]
 
-    def select(self, idx, light: bool = False) -> "JointSystem":
+    def select(self, idx, light: bool = False) -> JointSystem:
         """The same system for the networks idx (repeats allowed; a shallow copy sharing N's tensors).
         light: only what `backward` needs (no magnitude passes, no intervals)."""
         ix = torch.as_tensor(np.asarray(idx, dtype=np.int64), device=self.device)

@@ -35,7 +35,6 @@ from lucid.bounds.symbolic import ScreenOptions, singleton_upper_bounds
 from lucid.witness.gradient import gradient_search
 from lucid.witness.replay import LeakQuery, climb
 
-
 LEAF_STEPS = 200  # Adam steps for a domain with nothing left to split (its bound is then final)
 LEAK_STARTS = 4  # leak searches from the highest open domains of an unproved network
 TRACE_EVERY = 1.0  # seconds between two points of a search's recorded bound
@@ -104,7 +103,7 @@ class _Network:
     trace: list[tuple[float, float]] = field(default_factory=list)
 
     @classmethod
-    def start(cls, control: SplitControl) -> "_Network":
+    def start(cls, control: SplitControl) -> _Network:
         return cls(time.perf_counter(), None if control.checkpoint is None else _Checkpoint(*control.checkpoint),
                    None if control.extension is None else _Extension(*control.extension), control.stop,
                    control.domain_bound)

@@ -40,13 +40,13 @@ class _Domains:
     def __len__(self) -> int:
         return len(self.bound)
 
-    def take(self, idx: torch.Tensor) -> "_Domains":
+    def take(self, idx: torch.Tensor) -> _Domains:
         pick = lambda xs: [x[idx] for x in xs]  # noqa: E731
         return _Domains(pick(self.sn), pick(self.sp), self.lam[idx], pick(self.alpha), pick(self.beta_n),
                         pick(self.beta_p), self.mu[idx], self.x[idx], self.bound[idx], self.choice[idx])
 
     @staticmethod
-    def cat(parts: list["_Domains"]) -> "_Domains":
+    def cat(parts: list[_Domains]) -> _Domains:
         parts = [p for p in parts if len(p)] or parts[:1]
         join = lambda name: [torch.cat([getattr(p, name)[k] for p in parts]) for k in range(len(getattr(parts[0], name)))]  # noqa: E731
         flat = lambda name: torch.cat([getattr(p, name) for p in parts])  # noqa: E731

@@ -48,8 +48,15 @@ import torch
 from lucid.adam import Adam
 from lucid.bounds.interval import FP_ABS
 from lucid.bounds.joint import JointSystem, _np, projected_adam_step
-from lucid.bounds.relaxation import (DTYPE, Relaxation, all_stable, consistent, difference_relaxation, outward_pad,
-                                     relu_relaxation)
+from lucid.bounds.relaxation import (
+    DTYPE,
+    Relaxation,
+    all_stable,
+    consistent,
+    difference_relaxation,
+    outward_pad,
+    relu_relaxation,
+)
 from lucid.bounds.split_domains import _Domains, _signs, children, choose_neuron, root_domain
 from lucid.bounds.split_options import SplitOptions
 from lucid.bounds.symbolic import _simplex

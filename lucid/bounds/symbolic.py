@@ -126,7 +126,7 @@ class ScreenOptions:
     chunk: int = 512
 
     @classmethod
-    def optimised(cls, device: str = "cpu") -> "ScreenOptions":
+    def optimised(cls, device: str = "cpu") -> ScreenOptions:
         """The optimised screen's: OPTIMISE_STEPS Adam steps from lambda = 1 and CROWN's slopes."""
         return cls(steps=OPTIMISE_STEPS, device=device)
 

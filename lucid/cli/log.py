@@ -261,8 +261,8 @@ def command(run_dir: Path, follow: bool, plot_path: Path | None, features: str |
 
 def _write_plot(run_dir: Path, events: list[dict], regions: RegionView | None, plot_path: Path,
                 features: str | None, cls: int | None) -> None:
-    from lucid.regions.report import plot_regions
     from lucid.bab.report import plot_curves
+    from lucid.regions.report import plot_regions
 
     if regions is None:
         if features is not None or cls is not None:  # a --regions run with no box logged yet

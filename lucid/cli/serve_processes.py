@@ -20,8 +20,9 @@ import signal
 import socket
 import sys
 import traceback
+from collections.abc import Callable
 from types import FrameType
-from typing import Any, Callable
+from typing import Any
 
 import click
 

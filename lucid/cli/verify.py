@@ -7,8 +7,15 @@ from typing import Any
 import click
 
 from lucid.option_fields import default_of
-from lucid.settings import (DEFAULT_MAX_RESIDUAL, DEFAULT_SCREEN, INPUT_SPLIT_MAX_DIM, INPUT_SPLIT_MIN_NEURONS,
-                            RESIDUAL_AUTO, SPLIT_SPACES, VerifySettings)
+from lucid.settings import (
+    DEFAULT_MAX_RESIDUAL,
+    DEFAULT_SCREEN,
+    INPUT_SPLIT_MAX_DIM,
+    INPUT_SPLIT_MIN_NEURONS,
+    RESIDUAL_AUTO,
+    SPLIT_SPACES,
+    VerifySettings,
+)
 
 
 def _default(name: str) -> Any:

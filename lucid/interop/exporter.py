@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 
 from lucid.atomic import read_json, write_json_atomic, write_text_atomic
-from lucid.errors import LucidError
 from lucid.convolution import conv2d_layers, conv2d_output_hw
+from lucid.errors import LucidError
 from lucid.interop.dense import ConvLayer, DenseNet, exact_float32
 from lucid.interop.onnx_write import joint_model, network_model, save_model
 from lucid.interop.provenance import NetworksDigest, origin_record

@@ -190,8 +190,8 @@ def import_run(manifest_path: str | Path, data_path: str | Path, out: str | Path
                              f"(the networks' output index), got {int(y.min())}..{int(y.max())}")
     domain, from_data = domain_of(manifest, data, d)
     meta = {
-        "format": RUN_FORMAT, "num_classes": num_classes, "input_dim": d, "train_size": int(len(data.y_train)),
-        "test_size": int(len(data.y_test)), "domain": domain,
+        "format": RUN_FORMAT, "num_classes": num_classes, "input_dim": d, "train_size": len(data.y_train),
+        "test_size": len(data.y_test), "domain": domain,
         # a 2-D CNN stays one (its kernels stored, lowered as `lucid train`'s are); any other as dense layers
         "architecture": n.cnn2d() or {"type": "mlp", "hidden": sizes[1:-1]},
         "training": {"algorithm": EXTERNAL_ALGORITHM, **manifest.training},

@@ -24,20 +24,20 @@ import lucid.bab.display as live_display
 import lucid.bab.engine as bab_engine
 import lucid.bab.workers as executors
 import lucid.witness.search as witness_search
+from lucid.analysis.problem import VerificationProblem
+from lucid.analysis.scaling import rescale_stack
+from lucid.analysis.screen import Screen
 from lucid.bab.events import EventLog
 from lucid.bab.hooks import EngineHooks
 from lucid.bab.order_statistic import residual_set
 from lucid.bab.partition import FlatParameters
-from lucid.witness.network_leaks import NetworkLeaks
 from lucid.bab.state import ClassState
-from lucid.analysis.problem import VerificationProblem
-from lucid.analysis.scaling import rescale_stack
-from lucid.analysis.screen import Screen
 from lucid.deadline import Deadline
 from lucid.regions.tree import RegionTree
 from lucid.residual import split_off
 from lucid.rundir import bound_entry_value
 from lucid.settings import VerifySettings
+from lucid.witness.network_leaks import NetworkLeaks
 
 EXACT_TOLERANCE = 1e-6  # a bound within this (relative) of a leak in its box is that box's exact bound
 # Seconds a finished box's last analyses get to end before their workers are replaced (restarting

@@ -45,7 +45,7 @@ def read_regions(doc: Any, lower: np.ndarray, upper: np.ndarray, num_classes: in
                 feature, threshold = split["feature"], float(split["threshold"])
         except (KeyError, TypeError, ValueError):
             raise bad(f"has a malformed split at node {entry['id']}") from None
-        if "box" not in split and (isinstance(feature, bool) or not isinstance(feature, int)) \
+        if ("box" not in split and (isinstance(feature, bool) or not isinstance(feature, int))) \
                 or entry["id"] >= len(tree):
             raise bad(f"has a malformed split at node {entry['id']}")
         try:

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 import numpy as np
 
@@ -41,8 +40,18 @@ from lucid.bab.state import ClassState
 from lucid.deadline import Deadline
 from lucid.errors import LucidError
 from lucid.network import confidence
-from lucid.regions.choice import (box_owner, box_targets, box_time, box_to_continue, cheap_to_deepen, choose_leaf,
-                                  choose_split, noised_mask, screen_first, share)
+from lucid.regions.choice import (
+    box_owner,
+    box_targets,
+    box_time,
+    box_to_continue,
+    cheap_to_deepen,
+    choose_leaf,
+    choose_split,
+    noised_mask,
+    screen_first,
+    share,
+)
 from lucid.regions.one_box import EXACT_TOLERANCE, BoxVerifier
 from lucid.regions.reader import read_regions
 from lucid.regions.tree import RegionTree

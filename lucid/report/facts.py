@@ -9,8 +9,9 @@ number with the record it came from. Nothing here reads files or computes anythi
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import datetime as _dt
 import math
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -62,7 +63,7 @@ def gather_facts(
     training = _training(run)
     evaluation, eval_note = _evaluation(run, epsilons, seed, progress)
     return ReportFacts(
-        run=str(run.path), generated=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        run=str(run.path), generated=_dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         lucid_version=__version__, training=training, verification=verification, evaluation=evaluation,
         evaluation_note=eval_note, baselines=base, baselines_note=base_note, ledger=ledger, ledger_note=ledger_note,
     )

@@ -34,16 +34,16 @@ from pathlib import Path
 
 import numpy as np
 
-from lucid.milp.model import MilpModel
 from lucid.errors import SolverError
-from lucid.solvers.solution_check import REPLAY_TOLERANCE, replay_solution
+from lucid.milp.model import MilpModel
 from lucid.solvers.base import ERROR, INFEASIBLE, OPTIMAL, TIME_LIMIT, SolveResult, SolverOptions
+from lucid.solvers.solution_check import REPLAY_TOLERANCE, replay_solution
 
 _NUM = r"([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)"
 _PARTIAL = re.compile(r"Partial search - best objective \S+ \(best possible " + _NUM + r"\)")
 _PARTIAL_BEST = re.compile(r"Partial search - best objective " + _NUM)
 _COMPLETED = re.compile(r"Search completed - best objective " + _NUM)
-_RESULT = re.compile(r"^Result - (.*)$", re.M)
+_RESULT = re.compile(r"^Result - (.*)$", re.MULTILINE)
 _NODES = re.compile(r"Enumerated nodes:\s+(\d+)")
 _SOL_HEADER = re.compile(r"objective value " + _NUM)
 

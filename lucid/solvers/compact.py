@@ -16,8 +16,8 @@ set contains the original's and its dual bound stays an upper bound on the origi
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Callable
 
 import numpy as np
 import scipy.sparse as sp

@@ -14,10 +14,10 @@ import time
 import numpy as np
 import scipy.sparse as sp
 
-from lucid.solvers.compact import inline_defined_columns
-from lucid.milp.model import MilpModel
 from lucid.errors import SolverError
+from lucid.milp.model import MilpModel
 from lucid.solvers.base import ERROR, INFEASIBLE, OPTIMAL, TIME_LIMIT, SolveResult, SolverOptions
+from lucid.solvers.compact import inline_defined_columns
 
 SIZE_LIMIT_ERRNO = 10010  # "Model too large for size-limited license"
 

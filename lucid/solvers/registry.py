@@ -5,11 +5,11 @@ from __future__ import annotations
 import importlib.util
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
-from lucid.milp.model import MilpModel
 from lucid.errors import LucidError, SolverError, UnsoundSolverResult
+from lucid.milp.model import MilpModel
 from lucid.solvers.base import ERROR, INFEASIBLE, OPTIMAL, TIME_LIMIT, SolveResult, SolverOptions
 from lucid.solvers.solution_check import REPLAY_TOLERANCE, replay_solution
 

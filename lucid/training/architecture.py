@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import nn
 
-from lucid.errors import LucidError
 from lucid.convolution import conv2d_output_hw
+from lucid.errors import LucidError
 from lucid.training.layer_spec import is_layer_spec, parse_input_shape, parse_layer_spec
 
 CNN_SPEC = {"type": "cnn", "conv_channels": [6, 6], "kernel_size": 3, "hidden": [2]}

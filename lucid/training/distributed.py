@@ -11,7 +11,8 @@ another worker, which holds the inputs (a restarted one gets them again).
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 

@@ -17,14 +17,13 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from lucid.agt.store import AGT_FILE, save_boxes
 from lucid.cluster import connect
 from lucid.data import Dataset, prepare_dataset
-from lucid.rundir import RUN_FORMAT, trained_run_fingerprint
 from lucid.option_fields import settings_with_options
+from lucid.rundir import RUN_FORMAT, trained_run_fingerprint
 from lucid.sgd import TrainingInputs
 from lucid.training.agt_options import stage_agt_boxes
 from lucid.training.architecture import check_arch_fits, initial_parameters
@@ -180,8 +179,8 @@ def _run_json(ds: Dataset, spec: dict, training: dict) -> dict:
         "format": RUN_FORMAT,
         "num_classes": ds.num_classes,
         "input_dim": ds.input_dim,
-        "train_size": int(len(ds.y_train)),
-        "test_size": int(len(ds.y_test)),
+        "train_size": len(ds.y_train),
+        "test_size": len(ds.y_test),
         "domain": ds.domain,
         "architecture": spec,
         "training": training,

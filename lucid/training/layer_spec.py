@@ -15,10 +15,10 @@ layers alone is an MLP, recorded exactly as `--arch 20,20` is.
 from __future__ import annotations
 
 import re
-from typing import Sequence
+from collections.abc import Sequence
 
-from lucid.errors import LucidError
 from lucid.convolution import conv2d_output_hw, format_layer_spec
+from lucid.errors import LucidError
 
 USAGE = "use conv(out_channels, kernel, stride=1, pad=0) and fc(width), e.g. conv(8,3,pad=1),conv(8,3,stride=2),fc(32)"
 _LAYER = re.compile(r"\s*([a-z_][a-z0-9_]*)\s*\(([^()]*)\)\s*(?:,|$)")

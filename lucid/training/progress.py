@@ -14,7 +14,7 @@ class TrainingProgress:
         self._task = None
         self._description = description
 
-    def __enter__(self) -> "TrainingProgress":
+    def __enter__(self) -> TrainingProgress:
         if self.enabled:
             self._progress = Progress(
                 TextColumn("[bold]{task.description}"),

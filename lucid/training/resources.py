@@ -9,8 +9,8 @@ import math
 import os
 import sys
 
-from lucid.data import Dataset
 from lucid.convolution import conv2d_output_hw
+from lucid.data import Dataset
 
 MEMORY_BUDGET = 3 * 2**30  # bytes of working memory per chunk (stays under ~4 GiB with overheads)
 MAX_CHUNK = 64  # cache-friendly (benchmarks/results/idle_machine.md), and a fine resume granularity

@@ -106,7 +106,7 @@ class TrainSettings:
                 object.__setattr__(self, name, float(getattr(self, name)))
 
     @classmethod
-    def from_options(cls, **options: Any) -> "TrainSettings":
+    def from_options(cls, **options: Any) -> TrainSettings:
         """From keyword options; an unknown name is one error line, not a TypeError."""
         return settings_from_options(cls, "train", options)
 

@@ -16,8 +16,8 @@ from safetensors.numpy import load_file, save_file
 from lucid.agt.store import AGT_FILE
 from lucid.atomic import write_atomic, write_json_atomic
 from lucid.data import Dataset
-from lucid.errors import LucidError
 from lucid.dynamic_range import check_tensors_range
+from lucid.errors import LucidError
 from lucid.network import NETWORKS_FILE, diverged_message, non_finite
 
 

@@ -115,7 +115,7 @@ class NetworkLeaks:
         self._positions = {int(r): p for p, r in enumerate(stack.removed)}
 
     @classmethod
-    def of(cls, problem) -> "NetworkLeaks":
+    def of(cls, problem) -> NetworkLeaks:
         """Over a verification problem's networks, domain and training points (`lucid.analysis.problem`)."""
         return cls(problem.stack, problem.lower, problem.upper, problem.points)
 

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
-from typing import Any, ContextManager, Iterable, Iterator, Protocol, Sequence
+from typing import Any, ContextManager, Protocol
 
 from lucid.errors import LucidError
 

@@ -115,7 +115,7 @@ class BoundsRecord:
         return json.dumps(listed if self.regions is None else {"regions": self.regions, "bounds": listed})
 
     @classmethod
-    def from_text(cls, text: str) -> "BoundsRecord":
+    def from_text(cls, text: str) -> BoundsRecord:
         doc = json.loads(text)
         regions = None
         if isinstance(doc, dict):

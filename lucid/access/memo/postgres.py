@@ -34,8 +34,9 @@ e.g. `?options=-csearch_path%3Dlucid`): give each served run its own database or
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import psycopg

@@ -22,15 +22,24 @@ from __future__ import annotations
 
 import itertools
 import time
-from typing import Protocol, Sequence, runtime_checkable
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
 from lucid.access.ledger import ALL_CLIENTS, BudgetExceeded, ledger_of
 from lucid.access.memo.backend import Session, SqlBackend
 from lucid.access.memo.budget import client_refusal, draw_on, total_refusal
-from lucid.access.memo.metadata import (MEMO_FORMAT, OLD_FORMATS, BoundsRecord, bind_bounds, bind_epsilon,
-                                        check_fingerprint, new_meta, refuse_other_epsilon)
+from lucid.access.memo.metadata import (
+    MEMO_FORMAT,
+    OLD_FORMATS,
+    BoundsRecord,
+    bind_bounds,
+    bind_epsilon,
+    check_fingerprint,
+    new_meta,
+    refuse_other_epsilon,
+)
 from lucid.access.memo.request import Batch, Charge, Proposals
 from lucid.access.memo.turns import Turn, answer_in_turns
 from lucid.errors import LucidError
@@ -65,7 +74,7 @@ class MemoStore(Protocol):
     def epsilon(self) -> float | None: ...
 
     def bind(self, epsilon: float, bounds: np.ndarray | BoundsRecord | None = None,
-             fingerprint: str | None = None) -> "MemoStore": ...
+             fingerprint: str | None = None) -> MemoStore: ...
 
     def get_or_put(self, keys: Sequence[bytes], proposals: Proposals, noised: np.ndarray | None = None,
                    charge: Charge | None = None, turn: Turn | None = None) -> np.ndarray: ...
@@ -101,7 +110,7 @@ class SqlMemo(SqlBackend):
         self._evict(db, int(meta["count"]))
 
     def bind(self, epsilon: float, bounds: np.ndarray | BoundsRecord | None = None,
-             fingerprint: str | None = None) -> "SqlMemo":
+             fingerprint: str | None = None) -> SqlMemo:
         """Tie this memo to the epsilon (and bounds, and N) it answers with, or refuse in one line:
         a stored draw keeps the epsilon it was drawn with, so serving it under another epsilon
         would charge clients the wrong amount (lucid/access/memo/metadata.py). Returns the memo."""

@@ -15,7 +15,8 @@ after a crash, and the call raises.
 
 from __future__ import annotations
 
-from typing import Any, Callable, ContextManager
+from collections.abc import Callable
+from typing import Any, ContextManager
 
 import numpy as np
 
