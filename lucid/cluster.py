@@ -24,7 +24,6 @@ def _local_version() -> str:
     try:
         return importlib.metadata.version(DISTRIBUTION)
     except importlib.metadata.PackageNotFoundError:  # running from a source tree
-
         return lucid.__version__
 
 
@@ -97,5 +96,6 @@ def check_workers(client: Any, timeout: float = 30.0) -> None:
         if isinstance(version, BaseException):
             raise LucidError(f"Dask worker {worker} has no LUCID installed (pip install {DISTRIBUTION} there)")
         if version != mine:
-            raise LucidError(f"Dask worker {worker} runs LUCID {version}, this process {mine}; install the same "
-                             "version everywhere")
+            raise LucidError(
+                f"Dask worker {worker} runs LUCID {version}, this process {mine}; install the same version everywhere"
+            )

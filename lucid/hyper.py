@@ -35,11 +35,13 @@ class HyperNetwork:
 
     def join(self, other: HyperNetwork) -> HyperNetwork:
         """The hyper-network of both sets of networks: the union of their intervals."""
-        return HyperNetwork([np.minimum(a, b) for a, b in zip(self.w_lo, other.w_lo)],
-                            [np.maximum(a, b) for a, b in zip(self.w_hi, other.w_hi)],
-                            [np.minimum(a, b) for a, b in zip(self.b_lo, other.b_lo)],
-                            [np.maximum(a, b) for a, b in zip(self.b_hi, other.b_hi)],
-                            np.concatenate([self.positions, other.positions]))
+        return HyperNetwork(
+            [np.minimum(a, b) for a, b in zip(self.w_lo, other.w_lo)],
+            [np.maximum(a, b) for a, b in zip(self.w_hi, other.w_hi)],
+            [np.minimum(a, b) for a, b in zip(self.b_lo, other.b_lo)],
+            [np.maximum(a, b) for a, b in zip(self.b_hi, other.b_hi)],
+            np.concatenate([self.positions, other.positions]),
+        )
 
 
 def hyper_network(stack: NetworkStack, positions: np.ndarray | list[int]) -> HyperNetwork:
@@ -60,6 +62,10 @@ def hyper_network(stack: NetworkStack, positions: np.ndarray | list[int]) -> Hyp
 def stack_hull(stack: NetworkStack) -> HyperNetwork:
     """The hyper-network of every network of the stack, read in place: a reduction along the stack
     axis (memory-mapped networks are streamed, never copied as `hyper_network`'s indexing would)."""
-    return HyperNetwork([np.min(w, axis=0) for w in stack.weights], [np.max(w, axis=0) for w in stack.weights],
-                        [np.min(b, axis=0) for b in stack.biases], [np.max(b, axis=0) for b in stack.biases],
-                        np.arange(len(stack), dtype=np.int64))
+    return HyperNetwork(
+        [np.min(w, axis=0) for w in stack.weights],
+        [np.max(w, axis=0) for w in stack.weights],
+        [np.min(b, axis=0) for b in stack.biases],
+        [np.max(b, axis=0) for b in stack.biases],
+        np.arange(len(stack), dtype=np.int64),
+    )

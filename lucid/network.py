@@ -60,9 +60,7 @@ class NetworkStack:
         idx = np.arange(len(self))[index] if isinstance(index, slice) else np.asarray(index, dtype=np.int64)
         if idx.ndim == 1 and len(idx) > 0 and np.all(np.diff(idx) == 1):
             idx = slice(int(idx[0]), int(idx[-1]) + 1)  # one contiguous run (e.g. a BaB root): views, no copy
-        return NetworkStack(
-            [w[idx] for w in self.weights], [b[idx] for b in self.biases], self.removed[idx]
-        )
+        return NetworkStack([w[idx] for w in self.weights], [b[idx] for b in self.biases], self.removed[idx])
 
     def positions_of(self, removed_rows: Sequence[int] | np.ndarray) -> np.ndarray:
         """Positions in this stack of the networks trained without the given rows (-1 = N)."""
@@ -135,7 +133,7 @@ class NetworkStack:
         return np.concatenate(parts, axis=1)
 
 
-UNIT_ROUNDOFF = 2.0 ** -53
+UNIT_ROUNDOFF = 2.0**-53
 
 
 def float_gamma(n: int) -> float:
@@ -177,8 +175,10 @@ def diverged_message(count: int, total: int | None, first_removed: int) -> str:
     """The one line for networks with non-finite parameters (a diverged training run)."""
     which = "N (trained on every row)" if first_removed == -1 else f"the network without row {first_removed}"
     of = f" of {total}" if total is not None else ""
-    return (f"{count}{of} networks have non-finite parameters (NaN or infinity), "
-            f"among them {which}: training diverged; train again with a smaller --lr")
+    return (
+        f"{count}{of} networks have non-finite parameters (NaN or infinity), "
+        f"among them {which}: training diverged; train again with a smaller --lr"
+    )
 
 
 def stack_from_tensors(tensors: dict[str, np.ndarray], architecture: dict, input_dim: int) -> NetworkStack:
@@ -253,8 +253,10 @@ class NetworkFile:
             raise LucidError(f"cannot read {self.path}: {exc}") from None
         bad = sorted(name for name, count in counts.items() if count != len(self.removed))
         if bad:
-            raise LucidError(f"{NETWORKS_FILE} is inconsistent: {bad[0]} holds {counts[bad[0]]} networks, "
-                             f"'removed' {len(self.removed)}")
+            raise LucidError(
+                f"{NETWORKS_FILE} is inconsistent: {bad[0]} holds {counts[bad[0]]} networks, "
+                f"'removed' {len(self.removed)}"
+            )
         self._layer_sizes: list[int] | None = None
 
     def __len__(self) -> int:
@@ -293,8 +295,9 @@ class NetworkFile:
         start, stop, step = index.indices(len(self))
         if step != 1:
             raise ValueError("NetworkFile reads contiguous ranges only")
-        return stack_from_tensors(self.tensors(start, stop), self.meta.get("architecture", {}),
-                                  int(self.meta["input_dim"]))
+        return stack_from_tensors(
+            self.tensors(start, stop), self.meta.get("architecture", {}), int(self.meta["input_dim"])
+        )
 
     @property
     def layer_sizes(self) -> list[int]:

@@ -42,8 +42,11 @@ _HASH_BLOCK = 16 * 2**20
 def networks_key(run_dir: Path, meta: dict) -> str:
     """Digest of everything the float64 lowering depends on: the file's bytes and the architecture."""
     h = hashlib.sha256(CACHE_FORMAT.encode())
-    h.update(json.dumps({"architecture": meta.get("architecture", {}), "input_dim": meta.get("input_dim")},
-                        sort_keys=True).encode())
+    h.update(
+        json.dumps(
+            {"architecture": meta.get("architecture", {}), "input_dim": meta.get("input_dim")}, sort_keys=True
+        ).encode()
+    )
     with open(run_dir / NETWORKS_FILE, "rb") as fh:
         while block := fh.read(_HASH_BLOCK):
             h.update(block)
@@ -83,8 +86,12 @@ def _write_cache(source: NetworkFile, folder: Path) -> None:
     staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
     try:
         names = _names(len(first.weights))
-        outs = [np.lib.format.open_memmap(staging / f"{name}.npy", mode="w+", dtype=np.float64,
-                                          shape=(len(source),) + a.shape[1:]) for name, a in zip(names, arrays)]
+        outs = [
+            np.lib.format.open_memmap(
+                staging / f"{name}.npy", mode="w+", dtype=np.float64, shape=(len(source),) + a.shape[1:]
+            )
+            for name, a in zip(names, arrays)
+        ]
         for start in range(0, len(source), chunk):
             part = source.select(slice(start, min(len(source), start + chunk)))
             for out, a in zip(outs, [a for pair in zip(part.weights, part.biases) for a in pair]):

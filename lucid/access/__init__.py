@@ -2,13 +2,13 @@
 
 from lucid.access.classifier import ClassifierOptions, LabelOnlyClassifier
 from lucid.access.ledger import (
-                                 BudgetExceeded,
-                                 ClientTotals,
-                                 EpsilonPlan,
-                                 optimal_composition,
-                                 plan_epsilon,
-                                 read_ledger,
-                                 summarise,
+    BudgetExceeded,
+    ClientTotals,
+    EpsilonPlan,
+    optimal_composition,
+    plan_epsilon,
+    read_ledger,
+    summarise,
 )
 from lucid.access.mechanism import RandomSource, exponential_mechanism, true_label_probability
 from lucid.access.memo import Charge, Memo, MemoStore, open_memo

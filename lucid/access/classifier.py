@@ -101,8 +101,13 @@ class ClassifierOptions:
 class LabelOnlyClassifier:
     """Label-only access to N with iDP protection (see the module docstring)."""
 
-    def __init__(self, run: Run, epsilon: float, memo: str | Path | MemoStore | None = None,
-                 options: ClassifierOptions | None = None) -> None:
+    def __init__(
+        self,
+        run: Run,
+        epsilon: float,
+        memo: str | Path | MemoStore | None = None,
+        options: ClassifierOptions | None = None,
+    ) -> None:
         options = ClassifierOptions() if options is None else options
         self.run = run
         self.epsilon = check_epsilon(epsilon)
@@ -148,25 +153,42 @@ class LabelOnlyClassifier:
         self.residual: ResidualCheck | None = None
         if residual is not None:
             for k in range(len(residual.positions)):
-                check_network_range([w[k] for w in residual.stack.weights], [b[k] for b in residual.stack.biases],
-                                    lower, upper, f"{run.path}: residual network at position {residual.positions[k]}")
+                check_network_range(
+                    [w[k] for w in residual.stack.weights],
+                    [b[k] for b in residual.stack.biases],
+                    lower,
+                    upper,
+                    f"{run.path}: residual network at position {residual.positions[k]}",
+                )
             self.residual = ResidualCheck(residual, lower, upper, self.regions)
             self.residual_levels = residual.levels  # L_c per class (the report's Fig. 6 draws them)
             self.residual_thresholds = release_thresholds(residual.levels, self.confidence_error)
-            served = (BoundsRecord(residual.levels, f"residual:{residual.digest}") if self.regions is None else
-                      BoundsRecord(release,
-                                   f"residual:{residual.digest}:{self.regions.digest()}:{self.regions.sets_digest()}"))
+            served = (
+                BoundsRecord(residual.levels, f"residual:{residual.digest}")
+                if self.regions is None
+                else BoundsRecord(
+                    release, f"residual:{residual.digest}:{self.regions.digest()}:{self.regions.sets_digest()}"
+                )
+            )
         slack = _DOMAIN_TOLERANCE * np.maximum(1.0, np.maximum(np.abs(lower), np.abs(upper)))
         self._lower_tol, self._upper_tol = lower - slack, upper + slack
         # The memo records the epsilon and bounds of its draws and refuses others (memo/metadata.py).
         self.memo: MemoStore = (
-            memo.bind(self.epsilon, served, self.fingerprint) if isinstance(memo, MemoStore) else
-            open_memo(memo, max_size=options.memo_size, fingerprint=self.fingerprint, epsilon=self.epsilon,
-                      bounds=served))
+            memo.bind(self.epsilon, served, self.fingerprint)
+            if isinstance(memo, MemoStore)
+            else open_memo(
+                memo, max_size=options.memo_size, fingerprint=self.fingerprint, epsilon=self.epsilon, bounds=served
+            )
+        )
 
     @classmethod
-    def from_run(cls, path: str | Path, epsilon: float, memo: str | Path | MemoStore | None = None,
-                 options: ClassifierOptions | None = None) -> LabelOnlyClassifier:
+    def from_run(
+        cls,
+        path: str | Path,
+        epsilon: float,
+        memo: str | Path | MemoStore | None = None,
+        options: ClassifierOptions | None = None,
+    ) -> LabelOnlyClassifier:
         """Open a run directory. `memo`: a SQLite file path (persistent; use one in production), a
         `postgresql://` URL (a database several replicas share), an open memo (`Memo`,
         `PostgresMemo`), or None for an in-memory memo that is lost when the process exits.
@@ -207,8 +229,7 @@ class LabelOnlyClassifier:
             if bad.any():
                 row, col = np.argwhere(bad)[0]
                 raise LucidError(
-                    f"input {row} is outside the verified domain (feature {col}); the service only "
-                    "answers inside it"
+                    f"input {row} is outside the verified domain (feature {col}); the service only answers inside it"
                 )
         # Also pulls in-tolerance rounding noise into the box; + 0.0 turns -0.0 into 0.0 so the
         # memo key of a point is unique.
@@ -246,8 +267,13 @@ class LabelOnlyClassifier:
             noised |= ~self.residual.agree(xn, cls, leaves)
         return cls, noised
 
-    def predict_network_space(self, xn: np.ndarray, return_noised: bool = False, client: str | None = None,
-                              turn: Callable[[int], ContextManager[Any]] | None = None):
+    def predict_network_space(
+        self,
+        xn: np.ndarray,
+        return_noised: bool = False,
+        client: str | None = None,
+        turn: Callable[[int], ContextManager[Any]] | None = None,
+    ):
         """Class ids for in-domain network-space inputs (evaluate uses this on the test split).
 
         Every row does the same work whatever its branch (module docstring). `client` names the
@@ -297,8 +323,14 @@ class LabelOnlyClassifier:
     @property
     def rule(self) -> str:
         """Which release rule answers: "global" (beta_c), "regions", "residual" or both ("regions+residual")."""
-        return "+".join(name for name, on in (("regions", self.regions is not None),
-                                              ("residual", self.residual is not None)) if on) or "global"
+        return (
+            "+".join(
+                name
+                for name, on in (("regions", self.regions is not None), ("residual", self.residual is not None))
+                if on
+            )
+            or "global"
+        )
 
     def with_global_bounds(self) -> LabelOnlyClassifier:
         """The same classifier answering with beta_c alone, without regions or residual check (the

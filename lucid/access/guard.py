@@ -46,8 +46,9 @@ def check_deadline_ms(value: object) -> float:
     except (TypeError, ValueError):
         raise LucidError(f"the deadline in ms must be a number, got {value!r}") from None
     if not (math.isfinite(number) and 0.0 <= number <= MAX_DEADLINE_MS):
-        raise LucidError(f"the deadline in ms must be a finite number from 0 (off) to {MAX_DEADLINE_MS:g}, "
-                         f"got {value!r}")
+        raise LucidError(
+            f"the deadline in ms must be a finite number from 0 (off) to {MAX_DEADLINE_MS:g}, got {value!r}"
+        )
     return number
 
 
@@ -66,8 +67,9 @@ def check_rate(value: object) -> float:
     except (TypeError, ValueError):
         raise LucidError(f"--rate must be a number of requests per second, got {value!r}") from None
     if not (math.isfinite(number) and 0.0 < number <= MAX_RATE):
-        raise LucidError(f"--rate must be a finite number of requests per second above 0 up to {MAX_RATE:g}, "
-                         f"got {value!r}")
+        raise LucidError(
+            f"--rate must be a finite number of requests per second above 0 up to {MAX_RATE:g}, got {value!r}"
+        )
     return number
 
 
@@ -120,8 +122,10 @@ class HostCheck:
         for entry in entries:
             parsed = _split_host(entry.strip())
             if parsed is None:
-                raise LucidError(f"--allowed-hosts: {entry.strip()!r} is not a host name or address "
-                                 "(with an optional :port; IPv6 in brackets)")
+                raise LucidError(
+                    f"--allowed-hosts: {entry.strip()!r} is not a host name or address "
+                    "(with an optional :port; IPv6 in brackets)"
+                )
             self.allowed.add(parsed)
         if not self.allowed:
             raise LucidError("--allowed-hosts names no host")
@@ -184,7 +188,7 @@ def bearer_client(header: bytes | None, tokens: Sequence[tuple[bytes, str]]) -> 
 PIECE_BYTES = 16 * 1024
 _WS = " \t\n\r"  # JSON's whitespace (Python's str.isspace allows more)
 _HEAD = re.compile(r'[ \t\n\r]*\{[ \t\n\r]*"inputs"[ \t\n\r]*:[ \t\n\r]*\[')
-_TAIL = re.compile(r'\][ \t\n\r]*\}[ \t\n\r]*\Z')
+_TAIL = re.compile(r"\][ \t\n\r]*\}[ \t\n\r]*\Z")
 
 
 def _skip_ws(text: str, at: int, end: int) -> int:

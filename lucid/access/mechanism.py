@@ -58,9 +58,7 @@ def check_epsilon(epsilon: float) -> float:
     return non_negative_number(epsilon, "epsilon")
 
 
-def exponential_mechanism(
-    classes: np.ndarray, num_classes: int, epsilon: float, rng: RandomSource
-) -> np.ndarray:
+def exponential_mechanism(classes: np.ndarray, num_classes: int, epsilon: float, rng: RandomSource) -> np.ndarray:
     """One draw per query: N's class `classes[i]` with P(c), each other class with P(c').
 
     One uniform u per query: u < P(c) gives c, otherwise u's position in the remaining mass

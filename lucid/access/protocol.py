@@ -83,8 +83,10 @@ from lucid.access.transport import ServeTransport
 def _raw_response(status: int, reason: str, message: str) -> bytes:
     """A complete response that ends the connection (written outside h11, which is then closed)."""
     body = json.dumps({"error": message}, separators=(",", ":")).encode()
-    head = (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
-            f"content-length: {len(body)}\r\nconnection: close\r\n\r\n")
+    head = (
+        f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
+    )
     return head.encode("ascii") + body
 
 
@@ -126,8 +128,9 @@ class _ClosingH11Connection(h11.Connection):
             headers = list(event.headers)
             if (b"connection", b"close") not in headers:
                 headers.append((b"connection", b"close"))
-            event = h11.Response(status_code=event.status_code, headers=headers, reason=event.reason,
-                                 http_version=event.http_version)
+            event = h11.Response(
+                status_code=event.status_code, headers=headers, reason=event.reason, http_version=event.http_version
+            )
         return super().send(event)
 
 
@@ -202,15 +205,16 @@ class GuardedH11Protocol(H11Protocol):
         """Close a connection for a newcomer from `group`, fairly (module docstring); False when none
         may give way."""
         mine = len(self.members.get(group, ())) + 1  # the newcomer's address, the newcomer counted
-        heavier = sorted(((len(m), g) for g, m in self.members.items() if g != group and len(m) > mine),
-                         reverse=True)
+        heavier = sorted(((len(m), g) for g, m in self.members.items() if g != group and len(m) > mine), reverse=True)
         for _, other in heavier:
             victim = self._victim(self.members[other])
             if victim is not None:
                 victim._close_for_room()
                 return True
         for victim in self.idle:
-            if victim is not self and (victim._group == group or len(self.members.get(victim._group or "", ())) >= mine):
+            if victim is not self and (
+                victim._group == group or len(self.members.get(victim._group or "", ())) >= mine
+            ):
                 victim._close_for_room()
                 return True
         return False
@@ -224,8 +228,11 @@ class GuardedH11Protocol(H11Protocol):
             phase = connection._phase
             if phase == "idle" and (idle is None or connection._phase_since < idle._phase_since):
                 idle = connection
-            elif phase in ("head", "body") and not (connection.cycle and connection.cycle.response_started) \
-                    and (partial is None or connection._phase_since < partial._phase_since):
+            elif (
+                phase in ("head", "body")
+                and not (connection.cycle and connection.cycle.response_started)
+                and (partial is None or connection._phase_since < partial._phase_since)
+            ):
                 partial = connection
         return idle or partial
 
@@ -331,7 +338,7 @@ class GuardedH11Protocol(H11Protocol):
         if (end.end() if end else len(buffered)) > self.limits.max_header_bytes:
             self._refuse(HEAD_TOO_LARGE)
             return True
-        if end is not None and _frames_twice(buffered[:end.start()]):
+        if end is not None and _frames_twice(buffered[: end.start()]):
             self._refuse(BAD_REQUEST)
             return True
         return False
@@ -361,8 +368,9 @@ class GuardedH11Protocol(H11Protocol):
     def shutdown(self) -> None:
         """A stop closes at once every connection whose request is still arriving: it cannot be
         answered before it arrives, and a stalled client would hold the stop up to --shutdown-timeout."""
-        if self._draining or (self.cycle is not None and not self.cycle.response_started
-                              and self.conn.their_state is h11.SEND_BODY):
+        if self._draining or (
+            self.cycle is not None and not self.cycle.response_started and self.conn.their_state is h11.SEND_BODY
+        ):
             self.transport.close()
             return
         super().shutdown()
@@ -404,8 +412,11 @@ class GuardedH11Protocol(H11Protocol):
             self.idle[self] = None  # at the end: the longest idle stay first
         self._phase = phase
         if phase is not None:
-            timeout = {"idle": self.limits.idle_timeout, "head": self.limits.header_timeout,
-                       "body": self.limits.body_timeout}[phase]
+            timeout = {
+                "idle": self.limits.idle_timeout,
+                "head": self.limits.header_timeout,
+                "body": self.limits.body_timeout,
+            }[phase]
             self._deadline = self.loop.call_later(timeout, self._expire)
 
     def _expire(self) -> None:
@@ -424,8 +435,9 @@ class GuardedH11Protocol(H11Protocol):
             self._send_deadline = None
 
 
-def tls_protocol(protocol_class: Callable[..., asyncio.Protocol], context: ssl.SSLContext,
-                 handshake_timeout: float) -> Callable[..., asyncio.BaseProtocol]:
+def tls_protocol(
+    protocol_class: Callable[..., asyncio.Protocol], context: ssl.SSLContext, handshake_timeout: float
+) -> Callable[..., asyncio.BaseProtocol]:
     """`protocol_class` (uvicorn's `http=` factory) behind TLS, with a handshake deadline. The HTTP
     protocol, and so the connection caps and phase deadlines, only sees a connection once its
     handshake is done; uvicorn leaves TLS to asyncio, whose handshake timeout is 60 s, so a client
@@ -434,8 +446,14 @@ def tls_protocol(protocol_class: Callable[..., asyncio.Protocol], context: ssl.S
 
     def factory(*args: Any, **kwargs: Any) -> asyncio.BaseProtocol:
         loop = kwargs.get("_loop") or asyncio.get_event_loop()
-        return sslproto.SSLProtocol(loop, protocol_class(*args, **kwargs), context, None, server_side=True,
-                                    ssl_handshake_timeout=handshake_timeout)
+        return sslproto.SSLProtocol(
+            loop,
+            protocol_class(*args, **kwargs),
+            context,
+            None,
+            server_side=True,
+            ssl_handshake_timeout=handshake_timeout,
+        )
 
     return factory
 
@@ -443,6 +461,12 @@ def tls_protocol(protocol_class: Callable[..., asyncio.Protocol], context: ssl.S
 def guarded_protocol(limits: ServeLimits, transport: ServeTransport | None = None) -> type[GuardedH11Protocol]:
     """GuardedH11Protocol bound to `limits` and `transport` (uvicorn instantiates the class itself,
     per connection)."""
-    attributes: dict[str, Any] = {"limits": limits, "transport_options": transport or ServeTransport(),
-                                  "members": {}, "idle": {}, "closing": {}, "waiting": {}}
+    attributes: dict[str, Any] = {
+        "limits": limits,
+        "transport_options": transport or ServeTransport(),
+        "members": {},
+        "idle": {},
+        "closing": {},
+        "waiting": {},
+    }
     return type("GuardedH11Protocol", (GuardedH11Protocol,), attributes)

@@ -229,8 +229,16 @@ class _HostGuard:
         if scope["type"] == "http":
             host = next((value for key, value in scope["headers"] if key.lower() == b"host"), None)
             if not self.hosts.allows(host):
-                await send({"type": "http.response.start", "status": 400, "headers": [
-                    (b"content-type", b"application/json"), (b"content-length", str(len(self.refusal)).encode())]})
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": 400,
+                        "headers": [
+                            (b"content-type", b"application/json"),
+                            (b"content-length", str(len(self.refusal)).encode()),
+                        ],
+                    }
+                )
                 await send({"type": "http.response.body", "body": self.refusal})
                 return
         await self.app(scope, receive, send)
@@ -272,7 +280,11 @@ def create_app(clf: LabelOnlyClassifier, options: ServiceOptions | None = None, 
     # request data anywhere by default. No slash redirects: their Location is built from the
     # client's Host header.
     app = FastAPI(
-        docs_url=None, redoc_url=None, openapi_url=None, title="LUCID", redirect_slashes=False,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+        title="LUCID",
+        redirect_slashes=False,
         telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     app.add_middleware(_HostGuard, hosts=hosts)
@@ -288,8 +300,9 @@ def create_app(clf: LabelOnlyClassifier, options: ServiceOptions | None = None, 
     health = MemoHealth(clf.memo)
     # Bounded: at most 2 x `threads` bodies are parsed and answered at once; the rest wait in a queue
     # (at most one request per connection, and connections are capped: lucid/access/protocol.py).
-    small, large = (ThreadPoolExecutor(max_workers=threads, thread_name_prefix=f"lucid-{lane}")
-                    for lane in ("small", "large"))
+    small, large = (
+        ThreadPoolExecutor(max_workers=threads, thread_name_prefix=f"lucid-{lane}") for lane in ("small", "large")
+    )
     app.state.pools = (small, large)
     small_turns = FairPool(small, threads)
     rate = RequestRate(options.rate) if options.rate is not None else None
@@ -337,8 +350,11 @@ def create_app(clf: LabelOnlyClassifier, options: ServiceOptions | None = None, 
         if rate is not None:
             wait = rate.wait(f"token:{client}" if tokens else f"address:{address}", time.monotonic())
             if wait > 0:  # before the body is read: a refused request costs next to nothing
-                return _json(429, {"error": f"too many requests: at most {rate.rate:g} per second per client"},
-                             [(b"retry-after", str(max(1, math.ceil(wait))).encode())])
+                return _json(
+                    429,
+                    {"error": f"too many requests: at most {rate.rate:g} per second per client"},
+                    [(b"retry-after", str(max(1, math.ceil(wait))).encode())],
+                )
         if not is_json_media(headers.get(b"content-type")):
             return _json(415, {"error": NOT_JSON_MEDIA})
         too_big = _json(413, {"error": f"the request body must be at most {max_body} bytes"})
@@ -460,8 +476,17 @@ def create_app(clf: LabelOnlyClassifier, options: ServiceOptions | None = None, 
                 left = deadline - (time.perf_counter() - started)
                 if left > 0:
                     await asyncio.sleep(left)
-            await send({"type": "http.response.start", "status": status, "headers": [
-                (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *extra]})
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": status,
+                    "headers": [
+                        (b"content-type", b"application/json"),
+                        (b"content-length", str(len(body)).encode()),
+                        *extra,
+                    ],
+                }
+            )
             await send({"type": "http.response.body", "body": body})
 
     app.add_route("/v1/predict", PredictEndpoint(), methods=["POST"])

@@ -41,8 +41,9 @@ def parse_forwarded_allow_ips(text: str) -> tuple[str, ...]:
         try:
             ipaddress.ip_network(entry, strict=False)
         except ValueError:
-            raise LucidError(f"--forwarded-allow-ips: {entry!r} is not an IP address or network "
-                             "(e.g. 127.0.0.1, 10.0.0.0/8, ::1)") from None
+            raise LucidError(
+                f"--forwarded-allow-ips: {entry!r} is not an IP address or network (e.g. 127.0.0.1, 10.0.0.0/8, ::1)"
+            ) from None
     return entries
 
 
@@ -57,8 +58,9 @@ class ServeTransport:
 
     def __post_init__(self) -> None:
         if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
-            given, missing = (("--ssl-certfile", "--ssl-keyfile") if self.ssl_keyfile is None
-                              else ("--ssl-keyfile", "--ssl-certfile"))
+            given, missing = (
+                ("--ssl-certfile", "--ssl-keyfile") if self.ssl_keyfile is None else ("--ssl-keyfile", "--ssl-certfile")
+            )
             raise LucidError(f"{given} needs {missing}: TLS takes a certificate and its private key")
         networks: list[_Network] = []
         for entry in self.forwarded_allow_ips:
@@ -92,10 +94,13 @@ class ServeTransport:
         except ssl.SSLError as exc:
             reason = (exc.reason or str(exc)).lower().replace("_", " ")
             if "mismatch" in reason:
-                raise LucidError(f"--ssl-keyfile {self.ssl_keyfile} is not the key of the certificate "
-                                 f"{self.ssl_certfile}") from None
-            raise LucidError(f"cannot load the certificate {self.ssl_certfile} with the key {self.ssl_keyfile}: "
-                             f"{reason} (both must be PEM files, the key unencrypted)") from None
+                raise LucidError(
+                    f"--ssl-keyfile {self.ssl_keyfile} is not the key of the certificate {self.ssl_certfile}"
+                ) from None
+            raise LucidError(
+                f"cannot load the certificate {self.ssl_certfile} with the key {self.ssl_keyfile}: "
+                f"{reason} (both must be PEM files, the key unencrypted)"
+            ) from None
         return context
 
     def trusts(self, peer: str | None) -> bool:
@@ -117,8 +122,11 @@ class ServeTransport:
         if self.trusts(peer):
             entries = [e.strip() for value in forwarded_for for e in value.decode("latin-1").split(",")]
             for entry in reversed(entries):
-                host = entry[1:entry.find("]")] if entry.startswith("[") else (
-                    entry.rsplit(":", 1)[0] if entry.count(":") == 1 else entry)
+                host = (
+                    entry[1 : entry.find("]")]
+                    if entry.startswith("[")
+                    else (entry.rsplit(":", 1)[0] if entry.count(":") == 1 else entry)
+                )
                 if self.trusts(host):
                     continue
                 group = client_group(host)

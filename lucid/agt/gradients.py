@@ -96,8 +96,10 @@ class DenseBox:
         return self.wl[i], self.wu[i], self.bl[i], self.bu[i]
 
 
-def forward_bounds(box: DenseBox, x: torch.Tensor,
-                   ) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], list[tuple[torch.Tensor, torch.Tensor]]]:
+def forward_bounds(
+    box: DenseBox,
+    x: torch.Tensor,
+) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], list[tuple[torch.Tensor, torch.Tensor]]]:
     """Interval forward pass over the box: post-activation intervals a_0 = x, ..., a_{L-1} (each
     containing T's float32 activation) and pre-activation intervals z_1..z_L."""
     acts = [(x, x)]
@@ -112,7 +114,11 @@ def forward_bounds(box: DenseBox, x: torch.Tensor,
 
 
 def row_gradient_bounds(
-    box: DenseBox, x: torch.Tensor, onehot: torch.Tensor, *, first_layer: int = 0,
+    box: DenseBox,
+    x: torch.Tensor,
+    onehot: torch.Tensor,
+    *,
+    first_layer: int = 0,
     forward: tuple[list, list] | None = None,
 ) -> list[RowBounds | None]:
     """Per-row gradient intervals [dW0, db0, dW1, db1, ...] (float64) over the parameter box.

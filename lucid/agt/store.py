@@ -23,7 +23,9 @@ from lucid.hyper import HyperNetwork
 
 AGT_FILE = "agt.safetensors"
 AGT_FORMAT = "lucid-agt/1"
-ROUNDING = "float32 training modelled as per-operation widening (gamma_n with u=2^-24+2^-52), float64 bounds rounded outward"
+ROUNDING = (
+    "float32 training modelled as per-operation widening (gamma_n with u=2^-24+2^-52), float64 bounds rounded outward"
+)
 
 
 def save_boxes(path: str | Path, boxes: list[AgtBox], *, algorithm: str, max_width: float) -> None:
@@ -58,12 +60,17 @@ def load_boxes(run_dir: str | Path) -> dict[int, AgtBox]:
             boxes = {}
             for k in json.loads(meta["ks"]):
                 prefix = f"k{k}."
-                lower = {key[len(prefix) : -len(".lower")]: fh.get_tensor(key)
-                         for key in fh.keys() if key.startswith(prefix) and key.endswith(".lower")}
+                lower = {
+                    key[len(prefix) : -len(".lower")]: fh.get_tensor(key)
+                    for key in fh.keys()
+                    if key.startswith(prefix) and key.endswith(".lower")
+                }
                 upper = {name: fh.get_tensor(f"{prefix}{name}.upper") for name in lower}
                 if not all(bool(t.isfinite().all()) for t in [*lower.values(), *upper.values()]):
-                    raise LucidError(f"{path}: the AGT box for k={k} has non-finite bounds (NaN or infinity): "
-                                     "its training diverged; train again with a smaller --lr")
+                    raise LucidError(
+                        f"{path}: the AGT box for k={k} has non-finite bounds (NaN or infinity): "
+                        "its training diverged; train again with a smaller --lr"
+                    )
                 boxes[int(k)] = AgtBox(int(k), lower, upper)
     except LucidError:
         raise

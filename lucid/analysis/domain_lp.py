@@ -59,7 +59,10 @@ class DomainLp:
         cols = model.meta["_columns"]
         lower, upper = model.col_lower.copy(), model.col_upper.copy()
         for k in range(len(sn)):
-            for pre, on, signs in ((cols["n_pre"][k], cols["n_on"][k], sn[k]), (cols["h_pre"][k], cols["h_on"][k], sp[k])):
+            for pre, on, signs in (
+                (cols["n_pre"][k], cols["n_on"][k], sn[k]),
+                (cols["h_pre"][k], cols["h_on"][k], sp[k]),
+            ):
                 up, down = signs > 0, signs < 0
                 lower[pre[up]] = np.maximum(lower[pre[up]], 0.0)
                 upper[pre[down]] = np.minimum(upper[pre[down]], 0.0)

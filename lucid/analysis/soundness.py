@@ -44,12 +44,14 @@ def safety_margin(bound: float, model: MilpModel) -> float:
     big_m = float(np.abs(finite).max()) if finite.size else 0.0
     return MARGIN_ABS + MARGIN_REL * abs(bound) + MARGIN_FEAS * big_m
 
+
 def slack(lb: float) -> float:
     """LB loosened so that solver tolerances never turn beta >= LB into a false infeasibility.
 
     The relative part keeps the slab beta in [LB - slack, beta*] from being numerically thin:
     HiGHS once cut a slab 1.3e-5 thick away at the root (see `lucid.analysis.analyse`)."""
     return lb - 1e-5 * (1 + abs(lb)) - 1e-2 * abs(lb) if math.isfinite(lb) else -math.inf
+
 
 def user_bound(result: SolveResult, model: MilpModel) -> float:
     """The solver's dual bound plus the safety margin, in score units (the margin is taken in the
@@ -65,8 +67,9 @@ def contradicts(bound: float, witness: LeakWitness | None) -> bool:
     return witness is not None and witness.confidence > bound
 
 
-def solve_checked(model: MilpModel, solver: str, options: SolverOptions, keep: bool = False,
-                   tree: object | None = None) -> SolveResult:
+def solve_checked(
+    model: MilpModel, solver: str, options: SolverOptions, keep: bool = False, tree: object | None = None
+) -> SolveResult:
     """Solve (or continue the kept `tree` of this model); a result the solver layer proves unsound
     is retried from scratch with other backends."""
     from lucid.solvers import resume, solve
@@ -83,6 +86,7 @@ def solve_checked(model: MilpModel, solver: str, options: SolverOptions, keep: b
         except Exception as exc:  # e.g. licence too small: try the next one
             log.warning("fallback solver %s failed: %s", other, exc)
     return SolveResult(status=ERROR, upper_bound=math.inf, solver=solver, message="every solver was unsound")
+
 
 def retry_other(model: MilpModel, solver: str, options: SolverOptions, witness: LeakWitness) -> SolveResult:
     from lucid.solvers import solve
@@ -109,9 +113,9 @@ def retry_other(model: MilpModel, solver: str, options: SolverOptions, witness: 
 # the float error of N's confidence anywhere in the verified domain.
 
 
-
-def confidence_error(weights: list[np.ndarray], biases: list[np.ndarray], lower: np.ndarray,
-                     upper: np.ndarray) -> float:
+def confidence_error(
+    weights: list[np.ndarray], biases: list[np.ndarray], lower: np.ndarray, upper: np.ndarray
+) -> float:
     """A bound on |float64 confidence - exact confidence| of one network at any x in [lower, upper].
 
     weights[k] is [out, in] (ReLU between layers, none after the last). A float layer

@@ -59,6 +59,7 @@ def render(engine: Any, title: str):
     for c, cs in engine.states.items():
         running = sum(1 for n in cs.nodes.values() if n.state == "running")
         state = (("done" if cs.complete else "stopped") + f" ({cs.reason})") if cs.done else "running"
-        table.add_row(str(c), fmt(cs.lower), fmt(cs.upper), str(len(cs.nodes) - running), str(running),
-                      str(cs.solved), state)
+        table.add_row(
+            str(c), fmt(cs.lower), fmt(cs.upper), str(len(cs.nodes) - running), str(running), str(cs.solved), state
+        )
     return table

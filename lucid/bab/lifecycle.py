@@ -52,7 +52,9 @@ class VerificationRun:
         self.deadline = deadline
         self.classes = settings.resolve_classes(run.num_classes)
         if settings.residual != "auto" and settings.residual > run.train_size:
-            raise LucidError(f"--residual {settings.residual} exceeds the run's {run.train_size} leave-one-out networks")
+            raise LucidError(
+                f"--residual {settings.residual} exceeds the run's {run.train_size} leave-one-out networks"
+            )
         self.result_options = settings.result_options(self.classes)
         self.path = Path(run.path)
         self.checkpoint_path = self.path / CHECKPOINT_FILE
@@ -71,9 +73,15 @@ class VerificationRun:
         finally:
             if self.log is not None:
                 self.log.close()
-        result = write_bounds(self.path, verified.entries, solver=self.settings.solver, options=self.options,
-                              regions=verified.regions, residual=verified.residual,
-                              residual_choice=verified.residual_choice)
+        result = write_bounds(
+            self.path,
+            verified.entries,
+            solver=self.settings.solver,
+            options=self.options,
+            regions=verified.regions,
+            residual=verified.residual,
+            residual_choice=verified.residual_choice,
+        )
         with EventLog(self.path / LOG_FILE, elapsed_before=self.elapsed(), append=True) as tail:
             tail.emit("finished", None, bounds=result["bounds"], **verified.finished)
         return result
@@ -91,11 +99,18 @@ class VerificationRun:
     def start(self, *, workers: int, scheduler: str | None = None, **fields: Any) -> EventLog:
         """Open the event log with its "started" (or "resumed") event, once the strategy's set-up
         has succeeded: bad input never leaves a log behind."""
-        self.options = dict(self.result_options, workers=workers, time_limit=self.settings.time_limit,
-                            scheduler=scheduler)
+        self.options = dict(
+            self.result_options, workers=workers, time_limit=self.settings.time_limit, scheduler=scheduler
+        )
         self.log = EventLog(self.path / LOG_FILE, elapsed_before=self.elapsed_before, append=self.settings.resume)
-        self.log.emit("resumed" if self.settings.resume else "started", None, options=self.options,
-                      settings=self.settings.to_json(), **fields, run_fingerprint=self.fingerprint)
+        self.log.emit(
+            "resumed" if self.settings.resume else "started",
+            None,
+            options=self.options,
+            settings=self.settings.to_json(),
+            **fields,
+            run_fingerprint=self.fingerprint,
+        )
         return self.log
 
     def elapsed(self) -> float:
@@ -104,8 +119,14 @@ class VerificationRun:
 
     def save(self, classes: dict, extra: dict | None = None) -> None:
         """Write the resume checkpoint (atomically): the strategy's state in `classes` / `extra`."""
-        save_checkpoint(self.checkpoint_path, fingerprint=self.fingerprint, options=self.result_options,
-                        elapsed=self.elapsed(), classes=classes, extra=extra)
+        save_checkpoint(
+            self.checkpoint_path,
+            fingerprint=self.fingerprint,
+            options=self.result_options,
+            elapsed=self.elapsed(),
+            classes=classes,
+            extra=extra,
+        )
 
     @contextmanager
     def interruptible(self, on_interrupt: Callable[[], None]) -> Iterator[None]:

@@ -24,8 +24,9 @@ def anytime_curves(events: list[dict]) -> dict[int, list[tuple[float, float | No
 
 def node_summary(events: list[dict]) -> dict[int, dict]:
     """Per class: solved/split/closed counts, time per node, statuses, final bounds if finished."""
-    out: dict[int, dict] = defaultdict(lambda: {"solved": 0, "split": 0, "closed": 0, "node_seconds": [],
-                                                "statuses": defaultdict(int), "done": None})
+    out: dict[int, dict] = defaultdict(
+        lambda: {"solved": 0, "split": 0, "closed": 0, "node_seconds": [], "statuses": defaultdict(int), "done": None}
+    )
     for e in events:
         c = e.get("class")
         if c is None:
@@ -55,12 +56,21 @@ def slowest_nodes(events: list[dict], count: int) -> list[dict]:
         if e.get("event") != "solved" or e.get("class") is None:
             continue
         prof = (e.get("stats") or {}).get("profile") or {}
-        rows.append({"class": int(e["class"]), "node": int(e["node"]), "size": int(e.get("size") or 0),
-                     "seconds": float(e.get("seconds") or 0.0), "status": e.get("status"),
-                     "upper": parse_float(e.get("upper")), "lower": parse_float(e.get("lower")),
-                     **{k: prof.get(k) for k in PROFILE_COLUMNS},
-                     "split_upper": parse_float(prof.get("split_upper")),
-                     "milp_upper": parse_float(prof.get("milp_upper")), "race": prof.get("race")})
+        rows.append(
+            {
+                "class": int(e["class"]),
+                "node": int(e["node"]),
+                "size": int(e.get("size") or 0),
+                "seconds": float(e.get("seconds") or 0.0),
+                "status": e.get("status"),
+                "upper": parse_float(e.get("upper")),
+                "lower": parse_float(e.get("lower")),
+                **{k: prof.get(k) for k in PROFILE_COLUMNS},
+                "split_upper": parse_float(prof.get("split_upper")),
+                "milp_upper": parse_float(prof.get("milp_upper")),
+                "race": prof.get("race"),
+            }
+        )
     rows.sort(key=lambda r: -r["seconds"])
     return rows[:count]
 
@@ -97,7 +107,6 @@ def bab_tree(events: list[dict]):
 def write_tree(events: list[dict], path: str | Path) -> int:
     import networkx as nx
 
-
     g = bab_tree(events)
     for _, attrs in g.nodes(data=True):
         for k, v in list(attrs.items()):
@@ -112,7 +121,6 @@ def plot_curves(events: list[dict], path: str | Path, title: str = "") -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
 
     curves = anytime_curves(events)
     fig, axes = plt.subplots(1, max(1, len(curves)), figsize=(5 * max(1, len(curves)), 3.6), squeeze=False)

@@ -61,8 +61,16 @@ class Executor:
         generation = self._generation
         future.add_done_callback(lambda f, key=key: self._done.put((generation, key, f)))
 
-    def submit(self, key: Any, cls: int, positions: np.ndarray, time_limit: float | None, cutoff: float,
-               attempt: int = 1, threads: int = 1) -> None:
+    def submit(
+        self,
+        key: Any,
+        cls: int,
+        positions: np.ndarray,
+        time_limit: float | None,
+        cutoff: float,
+        attempt: int = 1,
+        threads: int = 1,
+    ) -> None:
         """`threads`: solver threads for this node (the engine gives > 1 only to the last work)."""
         raise NotImplementedError
 
@@ -225,7 +233,6 @@ def _die_with(driver_pid: int) -> None:
 
     if sys.platform.startswith("linux"):
         try:
-
             if ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL)) == 0:  # PR_SET_PDEATHSIG
                 if os.getppid() != driver_pid:  # it died before the request was in place
                     os._exit(1)
@@ -241,15 +248,28 @@ def _die_with(driver_pid: int) -> None:
     threading.Thread(target=watch, name="lucid-driver-watch", daemon=True).start()
 
 
-def analyse_with(problem: Any, settings: VerifySettings, cls: int, positions: np.ndarray, time_limit: float | None,
-                 cutoff: float = -float("inf"), attempt: int = 1, threads: int = 1):
+def analyse_with(
+    problem: Any,
+    settings: VerifySettings,
+    cls: int,
+    positions: np.ndarray,
+    time_limit: float | None,
+    cutoff: float = -float("inf"),
+    attempt: int = 1,
+    threads: int = 1,
+):
     """One node analysis (runs in a worker)."""
     from lucid.analysis.analyse import NodeRequest, analyse_node
     from lucid.analysis.outcome import wants_targeted_search, with_targeted_search
 
-    outcome = analyse_node(problem, cls, positions, settings=settings,
-                           solver_options=settings.solver_options(time_limit, threads),
-                           request=NodeRequest(cutoff, attempt, settings.keep_trees))
+    outcome = analyse_node(
+        problem,
+        cls,
+        positions,
+        settings=settings,
+        solver_options=settings.solver_options(time_limit, threads),
+        request=NodeRequest(cutoff, attempt, settings.keep_trees),
+    )
     if settings.targeted_search and wants_targeted_search(outcome, positions):
         outcome = with_targeted_search(problem, cls, positions, outcome)
     return outcome
@@ -260,10 +280,12 @@ def _rebind_worker(problem: Any) -> None:
     KEPT.clear()  # the trees of the last problem can never be continued
 
 
-def _analyse_in_process(cls: int, positions: np.ndarray, time_limit: float | None, cutoff: float, attempt: int,
-                        threads: int = 1):
-    return analyse_with(_WORKER_STATE["problem"], _WORKER_STATE["settings"], cls, positions, time_limit, cutoff,
-                        attempt, threads)
+def _analyse_in_process(
+    cls: int, positions: np.ndarray, time_limit: float | None, cutoff: float, attempt: int, threads: int = 1
+):
+    return analyse_with(
+        _WORKER_STATE["problem"], _WORKER_STATE["settings"], cls, positions, time_limit, cutoff, attempt, threads
+    )
 
 
 class ProcessExecutor(Executor):
@@ -279,8 +301,12 @@ class ProcessExecutor(Executor):
     def _new_pool(self, problem: Any) -> cf.ProcessPoolExecutor:
         # spawn, not fork: the driver runs threads (rich display, pool feeders) that fork would copy
         # in an arbitrary state.
-        return cf.ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
-                                      initializer=_init_worker, initargs=(problem, self._settings, os.getpid()))
+        return cf.ProcessPoolExecutor(
+            max_workers=1,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=_init_worker,
+            initargs=(problem, self._settings, os.getpid()),
+        )
 
     def _replace_busy_workers(self, workers: set[int]) -> None:
         for w in workers:  # the problem is set again by _rebind_workers right after

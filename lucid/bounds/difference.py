@@ -62,8 +62,14 @@ class WeightIntervals:
         return cls(hyper.w_lo, hyper.w_hi, hyper.b_lo, hyper.b_hi)
 
 
-def difference_bounds(weights: list[np.ndarray], biases: list[np.ndarray], intervals: WeightIntervals,
-                      n_bounds: LayerBounds, lower: np.ndarray, upper: np.ndarray) -> DifferenceBounds:
+def difference_bounds(
+    weights: list[np.ndarray],
+    biases: list[np.ndarray],
+    intervals: WeightIntervals,
+    n_bounds: LayerBounds,
+    lower: np.ndarray,
+    upper: np.ndarray,
+) -> DifferenceBounds:
     """Sound intervals for z# - z (N's weights [out, in]; `intervals`: N#'s parameters)."""
     w_lo, w_hi, b_lo, b_hi = intervals.w_lo, intervals.w_hi, intervals.b_lo, intervals.b_hi
     L = len(weights)

@@ -20,8 +20,15 @@ class ReluColumns:
     z_hyper: np.ndarray
 
 
-def add_matching(b: ModelBuilder, z: np.ndarray, z_hyper: np.ndarray, lower: np.ndarray, upper: np.ndarray, name: str,
-                 implied: np.ndarray | None = None) -> int:
+def add_matching(
+    b: ModelBuilder,
+    z: np.ndarray,
+    z_hyper: np.ndarray,
+    lower: np.ndarray,
+    upper: np.ndarray,
+    name: str,
+    implied: np.ndarray | None = None,
+) -> int:
     """Rows lower <= z#_j - z_j <= upper for every neuron with a finite, non-trivial interval.
 
     `implied` marks neurons whose row other rows already imply (`implied_post_rows`): the row
@@ -36,8 +43,9 @@ def add_matching(b: ModelBuilder, z: np.ndarray, z_hyper: np.ndarray, lower: np.
     return int(useful.sum())
 
 
-def add_relu_coupling(b: ModelBuilder, cols: ReluColumns, lower: np.ndarray, upper: np.ndarray,
-                      name: str) -> tuple[int, np.ndarray]:
+def add_relu_coupling(
+    b: ModelBuilder, cols: ReluColumns, lower: np.ndarray, upper: np.ndarray, name: str
+) -> tuple[int, np.ndarray]:
     """Relational matching dependency: the post-activation difference follows the pre-activation one.
 
     ReLU is monotone and 1-Lipschitz, so for every real pair of pre-activations
@@ -82,8 +90,14 @@ def add_relu_coupling(b: ModelBuilder, cols: ReluColumns, lower: np.ndarray, upp
     return rows, coupled
 
 
-def implied_post_rows(pre_lower: np.ndarray, pre_upper: np.ndarray, post_lower: np.ndarray, post_upper: np.ndarray,
-                      coupled: np.ndarray, both_off: np.ndarray) -> np.ndarray:
+def implied_post_rows(
+    pre_lower: np.ndarray,
+    pre_upper: np.ndarray,
+    post_lower: np.ndarray,
+    post_upper: np.ndarray,
+    coupled: np.ndarray,
+    both_off: np.ndarray,
+) -> np.ndarray:
     """Neurons whose post-activation matching row [post_lower, post_upper] adds nothing.
 
     With the pre-activation difference dhat in [a, b] (its matching row, or layer 0's affine

@@ -34,7 +34,9 @@ class RegionLookup:
         # path (a leaf's children are itself), so the work does not depend on the input's box.
         right = X[:, self.feature] >= self.threshold  # [B, M]
         if len(self.carves):  # every carve's box test too, whichever nodes the walk visits
-            right[:, self.carves] = ((X[:, None, :] >= self.carve_lower) & (X[:, None, :] <= self.carve_upper)).all(axis=2)
+            right[:, self.carves] = ((X[:, None, :] >= self.carve_lower) & (X[:, None, :] <= self.carve_upper)).all(
+                axis=2
+            )
         if len(X) == 1:  # one query: the same walk in plain Python is ~10x faster than numpy's
             bits, children, node = right[0].tobytes(), self._children_list, 0  # bytes index to 0 / 1
             for _ in range(self.depth):

@@ -152,8 +152,11 @@ class BaselineFacts:
 
     def at(self, method: str, epsilon: float) -> BaselineRow | None:
         for r in self.rows:
-            if r.method == method and r.epsilon is not None and math.isclose(r.epsilon, epsilon, rel_tol=1e-9,
-                                                                             abs_tol=1e-12):
+            if (
+                r.method == method
+                and r.epsilon is not None
+                and math.isclose(r.epsilon, epsilon, rel_tol=1e-9, abs_tol=1e-12)
+            ):
                 return r
         return None
 

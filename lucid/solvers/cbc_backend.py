@@ -95,19 +95,29 @@ def _read_solution(path: Path, n: int) -> np.ndarray | None:
     return x
 
 
-def solve_cbc(
-    model: MilpModel, options: SolverOptions, extra: dict[str, object] | None = None
-) -> SolveResult:
+def solve_cbc(model: MilpModel, options: SolverOptions, extra: dict[str, object] | None = None) -> SolveResult:
     from lucid.solvers.mps import write_mps
 
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="lucid-cbc-") as tmp:
         mps, sol = Path(tmp) / "model.mps", Path(tmp) / "solution.txt"
         write_mps(replace(model, objective_offset=0.0), mps, minimise=True)
-        args = [cbc_path(), str(mps), "-preprocess", "off", "-presolve", "off",
-                "-threads", str(int(options.threads)),
-                "-ratioGap", repr(float(options.mip_rel_gap)),
-                "-allowableGap", repr(float(options.mip_abs_gap)), "-timeMode", "elapsed"]
+        args = [
+            cbc_path(),
+            str(mps),
+            "-preprocess",
+            "off",
+            "-presolve",
+            "off",
+            "-threads",
+            str(int(options.threads)),
+            "-ratioGap",
+            repr(float(options.mip_rel_gap)),
+            "-allowableGap",
+            repr(float(options.mip_abs_gap)),
+            "-timeMode",
+            "elapsed",
+        ]
         if options.time_limit is not None:
             args += ["-sec", repr(float(max(options.time_limit, 0.0)))]
         for key, value in (extra or {}).items():
@@ -125,8 +135,7 @@ def solve_cbc(
             print(log)
         solution = _read_solution(sol, model.num_cols)
         sol_text = sol.read_text() if sol.is_file() else ""
-    return _result(model, options, log, sol_text, solution, time.perf_counter() - t0,
-                   build_seconds)
+    return _result(model, options, log, sol_text, solution, time.perf_counter() - t0, build_seconds)
 
 
 def _result(model, options, log, sol_text, solution, seconds, build_seconds) -> SolveResult:
@@ -169,15 +178,19 @@ def _result(model, options, log, sol_text, solution, seconds, build_seconds) -> 
     else:
         solution = None
     replays = solution is not None and replay_solution(model, solution).ok(REPLAY_TOLERANCE)
-    if logged_best is not None and replays and _log_space_mismatch(
-        logged_best, float(model.objective @ solution)
-    ):
+    if logged_best is not None and replays and _log_space_mismatch(logged_best, float(model.objective @ solution)):
         message += " (CBC's logged objective does not match its solution: bound discarded)"
         code, upper = ERROR, math.inf
     upper += offset
     return SolveResult(
-        status=code, upper_bound=upper, incumbent=incumbent, solution=solution,
-        nodes=nodes, seconds=seconds, solver="cbc", message=message,
+        status=code,
+        upper_bound=upper,
+        incumbent=incumbent,
+        solution=solution,
+        nodes=nodes,
+        seconds=seconds,
+        solver="cbc",
+        message=message,
         stats={"build_seconds": build_seconds},
     )
 

@@ -16,8 +16,7 @@ from lucid.sgd import TrainingInputs
 from lucid.training.settings import TrainSettings
 
 
-def stage_agt_boxes(ds: Dataset, spec: dict, init: dict, orders: torch.Tensor,
-                    settings: TrainSettings) -> list[AgtBox]:
+def stage_agt_boxes(ds: Dataset, spec: dict, init: dict, orders: torch.Tensor, settings: TrainSettings) -> list[AgtBox]:
     """Boxes for k = 1..settings.agt that contain every parameter vector T reaches without up to k rows."""
     if settings.progress:
         print(f"lucid: abstract gradient training, boxes for k = 1..{settings.agt}", file=sys.stderr, flush=True)

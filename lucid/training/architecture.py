@@ -40,8 +40,9 @@ def parse_arch(arch: str, input_shape: str | Sequence[int] | None = None) -> dic
     elif re.fullmatch(r"\d+(,\d+)*", text):
         hidden = [int(w) for w in text.split(",")]
     else:
-        raise LucidError(f"unknown architecture '{arch}' (use e.g. 2x50, 3x4, 50,20, cnn, or conv(8,3),fc(32) "
-                         "with --input-shape)")
+        raise LucidError(
+            f"unknown architecture '{arch}' (use e.g. 2x50, 3x4, 50,20, cnn, or conv(8,3),fc(32) with --input-shape)"
+        )
     if not hidden or min(hidden) < 1:
         raise LucidError(f"architecture '{arch}' needs at least one hidden layer of width >= 1")
     return {"type": "mlp", "hidden": hidden}
@@ -55,8 +56,10 @@ def check_arch_fits(spec: dict, input_dim: int) -> None:
     if spec["type"] == "cnn2d":
         shape = spec["input_shape"]
         if math.prod(shape) != input_dim:
-            raise LucidError(f"--input-shape {','.join(map(str, shape))} has {math.prod(shape)} values, but the data "
-                             f"has {input_dim} features (an image's C-H-W flattening)")
+            raise LucidError(
+                f"--input-shape {','.join(map(str, shape))} has {math.prod(shape)} values, but the data "
+                f"has {input_dim} features (an image's C-H-W flattening)"
+            )
 
 
 class ReferenceNet(nn.Module):
@@ -71,12 +74,14 @@ class ReferenceNet(nn.Module):
             self.image = tuple(spec["input_shape"])  # type: ignore[assignment]
             channels, height, breadth = self.image
             for layer in spec["conv"]:
-                conv = nn.Conv2d(channels, layer["channels"], layer["kernel"], stride=layer["stride"],
-                                 padding=layer["pad"])
+                conv = nn.Conv2d(
+                    channels, layer["channels"], layer["kernel"], stride=layer["stride"], padding=layer["pad"]
+                )
                 self.conv.append(conv)
                 channels = layer["channels"]
-                height, breadth = conv2d_output_hw(height, breadth, (layer["kernel"],) * 2, layer["stride"],
-                                                   layer["pad"])
+                height, breadth = conv2d_output_hw(
+                    height, breadth, (layer["kernel"],) * 2, layer["stride"], layer["pad"]
+                )
             width = channels * height * breadth
         elif spec["type"] == "cnn":
             k = spec["kernel_size"]

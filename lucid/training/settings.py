@@ -91,8 +91,10 @@ class TrainSettings:
         spec = self.spec  # checks arch and input_shape
         parse_train_layers(self.train_layers, spec)
         if agt and spec["type"] not in AGT_ARCHITECTURES:
-            raise LucidError("--agt bounds MLPs and the 1-D CNN (--arch cnn) only; 2-D convolutions (conv(...) layers) "
-                             "are not supported (docs/agt.md)")
+            raise LucidError(
+                "--agt bounds MLPs and the 1-D CNN (--arch cnn) only; 2-D convolutions (conv(...) layers) "
+                "are not supported (docs/agt.md)"
+            )
         # prepare_dataset checks this too; here it fails before the data is read, as it always has
         if not (0 <= self.test_fraction < 1) or not math.isfinite(self.test_fraction):
             raise LucidError(f"--test-fraction must be in [0, 1), got {self.test_fraction}")

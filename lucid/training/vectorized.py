@@ -61,13 +61,15 @@ def train_networks(
     lr, weight_decay, batch_size, trainable = sgd.lr, sgd.weight_decay, sgd.batch_size, sgd.trainable
     device = X.device
     k = len(removed)
-    params = {name: p.to(device).unsqueeze(0).repeat((k,) + (1,) * p.ndim).contiguous()
-              for name, p in inputs.init.items()}
+    params = {
+        name: p.to(device).unsqueeze(0).repeat((k,) + (1,) * p.ndim).contiguous() for name, p in inputs.init.items()
+    }
     removed = removed.to(device)
     if method == "auto" or (method == "autograd" and spec["type"] == "cnn2d"):  # cnn2d's own step is autograd
         method = {"mlp": "mlp", "cnn": "cnn", "cnn2d": "cnn2d"}[spec["type"]]
     step = {"mlp": _MlpStep, "cnn": _CnnStep, "autograd": _AutogradStep, "cnn2d": _Cnn2dStep}[method](
-        params, spec, sgd.num_classes)
+        params, spec, sgd.num_classes
+    )
     first = 0
     if trainable is not None:
         if method != "mlp":
@@ -102,8 +104,9 @@ def _sgd_update(params: list[torch.Tensor], grads: list[torch.Tensor], lr: float
     torch._foreach_add_(params, grads, alpha=-lr)
 
 
-def _partial_gradients(W: list[torch.Tensor], b: list[torch.Tensor], xb: torch.Tensor, onehot: torch.Tensor,
-                       w: torch.Tensor, first: int) -> list[torch.Tensor]:
+def _partial_gradients(
+    W: list[torch.Tensor], b: list[torch.Tensor], xb: torch.Tensor, onehot: torch.Tensor, w: torch.Tensor, first: int
+) -> list[torch.Tensor]:
     """`dense_gradients` when the layers below `first` are frozen: they hold the same values in
     every network, so their activations are computed once (network 0's) and shared by all K,
     and the backward pass stops at layer `first` (None below it)."""
@@ -123,7 +126,9 @@ class _MlpStep:
         self.parameters = [t for pair in zip(self.weights, self.biases) for t in pair]
 
     @torch.no_grad()
-    def gradients(self, xb: torch.Tensor, yb: torch.Tensor, onehot: torch.Tensor, w: torch.Tensor) -> list[torch.Tensor]:
+    def gradients(
+        self, xb: torch.Tensor, yb: torch.Tensor, onehot: torch.Tensor, w: torch.Tensor
+    ) -> list[torch.Tensor]:
         return dense_gradients(self.weights, self.biases, xb, onehot, w)
 
 
@@ -176,7 +181,9 @@ class _CnnStep:
             db.copy_(bias.unsqueeze(-1).expand(*bias.shape, out_len).reshape(self._k, -1))
 
     @torch.no_grad()
-    def gradients(self, xb: torch.Tensor, yb: torch.Tensor, onehot: torch.Tensor, w: torch.Tensor) -> list[torch.Tensor]:
+    def gradients(
+        self, xb: torch.Tensor, yb: torch.Tensor, onehot: torch.Tensor, w: torch.Tensor
+    ) -> list[torch.Tensor]:
         if not self._built:
             self._build(xb.shape[1], xb.device)
         else:
@@ -223,8 +230,12 @@ class _AutogradStep:
     """Autograd on [K, ...] parameter tensors; supports the 1-D CNN (convs as unfold + einsum)."""
 
     def __init__(self, params: dict[str, torch.Tensor], spec: dict, num_classes: int) -> None:
-        self._bind(params, len(spec.get("conv_channels", [])) if spec["type"] == "cnn" else 0,
-                   len(spec["hidden"]) + 1, num_classes)
+        self._bind(
+            params,
+            len(spec.get("conv_channels", [])) if spec["type"] == "cnn" else 0,
+            len(spec["hidden"]) + 1,
+            num_classes,
+        )
 
     def _bind(self, params: dict[str, torch.Tensor], n_conv: int, n_dense: int, num_classes: int) -> None:
         """The parameters autograd differentiates: the convolutions', then the dense layers'."""
@@ -258,7 +269,9 @@ class _AutogradStep:
                 h = torch.relu(h)
         return h
 
-    def gradients(self, xb: torch.Tensor, yb: torch.Tensor, onehot: torch.Tensor, w: torch.Tensor) -> list[torch.Tensor]:
+    def gradients(
+        self, xb: torch.Tensor, yb: torch.Tensor, onehot: torch.Tensor, w: torch.Tensor
+    ) -> list[torch.Tensor]:
         with torch.enable_grad():
             for t in self.parameters:
                 t.requires_grad_(True)
@@ -292,7 +305,13 @@ class _Cnn2dStep(_AutogradStep):
         h = xb.reshape(batch, *self.image)
         for j, layer in enumerate(self.convs):
             weight, bias = p[f"conv.{j}.weight"], p[f"conv.{j}.bias"]  # [K, out, in, kh, kw], [K, out]
-            h = F.conv2d(h, weight.flatten(0, 1), bias.flatten(), stride=layer["stride"], padding=layer["pad"],
-                         groups=1 if j == 0 else k)
+            h = F.conv2d(
+                h,
+                weight.flatten(0, 1),
+                bias.flatten(),
+                stride=layer["stride"],
+                padding=layer["pad"],
+                groups=1 if j == 0 else k,
+            )
             h = torch.relu(h)
         return self._dense(h.reshape(batch, k, -1).transpose(0, 1), p)

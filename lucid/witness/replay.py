@@ -55,8 +55,9 @@ class LeakWitness:
     repaired: bool
 
 
-def _confidences(stack: NetworkStack, positions: np.ndarray, x: np.ndarray, cls: int
-                 ) -> tuple[float, np.ndarray, float, float, np.ndarray]:
+def _confidences(
+    stack: NetworkStack, positions: np.ndarray, x: np.ndarray, cls: int
+) -> tuple[float, np.ndarray, float, float, np.ndarray]:
     """N's confidence, the confidences of the networks of S, the score scale and rigorous bounds on
     the float error of N's and of each S confidence (`NetworkStack.forward_with_error`)."""
     scores_n, err_n = stack.select(np.array([0])).forward_with_error(x[None, :])
@@ -71,7 +72,15 @@ def _confidences(stack: NetworkStack, positions: np.ndarray, x: np.ndarray, cls:
     return conf_n, confidence(scores_s, cls), scale, error_n, error_s
 
 
-def replay(stack: NetworkStack, positions: np.ndarray, x: np.ndarray, cls: int, lower: np.ndarray, upper: np.ndarray, repaired: bool = False) -> LeakWitness | None:
+def replay(
+    stack: NetworkStack,
+    positions: np.ndarray,
+    x: np.ndarray,
+    cls: int,
+    lower: np.ndarray,
+    upper: np.ndarray,
+    repaired: bool = False,
+) -> LeakWitness | None:
     """The witness if x (clipped to the domain) truly leaks for some network of S, else None.
 
     "Truly": the disagreement and the claimed confidence hold for the exact (real-number) networks,
@@ -124,7 +133,15 @@ def _scaled_rows(A: np.ndarray, b: np.ndarray, scale: float, d: int) -> tuple[np
     return A, b
 
 
-def repair(stack: NetworkStack, positions: np.ndarray, x: np.ndarray, cls: int, lower: np.ndarray, upper: np.ndarray, candidates: int = 3) -> LeakWitness | None:
+def repair(
+    stack: NetworkStack,
+    positions: np.ndarray,
+    x: np.ndarray,
+    cls: int,
+    lower: np.ndarray,
+    upper: np.ndarray,
+    candidates: int = 3,
+) -> LeakWitness | None:
     """Search near x, inside the linear regions of N and of the most promising networks of S."""
     from scipy.optimize import linprog
 
@@ -170,7 +187,9 @@ def repair(stack: NetworkStack, positions: np.ndarray, x: np.ndarray, cls: int, 
     return None
 
 
-def find_leak(stack: NetworkStack, positions: np.ndarray, x: np.ndarray | None, cls: int, lower: np.ndarray, upper: np.ndarray) -> LeakWitness | None:
+def find_leak(
+    stack: NetworkStack, positions: np.ndarray, x: np.ndarray | None, cls: int, lower: np.ndarray, upper: np.ndarray
+) -> LeakWitness | None:
     """Replay x; repair it if it does not strictly leak; None (logged) if neither works."""
     if x is None or not np.all(np.isfinite(x)):
         return None

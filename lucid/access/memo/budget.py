@@ -41,17 +41,24 @@ def client_refusal(db: Any, client: str | None, epsilon: float, fresh: int, budg
     """The fixed message refusing a call whose `fresh` keys (new to this client) would exceed its
     budget; None if it fits. It counts epsilon per key, never whether it is noised: the branch stays hidden."""
     if budget is not None and fresh and not within_budget(charged(db, client) + epsilon * fresh, budget):
-        return (f"the privacy budget of {budget:g} is spent for this client: only inputs it was answered "
-                "before are answered now")
+        return (
+            f"the privacy budget of {budget:g} is spent for this client: only inputs it was answered "
+            "before are answered now"
+        )
     return None
 
 
 def total_refusal(db: Any, epsilon: float, draws: int, total_budget: float | None) -> str | None:
     """The same for the `draws` (keys new to the memo) against the all-clients total."""
-    if total_budget is not None and draws and not within_budget(
-            charged(db, ALL_CLIENTS) + epsilon * draws, total_budget):
-        return (f"the total privacy budget of {total_budget:g} of this service is spent: only inputs "
-                "answered before are answered now")
+    if (
+        total_budget is not None
+        and draws
+        and not within_budget(charged(db, ALL_CLIENTS) + epsilon * draws, total_budget)
+    ):
+        return (
+            f"the total privacy budget of {total_budget:g} of this service is spent: only inputs "
+            "answered before are answered now"
+        )
     return None
 
 
@@ -62,8 +69,10 @@ def new_reservation(db: Any, client: str, epsilon: float, inputs: int, rid: str 
     now = time.time()
     db.execute("DELETE FROM reserved WHERE client = ? AND expires <= ?", (client, now))
     rid = uuid.uuid4().hex if rid is None else rid
-    db.execute("INSERT INTO reserved (id, client, epsilon, inputs, expires) VALUES (?, ?, ?, ?, ?)",
-               (rid, client, epsilon, int(inputs), now + RESERVATION_TTL_S))
+    db.execute(
+        "INSERT INTO reserved (id, client, epsilon, inputs, expires) VALUES (?, ?, ?, ?, ?)",
+        (rid, client, epsilon, int(inputs), now + RESERVATION_TTL_S),
+    )
     return rid
 
 
@@ -73,8 +82,11 @@ def draw_on(db: Any, rid: str | None, client: str, inputs: int) -> bool:
     the budget itself."""
     if rid is None:
         return False
-    row = db.execute("UPDATE reserved SET inputs = inputs - ? WHERE id = ? AND client = ? AND expires > ? "
-                     "AND inputs >= ? RETURNING inputs", (int(inputs), rid, client, time.time(), int(inputs))).fetchone()
+    row = db.execute(
+        "UPDATE reserved SET inputs = inputs - ? WHERE id = ? AND client = ? AND expires > ? "
+        "AND inputs >= ? RETURNING inputs",
+        (int(inputs), rid, client, time.time(), int(inputs)),
+    ).fetchone()
     return row is not None
 
 

@@ -89,8 +89,9 @@ def _conninfo(url: str, name: str) -> str:
         params = pg_conninfo.conninfo_to_dict(url)
     except psycopg.Error as exc:
         raise LucidError(f"--memo {name}: not a PostgreSQL URL ({_first_line(exc, url)})") from None
-    return pg_conninfo.make_conninfo(url, **({} if "connect_timeout" in params else
-                                             {"connect_timeout": CONNECT_TIMEOUT_S}))
+    return pg_conninfo.make_conninfo(
+        url, **({} if "connect_timeout" in params else {"connect_timeout": CONNECT_TIMEOUT_S})
+    )
 
 
 def _configure(conn: psycopg.Connection) -> None:
@@ -145,13 +146,21 @@ class PostgresMemo(SqlMemo):
             psycopg.connect(conninfo, autocommit=True).close()
         except psycopg.Error as exc:
             raise MemoUnavailable(
-                f"cannot connect to the memo database {self._name}: {_first_line(exc, url)}") from None
+                f"cannot connect to the memo database {self._name}: {_first_line(exc, url)}"
+            ) from None
         # Small: a memo makes one call at a time (its lock), so one connection is in use and one more
         # can be opened while a broken one is replaced; each replica (and each --workers process) has its own.
         self._pool = ConnectionPool(
-            conninfo, min_size=1, max_size=2, open=False, kwargs={"autocommit": True}, configure=_configure,
-            timeout=timeout, reconnect_timeout=RECONNECT_TIMEOUT_S,
-            name="lucid-memo")
+            conninfo,
+            min_size=1,
+            max_size=2,
+            open=False,
+            kwargs={"autocommit": True},
+            configure=_configure,
+            timeout=timeout,
+            reconnect_timeout=RECONNECT_TIMEOUT_S,
+            name="lucid-memo",
+        )
         try:
             self._pool.open(wait=True, timeout=timeout)
             with self._transaction() as db:
@@ -193,8 +202,10 @@ class PostgresMemo(SqlMemo):
         if not any(float(row[0]) == epsilon for row in locked):
             # FOR UPDATE locks rows that exist: a new client's row is made first (by one replica: ON
             # CONFLICT waits for the other's insert), then locked.
-            db.execute("INSERT INTO ledger (client, epsilon) VALUES (?, ?) ON CONFLICT (client, epsilon) DO NOTHING",
-                       (client, epsilon))
+            db.execute(
+                "INSERT INTO ledger (client, epsilon) VALUES (?, ?) ON CONFLICT (client, epsilon) DO NOTHING",
+                (client, epsilon),
+            )
             db.execute("SELECT 1 FROM ledger WHERE client = ? AND epsilon = ? FOR UPDATE", (client, epsilon))
 
     def _lock_memo(self, db: _Session) -> bool:
@@ -202,15 +213,17 @@ class PostgresMemo(SqlMemo):
         return True
 
     def _migrate(self, db: _Session, meta: dict[str, Any]) -> None:
-        raise LucidError(f"{self._name} holds a {meta.get('format')} memo: only SQLite files of that format "
-                         "are migrated")
+        raise LucidError(
+            f"{self._name} holds a {meta.get('format')} memo: only SQLite files of that format are migrated"
+        )
 
     def _failure(self, exc: BaseException) -> MemoError:
         # Connection-level failures (no server answer, a dropped connection, class 08, or the server
         # shutting down, 57P) say nothing about the request; any other error may, and is a MemoError.
         state = getattr(exc, "sqlstate", None) or ""
-        if isinstance(exc, PoolTimeout) or (isinstance(exc, psycopg.OperationalError)
-                                            and (not state or state.startswith(("08", "57P")))):
+        if isinstance(exc, PoolTimeout) or (
+            isinstance(exc, psycopg.OperationalError) and (not state or state.startswith(("08", "57P")))
+        ):
             return MemoUnavailable(f"the memo database {self._name} is unreachable: {_first_line(exc, self._url)}")
         return MemoError(f"the memo database {self._name} failed: {_first_line(exc, self._url)}")
 

@@ -73,11 +73,18 @@ class MemoStore(Protocol):
     @property
     def epsilon(self) -> float | None: ...
 
-    def bind(self, epsilon: float, bounds: np.ndarray | BoundsRecord | None = None,
-             fingerprint: str | None = None) -> MemoStore: ...
+    def bind(
+        self, epsilon: float, bounds: np.ndarray | BoundsRecord | None = None, fingerprint: str | None = None
+    ) -> MemoStore: ...
 
-    def get_or_put(self, keys: Sequence[bytes], proposals: Proposals, noised: np.ndarray | None = None,
-                   charge: Charge | None = None, turn: Turn | None = None) -> np.ndarray: ...
+    def get_or_put(
+        self,
+        keys: Sequence[bytes],
+        proposals: Proposals,
+        noised: np.ndarray | None = None,
+        charge: Charge | None = None,
+        turn: Turn | None = None,
+    ) -> np.ndarray: ...
 
     def ledger_rows(self) -> list[tuple[str, float, int, int, int]]: ...
 
@@ -109,8 +116,9 @@ class SqlMemo(SqlBackend):
         check_fingerprint(db, meta, fingerprint, self._name)
         self._evict(db, int(meta["count"]))
 
-    def bind(self, epsilon: float, bounds: np.ndarray | BoundsRecord | None = None,
-             fingerprint: str | None = None) -> SqlMemo:
+    def bind(
+        self, epsilon: float, bounds: np.ndarray | BoundsRecord | None = None, fingerprint: str | None = None
+    ) -> SqlMemo:
         """Tie this memo to the epsilon (and bounds, and N) it answers with, or refuse in one line:
         a stored draw keeps the epsilon it was drawn with, so serving it under another epsilon
         would charge clients the wrong amount (lucid/access/memo/metadata.py). Returns the memo."""
@@ -127,9 +135,14 @@ class SqlMemo(SqlBackend):
     def _evict(self, db: Session, count: int, always_store: bool = False) -> int:
         """Drop the least recently used entries above max_size (under lock 3); returns the new count."""
         if count > self.max_size:
-            gone = [row[0] for row in db.execute(
-                f"DELETE FROM memo WHERE key IN (SELECT key FROM memo ORDER BY used LIMIT ?{self._SKIP_LOCKED}) "
-                "RETURNING key", (count - self.max_size,)).fetchall()]
+            gone = [
+                row[0]
+                for row in db.execute(
+                    f"DELETE FROM memo WHERE key IN (SELECT key FROM memo ORDER BY used LIMIT ?{self._SKIP_LOCKED}) "
+                    "RETURNING key",
+                    (count - self.max_size,),
+                ).fetchall()
+            ]
             # An evicted input's next answer is a fresh draw, charged again: forget who saw it.
             for start in range(0, len(gone), _CHUNK):
                 part = gone[start : start + _CHUNK]
@@ -141,7 +154,11 @@ class SqlMemo(SqlBackend):
         return count
 
     def _select(
-        self, db: Session, unique: Sequence[bytes], client: str | None, stop_at_miss: bool = False,
+        self,
+        db: Session,
+        unique: Sequence[bytes],
+        client: str | None,
+        stop_at_miss: bool = False,
         lock: bool = False,
     ) -> tuple[dict[bytes, tuple[int, int]], set[bytes]]:
         """({key: (label, noised)} of the stored keys, the keys `client` has been answered). With
@@ -168,8 +185,14 @@ class SqlMemo(SqlBackend):
                 break
         return stored, seen
 
-    def get_or_put(self, keys: Sequence[bytes], proposals: Proposals, noised: np.ndarray | None = None,
-                   charge: Charge | None = None, turn: Turn | None = None) -> np.ndarray:
+    def get_or_put(
+        self,
+        keys: Sequence[bytes],
+        proposals: Proposals,
+        noised: np.ndarray | None = None,
+        charge: Charge | None = None,
+        turn: Turn | None = None,
+    ) -> np.ndarray:
         """The stored label of each key; keys not stored yet get (and keep) their proposal.
 
         `proposals` is one label per key, or a function from the positions of the keys not
@@ -280,8 +303,9 @@ class SqlMemo(SqlBackend):
         # The LRU positions of earlier hits: written once enough are pending, or when an
         # eviction needs them; not by every small write, which would pay for the hits
         # of every batch before it (a single-row request writing 10 000 of them).
-        touch = bool(self._pending_touches) and (len(self._pending_touches) >= _MAX_PENDING_TOUCHES
-                                                 or count > self.max_size)
+        touch = bool(self._pending_touches) and (
+            len(self._pending_touches) >= _MAX_PENDING_TOUCHES or count > self.max_size
+        )
         if touch and not memo_locked:
             self._lock_memo(db)
         with self._batch(db):
