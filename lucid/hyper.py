@@ -27,7 +27,7 @@ class HyperNetwork:
     @property
     def exact(self) -> bool:
         """True when every interval is a point (S is a singleton, or all networks coincide)."""
-        return all(np.array_equal(lo, hi) for lo, hi in zip(self.w_lo + self.b_lo, self.w_hi + self.b_hi))
+        return all(np.array_equal(lo, hi) for lo, hi in zip(self.w_lo + self.b_lo, self.w_hi + self.b_hi, strict=True))
 
     @property
     def num_layers(self) -> int:
@@ -36,10 +36,10 @@ class HyperNetwork:
     def join(self, other: HyperNetwork) -> HyperNetwork:
         """The hyper-network of both sets of networks: the union of their intervals."""
         return HyperNetwork(
-            [np.minimum(a, b) for a, b in zip(self.w_lo, other.w_lo)],
-            [np.maximum(a, b) for a, b in zip(self.w_hi, other.w_hi)],
-            [np.minimum(a, b) for a, b in zip(self.b_lo, other.b_lo)],
-            [np.maximum(a, b) for a, b in zip(self.b_hi, other.b_hi)],
+            [np.minimum(a, b) for a, b in zip(self.w_lo, other.w_lo, strict=True)],
+            [np.maximum(a, b) for a, b in zip(self.w_hi, other.w_hi, strict=True)],
+            [np.minimum(a, b) for a, b in zip(self.b_lo, other.b_lo, strict=True)],
+            [np.maximum(a, b) for a, b in zip(self.b_hi, other.b_hi, strict=True)],
             np.concatenate([self.positions, other.positions]),
         )
 
@@ -50,7 +50,7 @@ def hyper_network(stack: NetworkStack, positions: np.ndarray | list[int]) -> Hyp
     if positions.size == 0:
         raise ValueError("a hyper-network needs at least one network")
     w_lo, w_hi, b_lo, b_hi = [], [], [], []
-    for w, b in zip(stack.weights, stack.biases):
+    for w, b in zip(stack.weights, stack.biases, strict=True):
         ws, bs = w[positions], b[positions]
         w_lo.append(ws.min(axis=0))
         w_hi.append(ws.max(axis=0))

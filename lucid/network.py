@@ -35,7 +35,7 @@ class NetworkStack:
         if len(self.weights) != len(self.biases) or not self.weights:
             raise ValueError("a network needs at least one affine layer, with one bias per weight")
         k = len(self.removed)
-        for w, b in zip(self.weights, self.biases):
+        for w, b in zip(self.weights, self.biases, strict=True):
             if w.ndim != 3 or b.ndim != 2 or w.shape[0] != k or b.shape[0] != k or w.shape[1] != b.shape[1]:
                 raise ValueError(f"inconsistent layer shapes {w.shape} / {b.shape} for {k} networks")
 
@@ -88,14 +88,14 @@ class NetworkStack:
             dtype = torch.float32 if float32 else torch.float64
             with torch.no_grad():
                 h = torch.as_tensor(x, dtype=dtype)
-                for i, (w, b) in enumerate(zip(self.weights, self.biases)):
+                for i, (w, b) in enumerate(zip(self.weights, self.biases, strict=True)):
                     wt, bt = _tensor(w, dtype), _tensor(b, dtype)
                     h = torch.matmul(h, wt.transpose(1, 2)) + bt[:, None, :]
                     if i < last:
                         h = torch.relu(h)
             return h.numpy().astype(np.float64, copy=False)
         h = x
-        for i, (w, b) in enumerate(zip(self.weights, self.biases)):
+        for i, (w, b) in enumerate(zip(self.weights, self.biases, strict=True)):
             h = np.matmul(h, w.transpose(0, 2, 1)) + b[:, None, :]
             if i < last:
                 np.maximum(h, 0.0, out=h)
@@ -115,7 +115,7 @@ class NetworkStack:
         last = len(self.weights) - 1
         h, err = x, np.zeros_like(x)
         with np.errstate(all="ignore"):
-            for i, (w, b) in enumerate(zip(self.weights, self.biases)):
+            for i, (w, b) in enumerate(zip(self.weights, self.biases, strict=True)):
                 wt, abs_wt = w.transpose(0, 2, 1), np.abs(w).transpose(0, 2, 1)
                 magnitude = np.matmul(np.abs(h), abs_wt) + np.abs(b)[:, None, :]
                 err = np.matmul(err, abs_wt) + float_gamma(w.shape[2] + 1) * magnitude
@@ -127,7 +127,7 @@ class NetworkStack:
     def flat_parameters(self) -> np.ndarray:
         """One row per network with all its (lowered) parameters: used for k-means splitting."""
         parts = []
-        for w, b in zip(self.weights, self.biases):
+        for w, b in zip(self.weights, self.biases, strict=True):
             parts.append(w.reshape(len(self), -1))
             parts.append(b)
         return np.concatenate(parts, axis=1)

@@ -79,7 +79,7 @@ def _names(layers: int) -> list[str]:
 
 def _write_cache(source: NetworkFile, folder: Path) -> None:
     first = source.select(slice(0, 1))
-    arrays = [a for pair in zip(first.weights, first.biases) for a in pair]
+    arrays = [a for pair in zip(first.weights, first.biases, strict=True) for a in pair]
     per_network = sum(a[0].nbytes for a in arrays)
     chunk = max(1, CHUNK_BYTES // per_network)
     folder.parent.mkdir(parents=True, exist_ok=True)
@@ -90,11 +90,13 @@ def _write_cache(source: NetworkFile, folder: Path) -> None:
             np.lib.format.open_memmap(
                 staging / f"{name}.npy", mode="w+", dtype=np.float64, shape=(len(source),) + a.shape[1:]
             )
-            for name, a in zip(names, arrays)
+            for name, a in zip(names, arrays, strict=True)
         ]
         for start in range(0, len(source), chunk):
             part = source.select(slice(start, min(len(source), start + chunk)))
-            for out, a in zip(outs, [a for pair in zip(part.weights, part.biases) for a in pair]):
+            for out, a in zip(
+                outs, [a for pair in zip(part.weights, part.biases, strict=True) for a in pair], strict=True
+            ):
                 out[start : start + len(a)] = a
         for out in outs:
             out.flush()

@@ -56,12 +56,12 @@ class ChoiceInputs:
         for start in range(1, len(stack), chunk):
             positions = np.arange(start, min(start + chunk, len(stack)))
             other = stack.select(positions).forward(x).argmax(axis=2) != labels[None, :]  # [k, n]
-            for k, i in zip(*np.nonzero(other)):
+            for k, i in zip(*np.nonzero(other), strict=True):
                 hits[i].append(int(positions[k]))
         weights = [w[0] for w in stack.select(np.array([0])).weights]
         biases = [b[0] for b in stack.select(np.array([0])).biases]
         error = confidence_error(weights, biases, lower, upper)
-        size = sum(int(w[0].size) + int(b[0].size) for w, b in zip(stack.weights, stack.biases))
+        size = sum(int(w[0].size) + int(b[0].size) for w, b in zip(stack.weights, stack.biases, strict=True))
         return cls(
             source,
             labels,

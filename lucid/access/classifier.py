@@ -240,7 +240,7 @@ class LabelOnlyClassifier:
         """N's output scores on network-space inputs [B, d] -> [B, C] (float64)."""
         h = xn
         last = len(self._weights) - 1
-        for i, (w, b) in enumerate(zip(self._weights, self._biases)):
+        for i, (w, b) in enumerate(zip(self._weights, self._biases, strict=True)):
             h = h @ w
             h += b
             if i < last:

@@ -310,7 +310,7 @@ def format_table(totals: Sequence[ClientTotals]) -> str:
     ]
     widths = [max(len(r[i]) for r in [head, *body]) for i in range(len(head))]
     lines = [
-        "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+        "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
         for r in [head, *body]
     ]
     lines.insert(1, "  ".join("-" * w for w in widths))

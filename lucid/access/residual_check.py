@@ -83,7 +83,7 @@ class ResidualCheck:
             return np.array(h)  # one layer: the scores, no longer a view of the product
         np.maximum(h, 0.0, out=h)
         last = len(self._weights) - 1
-        for i, (w, b) in enumerate(zip(self._weights, self._biases)):
+        for i, (w, b) in enumerate(zip(self._weights, self._biases, strict=True)):
             h = np.matmul(h, w)
             h += b
             if i < last:

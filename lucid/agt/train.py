@@ -170,7 +170,7 @@ def _abstract_train(
                     moved = zonotope_update(
                         zonotope, bounded, k=k, lr=lr, weight_decay=weight_decay, max_generators=max_generators
                     )
-            for name, (rb, extra) in zip(names, rowb):
+            for name, (rb, extra) in zip(names, rowb, strict=False):
                 if rb is None:  # a frozen layer (fine-tuning variant)
                     continue
                 g_lo, g_hi = removal_mean_bounds(rb, k, extra)

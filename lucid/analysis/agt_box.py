@@ -32,7 +32,7 @@ def check_parameter_box_holds_networks(problem: VerificationProblem, hyper: Hype
     """The box must have the networks' shapes and contain every network of the run (N, and each
     N_-i for k >= 1): a box that misses one was not computed for these networks, and its bound
     would be about some other training."""
-    for k, (w, b) in enumerate(zip(problem.stack.weights, problem.stack.biases)):
+    for k, (w, b) in enumerate(zip(problem.stack.weights, problem.stack.biases, strict=True)):
         if hyper.w_lo[k].shape != w.shape[1:] or hyper.b_lo[k].shape != b.shape[1:]:
             raise LucidError(
                 f"{where}: layer {k} of the box has shape {hyper.w_lo[k].shape}, the networks {w.shape[1:]}"

@@ -201,6 +201,6 @@ def _hull(bounds: LayerBounds, so_far: LayerBounds | None) -> LayerBounds:
     lower = [lo.min(axis=0) for lo in bounds.lower]
     upper = [hi.max(axis=0) for hi in bounds.upper]
     if so_far is not None:
-        lower = [np.minimum(a, b) for a, b in zip(lower, so_far.lower)]
-        upper = [np.maximum(a, b) for a, b in zip(upper, so_far.upper)]
+        lower = [np.minimum(a, b) for a, b in zip(lower, so_far.lower, strict=True)]
+        upper = [np.maximum(a, b) for a, b in zip(upper, so_far.upper, strict=True)]
     return LayerBounds(lower, upper)

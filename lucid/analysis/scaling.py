@@ -88,7 +88,7 @@ def _layer_factors(scales: list[np.ndarray], k: int, input_dim: int) -> tuple[np
 def rescale_stack(stack: NetworkStack, scales: list[np.ndarray]) -> NetworkStack:
     """The same networks with hidden neuron i of layer k multiplied by scales[k][i] (exact)."""
     weights, biases = [], []
-    for k, (w, b) in enumerate(zip(stack.weights, stack.biases)):
+    for k, (w, b) in enumerate(zip(stack.weights, stack.biases, strict=True)):
         rows, cols = _layer_factors(scales, k, stack.input_dim)
         w = np.asarray(w) / cols[None, None, :]
         if rows is not None:

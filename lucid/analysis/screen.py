@@ -92,7 +92,7 @@ class Screen:
             from lucid.bounds.stack_screen import symbolic_screens
 
             bounds = np.minimum(bounds, symbolic_screens(self.problem, classes, positions, device=self.device))
-        self._kept = (key, {c: b for c, b in zip(classes, bounds) if c != cls})
+        self._kept = (key, {c: b for c, b in zip(classes, bounds, strict=True) if c != cls})
         return bounds[classes.index(cls)]
 
     def highest(
@@ -111,7 +111,7 @@ class Screen:
             if prior is not None and c in prior:
                 bounds[j] = np.minimum(bounds[j], prior[c])
         if self.method == "interval" or positions.size == 0:
-            return dict(zip(classes, bounds))
+            return dict(zip(classes, bounds, strict=True))
         from lucid.bounds.stack_screen import symbolic_screens
 
         done = np.zeros(len(positions), dtype=bool)
@@ -120,7 +120,7 @@ class Screen:
         while True:
             above = ~done & (bounds > highest[:, None]).any(axis=0)
             if not above.any():
-                return dict(zip(classes, bounds))
+                return dict(zip(classes, bounds, strict=True))
             # each class's highest bounds first, `batch` networks in all
             order = np.argsort(-np.where(above, bounds, -np.inf), axis=1, kind="stable")
             take = np.unique(order[:, : max(1, batch // len(classes))])

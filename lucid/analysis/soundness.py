@@ -130,7 +130,7 @@ def confidence_error(
     lo, hi = np.asarray(lower, dtype=np.float64), np.asarray(upper, dtype=np.float64)
     err = np.zeros_like(lo)
     last = len(weights) - 1
-    for k, (w, b) in enumerate(zip(weights, biases)):
+    for k, (w, b) in enumerate(zip(weights, biases, strict=True)):
         w, b = np.asarray(w, dtype=np.float64), np.asarray(b, dtype=np.float64)
         g = float_gamma(w.shape[1] + 1)
         with np.errstate(all="ignore"):

@@ -124,7 +124,7 @@ def plot_curves(events: list[dict], path: str | Path, title: str = "") -> None:
 
     curves = anytime_curves(events)
     fig, axes = plt.subplots(1, max(1, len(curves)), figsize=(5 * max(1, len(curves)), 3.6), squeeze=False)
-    for ax, (c, pts) in zip(axes[0], sorted(curves.items())):
+    for ax, (c, pts) in zip(axes[0], sorted(curves.items()), strict=False):
         t = [p[0] for p in pts]
         up = [p[2] if p[2] is not None and math.isfinite(p[2]) else math.nan for p in pts]
         lo = [p[1] if p[1] is not None else math.nan for p in pts]

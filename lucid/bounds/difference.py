@@ -127,10 +127,10 @@ def intersect_differences(diff: DifferenceBounds, pre: LayerBounds, hyper: Layer
     z# - z = relu(zhat#) - relu(zhat) lies between min(0, zhat# - zhat) and max(0, zhat# - zhat)
     (ReLU is monotone and 1-Lipschitz), so the post-activation intervals follow from the tightened
     pre-activation ones. Only max / min of sound bounds: no rounding."""
-    pre_lo = [np.maximum(a, b) for a, b in zip(diff.pre.lower, pre.lower)]
-    pre_hi = [np.minimum(a, b) for a, b in zip(diff.pre.upper, pre.upper)]
-    hyp_lo = [np.maximum(a, b) for a, b in zip(diff.hyper.lower, hyper.lower)]
-    hyp_hi = [np.minimum(a, b) for a, b in zip(diff.hyper.upper, hyper.upper)]
-    post_lo = [np.maximum(p, np.minimum(lo, 0.0)) for p, lo in zip(diff.post.lower, pre_lo)]
-    post_hi = [np.minimum(p, np.maximum(hi, 0.0)) for p, hi in zip(diff.post.upper, pre_hi)]
+    pre_lo = [np.maximum(a, b) for a, b in zip(diff.pre.lower, pre.lower, strict=True)]
+    pre_hi = [np.minimum(a, b) for a, b in zip(diff.pre.upper, pre.upper, strict=True)]
+    hyp_lo = [np.maximum(a, b) for a, b in zip(diff.hyper.lower, hyper.lower, strict=True)]
+    hyp_hi = [np.minimum(a, b) for a, b in zip(diff.hyper.upper, hyper.upper, strict=True)]
+    post_lo = [np.maximum(p, np.minimum(lo, 0.0)) for p, lo in zip(diff.post.lower, pre_lo, strict=True)]
+    post_hi = [np.minimum(p, np.maximum(hi, 0.0)) for p, hi in zip(diff.post.upper, pre_hi, strict=True)]
     return DifferenceBounds(LayerBounds(pre_lo, pre_hi), LayerBounds(post_lo, post_hi), LayerBounds(hyp_lo, hyp_hi))

@@ -29,7 +29,7 @@ class LayerBounds:
 
     def to_arrays(self, prefix: str = "") -> dict[str, np.ndarray]:
         out = {}
-        for i, (lo, hi) in enumerate(zip(self.lower, self.upper)):
+        for i, (lo, hi) in enumerate(zip(self.lower, self.upper, strict=True)):
             out[f"{prefix}lower.{i}"] = lo
             out[f"{prefix}upper.{i}"] = hi
         return out
@@ -43,8 +43,8 @@ class LayerBounds:
 
     def intersect(self, other: LayerBounds) -> LayerBounds:
         return LayerBounds(
-            [np.maximum(a, b) for a, b in zip(self.lower, other.lower)],
-            [np.minimum(a, b) for a, b in zip(self.upper, other.upper)],
+            [np.maximum(a, b) for a, b in zip(self.lower, other.lower, strict=True)],
+            [np.minimum(a, b) for a, b in zip(self.upper, other.upper, strict=True)],
         )
 
 

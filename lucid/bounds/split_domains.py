@@ -116,7 +116,7 @@ def choose_neuron(d: _Domains, relax: list[Relaxation], intervals: list, alphas:
     (max(-alpha l, (1 - alpha) u)) times the coefficient, plus |coefficient| times width.
     (Scoring alpha's gap in the first rank doubled the domains Adult's top network needed.)"""
     primary, fallback = [], []
-    for k, (r, (l, u, hl, hu), a, (az, ed)) in enumerate(zip(relax, intervals, alphas, trace)):
+    for k, (r, (l, u, hl, hu), a, (az, ed)) in enumerate(zip(relax, intervals, alphas, trace, strict=False)):
         az, ed = az[:, 0], ed[:, 0]
         un = r.unstable & (d.sn[k] == 0)
         up = (hl < 0) & (hu > 0) & (d.sp[k] == 0)

@@ -67,7 +67,7 @@ def _split_terms(signs: tuple[list, list], beta_n: list[torch.Tensor], beta_p: l
     """Per hidden layer, the Lagrangian coefficients (s_j beta_j of zhat_j, s_j beta'_j of zhat'_j),
     [D, 1, n] each, for `JointSystem.backward`'s `splits` (signs: `_signs`; beta_n, beta_p: [D, 1, n]
     per layer)."""
-    return [(sn * b1, sp * b2) for sn, sp, b1, b2 in zip(*signs, beta_n, beta_p)]
+    return [(sn * b1, sp * b2) for sn, sp, b1, b2 in zip(*signs, beta_n, beta_p, strict=False)]
 
 
 class _Brancher:
@@ -180,7 +180,7 @@ class _Brancher:
             best = torch.where(better, v, best)
             keep[0] = torch.where(better, lam.detach(), keep[0])
             keep[4] = torch.where(better[:, None], mu.detach(), keep[4])
-            for group, cur in zip(keep[1:4], (alphas, bn, bp)):
+            for group, cur in zip(keep[1:4], (alphas, bn, bp), strict=True):
                 for i, p in enumerate(cur):
                     group[i] = torch.where(better[:, None, None], p.detach(), group[i])
             if last:
@@ -285,7 +285,7 @@ class _Brancher:
                     certified.append(i)
                 else:
                     continue  # the Adam steps alone
-            for (side, k, j), v in zip(where, y):
+            for (side, k, j), v in zip(where, y, strict=False):
                 (d.beta_n if side == "n" else d.beta_p)[k][i, j] = v
             split = len(where)
             d.lam[i] = float(y[split])

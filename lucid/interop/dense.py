@@ -101,7 +101,7 @@ def checked_net(
         raise LucidError(f"{source}: no dense layer found")
     ws = [exact_float32(w, f"{source}: layer {k}'s weight") for k, w in enumerate(weights)]
     bs = [exact_float32(b, f"{source}: layer {k}'s bias") for k, b in enumerate(biases)]
-    for k, (w, b) in enumerate(zip(ws, bs)):
+    for k, (w, b) in enumerate(zip(ws, bs, strict=True)):
         if w.ndim != 2 or b.shape != (w.shape[0],):
             raise LucidError(
                 f"{source}: layer {k} has weight {tuple(w.shape)} and bias {tuple(b.shape)}; "
@@ -126,7 +126,7 @@ def checked_net(
 
 def non_finite_layer(net: DenseNet) -> int | None:
     """The first layer holding a NaN or infinite parameter, or None."""
-    for k, (w, b) in enumerate(zip(net.weights, net.biases)):
+    for k, (w, b) in enumerate(zip(net.weights, net.biases, strict=True)):
         if not (np.isfinite(w).all() and np.isfinite(b).all()):
             return k
     return None

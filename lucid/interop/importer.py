@@ -124,7 +124,7 @@ def _check(
             f"{source}: layer widths {net.layer_sizes} differ from N's {reference.layer_sizes} "
             f"({reference_name}); every network needs the same architecture"
         )
-    for k, (mine, theirs) in enumerate(zip(net.layer_kinds, reference.layer_kinds)):
+    for k, (mine, theirs) in enumerate(zip(net.layer_kinds, reference.layer_kinds, strict=True)):
         if mine != theirs:
             raise LucidError(
                 f"{source}: layer {k} is {mine} but N's is {theirs} ({reference_name}); every "
@@ -144,7 +144,7 @@ def _parameters(net: DenseNet, cnn: bool) -> dict[str, np.ndarray]:
     convs = net.convs if cnn else ()
     for j, c in enumerate(convs):
         found[f"conv.{j}.weight"], found[f"conv.{j}.bias"] = c.weight, c.bias
-    for i, (w, b) in enumerate(zip(net.weights[len(convs) :], net.biases[len(convs) :])):
+    for i, (w, b) in enumerate(zip(net.weights[len(convs) :], net.biases[len(convs) :], strict=True)):
         found[f"layers.{i}.weight"], found[f"layers.{i}.bias"] = w, b
     return found
 

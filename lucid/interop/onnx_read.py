@@ -140,7 +140,10 @@ def read_onnx(path: str | Path) -> DenseNet:
         raise LucidError(f"{path}: no dense layer (Gemm or MatMul) found")
     if chain.relu[-1]:
         raise LucidError(f"{path}: a Relu follows the last layer; LUCID reads the scores before any activation")
-    biases = [np.zeros(w.shape[0], dtype=w.dtype) if b is None else b for w, b in zip(chain.weights, chain.biases)]
+    biases = [
+        np.zeros(w.shape[0], dtype=w.dtype) if b is None else b
+        for w, b in zip(chain.weights, chain.biases, strict=True)
+    ]
     return checked_net(chain.weights, biases, str(path), tuple(chain.kinds), tuple(chain.convs))
 
 

@@ -34,7 +34,7 @@ def _layers(net: DenseNet, prefix: str, source: str, nodes: list, inits: list) -
             helper.make_node("Reshape", [h, f"{prefix}image_shape"], [f"{prefix}image"], name=f"{prefix}image")
         )
         h = f"{prefix}image"
-    for k, (w, b) in enumerate(zip(net.weights, net.biases)):
+    for k, (w, b) in enumerate(zip(net.weights, net.biases, strict=True)):
         if k < len(net.convs):
             c = net.convs[k]
             wn, bn, out = f"{prefix}conv.{k}.weight", f"{prefix}conv.{k}.bias", f"{prefix}conv{k}"

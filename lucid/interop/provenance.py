@@ -42,7 +42,7 @@ class NetworksDigest:
         self._h = hashlib.sha256(np.ascontiguousarray(removed, dtype=np.int64).tobytes())
 
     def add(self, weights: list[np.ndarray], biases: list[np.ndarray]) -> None:
-        for w, b in zip(weights, biases):
+        for w, b in zip(weights, biases, strict=True):
             self._h.update(np.ascontiguousarray(w, dtype=np.float32).tobytes())
             self._h.update(np.ascontiguousarray(b, dtype=np.float32).tobytes())
 

@@ -284,7 +284,7 @@ def box_to_continue(
     weight: dict[int, int] = {}
     classes: dict[int, set[int]] = {}
     owners = {leaf: box_owner(tree, leaf) for leaf in np.unique(leaf_of[noised]).tolist()}
-    for leaf, c in zip(leaf_of[noised].tolist(), sample_class[noised].tolist()):
+    for leaf, c in zip(leaf_of[noised].tolist(), sample_class[noised].tolist(), strict=True):
         box = owners[leaf]
         if c in unfinished.get(box, ()):
             weight[box] = weight.get(box, 0) + 1

@@ -233,7 +233,7 @@ class RegionTree:
         d = len(self.lower)
         return RegionLookup(
             np.array([max(f, 0) for f in self.feature], dtype=np.int64),
-            np.array([math.inf if f == CARVE else t for f, t in zip(self.feature, self.threshold)]),
+            np.array([math.inf if f == CARVE else t for f, t in zip(self.feature, self.threshold, strict=True)]),
             np.array(self.children, dtype=np.int64),
             self.depth,
             np.array(carves, dtype=np.int64),

@@ -166,7 +166,7 @@ def anytime_figure(verification: VerificationFacts) -> bytes | None:
     if not classes:
         return None
     fig, axes = _figure(len(classes), height=3.0)
-    for c, ax in zip(classes, axes):
+    for c, ax in zip(classes, axes, strict=False):
         t = [p[0] for p in c.log.curve]
         lo = [math.nan if p[1] is None or not math.isfinite(p[1]) else p[1] for p in c.log.curve]
         up = [math.nan if p[2] is None or not math.isfinite(p[2]) else p[2] for p in c.log.curve]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
+from itertools import pairwise
 
 import torch
 from torch import nn
@@ -91,7 +92,7 @@ class ReferenceNet(nn.Module):
                 channels, width = c, width - k + 1
             width *= channels
         sizes = [width] + list(spec["hidden"]) + [num_classes]
-        self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(sizes[:-1], sizes[1:]))
+        self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in pairwise(sizes))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if len(self.conv):

@@ -123,7 +123,7 @@ class _MlpStep:
         n_layers = len(spec["hidden"]) + 1
         self.weights = [params[f"layers.{i}.weight"] for i in range(n_layers)]
         self.biases = [params[f"layers.{i}.bias"] for i in range(n_layers)]
-        self.parameters = [t for pair in zip(self.weights, self.biases) for t in pair]
+        self.parameters = [t for pair in zip(self.weights, self.biases, strict=True) for t in pair]
 
     @torch.no_grad()
     def gradients(
@@ -152,8 +152,8 @@ class _CnnStep:
         n_dense = len(spec["hidden"]) + 1
         self.tail_w = [params[f"layers.{i}.weight"] for i in range(n_dense)]
         self.tail_b = [params[f"layers.{i}.bias"] for i in range(n_dense)]
-        self.parameters = [t for pair in zip(self.conv_w, self.conv_b) for t in pair]
-        self.parameters += [t for pair in zip(self.tail_w, self.tail_b) for t in pair]
+        self.parameters = [t for pair in zip(self.conv_w, self.conv_b, strict=True) for t in pair]
+        self.parameters += [t for pair in zip(self.tail_w, self.tail_b, strict=True) for t in pair]
         self._k = k
         self._built = False
 
@@ -175,7 +175,9 @@ class _CnnStep:
 
     @torch.no_grad()
     def _refresh(self) -> None:
-        for kernel, bias, flat, dw, db in zip(self.conv_w, self.conv_b, self.flat, self.dense_w, self.dense_b):
+        for kernel, bias, flat, dw, db in zip(
+            self.conv_w, self.conv_b, self.flat, self.dense_w, self.dense_b, strict=True
+        ):
             out_len = dw.shape[1] // kernel.shape[1]
             dw.view(self._k, -1)[:, flat] = kernel.unsqueeze(-1).expand(*kernel.shape, out_len).reshape(self._k, -1)
             db.copy_(bias.unsqueeze(-1).expand(*bias.shape, out_len).reshape(self._k, -1))
@@ -190,7 +192,7 @@ class _CnnStep:
             self._refresh()  # the kernels were updated since the last step
         grads = dense_gradients(self.dense_w + self.tail_w, self.dense_b + self.tail_b, xb, onehot, w)
         folded: list[torch.Tensor] = []
-        for i, (kernel, flat) in enumerate(zip(self.conv_w, self.flat)):
+        for i, (kernel, flat) in enumerate(zip(self.conv_w, self.flat, strict=True)):
             g_dense, g_bias = grads[2 * i], grads[2 * i + 1]
             out_len = g_dense.shape[1] // kernel.shape[1]
             folded.append(g_dense.reshape(self._k, -1)[:, flat].view(*kernel.shape, out_len).sum(-1))
@@ -247,7 +249,7 @@ class _AutogradStep:
 
     def scores(self, xb: torch.Tensor) -> torch.Tensor:
         """[K, B, C]: every network's scores on the batch (the forward pass the gradients differentiate)."""
-        p = dict(zip(self.names, self.parameters))
+        p = dict(zip(self.names, self.parameters, strict=True))
         k = self.parameters[0].shape[0]
         batch = xb.shape[0]
         if self.n_conv:
@@ -300,7 +302,7 @@ class _Cnn2dStep(_AutogradStep):
         self._bind(params, len(self.convs), len(spec["hidden"]) + 1, num_classes)
 
     def scores(self, xb: torch.Tensor) -> torch.Tensor:
-        p = dict(zip(self.names, self.parameters))
+        p = dict(zip(self.names, self.parameters, strict=True))
         k, batch = self.parameters[0].shape[0], xb.shape[0]
         h = xb.reshape(batch, *self.image)
         for j, layer in enumerate(self.convs):

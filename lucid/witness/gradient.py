@@ -39,7 +39,7 @@ def _scores(weights: list[torch.Tensor], biases: list[torch.Tensor], x: torch.Te
     """Per-start networks: weights [n, out, in], x [n, d] -> scores [n, C]."""
     h = x
     last = len(weights) - 1
-    for i, (w, b) in enumerate(zip(weights, biases)):
+    for i, (w, b) in enumerate(zip(weights, biases, strict=True)):
         h = torch.bmm(w, h[:, :, None])[:, :, 0] + b
         if i < last:
             h = torch.relu(h)

@@ -102,7 +102,7 @@ def _affine_pieces(weights: list[np.ndarray], biases: list[np.ndarray], x: np.nd
     M = np.eye(len(x))
     m = np.zeros(len(x))
     G, h = [], []
-    for k, (w, b) in enumerate(zip(weights, biases)):
+    for k, (w, b) in enumerate(zip(weights, biases, strict=True)):
         A, a = w @ M, w @ m + b
         if k == len(weights) - 1:
             return (np.concatenate(G) if G else np.zeros((0, len(x)))), (np.concatenate(h) if h else np.zeros(0)), A, a
@@ -177,7 +177,7 @@ def repair(
         A_ub, b_ub = _scaled_rows(A_ub, b_ub, scale, d)
         c = np.zeros(d + 1)
         c[-1] = -1.0
-        bounds = list(zip(lower, upper)) + [(None, None)]
+        bounds = list(zip(lower, upper, strict=True)) + [(None, None)]
         res = linprog(c, A_ub=A_ub, b_ub=b_ub, bounds=bounds, method="highs")
         if res.status != 0:
             continue

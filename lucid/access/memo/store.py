@@ -289,7 +289,7 @@ class SqlMemo(SqlBackend):
         proposals = np.asarray(proposals, dtype=np.int64)
         flags = np.ones(len(keys), dtype=np.int64) if noised is None else np.asarray(noised, dtype=np.int64)
         inserts = []
-        for i, (key, proposal, flag) in enumerate(zip(keys, proposals.tolist(), flags.tolist())):
+        for i, (key, proposal, flag) in enumerate(zip(keys, proposals.tolist(), flags.tolist(), strict=True)):
             entry = stored.get(key)
             if entry is None:
                 entry = stored[key] = (int(proposal), int(flag))
