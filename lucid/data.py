@@ -100,7 +100,7 @@ def _load_npz(path: Path) -> Table:
             X, y = npz["X"], npz["y"]
     except LucidError:
         raise
-    except Exception as exc:  # zipfile/numpy raise many types for corrupt or pickled files
+    except Exception as exc:  # noqa: BLE001 (zipfile/numpy raise many types for corrupt or pickled files)
         raise LucidError(f"cannot read {path} as .npz: {exc}") from None
     if X.ndim != 2:
         raise LucidError(f"{path}: X must be a 2-D array [rows, features], got shape {X.shape}")

@@ -249,7 +249,7 @@ class NetworkFile:
             raise LucidError(f"{self.path} does not exist (is {self.run_dir} a LUCID run directory?)") from None
         except LucidError:
             raise
-        except Exception as exc:  # safetensors raises its own error types for corrupt files
+        except Exception as exc:  # noqa: BLE001 (safetensors raises its own error types for corrupt files)
             raise LucidError(f"cannot read {self.path}: {exc}") from None
         bad = sorted(name for name, count in counts.items() if count != len(self.removed))
         if bad:
@@ -266,7 +266,7 @@ class NetworkFile:
         """The raw (stored dtype) tensors of networks start..stop-1."""
         try:
             return {name: np.ascontiguousarray(self._fh.get_slice(name)[start:stop]) for name in self._names}
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 (safetensors raises its own error types for corrupt files)
             raise LucidError(f"cannot read {self.path}: {exc}") from None
 
     def check_finite(self, chunk_bytes: int = 64 << 20) -> None:

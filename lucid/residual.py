@@ -212,7 +212,7 @@ def _load_networks(
         raise LucidError(f"{path} is not the file {where} was written with (truncated or altered)")
     try:
         tensors = load(blob)
-    except Exception as exc:  # safetensors raises its own error types
+    except Exception as exc:  # noqa: BLE001 (safetensors raises its own error types)
         raise LucidError(f"cannot read {path}: {exc}") from None
     own = NetworkFile(run_dir, meta)
     if len(union) and union[-1] >= len(own):

@@ -126,7 +126,7 @@ class Run:
                 return {k: npz[k] for k in npz.files}
         except FileNotFoundError:
             raise LucidError(f"{path} does not exist") from None
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 (zipfile/numpy raise many types for corrupt files)
             raise LucidError(f"cannot read {path}: {exc}") from None
 
 

@@ -13,6 +13,7 @@ Import this module only where `distributed` is installed (the `--scheduler` path
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from typing import Any
 
@@ -37,10 +38,8 @@ def release(client: Any, name: str) -> None:
     """Drop what `hold` gave; a cluster that is already gone holds nothing to drop."""
     if client.status != "running":
         return
-    try:
+    with contextlib.suppress(Exception):  # the scheduler went away meanwhile: nothing is left to drop
         client.unregister_worker_plugin(name)
-    except Exception:  # the scheduler went away meanwhile: nothing is left to drop
-        pass
 
 
 def held_value(name: str) -> Any:

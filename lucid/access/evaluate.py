@@ -199,7 +199,10 @@ def _time_single(clf: LabelOnlyClassifier, x: np.ndarray) -> float:
 
 def markdown_table(result: dict[str, Any], epsilons: list[tuple[str, float]]) -> str:
     acc = result["accuracy"]
-    pct = lambda v: f"{100 * v:.1f} %"  # noqa: E731
+
+    def pct(v: float) -> str:
+        return f"{100 * v:.1f} %"
+
     regions = "lucid_global" in acc  # LUCID is then region-wise or residual, next to its global bounds
     rule = {
         "residual": f"residual M = {result.get('residual_size')}",

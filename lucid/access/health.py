@@ -7,6 +7,7 @@ thread, not one per request.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
@@ -60,9 +61,7 @@ class MemoHealth:
     def _run(self, loop: asyncio.AbstractEventLoop, future: asyncio.Future) -> None:
         try:
             ok = bool(self._probe(self.timeout))
-        except Exception:  # a probe that fails in any way: not reachable
+        except Exception:  # noqa: BLE001 (a probe that fails in any way: not reachable)
             ok = False
-        try:
+        with contextlib.suppress(RuntimeError):  # the loop has closed meanwhile
             loop.call_soon_threadsafe(lambda: future.done() or future.set_result(ok))
-        except RuntimeError:  # the loop has closed meanwhile
-            pass

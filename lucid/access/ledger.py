@@ -151,14 +151,22 @@ class EpsilonPlan:
     def describe(self) -> str:
         return "\n".join(
             [
-                f"target: (epsilon {self.target:g}, delta {self.delta:g})-iDP for the labels of "
-                f"{self.queries} distinct answers per client",
-                f"per-answer epsilon: {self.epsilon:g}  ({self.queries} answers compose to {self.composed:.8g} "
-                "at this delta, dp-accounting)",
-                f"per-client budget: {self.budget:.6g}  (charged epsilon of {self.queries} distinct answers, "
-                "released or noised)",
-                f"basic composition alone would allow: per-answer epsilon {self.basic_epsilon:g} "
-                f"({self.epsilon / self.basic_epsilon:.3g} times less)",
+                (
+                    f"target: (epsilon {self.target:g}, delta {self.delta:g})-iDP for the labels of "
+                    f"{self.queries} distinct answers per client"
+                ),
+                (
+                    f"per-answer epsilon: {self.epsilon:g}  ({self.queries} answers compose to {self.composed:.8g} "
+                    "at this delta, dp-accounting)"
+                ),
+                (
+                    f"per-client budget: {self.budget:.6g}  (charged epsilon of {self.queries} distinct answers, "
+                    "released or noised)"
+                ),
+                (
+                    f"basic composition alone would allow: per-answer epsilon {self.basic_epsilon:g} "
+                    f"({self.epsilon / self.basic_epsilon:.3g} times less)"
+                ),
                 # 12 digits: the budget check's relative slack (1e-9) still admits all Q answers.
                 f"to pin it: lucid serve RUN --epsilon {self.epsilon:g} --budget {self.budget:.12g}",
             ]

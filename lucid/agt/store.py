@@ -74,7 +74,7 @@ def load_boxes(run_dir: str | Path) -> dict[int, AgtBox]:
                 boxes[int(k)] = AgtBox(int(k), lower, upper)
     except LucidError:
         raise
-    except Exception as exc:  # corrupt file / missing keys
+    except Exception as exc:  # noqa: BLE001 (corrupt file / missing keys)
         raise LucidError(f"cannot read {path}: {exc}") from None
     return boxes
 

@@ -168,7 +168,7 @@ def _raced(node: _Node, solver_options: SolverOptions, times: NodeTimeShares) ->
             box["split"] = _split_singleton(node, SplitLimits(seconds, stop), split_stats)
             if box["split"].proved:
                 stop.set()
-        except BaseException as exc:  # re-raised in the node's thread below
+        except BaseException as exc:  # noqa: BLE001 (re-raised in the node's thread below)
             box["error"] = exc
 
     thread = threading.Thread(target=split_side, name="lucid-split-race", daemon=True)

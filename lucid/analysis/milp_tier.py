@@ -382,7 +382,7 @@ def relaxation_witness(
     relaxed = dataclasses.replace(model, integrality=np.zeros_like(model.integrality))
     try:
         result = solvers.solve(relaxed, "highs", SolverOptions(time_limit=time_limit))
-    except Exception as exc:  # only a heuristic: never let it fail the node
+    except Exception as exc:  # noqa: BLE001 (only a heuristic: never let it fail the node)
         log.info("relaxation witness skipped: %s", exc)
         return None
     if result.solution is None:

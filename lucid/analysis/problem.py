@@ -94,7 +94,7 @@ class VerificationProblem:
                     points,
                     scales,
                 )
-            except Exception:  # a corrupt cache is recomputed, never trusted
+            except Exception:  # noqa: BLE001 (a corrupt cache is recomputed, never trusted)
                 log.warning("ignoring unreadable cache file %s", path)
         n_bounds, margin = compute_n_bounds(stack, lower, upper, bounds)
         try:

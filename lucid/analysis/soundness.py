@@ -83,7 +83,7 @@ def solve_checked(
             return solve(model, other, options)
         except UnsoundSolverResult as exc:
             log.error("UNSOUND solver result from fallback %s: %s", other, exc)
-        except Exception as exc:  # e.g. licence too small: try the next one
+        except Exception as exc:  # noqa: BLE001 (e.g. licence too small: try the next one)
             log.warning("fallback solver %s failed: %s", other, exc)
     return SolveResult(status=ERROR, upper_bound=math.inf, solver=solver, message="every solver was unsound")
 
@@ -94,7 +94,7 @@ def retry_other(model: MilpModel, solver: str, options: SolverOptions, witness: 
     for other in fallback_order(solver):
         try:
             result = solve(model, other, options)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 (any failure of a fallback solver: try the next one)
             log.warning("fallback solver %s failed: %s", other, exc)
             continue
         if not contradicts(user_bound(result, model), witness):

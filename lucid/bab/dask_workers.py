@@ -7,6 +7,7 @@ the verification problem is held once by every Dask worker (`lucid.worker_inputs
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 from dataclasses import replace
 from typing import Any
 
@@ -77,10 +78,8 @@ class DaskExecutor(Executor):
         from lucid.worker_inputs import release
 
         for fut in list(self._futures.values()):
-            try:
+            with contextlib.suppress(Exception):  # a future of a cluster that is going away
                 fut.cancel()
-            except Exception:
-                pass
         release(self._client, self._problem)
         self._cluster.close()
 

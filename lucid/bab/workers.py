@@ -16,6 +16,7 @@ there and the solver continues its tree (`Executor.continuable`).
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import ctypes
 import inspect
 import multiprocessing
@@ -106,7 +107,7 @@ class Executor:
                 else:
                     self._kept.pop(key, None)
                 out.append((key, outcome))
-            except BaseException as exc:  # reported to the engine, which decides
+            except BaseException as exc:  # noqa: BLE001 (reported to the engine, which decides)
                 self._kept.pop(key, None)
                 out.append((key, exc))
             try:
@@ -340,7 +341,5 @@ def _stop_pool(pool: cf.ProcessPoolExecutor) -> None:
     processes = list(getattr(pool, "_processes", {}).values())
     pool.shutdown(wait=False, cancel_futures=True)
     for p in processes:
-        try:
+        with contextlib.suppress(Exception):  # a process that has ended meanwhile
             p.terminate()
-        except Exception:
-            pass

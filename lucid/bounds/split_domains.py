@@ -41,7 +41,9 @@ class _Domains:
         return len(self.bound)
 
     def take(self, idx: torch.Tensor) -> _Domains:
-        pick = lambda xs: [x[idx] for x in xs]  # noqa: E731
+        def pick(xs: list[torch.Tensor]) -> list[torch.Tensor]:
+            return [x[idx] for x in xs]
+
         return _Domains(
             pick(self.sn),
             pick(self.sp),
@@ -58,10 +60,13 @@ class _Domains:
     @staticmethod
     def cat(parts: list[_Domains]) -> _Domains:
         parts = [p for p in parts if len(p)] or parts[:1]
-        join = lambda name: [
-            torch.cat([getattr(p, name)[k] for p in parts]) for k in range(len(getattr(parts[0], name)))
-        ]  # noqa: E731
-        flat = lambda name: torch.cat([getattr(p, name) for p in parts])  # noqa: E731
+
+        def join(name: str) -> list[torch.Tensor]:
+            return [torch.cat([getattr(p, name)[k] for p in parts]) for k in range(len(getattr(parts[0], name)))]
+
+        def flat(name: str) -> torch.Tensor:
+            return torch.cat([getattr(p, name) for p in parts])
+
         return _Domains(
             join("sn"),
             join("sp"),

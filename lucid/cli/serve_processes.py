@@ -126,7 +126,7 @@ def _worker(start: Callable[[], None]) -> None:
     except LucidError as exc:
         click.echo(f"lucid: error: {exc}", err=True)
         code = LucidError.exit_code
-    except BaseException:
+    except BaseException:  # noqa: BLE001 (a worker process's last resort: the traceback is printed and it exits 1)
         traceback.print_exc()
         code = 1
     sys.stderr.flush()

@@ -188,13 +188,19 @@ def export_query(
     )
     lower, upper = run.domain
     header = [
-        f"LUCID iDP query: run {run.path}, class {cls}, N_-{row} = the network without training row {row} "
-        f"(position {position} of networks.safetensors), beta = {beta!r}.",
+        (
+            f"LUCID iDP query: run {run.path}, class {cls}, N_-{row} = the network without training row {row} "
+            f"(position {position} of networks.safetensors), beta = {beta!r}."
+        ),
         f"Network: {onnx_path.name}; X = the input in the networks' space (after the run's scaler);",
-        f"Y_0..Y_{run.num_classes - 2} = s_N[{cls}] - s_N[u] for u != {cls}, "
-        f"Y_{run.num_classes - 1}..Y_{2 * run.num_classes - 3} = s_i[{cls}] - s_i[t] for t != {cls}.",
-        "This property is the VIOLATION: a satisfying X is a leaking input (N says class "
-        f"{cls} with confidence >= beta, N_-{row} does not).",
+        (
+            f"Y_0..Y_{run.num_classes - 2} = s_N[{cls}] - s_N[u] for u != {cls}, "
+            f"Y_{run.num_classes - 1}..Y_{2 * run.num_classes - 3} = s_i[{cls}] - s_i[t] for t != {cls}."
+        ),
+        (
+            "This property is the VIOLATION: a satisfying X is a leaking input (N says class "
+            f"{cls} with confidence >= beta, N_-{row} does not)."
+        ),
         "UNSAT proves no such input exists; it is expected whenever beta is above the proved bound.",
     ]
     write_text_atomic(vnnlib_path, query_text(lower, upper, run.num_classes, cls, beta, header))

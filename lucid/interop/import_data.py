@@ -64,7 +64,7 @@ def load_data(path: str | Path, max_bytes: int = MAX_FILE_BYTES) -> ImportData:
             arrays = {k: npz[k] for k in npz.files}
     except FileNotFoundError:
         raise LucidError(f"data file {path} does not exist") from None
-    except Exception as exc:  # zipfile/numpy raise many types for damaged or pickled files
+    except Exception as exc:  # noqa: BLE001 (zipfile/numpy raise many types for damaged or pickled files)
         raise LucidError(f"cannot read {path} as .npz: {exc}") from None
     if "X_train" in arrays and "y_train" in arrays:
         names = ("X_train", "y_train", "X_test", "y_test")

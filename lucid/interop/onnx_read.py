@@ -94,7 +94,7 @@ def read_onnx(path: str | Path) -> DenseNet:
         model = onnx.load(str(path))
     except FileNotFoundError:
         raise LucidError(f"{path} does not exist") from None
-    except Exception as exc:  # protobuf's DecodeError and friends: a damaged or non-ONNX file
+    except Exception as exc:  # noqa: BLE001 (protobuf's DecodeError and friends: a damaged or non-ONNX file)
         raise LucidError(f"cannot read {path} as ONNX: {_first_line(exc)}") from None
     graph = model.graph
     if not graph.node and not graph.input and not graph.output:

@@ -34,7 +34,7 @@ def read_torch(path: str | Path, conv: ConvSpec | None = None) -> DenseNet:
             obj = torch.load(str(path), map_location="cpu", weights_only=True)
     except FileNotFoundError:
         raise LucidError(f"{path} does not exist") from None
-    except Exception as exc:  # unpickling refused, damaged file, ...
+    except Exception as exc:  # noqa: BLE001 (unpickling refused, damaged file, ...)
         text = str(exc).strip()
         if "TorchScript" in text:
             raise LucidError(
@@ -59,7 +59,7 @@ def _safetensors_arrays(path: Path) -> dict[str, np.ndarray]:
             return {name: fh.get_tensor(name) for name in fh.keys()}
     except FileNotFoundError:
         raise LucidError(f"{path} does not exist") from None
-    except Exception as exc:  # safetensors raises its own error types for damaged files
+    except Exception as exc:  # noqa: BLE001 (safetensors raises its own error types for damaged files)
         raise LucidError(f"cannot read {path} as safetensors: {exc}") from None
 
 

@@ -59,7 +59,9 @@ class ModelBuilder:
         return rows
 
     def build(self, input_columns: np.ndarray, input_offset: np.ndarray, meta: dict) -> MilpModel:
-        cat = lambda parts, dt=np.float64: np.concatenate(parts).astype(dt) if parts else np.zeros(0, dt)  # noqa: E731
+        def cat(parts: list[np.ndarray], dt: type = np.float64) -> np.ndarray:
+            return np.concatenate(parts).astype(dt) if parts else np.zeros(0, dt)
+
         vals = cat(self._vals)
         keep = vals != 0.0
         A = sp.csr_matrix(

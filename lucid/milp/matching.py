@@ -65,7 +65,10 @@ def add_relu_coupling(
     usable = np.isfinite(a) & np.isfinite(bb) & ~trivial & (bb >= a)
     rows = 0
     coupled = np.zeros(len(a), dtype=bool)
-    cols4 = lambda m: np.stack([z_hyper[m], z[m], zhat_hyper[m], zhat[m]], 1)  # noqa: E731
+
+    def cols4(m: np.ndarray) -> np.ndarray:
+        return np.stack([z_hyper[m], z[m], zhat_hyper[m], zhat[m]], 1)
+
     # d - dhat <= 0 (a >= 0) / >= 0 (b <= 0), plus the sign of d
     for mask, lo, hi, sign_lo, sign_hi in (
         (usable & (a >= 0), -np.inf, 0.0, 0.0, np.inf),

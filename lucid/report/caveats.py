@@ -31,16 +31,20 @@ def covered(facts: ReportFacts) -> tuple[tuple[str, str], ...]:
     items = [
         (
             "Label-only answers",
-            "What a client of `lucid serve` (or LabelOnlyClassifier) receives is a label per input, nothing "
-            "else: no scores, confidences, bounds or branch, also not in error messages.",
+            (
+                "What a client of `lucid serve` (or LabelOnlyClassifier) receives is a label per input, nothing "
+                "else: no scores, confidences, bounds or branch, also not in error messages."
+            ),
         ),
         (
             "Individual DP for this data set",
-            f"Each answer is individually differentially private (iDP) with respect to {neighbours}, for the "
-            f"actual training set D of this run ({t.train_size} rows). A label is released as is (0-iDP) only "
-            "when N's confidence exceeds the class's proved bound β_c, which means every network trained "
-            "without such a row gives the same label; every other answer is drawn by the exponential "
-            "mechanism (ε-iDP).",
+            (
+                f"Each answer is individually differentially private (iDP) with respect to {neighbours}, for the "
+                f"actual training set D of this run ({t.train_size} rows). A label is released as is (0-iDP) only "
+                "when N's confidence exceeds the class's proved bound β_c, which means every network trained "
+                "without such a row gives the same label; every other answer is drawn by the exponential "
+                "mechanism (ε-iDP)."
+            ),
         ),
         (
             "For the training algorithm T exactly as run",
@@ -60,15 +64,19 @@ def covered(facts: ReportFacts) -> tuple[tuple[str, str], ...]:
         ),
         (
             "Repeated queries of one input",
-            "Answers are memoised on the point N evaluates (after scaling and clipping), so asking the same "
-            "input again returns the stored answer and reveals nothing new; distinct noised answers compose "
-            "and are counted per client in the privacy ledger (basic and (ε, δ) composition).",
+            (
+                "Answers are memoised on the point N evaluates (after scaling and clipping), so asking the same "
+                "input again returns the stored answer and reveals nothing new; distinct noised answers compose "
+                "and are counted per client in the privacy ledger (basic and (ε, δ) composition)."
+            ),
         ),
         (
             "Sound upper bounds, even when time-limited",
-            "Every reported upper bound is a solver's dual bound plus a floating-point safety margin, never an "
-            "incumbent; a class stopped by its time limit keeps a sound but looser bound, which only means "
-            "more of its inputs are noised.",
+            (
+                "Every reported upper bound is a solver's dual bound plus a floating-point safety margin, never an "
+                "incumbent; a class stopped by its time limit keeps a sound but looser bound, which only means "
+                "more of its inputs are noised."
+            ),
         ),
     ]
     return tuple(items)
@@ -80,16 +88,20 @@ def not_covered(facts: ReportFacts) -> tuple[tuple[str, str], ...]:
     items = [
         (
             'The bit "was this input noised"',
-            "Whether an answer was released or noised (confidence <= β_c) depends on the leave-one-out "
-            "networks and so differs between D and D without a row. The service does the same work on both "
-            "branches and budgets cap the worst-case charge so that refusals do not reveal it, but the "
-            "ledger's noised/spent columns (in `lucid budget` and in this report) do: keep them from clients.",
+            (
+                "Whether an answer was released or noised (confidence <= β_c) depends on the leave-one-out "
+                "networks and so differs between D and D without a row. The service does the same work on both "
+                "branches and budgets cap the worst-case charge so that refusals do not reveal it, but the "
+                "ledger's noised/spent columns (in `lucid budget` and in this report) do: keep them from clients."
+            ),
         ),
         (
             "This report itself",
-            "The report is for the model owner and reviewers. The bounds β_c, the test-set confidences, "
-            "the leaking rows' indices, the ledger and the domain in it are derived from the private data and "
-            "are not protected by the guarantee: do not publish it to clients.",
+            (
+                "The report is for the model owner and reviewers. The bounds β_c, the test-set confidences, "
+                "the leaking rows' indices, the ledger and the domain in it are derived from the private data and "
+                "are not protected by the guarantee: do not publish it to clients."
+            ),
         ),
         (
             "Training randomness and other training runs",
@@ -106,22 +118,28 @@ def not_covered(facts: ReportFacts) -> tuple[tuple[str, str], ...]:
             "Neighbours other than removing one row"
             if all(c.removals == 1 for c in facts.verification.classes)
             else "Neighbours other than removals",
-            "iDP here compares D with D minus its own rows (one row, or up to the verified group size). "
-            "Adding a new row, changing a row's value, or removing more rows than verified is not covered, "
-            "and iDP protects the rows of this D, not every possible data set as differential privacy would.",
+            (
+                "iDP here compares D with D minus its own rows (one row, or up to the verified group size). "
+                "Adding a new row, changing a row's value, or removing more rows than verified is not covered, "
+                "and iDP protects the rows of this D, not every possible data set as differential privacy would."
+            ),
         ),
         (
             "Queries beyond the budget",
-            "Without `lucid serve --budget` a client can collect arbitrarily many noised answers and their "
-            "privacy loss grows with each; budgets are per API token, so one person with many tokens holds "
-            "many budgets (the all-clients row bounds what they hold together). An input evicted from a full "
-            "memo, or a deleted or lost memo file, gets a fresh draw.",
+            (
+                "Without `lucid serve --budget` a client can collect arbitrarily many noised answers and their "
+                "privacy loss grows with each; budgets are per API token, so one person with many tokens holds "
+                "many budgets (the all-clients row bounds what they hold together). An input evicted from a full "
+                "memo, or a deleted or lost memo file, gets a fresh draw."
+            ),
         ),
         (
             "Side channels outside the process",
-            "Equal work on both branches covers what Python, numpy and SQLite do (measured, not proved for "
-            "CPU caches); the network, the operating system and co-located processes are outside it, and "
-            "latency reveals whether anyone asked the same point before unless `--deadline-ms` covers it.",
+            (
+                "Equal work on both branches covers what Python, numpy and SQLite do (measured, not proved for "
+                "CPU caches); the network, the operating system and co-located processes are outside it, and "
+                "latency reveals whether anyone asked the same point before unless `--deadline-ms` covers it."
+            ),
         ),
         (
             "Inputs outside the verified domain",
@@ -148,9 +166,11 @@ def not_covered(facts: ReportFacts) -> tuple[tuple[str, str], ...]:
         ),
         (
             "Solver correctness",
-            "The proof relies on the MILP solver's dual bounds (HiGHS runs without presolve because of known "
-            "presolve bugs, and every witness is replayed in float64); `--solver highs+scip` cross-checks "
-            "every node with a second backend for defence in depth.",
+            (
+                "The proof relies on the MILP solver's dual bounds (HiGHS runs without presolve because of known "
+                "presolve bugs, and every witness is replayed in float64); `--solver highs+scip` cross-checks "
+                "every node with a second backend for defence in depth."
+            ),
         ),
     ]
     return tuple(items)

@@ -16,6 +16,7 @@ queries for one input both get the first stored draw.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 import threading
@@ -111,10 +112,9 @@ class Checkpointer:
         try:
             db = sqlite3.connect(str(self._path), isolation_level=None, check_same_thread=False, timeout=1.0)
             while not self._stop.wait(CHECKPOINT_EVERY_S):
-                try:
+                # busy (another process checkpoints): the next one catches up
+                with contextlib.suppress(sqlite3.OperationalError):
                     db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
-                except sqlite3.OperationalError:  # busy (another process checkpoints): the next one catches up
-                    pass
         except sqlite3.Error:  # e.g. the file was removed: the serving connection reports that itself
             pass
         finally:
