@@ -36,9 +36,10 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ContextManager
+from typing import Any
 
 import numpy as np
 
@@ -272,7 +273,7 @@ class LabelOnlyClassifier:
         xn: np.ndarray,
         return_noised: bool = False,
         client: str | None = None,
-        turn: Callable[[int], ContextManager[Any]] | None = None,
+        turn: Callable[[int], AbstractContextManager[Any]] | None = None,
     ):
         """Class ids for in-domain network-space inputs (evaluate uses this on the test split).
 

@@ -93,7 +93,7 @@ def evaluate_run(
     n_cls, noised = clf.decide(x)
     rng = RandomSource(seed)
 
-    report = (lambda stage, done, total: progress(stage, done, total)) if progress else None
+    report = progress or None
     stack = NetworkFile(run.path, run.meta)
     started = time.perf_counter()
     leaking = leaking_set(stack, x, (lambda d, t: report("Naive-iDP", d, t)) if report else None)

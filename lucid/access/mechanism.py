@@ -3,8 +3,9 @@
 A query's label is N's class c when N's confidence (score_c minus the runner-up) exceeds the
 class's release threshold, max(beta_c, 0) + E_N (`lucid.analysis.soundness.release_thresholds`): the
 verifier proved that above the iDP decision bound beta_c no single training row changes the label,
-and E_N covers the float64 rounding of the confidence computed here, so releasing it leaks nothing. Otherwise the label is drawn from the
-exponential mechanism with utility u(c) = 1, u(c') = 0 (sensitivity 1):
+and E_N covers the float64 rounding of the confidence computed here, so releasing it leaks nothing.
+Otherwise the label is drawn from the exponential mechanism with utility u(c) = 1, u(c') = 0
+(sensitivity 1):
 
     P(c) = e^(eps/2) / (e^(eps/2) + C - 1),   P(c') = 1 / (e^(eps/2) + C - 1) for c' != c.
 

@@ -30,9 +30,10 @@ passes. uvicorn would instead read the rest of the body by its own framing and g
 request with none of the head checks above, so a request hidden in or after that body was answered
 and charged (request smuggling behind an early answer). Dropping rather than closing at once lets
 the answer reach the client: a socket closed with unread bytes sends a reset, which may destroy
-the answer before the client reads it. A client that
-shuts its sending side after a complete request gets the answer it is charged for (`eof_received`). h11 rather than httptools because httptools buffered a 50 MB
-header before any check could run; h11 costs tens of microseconds per request.
+the answer before the client reads it. A client that shuts its sending side after a complete
+request gets the answer it is charged for (`eof_received`). h11 rather than httptools because
+httptools buffered a 50 MB header before any check could run; h11 costs tens of microseconds per
+request.
 
 Pipelined requests go last. A client that sends its next request before reading the answer to the
 last one (HTTP/1.1 pipelining; browsers and API clients wait) gets it started only when at most
@@ -71,7 +72,7 @@ import re
 import ssl
 from asyncio import sslproto
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -163,13 +164,13 @@ class GuardedH11Protocol(H11Protocol):
     transport_options: ServeTransport = ServeTransport()
     # The open connections of each client address (client_group; "" for those not counted per address:
     # a Unix socket, a trusted proxy), oldest first, in this process; one dict per bound class.
-    members: dict[str, dict[GuardedH11Protocol, None]] = {}
+    members: ClassVar[dict[str, dict[GuardedH11Protocol, None]]] = {}
     # The connections now idle, longest idle first (a dict keeps insertion order); one per bound class.
-    idle: dict[GuardedH11Protocol, None] = {}
+    idle: ClassVar[dict[GuardedH11Protocol, None]] = {}
     # Connections closed by this process whose close uvicorn has not seen yet (still in `connections`).
-    closing: dict[GuardedH11Protocol, None] = {}
+    closing: ClassVar[dict[GuardedH11Protocol, None]] = {}
     # Connections whose next request was pipelined behind an answer, waiting their turn, oldest first.
-    waiting: dict[GuardedH11Protocol, None] = {}
+    waiting: ClassVar[dict[GuardedH11Protocol, None]] = {}
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

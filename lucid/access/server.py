@@ -13,9 +13,10 @@ branch (released / noised) was taken appear in bodies, headers or errors. Input 
 detected before N is evaluated, so their messages depend only on the kind of error, positions
 in the request and the public domain, never echo what the client sent (lucid/access/guard.py).
 For an open network: only application/json bodies (415 otherwise), only allowed Host headers
-(400 otherwise: DNS rebinding), and no redirects (a trailing slash is 404). If answering fails after that point (e.g. the memo database breaks) the error could
-depend on the branch, so the service fails closed: it answers 503 to every later prediction
-until restarted, with one fixed message. One failure is told apart: a memo database that cannot
+(400 otherwise: DNS rebinding), and no redirects (a trailing slash is 404). If answering fails
+after that point (e.g. the memo database breaks) the error could depend on the branch, so the
+service fails closed: it answers 503 to every later prediction until restarted, with one fixed
+message. One failure is told apart: a memo database that cannot
 be reached (MemoUnavailable: a PostgreSQL memo's server down or cut off) gets the same 503 for
 that request only, since nothing was answered or charged and the outage says nothing about the
 request; the service answers again once the database is back.

@@ -4,7 +4,8 @@ whose client-address header it believes (`--forwarded-allow-ips`).
 TLS: the certificate and key are loaded here, with Python's ssl module, before the server listens, so
 a missing or unreadable file, a key without a certificate (or the reverse) and a key that does not
 match its certificate are one line at start, not a traceback in every worker. The context is the
-ssl module's server default (TLS 1.2 or later, its cipher selection), not uvicorn's ("TLSv1" ciphers). The handshake's deadline is set where the connections are (lucid/access/protocol.py,
+ssl module's server default (TLS 1.2 or later, its cipher selection), not uvicorn's ("TLSv1"
+ciphers). The handshake's deadline is set where the connections are (lucid/access/protocol.py,
 `tls_protocol`).
 
 Behind a reverse proxy every connection comes from the proxy's address, so per-client caps, rates
@@ -23,12 +24,11 @@ import ssl
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Union
 
 from lucid.access.limits import client_group
 from lucid.errors import LucidError
 
-_Network = Union[ipaddress.IPv4Network, ipaddress.IPv6Network]
+_Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
 def parse_forwarded_allow_ips(text: str) -> tuple[str, ...]:

@@ -62,7 +62,7 @@ def load_boxes(run_dir: str | Path) -> dict[int, AgtBox]:
                 prefix = f"k{k}."
                 lower = {
                     key[len(prefix) : -len(".lower")]: fh.get_tensor(key)
-                    for key in fh.keys()
+                    for key in fh.keys()  # noqa: SIM118 (a safetensors file, not a dict)
                     if key.startswith(prefix) and key.endswith(".lower")
                 }
                 upper = {name: fh.get_tensor(f"{prefix}{name}.upper") for name in lower}

@@ -100,7 +100,8 @@ def attempt_time_limit(settings: VerifySettings, attempts: int, deadline: Deadli
     return limit
 
 
-def parameter_box_class_time_limit(node_time_limit: float | None, seconds_left: float | None, classes_left: int) -> float | None:
+def parameter_box_class_time_limit(node_time_limit: float | None, seconds_left: float | None,
+                                   classes_left: int) -> float | None:
     """A box verification's MILP for one class: --node-time-limit, and a fair share of what
     --time-limit leaves (`seconds_left`; None: no total limit) among the classes still to do."""
     limit = node_time_limit

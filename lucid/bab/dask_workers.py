@@ -61,7 +61,7 @@ class DaskExecutor(Executor):
     def completed(self, timeout: float) -> list[tuple[Any, Any]]:
         results = super().completed(timeout)
         lost = self._client.status not in ("running", "connecting")
-        for key, outcome in results:
+        for _key, outcome in results:
             if isinstance(outcome, BaseException) and (lost or _is_lost_cluster(outcome)):
                 raise LucidError(
                     f"lost the Dask cluster at {self._address} ({type(outcome).__name__}); every solved "

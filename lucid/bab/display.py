@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any
+from typing import Any, Self
 
 
 def fmt(v: float | None) -> str:
@@ -23,7 +23,7 @@ class LiveDisplay:
         self.title = title
         self._engine = None
 
-    def __enter__(self) -> LiveDisplay:
+    def __enter__(self) -> Self:
         if self.enabled:
             from rich.console import Console
             from rich.live import Live
@@ -55,7 +55,7 @@ def render(engine: Any, title: str):
 
     table = Table(title=f"{title}  elapsed {engine.elapsed():.1f}s", title_justify="left")
     for col in ("class", "lower", "upper", "open", "running", "solved", "state"):
-        table.add_column(col, justify="right" if col not in ("state",) else "left")
+        table.add_column(col, justify="right" if col != "state" else "left")
     for c, cs in engine.states.items():
         running = sum(1 for n in cs.nodes.values() if n.state == "running")
         state = (("done" if cs.complete else "stopped") + f" ({cs.reason})") if cs.done else "running"

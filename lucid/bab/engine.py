@@ -275,7 +275,8 @@ class Engine:
             elif (best := max(cs.nodes.values(), key=lambda n: (n.upper, n.state == SETTLED))).state == SETTLED:
                 best.state = FINAL
                 self.session.emit("final", cs.cls, node=best.id, parent=best.parent, size=best.size, upper=best.upper)
-                self.anytime.finish(cs, True, "proved singleton on top" if best.is_singleton else "hyper-network solved")
+                self.anytime.finish(cs, True,
+                                    "proved singleton on top" if best.is_singleton else "hyper-network solved")
                 return
             elif best.state == STUCK and not any(n.state in (OPEN, PENDING, RUNNING) for n in cs.nodes.values()):
                 # Nothing left that could improve the bound: the unproved bound stands (sound).

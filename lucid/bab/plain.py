@@ -72,30 +72,29 @@ class BranchAndBound:
         title = f"lucid verify {run.path.name} ({settings.solver}, {executor.capacity} workers)"
         engine = None
         try:
-            with run.interruptible(interrupted):
-                with live_display.LiveDisplay(title, enabled=settings.progress) as display:
-                    hooks = EngineHooks(
-                        screen=None if screen is None else screen.initial,
-                        refine=screen.refine if screen is not None and screen.refines else None,
-                        search=search,
-                        on_progress=display.update,
-                        on_checkpoint=checkpoint,
-                        leaks=NetworkLeaks.of(problem) if settings.residual else None,
-                        choose_size=None if chooser is None else chooser.choose,
-                    )
-                    engine = bab_engine.Engine(
-                        executor,
-                        run.classes,
-                        len(problem.stack),
-                        settings,
-                        params=FlatParameters(problem.stack),
-                        hooks=hooks,
-                        log=log,
-                        states=states,
-                        deadline=run.deadline,
-                    )
-                    engine.run()
-                    chosen = dict(engine.states)
+            with run.interruptible(interrupted), live_display.LiveDisplay(title, enabled=settings.progress) as display:
+                hooks = EngineHooks(
+                    screen=None if screen is None else screen.initial,
+                    refine=screen.refine if screen is not None and screen.refines else None,
+                    search=search,
+                    on_progress=display.update,
+                    on_checkpoint=checkpoint,
+                    leaks=NetworkLeaks.of(problem) if settings.residual else None,
+                    choose_size=None if chooser is None else chooser.choose,
+                )
+                engine = bab_engine.Engine(
+                    executor,
+                    run.classes,
+                    len(problem.stack),
+                    settings,
+                    params=FlatParameters(problem.stack),
+                    hooks=hooks,
+                    log=log,
+                    states=states,
+                    deadline=run.deadline,
+                )
+                engine.run()
+                chosen = dict(engine.states)
         finally:
             executor.close()
         residual = _residual_sets(chosen)

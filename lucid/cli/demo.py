@@ -92,7 +92,7 @@ def _verify(run_dir: Path, solver: str, time_limit: float, workers: int | None, 
     from lucid.bab import verify_run
 
     checkpoint = run_dir / "verify.checkpoint.json"
-    kwargs = dict(solver=solver, time_limit=time_limit, workers=workers, progress=True)
+    kwargs = {"solver": solver, "time_limit": time_limit, "workers": workers, "progress": True}
     if checkpoint.exists():
         try:
             verify_run(run_dir, resume=True, **kwargs)

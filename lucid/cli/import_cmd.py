@@ -60,8 +60,9 @@ def command(manifest: Path, data: Path, out: Path, max_file_bytes: int) -> None:
     result = import_run(manifest, data, out, max_file_bytes)
     meta = result.meta
     trained_by = meta["training"].get("name") or meta["training"].get("algorithm", "?")
+    hidden = "x".join(map(str, meta["architecture"]["hidden"])) or "no"
     click.echo(
-        f"wrote {result.path}: {result.networks} networks ({'x'.join(map(str, meta['architecture']['hidden'])) or 'no'} "
+        f"wrote {result.path}: {result.networks} networks ({hidden} "
         f"hidden), {meta['train_size']} training rows, trained by {trained_by}",
         err=True,
     )

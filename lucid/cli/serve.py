@@ -69,7 +69,7 @@ def startup_warnings(
             "the time); set --budget TOTAL (or --target-epsilon E --queries Q) and --total-budget, see "
             "docs/access.md#neighbouring-inputs"
         )
-    if allowed_hosts is None and host in ("0.0.0.0", "::", ""):
+    if allowed_hosts is None and host in ("0.0.0.0", "::", ""):  # noqa: S104 (a check for the wildcard, not a binding)
         out.append(
             f"--host {host} without --allowed-hosts: only requests whose Host header names localhost, "
             "127.0.0.1, [::1] or this address are answered; list the names clients use with --allowed-hosts"
@@ -414,9 +414,11 @@ def command(
     auth = f", {len(key_table)} clients" if key_table else (", auth on" if api_key else "")
     netloc = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"  # an IPv6 address needs its brackets
     click.echo(
-        f"lucid: serving {run} on {transport.scheme}://{netloc}/v1/predict (epsilon={clf.epsilon:g}, memo={clf.memo.name}"
+        f"lucid: serving {run} on {transport.scheme}://{netloc}/v1/predict "
+        f"(epsilon={clf.epsilon:g}, memo={clf.memo.name}"
         f"{auth}{', clipping' if clip else ''}{_budget_note(budget, total_budget, plan)}"
-        f"{f', deadline {deadline_ms:g} ms' if deadline_ms else ''}{f', {rate:g} requests/s per client' if rate else ''}"
+        f"{f', deadline {deadline_ms:g} ms' if deadline_ms else ''}"
+        f"{f', {rate:g} requests/s per client' if rate else ''}"
         f"{f', X-Forwarded-For trusted from {chr(44).join(proxies)}' if proxies else ''}); Ctrl-C stops",
         err=True,
     )

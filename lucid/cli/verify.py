@@ -72,7 +72,8 @@ def _print_summary(result: dict) -> None:
     "--solver",
     default=_default("solver"),
     show_default=True,
-    help="MILP backend: highs, gurobi, cbc, scip or auto; A+B cross-checks every node with both and keeps the larger proved bound.",
+    help="MILP backend: highs, gurobi, cbc, scip or auto; A+B cross-checks every node with both and keeps the "
+    "larger proved bound.",
 )
 @click.option(
     "--workers", type=int, default=_default("workers"), help="Parallel node MILPs (default: number of cores)."
@@ -87,7 +88,8 @@ def _print_summary(result: dict) -> None:
     "--node-time-limit",
     type=float,
     default=_default("node_time_limit"),
-    help="Seconds per node MILP (default with --time-limit: an eighth of it, at least 20 s; without: none). A node that hits it keeps its proved bound and is split.",
+    help="Seconds per node MILP (default with --time-limit: an eighth of it, at least 20 s; without: none). "
+    "A node that hits it keeps its proved bound and is split.",
 )
 @click.option("--classes", default=_default("classes"), help="Comma-separated class ids, e.g. 0,1 (default: all).")
 @click.option("--tau", type=float, default=_default("tau"), show_default=True, help="Relax-if-similar threshold.")

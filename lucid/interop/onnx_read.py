@@ -265,7 +265,7 @@ def _conv(chain: _Chain, node, consts: dict[str, np.ndarray], attrs: dict) -> No
     w = _const(chain, node, consts, 1, ndim=None)
     if w.ndim != 4:
         chain.fail(node, f"has a kernel of shape {tuple(w.shape)}; LUCID imports 2-D convolutions [out, in, kh, kw]")
-    c_out, c_in, kh, kw = (int(v) for v in w.shape)
+    c_out, _c_in, kh, kw = (int(v) for v in w.shape)
     if attrs.get("group", 1) != 1:  # before the channels: a grouped kernel reads channels / groups each
         chain.fail(node, f"has group={attrs['group']}; LUCID imports convolutions with one group")
     strides = [int(v) for v in attrs.get("strides", [1, 1])]

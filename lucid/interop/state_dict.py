@@ -56,7 +56,7 @@ def read_torch(path: str | Path, conv: ConvSpec | None = None) -> DenseNet:
 def _safetensors_arrays(path: Path) -> dict[str, np.ndarray]:
     try:
         with safe_open(str(path), framework="numpy") as fh:
-            return {name: fh.get_tensor(name) for name in fh.keys()}
+            return {name: fh.get_tensor(name) for name in fh.keys()}  # noqa: SIM118 (a safetensors file, not a dict)
     except FileNotFoundError:
         raise LucidError(f"{path} does not exist") from None
     except Exception as exc:  # noqa: BLE001 (safetensors raises its own error types for damaged files)

@@ -143,11 +143,16 @@ def _trims(lo: np.ndarray, hi: np.ndarray, a: np.ndarray, b: np.ndarray, witness
     """Axis cuts that make [lo, hi] into [a, b], those moving the most known leaks out of it
     first, then those cutting off the largest share of the width."""
     width = np.where(hi > lo, hi - lo, 1.0)
-    keyed = []
-    for f in np.flatnonzero(a > lo):  # x >= a goes right: the box stays right
-        keyed.append((sum(w[f] < a[f] for w in witnesses), (a[f] - lo[f]) / width[f], int(f), float(a[f])))
-    for f in np.flatnonzero(b < hi):  # x < b goes left: the points (all below b) stay left
-        keyed.append((sum(w[f] >= b[f] for w in witnesses), (hi[f] - b[f]) / width[f], int(f), float(b[f])))
+    # x >= a goes right: the box stays right
+    keyed = [
+        (sum(w[f] < a[f] for w in witnesses), (a[f] - lo[f]) / width[f], int(f), float(a[f]))
+        for f in np.flatnonzero(a > lo)
+    ]
+    # x < b goes left: the points (all below b) stay left
+    keyed += [
+        (sum(w[f] >= b[f] for w in witnesses), (hi[f] - b[f]) / width[f], int(f), float(b[f]))
+        for f in np.flatnonzero(b < hi)
+    ]
     return [Split(feature=f, threshold=t) for _, _, f, t in sorted(keyed, reverse=True)]
 
 

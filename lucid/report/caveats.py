@@ -1,8 +1,9 @@
 """The threat model in plain words: what the proved bounds guarantee, and what they do not.
 
 A reviewer reads the numbers through these sentences, so they are kept in one place (both formats
-render the same text) and follow docs/guarantee.md and the threat model in docs/access.md. Run-specific facts (public or fitted domain, group size of an AGT
-verification, fine-tuning) switch the matching sentences.
+render the same text) and follow docs/guarantee.md and the threat model in docs/access.md.
+Run-specific facts (public or fitted domain, group size of an AGT verification, fine-tuning)
+switch the matching sentences.
 """
 
 from __future__ import annotations
@@ -51,8 +52,8 @@ def covered(facts: ReportFacts) -> tuple[tuple[str, str], ...]:
             (
                 EXTERNAL_T
                 if t.algorithm == EXTERNAL_ALGORITHM
-                else f"The leave-one-out networks are what T ({t.algorithm}: plain SGD, seed {t.seed}, the seeded batch "
-                "order shared by all networks) produces without each row; the guarantee is about that "
+                else f"The leave-one-out networks are what T ({t.algorithm}: plain SGD, seed {t.seed}, "
+                "the seeded batch order shared by all networks) produces without each row; the guarantee is about that "
                 "deterministic T and nothing else."
             )
             + (

@@ -271,9 +271,13 @@ def _bounds(f: ReportFacts) -> Section:
             f"class {c}: L = {'none proved' if level is None else f'{level:.4g}'}, {size} networks"
             for c, level, size in v.levels
         )
+
+        def highest(bounds: list) -> list:
+            return sorted((b for b in bounds if b is not None), reverse=True)[:4]
+
         sets = "; ".join(
             f"class {c}: rows {', '.join(str(r) for r in rows[:8])}{', …' if len(rows) > 8 else ''} (bounds "
-            f"{', '.join('–' if b is None else f'{b:.3g}' for b in sorted((b for b in bounds if b is not None), reverse=True)[:4])}"
+            f"{', '.join('–' if b is None else f'{b:.3g}' for b in highest(bounds))}"
             f"{', …' if len(bounds) > 4 else ''})"
             for c, rows, bounds in v.members
             if rows
@@ -305,9 +309,11 @@ def _bounds(f: ReportFacts) -> Section:
         blocks.append(
             Paragraph(
                 f"M was chosen by `--residual auto` (cap {ch.get('cap')}): the smallest M whose rule noises at most "
-                f"max(2 × Naive-iDP, + 2 points) of {ch.get('inputs')} ({ch.get('count')} inputs). With M = {ch.get('size')} it "
+                f"max(2 × Naive-iDP, + 2 points) of {ch.get('inputs')} ({ch.get('count')} inputs). "
+                f"With M = {ch.get('size')} it "
                 f"noises {pct(ch.get('noised'))} against Naive-iDP's {pct(ch.get('naive_idp'))} (target "
-                f"{pct(ch.get('target'))}, {'met' if ch.get('met') else 'missed: M = ' + str(ch.get('needed')) + ' would meet it'}"
+                f"{pct(ch.get('target'))}, "
+                f"{'met' if ch.get('met') else 'missed: M = ' + str(ch.get('needed')) + ' would meet it'}"
                 f"); the service evaluates {ch.get('networks_served', 0)} networks besides N at every query "
                 f"({(ch.get('bytes_served') or 0) / 1e6:.2f} MB of float64 parameters with N).",
                 "note",

@@ -48,7 +48,7 @@ _scheduler_threads: int | None = None
 
 
 def _process_threads(requested: int, force: bool = False) -> int:
-    global _scheduler_threads
+    global _scheduler_threads  # noqa: PLW0603 (one count per process: see above)
     with _scheduler_lock:
         if _scheduler_threads is None or force:
             _scheduler_threads = requested

@@ -110,7 +110,7 @@ def _check_independent(source: str, run, ds: Dataset) -> None:
             "be independent of the left-out row; pre-train on other (public) data"
         )
     if shared:
-        print(
+        print(  # noqa: T201 (a warning line on stderr, as lucid train writes them)
             f"lucid: warning: {shared} of this run's {len(ours)} training rows also appear among the --init run's "
             "training rows; the guarantee assumes the start does not depend on them",
             file=sys.stderr,

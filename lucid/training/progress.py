@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Self
+
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
@@ -14,7 +16,7 @@ class TrainingProgress:
         self._task = None
         self._description = description
 
-    def __enter__(self) -> TrainingProgress:
+    def __enter__(self) -> Self:
         if self.enabled:
             self._progress = Progress(
                 TextColumn("[bold]{task.description}"),

@@ -21,8 +21,8 @@ from __future__ import annotations
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager, nullcontext
-from typing import Any, ContextManager, Protocol
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from typing import Any, Protocol
 
 from lucid.errors import LucidError
 
@@ -68,19 +68,19 @@ class SqlBackend(ABC):
 
     # -- the hooks -----------------------------------------------------------------------------------
     @abstractmethod
-    def _session(self) -> ContextManager[Session]:
+    def _session(self) -> AbstractContextManager[Session]:
         """A connection for the duration of one call (the caller holds `self._lock`)."""
 
     @abstractmethod
-    def _begin(self, db: Session) -> ContextManager[None]:
+    def _begin(self, db: Session) -> AbstractContextManager[None]:
         """One write transaction on `db`: committed when the block ends, rolled back on an exception."""
 
-    def _batch(self, db: Session) -> ContextManager[None]:
+    def _batch(self, db: Session) -> AbstractContextManager[None]:
         """Statements whose results are not read until the block ends may be sent together (PostgreSQL:
         one round trip instead of one each, inside the memo-wide lock); SQLite runs them as they come."""
         return nullcontext()
 
-    def _lock_client(self, db: Session, client: str | None, epsilon: float) -> None:
+    def _lock_client(self, db: Session, client: str | None, epsilon: float) -> None:  # noqa: B027 (a no-op by default)
         """Hold the client's ledger row until commit (lock 1); nothing where the transaction holds the
         whole database."""
 
@@ -98,7 +98,7 @@ class SqlBackend(ABC):
     def _failure(self, exc: BaseException) -> MemoError:
         """The database's exception as a MemoError (MemoUnavailable where the database is unreachable)."""
 
-    def _close_connection(self) -> None:
+    def _close_connection(self) -> None:  # noqa: B027 (a no-op by default)
         """Release the connection(s); called once, by `close`."""
 
     def reachable(self, timeout: float) -> bool:

@@ -138,7 +138,7 @@ class SqlMemo(SqlBackend):
             gone = [
                 row[0]
                 for row in db.execute(
-                    f"DELETE FROM memo WHERE key IN (SELECT key FROM memo ORDER BY used LIMIT ?{self._SKIP_LOCKED}) "
+                    f"DELETE FROM memo WHERE key IN (SELECT key FROM memo ORDER BY used LIMIT ?{self._SKIP_LOCKED}) "  # noqa: S608 (the backend's fixed lock clause; values are bound)
                     "RETURNING key",
                     (count - self.max_size,),
                 ).fetchall()
@@ -146,7 +146,7 @@ class SqlMemo(SqlBackend):
             # An evicted input's next answer is a fresh draw, charged again: forget who saw it.
             for start in range(0, len(gone), _CHUNK):
                 part = gone[start : start + _CHUNK]
-                db.execute(f"DELETE FROM seen WHERE key IN ({','.join('?' * len(part))})", part)
+                db.execute(f"DELETE FROM seen WHERE key IN ({','.join('?' * len(part))})", part)  # noqa: S608 (placeholders only; values are bound)
             count -= len(gone)
             always_store = True
         if always_store:
@@ -171,7 +171,7 @@ class SqlMemo(SqlBackend):
             part = unique[start : start + _CHUNK]
             marks = ",".join("?" * len(part))
             rows = db.execute(
-                "SELECT m.key, m.label, m.noised, s.client IS NOT NULL FROM memo m "
+                "SELECT m.key, m.label, m.noised, s.client IS NOT NULL FROM memo m "  # noqa: S608 (placeholders and the backend's fixed lock clause; values are bound)
                 f"LEFT JOIN seen s ON s.key = m.key AND s.client = ? WHERE m.key IN ({marks})"
                 f"{self._ROW_LOCK if lock else ''}",
                 (client or "", *part),
