@@ -9,6 +9,7 @@ for op, so its iterates are bit-identical to it (`tests/test_adam.py` compares t
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 
@@ -23,7 +24,9 @@ class Adam:
         params = list(params)
         if params and not isinstance(params[0], dict):
             params = [{"params": params}]
-        self.groups = [{"params": list(g["params"]), "lr": float(g.get("lr", lr))} for g in params]
+        self.groups: list[dict[str, Any]] = [
+            {"params": list(g["params"]), "lr": float(g.get("lr", lr))} for g in params
+        ]
         self.beta1, self.beta2 = betas
         self.eps = eps
         self.state: dict[int, tuple[torch.Tensor, torch.Tensor, list[int]]] = {}

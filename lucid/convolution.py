@@ -113,7 +113,7 @@ def conv2d_layers(architecture: dict) -> tuple[tuple[int, int, int], list[dict]]
         ) from None
     if len(shape) != 3 or min(shape) < 1:
         raise LucidError(f"run.json: the cnn2d input_shape must be three positive sizes [C, H, W], got {list(shape)}")
-    return shape, layers  # type: ignore[return-value]
+    return shape, layers
 
 
 def lower_conv2d(

@@ -58,9 +58,10 @@ class NetworkStack:
     def select(self, index: Sequence[int] | np.ndarray | slice) -> NetworkStack:
         """The sub-stack of the given network positions (not row ids: use `positions_of`)."""
         idx = np.arange(len(self))[index] if isinstance(index, slice) else np.asarray(index, dtype=np.int64)
+        rows: np.ndarray | slice = idx
         if idx.ndim == 1 and len(idx) > 0 and np.all(np.diff(idx) == 1):
-            idx = slice(int(idx[0]), int(idx[-1]) + 1)  # one contiguous run (e.g. a BaB root): views, no copy
-        return NetworkStack([w[idx] for w in self.weights], [b[idx] for b in self.biases], self.removed[idx])
+            rows = slice(int(idx[0]), int(idx[-1]) + 1)  # one contiguous run (e.g. a BaB root): views, no copy
+        return NetworkStack([w[rows] for w in self.weights], [b[rows] for b in self.biases], self.removed[rows])
 
     def positions_of(self, removed_rows: Sequence[int] | np.ndarray) -> np.ndarray:
         """Positions in this stack of the networks trained without the given rows (-1 = N)."""
@@ -87,13 +88,13 @@ class NetworkStack:
 
             dtype = torch.float32 if float32 else torch.float64
             with torch.no_grad():
-                h = torch.as_tensor(x, dtype=dtype)
+                t = torch.as_tensor(x, dtype=dtype)
                 for i, (w, b) in enumerate(zip(self.weights, self.biases, strict=True)):
                     wt, bt = _tensor(w, dtype), _tensor(b, dtype)
-                    h = torch.matmul(h, wt.transpose(1, 2)) + bt[:, None, :]
+                    t = torch.matmul(t, wt.transpose(1, 2)) + bt[:, None, :]
                     if i < last:
-                        h = torch.relu(h)
-            return h.numpy().astype(np.float64, copy=False)
+                        t = torch.relu(t)
+            return t.numpy().astype(np.float64, copy=False)
         h = x
         for i, (w, b) in enumerate(zip(self.weights, self.biases, strict=True)):
             h = np.matmul(h, w.transpose(0, 2, 1)) + b[:, None, :]
@@ -281,7 +282,7 @@ class NetworkFile:
             if bad.any() and first is None:
                 first = int(self.removed[start + int(bad.argmax())])
             count += int(bad.sum())
-        if count:
+        if first is not None:  # set with the first non-finite network, so count > 0
             raise LucidError(diverged_message(count, len(self), first))
 
     def n_tensors(self) -> dict[str, np.ndarray]:

@@ -15,7 +15,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 
@@ -38,6 +38,10 @@ def encode_float(v: float | None) -> float | str | None:
     return "inf" if v > 0 else "-inf"
 
 
+@overload
+def decode_float(v: float | str) -> float: ...
+@overload
+def decode_float(v: None) -> None: ...
 def decode_float(v: float | str | None) -> float | None:
     return None if v is None else float(v)
 

@@ -45,6 +45,6 @@ def release(client: Any, name: str) -> None:
 def held_value(name: str) -> Any:
     """In a task: the value that `hold` gave this worker under `name`."""
     plugin = get_worker().plugins.get(name)
-    if plugin is None:
+    if not isinstance(plugin, _Inputs):  # None: not held (no other plugin goes by these names)
         raise LucidError(f"this Dask worker holds no {name}: was it released before its last task ran?")
     return plugin.value

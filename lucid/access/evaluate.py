@@ -208,7 +208,7 @@ def markdown_table(result: dict[str, Any], epsilons: list[tuple[str, float]]) ->
         "residual": f"residual M = {result.get('residual_size')}",
         "regions": "regions",
         "regions+residual": f"regions, residual M = {result.get('residual_size')}",
-    }.get(result.get("rule"), "regions")
+    }.get(result.get("rule", ""), "regions")
     head = f"| ε | N (no privacy) | LUCID ({rule}) | LUCID (global) |" if regions else "| ε | N (no privacy) | LUCID |"
     lines = [head + " Naive-Noise | Naive-iDP |", "|---|---|---|---|---|" + ("---|" if regions else "")]
     for key, _ in epsilons:

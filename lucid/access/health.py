@@ -59,9 +59,15 @@ class MemoHealth:
         return ok
 
     def _run(self, loop: asyncio.AbstractEventLoop, future: asyncio.Future) -> None:
+        probe = self._probe
         try:
-            ok = bool(self._probe(self.timeout))
+            ok = probe is None or bool(probe(self.timeout))
         except Exception:  # noqa: BLE001 (a probe that fails in any way: not reachable)
             ok = False
+
+        def settle() -> None:
+            if not future.done():
+                future.set_result(ok)
+
         with contextlib.suppress(RuntimeError):  # the loop has closed meanwhile
-            loop.call_soon_threadsafe(lambda: future.done() or future.set_result(ok))
+            loop.call_soon_threadsafe(settle)

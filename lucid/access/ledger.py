@@ -117,7 +117,7 @@ def optimal_composition(groups: Iterable[tuple[float, int]], delta: float) -> fl
 
     smallest = min(e for e, _ in events)
     step = _grid_step(smallest, 1 if len({e for e, _ in events}) == 1 else _MIXED_GRID)
-    total = None
+    total: Any = None
     for eps, count in events:
         one = pld.from_privacy_parameters(common.DifferentialPrivacyParameters(eps, 0.0), step)
         composed = one.self_compose(count)

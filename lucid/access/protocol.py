@@ -344,7 +344,7 @@ class GuardedH11Protocol(H11Protocol):
             return True
         return False
 
-    def eof_received(self) -> bool | None:
+    def eof_received(self) -> bool | None:  # type: ignore[override]  # asyncio's protocol returns bool | None
         """The client shut its sending side (`nc -N`, `shutdown(SHUT_WR)`). A request it completed
         before is answered (it is being charged), then the connection closes: the transport stays
         open for writing. Anything else closes at once: a request still arriving can never complete,
@@ -451,9 +451,9 @@ def tls_protocol(
             loop,
             protocol_class(*args, **kwargs),
             context,
-            None,
+            None,  # type: ignore[arg-type]  # no waiter: asyncio's own servers pass None too
             server_side=True,
-            ssl_handshake_timeout=handshake_timeout,
+            ssl_handshake_timeout=handshake_timeout,  # type: ignore[arg-type]  # seconds, a float in asyncio
         )
 
     return factory

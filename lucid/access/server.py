@@ -490,5 +490,5 @@ def create_app(clf: LabelOnlyClassifier, options: ServiceOptions | None = None, 
             )
             await send({"type": "http.response.body", "body": body})
 
-    app.add_route("/v1/predict", PredictEndpoint(), methods=["POST"])
+    app.add_route("/v1/predict", PredictEndpoint(), methods=["POST"])  # type: ignore[arg-type]  # an ASGI app
     return app

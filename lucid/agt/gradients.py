@@ -132,7 +132,7 @@ def row_gradient_bounds(
     p_lo, p_hi = softmax_bounds(*pre[-1])
     # d CE / d logits = softmax - onehot (the sample weight is applied to the batch mean)
     dl, du = p_lo - onehot, p_hi - onehot
-    grads: list[RowBounds] = [None] * (2 * n_layers)  # type: ignore[list-item]
+    grads: list[RowBounds | None] = [None] * (2 * n_layers)
     for i in range(n_layers - 1, -1, -1):
         al, au = acts[i]
         # dW_i[b] = delta_b a_b^T with a >= 0: one product per entry

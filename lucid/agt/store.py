@@ -90,7 +90,10 @@ def box_hyper_network(box: AgtBox, positions: np.ndarray | list[int], input_dim:
     """
     from lucid.agt.cnn import lower_conv
 
-    w_lo, w_hi, b_lo, b_hi = [], [], [], []
+    w_lo: list[np.ndarray] = []
+    w_hi: list[np.ndarray] = []
+    b_lo: list[np.ndarray] = []
+    b_hi: list[np.ndarray] = []
     length, j = input_dim, 0
     while f"conv.{j}.weight" in box.lower:
         if length is None:

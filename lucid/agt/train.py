@@ -125,9 +125,9 @@ def _abstract_train(
     names = (conv_names(spec) if cnn else []) + _names(n_layers)
     if cnn and trainable is not None:
         raise LucidError("the fine-tuning variant (trainable layers) is for MLPs only")
-    trainable = set(range(n_layers)) if trainable is None else set(trainable)
-    if not trainable or not trainable <= set(range(n_layers)):
-        raise LucidError(f"trainable layers must be a non-empty subset of 0..{n_layers - 1}, got {sorted(trainable)}")
+    layers = set(range(n_layers)) if trainable is None else set(trainable)
+    if not layers or not layers <= set(range(n_layers)):
+        raise LucidError(f"trainable layers must be a non-empty subset of 0..{n_layers - 1}, got {sorted(layers)}")
     _check_orders(orders, X.shape[0])
     X = X.to(torch.float64)
     if bool((X < 0).any()):
@@ -141,7 +141,7 @@ def _abstract_train(
     decay = 1.0 - lr * weight_decay
     if update not in UPDATES:
         raise LucidError(f"unknown AGT update {update!r}; choose one of {', '.join(UPDATES)}")
-    last_only = not cnn and trainable == {n_layers - 1} and decay > 0
+    last_only = not cnn and layers == {n_layers - 1} and decay > 0
     zonotope = None
     if last_only and update == "zonotope":
         zonotope = Zonotope.from_box(*_augmented(lower, upper, spec))
@@ -157,9 +157,9 @@ def _abstract_train(
                 dense_box = DenseBox.of_layers(lower, upper, n_layers)
                 forward = forward_bounds(dense_box, X[rows])
                 dense = row_gradient_bounds(
-                    dense_box, X[rows], onehot_all[rows], first_layer=min(trainable), forward=forward
+                    dense_box, X[rows], onehot_all[rows], first_layer=min(layers), forward=forward
                 )
-                rowb = [(rb, 0) if j // 2 in trainable else (None, 0) for j, rb in enumerate(dense)]
+                rowb = [(rb, 0) if j // 2 in layers else (None, 0) for j, rb in enumerate(dense)]
             tighter: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
             moved: Zonotope | None = None
             if last_only and update != "interval":

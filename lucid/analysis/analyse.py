@@ -15,7 +15,7 @@ import math
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -106,7 +106,8 @@ def analyse_node(
     # gains little from a second thread, on both.
     if _splits_first(settings, positions, cutoff) and (settings.split_race or solver_options.threads > 1):
         return _profiled(_raced(node, solver_options, times))
-    split, split_stats = None, {}
+    split = None
+    split_stats: dict[str, Any] = {}
     if _splits_first(settings, positions, cutoff):
         split = _split_singleton(node, SplitLimits(times.split_time, extend=times.split_extension), split_stats)
         if split.proved:  # every domain is below the cutoff: no MILP needed

@@ -22,8 +22,9 @@ import numpy as np
 
 from lucid.analysis.encode import EncoderInputs, EncodingOptions, encode_idp
 from lucid.analysis.problem import VerificationProblem, node_difference_bounds
+from lucid.bounds.difference import DifferenceBounds
 from lucid.bounds.lp import dual_bound, proves_empty
-from lucid.hyper import hyper_network
+from lucid.hyper import HyperNetwork, hyper_network
 
 
 class DomainLp:
@@ -33,7 +34,8 @@ class DomainLp:
     def __init__(self, problem: VerificationProblem, cls: int, position: int, encoding: EncodingOptions) -> None:
         self.problem, self.cls, self.position, self.encoding = problem, cls, position, encoding
         self._lps: dict[int, tuple] = {}
-        self._bounds = None  # (hyper-network, difference bounds), made on first use: most networks never ask
+        # (hyper-network, difference bounds), made on first use: most networks never ask
+        self._bounds: tuple[HyperNetwork, DifferenceBounds] | None = None
         self.solved = 0
 
     def _lp(self, t: int):

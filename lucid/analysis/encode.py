@@ -14,6 +14,7 @@ the bias (an interval for N#).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
@@ -125,7 +126,7 @@ def encode_idp(
         beta_lower = beta_lower / scale
     b = ModelBuilder()
     x, offset, shift = _input_domain(b, inputs.lower, inputs.upper)
-    stats = {
+    stats: dict[str, Any] = {
         "exact_hyper": inputs.hyper.exact,
         "shifted": shift,
         "binaries_n": 0,

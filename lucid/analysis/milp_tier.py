@@ -32,7 +32,7 @@ from lucid.hyper import HyperNetwork, hyper_network
 from lucid.milp.model import MilpModel
 from lucid.rundir import encode_float
 from lucid.settings import EncodingOptions
-from lucid.solvers.base import ERROR, INFEASIBLE, OPTIMAL, TIME_LIMIT, SolveResult, SolverOptions
+from lucid.solvers.base import ERROR, INFEASIBLE, OPTIMAL, TIME_LIMIT, KeptSolve, SolveResult, SolverOptions
 from lucid.witness.replay import LeakWitness, find_leak
 
 log = logging.getLogger(__name__)
@@ -293,7 +293,7 @@ def solve_once(
     known: LeakWitness | None = None,
     floor: float = -math.inf,
     keep: bool = False,
-    tree: object | None = None,
+    tree: KeptSolve | None = None,
 ) -> tuple[float, SolveResult, LeakWitness | None]:
     """Solve, add the safety margin, replay the witness; a bound below the replayed witness or a
     `known` one (HiGHS once fell 1.3e-5 below a searched witness after root cuts, with no
@@ -330,7 +330,7 @@ def final_solve(
     opts: SolverOptions,
     info: dict,
     keep_key: tuple | None,
-    tree: object | None = None,
+    tree: KeptSolve | None = None,
 ) -> GroupResult:
     """The node's last MILP (or the continuation of its kept `tree`); with `keep_key` a time-limited
     one is kept in this process for the node's next retry."""

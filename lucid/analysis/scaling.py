@@ -78,8 +78,8 @@ def _scales(hull: HyperNetwork, lower: np.ndarray, upper: np.ndarray, every: boo
     return scales
 
 
-def _layer_factors(scales: list[np.ndarray], k: int, input_dim: int) -> tuple[np.ndarray, np.ndarray]:
-    """(row factor, column divisor) of affine layer k."""
+def _layer_factors(scales: list[np.ndarray], k: int, input_dim: int) -> tuple[np.ndarray | None, np.ndarray]:
+    """(row factor, column divisor) of affine layer k (no row factor for the output layer)."""
     rows = scales[k] if k < len(scales) else None
     cols = scales[k - 1] if k > 0 else np.ones(input_dim)
     return rows, cols

@@ -18,7 +18,7 @@ import numpy as np
 from lucid.errors import UnsoundSolverResult
 from lucid.milp.model import MilpModel
 from lucid.network import UNIT_ROUNDOFF, float_gamma
-from lucid.solvers.base import ERROR, SolveResult, SolverOptions
+from lucid.solvers.base import ERROR, KeptSolve, SolveResult, SolverOptions
 from lucid.solvers.registry import fallback_order
 from lucid.witness.replay import LeakWitness
 
@@ -68,7 +68,7 @@ def contradicts(bound: float, witness: LeakWitness | None) -> bool:
 
 
 def solve_checked(
-    model: MilpModel, solver: str, options: SolverOptions, keep: bool = False, tree: object | None = None
+    model: MilpModel, solver: str, options: SolverOptions, keep: bool = False, tree: KeptSolve | None = None
 ) -> SolveResult:
     """Solve (or continue the kept `tree` of this model); a result the solver layer proves unsound
     is retried from scratch with other backends."""

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Self
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Self
+
+if TYPE_CHECKING:
+    from rich.live import Live
 
 
 def fmt(v: float | None) -> str:
@@ -18,7 +22,7 @@ def fmt(v: float | None) -> str:
 class LiveDisplay:
     def __init__(self, title: str, enabled: bool = True) -> None:
         self.enabled = enabled
-        self._live = None
+        self._live: Live | None = None
         self._last = 0.0
         self.title = title
         self._engine = None
@@ -32,11 +36,11 @@ class LiveDisplay:
             self._live.__enter__()
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         if self._live is not None:
             if self._engine is not None:
                 self._live.update(render(self._engine, self.title))
-            self._live.__exit__(*exc)
+            self._live.__exit__(kind, exc, tb)
             self._live = None
 
     def update(self, engine: Any) -> None:

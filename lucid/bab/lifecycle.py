@@ -51,7 +51,7 @@ class VerificationRun:
         self.settings = settings
         self.deadline = deadline
         self.classes = settings.resolve_classes(run.num_classes)
-        if settings.residual != "auto" and settings.residual > run.train_size:
+        if isinstance(settings.residual, int) and settings.residual > run.train_size:  # not "auto"
             raise LucidError(
                 f"--residual {settings.residual} exceeds the run's {run.train_size} leave-one-out networks"
             )

@@ -168,6 +168,7 @@ def _make_executor(problem: VerificationProblem, settings: VerifySettings) -> ex
 
 def _size_chooser(run: VerificationRun, problem: VerificationProblem) -> SizeChooser:
     """--residual auto: measured on --public-inputs, else on the run's test split."""
+    x: np.ndarray | None
     if run.settings.public_inputs is not None:
         x, source = read_public_inputs(run.run, run.settings.public_inputs), "--public-inputs"
     else:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 from lucid.atomic import write_atomic
 from lucid.bab.events import parse_float
@@ -51,7 +52,7 @@ def slowest_nodes(events: list[dict], count: int) -> list[dict]:
     """The `count` slowest node analyses (one per `solved` event, retries apart), slowest first:
     class, node, size, seconds, status, the node's profile (`lucid.analysis.analyse._profiled`:
     seconds per tier and each tier's bound) and the bounds the engine kept."""
-    rows = []
+    rows: list[dict[str, Any]] = []
     for e in events:
         if e.get("event") != "solved" or e.get("class") is None:
             continue

@@ -85,7 +85,7 @@ class Executor:
 
     def completed(self, timeout: float) -> list[tuple[Any, Any]]:
         """Results finished so far, waiting up to `timeout` seconds for the first one."""
-        out = []
+        out: list[tuple[Any, Any]] = []
         try:
             item = self._done.get(timeout=timeout)
         except queue.Empty:

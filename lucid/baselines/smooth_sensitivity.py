@@ -169,13 +169,13 @@ def run_smooth_sensitivity(
         distances.append(dist)
         notes.append(note)
     seconds = time.perf_counter() - start
-    labels, distances = np.stack(labels, axis=1), np.stack(distances, axis=1)  # [rows, T]
+    all_labels, all_distances = np.stack(labels, axis=1), np.stack(distances, axis=1)  # [rows, T]
     if teachers == 1:
-        answer, distance = labels[:, 0], distances[:, 0]
+        answer, distance = all_labels[:, 0], all_distances[:, 0]
     else:
-        votes_one = labels.sum(axis=1)
+        votes_one = all_labels.sum(axis=1)
         answer = (2 * votes_one >= teachers).astype(np.int64)  # ties answer 1, as the paper's g
-        distance = ensemble_distance(votes_one, distances)
+        distance = ensemble_distance(votes_one, all_distances)
     diverged = [n["diverged"] for n in notes if n["diverged"]]
     rng = np.random.default_rng(config.seed)
     results = []

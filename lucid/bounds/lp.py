@@ -130,9 +130,9 @@ def lp_bounds(
             rest = interval_bounds(
                 weights[k + 1 :], biases[k + 1 :], np.maximum(bounds.lower[k], 0), np.maximum(bounds.upper[k], 0)
             )
-            for i, (lo, hi) in enumerate(zip(rest.lower, rest.upper, strict=True)):
-                bounds.lower[k + 1 + i] = np.maximum(bounds.lower[k + 1 + i], lo)
-                bounds.upper[k + 1 + i] = np.minimum(bounds.upper[k + 1 + i], hi)
+            for i, (rest_lo, rest_hi) in enumerate(zip(rest.lower, rest.upper, strict=True)):
+                bounds.lower[k + 1 + i] = np.maximum(bounds.lower[k + 1 + i], rest_lo)
+                bounds.upper[k + 1 + i] = np.minimum(bounds.upper[k + 1 + i], rest_hi)
     return bounds
 
 

@@ -33,7 +33,7 @@ from lucid.bounds.split_lagrangian import _Brancher
 from lucid.bounds.split_options import DomainBound, Hopeless, SplitControl, SplitLimits, SplitOptions, is_set
 from lucid.bounds.symbolic import ScreenOptions, singleton_upper_bounds
 from lucid.witness.gradient import gradient_search
-from lucid.witness.replay import LeakQuery, climb
+from lucid.witness.replay import LeakQuery, LeakWitness, climb
 
 LEAF_STEPS = 200  # Adam steps for a domain with nothing left to split (its bound is then final)
 LEAK_STARTS = 4  # leak searches from the highest open domains of an unproved network
@@ -123,7 +123,7 @@ class SplitResult:
     seconds: float
     per_target: dict[int, float]  # the bound per rival t that N' can reach
     starts: np.ndarray | None = None  # [n, d] where the highest open domains attain their bounds (unproved only)
-    witness: object | None = None  # a replayed leak found from `starts` (`split_singleton`), or None
+    witness: LeakWitness | None = None  # a replayed leak found from `starts` (`split_singleton`), or None
     trace: list[tuple[float, float]] = field(default_factory=list)  # (seconds, the searched rival's bound) as it fell
     gave_up: bool = False  # stopped at the checkpoint (`SplitControl.checkpoint`), not at the time limit
 

@@ -139,8 +139,7 @@ def choose_neuron(d: _Domains, relax: list[Relaxation], intervals: list, alphas:
                 1,
             )
         )
-    primary, fallback = torch.cat(primary, 1), torch.cat(fallback, 1)
-    first, second = primary.max(1), fallback.max(1)
+    first, second = torch.cat(primary, 1).max(1), torch.cat(fallback, 1).max(1)
     none = torch.full_like(first.indices, -1)
     return torch.where(first.values > 1e-12, first.indices, torch.where(second.values >= 0, second.indices, none))
 

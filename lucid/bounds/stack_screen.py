@@ -32,8 +32,8 @@ def _stack_pair(problem, positions: np.ndarray) -> PairProblem:
     return PairProblem(
         [w[0] for w in stack.weights],
         [b[0] for b in stack.biases],
-        [_Rows(w, positions) for w in stack.weights],
-        [_Rows(b, positions) for b in stack.biases],
+        [_Rows(w, positions) for w in stack.weights],  # type: ignore[misc]  # read by chunk, like an array
+        [_Rows(b, positions) for b in stack.biases],  # type: ignore[misc]
         problem.n_bounds.lower,
         problem.n_bounds.upper,
         problem.lower,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -92,7 +93,7 @@ def _verify(run_dir: Path, solver: str, time_limit: float, workers: int | None, 
     from lucid.bab import verify_run
 
     checkpoint = run_dir / "verify.checkpoint.json"
-    kwargs = {"solver": solver, "time_limit": time_limit, "workers": workers, "progress": True}
+    kwargs: dict[str, Any] = {"solver": solver, "time_limit": time_limit, "workers": workers, "progress": True}
     if checkpoint.exists():
         try:
             verify_run(run_dir, resume=True, **kwargs)

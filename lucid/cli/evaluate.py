@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rich.progress import TaskID
+
 from pathlib import Path
 
 import click
@@ -29,7 +34,7 @@ def run_evaluation(run: Path, epsilon: str, json_path: Path | None, plot: Path |
         console=console,
         transient=True,
     ) as bar:
-        tasks: dict[str, int] = {}
+        tasks: dict[str, TaskID] = {}
 
         def progress(stage: str, done: int, total: int) -> None:
             label = {"Naive-iDP": "Naive-iDP: networks evaluated", "LUCID": "mechanisms: epsilons done"}[stage]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 
@@ -73,6 +74,7 @@ def _position(source: NetworkFile, row: int | None, position: int | None) -> int
         if not 1 <= position < len(source):
             raise LucidError(f"--position must be 1..{len(source) - 1} (position 0 is N), got {position}")
         return position
+    row = cast(int, row)  # exactly one of row and position is given: here, row
     found = np.flatnonzero(source.removed == row)
     if row < 0 or len(found) == 0:
         raise LucidError(f"no network trained without training row {row} in this run")

@@ -15,8 +15,10 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from safetensors.numpy import save_file
@@ -33,7 +35,12 @@ from lucid.interop.state_dict import ConvSpec, StackedStateDicts, read_safetenso
 from lucid.network import NETWORKS_FILE
 from lucid.rundir import EXTERNAL_ALGORITHM, RUN_FORMAT
 
-READERS = {".onnx": read_onnx, ".pt": read_torch, ".pth": read_torch, ".safetensors": read_safetensors}
+READERS: dict[str, Callable[..., DenseNet]] = {
+    ".onnx": read_onnx,
+    ".pt": read_torch,
+    ".pth": read_torch,
+    ".safetensors": read_safetensors,
+}
 
 
 # ------------------------------------------------------------------------------------- networks
@@ -216,7 +223,7 @@ def import_run(
                 f"(the networks' output index), got {int(y.min())}..{int(y.max())}"
             )
     domain, from_data = domain_of(manifest, data, d)
-    meta = {
+    meta: dict[str, Any] = {
         "format": RUN_FORMAT,
         "num_classes": num_classes,
         "input_dim": d,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -169,12 +169,12 @@ def _conv_spec(c: Any, path: Path) -> ConvSpec | None:
         or not c["layers"]
     ):
         raise bad
-    shape = tuple(whole(v, 1) for v in c["input_shape"])
+    shape = cast(tuple[int, int, int], tuple(whole(v, 1) for v in c["input_shape"]))  # C, H, W: checked above
     if not all(isinstance(layer, dict) and set(layer) == {"stride", "pad"} for layer in c["layers"]):
         raise bad
     return ConvSpec(
         shape,
-        tuple(whole(layer["stride"], 1) for layer in c["layers"]),  # type: ignore[arg-type]
+        tuple(whole(layer["stride"], 1) for layer in c["layers"]),
         tuple(whole(layer["pad"], 0) for layer in c["layers"]),
     )
 

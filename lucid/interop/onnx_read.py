@@ -14,6 +14,7 @@ this kind of network, so it must not guess what another op means.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, NoReturn
 
 import numpy as np
 import onnx
@@ -42,13 +43,12 @@ class _Chain:
         self.current = name
         self.rank = len(dims)
         self.batch = dims[0] if dims else None  # the input's batch size when the graph fixes it
-        known = all(d is not None for d in dims[1:])
-        self.width: int | None = int(np.prod(dims[1:], dtype=np.int64)) if known and self.rank >= 2 else None
+        sizes = [d for d in dims[1:] if d is not None]
+        known = len(sizes) == len(dims[1:])
+        self.width: int | None = int(np.prod(sizes, dtype=np.int64)) if known and self.rank >= 2 else None
         # (C, H, W) of an image tensor [batch, C, H, W] of known size, which a Conv reads
         self.image: tuple[int, int, int] | None = (
-            tuple(int(d) for d in dims[1:])  # type: ignore[assignment]
-            if self.rank == 4 and known
-            else None
+            (int(sizes[0]), int(sizes[1]), int(sizes[2])) if self.rank == 4 and known else None
         )
         self.weights: list[np.ndarray] = []
         self.biases: list[np.ndarray | None] = []
@@ -58,7 +58,7 @@ class _Chain:
         self.open_matmul = False  # the last layer was a MatMul whose Add may follow
         # shape tensors computed from the running tensor's Shape (`_shape_arithmetic`): a list of
         # entries or one entry, each a size, "batch" (the input's own batch size) or None (unknown)
-        self.shapes: dict[str, object] = {}
+        self.shapes: dict[str, Any] = {}  # symbolic: ints, "batch", None, or lists of them
 
     def dims(self) -> list:
         """The running tensor's shape as `shapes` holds it."""
@@ -67,7 +67,7 @@ class _Chain:
         )
         return ["batch" if self.batch is None else self.batch, *rest]
 
-    def fail(self, node, why: str) -> None:
+    def fail(self, node, why: str) -> NoReturn:
         raise LucidError(f"{self.path}: {node.op_type} node '{node.name or node.output[0]}' {why}")
 
     def dense(self, node, w: np.ndarray, b: np.ndarray | None) -> None:

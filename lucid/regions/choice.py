@@ -84,9 +84,10 @@ def choose_split(
             return trims, points
         return [Split(box=box)], points
     cluster = _cluster(points, domain_width)
-    box = None if cluster is None else _hug(lo, hi, cluster, domain_width)
-    if box is not None:
-        return [Split(box=box)], cluster
+    if cluster is not None:
+        box = _hug(lo, hi, cluster, domain_width)
+        if box is not None:
+            return [Split(box=box)], cluster
     best, best_score = None, None
     for f in range(len(lo)):
         threshold = _middle_cut(points[:, f], lo[f], hi[f])

@@ -280,7 +280,7 @@ def plot_regions(view: RegionView, path: str | Path, features: tuple[int, int], 
     FigureCanvasAgg(fig)  # the Agg canvas, without pyplot's global backend state
     ax = fig.subplots()
     for _, x0, x1, y0, y1, bound in rects:
-        colour = mappable.to_rgba(bound) if math.isfinite(bound) else "lightgrey"
+        colour = mappable.to_rgba(bound) if math.isfinite(bound) else "lightgrey"  # type: ignore[arg-type]  # a scalar
         ax.add_patch(
             Rectangle(
                 (x0, y0),

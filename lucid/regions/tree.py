@@ -225,7 +225,7 @@ class RegionTree:
 
     def leaves_complete(self) -> np.ndarray:
         """[C]: every leaf's verification of the class finished (its bound is exact per leaf)."""
-        return np.array([self.complete[i] for i in self.leaves()]).all(axis=0)
+        return np.asarray(np.array([self.complete[i] for i in self.leaves()]).all(axis=0))
 
     # --- lookup -----------------------------------------------------------------------------------
     def lookup_arrays(self) -> RegionLookup:

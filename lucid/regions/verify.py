@@ -81,11 +81,12 @@ class RegionRefinement:
         settings = self.settings = run.settings
         lower, upper = run.run.domain
         self.run, self.deadline = run, run.deadline
-        self.tree, self.leaks, self.screened = None, {}, set()  # screened: leaves with only their screen so far
+        tree: RegionTree | None = None
+        self.leaks, self.screened = {}, set()  # screened: leaves with only their screen so far
         saved = run.saved()
         if saved is not None:
             try:
-                self.tree = read_regions(saved["regions"], lower, upper, run.run.num_classes, str(run.checkpoint_path))
+                tree = read_regions(saved["regions"], lower, upper, run.run.num_classes, str(run.checkpoint_path))
                 self.leaks = {int(k): {int(c): w for c, w in v.items()} for k, v in saved["leaks"].items()}
                 self.screened = {int(i) for i in saved.get("screened", [])}
             except (KeyError, TypeError, ValueError, AttributeError):
@@ -97,8 +98,7 @@ class RegionRefinement:
         root = VerificationProblem.from_run(run.run, bounds=settings.bounds, with_points=settings.search)
         if len(root.stack) < 2:
             raise LucidError(f"{run.path} has no leave-one-out networks to verify")
-        if self.tree is None:
-            self.tree = RegionTree(root.lower, root.upper, run.run.num_classes)
+        self.tree = RegionTree(root.lower, root.upper, run.run.num_classes) if tree is None else tree
         if settings.workers is None:
             settings = self.settings = replace(settings, workers=os.cpu_count() or 1)
         scores = root.stack.select(slice(0, 1)).forward(self.sample)[0]
@@ -114,8 +114,8 @@ class RegionRefinement:
             self.boxes.close()
         residual = None
         if settings.residual:  # the domain's sets, and the file holding every leaf's networks too
-            root = {c: r for c, r in self.tree.residual[0].items() if c in run.classes}
-            residual = write_residual(run.path, root, settings.residual, self.tree.residual_sets())
+            sets = {c: r for c, r in self.tree.residual[0].items() if c in run.classes}
+            residual = write_residual(run.path, sets, settings.residual, self.tree.residual_sets())
         return Verified(
             _bounds_entries(self.tree, run.classes, self.leaks, run.elapsed()),
             regions=self.tree.to_json(),

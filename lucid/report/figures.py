@@ -135,10 +135,11 @@ def accuracy_figure(ev: EvaluationFacts, baselines: BaselineFacts | None) -> byt
         ["#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#1f77b4", "#aec7e8", "#c49c94", "#f7b6d2", "#dbdb8d"]
         * 4
     )
+    rows = baselines.rows if baselines else ()
     for method in baselines.methods if baselines else ():
         pts = sorted(
             (r.epsilon, r.accuracy)
-            for r in baselines.rows
+            for r in rows
             if r.method == method and r.epsilon is not None and r.accuracy is not None
         )
         if pts:
@@ -162,14 +163,14 @@ def accuracy_figure(ev: EvaluationFacts, baselines: BaselineFacts | None) -> byt
 def anytime_figure(verification: VerificationFacts) -> bytes | None:
     """The proved upper and witnessed lower bound of each class over the verification's time,
     from the log; None when no class has anytime updates."""
-    classes = [c for c in verification.classes if c.log is not None and c.log.curve]
-    if not classes:
+    curves = [(c, c.log.curve) for c in verification.classes if c.log is not None and c.log.curve]
+    if not curves:
         return None
-    fig, axes = _figure(len(classes), height=3.0)
-    for c, ax in zip(classes, axes, strict=False):
-        t = [p[0] for p in c.log.curve]
-        lo = [math.nan if p[1] is None or not math.isfinite(p[1]) else p[1] for p in c.log.curve]
-        up = [math.nan if p[2] is None or not math.isfinite(p[2]) else p[2] for p in c.log.curve]
+    fig, axes = _figure(len(curves), height=3.0)
+    for (c, curve), ax in zip(curves, axes, strict=False):
+        t = [p[0] for p in curve]
+        lo = [math.nan if p[1] is None or not math.isfinite(p[1]) else p[1] for p in curve]
+        up = [math.nan if p[2] is None or not math.isfinite(p[2]) else p[2] for p in curve]
         ax.step(t, up, where="post", color=BETA, label="upper (proved)")
         ax.step(t, lo, where="post", color=RELEASED, label="lower (witness)")
         ax.set_title(f"class {c.label}", fontsize=10)

@@ -265,7 +265,7 @@ def _ledger(run: Run, memo: str | Path | None) -> tuple[LedgerFacts | None, str]
 
     # a database URL stays text (a Path would fold its '//'); it is only ever shown without its password
     target = memo if is_database_url(memo) else (Path(memo) if memo is not None else run.path / MEMO_FILE)
-    if memo is None and not target.exists():
+    if memo is None and isinstance(target, Path) and not target.exists():  # (always a Path here)
         return None, (
             f"no memo at {target}: the run has not been served with `lucid serve` (or pass --memo), "
             "so there is no privacy ledger"

@@ -10,6 +10,7 @@ missing row from a forgotten one.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -267,12 +268,12 @@ def _bounds(f: ReportFacts) -> Section:
             )
         )
     if v.residual:
-        levels = "; ".join(
+        level_text = "; ".join(
             f"class {c}: L = {'none proved' if level is None else f'{level:.4g}'}, {size} networks"
             for c, level, size in v.levels
         )
 
-        def highest(bounds: list) -> list:
+        def highest(bounds: Sequence[float | None]) -> list[float]:
             return sorted((b for b in bounds if b is not None), reverse=True)[:4]
 
         sets = "; ".join(
@@ -289,7 +290,7 @@ def _bounds(f: ReportFacts) -> Section:
             Paragraph(
                 f"Residual check (M = {v.residual}): per class, the M networks with the largest proven "
                 "bounds are evaluated at every query, and the level L, the (M+1)-th largest bound, "
-                f"covers all the others ({levels}). An input is released when N's confidence is above "
+                f"covers all the others ({level_text}). An input is released when N's confidence is above "
                 "its class's level and every network of the class's set gives N's label; either way "
                 "the label is the same from all networks."
                 + (f" The sets (the rows their networks were trained without): {sets}." if sets else "")

@@ -172,7 +172,10 @@ def _result(model, options, log, sol_text, solution, seconds, build_seconds) -> 
     elif message.startswith("Stopped on time"):
         code = TIME_LIMIT
         if is_mip and partial:
-            logged_best = _PARTIAL_BEST.search(log).group(1)
+            best = _PARTIAL_BEST.search(log)
+            if best is None:  # a best objective that is not a number
+                raise SolverError("cbc's log has a partial search without a numeric best objective")
+            logged_best = best.group(1)
             upper = upper_from_min_bound(partial.group(1), LOG_DIGITS)
     incumbent = None
     if solution is not None and code != INFEASIBLE:

@@ -163,7 +163,7 @@ def solve_gurobi(
             # benchmarks/results/idle_machine.md)
             m.Params.Heuristics = 0
         for key, value in (extra or {}).items():
-            m.setParam(key, value)
+            m.setParam(key, value)  # type: ignore[call-overload]  # a parameter value as the caller gave it
         build_seconds = time.perf_counter() - t0
         try:
             m.optimize()

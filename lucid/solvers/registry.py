@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from lucid.errors import LucidError, SolverError, UnsoundSolverResult
 from lucid.milp.model import MilpModel
-from lucid.solvers.base import ERROR, INFEASIBLE, OPTIMAL, TIME_LIMIT, SolveResult, SolverOptions
+from lucid.solvers.base import ERROR, INFEASIBLE, OPTIMAL, TIME_LIMIT, KeptSolve, SolveResult, SolverOptions
 from lucid.solvers.solution_check import REPLAY_TOLERANCE, replay_solution
 
 log = logging.getLogger("lucid.solvers")
@@ -127,7 +127,9 @@ def _cross_check(
         except LucidError as exc:  # e.g. a licence too small for this model
             results.append(SolveResult(status=ERROR, upper_bound=math.inf, solver=name, message=str(exc)))
     with_solution = [r for r in results if r.solution is not None]
-    best = max(with_solution, key=lambda r: r.incumbent) if with_solution else None
+    best = (
+        max(with_solution, key=lambda r: -math.inf if r.incumbent is None else r.incumbent) if with_solution else None
+    )
     bounds = [r.upper_bound for r in results]
     upper = max(bounds)
     if all(r.status == INFEASIBLE for r in results):
@@ -217,7 +219,7 @@ def solve(
         raise
 
 
-def resume(tree: object, options: SolverOptions) -> SolveResult:
+def resume(tree: KeptSolve, options: SolverOptions) -> SolveResult:
     """Continue a kept solve (`SolveResult.tree`); its result is checked like any other, and it is
     kept again only while it still stops at its time limit."""
     result = tree.resume(options)

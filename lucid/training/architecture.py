@@ -12,6 +12,7 @@ import math
 import re
 from collections.abc import Sequence
 from itertools import pairwise
+from typing import Any
 
 import torch
 from torch import nn
@@ -20,7 +21,7 @@ from lucid.convolution import conv2d_output_hw
 from lucid.errors import LucidError
 from lucid.training.layer_spec import is_layer_spec, parse_input_shape, parse_layer_spec
 
-CNN_SPEC = {"type": "cnn", "conv_channels": [6, 6], "kernel_size": 3, "hidden": [2]}
+CNN_SPEC: dict[str, Any] = {"type": "cnn", "conv_channels": [6, 6], "kernel_size": 3, "hidden": [2]}
 
 
 def parse_arch(arch: str, input_shape: str | Sequence[int] | None = None) -> dict:
@@ -72,7 +73,7 @@ class ReferenceNet(nn.Module):
         self.image: tuple[int, int, int] | None = None  # a 2-D CNN's input shape (C, H, W)
         width = input_dim
         if spec["type"] == "cnn2d":
-            self.image = tuple(spec["input_shape"])  # type: ignore[assignment]
+            self.image = tuple(spec["input_shape"])
             channels, height, breadth = self.image
             for layer in spec["conv"]:
                 conv = nn.Conv2d(

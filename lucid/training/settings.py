@@ -139,7 +139,14 @@ class TrainSettings:
     def sgd_step(self, num_classes: int) -> SgdStep:
         """T's SGD step for a run on data with `num_classes` classes, as every chunk (local or on a
         Dask worker) and the AGT step apply it."""
-        return SgdStep(self.lr, self.weight_decay, self.batch_size, num_classes, self.trainable)
+        trainable = self.trainable
+        return SgdStep(
+            self.lr,
+            self.weight_decay,
+            self.batch_size,
+            num_classes,
+            None if trainable is None else frozenset(trainable),
+        )
 
     @property
     def agt_width(self) -> float:

@@ -19,6 +19,7 @@ The implementations of the step:
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -67,7 +68,8 @@ def train_networks(
     removed = removed.to(device)
     if method == "auto" or (method == "autograd" and spec["type"] == "cnn2d"):  # cnn2d's own step is autograd
         method = {"mlp": "mlp", "cnn": "cnn", "cnn2d": "cnn2d"}[spec["type"]]
-    step = {"mlp": _MlpStep, "cnn": _CnnStep, "autograd": _AutogradStep, "cnn2d": _Cnn2dStep}[method](
+    # every step has `parameters` and `gradients`; `weights` and `biases` are the MLP step's
+    step: Any = {"mlp": _MlpStep, "cnn": _CnnStep, "autograd": _AutogradStep, "cnn2d": _Cnn2dStep}[method](
         params, spec, sgd.num_classes
     )
     first = 0
@@ -113,7 +115,7 @@ def _partial_gradients(
     features = xb
     for i in range(first):
         features = torch.addmm(b[i][0], features, W[i][0].t()).clamp_(min=0)
-    return [None] * (2 * first) + dense_gradients(W[first:], b[first:], features, onehot, w)  # type: ignore[list-item]
+    return [None] * (2 * first) + dense_gradients(W[first:], b[first:], features, onehot, w)  # type: ignore[return-value]  # None: never read
 
 
 class _MlpStep:

@@ -101,7 +101,8 @@ def _affine_pieces(weights: list[np.ndarray], biases: list[np.ndarray], x: np.nd
     """Fix the activation pattern at x: returns (G, h) pattern rows G y <= h, and the scores map (M, m)."""
     M = np.eye(len(x))
     m = np.zeros(len(x))
-    G, h = [], []
+    G: list[np.ndarray] = []
+    h: list[np.ndarray] = []
     for k, (w, b) in enumerate(zip(weights, biases, strict=True)):
         A, a = w @ M, w @ m + b
         if k == len(weights) - 1:

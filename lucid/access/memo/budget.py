@@ -31,7 +31,7 @@ SELECT COALESCE((SELECT SUM(epsilon * answers) FROM ledger WHERE client = ?), 0.
 """
 
 
-def charged(db: Any, client: str) -> float:
+def charged(db: Any, client: str | None) -> float:
     """A client's worst-case charge: epsilon per distinct answer, released or noised, plus its live
     reservations."""
     return float(db.execute(_CHARGED, (client, client, time.time())).fetchone()[0])
@@ -62,7 +62,7 @@ def total_refusal(db: Any, epsilon: float, draws: int, total_budget: float | Non
     return None
 
 
-def new_reservation(db: Any, client: str, epsilon: float, inputs: int, rid: str | None = None) -> str:
+def new_reservation(db: Any, client: str | None, epsilon: float, inputs: int, rid: str | None = None) -> str:
     """Reserve `inputs` x epsilon for `client` (under its lock) until released or expired, under the
     id `rid` (a new one if None: one id may name a client's row and the all-clients row); the id.
     The client's expired reservations go first."""
@@ -90,6 +90,6 @@ def draw_on(db: Any, rid: str | None, client: str, inputs: int) -> bool:
     return row is not None
 
 
-def release(db: Any, rid: str, client: str) -> None:
+def release(db: Any, rid: str, client: str | None) -> None:
     """Drop what is left of a reservation (under the lock its client's rows need)."""
     db.execute("DELETE FROM reserved WHERE id = ? AND client = ?", (rid, client))

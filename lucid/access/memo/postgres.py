@@ -101,6 +101,12 @@ def _configure(conn: psycopg.Connection) -> None:
     conn.execute("SET extra_float_digits = 3")
 
 
+def _scalar(cursor: psycopg.Cursor) -> Any:
+    """The one value of a query's one row (None without a row)."""
+    row = cursor.fetchone()
+    return None if row is None else row[0]
+
+
 class _Session:
     """A psycopg connection speaking the shared statements' `?` placeholders (psycopg's are `%s`;
     no shared statement contains a literal `?` or `%`)."""
@@ -119,7 +125,7 @@ class _Session:
             cur.executemany(sql.replace("?", "%s"), list(rows))
 
 
-class PostgresMemo(SqlMemo):
+class PostgresMemo(SqlMemo[_Session]):
     """`PostgresMemo("postgresql://user@host:port/db")`: the memo and ledger in that database."""
 
     _ROW_LOCK = " FOR KEY SHARE OF m"
@@ -166,7 +172,7 @@ class PostgresMemo(SqlMemo):
             with self._transaction() as db:
                 # Replicas starting together would race on CREATE TABLE and on the new meta rows.
                 db.execute(f"SELECT pg_advisory_xact_lock({_SCHEMA_LOCK}, hashtext(current_schema()))")
-                if db.execute("SELECT to_regclass('reserved')").fetchone()[0] is None:  # the newest table
+                if _scalar(db.execute("SELECT to_regclass('reserved')")) is None:  # the newest table
                     db.execute(_SCHEMA)
                 self._init_meta(db, fingerprint)
             if epsilon is not None:
@@ -250,7 +256,7 @@ def read_ledger_rows(url: str, fingerprint: str | None = None) -> list[tuple[str
         with psycopg.connect(_conninfo(url, name)) as conn:
             conn.read_only = True
             _configure(conn)
-            if conn.execute("SELECT to_regclass('meta')").fetchone()[0] is None:
+            if _scalar(conn.execute("SELECT to_regclass('meta')")) is None:
                 raise LucidError(f"{name} holds no memo: no answers have been given with it")
             return ledger_of(_Session(conn), name, fingerprint)
     except psycopg.Error as exc:

@@ -126,7 +126,7 @@ class Checkpointer:
         self._thread.join(timeout=5.0)
 
 
-class SqliteMemo(SqlMemo):
+class SqliteMemo(SqlMemo[sqlite3.Connection]):
     """`SqliteMemo(path)`; `path=None` keeps it in memory (lost on exit: fine for evaluation only)."""
 
     _ERRORS = (sqlite3.DatabaseError,)
@@ -169,8 +169,9 @@ class SqliteMemo(SqlMemo):
     def _close_quietly(self) -> None:
         """Close a connection that failed to open as a memo (a refused file is not kept open)."""
         self._writers.close()
-        if getattr(self, "_checkpoints", None) is not None:
-            self._checkpoints.stop()
+        checkpoints = getattr(self, "_checkpoints", None)
+        if checkpoints is not None:
+            checkpoints.stop()
         db = getattr(self, "_db", None)
         if db is not None:
             db.close()

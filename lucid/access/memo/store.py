@@ -28,7 +28,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from lucid.access.ledger import ALL_CLIENTS, BudgetExceeded, ledger_of
-from lucid.access.memo.backend import Session, SqlBackend
+from lucid.access.memo.backend import SessionT, SqlBackend
 from lucid.access.memo.budget import client_refusal, draw_on, total_refusal
 from lucid.access.memo.metadata import (
     MEMO_FORMAT,
@@ -95,14 +95,14 @@ class MemoStore(Protocol):
     def close(self) -> None: ...
 
 
-class SqlMemo(SqlBackend):
+class SqlMemo(SqlBackend[SessionT]):
     """A memo in an SQL database (module docstring); subclasses supply the backend hooks."""
 
     def __init__(self, max_size: int, name: str) -> None:
         super().__init__(max_size, name)
         self._pending_touches: dict[bytes, int] = {}  # LRU positions of memo hits not written yet
 
-    def _init_meta(self, db: Session, fingerprint: str | None) -> None:
+    def _init_meta(self, db: SessionT, fingerprint: str | None) -> None:
         """A new memo gets its meta rows; an existing one is checked, migrated and trimmed to max_size."""
         self._lock_memo(db)  # before reading meta: a replica binding at the same moment goes first
         meta = dict(db.execute("SELECT name, value FROM meta").fetchall())
@@ -132,7 +132,7 @@ class SqlMemo(SqlBackend):
         self._epsilon = float(epsilon)
         return self
 
-    def _evict(self, db: Session, count: int, always_store: bool = False) -> int:
+    def _evict(self, db: SessionT, count: int, always_store: bool = False) -> int:
         """Drop the least recently used entries above max_size (under lock 3); returns the new count."""
         if count > self.max_size:
             gone = [
@@ -155,7 +155,7 @@ class SqlMemo(SqlBackend):
 
     def _select(
         self,
-        db: Session,
+        db: SessionT,
         unique: Sequence[bytes],
         client: str | None,
         stop_at_miss: bool = False,
@@ -252,7 +252,7 @@ class SqlMemo(SqlBackend):
         if refusal:
             raise BudgetExceeded(refusal)
 
-    def _write(self, db: Session, batch: Batch, rid: str | None, now: int, out: np.ndarray) -> str | None:
+    def _write(self, db: SessionT, batch: Batch, rid: str | None, now: int, out: np.ndarray) -> str | None:
         """The transaction of `get_or_put`: fills `out`, or returns the refusal it recorded."""
         keys, unique, proposals, noised = batch.keys, batch.unique, batch.proposals, batch.noised
         client, epsilon = batch.charge.client, batch.charge.epsilon
@@ -322,7 +322,7 @@ class SqlMemo(SqlBackend):
                 self._evict(db, count, always_store=True)
         return None
 
-    def _write_touches(self, db: Session, limit: int | None = None) -> None:
+    def _write_touches(self, db: SessionT, limit: int | None = None) -> None:
         """Write the pending LRU positions: all, or the `limit` oldest."""
         pending = self._pending_touches
         keys = list(pending if limit is None else itertools.islice(pending, limit))
