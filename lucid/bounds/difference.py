@@ -131,6 +131,6 @@ def intersect_differences(diff: DifferenceBounds, pre: LayerBounds, hyper: Layer
     pre_hi = [np.minimum(a, b) for a, b in zip(diff.pre.upper, pre.upper, strict=True)]
     hyp_lo = [np.maximum(a, b) for a, b in zip(diff.hyper.lower, hyper.lower, strict=True)]
     hyp_hi = [np.minimum(a, b) for a, b in zip(diff.hyper.upper, hyper.upper, strict=True)]
-    post_lo = [np.maximum(p, np.minimum(lo, 0.0)) for p, lo in zip(diff.post.lower, pre_lo, strict=True)]
-    post_hi = [np.minimum(p, np.maximum(hi, 0.0)) for p, hi in zip(diff.post.upper, pre_hi, strict=True)]
+    post_lo = [np.maximum(p, np.minimum(lo, 0.0)) for p, lo in zip(diff.post.lower, pre_lo, strict=False)]
+    post_hi = [np.minimum(p, np.maximum(hi, 0.0)) for p, hi in zip(diff.post.upper, pre_hi, strict=False)]
     return DifferenceBounds(LayerBounds(pre_lo, pre_hi), LayerBounds(post_lo, post_hi), LayerBounds(hyp_lo, hyp_hi))
