@@ -26,9 +26,10 @@ charge (released answers are memoised too). A memo hit draws nothing, whatever i
 Time, memo hits and misses, draws, ledger writes and budget refusals therefore depend on which
 inputs were asked, not on the branch. Only the label value differs, and the label is what the
 client receives anyway.
-`deadline_ms` additionally holds every `predict`/`predict_index` call (answer or error) until
-that long after it started, for callers who want any residual difference (memo hits, batch
-size, machine noise) under one fixed time; `lucid serve --deadline-ms` does the same per request.
+`min_response_ms`, a minimum response time, additionally holds every `predict`/`predict_index`
+call (answer or error) until that long after it started, for callers who want any residual
+difference (memo hits, batch size, machine noise) under one fixed time; `lucid serve
+--min-response-ms` does the same per request.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from lucid.access.guard import check_deadline_ms
+from lucid.access.guard import check_min_response_ms
 from lucid.access.ledger import (
     DEFAULT_CLIENT,
     DEFAULT_DELTA,
@@ -73,13 +74,13 @@ def run_ledger(run: Run, memo: str | Path, delta: float = DEFAULT_DELTA) -> list
     return summarise(read_memo_ledger(memo, load_n(run)[2]), delta)
 
 
-def _hold_until(deadline: float) -> None:
-    """Return at `deadline` (perf_counter seconds): sleep most of the wait, spin the last
+def _hold_until(until: float) -> None:
+    """Return at `until` (perf_counter seconds): sleep most of the wait, spin the last
     millisecond, because a sleep alone overshoots by a scheduler tick that varies."""
-    left = deadline - time.perf_counter()
+    left = until - time.perf_counter()
     if left > 0.002:
         time.sleep(left - 0.001)
-    while time.perf_counter() < deadline:
+    while time.perf_counter() < until:
         pass
 
 
@@ -89,14 +90,14 @@ class ClassifierOptions:
     domain into it (else refuse them); `seed` the mechanism's draws (None: fresh entropy); `memo_size`
     the most inputs a memo it opens keeps; `budget` the most epsilon one client may be charged and
     `total_budget` all clients together (None: no limit; a query that would exceed one raises
-    BudgetExceeded); `deadline_ms` (module docstring)."""
+    BudgetExceeded); `min_response_ms` (module docstring)."""
 
     clip: bool = False
     seed: int | None = None
     memo_size: int = DEFAULT_MEMO_SIZE
     budget: float | None = None
     total_budget: float | None = None
-    deadline_ms: float = 0.0
+    min_response_ms: float = 0.0
 
 
 class LabelOnlyClassifier:
@@ -114,7 +115,7 @@ class LabelOnlyClassifier:
         self.epsilon = check_epsilon(epsilon)
         self.budget = check_budget(options.budget)
         self.total_budget = check_total_budget(options.total_budget)
-        self.deadline = check_deadline_ms(options.deadline_ms) / 1e3
+        self.min_response = check_min_response_ms(options.min_response_ms) / 1e3  # seconds; 0: off
         self.clip = bool(options.clip)
         self.rng = RandomSource(options.seed)
         self.num_classes = run.num_classes
@@ -305,13 +306,13 @@ class LabelOnlyClassifier:
 
     def predict_index(self, X: Any, client: str | None = None) -> np.ndarray:
         """Class ids (0..C-1) for raw queries."""
-        if not self.deadline:
+        if not self.min_response:
             return self.predict_network_space(self.to_network_space(self.validate(X)), client=client)
         started = time.perf_counter()
         try:
             return self.predict_network_space(self.to_network_space(self.validate(X)), client=client)
         finally:
-            _hold_until(started + self.deadline)
+            _hold_until(started + self.min_response)
 
     def predict(self, X: Any, client: str | None = None) -> np.ndarray:
         """Labels in the data's original label values for a batch of raw queries [B, d]."""

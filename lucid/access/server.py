@@ -23,9 +23,10 @@ request; the service answers again once the database is back.
 
 Timing: the classifier does the same work for released and noised rows (same forward pass,
 one mechanism draw per row, the same memo read/write and ledger charge; see classifier.py), and
-the response differs only in the label values it carries. `deadline_ms` additionally holds every
-/v1/predict response (answers, refusals, errors) until that long after the request arrived, for
-deployments that also want memo hits, batch sizes or machine noise hidden behind one fixed time.
+the response differs only in the label values it carries. `min_response_ms`, a minimum response
+time, additionally holds every /v1/predict response (answers, refusals, errors) until that long
+after the request arrived, for deployments that also want memo hits, batch sizes or machine noise
+hidden behind one fixed time.
 
 Load: a request's body is read on the event loop, then parsed, checked and answered in a bounded
 pool of threads (numpy and SQLite release the GIL for the heavy parts), so a 10 000-row batch does
@@ -78,7 +79,7 @@ from lucid.access.guard import (
     RequestRate,
     TooLarge,
     bearer_client,
-    check_deadline_ms,
+    check_min_response_ms,
     input_pieces,
     is_json_media,
 )
@@ -249,18 +250,19 @@ class _HostGuard:
 class ServiceOptions:
     """What the operator sets about the HTTP service (`lucid serve`'s flags). `api_key`: one bearer
     token (ledger "default"); `api_keys`: client name -> token, one ledger per client. `max_body`
-    bytes and `max_batch` rows per request. `deadline_ms` (0 to MAX_DEADLINE_MS) > 0 holds each
-    prediction response until then. `allowed_hosts`: the Host names answered (default: the loopback
-    names). `threads`: the threads that parse and answer request bodies off the event loop, as many
-    again for bodies up to SMALL_BODY (`app.state.pools`; shut them down after serving). `rate`: most
-    prediction requests per second per client (its token's client, or its address without tokens;
-    None: no limit). `transport`: the trusted proxies whose X-Forwarded-For names a request's address."""
+    bytes and `max_batch` rows per request. `min_response_ms` (0 to MAX_MIN_RESPONSE_MS) > 0 holds
+    each prediction response until that long after its request arrived. `allowed_hosts`: the Host
+    names answered (default: the loopback names). `threads`: the threads that parse and answer
+    request bodies off the event loop, as many again for bodies up to SMALL_BODY (`app.state.pools`;
+    shut them down after serving). `rate`: most prediction requests per second per client (its
+    token's client, or its address without tokens; None: no limit). `transport`: the trusted
+    proxies whose X-Forwarded-For names a request's address."""
 
     api_key: str | None = None
     api_keys: dict[str, str] | None = None
     max_body: int = DEFAULT_MAX_BODY
     max_batch: int = DEFAULT_MAX_BATCH
-    deadline_ms: float = 0.0
+    min_response_ms: float = 0.0
     allowed_hosts: Sequence[str] | None = None
     threads: int = DEFAULT_THREADS
     rate: float | None = None
@@ -273,7 +275,7 @@ def create_app(clf: LabelOnlyClassifier, options: ServiceOptions | None = None, 
     options = ServiceOptions() if options is None else options
     api_key, api_keys, max_body, max_batch = options.api_key, options.api_keys, options.max_body, options.max_batch
     threads, allowed_hosts = options.threads, options.allowed_hosts
-    deadline = check_deadline_ms(options.deadline_ms) / 1e3
+    min_response = check_min_response_ms(options.min_response_ms) / 1e3  # seconds; 0: off
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
         raise LucidError(f"the prediction pool needs at least 1 thread, got {threads!r}")
     hosts = HostCheck.default() if allowed_hosts is None else HostCheck(allowed_hosts)
@@ -473,8 +475,8 @@ def create_app(clf: LabelOnlyClassifier, options: ServiceOptions | None = None, 
             if out is None:
                 return
             status, body, extra = out
-            if deadline:
-                left = deadline - (time.perf_counter() - started)
+            if min_response:
+                left = min_response - (time.perf_counter() - started)
                 if left > 0:
                     await asyncio.sleep(left)
             await send(

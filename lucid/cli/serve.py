@@ -110,6 +110,22 @@ def _budget_note(budget: float | None, total_budget: float | None, plan: Epsilon
     return note
 
 
+DEADLINE_MS_DEPRECATED = (
+    "--deadline-ms is deprecated and will be removed in the next version; use --min-response-ms "
+    "(the same minimum response time)"
+)
+
+
+def _min_response_ms(min_response_ms: float | None, deadline_ms: float | None) -> float:
+    """--min-response-ms, or its deprecated old name --deadline-ms (one warning line); 0 (off) without either."""
+    if deadline_ms is None:
+        return 0.0 if min_response_ms is None else min_response_ms
+    click.echo(f"lucid: warning: {DEADLINE_MS_DEPRECATED}", err=True)
+    if min_response_ms is not None:
+        raise LucidError("give --min-response-ms or its deprecated name --deadline-ms, not both")
+    return deadline_ms
+
+
 @click.command(name="serve")
 @click.argument("run", type=click.Path(path_type=Path))
 @click.option(
@@ -189,11 +205,19 @@ def _budget_note(budget: float | None, total_budget: float | None, plan: Epsilon
     help="Distinct answers per client that --target-epsilon plans for (the budget is Q answers).",
 )
 @click.option(
+    "--min-response-ms",
+    type=float,
+    default=None,
+    metavar="MS",
+    help="Minimum response time: hold every prediction response until this many ms after its request "
+    "arrived (0: off; at most 60000) [default: 0].",
+)
+@click.option(
     "--deadline-ms",
     type=float,
-    default=0.0,
-    show_default=True,
-    help="Hold every prediction response until this many ms after its request arrived (0: off; at most 60000).",
+    default=None,
+    hidden=True,
+    help="Deprecated name of --min-response-ms (kept for one version).",
 )
 @click.option(
     "--max-rows",
@@ -334,7 +358,8 @@ def command(
     target_epsilon: float | None,
     delta: float | None,
     queries: int | None,
-    deadline_ms: float,
+    min_response_ms: float | None,
+    deadline_ms: float | None,
     max_batch: int,
     max_body: int,
     allowed_hosts: str | None,
@@ -354,8 +379,10 @@ def command(
 ) -> None:
     """Serve RUN's classifier: POST /v1/predict {"inputs": [[...]]} -> {"labels": [...]}."""
     from lucid.access.classifier import ClassifierOptions, LabelOnlyClassifier
-    from lucid.access.guard import check_deadline_ms, check_rate, parse_allowed_hosts
+    from lucid.access.guard import check_min_response_ms, check_rate, parse_allowed_hosts
     from lucid.access.server import create_app
+
+    min_response_ms = _min_response_ms(min_response_ms, deadline_ms)
 
     limits = ServeLimits(
         idle_timeout=idle_timeout,
@@ -373,7 +400,7 @@ def command(
     transport = ServeTransport(ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile, forwarded_allow_ips=proxies)
     transport.ssl_context()  # the files' errors, in one line, before anything starts
     epsilon, budget, plan = resolve_epsilon(epsilon, budget, target_epsilon, delta, queries)
-    deadline_ms = check_deadline_ms(deadline_ms)
+    min_response_ms = check_min_response_ms(min_response_ms)
     rate = check_rate(rate) if rate is not None else None
     hosts = parse_allowed_hosts(allowed_hosts) if allowed_hosts is not None else None
     if api_key_env is not None and api_keys is not None:
@@ -401,7 +428,7 @@ def command(
         api_keys=key_table,
         max_body=max_body,
         max_batch=max_batch,
-        deadline_ms=deadline_ms,
+        min_response_ms=min_response_ms,
         allowed_hosts=hosts,
         threads=limits.threads,
         rate=rate,
@@ -417,7 +444,7 @@ def command(
         f"lucid: serving {run} on {transport.scheme}://{netloc}/v1/predict "
         f"(epsilon={clf.epsilon:g}, memo={clf.memo.name}"
         f"{auth}{', clipping' if clip else ''}{_budget_note(budget, total_budget, plan)}"
-        f"{f', deadline {deadline_ms:g} ms' if deadline_ms else ''}"
+        f"{f', minimum response time {min_response_ms:g} ms' if min_response_ms else ''}"
         f"{f', {rate:g} requests/s per client' if rate else ''}"
         f"{f', X-Forwarded-For trusted from {chr(44).join(proxies)}' if proxies else ''}); Ctrl-C stops",
         err=True,
