@@ -2,7 +2,7 @@
 and the timing side channel between released and noised answers.
 
     python benchmarks/access_latency.py [--run /tmp/crypto-run] [--requests 2000] [--clients 8]
-                                        [--side-channel 20000] [--deadline-ms 0] [--report FILE.md]
+                                        [--side-channel 20000] [--min-response-ms 0] [--report FILE.md]
 
 The run defaults to a Crypto 2x50 run; if it does not exist it is trained first, as with
     lucid train ../shared/data/crypto/train.npz --test-data ../shared/data/crypto/test.npz \
@@ -256,7 +256,7 @@ def _compare(ms: np.ndarray, is_noised: np.ndarray) -> dict:
     return out
 
 
-def side_channel_in_process(run: Path, rel: np.ndarray, noi: np.ndarray, memo: Path, deadline_ms: float = 0.0,
+def side_channel_in_process(run: Path, rel: np.ndarray, noi: np.ndarray, memo: Path, min_response_ms: float = 0.0,
                             seed: int = 1) -> dict:
     from lucid.access import ClassifierOptions, LabelOnlyClassifier
 
@@ -264,7 +264,7 @@ def side_channel_in_process(run: Path, rel: np.ndarray, noi: np.ndarray, memo: P
     is_noised = np.r_[np.zeros(len(rel), bool), np.ones(len(noi), bool)]
     order = np.random.default_rng(seed).permutation(len(x))
     clf = LabelOnlyClassifier.from_run(run, epsilon=1.0, memo=memo,
-                                       options=ClassifierOptions(deadline_ms=deadline_ms))
+                                       options=ClassifierOptions(min_response_ms=min_response_ms))
     assert (clf.decide(clf.to_network_space(x))[1] == is_noised).all()
     warm = np.random.default_rng(seed + 1).random((2000, x.shape[1]))  # new to the memo, not measured
     for i in range(len(warm)):
@@ -286,14 +286,14 @@ def side_channel_in_process(run: Path, rel: np.ndarray, noi: np.ndarray, memo: P
     return result
 
 
-def side_channel_http(run: Path, rel: np.ndarray, noi: np.ndarray, memo: Path, deadline_ms: float,
+def side_channel_http(run: Path, rel: np.ndarray, noi: np.ndarray, memo: Path, min_response_ms: float,
                       seed: int = 2) -> dict:
     x = np.vstack([rel, noi])
     is_noised = np.r_[np.zeros(len(rel), bool), np.ones(len(noi), bool)]
     order = np.random.default_rng(seed).permutation(len(x))
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "lucid", "serve", str(run), "--epsilon", "1", "--port", str(port),
-                             "--memo", str(memo), "--deadline-ms", str(deadline_ms)], cwd=ROOT)
+                             "--memo", str(memo), "--min-response-ms", str(min_response_ms)], cwd=ROOT)
     result = {}
     try:
         _wait_healthy(port, proc)
@@ -356,10 +356,10 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=4000, help="HTTP requests in total (one input each)")
     ap.add_argument("--side-channel", type=int, default=20_000, metavar="N",
                     help="single queries per path for the side-channel section (0: skip it)")
-    ap.add_argument("--deadline-ms", type=float, nargs="*", default=[0.0],
-                    help="--deadline-ms values of the server in the HTTP side-channel runs (one run each)")
-    ap.add_argument("--inproc-deadline-ms", type=float, nargs="*", default=[0.0],
-                    help="deadline_ms values of the classifier in the in-process side-channel runs (one run each)")
+    ap.add_argument("--min-response-ms", type=float, nargs="*", default=[0.0],
+                    help="--min-response-ms values of the server in the HTTP side-channel runs (one run each)")
+    ap.add_argument("--inproc-min-response-ms", type=float, nargs="*", default=[0.0],
+                    help="min_response_ms values of the classifier in the in-process side-channel runs (one run each)")
     ap.add_argument("--skip-latency", action="store_true", help="only the side-channel section")
     ap.add_argument("--seed", type=int, default=0,
                     help="seed of the side-channel inputs; each run then gets its own interleaving order")
@@ -384,11 +384,11 @@ def main() -> None:
             # A distinct interleaving per run: one fixed order would meet deterministic periodic
             # events (garbage collection, LRU flushes, WAL checkpoints) at the same positions in
             # every run and make the runs' tests dependent.
-            for k, d in enumerate(args.inproc_deadline_ms):
-                sc[f"in_process_deadline_{d:g}ms"] = side_channel_in_process(
+            for k, d in enumerate(args.inproc_min_response_ms):
+                sc[f"in_process_min_response_{d:g}ms"] = side_channel_in_process(
                     run, rel, noi, scratch / f"memo-sc-inproc-{d:g}.sqlite", d, seed=1000 * args.seed + 1 + k)
-            for k, d in enumerate(args.deadline_ms):
-                sc[f"http_deadline_{d:g}ms"] = side_channel_http(run, rel, noi, scratch / f"memo-sc-{d:g}.sqlite", d,
+            for k, d in enumerate(args.min_response_ms):
+                sc[f"http_min_response_{d:g}ms"] = side_channel_http(run, rel, noi, scratch / f"memo-sc-{d:g}.sqlite", d,
                                                                  seed=1000 * args.seed + 101 + k)
             sc["load_average_after"] = os.getloadavg()
             results["side_channel"] = sc
@@ -402,13 +402,13 @@ def main() -> None:
                  "", "| where | released: median / p90 / p99 ms | noised: median / p90 / p99 ms | Mann-Whitney p | KS p | "
                  "at p < 0.01 | A/A p (MW / KS) |", "|---|---|---|---|---|---|---|"]
         for key, res in sc.items():
-            if key.startswith("in_process_deadline_"):
-                d = key[len("in_process_deadline_"):-2]
-                table += side_channel_lines(f"in process, deadline_ms {d}", res)
+            if key.startswith("in_process_min_response_"):
+                d = key[len("in_process_min_response_"):-2]
+                table += side_channel_lines(f"in process, min_response_ms {d}", res)
         for key, res in sc.items():
-            if key.startswith("http_deadline_"):
-                d = key[len("http_deadline_"):-2]
-                table += side_channel_lines(f"HTTP, 1 client, --deadline-ms {d}", res)
+            if key.startswith("http_min_response_"):
+                d = key[len("http_min_response_"):-2]
+                table += side_channel_lines(f"HTTP, 1 client, --min-response-ms {d}", res)
         print("\n".join(table))
         if args.report:
             args.report.write_text("\n".join(table) + "\n")

@@ -9,6 +9,7 @@ for op, so its iterates are bit-identical to it (`tests/test_adam.py` compares t
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 
@@ -17,12 +18,15 @@ class Adam:
     """`torch.optim.Adam(params, lr, betas, eps)`'s update; `params` is a list of tensors or of
     parameter groups (`{"params": [...], "lr": ...}`), as for torch's."""
 
-    def __init__(self, params: Iterable, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-8) -> None:
+    def __init__(
+        self, params: Iterable, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8
+    ) -> None:
         params = list(params)
         if params and not isinstance(params[0], dict):
             params = [{"params": params}]
-        self.groups = [{"params": list(g["params"]), "lr": float(g.get("lr", lr))} for g in params]
+        self.groups: list[dict[str, Any]] = [
+            {"params": list(g["params"]), "lr": float(g.get("lr", lr))} for g in params
+        ]
         self.beta1, self.beta2 = betas
         self.eps = eps
         self.state: dict[int, tuple[torch.Tensor, torch.Tensor, list[int]]] = {}
@@ -40,11 +44,16 @@ class Adam:
                 if p.grad is None:
                     continue
                 m, v, count = self.state.setdefault(
-                    id(p), (torch.zeros_like(p, memory_format=torch.preserve_format),
-                            torch.zeros_like(p, memory_format=torch.preserve_format), [0]))
+                    id(p),
+                    (
+                        torch.zeros_like(p, memory_format=torch.preserve_format),
+                        torch.zeros_like(p, memory_format=torch.preserve_format),
+                        [0],
+                    ),
+                )
                 count[0] += 1
                 m.lerp_(p.grad, 1 - b1)
                 v.mul_(b2).addcmul_(p.grad, p.grad, value=1 - b2)
                 step = float(count[0])  # torch keeps the count as a float tensor
-                denom = (v.sqrt() / (1 - b2 ** step) ** 0.5).add_(self.eps)
-                p.addcdiv_(m, denom, value=-(group["lr"] / (1 - b1 ** step)))
+                denom = (v.sqrt() / (1 - b2**step) ** 0.5).add_(self.eps)
+                p.addcdiv_(m, denom, value=-(group["lr"] / (1 - b1**step)))

@@ -24,7 +24,6 @@ def _local_version() -> str:
     try:
         return importlib.metadata.version(DISTRIBUTION)
     except importlib.metadata.PackageNotFoundError:  # running from a source tree
-
         return lucid.__version__
 
 
@@ -69,7 +68,7 @@ def connect(spec: Any) -> Cluster:
     else:
         try:
             client = Client(spec, timeout=CONNECT_TIMEOUT)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 (any failure to connect is the one error line)
             raise LucidError(f"cannot connect to the Dask scheduler at {spec}: {exc}") from None
         cluster = Cluster(client, owned=True)
     try:
@@ -84,18 +83,19 @@ def check_workers(client: Any, timeout: float = 30.0) -> None:
     """Every worker runs this LUCID version (one error line naming the first that does not)."""
     try:
         client.wait_for_workers(1, timeout=timeout)
-    except Exception:
+    except Exception:  # noqa: BLE001 (any failure here means no worker answered)
         raise LucidError(f"the Dask cluster at {client.scheduler.address} has no workers") from None
     # importlib.metadata.version is pickled by reference to the standard library, so the probe
     # itself runs on a worker without LUCID.
     try:
         versions = client.run(importlib.metadata.version, DISTRIBUTION, on_error="return")
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 (any failure to ask is the one error line)
         raise LucidError(f"cannot ask the Dask workers for their LUCID version: {exc}") from None
     mine = _local_version()
     for worker, version in sorted(versions.items()):
         if isinstance(version, BaseException):
             raise LucidError(f"Dask worker {worker} has no LUCID installed (pip install {DISTRIBUTION} there)")
         if version != mine:
-            raise LucidError(f"Dask worker {worker} runs LUCID {version}, this process {mine}; install the same "
-                             "version everywhere")
+            raise LucidError(
+                f"Dask worker {worker} runs LUCID {version}, this process {mine}; install the same version everywhere"
+            )

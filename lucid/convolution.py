@@ -11,11 +11,12 @@ summation order.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
 from lucid.errors import LucidError
+
 
 def conv1d_to_dense(weight: np.ndarray, bias: np.ndarray, length: int) -> tuple[np.ndarray, np.ndarray]:
     """Lower a valid, stride-1 1-D convolution to a dense layer.
@@ -42,8 +43,9 @@ def conv2d_output_hw(height: int, width: int, kernel: tuple[int, int], stride: i
     return (height + 2 * pad - kh) // stride + 1, (width + 2 * pad - kw) // stride + 1
 
 
-def conv2d_to_dense(weight: np.ndarray, bias: np.ndarray, input_shape: Sequence[int], stride: int = 1,
-                    pad: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def conv2d_to_dense(
+    weight: np.ndarray, bias: np.ndarray, input_shape: Sequence[int], stride: int = 1, pad: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
     """Lower a 2-D convolution with stride and zero padding to a dense layer, exactly.
 
     weight [K, c_out, c_in, kh, kw], bias [K, c_out]; the input is the C-H-W flattened
@@ -101,18 +103,22 @@ def conv2d_layers(architecture: dict) -> tuple[tuple[int, int, int], list[dict]]
     """(input shape, conv layers) of a `cnn2d` architecture, checked to be well-formed."""
     try:
         shape = tuple(int(v) for v in architecture["input_shape"])
-        layers = [{key: int(layer[key]) for key in ("channels", "kernel", "stride", "pad")}
-                  for layer in architecture["conv"]]
+        layers = [
+            {key: int(layer[key]) for key in ("channels", "kernel", "stride", "pad")} for layer in architecture["conv"]
+        ]
     except (KeyError, TypeError, ValueError):
-        raise LucidError("run.json: a cnn2d architecture needs 'input_shape' [C, H, W] and 'conv' layers with "
-                         "channels, kernel, stride and pad") from None
+        raise LucidError(
+            "run.json: a cnn2d architecture needs 'input_shape' [C, H, W] and 'conv' layers with "
+            "channels, kernel, stride and pad"
+        ) from None
     if len(shape) != 3 or min(shape) < 1:
         raise LucidError(f"run.json: the cnn2d input_shape must be three positive sizes [C, H, W], got {list(shape)}")
-    return shape, layers  # type: ignore[return-value]
+    return shape, layers
 
 
-def lower_conv2d(tensors: dict[str, np.ndarray], architecture: dict,
-                  input_dim: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+def lower_conv2d(
+    tensors: dict[str, np.ndarray], architecture: dict, input_dim: int
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """The dense layers of a 2-D CNN's convolutions, on the C-H-W flattened image."""
     shape, layers = conv2d_layers(architecture)
     if int(np.prod(shape)) != input_dim:
@@ -123,13 +129,13 @@ def lower_conv2d(tensors: dict[str, np.ndarray], architecture: dict,
     biases: list[np.ndarray] = []
     for j, layer in enumerate(layers):
         if f"conv.{j}.weight" not in tensors:
-            raise LucidError(f"the networks have no 'conv.{j}.weight' tensor "
-                             f"(run.json has {len(layers)} conv layers)")
+            raise LucidError(f"the networks have no 'conv.{j}.weight' tensor (run.json has {len(layers)} conv layers)")
         w = tensors[f"conv.{j}.weight"]
         expected = (layer["channels"], shape[0], layer["kernel"], layer["kernel"])
         if w.ndim != 5 or tuple(w.shape[1:]) != expected:
-            raise LucidError(f"conv.{j}.weight has shape {tuple(w.shape)}, "
-                             f"expected [K, {', '.join(map(str, expected))}]")
+            raise LucidError(
+                f"conv.{j}.weight has shape {tuple(w.shape)}, expected [K, {', '.join(map(str, expected))}]"
+            )
         dw, db = conv2d_to_dense(w, tensors[f"conv.{j}.bias"], shape, layer["stride"], layer["pad"])
         weights.append(dw)
         biases.append(db)

@@ -100,7 +100,7 @@ def _load_npz(path: Path) -> Table:
             X, y = npz["X"], npz["y"]
     except LucidError:
         raise
-    except Exception as exc:  # zipfile/numpy raise many types for corrupt or pickled files
+    except Exception as exc:  # noqa: BLE001 (zipfile/numpy raise many types for corrupt or pickled files)
         raise LucidError(f"cannot read {path} as .npz: {exc}") from None
     if X.ndim != 2:
         raise LucidError(f"{path}: X must be a 2-D array [rows, features], got shape {X.shape}")
@@ -183,8 +183,9 @@ def _check_finite(table: Table, what: str) -> None:
 def load_domain(path: str | Path, d: int) -> tuple[np.ndarray, np.ndarray]:
     """A --domain file: JSON {"lower": [d numbers], "upper": [d numbers]} in original units."""
     path = Path(path)
-    obj = read_json(path, missing=f"domain file {path} does not exist",
-                    unreadable=f"cannot read domain file {path} as JSON")
+    obj = read_json(
+        path, missing=f"domain file {path} does not exist", unreadable=f"cannot read domain file {path} as JSON"
+    )
     if not isinstance(obj, dict) or "lower" not in obj or "upper" not in obj:
         raise LucidError(f"domain file {path} must be a JSON object with 'lower' and 'upper' lists")
     try:
@@ -220,7 +221,9 @@ def _fit_scaler(X_all: np.ndarray, domain_box: tuple[np.ndarray, np.ndarray] | N
     return lo.astype(np.float64), scale.astype(np.float64)
 
 
-def _to_network_space(X: np.ndarray, offset: np.ndarray, scale: np.ndarray, explicit_box: bool, what: str) -> np.ndarray:
+def _to_network_space(
+    X: np.ndarray, offset: np.ndarray, scale: np.ndarray, explicit_box: bool, what: str
+) -> np.ndarray:
     Z = (X - offset) * scale
     if explicit_box:
         outside = (Z < -IN_UNIT_SLACK) | (Z > 1 + IN_UNIT_SLACK)
@@ -291,11 +294,15 @@ def prepare_dataset(
         raise LucidError(f"only {len(X_tr)} training row(s) after the split; training needs at least 2")
     try:
         y_te_ids = np.searchsorted(labels_sorted, y_te)
-        unknown = (y_te_ids >= len(labels_sorted)) | (labels_sorted[np.minimum(y_te_ids, len(labels_sorted) - 1)] != y_te)
+        unknown = (y_te_ids >= len(labels_sorted)) | (
+            labels_sorted[np.minimum(y_te_ids, len(labels_sorted) - 1)] != y_te
+        )
     except TypeError:
         raise LucidError("test labels are not comparable with the training labels") from None
     if len(y_te) and unknown.any():
-        raise LucidError(f"test data has label(s) the training rows lack: {sorted({_json_label(v) for v in y_te[unknown]})}")
+        raise LucidError(
+            f"test data has label(s) the training rows lack: {sorted({_json_label(v) for v in y_te[unknown]})}"
+        )
 
     box = load_domain(domain, table.X.shape[1]) if domain is not None else None
     X_all = np.concatenate([X_tr, X_te]) if len(X_te) else X_tr

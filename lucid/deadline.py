@@ -22,11 +22,11 @@ class Deadline:
     seconds: float | None = None
     start: float | None = None
 
-    def begun(self) -> "Deadline":
+    def begun(self) -> Deadline:
         """This deadline with its start fixed: now, unless it has one already."""
         return self if self.start is not None else replace(self, start=time.monotonic())
 
-    def restarted(self) -> "Deadline":
+    def restarted(self) -> Deadline:
         """The same span, starting now."""
         return replace(self, start=time.monotonic())
 

@@ -54,17 +54,21 @@ def check_dynamic_range(hull: HyperNetwork, lower, upper, where: str) -> None:
         b_abs = _finite_abs(hull.b_lo[k], hull.b_hi[k])
         largest = max(float(w_abs.max(initial=0.0)), float(b_abs.max(initial=0.0)))
         if largest > 2.0**PARAMETER_EXPONENT:
-            raise LucidError(f"{where}: layer {k} has a parameter of magnitude {largest:.3g}, beyond the limit "
-                             f"2^{PARAMETER_EXPONENT} (~{2.0**PARAMETER_EXPONENT:.1e}) that LUCID's float64 "
-                             "margins cover (docs/guarantee.md#magnitudes)")
+            raise LucidError(
+                f"{where}: layer {k} has a parameter of magnitude {largest:.3g}, beyond the limit "
+                f"2^{PARAMETER_EXPONENT} (~{2.0**PARAMETER_EXPONENT:.1e}) that LUCID's float64 "
+                "margins cover (docs/guarantee.md#magnitudes)"
+            )
         with np.errstate(all="ignore"):
             size = w_abs @ size + b_abs  # a bound on |pre-activation| of every network in the hull
         reach = float(size.max(initial=0.0))
         if not np.isfinite(reach) or reach > 2.0**SCORE_EXPONENT:
             what = "the scores" if k == last else "the activations"
-            raise LucidError(f"{where}: {what} of layer {k} may reach {reach:.3g} over the domain, beyond the "
-                             f"limit 2^{SCORE_EXPONENT} (~{2.0**SCORE_EXPONENT:.1e}) that LUCID's float64 "
-                             "margins cover (docs/guarantee.md#magnitudes)")
+            raise LucidError(
+                f"{where}: {what} of layer {k} may reach {reach:.3g} over the domain, beyond the "
+                f"limit 2^{SCORE_EXPONENT} (~{2.0**SCORE_EXPONENT:.1e}) that LUCID's float64 "
+                "margins cover (docs/guarantee.md#magnitudes)"
+            )
 
 
 def _finite_abs(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
@@ -87,9 +91,11 @@ def check_domain_range(lower, upper, where: str) -> None:
         size = np.maximum(np.abs(lo), np.abs(hi))
     if size.size and not (np.all(np.isfinite(size)) and size.max() <= 2.0**DOMAIN_EXPONENT):
         f = int(np.argmax(np.where(np.isfinite(size), size, np.inf)))
-        raise LucidError(f"{where}: the domain bound {size[f]:.3g} of feature {f} exceeds the limit "
-                         f"2^{DOMAIN_EXPONENT} (~{2.0**DOMAIN_EXPONENT:.1e}) that LUCID's float64 margins cover "
-                         "(docs/guarantee.md#magnitudes)")
+        raise LucidError(
+            f"{where}: the domain bound {size[f]:.3g} of feature {f} exceeds the limit "
+            f"2^{DOMAIN_EXPONENT} (~{2.0**DOMAIN_EXPONENT:.1e}) that LUCID's float64 margins cover "
+            "(docs/guarantee.md#magnitudes)"
+        )
 
 
 def check_scaler_range(offset, scale, where: str) -> None:
@@ -101,12 +107,16 @@ def check_scaler_range(offset, scale, where: str) -> None:
     size = np.abs(scale)
     for f in range(size.size):
         if not (np.isfinite(size[f]) and 2.0**-PARAMETER_EXPONENT <= size[f] <= 2.0**PARAMETER_EXPONENT):
-            raise LucidError(f"{where}: the scale {float(scale[f])!r} of feature {f} is outside [2^-{PARAMETER_EXPONENT}, "
-                             f"2^{PARAMETER_EXPONENT}] in magnitude" + (" (a scale of 0 maps every input to one point)"
-                                                                      if scale[f] == 0 else ""))
+            raise LucidError(
+                f"{where}: the scale {float(scale[f])!r} of feature {f} is outside [2^-{PARAMETER_EXPONENT}, "
+                f"2^{PARAMETER_EXPONENT}] in magnitude"
+                + (" (a scale of 0 maps every input to one point)" if scale[f] == 0 else "")
+            )
     if offset.size and not (np.all(np.isfinite(offset)) and np.abs(offset).max() <= 2.0**PARAMETER_EXPONENT):
         f = int(np.argmax(np.where(np.isfinite(offset), np.abs(offset), np.inf)))
-        raise LucidError(f"{where}: the offset {float(offset[f])!r} of feature {f} exceeds the limit 2^{PARAMETER_EXPONENT}")
+        raise LucidError(
+            f"{where}: the offset {float(offset[f])!r} of feature {f} exceeds the limit 2^{PARAMETER_EXPONENT}"
+        )
 
 
 def check_tensors_range(tensors: dict[str, np.ndarray], meta: dict, where: str, chunk: int = 256) -> None:
@@ -114,7 +124,7 @@ def check_tensors_range(tensors: dict[str, np.ndarray], meta: dict, where: str, 
     lowers it, a chunk at a time) over run.json's domain: `lucid train` and `lucid import`."""
     hull = None
     for start in range(0, len(tensors["removed"]), chunk):
-        part = {k: v[start:start + chunk] for k, v in tensors.items()}
+        part = {k: v[start : start + chunk] for k, v in tensors.items()}
         h = stack_hull(stack_from_tensors(part, meta.get("architecture", {}), int(meta["input_dim"])))
         hull = h if hull is None else hull.join(h)
     if hull is not None:

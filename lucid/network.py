@@ -11,9 +11,9 @@ witness replay never lose precision relative to the trained networks.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 from safetensors import safe_open
@@ -35,7 +35,7 @@ class NetworkStack:
         if len(self.weights) != len(self.biases) or not self.weights:
             raise ValueError("a network needs at least one affine layer, with one bias per weight")
         k = len(self.removed)
-        for w, b in zip(self.weights, self.biases):
+        for w, b in zip(self.weights, self.biases, strict=True):
             if w.ndim != 3 or b.ndim != 2 or w.shape[0] != k or b.shape[0] != k or w.shape[1] != b.shape[1]:
                 raise ValueError(f"inconsistent layer shapes {w.shape} / {b.shape} for {k} networks")
 
@@ -55,14 +55,13 @@ class NetworkStack:
         """[input, hidden..., output] widths."""
         return [self.input_dim] + [w.shape[1] for w in self.weights]
 
-    def select(self, index: Sequence[int] | np.ndarray | slice) -> "NetworkStack":
+    def select(self, index: Sequence[int] | np.ndarray | slice) -> NetworkStack:
         """The sub-stack of the given network positions (not row ids: use `positions_of`)."""
         idx = np.arange(len(self))[index] if isinstance(index, slice) else np.asarray(index, dtype=np.int64)
+        rows: np.ndarray | slice = idx
         if idx.ndim == 1 and len(idx) > 0 and np.all(np.diff(idx) == 1):
-            idx = slice(int(idx[0]), int(idx[-1]) + 1)  # one contiguous run (e.g. a BaB root): views, no copy
-        return NetworkStack(
-            [w[idx] for w in self.weights], [b[idx] for b in self.biases], self.removed[idx]
-        )
+            rows = slice(int(idx[0]), int(idx[-1]) + 1)  # one contiguous run (e.g. a BaB root): views, no copy
+        return NetworkStack([w[rows] for w in self.weights], [b[rows] for b in self.biases], self.removed[rows])
 
     def positions_of(self, removed_rows: Sequence[int] | np.ndarray) -> np.ndarray:
         """Positions in this stack of the networks trained without the given rows (-1 = N)."""
@@ -89,15 +88,15 @@ class NetworkStack:
 
             dtype = torch.float32 if float32 else torch.float64
             with torch.no_grad():
-                h = torch.as_tensor(x, dtype=dtype)
-                for i, (w, b) in enumerate(zip(self.weights, self.biases)):
+                t = torch.as_tensor(x, dtype=dtype)
+                for i, (w, b) in enumerate(zip(self.weights, self.biases, strict=True)):
                     wt, bt = _tensor(w, dtype), _tensor(b, dtype)
-                    h = torch.matmul(h, wt.transpose(1, 2)) + bt[:, None, :]
+                    t = torch.matmul(t, wt.transpose(1, 2)) + bt[:, None, :]
                     if i < last:
-                        h = torch.relu(h)
-            return h.numpy().astype(np.float64, copy=False)
+                        t = torch.relu(t)
+            return t.numpy().astype(np.float64, copy=False)
         h = x
-        for i, (w, b) in enumerate(zip(self.weights, self.biases)):
+        for i, (w, b) in enumerate(zip(self.weights, self.biases, strict=True)):
             h = np.matmul(h, w.transpose(0, 2, 1)) + b[:, None, :]
             if i < last:
                 np.maximum(h, 0.0, out=h)
@@ -117,7 +116,7 @@ class NetworkStack:
         last = len(self.weights) - 1
         h, err = x, np.zeros_like(x)
         with np.errstate(all="ignore"):
-            for i, (w, b) in enumerate(zip(self.weights, self.biases)):
+            for i, (w, b) in enumerate(zip(self.weights, self.biases, strict=True)):
                 wt, abs_wt = w.transpose(0, 2, 1), np.abs(w).transpose(0, 2, 1)
                 magnitude = np.matmul(np.abs(h), abs_wt) + np.abs(b)[:, None, :]
                 err = np.matmul(err, abs_wt) + float_gamma(w.shape[2] + 1) * magnitude
@@ -129,13 +128,13 @@ class NetworkStack:
     def flat_parameters(self) -> np.ndarray:
         """One row per network with all its (lowered) parameters: used for k-means splitting."""
         parts = []
-        for w, b in zip(self.weights, self.biases):
+        for w, b in zip(self.weights, self.biases, strict=True):
             parts.append(w.reshape(len(self), -1))
             parts.append(b)
         return np.concatenate(parts, axis=1)
 
 
-UNIT_ROUNDOFF = 2.0 ** -53
+UNIT_ROUNDOFF = 2.0**-53
 
 
 def float_gamma(n: int) -> float:
@@ -177,8 +176,10 @@ def diverged_message(count: int, total: int | None, first_removed: int) -> str:
     """The one line for networks with non-finite parameters (a diverged training run)."""
     which = "N (trained on every row)" if first_removed == -1 else f"the network without row {first_removed}"
     of = f" of {total}" if total is not None else ""
-    return (f"{count}{of} networks have non-finite parameters (NaN or infinity), "
-            f"among them {which}: training diverged; train again with a smaller --lr")
+    return (
+        f"{count}{of} networks have non-finite parameters (NaN or infinity), "
+        f"among them {which}: training diverged; train again with a smaller --lr"
+    )
 
 
 def stack_from_tensors(tensors: dict[str, np.ndarray], architecture: dict, input_dim: int) -> NetworkStack:
@@ -249,12 +250,14 @@ class NetworkFile:
             raise LucidError(f"{self.path} does not exist (is {self.run_dir} a LUCID run directory?)") from None
         except LucidError:
             raise
-        except Exception as exc:  # safetensors raises its own error types for corrupt files
+        except Exception as exc:  # noqa: BLE001 (safetensors raises its own error types for corrupt files)
             raise LucidError(f"cannot read {self.path}: {exc}") from None
         bad = sorted(name for name, count in counts.items() if count != len(self.removed))
         if bad:
-            raise LucidError(f"{NETWORKS_FILE} is inconsistent: {bad[0]} holds {counts[bad[0]]} networks, "
-                             f"'removed' {len(self.removed)}")
+            raise LucidError(
+                f"{NETWORKS_FILE} is inconsistent: {bad[0]} holds {counts[bad[0]]} networks, "
+                f"'removed' {len(self.removed)}"
+            )
         self._layer_sizes: list[int] | None = None
 
     def __len__(self) -> int:
@@ -264,7 +267,7 @@ class NetworkFile:
         """The raw (stored dtype) tensors of networks start..stop-1."""
         try:
             return {name: np.ascontiguousarray(self._fh.get_slice(name)[start:stop]) for name in self._names}
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 (safetensors raises its own error types for corrupt files)
             raise LucidError(f"cannot read {self.path}: {exc}") from None
 
     def check_finite(self, chunk_bytes: int = 64 << 20) -> None:
@@ -279,7 +282,7 @@ class NetworkFile:
             if bad.any() and first is None:
                 first = int(self.removed[start + int(bad.argmax())])
             count += int(bad.sum())
-        if count:
+        if first is not None:  # set with the first non-finite network, so count > 0
             raise LucidError(diverged_message(count, len(self), first))
 
     def n_tensors(self) -> dict[str, np.ndarray]:
@@ -293,8 +296,9 @@ class NetworkFile:
         start, stop, step = index.indices(len(self))
         if step != 1:
             raise ValueError("NetworkFile reads contiguous ranges only")
-        return stack_from_tensors(self.tensors(start, stop), self.meta.get("architecture", {}),
-                                  int(self.meta["input_dim"]))
+        return stack_from_tensors(
+            self.tensors(start, stop), self.meta.get("architecture", {}), int(self.meta["input_dim"])
+        )
 
     @property
     def layer_sizes(self) -> list[int]:

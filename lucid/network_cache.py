@@ -42,8 +42,11 @@ _HASH_BLOCK = 16 * 2**20
 def networks_key(run_dir: Path, meta: dict) -> str:
     """Digest of everything the float64 lowering depends on: the file's bytes and the architecture."""
     h = hashlib.sha256(CACHE_FORMAT.encode())
-    h.update(json.dumps({"architecture": meta.get("architecture", {}), "input_dim": meta.get("input_dim")},
-                        sort_keys=True).encode())
+    h.update(
+        json.dumps(
+            {"architecture": meta.get("architecture", {}), "input_dim": meta.get("input_dim")}, sort_keys=True
+        ).encode()
+    )
     with open(run_dir / NETWORKS_FILE, "rb") as fh:
         while block := fh.read(_HASH_BLOCK):
             h.update(block)
@@ -76,18 +79,24 @@ def _names(layers: int) -> list[str]:
 
 def _write_cache(source: NetworkFile, folder: Path) -> None:
     first = source.select(slice(0, 1))
-    arrays = [a for pair in zip(first.weights, first.biases) for a in pair]
+    arrays = [a for pair in zip(first.weights, first.biases, strict=True) for a in pair]
     per_network = sum(a[0].nbytes for a in arrays)
     chunk = max(1, CHUNK_BYTES // per_network)
     folder.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
     try:
         names = _names(len(first.weights))
-        outs = [np.lib.format.open_memmap(staging / f"{name}.npy", mode="w+", dtype=np.float64,
-                                          shape=(len(source),) + a.shape[1:]) for name, a in zip(names, arrays)]
+        outs = [
+            np.lib.format.open_memmap(
+                staging / f"{name}.npy", mode="w+", dtype=np.float64, shape=(len(source),) + a.shape[1:]
+            )
+            for name, a in zip(names, arrays, strict=True)
+        ]
         for start in range(0, len(source), chunk):
             part = source.select(slice(start, min(len(source), start + chunk)))
-            for out, a in zip(outs, [a for pair in zip(part.weights, part.biases) for a in pair]):
+            for out, a in zip(
+                outs, [a for pair in zip(part.weights, part.biases, strict=True) for a in pair], strict=True
+            ):
                 out[start : start + len(a)] = a
         for out in outs:
             out.flush()

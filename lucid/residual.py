@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 from safetensors.numpy import load, save
@@ -51,23 +52,31 @@ class ClassResidual:
         return max([self.level, *self.bounds.tolist()])
 
     def to_json(self) -> dict[str, Any]:
-        return {"level": bound_entry_value(self.level, upper=True), "positions": [int(p) for p in self.positions],
-                "bounds": [bound_entry_value(b, upper=True) for b in self.bounds]}
+        return {
+            "level": bound_entry_value(self.level, upper=True),
+            "positions": [int(p) for p in self.positions],
+            "bounds": [bound_entry_value(b, upper=True) for b in self.bounds],
+        }
 
     @classmethod
-    def from_json(cls, obj: Any, where: str) -> "ClassResidual":
+    def from_json(cls, obj: Any, where: str) -> ClassResidual:
         """Read `to_json`'s form (a region's set, lucid/regions/tree.py); one-line LucidError otherwise."""
         if not isinstance(obj, dict):
             raise LucidError(f"{where} must be an object with level, positions and bounds")
         positions, bounds = obj.get("positions"), obj.get("bounds")
-        if not isinstance(positions, list) or not all(
-                isinstance(p, int) and not isinstance(p, bool) and p >= 1 for p in positions) \
-                or positions != sorted(set(positions)):
+        if (
+            not isinstance(positions, list)
+            or not all(isinstance(p, int) and not isinstance(p, bool) and p >= 1 for p in positions)
+            or positions != sorted(set(positions))
+        ):
             raise LucidError(f"{where}: positions must be ascending network positions >= 1")
         if not isinstance(bounds, list) or len(bounds) != len(positions):
             raise LucidError(f"{where}: bounds must list one bound per position")
-        return cls(_level(obj.get("level"), f"{where}: the level"), np.asarray(positions, dtype=np.int64),
-                   np.array([_level(b, f"{where}: a bound") for b in bounds], dtype=np.float64))
+        return cls(
+            _level(obj.get("level"), f"{where}: the level"),
+            np.asarray(positions, dtype=np.int64),
+            np.array([_level(b, f"{where}: a bound") for b in bounds], dtype=np.float64),
+        )
 
 
 @dataclass(frozen=True)
@@ -100,8 +109,9 @@ def residual_members(screen: np.ndarray, positions: np.ndarray, size: int) -> np
     return np.sort(candidates[order[:size]])
 
 
-def write_residual(run_dir: str | Path, classes: dict[int, ClassResidual], size: int,
-                   boxes: Iterable[ClassResidual] = ()) -> dict:
+def write_residual(
+    run_dir: str | Path, classes: dict[int, ClassResidual], size: int, boxes: Iterable[ClassResidual] = ()
+) -> dict:
     """Write the union's parameter file and return bounds.json's "residual" section (write that after).
     `classes`: the domain's sets; `boxes`: the sets of the region boxes (`--regions`), whose
     networks the file holds too."""
@@ -110,8 +120,10 @@ def write_residual(run_dir: str | Path, classes: dict[int, ClassResidual], size:
     source = NetworkFile(run_dir)
     parts = [source.tensors(int(p), int(p) + 1) for p in union]
     names = sorted(parts[0]) if parts else ["removed"]
-    tensors = {name: np.ascontiguousarray(np.concatenate([t[name] for t in parts]))
-               if parts else np.zeros(0, np.int64) for name in names}
+    tensors = {
+        name: np.ascontiguousarray(np.concatenate([t[name] for t in parts])) if parts else np.zeros(0, np.int64)
+        for name in names
+    }
     blob = save(tensors, metadata={"format": RESIDUAL_FORMAT})
     digest = hashlib.sha256(blob).hexdigest()
     name = f"residual-{digest[:16]}.safetensors"
@@ -122,10 +134,15 @@ def write_residual(run_dir: str | Path, classes: dict[int, ClassResidual], size:
 
     write_atomic(run_dir / name, write)
     return {
-        "format": RESIDUAL_FORMAT, "size": int(size), "file": name, "sha256": digest,
+        "format": RESIDUAL_FORMAT,
+        "size": int(size),
+        "file": name,
+        "sha256": digest,
         "networks": [int(p) for p in union],
-        "classes": {str(c): {**r.to_json(), "rows": [int(source.removed[p]) for p in r.positions]}
-                    for c, r in sorted(classes.items())},
+        "classes": {
+            str(c): {**r.to_json(), "rows": [int(source.removed[p]) for p in r.positions]}
+            for c, r in sorted(classes.items())
+        },
     }
 
 
@@ -145,8 +162,13 @@ def read_residual(run_dir: str | Path, section: Any, num_classes: int, meta: dic
     size, name, digest, entries = (section.get(k) for k in ("size", "file", "sha256", "classes"))
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         raise LucidError(f"{where}: the residual size must be a whole number >= 1")
-    if not isinstance(name, str) or Path(name).name != name or not name.startswith("residual-") \
-            or not isinstance(digest, str) or not isinstance(entries, dict):
+    if (
+        not isinstance(name, str)
+        or Path(name).name != name
+        or not name.startswith("residual-")
+        or not isinstance(digest, str)
+        or not isinstance(entries, dict)
+    ):
         raise LucidError(f"{where}: the residual section is malformed (file, sha256, classes)")
     levels = np.full(num_classes, np.inf)
     sets: dict[int, np.ndarray] = {}
@@ -161,8 +183,12 @@ def read_residual(run_dir: str | Path, section: Any, num_classes: int, meta: dic
     union = np.unique(np.concatenate(list(sets.values()) + [np.zeros(0, np.int64)]))
     networks = section.get("networks")
     if networks is not None:  # the file also holds the region boxes' sets
-        if not isinstance(networks, list) or not all(isinstance(p, int) and not isinstance(p, bool) and p >= 1 for p in networks) \
-                or networks != sorted(set(networks)) or not np.isin(union, networks).all():
+        if (
+            not isinstance(networks, list)
+            or not all(isinstance(p, int) and not isinstance(p, bool) and p >= 1 for p in networks)
+            or networks != sorted(set(networks))
+            or not np.isin(union, networks).all()
+        ):
             raise LucidError(f"{where}: the residual networks must be ascending positions holding every class's set")
         union = np.asarray(networks, dtype=np.int64)
     stack, positions = _load_networks(run_dir, name, digest, meta, union, where)
@@ -170,8 +196,9 @@ def read_residual(run_dir: str | Path, section: Any, num_classes: int, meta: dic
     return ResidualSets(size, levels, members, stack, positions, digest)
 
 
-def _load_networks(run_dir: Path, name: str, digest: str, meta: dict, union: np.ndarray,
-                   where: str) -> tuple[NetworkStack, np.ndarray]:
+def _load_networks(
+    run_dir: Path, name: str, digest: str, meta: dict, union: np.ndarray, where: str
+) -> tuple[NetworkStack, np.ndarray]:
     """The union's networks from the parameter file, checked against its digest and against the
     run's own networks at the same positions (another run's file is refused, not served)."""
     path = run_dir / name
@@ -185,7 +212,7 @@ def _load_networks(run_dir: Path, name: str, digest: str, meta: dict, union: np.
         raise LucidError(f"{path} is not the file {where} was written with (truncated or altered)")
     try:
         tensors = load(blob)
-    except Exception as exc:  # safetensors raises its own error types
+    except Exception as exc:  # noqa: BLE001 (safetensors raises its own error types)
         raise LucidError(f"cannot read {path}: {exc}") from None
     own = NetworkFile(run_dir, meta)
     if len(union) and union[-1] >= len(own):
@@ -196,8 +223,11 @@ def _load_networks(run_dir: Path, name: str, digest: str, meta: dict, union: np.
     for i, p in enumerate(union):
         theirs = own.tensors(int(p), int(p) + 1)
         if sorted(theirs) != sorted(tensors) or any(
-                not np.array_equal(tensors[k][i : i + 1], theirs[k]) for k in theirs):
-            raise LucidError(f"{path} does not hold this run's residual networks (network at position {int(p)} differs)")
+            not np.array_equal(tensors[k][i : i + 1], theirs[k]) for k in theirs
+        ):
+            raise LucidError(
+                f"{path} does not hold this run's residual networks (network at position {int(p)} differs)"
+            )
     if not len(union):
         return NetworkStack([np.zeros((0, 1, 1))], [np.zeros((0, 1))], np.zeros(0, np.int64)), union
     return stack_from_tensors(tensors, meta.get("architecture", {}), int(meta["input_dim"])), union

@@ -45,8 +45,9 @@ class ChoiceInputs:
     bytes_per_network: int  # float64 parameters of one network, as the access layer holds them
 
     @classmethod
-    def measure(cls, stack: NetworkStack, x: np.ndarray, source: str, lower: np.ndarray, upper: np.ndarray,
-                chunk: int = 256) -> "ChoiceInputs":
+    def measure(
+        cls, stack: NetworkStack, x: np.ndarray, source: str, lower: np.ndarray, upper: np.ndarray, chunk: int = 256
+    ) -> ChoiceInputs:
         """Every network's label on `x` (network space, float64)."""
         x = np.asarray(x, dtype=np.float64)
         scores_n = stack.select(np.array([0])).forward(x)[0]
@@ -55,14 +56,20 @@ class ChoiceInputs:
         for start in range(1, len(stack), chunk):
             positions = np.arange(start, min(start + chunk, len(stack)))
             other = stack.select(positions).forward(x).argmax(axis=2) != labels[None, :]  # [k, n]
-            for k, i in zip(*np.nonzero(other)):
+            for k, i in zip(*np.nonzero(other), strict=True):
                 hits[i].append(int(positions[k]))
         weights = [w[0] for w in stack.select(np.array([0])).weights]
         biases = [b[0] for b in stack.select(np.array([0])).biases]
         error = confidence_error(weights, biases, lower, upper)
-        size = sum(int(w[0].size) + int(b[0].size) for w, b in zip(stack.weights, stack.biases))
-        return cls(source, labels, confidence(scores_n, labels), [np.asarray(h, dtype=np.int64) for h in hits],
-                   float(error), 8 * size)
+        size = sum(int(w[0].size) + int(b[0].size) for w, b in zip(stack.weights, stack.biases, strict=True))
+        return cls(
+            source,
+            labels,
+            confidence(scores_n, labels),
+            [np.asarray(h, dtype=np.int64) for h in hits],
+            float(error),
+            8 * size,
+        )
 
     @property
     def naive_share(self) -> float:
@@ -124,9 +131,16 @@ class SizeChoice:
         return self.noised <= self.target
 
     def to_json(self, served: int | None = None, bytes_per_network: int | None = None) -> dict[str, Any]:
-        out = {"size": self.size, "cap": self.cap, "noised": round(self.noised, 6),
-               "naive_idp": round(self.naive_idp, 6), "target": round(self.target, 6), "met": self.met,
-               "inputs": self.inputs, "count": self.count}
+        out = {
+            "size": self.size,
+            "cap": self.cap,
+            "noised": round(self.noised, 6),
+            "naive_idp": round(self.naive_idp, 6),
+            "target": round(self.target, 6),
+            "met": self.met,
+            "inputs": self.inputs,
+            "count": self.count,
+        }
         if self.needed is not None:
             out["needed"] = self.needed
         if served is not None:

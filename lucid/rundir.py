@@ -15,7 +15,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 
@@ -38,6 +38,10 @@ def encode_float(v: float | None) -> float | str | None:
     return "inf" if v > 0 else "-inf"
 
 
+@overload
+def decode_float(v: float | str) -> float: ...
+@overload
+def decode_float(v: None) -> None: ...
 def decode_float(v: float | str | None) -> float | None:
     return None if v is None else float(v)
 
@@ -52,9 +56,16 @@ def bound_entry_value(v: float | None, *, upper: bool) -> float | None:
     return float(v)
 
 
-def write_bounds(run_dir: str | Path, bounds: dict[str, dict], *, solver: str, options: dict[str, Any],
-                 regions: dict | None = None, residual: dict | None = None,
-                 residual_choice: dict | None = None) -> dict:
+def write_bounds(
+    run_dir: str | Path,
+    bounds: dict[str, dict],
+    *,
+    solver: str,
+    options: dict[str, Any],
+    regions: dict | None = None,
+    residual: dict | None = None,
+    residual_choice: dict | None = None,
+) -> dict:
     """Write RUN/bounds.json (lucid-bounds/1) atomically and return its content; `bounds` maps a
     class id to its entry (upper, lower, complete, exact, seconds, nodes, reason, leaking_row);
     `regions`: the per-box bounds of `lucid verify --regions K` (lucid/regions/tree.py); `residual`: the
@@ -119,7 +130,7 @@ class Run:
                 return {k: npz[k] for k in npz.files}
         except FileNotFoundError:
             raise LucidError(f"{path} does not exist") from None
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 (zipfile/numpy raise many types for corrupt files)
             raise LucidError(f"cannot read {path}: {exc}") from None
 
 
@@ -129,8 +140,9 @@ def open_run(path: str | Path) -> Run:
     if not path.is_dir():
         raise LucidError(f"run directory {path} does not exist")
     meta_path = path / "run.json"
-    meta = read_json(meta_path, missing=f"{path} is not a LUCID run directory (no run.json)",
-                     unreadable=f"{meta_path} is corrupt")
+    meta = read_json(
+        meta_path, missing=f"{path} is not a LUCID run directory (no run.json)", unreadable=f"{meta_path} is corrupt"
+    )
     if not isinstance(meta, dict) or meta.get("format") != RUN_FORMAT:
         raise LucidError(f"{meta_path} is not a {RUN_FORMAT} file")
     for key in ("num_classes", "input_dim", "train_size", "domain", "architecture", "labels"):
@@ -177,8 +189,9 @@ def read_public_inputs(run: Run, path: str | Path) -> np.ndarray:
     return np.clip((X - offset) * scale, lower, upper)
 
 
-def trained_run_fingerprint(meta: dict, X_train: np.ndarray, y_train: np.ndarray, X_test: np.ndarray,
-                            y_test: np.ndarray) -> str:
+def trained_run_fingerprint(
+    meta: dict, X_train: np.ndarray, y_train: np.ndarray, X_test: np.ndarray, y_test: np.ndarray
+) -> str:
     """Identity of a run of `lucid train`: the exact training inputs and everything that defines T's
     output. Paths (data source, test file) are left out so the same data reached another way is the
     same run. (`lucid import` keeps it when a run comes back from `lucid export --all`.)"""

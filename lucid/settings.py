@@ -103,7 +103,7 @@ INPUT_SPLIT_MIN_NEURONS = 10
 
 
 def split_space_for(split_space: str, input_dim: int, hidden_neurons: int) -> str:
-    """"relu" or "input": `split_space`, with "auto" decided for a network of this shape."""
+    """ "relu" or "input": `split_space`, with "auto" decided for a network of this shape."""
     if split_space != "auto":
         return split_space
     cut_box = input_dim <= INPUT_SPLIT_MAX_DIM and hidden_neurons >= INPUT_SPLIT_MIN_NEURONS * input_dim
@@ -263,17 +263,28 @@ class VerifySettings:
 
     def _check_box_mode(self) -> None:
         """Options of the branch-and-bound that a box verification (one MILP per class) has no use for."""
-        unused = [flag for flag, on in (("--resume", self.resume), ("--naive", self.naive), ("--no-bab", not self.bab),
-                                        ("--gap", self.gap > 0), ("--rel-gap", self.rel_gap > 0),
-                                        ("--scheduler", self.scheduler is not None),
-                                        # the box MILP has no member networks to screen
-                                        (f"--screen {self.screen}", self.screen != DEFAULT_SCREEN),
-                                        ("--split-time", self.split_time != SPLIT_TIME),
-                                        (f"--split-space {self.split_space}", self.split_space != DEFAULT_SPLIT_SPACE),
-                                        (f"--device {self.device}", self.device != "cpu")) if on]
+        unused = [
+            flag
+            for flag, on in (
+                ("--resume", self.resume),
+                ("--naive", self.naive),
+                ("--no-bab", not self.bab),
+                ("--gap", self.gap > 0),
+                ("--rel-gap", self.rel_gap > 0),
+                ("--scheduler", self.scheduler is not None),
+                # the box MILP has no member networks to screen
+                (f"--screen {self.screen}", self.screen != DEFAULT_SCREEN),
+                ("--split-time", self.split_time != SPLIT_TIME),
+                (f"--split-space {self.split_space}", self.split_space != DEFAULT_SPLIT_SPACE),
+                (f"--device {self.device}", self.device != "cpu"),
+            )
+            if on
+        ]
         if unused:
-            raise LucidError(f"{', '.join(unused)} cannot be combined with --hyper {self.hyper} "
-                             "(one MILP per class over the AGT box: no branch-and-bound, no checkpoint)")
+            raise LucidError(
+                f"{', '.join(unused)} cannot be combined with --hyper {self.hyper} "
+                "(one MILP per class over the AGT box: no branch-and-bound, no checkpoint)"
+            )
 
     def _check_regions(self) -> None:
         if isinstance(self.regions, bool) or not isinstance(self.regions, int) or self.regions < 1:
@@ -282,18 +293,27 @@ class VerifySettings:
             object.__setattr__(self, "public_inputs", str(self.public_inputs))
         if self.regions == 1:
             if self.public_inputs is not None and self.residual != RESIDUAL_AUTO:
-                raise LucidError("--public-inputs only weighs the boxes of --regions K (K > 1) or measures "
-                                 "--residual auto")
+                raise LucidError(
+                    "--public-inputs only weighs the boxes of --regions K (K > 1) or measures --residual auto"
+                )
             return
-        unused = [flag for flag, on in (("--scheduler", self.scheduler is not None), ("--naive", self.naive),
-                                        ("--no-bab", not self.bab), (f"--hyper {self.hyper}", self.removals > 0))
-                  if on]
+        unused = [
+            flag
+            for flag, on in (
+                ("--scheduler", self.scheduler is not None),
+                ("--naive", self.naive),
+                ("--no-bab", not self.bab),
+                (f"--hyper {self.hyper}", self.removals > 0),
+            )
+            if on
+        ]
         if unused:
             raise LucidError(f"{', '.join(unused)} cannot be combined with --regions (yet)")
 
     def _check_residual(self) -> None:
-        if self.residual != RESIDUAL_AUTO and (isinstance(self.residual, bool) or not isinstance(self.residual, int)
-                                               or self.residual < 0):
+        if self.residual != RESIDUAL_AUTO and (
+            isinstance(self.residual, bool) or not isinstance(self.residual, int) or self.residual < 0
+        ):
             raise LucidError(f"--residual must be a whole number >= 0 or auto, got {self.residual!r}")
         if self.max_residual is not None:
             if isinstance(self.max_residual, bool) or not isinstance(self.max_residual, int) or self.max_residual < 1:
@@ -304,8 +324,15 @@ class VerifySettings:
             return
         if self.residual == RESIDUAL_AUTO and self.regions > 1:
             raise LucidError("--residual auto cannot be combined with --regions (yet): give --residual M")
-        unused = [flag for flag, on in ((f"--hyper {self.hyper}", self.removals > 0),
-                                        ("--screen none", self.screen == "none"), ("--naive", self.naive)) if on]
+        unused = [
+            flag
+            for flag, on in (
+                (f"--hyper {self.hyper}", self.removals > 0),
+                ("--screen none", self.screen == "none"),
+                ("--naive", self.naive),
+            )
+            if on
+        ]
         if unused:
             # the residual set is ranked by the screen; AGT's box bounds no single network
             raise LucidError(f"{', '.join(unused)} cannot be combined with --residual")
@@ -323,7 +350,7 @@ class VerifySettings:
         return parse_hyper(self.hyper)
 
     @classmethod
-    def from_options(cls, **options: Any) -> "VerifySettings":
+    def from_options(cls, **options: Any) -> VerifySettings:
         """From keyword options; an unknown name is one error line, not a TypeError."""
         return settings_from_options(cls, "verify", options)
 
@@ -350,10 +377,19 @@ class VerifySettings:
 
     def encoding_options(self) -> EncodingOptions:
         """The encoder's switches (md also switches the ReLU coupling, as `--no-md` documents)."""
-        return EncodingOptions(md=self.md, md_pre=self.md, coupling=self.md, ris=self.ris, tau=self.tau,
-                               disjunction=self.disjunction, obbt=self.obbt, search=self.search,
-                               symbolic=self.screen in ("symbolic", "optimised"),
-                               obbt_probe=self.obbt_probe, obbt_share=self.obbt_share)
+        return EncodingOptions(
+            md=self.md,
+            md_pre=self.md,
+            coupling=self.md,
+            ris=self.ris,
+            tau=self.tau,
+            disjunction=self.disjunction,
+            obbt=self.obbt,
+            search=self.search,
+            symbolic=self.screen in ("symbolic", "optimised"),
+            obbt_probe=self.obbt_probe,
+            obbt_share=self.obbt_share,
+        )
 
     def solver_options(self, time_limit: float | None, threads: int = 1) -> SolverOptions:
         """One node solve's options: exact MIP gaps (LUCID's tolerance is applied by the engine)."""
@@ -361,13 +397,27 @@ class VerifySettings:
 
     def result_options(self, classes: list[int]) -> dict:
         """The options that determine the result: a resume must use the same ones."""
-        return {"solver": self.solver, "tau": self.tau, "gap": self.gap, "rel_gap": self.rel_gap, "md": self.md,
-                "ris": self.ris, "bab": self.bab, "naive": self.naive, "screen": self.screen, "search": self.search,
-                "bounds": self.bounds, "node_time_limit": self.node_time_limit, "classes": list(classes),
-                "hyper": self.hyper, "regions": self.regions, "public_inputs": self.public_inputs,
-                # only when set, so that checkpoints written before the option still resume
-                **({"residual": self.residual} if self.residual else {}),
-                **({"max_residual": self.max_residual} if self.max_residual is not None else {})}
+        return {
+            "solver": self.solver,
+            "tau": self.tau,
+            "gap": self.gap,
+            "rel_gap": self.rel_gap,
+            "md": self.md,
+            "ris": self.ris,
+            "bab": self.bab,
+            "naive": self.naive,
+            "screen": self.screen,
+            "search": self.search,
+            "bounds": self.bounds,
+            "node_time_limit": self.node_time_limit,
+            "classes": list(classes),
+            "hyper": self.hyper,
+            "regions": self.regions,
+            "public_inputs": self.public_inputs,
+            # only when set, so that checkpoints written before the option still resume
+            **({"residual": self.residual} if self.residual else {}),
+            **({"max_residual": self.max_residual} if self.max_residual is not None else {}),
+        }
 
     def to_json(self) -> dict:
         out = {f.name: getattr(self, f.name) for f in fields(self)}  # not asdict: it deep-copies a Client

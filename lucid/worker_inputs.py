@@ -13,6 +13,7 @@ Import this module only where `distributed` is installed (the `--scheduler` path
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from typing import Any
 
@@ -37,15 +38,13 @@ def release(client: Any, name: str) -> None:
     """Drop what `hold` gave; a cluster that is already gone holds nothing to drop."""
     if client.status != "running":
         return
-    try:
+    with contextlib.suppress(Exception):  # the scheduler went away meanwhile: nothing is left to drop
         client.unregister_worker_plugin(name)
-    except Exception:  # the scheduler went away meanwhile: nothing is left to drop
-        pass
 
 
 def held_value(name: str) -> Any:
     """In a task: the value that `hold` gave this worker under `name`."""
     plugin = get_worker().plugins.get(name)
-    if plugin is None:
+    if not isinstance(plugin, _Inputs):  # None: not held (no other plugin goes by these names)
         raise LucidError(f"this Dask worker holds no {name}: was it released before its last task ran?")
     return plugin.value

@@ -540,12 +540,12 @@ def test_budget_cli(run_dir, tmp_path, capsys):
     assert code == 2 and "different model" in err
 
 
-def test_deadline_holds_answers_and_errors(run_dir):
-    """deadline_ms: a lower bound on every call's duration, errors included (a sleep and a spin
+def test_min_response_time_holds_answers_and_errors(run_dir):
+    """min_response_ms: a lower bound on every call's duration, errors included (a sleep and a spin
     guarantee it; the benchmark measures the spread)."""
     import time
 
-    clf = LabelOnlyClassifier.from_run(run_dir, epsilon=1.0, options=ClassifierOptions(deadline_ms=30))
+    clf = LabelOnlyClassifier.from_run(run_dir, epsilon=1.0, options=ClassifierOptions(min_response_ms=30))
     for x in ([[10.5, -4.8]], [[9.0, -4.8]]):
         t0 = time.perf_counter()
         try:
@@ -554,5 +554,5 @@ def test_deadline_holds_answers_and_errors(run_dir):
             pass
         assert time.perf_counter() - t0 >= 0.03
     for bad in (-1, float("nan"), "soon"):
-        with pytest.raises(LucidError, match="deadline"):
-            LabelOnlyClassifier.from_run(run_dir, epsilon=1.0, options=ClassifierOptions(deadline_ms=bad))
+        with pytest.raises(LucidError, match="minimum response time"):
+            LabelOnlyClassifier.from_run(run_dir, epsilon=1.0, options=ClassifierOptions(min_response_ms=bad))

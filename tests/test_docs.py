@@ -22,7 +22,10 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 README_LIMIT = 12_000  # bytes, as `wc -c` counts them
-TEST_COMMAND = 'pip install torch==2.13.0 && pip install -e ".[test]" && python -m pytest -q -n 2'
+TEST_COMMAND = (
+    'pip install torch==2.13.0 && pip install -e ".[test]" && ruff check lucid && ruff format --check lucid && mypy'
+    " && python -m pytest -q -n 2"
+)
 QUICK_START = "pip install torch==2.13.0 && pip install -e . && lucid demo"
 
 

@@ -214,9 +214,9 @@ def test_budget_refusals_and_the_ledger_across_a_restart(run_dir, tmp_path):
     assert (got["*"]["answers"], got["*"]["noised"]) == (6, 3)  # alice's 3 and bob's 3 draws
 
 
-def test_deadline_holds_every_prediction_response(run_dir):
-    """--deadline-ms: answers and errors alike leave no earlier than the deadline (a lower bound
-    that a sleep guarantees; the benchmark measures the spread)."""
+def test_min_response_time_holds_every_prediction_response(run_dir):
+    """--min-response-ms: answers and errors alike leave no earlier than the minimum response time
+    (a lower bound that a sleep guarantees; the benchmark measures the spread)."""
     import asyncio
 
     from lucid.access import LabelOnlyClassifier
@@ -225,7 +225,7 @@ def test_deadline_holds_every_prediction_response(run_dir):
     clf = LabelOnlyClassifier.from_run(run_dir, epsilon=1.0)
 
     async def check() -> None:
-        transport = httpx.ASGITransport(app=create_app(clf, options=ServiceOptions(deadline_ms=60)))
+        transport = httpx.ASGITransport(app=create_app(clf, options=ServiceOptions(min_response_ms=60)))
         async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
             for body, status in [({"inputs": to_orig([[0.5, 0.5]])}, 200), ({"inputs": [[9.0, -4.8]]}, 422)]:
                 t0 = time.perf_counter()

@@ -1,6 +1,7 @@
 """`lucid serve` on an open network: the memo's epsilon and bounds, request checks, fixed error
-messages, deadline limits and the startup warnings (the issue "`lucid serve` ready for an open
-network"). Most checks run the ASGI app in process; one test starts real servers."""
+messages, minimum response time limits (and their deprecated flag --deadline-ms) and the startup
+warnings (the issue "`lucid serve` ready for an open network"). Most checks run the ASGI app in
+process; one test starts real servers."""
 
 from __future__ import annotations
 
@@ -117,35 +118,84 @@ def test_serve_refuses_a_memo_of_another_epsilon_end_to_end(run_dir, tmp_path):
         proc.stderr.close()
 
 
-# -- 2. the deadline is finite, >= 0 and at most 60 s -------------------------------------------
+# -- 2. the minimum response time is finite, >= 0 and at most 60 s -------------------------------
 @pytest.mark.parametrize("text", ["nan", "inf", "-inf", "1e30", "-1", "60001"])
-def test_bad_deadlines_are_refused_everywhere(run_dir, tmp_path, capsys, monkeypatch, text):
+def test_bad_minimum_response_times_are_refused_everywhere(run_dir, tmp_path, capsys, monkeypatch, text):
     from lucid.access.server import ServiceOptions, create_app
 
-    with pytest.raises(LucidError, match="deadline"):
-        LabelOnlyClassifier.from_run(run_dir, epsilon=1.0, options=ClassifierOptions(deadline_ms=float(text)))
+    with pytest.raises(LucidError, match="minimum response time"):
+        LabelOnlyClassifier.from_run(run_dir, epsilon=1.0, options=ClassifierOptions(min_response_ms=float(text)))
     clf = LabelOnlyClassifier.from_run(run_dir, epsilon=1.0)
-    with pytest.raises(LucidError, match="deadline"):
-        create_app(clf, options=ServiceOptions(deadline_ms=float(text)))
+    with pytest.raises(LucidError, match="minimum response time"):
+        create_app(clf, options=ServiceOptions(min_response_ms=float(text)))
     clf.close()
-    code, err = serve_cli(run_dir, ["-e", "1", "--memo", str(tmp_path / "m.sqlite"), f"--deadline-ms={text}"],
-                           capsys, monkeypatch)
-    assert code == 2 and err.startswith("lucid: error:") and "deadline" in err and len(err.splitlines()) == 1
+    for flag in ("--min-response-ms", "--deadline-ms"):  # the new name, and the deprecated one
+        code, err = serve_cli(run_dir, ["-e", "1", "--memo", str(tmp_path / "m.sqlite"), f"{flag}={text}"],
+                               capsys, monkeypatch)
+        errors = [line for line in err.splitlines() if not line.startswith("lucid: warning:")]
+        assert code == 2 and errors == [errors[0]] and errors[0].startswith("lucid: error:")
+        assert "minimum response time" in errors[0]
 
 
-def test_a_deadline_up_to_the_maximum_is_accepted(run_dir, tmp_path, capsys, monkeypatch):
-    from lucid.access.guard import MAX_DEADLINE_MS
+def test_a_minimum_response_time_up_to_the_maximum_is_accepted(run_dir, tmp_path, capsys, monkeypatch):
+    from lucid.access.guard import MAX_MIN_RESPONSE_MS
     from lucid.access.server import ServiceOptions, create_app
 
-    assert MAX_DEADLINE_MS == 60_000
-    LabelOnlyClassifier.from_run(run_dir, epsilon=1.0, options=ClassifierOptions(deadline_ms=MAX_DEADLINE_MS)).close()
+    assert MAX_MIN_RESPONSE_MS == 60_000
+    options = ClassifierOptions(min_response_ms=MAX_MIN_RESPONSE_MS)
+    LabelOnlyClassifier.from_run(run_dir, epsilon=1.0, options=options).close()
     clf = LabelOnlyClassifier.from_run(run_dir, epsilon=1.0)
-    create_app(clf, options=ServiceOptions(deadline_ms=0))
-    create_app(clf, options=ServiceOptions(deadline_ms=MAX_DEADLINE_MS))
+    create_app(clf, options=ServiceOptions(min_response_ms=0))
+    create_app(clf, options=ServiceOptions(min_response_ms=MAX_MIN_RESPONSE_MS))
     clf.close()
-    code, _ = serve_cli(run_dir, ["-e", "1", "--memo", str(tmp_path / "m.sqlite"), "--deadline-ms", "60000",
+    code, _ = serve_cli(run_dir, ["-e", "1", "--memo", str(tmp_path / "m.sqlite"), "--min-response-ms", "60000",
                                    "--budget", "5"], capsys, monkeypatch)
     assert code == "started"
+
+
+def test_deadline_ms_is_a_deprecated_name_of_min_response_ms(run_dir, tmp_path, capsys, monkeypatch):
+    """--deadline-ms still works for one version: one warning line on stderr, then the same service
+    (the same minimum response time handed to the app, the same start line) as --min-response-ms."""
+    import re
+
+    import lucid.access.server as server
+
+    handed: list[float] = []
+    create_app = server.create_app
+
+    def recording(clf, options=None, **kwargs):
+        handed.append(options.min_response_ms)
+        return create_app(clf, options=options, **kwargs)
+
+    monkeypatch.setattr(server, "create_app", recording)
+    common = ["-e", "1", "--memo", str(tmp_path / "m.sqlite"), "--budget", "5"]
+    new_code, new_err = serve_cli(run_dir, [*common, "--min-response-ms", "25"], capsys, monkeypatch)
+    old_code, old_err = serve_cli(run_dir, [*common, "--deadline-ms", "25"], capsys, monkeypatch)
+    assert new_code == old_code == "started" and handed == [25.0, 25.0]
+    assert "warning" not in new_err
+    warnings = [line for line in old_err.splitlines() if line.startswith("lucid: warning:")]
+    assert len(warnings) == 1 and "--deadline-ms is deprecated" in warnings[0] and "--min-response-ms" in warnings[0]
+
+    def started(err: str) -> list[str]:  # the start lines, whatever free port each run was given
+        lines = [line for line in err.splitlines() if "warning" not in line]
+        return [re.sub(r":\d+/v1/predict", ":PORT/v1/predict", line) for line in lines]
+
+    assert started(old_err) == started(new_err)
+    assert any("minimum response time 25 ms" in line for line in started(new_err))
+    # without either name the service has none; with both, one error line
+    code, _ = serve_cli(run_dir, common, capsys, monkeypatch)
+    assert code == "started" and handed[-1] == 0.0
+    code, err = serve_cli(run_dir, [*common, "--min-response-ms", "5", "--deadline-ms", "5"], capsys, monkeypatch)
+    errors = [line for line in err.splitlines() if not line.startswith("lucid: warning:")]
+    assert code == 2 and len(errors) == 1 and "not both" in errors[0]
+
+
+def test_serve_help_names_min_response_ms_not_its_deprecated_name(capsys):
+    from lucid.cli import main
+
+    main(["serve", "--help"])
+    out = capsys.readouterr().out
+    assert "--min-response-ms" in out and "--deadline-ms" not in out
 
 
 # -- 5. the startup warnings ----------------------------------------------------------------------

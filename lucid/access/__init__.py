@@ -1,8 +1,15 @@
 """Label-only, iDP-protected access to a trained run (paper Algorithm 2, LUCID-Inference)."""
 
 from lucid.access.classifier import ClassifierOptions, LabelOnlyClassifier
-from lucid.access.ledger import (BudgetExceeded, ClientTotals, EpsilonPlan, optimal_composition, plan_epsilon,
-                                 read_ledger, summarise)
+from lucid.access.ledger import (
+    BudgetExceeded,
+    ClientTotals,
+    EpsilonPlan,
+    optimal_composition,
+    plan_epsilon,
+    read_ledger,
+    summarise,
+)
 from lucid.access.mechanism import RandomSource, exponential_mechanism, true_label_probability
 from lucid.access.memo import Charge, Memo, MemoStore, open_memo
 from lucid.access.served_run import load_upper_bounds

@@ -26,22 +26,25 @@ charge (released answers are memoised too). A memo hit draws nothing, whatever i
 Time, memo hits and misses, draws, ledger writes and budget refusals therefore depend on which
 inputs were asked, not on the branch. Only the label value differs, and the label is what the
 client receives anyway.
-`deadline_ms` additionally holds every `predict`/`predict_index` call (answer or error) until
-that long after it started, for callers who want any residual difference (memo hits, batch
-size, machine noise) under one fixed time; `lucid serve --deadline-ms` does the same per request.
+`min_response_ms`, a minimum response time, additionally holds every `predict`/`predict_index`
+call (answer or error) until that long after it started, for callers who want any residual
+difference (memo hits, batch size, machine noise) under one fixed time; `lucid serve
+--min-response-ms` does the same per request.
 """
 
 from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, ContextManager
+from typing import Any
 
 import numpy as np
 
-from lucid.access.guard import check_deadline_ms
+from lucid.access.guard import check_min_response_ms
 from lucid.access.ledger import (
     DEFAULT_CLIENT,
     DEFAULT_DELTA,
@@ -71,13 +74,13 @@ def run_ledger(run: Run, memo: str | Path, delta: float = DEFAULT_DELTA) -> list
     return summarise(read_memo_ledger(memo, load_n(run)[2]), delta)
 
 
-def _hold_until(deadline: float) -> None:
-    """Return at `deadline` (perf_counter seconds): sleep most of the wait, spin the last
+def _hold_until(until: float) -> None:
+    """Return at `until` (perf_counter seconds): sleep most of the wait, spin the last
     millisecond, because a sleep alone overshoots by a scheduler tick that varies."""
-    left = deadline - time.perf_counter()
+    left = until - time.perf_counter()
     if left > 0.002:
         time.sleep(left - 0.001)
-    while time.perf_counter() < deadline:
+    while time.perf_counter() < until:
         pass
 
 
@@ -87,27 +90,32 @@ class ClassifierOptions:
     domain into it (else refuse them); `seed` the mechanism's draws (None: fresh entropy); `memo_size`
     the most inputs a memo it opens keeps; `budget` the most epsilon one client may be charged and
     `total_budget` all clients together (None: no limit; a query that would exceed one raises
-    BudgetExceeded); `deadline_ms` (module docstring)."""
+    BudgetExceeded); `min_response_ms` (module docstring)."""
 
     clip: bool = False
     seed: int | None = None
     memo_size: int = DEFAULT_MEMO_SIZE
     budget: float | None = None
     total_budget: float | None = None
-    deadline_ms: float = 0.0
+    min_response_ms: float = 0.0
 
 
 class LabelOnlyClassifier:
     """Label-only access to N with iDP protection (see the module docstring)."""
 
-    def __init__(self, run: Run, epsilon: float, memo: str | Path | MemoStore | None = None,
-                 options: ClassifierOptions | None = None) -> None:
+    def __init__(
+        self,
+        run: Run,
+        epsilon: float,
+        memo: str | Path | MemoStore | None = None,
+        options: ClassifierOptions | None = None,
+    ) -> None:
         options = ClassifierOptions() if options is None else options
         self.run = run
         self.epsilon = check_epsilon(epsilon)
         self.budget = check_budget(options.budget)
         self.total_budget = check_total_budget(options.total_budget)
-        self.deadline = check_deadline_ms(options.deadline_ms) / 1e3
+        self.min_response = check_min_response_ms(options.min_response_ms) / 1e3  # seconds; 0: off
         self.clip = bool(options.clip)
         self.rng = RandomSource(options.seed)
         self.num_classes = run.num_classes
@@ -147,25 +155,42 @@ class LabelOnlyClassifier:
         self.residual: ResidualCheck | None = None
         if residual is not None:
             for k in range(len(residual.positions)):
-                check_network_range([w[k] for w in residual.stack.weights], [b[k] for b in residual.stack.biases],
-                                    lower, upper, f"{run.path}: residual network at position {residual.positions[k]}")
+                check_network_range(
+                    [w[k] for w in residual.stack.weights],
+                    [b[k] for b in residual.stack.biases],
+                    lower,
+                    upper,
+                    f"{run.path}: residual network at position {residual.positions[k]}",
+                )
             self.residual = ResidualCheck(residual, lower, upper, self.regions)
             self.residual_levels = residual.levels  # L_c per class (the report's Fig. 6 draws them)
             self.residual_thresholds = release_thresholds(residual.levels, self.confidence_error)
-            served = (BoundsRecord(residual.levels, f"residual:{residual.digest}") if self.regions is None else
-                      BoundsRecord(release,
-                                   f"residual:{residual.digest}:{self.regions.digest()}:{self.regions.sets_digest()}"))
+            served = (
+                BoundsRecord(residual.levels, f"residual:{residual.digest}")
+                if self.regions is None
+                else BoundsRecord(
+                    release, f"residual:{residual.digest}:{self.regions.digest()}:{self.regions.sets_digest()}"
+                )
+            )
         slack = _DOMAIN_TOLERANCE * np.maximum(1.0, np.maximum(np.abs(lower), np.abs(upper)))
         self._lower_tol, self._upper_tol = lower - slack, upper + slack
         # The memo records the epsilon and bounds of its draws and refuses others (memo/metadata.py).
         self.memo: MemoStore = (
-            memo.bind(self.epsilon, served, self.fingerprint) if isinstance(memo, MemoStore) else
-            open_memo(memo, max_size=options.memo_size, fingerprint=self.fingerprint, epsilon=self.epsilon,
-                      bounds=served))
+            memo.bind(self.epsilon, served, self.fingerprint)
+            if isinstance(memo, MemoStore)
+            else open_memo(
+                memo, max_size=options.memo_size, fingerprint=self.fingerprint, epsilon=self.epsilon, bounds=served
+            )
+        )
 
     @classmethod
-    def from_run(cls, path: str | Path, epsilon: float, memo: str | Path | MemoStore | None = None,
-                 options: ClassifierOptions | None = None) -> "LabelOnlyClassifier":
+    def from_run(
+        cls,
+        path: str | Path,
+        epsilon: float,
+        memo: str | Path | MemoStore | None = None,
+        options: ClassifierOptions | None = None,
+    ) -> LabelOnlyClassifier:
         """Open a run directory. `memo`: a SQLite file path (persistent; use one in production), a
         `postgresql://` URL (a database several replicas share), an open memo (`Memo`,
         `PostgresMemo`), or None for an in-memory memo that is lost when the process exits.
@@ -206,8 +231,7 @@ class LabelOnlyClassifier:
             if bad.any():
                 row, col = np.argwhere(bad)[0]
                 raise LucidError(
-                    f"input {row} is outside the verified domain (feature {col}); the service only "
-                    "answers inside it"
+                    f"input {row} is outside the verified domain (feature {col}); the service only answers inside it"
                 )
         # Also pulls in-tolerance rounding noise into the box; + 0.0 turns -0.0 into 0.0 so the
         # memo key of a point is unique.
@@ -218,7 +242,7 @@ class LabelOnlyClassifier:
         """N's output scores on network-space inputs [B, d] -> [B, C] (float64)."""
         h = xn
         last = len(self._weights) - 1
-        for i, (w, b) in enumerate(zip(self._weights, self._biases)):
+        for i, (w, b) in enumerate(zip(self._weights, self._biases, strict=True)):
             h = h @ w
             h += b
             if i < last:
@@ -245,8 +269,13 @@ class LabelOnlyClassifier:
             noised |= ~self.residual.agree(xn, cls, leaves)
         return cls, noised
 
-    def predict_network_space(self, xn: np.ndarray, return_noised: bool = False, client: str | None = None,
-                              turn: Callable[[int], ContextManager[Any]] | None = None):
+    def predict_network_space(
+        self,
+        xn: np.ndarray,
+        return_noised: bool = False,
+        client: str | None = None,
+        turn: Callable[[int], AbstractContextManager[Any]] | None = None,
+    ):
         """Class ids for in-domain network-space inputs (evaluate uses this on the test split).
 
         Every row does the same work whatever its branch (module docstring). `client` names the
@@ -277,13 +306,13 @@ class LabelOnlyClassifier:
 
     def predict_index(self, X: Any, client: str | None = None) -> np.ndarray:
         """Class ids (0..C-1) for raw queries."""
-        if not self.deadline:
+        if not self.min_response:
             return self.predict_network_space(self.to_network_space(self.validate(X)), client=client)
         started = time.perf_counter()
         try:
             return self.predict_network_space(self.to_network_space(self.validate(X)), client=client)
         finally:
-            _hold_until(started + self.deadline)
+            _hold_until(started + self.min_response)
 
     def predict(self, X: Any, client: str | None = None) -> np.ndarray:
         """Labels in the data's original label values for a batch of raw queries [B, d]."""
@@ -296,10 +325,16 @@ class LabelOnlyClassifier:
     @property
     def rule(self) -> str:
         """Which release rule answers: "global" (beta_c), "regions", "residual" or both ("regions+residual")."""
-        return "+".join(name for name, on in (("regions", self.regions is not None),
-                                              ("residual", self.residual is not None)) if on) or "global"
+        return (
+            "+".join(
+                name
+                for name, on in (("regions", self.regions is not None), ("residual", self.residual is not None))
+                if on
+            )
+            or "global"
+        )
 
-    def with_global_bounds(self) -> "LabelOnlyClassifier":
+    def with_global_bounds(self) -> LabelOnlyClassifier:
         """The same classifier answering with beta_c alone, without regions or residual check (the
         memo, the mechanism's source and the settings shared): `lucid evaluate`'s side-by-side
         comparison."""

@@ -19,8 +19,9 @@ from __future__ import annotations
 import hashlib
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -53,8 +54,9 @@ def parse_epsilons(text: str) -> list[tuple[str, float]]:
     return out
 
 
-def leaking_set(stack: NetworkStack | NetworkFile, x: np.ndarray,
-                progress: Callable[[int, int], None] | None = None) -> np.ndarray:
+def leaking_set(
+    stack: NetworkStack | NetworkFile, x: np.ndarray, progress: Callable[[int, int], None] | None = None
+) -> np.ndarray:
     """True where not all n+1 networks give x N's label (the exact leaking set), chunked by networks
     (a `NetworkFile` is streamed: one chunk of networks in memory at a time)."""
     k = len(stack)
@@ -91,7 +93,7 @@ def evaluate_run(
     n_cls, noised = clf.decide(x)
     rng = RandomSource(seed)
 
-    report = (lambda stage, done, total: progress(stage, done, total)) if progress else None
+    report = progress or None
     stack = NetworkFile(run.path, run.meta)
     started = time.perf_counter()
     leaking = leaking_set(stack, x, (lambda d, t: report("Naive-iDP", d, t)) if report else None)
@@ -112,8 +114,11 @@ def evaluate_run(
         lucid_ms.append((time.perf_counter() - t0) * 1e3 / len(x))
         accuracy["lucid"][key] = float(np.mean(lucid_labels == y))
         if global_clf is not None:
-            global_clf.epsilon, global_clf.memo, global_clf.rng = eps, Memo(None), RandomSource(
-                None if seed is None else rng_seed(seed, "global:" + key))
+            global_clf.epsilon, global_clf.memo, global_clf.rng = (
+                eps,
+                Memo(None),
+                RandomSource(None if seed is None else rng_seed(seed, "global:" + key)),
+            )
             accuracy["lucid_global"][key] = float(np.mean(global_clf.predict_network_space(x) == y))
         accuracy["naive_noise"][key] = float(np.mean(exponential_mechanism(n_cls, run.num_classes, eps, rng) == y))
         idp_labels = n_cls.copy()
@@ -133,8 +138,10 @@ def evaluate_run(
         "accuracy": accuracy,
         # the mean over the mechanism's draws, exactly: one draw's accuracy varies by a point or more
         # on a few hundred test inputs, which hides differences between the mechanisms
-        "expected_accuracy": {name: {key: expected_accuracy(correct, mask, eps, run.num_classes)
-                                     for key, eps in epsilons} for name, mask in masks.items()},
+        "expected_accuracy": {
+            name: {key: expected_accuracy(correct, mask, eps, run.num_classes) for key, eps in epsilons}
+            for name, mask in masks.items()
+        },
         "noised_fraction": noised_fraction,
         "access_ms": {
             "lucid": float(np.median(lucid_ms)),
@@ -146,10 +153,16 @@ def evaluate_run(
     # the bounds (beta_c below the iDP-DB): the caller must warn loudly.
     # the threshold the rule compares with: with residual sets (one per class) the level L_c
     levels = clf.residual is not None and clf.regions is None
-    plot_data = {"confidence": _confidences(clf, x), "classes": n_cls,
-                 "bounds": clf.residual_levels if levels else clf.bounds, "bound_name": "level" if levels else "iDP-DB",
-                 "labels": clf.labels, "noised": noised, "regions": clf.regions is not None,
-                 "released_but_leaking": int(np.sum(~noised & leaking))}
+    plot_data = {
+        "confidence": _confidences(clf, x),
+        "classes": n_cls,
+        "bounds": clf.residual_levels if levels else clf.bounds,
+        "bound_name": "level" if levels else "iDP-DB",
+        "labels": clf.labels,
+        "noised": noised,
+        "regions": clf.regions is not None,
+        "released_but_leaking": int(np.sum(~noised & leaking)),
+    }
     return result, plot_data
 
 
@@ -186,10 +199,16 @@ def _time_single(clf: LabelOnlyClassifier, x: np.ndarray) -> float:
 
 def markdown_table(result: dict[str, Any], epsilons: list[tuple[str, float]]) -> str:
     acc = result["accuracy"]
-    pct = lambda v: f"{100 * v:.1f} %"  # noqa: E731
+
+    def pct(v: float) -> str:
+        return f"{100 * v:.1f} %"
+
     regions = "lucid_global" in acc  # LUCID is then region-wise or residual, next to its global bounds
-    rule = {"residual": f"residual M = {result.get('residual_size')}", "regions": "regions",
-            "regions+residual": f"regions, residual M = {result.get('residual_size')}"}.get(result.get("rule"), "regions")
+    rule = {
+        "residual": f"residual M = {result.get('residual_size')}",
+        "regions": "regions",
+        "regions+residual": f"regions, residual M = {result.get('residual_size')}",
+    }.get(result.get("rule", ""), "regions")
     head = f"| ε | N (no privacy) | LUCID ({rule}) | LUCID (global) |" if regions else "| ε | N (no privacy) | LUCID |"
     lines = [head + " Naive-Noise | Naive-iDP |", "|---|---|---|---|---|" + ("---|" if regions else "")]
     for key, _ in epsilons:
@@ -228,7 +247,6 @@ def plot_confidences(plot_data: dict[str, Any], path: str | Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-
     bounds, labels, regions = plot_data["bounds"], plot_data["labels"], plot_data.get("regions", False)
     n = len(bounds)
     fig, axes = plt.subplots(1, n, figsize=(4.2 * n, 3.6), squeeze=False)
@@ -239,8 +257,12 @@ def plot_confidences(plot_data: dict[str, Any], path: str | Path) -> None:
         ax.scatter(ranks[released], mine[released], s=6, color="tab:blue", label="released")
         ax.scatter(ranks[~released], mine[~released], s=6, color="tab:orange", label="noised")
         if math.isfinite(beta):  # with regions each input has its box's bound, at most this one
-            ax.axhline(beta, color="tab:red", linestyle="--",
-                       label=f"{'largest box bound' if regions else plot_data.get('bound_name', 'iDP-DB')} = {beta:.3g}")
+            ax.axhline(
+                beta,
+                color="tab:red",
+                linestyle="--",
+                label=f"{'largest box bound' if regions else plot_data.get('bound_name', 'iDP-DB')} = {beta:.3g}",
+            )
         elif not released.any():
             ax.text(0.5, 0.95, "no bound proved: all noised", transform=ax.transAxes, ha="center", va="top")
         share = 100 * released.mean() if len(mine) else 0.0

@@ -1,6 +1,6 @@
 """What a request (or a caller) must satisfy before N is evaluated, for `lucid serve` on an open
 network: the Host header, the media type, the bearer token, the request rate, the body's shape,
-and the limits on the deadline.
+and the limits on the minimum response time.
 
 Every refusal here carries a fixed message: its text depends only on the kind of error, the
 server's configuration (limits, the public input width) and positions in the request (row
@@ -14,13 +14,13 @@ import hmac
 import json
 import math
 import re
-from typing import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 from lucid.errors import LucidError
 
-# A deadline holds every response; one far beyond any request's work only stalls the service
-# (and its shutdown), and an infinite one never answers. 60 s is far above any batch's work.
-MAX_DEADLINE_MS = 60_000.0
+# A minimum response time holds every response; one far beyond any request's work only stalls the
+# service (and its shutdown), and an infinite one never answers. 60 s is far above any batch's work.
+MAX_MIN_RESPONSE_MS = 60_000.0
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "[::1]")
 
 BAD_JSON = "the request body is not valid JSON"
@@ -38,16 +38,18 @@ class BadJson(LucidError):
     """A body that is not JSON (HTTP 400)."""
 
 
-def check_deadline_ms(value: object) -> float:
-    """`value` as a float if 0 <= value <= MAX_DEADLINE_MS; else one line. NaN would silently turn
-    the deadline off and infinity would hold every answer (and a shutdown) forever."""
+def check_min_response_ms(value: object) -> float:
+    """`value` as a float if 0 <= value <= MAX_MIN_RESPONSE_MS; else one line. NaN would silently
+    turn the minimum response time off and infinity would hold every answer (and a shutdown) forever."""
     try:
         number = float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):
-        raise LucidError(f"the deadline in ms must be a number, got {value!r}") from None
-    if not (math.isfinite(number) and 0.0 <= number <= MAX_DEADLINE_MS):
-        raise LucidError(f"the deadline in ms must be a finite number from 0 (off) to {MAX_DEADLINE_MS:g}, "
-                         f"got {value!r}")
+        raise LucidError(f"the minimum response time in ms must be a number, got {value!r}") from None
+    if not (math.isfinite(number) and 0.0 <= number <= MAX_MIN_RESPONSE_MS):
+        raise LucidError(
+            "the minimum response time in ms must be a finite number from 0 (off) to "
+            f"{MAX_MIN_RESPONSE_MS:g}, got {value!r}"
+        )
     return number
 
 
@@ -66,8 +68,9 @@ def check_rate(value: object) -> float:
     except (TypeError, ValueError):
         raise LucidError(f"--rate must be a number of requests per second, got {value!r}") from None
     if not (math.isfinite(number) and 0.0 < number <= MAX_RATE):
-        raise LucidError(f"--rate must be a finite number of requests per second above 0 up to {MAX_RATE:g}, "
-                         f"got {value!r}")
+        raise LucidError(
+            f"--rate must be a finite number of requests per second above 0 up to {MAX_RATE:g}, got {value!r}"
+        )
     return number
 
 
@@ -120,14 +123,16 @@ class HostCheck:
         for entry in entries:
             parsed = _split_host(entry.strip())
             if parsed is None:
-                raise LucidError(f"--allowed-hosts: {entry.strip()!r} is not a host name or address "
-                                 "(with an optional :port; IPv6 in brackets)")
+                raise LucidError(
+                    f"--allowed-hosts: {entry.strip()!r} is not a host name or address "
+                    "(with an optional :port; IPv6 in brackets)"
+                )
             self.allowed.add(parsed)
         if not self.allowed:
             raise LucidError("--allowed-hosts names no host")
 
     @classmethod
-    def default(cls, bound_host: str | None = None) -> "HostCheck":
+    def default(cls, bound_host: str | None = None) -> HostCheck:
         """The loopback names and, if given, the address the server is bound to."""
         names = list(LOOPBACK_HOSTS)
         if bound_host:
@@ -184,7 +189,7 @@ def bearer_client(header: bytes | None, tokens: Sequence[tuple[bytes, str]]) -> 
 PIECE_BYTES = 16 * 1024
 _WS = " \t\n\r"  # JSON's whitespace (Python's str.isspace allows more)
 _HEAD = re.compile(r'[ \t\n\r]*\{[ \t\n\r]*"inputs"[ \t\n\r]*:[ \t\n\r]*\[')
-_TAIL = re.compile(r'\][ \t\n\r]*\}[ \t\n\r]*\Z')
+_TAIL = re.compile(r"\][ \t\n\r]*\}[ \t\n\r]*\Z")
 
 
 def _skip_ws(text: str, at: int, end: int) -> int:

@@ -7,6 +7,7 @@ thread, not one per request.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
@@ -46,7 +47,7 @@ class MemoHealth:
             threading.Thread(target=self._run, args=(loop, self._pending), name="lucid-health", daemon=True).start()
         try:
             ok = await asyncio.wait_for(asyncio.shield(self._pending), self.timeout + 0.5)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             ok = False
         self._last = (time.monotonic(), ok)
         if ok != self._reported:
@@ -58,11 +59,15 @@ class MemoHealth:
         return ok
 
     def _run(self, loop: asyncio.AbstractEventLoop, future: asyncio.Future) -> None:
+        probe = self._probe
         try:
-            ok = bool(self._probe(self.timeout))
-        except Exception:  # a probe that fails in any way: not reachable
+            ok = probe is None or bool(probe(self.timeout))
+        except Exception:  # noqa: BLE001 (a probe that fails in any way: not reachable)
             ok = False
-        try:
-            loop.call_soon_threadsafe(lambda: future.done() or future.set_result(ok))
-        except RuntimeError:  # the loop has closed meanwhile
-            pass
+
+        def settle() -> None:
+            if not future.done():
+                future.set_result(ok)
+
+        with contextlib.suppress(RuntimeError):  # the loop has closed meanwhile
+            loop.call_soon_threadsafe(settle)

@@ -39,9 +39,10 @@ from __future__ import annotations
 
 import math
 import sqlite3
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from lucid.errors import LucidError, non_negative_number
 
@@ -111,11 +112,12 @@ def optimal_composition(groups: Iterable[tuple[float, int]], delta: float) -> fl
     events = [(e, k) for e, k in events if e <= _TIGHT_MAX_EPSILON]
     if not events:
         return basic_rest
-    from dp_accounting.pld import common, privacy_loss_distribution as pld
+    from dp_accounting.pld import common
+    from dp_accounting.pld import privacy_loss_distribution as pld
 
     smallest = min(e for e, _ in events)
     step = _grid_step(smallest, 1 if len({e for e, _ in events}) == 1 else _MIXED_GRID)
-    total = None
+    total: Any = None
     for eps, count in events:
         one = pld.from_privacy_parameters(common.DifferentialPrivacyParameters(eps, 0.0), step)
         composed = one.self_compose(count)
@@ -147,18 +149,28 @@ class EpsilonPlan:
         return asdict(self)
 
     def describe(self) -> str:
-        return "\n".join([
-            f"target: (epsilon {self.target:g}, delta {self.delta:g})-iDP for the labels of "
-            f"{self.queries} distinct answers per client",
-            f"per-answer epsilon: {self.epsilon:g}  ({self.queries} answers compose to {self.composed:.8g} "
-            "at this delta, dp-accounting)",
-            f"per-client budget: {self.budget:.6g}  (charged epsilon of {self.queries} distinct answers, "
-            "released or noised)",
-            f"basic composition alone would allow: per-answer epsilon {self.basic_epsilon:g} "
-            f"({self.epsilon / self.basic_epsilon:.3g} times less)",
-            # 12 digits: the budget check's relative slack (1e-9) still admits all Q answers.
-            f"to pin it: lucid serve RUN --epsilon {self.epsilon:g} --budget {self.budget:.12g}",
-        ])
+        return "\n".join(
+            [
+                (
+                    f"target: (epsilon {self.target:g}, delta {self.delta:g})-iDP for the labels of "
+                    f"{self.queries} distinct answers per client"
+                ),
+                (
+                    f"per-answer epsilon: {self.epsilon:g}  ({self.queries} answers compose to {self.composed:.8g} "
+                    "at this delta, dp-accounting)"
+                ),
+                (
+                    f"per-client budget: {self.budget:.6g}  (charged epsilon of {self.queries} distinct answers, "
+                    "released or noised)"
+                ),
+                (
+                    f"basic composition alone would allow: per-answer epsilon {self.basic_epsilon:g} "
+                    f"({self.epsilon / self.basic_epsilon:.3g} times less)"
+                ),
+                # 12 digits: the budget check's relative slack (1e-9) still admits all Q answers.
+                f"to pin it: lucid serve RUN --epsilon {self.epsilon:g} --budget {self.budget:.12g}",
+            ]
+        )
 
 
 def check_plan(target: float, delta: float, queries: int) -> tuple[float, float, int]:
@@ -177,7 +189,7 @@ def check_plan(target: float, delta: float, queries: int) -> tuple[float, float,
 def _decimal_below(eps: float) -> tuple[int, int]:
     """(m, e) with m an integer of at most _PLAN_DIGITS digits and float(m * 10^e) <= eps."""
     e = math.floor(math.log10(eps)) - (_PLAN_DIGITS - 1)
-    m = math.floor(eps / 10.0 ** e)
+    m = math.floor(eps / 10.0**e)
     while _decimal(m, e) > eps:  # the division rounded up
         m -= 1
     return m, e
@@ -214,8 +226,9 @@ def plan_epsilon(target: float, delta: float, queries: int) -> EpsilonPlan:
     while fits(_decimal(m + 1, e)):  # lo sat just below a 6-digit decimal that still fits
         m += 1
     eps = _decimal(m, e)
-    return EpsilonPlan(target, delta, queries, eps, eps * queries, optimal_composition([(eps, queries)], delta),
-                       target / queries)
+    return EpsilonPlan(
+        target, delta, queries, eps, eps * queries, optimal_composition([(eps, queries)], delta), target / queries
+    )
 
 
 @dataclass
@@ -247,8 +260,9 @@ def summarise(rows: Sequence[tuple[str, float, int, int, int]], delta: float = D
         t.refused += int(refused)
         t.charged += float(eps) * int(answers)
         t.spent += float(eps) * int(noised)
-        t.by_epsilon.append({"epsilon": float(eps), "answers": int(answers), "noised": int(noised),
-                             "refused": int(refused)})
+        t.by_epsilon.append(
+            {"epsilon": float(eps), "answers": int(answers), "noised": int(noised), "refused": int(refused)}
+        )
     for t in per.values():
         t.spent_tight = optimal_composition([(g["epsilon"], g["noised"]) for g in t.by_epsilon], delta)
     return sorted(per.values(), key=lambda t: (t.client == ALL_CLIENTS, t.client))
@@ -290,11 +304,22 @@ def ledger_of(db: Any, name: str, fingerprint: str | None = None) -> list[tuple[
 def format_table(totals: Sequence[ClientTotals]) -> str:
     delta = totals[0].delta if totals else DEFAULT_DELTA
     head = ["client", "answers", "noised", "refused", "charged ε", "spent ε (basic)", f"spent ε (δ={delta:g})"]
-    body = [[("(all clients: memo draws)" if t.client == ALL_CLIENTS else t.client), str(t.answers), str(t.noised),
-             ("-" if t.client == ALL_CLIENTS else str(t.refused)), f"{t.charged:.6g}", f"{t.spent:.6g}",
-             f"{t.spent_tight:.6g}"] for t in totals]
+    body = [
+        [
+            ("(all clients: memo draws)" if t.client == ALL_CLIENTS else t.client),
+            str(t.answers),
+            str(t.noised),
+            ("-" if t.client == ALL_CLIENTS else str(t.refused)),
+            f"{t.charged:.6g}",
+            f"{t.spent:.6g}",
+            f"{t.spent_tight:.6g}",
+        ]
+        for t in totals
+    ]
     widths = [max(len(r[i]) for r in [head, *body]) for i in range(len(head))]
-    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
-             for r in [head, *body]]
+    lines = [
+        "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
+        for r in [head, *body]
+    ]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)

@@ -81,12 +81,14 @@ class ServeLimits:
 
     def describe(self) -> str:
         """The limits' part of `lucid serve`'s start lines."""
-        return (f"{self.workers} worker{'s' if self.workers > 1 else ''} x {self.threads} threads "
-                f"(+{self.threads} for small requests), "
-                f"{self.max_connections} connections per worker ({self.max_connections_per_ip} per client address), "
-                f"headers up to {self.max_header_bytes} B; "
-                f"timeouts: idle {self.idle_timeout:g} s, headers {self.header_timeout:g} s, "
-                f"body {self.body_timeout:g} s, stop {self.shutdown_timeout:g} s")
+        return (
+            f"{self.workers} worker{'s' if self.workers > 1 else ''} x {self.threads} threads "
+            f"(+{self.threads} for small requests), "
+            f"{self.max_connections} connections per worker ({self.max_connections_per_ip} per client address), "
+            f"headers up to {self.max_header_bytes} B; "
+            f"timeouts: idle {self.idle_timeout:g} s, headers {self.header_timeout:g} s, "
+            f"body {self.body_timeout:g} s, stop {self.shutdown_timeout:g} s"
+        )
 
 
 def client_group(host: object) -> str | None:
@@ -133,6 +135,8 @@ def ensure_open_files(max_connections: int) -> None:
     if soft == resource.RLIM_INFINITY or soft >= need:
         return
     if hard != resource.RLIM_INFINITY and hard < need:
-        raise LucidError(f"--max-connections {max_connections} needs {need} open files, but this process may "
-                         f"open at most {hard} (ulimit -n): lower --max-connections or raise the limit")
+        raise LucidError(
+            f"--max-connections {max_connections} needs {need} open files, but this process may "
+            f"open at most {hard} (ulimit -n): lower --max-connections or raise the limit"
+        )
     resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))

@@ -3,8 +3,9 @@
 A query's label is N's class c when N's confidence (score_c minus the runner-up) exceeds the
 class's release threshold, max(beta_c, 0) + E_N (`lucid.analysis.soundness.release_thresholds`): the
 verifier proved that above the iDP decision bound beta_c no single training row changes the label,
-and E_N covers the float64 rounding of the confidence computed here, so releasing it leaks nothing. Otherwise the label is drawn from the
-exponential mechanism with utility u(c) = 1, u(c') = 0 (sensitivity 1):
+and E_N covers the float64 rounding of the confidence computed here, so releasing it leaks nothing.
+Otherwise the label is drawn from the exponential mechanism with utility u(c) = 1, u(c') = 0
+(sensitivity 1):
 
     P(c) = e^(eps/2) / (e^(eps/2) + C - 1),   P(c') = 1 / (e^(eps/2) + C - 1) for c' != c.
 
@@ -58,9 +59,7 @@ def check_epsilon(epsilon: float) -> float:
     return non_negative_number(epsilon, "epsilon")
 
 
-def exponential_mechanism(
-    classes: np.ndarray, num_classes: int, epsilon: float, rng: RandomSource
-) -> np.ndarray:
+def exponential_mechanism(classes: np.ndarray, num_classes: int, epsilon: float, rng: RandomSource) -> np.ndarray:
     """One draw per query: N's class `classes[i]` with P(c), each other class with P(c').
 
     One uniform u per query: u < P(c) gives c, otherwise u's position in the remaining mass

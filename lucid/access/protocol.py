@@ -30,9 +30,10 @@ passes. uvicorn would instead read the rest of the body by its own framing and g
 request with none of the head checks above, so a request hidden in or after that body was answered
 and charged (request smuggling behind an early answer). Dropping rather than closing at once lets
 the answer reach the client: a socket closed with unread bytes sends a reset, which may destroy
-the answer before the client reads it. A client that
-shuts its sending side after a complete request gets the answer it is charged for (`eof_received`). h11 rather than httptools because httptools buffered a 50 MB
-header before any check could run; h11 costs tens of microseconds per request.
+the answer before the client reads it. A client that shuts its sending side after a complete
+request gets the answer it is charged for (`eof_received`). h11 rather than httptools because
+httptools buffered a 50 MB header before any check could run; h11 costs tens of microseconds per
+request.
 
 Pipelined requests go last. A client that sends its next request before reading the answer to the
 last one (HTTP/1.1 pipelining; browsers and API clients wait) gets it started only when at most
@@ -70,7 +71,8 @@ import json
 import re
 import ssl
 from asyncio import sslproto
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -82,8 +84,10 @@ from lucid.access.transport import ServeTransport
 def _raw_response(status: int, reason: str, message: str) -> bytes:
     """A complete response that ends the connection (written outside h11, which is then closed)."""
     body = json.dumps({"error": message}, separators=(",", ":")).encode()
-    head = (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
-            f"content-length: {len(body)}\r\nconnection: close\r\n\r\n")
+    head = (
+        f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
+    )
     return head.encode("ascii") + body
 
 
@@ -125,8 +129,9 @@ class _ClosingH11Connection(h11.Connection):
             headers = list(event.headers)
             if (b"connection", b"close") not in headers:
                 headers.append((b"connection", b"close"))
-            event = h11.Response(status_code=event.status_code, headers=headers, reason=event.reason,
-                                 http_version=event.http_version)
+            event = h11.Response(
+                status_code=event.status_code, headers=headers, reason=event.reason, http_version=event.http_version
+            )
         return super().send(event)
 
 
@@ -135,7 +140,7 @@ class _AnswerTransport:
     which uvicorn calls after an answer that ends the connection, leaves the choice between closing
     and dropping the rest of an unread body to the protocol."""
 
-    def __init__(self, protocol: "GuardedH11Protocol") -> None:
+    def __init__(self, protocol: GuardedH11Protocol) -> None:
         self._protocol = protocol
 
     def write(self, data: bytes) -> None:
@@ -159,13 +164,13 @@ class GuardedH11Protocol(H11Protocol):
     transport_options: ServeTransport = ServeTransport()
     # The open connections of each client address (client_group; "" for those not counted per address:
     # a Unix socket, a trusted proxy), oldest first, in this process; one dict per bound class.
-    members: dict[str, dict["GuardedH11Protocol", None]] = {}
+    members: ClassVar[dict[str, dict[GuardedH11Protocol, None]]] = {}
     # The connections now idle, longest idle first (a dict keeps insertion order); one per bound class.
-    idle: dict["GuardedH11Protocol", None] = {}
+    idle: ClassVar[dict[GuardedH11Protocol, None]] = {}
     # Connections closed by this process whose close uvicorn has not seen yet (still in `connections`).
-    closing: dict["GuardedH11Protocol", None] = {}
+    closing: ClassVar[dict[GuardedH11Protocol, None]] = {}
     # Connections whose next request was pipelined behind an answer, waiting their turn, oldest first.
-    waiting: dict["GuardedH11Protocol", None] = {}
+    waiting: ClassVar[dict[GuardedH11Protocol, None]] = {}
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -201,21 +206,22 @@ class GuardedH11Protocol(H11Protocol):
         """Close a connection for a newcomer from `group`, fairly (module docstring); False when none
         may give way."""
         mine = len(self.members.get(group, ())) + 1  # the newcomer's address, the newcomer counted
-        heavier = sorted(((len(m), g) for g, m in self.members.items() if g != group and len(m) > mine),
-                         reverse=True)
+        heavier = sorted(((len(m), g) for g, m in self.members.items() if g != group and len(m) > mine), reverse=True)
         for _, other in heavier:
             victim = self._victim(self.members[other])
             if victim is not None:
                 victim._close_for_room()
                 return True
         for victim in self.idle:
-            if victim is not self and (victim._group == group or len(self.members.get(victim._group or "", ())) >= mine):
+            if victim is not self and (
+                victim._group == group or len(self.members.get(victim._group or "", ())) >= mine
+            ):
                 victim._close_for_room()
                 return True
         return False
 
     @staticmethod
-    def _victim(connections: dict["GuardedH11Protocol", None]) -> "GuardedH11Protocol | None":
+    def _victim(connections: dict[GuardedH11Protocol, None]) -> GuardedH11Protocol | None:
         """Of one address's connections: the one idle longest, else the oldest partial request (a head
         or a body still arriving, no answer begun), else None."""
         idle = partial = None
@@ -223,8 +229,11 @@ class GuardedH11Protocol(H11Protocol):
             phase = connection._phase
             if phase == "idle" and (idle is None or connection._phase_since < idle._phase_since):
                 idle = connection
-            elif phase in ("head", "body") and not (connection.cycle and connection.cycle.response_started) \
-                    and (partial is None or connection._phase_since < partial._phase_since):
+            elif (
+                phase in ("head", "body")
+                and not (connection.cycle and connection.cycle.response_started)
+                and (partial is None or connection._phase_since < partial._phase_since)
+            ):
                 partial = connection
         return idle or partial
 
@@ -330,12 +339,12 @@ class GuardedH11Protocol(H11Protocol):
         if (end.end() if end else len(buffered)) > self.limits.max_header_bytes:
             self._refuse(HEAD_TOO_LARGE)
             return True
-        if end is not None and _frames_twice(buffered[:end.start()]):
+        if end is not None and _frames_twice(buffered[: end.start()]):
             self._refuse(BAD_REQUEST)
             return True
         return False
 
-    def eof_received(self) -> bool | None:
+    def eof_received(self) -> bool | None:  # type: ignore[override]  # asyncio's protocol returns bool | None
         """The client shut its sending side (`nc -N`, `shutdown(SHUT_WR)`). A request it completed
         before is answered (it is being charged), then the connection closes: the transport stays
         open for writing. Anything else closes at once: a request still arriving can never complete,
@@ -360,8 +369,9 @@ class GuardedH11Protocol(H11Protocol):
     def shutdown(self) -> None:
         """A stop closes at once every connection whose request is still arriving: it cannot be
         answered before it arrives, and a stalled client would hold the stop up to --shutdown-timeout."""
-        if self._draining or (self.cycle is not None and not self.cycle.response_started
-                              and self.conn.their_state is h11.SEND_BODY):
+        if self._draining or (
+            self.cycle is not None and not self.cycle.response_started and self.conn.their_state is h11.SEND_BODY
+        ):
             self.transport.close()
             return
         super().shutdown()
@@ -403,8 +413,11 @@ class GuardedH11Protocol(H11Protocol):
             self.idle[self] = None  # at the end: the longest idle stay first
         self._phase = phase
         if phase is not None:
-            timeout = {"idle": self.limits.idle_timeout, "head": self.limits.header_timeout,
-                       "body": self.limits.body_timeout}[phase]
+            timeout = {
+                "idle": self.limits.idle_timeout,
+                "head": self.limits.header_timeout,
+                "body": self.limits.body_timeout,
+            }[phase]
             self._deadline = self.loop.call_later(timeout, self._expire)
 
     def _expire(self) -> None:
@@ -423,8 +436,9 @@ class GuardedH11Protocol(H11Protocol):
             self._send_deadline = None
 
 
-def tls_protocol(protocol_class: Callable[..., asyncio.Protocol], context: ssl.SSLContext,
-                 handshake_timeout: float) -> Callable[..., asyncio.BaseProtocol]:
+def tls_protocol(
+    protocol_class: Callable[..., asyncio.Protocol], context: ssl.SSLContext, handshake_timeout: float
+) -> Callable[..., asyncio.BaseProtocol]:
     """`protocol_class` (uvicorn's `http=` factory) behind TLS, with a handshake deadline. The HTTP
     protocol, and so the connection caps and phase deadlines, only sees a connection once its
     handshake is done; uvicorn leaves TLS to asyncio, whose handshake timeout is 60 s, so a client
@@ -433,8 +447,14 @@ def tls_protocol(protocol_class: Callable[..., asyncio.Protocol], context: ssl.S
 
     def factory(*args: Any, **kwargs: Any) -> asyncio.BaseProtocol:
         loop = kwargs.get("_loop") or asyncio.get_event_loop()
-        return sslproto.SSLProtocol(loop, protocol_class(*args, **kwargs), context, None, server_side=True,
-                                    ssl_handshake_timeout=handshake_timeout)
+        return sslproto.SSLProtocol(
+            loop,
+            protocol_class(*args, **kwargs),
+            context,
+            None,  # type: ignore[arg-type]  # no waiter: asyncio's own servers pass None too
+            server_side=True,
+            ssl_handshake_timeout=handshake_timeout,  # type: ignore[arg-type]  # seconds, a float in asyncio
+        )
 
     return factory
 
@@ -442,6 +462,12 @@ def tls_protocol(protocol_class: Callable[..., asyncio.Protocol], context: ssl.S
 def guarded_protocol(limits: ServeLimits, transport: ServeTransport | None = None) -> type[GuardedH11Protocol]:
     """GuardedH11Protocol bound to `limits` and `transport` (uvicorn instantiates the class itself,
     per connection)."""
-    attributes: dict[str, Any] = {"limits": limits, "transport_options": transport or ServeTransport(),
-                                  "members": {}, "idle": {}, "closing": {}, "waiting": {}}
+    attributes: dict[str, Any] = {
+        "limits": limits,
+        "transport_options": transport or ServeTransport(),
+        "members": {},
+        "idle": {},
+        "closing": {},
+        "waiting": {},
+    }
     return type("GuardedH11Protocol", (GuardedH11Protocol,), attributes)

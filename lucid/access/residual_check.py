@@ -28,17 +28,33 @@ class ResidualCheck:
     """The union's networks as stacked float64 matrices, their error margins and the class masks
     (with regions, per box: a row's leaf selects the mask as its class does)."""
 
-    def __init__(self, sets: ResidualSets, lower: np.ndarray, upper: np.ndarray,
-                 regions: RegionTree | None = None) -> None:
+    def __init__(
+        self, sets: ResidualSets, lower: np.ndarray, upper: np.ndarray, regions: RegionTree | None = None
+    ) -> None:
         stack = sets.stack
         self.size = sets.size
         self.count = len(sets.positions)  # K, the networks of the union
         self.members = np.ascontiguousarray(sets.members)  # [C, K]
-        self.box_members = None if regions is None else np.stack(  # [nodes, C, K]
-            [[np.isin(sets.positions, box[c].positions) if c in box else np.zeros(self.count, dtype=bool)
-              for c in range(len(sets.members))] for box in regions.residual])
-        errors = np.array([confidence_error([w[k] for w in stack.weights], [b[k] for b in stack.biases], lower, upper)
-                           for k in range(self.count)], dtype=np.float64)
+        self.box_members = (
+            None
+            if regions is None
+            else np.stack(  # [nodes, C, K]
+                [
+                    [
+                        np.isin(sets.positions, box[c].positions) if c in box else np.zeros(self.count, dtype=bool)
+                        for c in range(len(sets.members))
+                    ]
+                    for box in regions.residual
+                ]
+            )
+        )
+        errors = np.array(
+            [
+                confidence_error([w[k] for w in stack.weights], [b[k] for b in stack.biases], lower, upper)
+                for k in range(self.count)
+            ],
+            dtype=np.float64,
+        )
         self._margins = np.nextafter(errors, np.inf)[:, None]  # [K, 1]: a margin above it is exact
         if not self.count:  # every set empty (all networks proved harmless): nothing to check
             self._first = None
@@ -67,7 +83,7 @@ class ResidualCheck:
             return np.array(h)  # one layer: the scores, no longer a view of the product
         np.maximum(h, 0.0, out=h)
         last = len(self._weights) - 1
-        for i, (w, b) in enumerate(zip(self._weights, self._biases)):
+        for i, (w, b) in enumerate(zip(self._weights, self._biases, strict=True)):
             h = np.matmul(h, w)
             h += b
             if i < last:

@@ -32,8 +32,9 @@ def load_bounds(run: Run) -> tuple[np.ndarray, RegionTree | None, ResidualSets |
     """beta_c per class, and the sections that refine it: the per-box bounds of `--regions` and
     the residual sets of `--residual` (each None when absent), from RUN/bounds.json."""
     path = run.path / BOUNDS_FILE
-    doc = read_json(path, missing=f"{path} does not exist: run `lucid verify {run.path}` first",
-                    unreadable=f"{path} is corrupt")
+    doc = read_json(
+        path, missing=f"{path} does not exist: run `lucid verify {run.path}` first", unreadable=f"{path} is corrupt"
+    )
     if not isinstance(doc, dict) or doc.get("format") != BOUNDS_FORMAT or not isinstance(doc.get("bounds"), dict):
         raise LucidError(f"{path} is not a {BOUNDS_FORMAT} file")
     upper = _class_bounds(doc, run, path)

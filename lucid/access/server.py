@@ -13,18 +13,20 @@ branch (released / noised) was taken appear in bodies, headers or errors. Input 
 detected before N is evaluated, so their messages depend only on the kind of error, positions
 in the request and the public domain, never echo what the client sent (lucid/access/guard.py).
 For an open network: only application/json bodies (415 otherwise), only allowed Host headers
-(400 otherwise: DNS rebinding), and no redirects (a trailing slash is 404). If answering fails after that point (e.g. the memo database breaks) the error could
-depend on the branch, so the service fails closed: it answers 503 to every later prediction
-until restarted, with one fixed message. One failure is told apart: a memo database that cannot
+(400 otherwise: DNS rebinding), and no redirects (a trailing slash is 404). If answering fails
+after that point (e.g. the memo database breaks) the error could depend on the branch, so the
+service fails closed: it answers 503 to every later prediction until restarted, with one fixed
+message. One failure is told apart: a memo database that cannot
 be reached (MemoUnavailable: a PostgreSQL memo's server down or cut off) gets the same 503 for
 that request only, since nothing was answered or charged and the outage says nothing about the
 request; the service answers again once the database is back.
 
 Timing: the classifier does the same work for released and noised rows (same forward pass,
 one mechanism draw per row, the same memo read/write and ledger charge; see classifier.py), and
-the response differs only in the label values it carries. `deadline_ms` additionally holds every
-/v1/predict response (answers, refusals, errors) until that long after the request arrived, for
-deployments that also want memo hits, batch sizes or machine noise hidden behind one fixed time.
+the response differs only in the label values it carries. `min_response_ms`, a minimum response
+time, additionally holds every /v1/predict response (answers, refusals, errors) until that long
+after the request arrived, for deployments that also want memo hits, batch sizes or machine noise
+hidden behind one fixed time.
 
 Load: a request's body is read on the event loop, then parsed, checked and answered in a bounded
 pool of threads (numpy and SQLite release the GIL for the heavy parts), so a 10 000-row batch does
@@ -57,10 +59,11 @@ import math
 import threading
 import time
 from collections import deque
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 from fastapi import FastAPI, Request
@@ -68,8 +71,18 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from lucid.access.classifier import LabelOnlyClassifier
-from lucid.access.guard import (NOT_JSON_MEDIA, UNKNOWN_HOST, BadJson, HostCheck, RequestRate, TooLarge,
-                                bearer_client, check_deadline_ms, input_pieces, is_json_media)
+from lucid.access.guard import (
+    NOT_JSON_MEDIA,
+    UNKNOWN_HOST,
+    BadJson,
+    HostCheck,
+    RequestRate,
+    TooLarge,
+    bearer_client,
+    check_min_response_ms,
+    input_pieces,
+    is_json_media,
+)
 from lucid.access.health import MemoHealth
 from lucid.access.ledger import DEFAULT_CLIENT, BudgetExceeded, check_client_name
 from lucid.access.memo import MemoUnavailable
@@ -218,8 +231,16 @@ class _HostGuard:
         if scope["type"] == "http":
             host = next((value for key, value in scope["headers"] if key.lower() == b"host"), None)
             if not self.hosts.allows(host):
-                await send({"type": "http.response.start", "status": 400, "headers": [
-                    (b"content-type", b"application/json"), (b"content-length", str(len(self.refusal)).encode())]})
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": 400,
+                        "headers": [
+                            (b"content-type", b"application/json"),
+                            (b"content-length", str(len(self.refusal)).encode()),
+                        ],
+                    }
+                )
                 await send({"type": "http.response.body", "body": self.refusal})
                 return
         await self.app(scope, receive, send)
@@ -229,18 +250,19 @@ class _HostGuard:
 class ServiceOptions:
     """What the operator sets about the HTTP service (`lucid serve`'s flags). `api_key`: one bearer
     token (ledger "default"); `api_keys`: client name -> token, one ledger per client. `max_body`
-    bytes and `max_batch` rows per request. `deadline_ms` (0 to MAX_DEADLINE_MS) > 0 holds each
-    prediction response until then. `allowed_hosts`: the Host names answered (default: the loopback
-    names). `threads`: the threads that parse and answer request bodies off the event loop, as many
-    again for bodies up to SMALL_BODY (`app.state.pools`; shut them down after serving). `rate`: most
-    prediction requests per second per client (its token's client, or its address without tokens;
-    None: no limit). `transport`: the trusted proxies whose X-Forwarded-For names a request's address."""
+    bytes and `max_batch` rows per request. `min_response_ms` (0 to MAX_MIN_RESPONSE_MS) > 0 holds
+    each prediction response until that long after its request arrived. `allowed_hosts`: the Host
+    names answered (default: the loopback names). `threads`: the threads that parse and answer
+    request bodies off the event loop, as many again for bodies up to SMALL_BODY (`app.state.pools`;
+    shut them down after serving). `rate`: most prediction requests per second per client (its
+    token's client, or its address without tokens; None: no limit). `transport`: the trusted
+    proxies whose X-Forwarded-For names a request's address."""
 
     api_key: str | None = None
     api_keys: dict[str, str] | None = None
     max_body: int = DEFAULT_MAX_BODY
     max_batch: int = DEFAULT_MAX_BATCH
-    deadline_ms: float = 0.0
+    min_response_ms: float = 0.0
     allowed_hosts: Sequence[str] | None = None
     threads: int = DEFAULT_THREADS
     rate: float | None = None
@@ -253,7 +275,7 @@ def create_app(clf: LabelOnlyClassifier, options: ServiceOptions | None = None, 
     options = ServiceOptions() if options is None else options
     api_key, api_keys, max_body, max_batch = options.api_key, options.api_keys, options.max_body, options.max_batch
     threads, allowed_hosts = options.threads, options.allowed_hosts
-    deadline = check_deadline_ms(options.deadline_ms) / 1e3
+    min_response = check_min_response_ms(options.min_response_ms) / 1e3  # seconds; 0: off
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
         raise LucidError(f"the prediction pool needs at least 1 thread, got {threads!r}")
     hosts = HostCheck.default() if allowed_hosts is None else HostCheck(allowed_hosts)
@@ -261,7 +283,11 @@ def create_app(clf: LabelOnlyClassifier, options: ServiceOptions | None = None, 
     # request data anywhere by default. No slash redirects: their Location is built from the
     # client's Host header.
     app = FastAPI(
-        docs_url=None, redoc_url=None, openapi_url=None, title="LUCID", redirect_slashes=False,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+        title="LUCID",
+        redirect_slashes=False,
         telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     app.add_middleware(_HostGuard, hosts=hosts)
@@ -277,8 +303,9 @@ def create_app(clf: LabelOnlyClassifier, options: ServiceOptions | None = None, 
     health = MemoHealth(clf.memo)
     # Bounded: at most 2 x `threads` bodies are parsed and answered at once; the rest wait in a queue
     # (at most one request per connection, and connections are capped: lucid/access/protocol.py).
-    small, large = (ThreadPoolExecutor(max_workers=threads, thread_name_prefix=f"lucid-{lane}")
-                    for lane in ("small", "large"))
+    small, large = (
+        ThreadPoolExecutor(max_workers=threads, thread_name_prefix=f"lucid-{lane}") for lane in ("small", "large")
+    )
     app.state.pools = (small, large)
     small_turns = FairPool(small, threads)
     rate = RequestRate(options.rate) if options.rate is not None else None
@@ -326,8 +353,11 @@ def create_app(clf: LabelOnlyClassifier, options: ServiceOptions | None = None, 
         if rate is not None:
             wait = rate.wait(f"token:{client}" if tokens else f"address:{address}", time.monotonic())
             if wait > 0:  # before the body is read: a refused request costs next to nothing
-                return _json(429, {"error": f"too many requests: at most {rate.rate:g} per second per client"},
-                             [(b"retry-after", str(max(1, math.ceil(wait))).encode())])
+                return _json(
+                    429,
+                    {"error": f"too many requests: at most {rate.rate:g} per second per client"},
+                    [(b"retry-after", str(max(1, math.ceil(wait))).encode())],
+                )
         if not is_json_media(headers.get(b"content-type")):
             return _json(415, {"error": NOT_JSON_MEDIA})
         too_big = _json(413, {"error": f"the request body must be at most {max_body} bytes"})
@@ -445,13 +475,22 @@ def create_app(clf: LabelOnlyClassifier, options: ServiceOptions | None = None, 
             if out is None:
                 return
             status, body, extra = out
-            if deadline:
-                left = deadline - (time.perf_counter() - started)
+            if min_response:
+                left = min_response - (time.perf_counter() - started)
                 if left > 0:
                     await asyncio.sleep(left)
-            await send({"type": "http.response.start", "status": status, "headers": [
-                (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *extra]})
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": status,
+                    "headers": [
+                        (b"content-type", b"application/json"),
+                        (b"content-length", str(len(body)).encode()),
+                        *extra,
+                    ],
+                }
+            )
             await send({"type": "http.response.body", "body": body})
 
-    app.add_route("/v1/predict", PredictEndpoint(), methods=["POST"])
+    app.add_route("/v1/predict", PredictEndpoint(), methods=["POST"])  # type: ignore[arg-type]  # an ASGI app
     return app

@@ -4,7 +4,8 @@ whose client-address header it believes (`--forwarded-allow-ips`).
 TLS: the certificate and key are loaded here, with Python's ssl module, before the server listens, so
 a missing or unreadable file, a key without a certificate (or the reverse) and a key that does not
 match its certificate are one line at start, not a traceback in every worker. The context is the
-ssl module's server default (TLS 1.2 or later, its cipher selection), not uvicorn's ("TLSv1" ciphers). The handshake's deadline is set where the connections are (lucid/access/protocol.py,
+ssl module's server default (TLS 1.2 or later, its cipher selection), not uvicorn's ("TLSv1"
+ciphers). The handshake's deadline is set where the connections are (lucid/access/protocol.py,
 `tls_protocol`).
 
 Behind a reverse proxy every connection comes from the proxy's address, so per-client caps, rates
@@ -20,14 +21,14 @@ from __future__ import annotations
 
 import ipaddress
 import ssl
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Union
 
 from lucid.access.limits import client_group
 from lucid.errors import LucidError
 
-_Network = Union[ipaddress.IPv4Network, ipaddress.IPv6Network]
+_Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
 def parse_forwarded_allow_ips(text: str) -> tuple[str, ...]:
@@ -40,8 +41,9 @@ def parse_forwarded_allow_ips(text: str) -> tuple[str, ...]:
         try:
             ipaddress.ip_network(entry, strict=False)
         except ValueError:
-            raise LucidError(f"--forwarded-allow-ips: {entry!r} is not an IP address or network "
-                             "(e.g. 127.0.0.1, 10.0.0.0/8, ::1)") from None
+            raise LucidError(
+                f"--forwarded-allow-ips: {entry!r} is not an IP address or network (e.g. 127.0.0.1, 10.0.0.0/8, ::1)"
+            ) from None
     return entries
 
 
@@ -56,8 +58,9 @@ class ServeTransport:
 
     def __post_init__(self) -> None:
         if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
-            given, missing = (("--ssl-certfile", "--ssl-keyfile") if self.ssl_keyfile is None
-                              else ("--ssl-keyfile", "--ssl-certfile"))
+            given, missing = (
+                ("--ssl-certfile", "--ssl-keyfile") if self.ssl_keyfile is None else ("--ssl-keyfile", "--ssl-certfile")
+            )
             raise LucidError(f"{given} needs {missing}: TLS takes a certificate and its private key")
         networks: list[_Network] = []
         for entry in self.forwarded_allow_ips:
@@ -91,10 +94,13 @@ class ServeTransport:
         except ssl.SSLError as exc:
             reason = (exc.reason or str(exc)).lower().replace("_", " ")
             if "mismatch" in reason:
-                raise LucidError(f"--ssl-keyfile {self.ssl_keyfile} is not the key of the certificate "
-                                 f"{self.ssl_certfile}") from None
-            raise LucidError(f"cannot load the certificate {self.ssl_certfile} with the key {self.ssl_keyfile}: "
-                             f"{reason} (both must be PEM files, the key unencrypted)") from None
+                raise LucidError(
+                    f"--ssl-keyfile {self.ssl_keyfile} is not the key of the certificate {self.ssl_certfile}"
+                ) from None
+            raise LucidError(
+                f"cannot load the certificate {self.ssl_certfile} with the key {self.ssl_keyfile}: "
+                f"{reason} (both must be PEM files, the key unencrypted)"
+            ) from None
         return context
 
     def trusts(self, peer: str | None) -> bool:
@@ -116,8 +122,11 @@ class ServeTransport:
         if self.trusts(peer):
             entries = [e.strip() for value in forwarded_for for e in value.decode("latin-1").split(",")]
             for entry in reversed(entries):
-                host = entry[1:entry.find("]")] if entry.startswith("[") else (
-                    entry.rsplit(":", 1)[0] if entry.count(":") == 1 else entry)
+                host = (
+                    entry[1 : entry.find("]")]
+                    if entry.startswith("[")
+                    else (entry.rsplit(":", 1)[0] if entry.count(":") == 1 else entry)
+                )
                 if self.trusts(host):
                     continue
                 group = client_group(host)

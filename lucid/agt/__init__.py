@@ -2,4 +2,4 @@
 
 from lucid.agt.train import DEFAULT_MAX_WIDTH, AgtBox, AgtDiverged, abstract_train, agt_boxes
 
-__all__ = ["AgtBox", "AgtDiverged", "DEFAULT_MAX_WIDTH", "abstract_train", "agt_boxes"]
+__all__ = ["DEFAULT_MAX_WIDTH", "AgtBox", "AgtDiverged", "abstract_train", "agt_boxes"]

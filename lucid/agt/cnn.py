@@ -61,12 +61,17 @@ def cnn_row_gradient_bounds(
         lo_k, hi_k = lower[f"conv.{j}.weight"], upper[f"conv.{j}.weight"]
         dl, dbl = lower_conv(lo_k, lower[f"conv.{j}.bias"], length)
         du, dbu = lower_conv(hi_k, upper[f"conv.{j}.bias"], length)
-        wl.append(dl), wu.append(du), bl.append(dbl), bu.append(dbu)
+        wl.append(dl)
+        wu.append(du)
+        bl.append(dbl)
+        bu.append(dbu)
         shapes.append((lo_k.shape[0], lo_k.shape[1], lo_k.shape[2], length))
         length = length - lo_k.shape[2] + 1
     for i in range(n_dense):
-        wl.append(lower[f"layers.{i}.weight"]), wu.append(upper[f"layers.{i}.weight"])
-        bl.append(lower[f"layers.{i}.bias"]), bu.append(upper[f"layers.{i}.bias"])
+        wl.append(lower[f"layers.{i}.weight"])
+        wu.append(upper[f"layers.{i}.weight"])
+        bl.append(lower[f"layers.{i}.bias"])
+        bu.append(upper[f"layers.{i}.bias"])
     grads = row_gradient_bounds(DenseBox(wl, wu, bl, bu), x, onehot)
     out: list[tuple[RowBounds, int]] = []
     for j, (c_out, c_in, ksize, length) in enumerate(shapes):

@@ -86,7 +86,7 @@ class DenseBox:
     bu: list[torch.Tensor]
 
     @classmethod
-    def of_layers(cls, lower: dict[str, torch.Tensor], upper: dict[str, torch.Tensor], n_layers: int) -> "DenseBox":
+    def of_layers(cls, lower: dict[str, torch.Tensor], upper: dict[str, torch.Tensor], n_layers: int) -> DenseBox:
         """The box of `layers.0` .. `layers.{n_layers - 1}` of [lower, upper] (by safetensors name)."""
         w, b = [f"layers.{i}.weight" for i in range(n_layers)], [f"layers.{i}.bias" for i in range(n_layers)]
         return cls([lower[n] for n in w], [upper[n] for n in w], [lower[n] for n in b], [upper[n] for n in b])
@@ -96,8 +96,10 @@ class DenseBox:
         return self.wl[i], self.wu[i], self.bl[i], self.bu[i]
 
 
-def forward_bounds(box: DenseBox, x: torch.Tensor,
-                   ) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], list[tuple[torch.Tensor, torch.Tensor]]]:
+def forward_bounds(
+    box: DenseBox,
+    x: torch.Tensor,
+) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], list[tuple[torch.Tensor, torch.Tensor]]]:
     """Interval forward pass over the box: post-activation intervals a_0 = x, ..., a_{L-1} (each
     containing T's float32 activation) and pre-activation intervals z_1..z_L."""
     acts = [(x, x)]
@@ -112,7 +114,11 @@ def forward_bounds(box: DenseBox, x: torch.Tensor,
 
 
 def row_gradient_bounds(
-    box: DenseBox, x: torch.Tensor, onehot: torch.Tensor, *, first_layer: int = 0,
+    box: DenseBox,
+    x: torch.Tensor,
+    onehot: torch.Tensor,
+    *,
+    first_layer: int = 0,
     forward: tuple[list, list] | None = None,
 ) -> list[RowBounds | None]:
     """Per-row gradient intervals [dW0, db0, dW1, db1, ...] (float64) over the parameter box.
@@ -126,7 +132,7 @@ def row_gradient_bounds(
     p_lo, p_hi = softmax_bounds(*pre[-1])
     # d CE / d logits = softmax - onehot (the sample weight is applied to the batch mean)
     dl, du = p_lo - onehot, p_hi - onehot
-    grads: list[RowBounds] = [None] * (2 * n_layers)  # type: ignore[list-item]
+    grads: list[RowBounds | None] = [None] * (2 * n_layers)
     for i in range(n_layers - 1, -1, -1):
         al, au = acts[i]
         # dW_i[b] = delta_b a_b^T with a >= 0: one product per entry

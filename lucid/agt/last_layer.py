@@ -74,12 +74,22 @@ class LastLayerStep:
     def curvature_bound(self) -> torch.Tensor:
         """[m, C]: s_b >= p_c (1 - p_c) anywhere in the box."""
         p_lo, p_hi = self.p_lo, self.p_hi
-        return torch.where((p_lo <= 0.5) & (p_hi >= 0.5), torch.full_like(p_lo, 0.25),
-                           torch.maximum(p_lo * (1 - p_lo), p_hi * (1 - p_hi)))
+        return torch.where(
+            (p_lo <= 0.5) & (p_hi >= 0.5),
+            torch.full_like(p_lo, 0.25),
+            torch.maximum(p_lo * (1 - p_lo), p_hi * (1 - p_hi)),
+        )
 
 
-def last_layer_step(w_lo: torch.Tensor, w_hi: torch.Tensor, b_lo: torch.Tensor, b_hi: torch.Tensor,
-                    h_lo: torch.Tensor, h_hi: torch.Tensor, onehot: torch.Tensor) -> LastLayerStep:
+def last_layer_step(
+    w_lo: torch.Tensor,
+    w_hi: torch.Tensor,
+    b_lo: torch.Tensor,
+    b_hi: torch.Tensor,
+    h_lo: torch.Tensor,
+    h_hi: torch.Tensor,
+    onehot: torch.Tensor,
+) -> LastLayerStep:
     """The box-wide enclosures of a step: weights [C, J], biases [C], features [m, J] (>= 0)."""
     ones = torch.ones(h_lo.shape[0], 1, dtype=h_lo.dtype, device=h_lo.device)
     hl = torch.cat([h_lo.clamp(min=0.0), ones], dim=1)
@@ -87,7 +97,9 @@ def last_layer_step(w_lo: torch.Tensor, w_hi: torch.Tensor, b_lo: torch.Tensor, 
     return enclose(hl, hh, torch.cat([w_lo, b_lo[:, None]], dim=1), torch.cat([w_hi, b_hi[:, None]], dim=1), onehot)
 
 
-def enclose(hl: torch.Tensor, hh: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, onehot: torch.Tensor) -> LastLayerStep:
+def enclose(
+    hl: torch.Tensor, hh: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, onehot: torch.Tensor
+) -> LastLayerStep:
     """`LastLayerStep` for augmented features [m, J + 1] and the box [lo, hi] ([C, J + 1]) of [W | b]."""
     n_features = hl.shape[1] - 1
     zero = torch.zeros(lo.shape[0], dtype=lo.dtype, device=lo.device)

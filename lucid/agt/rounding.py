@@ -48,8 +48,9 @@ def widen_sum(lo: torch.Tensor, hi: torch.Tensor, mag: torch.Tensor, n: int) -> 
     return outward(lo, hi, gamma(n) * mag + n * ETA)
 
 
-def update_radius(decay: float, lr: float, weight_decay: float, pmax: torch.Tensor, gmax: torch.Tensor,
-                  newmax: torch.Tensor) -> torch.Tensor:
+def update_radius(
+    decay: float, lr: float, weight_decay: float, pmax: torch.Tensor, gmax: torch.Tensor, newmax: torch.Tensor
+) -> torch.Tensor:
     """The rounding of T's float32 update d = g + wd p, p' = p - lr d (wd, lr rounded to float32),
     plus this float64 evaluation: |p' - exact| <= u |p'| + gamma_5 lr (|g| + wd |p|), with margin.
     pmax, gmax, newmax bound |p|, |g| and |p'|."""

@@ -37,7 +37,7 @@ def certified_classes(box: AgtBox, X: np.ndarray | torch.Tensor) -> np.ndarray:
         lo, hi = (zl.clamp(min=0), zu.clamp(min=0)) if i < n - 1 else (zl, zu)
     out = np.full(len(x), -1, dtype=np.int64)
     for c in range(lo.shape[1]):
-        rivals = torch.cat([hi[:, :c], hi[:, c + 1:]], dim=1).amax(dim=1)
+        rivals = torch.cat([hi[:, :c], hi[:, c + 1 :]], dim=1).amax(dim=1)
         out[(lo[:, c] > rivals).numpy()] = c
     return out
 

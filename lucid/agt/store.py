@@ -23,7 +23,9 @@ from lucid.hyper import HyperNetwork
 
 AGT_FILE = "agt.safetensors"
 AGT_FORMAT = "lucid-agt/1"
-ROUNDING = "float32 training modelled as per-operation widening (gamma_n with u=2^-24+2^-52), float64 bounds rounded outward"
+ROUNDING = (
+    "float32 training modelled as per-operation widening (gamma_n with u=2^-24+2^-52), float64 bounds rounded outward"
+)
 
 
 def save_boxes(path: str | Path, boxes: list[AgtBox], *, algorithm: str, max_width: float) -> None:
@@ -58,16 +60,21 @@ def load_boxes(run_dir: str | Path) -> dict[int, AgtBox]:
             boxes = {}
             for k in json.loads(meta["ks"]):
                 prefix = f"k{k}."
-                lower = {key[len(prefix) : -len(".lower")]: fh.get_tensor(key)
-                         for key in fh.keys() if key.startswith(prefix) and key.endswith(".lower")}
+                lower = {
+                    key[len(prefix) : -len(".lower")]: fh.get_tensor(key)
+                    for key in fh.keys()  # noqa: SIM118 (a safetensors file, not a dict)
+                    if key.startswith(prefix) and key.endswith(".lower")
+                }
                 upper = {name: fh.get_tensor(f"{prefix}{name}.upper") for name in lower}
                 if not all(bool(t.isfinite().all()) for t in [*lower.values(), *upper.values()]):
-                    raise LucidError(f"{path}: the AGT box for k={k} has non-finite bounds (NaN or infinity): "
-                                     "its training diverged; train again with a smaller --lr")
+                    raise LucidError(
+                        f"{path}: the AGT box for k={k} has non-finite bounds (NaN or infinity): "
+                        "its training diverged; train again with a smaller --lr"
+                    )
                 boxes[int(k)] = AgtBox(int(k), lower, upper)
     except LucidError:
         raise
-    except Exception as exc:  # corrupt file / missing keys
+    except Exception as exc:  # noqa: BLE001 (corrupt file / missing keys)
         raise LucidError(f"cannot read {path}: {exc}") from None
     return boxes
 
@@ -83,7 +90,10 @@ def box_hyper_network(box: AgtBox, positions: np.ndarray | list[int], input_dim:
     """
     from lucid.agt.cnn import lower_conv
 
-    w_lo, w_hi, b_lo, b_hi = [], [], [], []
+    w_lo: list[np.ndarray] = []
+    w_hi: list[np.ndarray] = []
+    b_lo: list[np.ndarray] = []
+    b_hi: list[np.ndarray] = []
     length, j = input_dim, 0
     while f"conv.{j}.weight" in box.lower:
         if length is None:

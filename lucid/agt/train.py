@@ -24,8 +24,8 @@ batches of an epoch, k rows in all. `abstract_train` checks that the orders are 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -81,8 +81,8 @@ def abstract_train(
     k: int,
     max_width: float = DEFAULT_MAX_WIDTH,
     update: str = "zonotope",
-    on_epoch: Callable[[int, "AgtBox"], None] | None = None,
-    on_step: Callable[[int, int, "AgtBox"], None] | None = None,
+    on_epoch: Callable[[int, AgtBox], None] | None = None,
+    on_step: Callable[[int, int, AgtBox], None] | None = None,
 ) -> AgtBox:
     """The k-removal parameter box of T (`sgd`) run on `inputs` (initial parameters, rows, batch orders).
 
@@ -102,24 +102,32 @@ def abstract_train(
         torch.set_num_threads(threads)
 
 
-def _abstract_train(inputs: TrainingInputs, sgd: SgdStep, k: int, max_width: float, update: str,
-                    on_epoch: Callable[[int, AgtBox], None] | None,
-                    on_step: Callable[[int, int, AgtBox], None] | None) -> AgtBox:
+def _abstract_train(
+    inputs: TrainingInputs,
+    sgd: SgdStep,
+    k: int,
+    max_width: float,
+    update: str,
+    on_epoch: Callable[[int, AgtBox], None] | None,
+    on_step: Callable[[int, int, AgtBox], None] | None,
+) -> AgtBox:
     init, spec, X, y, orders = inputs.init, inputs.spec, inputs.X, inputs.y, inputs.orders
     lr, weight_decay, batch_size, trainable = sgd.lr, sgd.weight_decay, sgd.batch_size, sgd.trainable
     cnn = spec.get("type", "mlp") == "cnn"
     if spec.get("type", "mlp") not in ("mlp", "cnn"):  # anything else would be bounded as an MLP: wrong
-        raise LucidError(f"abstract gradient training bounds MLPs and the 1-D CNN only, not a {spec.get('type')!r} "
-                         "architecture (docs/agt.md)")
+        raise LucidError(
+            f"abstract gradient training bounds MLPs and the 1-D CNN only, not a {spec.get('type')!r} "
+            "architecture (docs/agt.md)"
+        )
     if int(k) != k or k < 0:
         raise LucidError(f"the number of removed rows k must be a non-negative integer, got {k}")
     n_layers = len(spec["hidden"]) + 1
     names = (conv_names(spec) if cnn else []) + _names(n_layers)
     if cnn and trainable is not None:
         raise LucidError("the fine-tuning variant (trainable layers) is for MLPs only")
-    trainable = set(range(n_layers)) if trainable is None else set(trainable)
-    if not trainable or not trainable <= set(range(n_layers)):
-        raise LucidError(f"trainable layers must be a non-empty subset of 0..{n_layers - 1}, got {sorted(trainable)}")
+    layers = set(range(n_layers)) if trainable is None else set(trainable)
+    if not layers or not layers <= set(range(n_layers)):
+        raise LucidError(f"trainable layers must be a non-empty subset of 0..{n_layers - 1}, got {sorted(layers)}")
     _check_orders(orders, X.shape[0])
     X = X.to(torch.float64)
     if bool((X < 0).any()):
@@ -133,7 +141,7 @@ def _abstract_train(inputs: TrainingInputs, sgd: SgdStep, k: int, max_width: flo
     decay = 1.0 - lr * weight_decay
     if update not in UPDATES:
         raise LucidError(f"unknown AGT update {update!r}; choose one of {', '.join(UPDATES)}")
-    last_only = not cnn and trainable == {n_layers - 1} and decay > 0
+    last_only = not cnn and layers == {n_layers - 1} and decay > 0
     zonotope = None
     if last_only and update == "zonotope":
         zonotope = Zonotope.from_box(*_augmented(lower, upper, spec))
@@ -148,9 +156,10 @@ def _abstract_train(inputs: TrainingInputs, sgd: SgdStep, k: int, max_width: flo
             else:
                 dense_box = DenseBox.of_layers(lower, upper, n_layers)
                 forward = forward_bounds(dense_box, X[rows])
-                dense = row_gradient_bounds(dense_box, X[rows], onehot_all[rows], first_layer=min(trainable),
-                                            forward=forward)
-                rowb = [(rb, 0) if j // 2 in trainable else (None, 0) for j, rb in enumerate(dense)]
+                dense = row_gradient_bounds(
+                    dense_box, X[rows], onehot_all[rows], first_layer=min(layers), forward=forward
+                )
+                rowb = [(rb, 0) if j // 2 in layers else (None, 0) for j, rb in enumerate(dense)]
             tighter: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
             moved: Zonotope | None = None
             if last_only and update != "interval":
@@ -158,9 +167,10 @@ def _abstract_train(inputs: TrainingInputs, sgd: SgdStep, k: int, max_width: flo
                 bounded = last_layer_step(*dense_box.layer(-1), *forward[0][-1], onehot_all[rows])
                 tighter = _by_name(spec, *corner_update_bounds(bounded, k=k, lr=lr, decay=decay))
                 if zonotope is not None:
-                    moved = zonotope_update(zonotope, bounded, k=k, lr=lr, weight_decay=weight_decay,
-                                            max_generators=max_generators)
-            for name, (rb, extra) in zip(names, rowb):
+                    moved = zonotope_update(
+                        zonotope, bounded, k=k, lr=lr, weight_decay=weight_decay, max_generators=max_generators
+                    )
+            for name, (rb, extra) in zip(names, rowb, strict=False):
                 if rb is None:  # a frozen layer (fine-tuning variant)
                     continue
                 g_lo, g_hi = removal_mean_bounds(rb, k, extra)
@@ -219,8 +229,10 @@ def _follow(moved: Zonotope | None, lower, upper, spec, epoch: int, step: int, s
     z_lo, z_hi = moved.bounds(lo.shape)
     lo, hi = torch.maximum(lo, z_lo), torch.minimum(hi, z_hi)
     if bool((lo > hi).any()):  # two sound enclosures cannot be disjoint
-        raise LucidError(f"internal error: the AGT box and zonotope are disjoint at epoch {epoch + 1}, "
-                         f"step {step + 1} of {steps}; please report this")
+        raise LucidError(
+            f"internal error: the AGT box and zonotope are disjoint at epoch {epoch + 1}, "
+            f"step {step + 1} of {steps}; please report this"
+        )
     for name, (a, b) in _by_name(spec, lo, hi).items():
         lower[name], upper[name] = a.contiguous(), b.contiguous()
     return moved
@@ -251,6 +263,8 @@ def _width_stats(box: AgtBox, epoch: int) -> dict:
     return stats
 
 
-def agt_boxes(inputs: TrainingInputs, sgd: SgdStep, *, max_k: int, max_width: float = DEFAULT_MAX_WIDTH) -> list[AgtBox]:
+def agt_boxes(
+    inputs: TrainingInputs, sgd: SgdStep, *, max_k: int, max_width: float = DEFAULT_MAX_WIDTH
+) -> list[AgtBox]:
     """The boxes for k = 1..max_k (each its own abstract run)."""
     return [abstract_train(inputs, sgd, k=k, max_width=max_width) for k in range(1, max_k + 1)]

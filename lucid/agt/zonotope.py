@@ -51,7 +51,6 @@ from lucid.agt.gradients import RowBounds, affine_nonneg, product_nonneg, remova
 from lucid.agt.last_layer import LastLayerStep, enclose
 from lucid.agt.rounding import ETA, SOFTMAX_ULPS, U, gamma, outward, update_radius
 
-
 FOLD_ELEMENTS = 20_000_000  # fold an epoch's removal effects early beyond this many stored numbers
 
 
@@ -65,7 +64,7 @@ class Zonotope:
     removals: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
 
     @classmethod
-    def from_box(cls, lo: torch.Tensor, hi: torch.Tensor) -> "Zonotope":
+    def from_box(cls, lo: torch.Tensor, hi: torch.Tensor) -> Zonotope:
         """The box [lo, hi] ([C, J + 1]) as a zonotope (rounded outward)."""
         lo, hi = lo.flatten(), hi.flatten()
         mid = (lo + hi) / 2
@@ -129,8 +128,8 @@ def _interval_jacobian(step: LastLayerStep) -> tuple[torch.Tensor, torch.Tensor]
     a_hi = torch.where(diag, torch.diag_embed(step.curvature_bound), -p_lo[:, :, None] * p_lo[:, None, :])
     ll = step.hl[:, :, None] * step.hl[:, None, :]  # [m, J+1, J+1]
     hh = step.hh[:, :, None] * step.hh[:, None, :]
-    lo = (torch.einsum("bcd,bjl->cjdl", a_lo.clamp(min=0), ll) + torch.einsum("bcd,bjl->cjdl", a_lo.clamp(max=0), hh))
-    hi = (torch.einsum("bcd,bjl->cjdl", a_hi.clamp(min=0), hh) + torch.einsum("bcd,bjl->cjdl", a_hi.clamp(max=0), ll))
+    lo = torch.einsum("bcd,bjl->cjdl", a_lo.clamp(min=0), ll) + torch.einsum("bcd,bjl->cjdl", a_lo.clamp(max=0), hh)
+    hi = torch.einsum("bcd,bjl->cjdl", a_hi.clamp(min=0), hh) + torch.einsum("bcd,bjl->cjdl", a_hi.clamp(max=0), ll)
     mag = torch.einsum("bcd,bjl->cjdl", torch.maximum(a_lo.abs(), a_hi.abs()), hh)
     size = classes * step.hl.shape[1]
     slack = gamma(m + 4) * mag + m * ETA
@@ -188,8 +187,9 @@ def _reduce(generators: torch.Tensor, keep: int) -> tuple[torch.Tensor, torch.Te
     return generators[:, order[:keep]], rest * (1 + gamma(generators.shape[1]))
 
 
-def zonotope_update(z: Zonotope, step: LastLayerStep, *, k: int, lr: float, weight_decay: float,
-                    max_generators: int) -> Zonotope | None:
+def zonotope_update(
+    z: Zonotope, step: LastLayerStep, *, k: int, lr: float, weight_decay: float, max_generators: int
+) -> Zonotope | None:
     """The zonotope holding theta' for every theta in z and in the step's box, and every removal of
     up to k rows; None where the batch may be emptied (k >= m)."""
     m = step.hl.shape[0]
@@ -201,13 +201,18 @@ def zonotope_update(z: Zonotope, step: LastLayerStep, *, k: int, lr: float, weig
     # the mean-value remainder needs the Jacobian on every segment from c to a theta in the box:
     # over the box, widened to hold c where the box (an intersection) does not
     c = z.center.view(step.lo.shape)
-    segments = step if bool(((c >= step.lo) & (c <= step.hi)).all()) else \
-        enclose(step.hl, step.hh, torch.minimum(step.lo, c), torch.maximum(step.hi, c), step.onehot)
+    segments = (
+        step
+        if bool(((c >= step.lo) & (c <= step.hi)).all())
+        else enclose(step.hl, step.hh, torch.minimum(step.lo, c), torch.maximum(step.hi, c), step.onehot)
+    )
     j_lo, j_hi = _interval_jacobian(segments)
     # |theta - c| for theta in Z and in the box
     box_lo, box_hi = step.lo.flatten(), step.hi.flatten()
     dev_lo, dev_hi = z.deviation()
-    reach = torch.minimum(torch.maximum(-dev_lo, dev_hi), torch.maximum(box_hi - z.center, z.center - box_lo).clamp(min=0))
+    reach = torch.minimum(
+        torch.maximum(-dev_lo, dev_hi), torch.maximum(box_hi - z.center, z.center - box_lo).clamp(min=0)
+    )
     rho = torch.maximum((j_hi - jac).abs(), (jac - j_lo).abs()) @ reach * (1 + gamma(size + 1)) + size * ETA
     err = _float32_gradient_error(step)
     # the gradient's enclosure without the removal: mid + [-spread, spread]
@@ -219,8 +224,11 @@ def zonotope_update(z: Zonotope, step: LastLayerStep, *, k: int, lr: float, weig
     # this float64 arithmetic: step_matrix (no cancellation beyond decay + lr |J|) and the products
     bound = decay * torch.eye(size, dtype=jac.dtype, device=jac.device) + lr * jac.abs()
     moved = step_matrix @ z.generators
-    arithmetic = gamma(size + 3) * (bound @ z.generators.abs()).sum(1) \
-        + gamma(3) * (center.abs() + decay * z.center.abs() + lr * mid.abs()) + ETA * (z.generators.shape[1] + 1)
+    arithmetic = (
+        gamma(size + 3) * (bound @ z.generators.abs()).sum(1)
+        + gamma(3) * (center.abs() + decay * z.center.abs() + lr * mid.abs())
+        + ETA * (z.generators.shape[1] + 1)
+    )
     removals = []
     for offset, gens in z.removals:  # earlier removal effects of this epoch move with the step
         removals.append((step_matrix @ offset, step_matrix @ gens))
@@ -233,7 +241,9 @@ def zonotope_update(z: Zonotope, step: LastLayerStep, *, k: int, lr: float, weig
     pmax = torch.maximum(box_lo.abs(), box_hi.abs())
     gmax = torch.maximum(step.rows_lo.abs(), step.rows_hi.abs()).amax(0).flatten() + err
     r_lo, r_hi = Zonotope(center, moved, removals)._removal_hull()
-    newmax = (center.abs() + moved.abs().sum(1) + lr * spread + torch.maximum(-r_lo, r_hi)) * (1 + gamma(moved.shape[1] + 4))
+    newmax = (center.abs() + moved.abs().sum(1) + lr * spread + torch.maximum(-r_lo, r_hi)) * (
+        1 + gamma(moved.shape[1] + 4)
+    )
     rounding = update_radius(decay, lr, weight_decay, pmax, gmax, newmax)
     kept, boxed = _reduce(moved, max_generators - size)
     radius = (lr * spread + arithmetic + rounding + boxed) * (1 + 4 * U) + ETA

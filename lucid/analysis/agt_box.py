@@ -16,14 +16,13 @@ from dataclasses import replace
 
 import numpy as np
 
-from lucid.errors import LucidError
-from lucid.hyper import HyperNetwork
-from lucid.analysis.encode import EncoderInputs, encode_idp
+from lucid.analysis.encode import EncoderInputs, encode_idp, possible_targets
 from lucid.analysis.milp_tier import SolveContext, model_info, solve_once
-from lucid.analysis.encode import possible_targets
 from lucid.analysis.outcome import NodeOutcome, combine_outcome
 from lucid.analysis.problem import VerificationProblem, node_difference_bounds
 from lucid.analysis.soundness import slack
+from lucid.errors import LucidError
+from lucid.hyper import HyperNetwork
 from lucid.settings import VerifySettings
 from lucid.solvers.base import INFEASIBLE, SolverOptions
 from lucid.witness.replay import LeakWitness
@@ -33,15 +32,21 @@ def check_parameter_box_holds_networks(problem: VerificationProblem, hyper: Hype
     """The box must have the networks' shapes and contain every network of the run (N, and each
     N_-i for k >= 1): a box that misses one was not computed for these networks, and its bound
     would be about some other training."""
-    for k, (w, b) in enumerate(zip(problem.stack.weights, problem.stack.biases)):
+    for k, (w, b) in enumerate(zip(problem.stack.weights, problem.stack.biases, strict=True)):
         if hyper.w_lo[k].shape != w.shape[1:] or hyper.b_lo[k].shape != b.shape[1:]:
-            raise LucidError(f"{where}: layer {k} of the box has shape {hyper.w_lo[k].shape}, the networks "
-                             f"{w.shape[1:]}")
-        inside = (np.all(hyper.w_lo[k] <= w) and np.all(w <= hyper.w_hi[k])
-                  and np.all(hyper.b_lo[k] <= b) and np.all(b <= hyper.b_hi[k]))
+            raise LucidError(
+                f"{where}: layer {k} of the box has shape {hyper.w_lo[k].shape}, the networks {w.shape[1:]}"
+            )
+        inside = (
+            np.all(hyper.w_lo[k] <= w)
+            and np.all(w <= hyper.w_hi[k])
+            and np.all(hyper.b_lo[k] <= b)
+            and np.all(b <= hyper.b_hi[k])
+        )
         if not inside:
-            raise LucidError(f"{where}: the box does not contain the run's networks (layer {k}); "
-                             "it was not trained with them")
+            raise LucidError(
+                f"{where}: the box does not contain the run's networks (layer {k}); it was not trained with them"
+            )
 
 
 def analyse_parameter_box(
@@ -68,15 +73,19 @@ def analyse_parameter_box(
     targets = possible_targets(cls, diff.hyper)
     stats: dict = {"bounds_seconds": time.perf_counter() - t0, "targets": targets, "solves": []}
     floor = slack(known.confidence) if known is not None else -math.inf
-    model = encode_idp(EncoderInputs.for_node(problem, hyper, diff), cls, encoding, targets=targets,
-                       beta_lower=floor) if targets else None
+    model = (
+        encode_idp(EncoderInputs.for_node(problem, hyper, diff), cls, encoding, targets=targets, beta_lower=floor)
+        if targets
+        else None
+    )
     if model is None:
         # no class can beat cls in any box network; a known leak would contradict that (-> ERROR)
         return combine_outcome(-math.inf, [INFEASIBLE], known, stats, t0)
     opts = replace(solver_options, focus="bound") if known is not None else solver_options
     positions = np.zeros(0, dtype=np.int64) if loo_positions is None else np.asarray(loo_positions, dtype=np.int64)
-    bound, result, witness = solve_once(SolveContext(problem, cls, positions, settings.solver), model, opts,
-                                         known=known, floor=floor)
+    bound, result, witness = solve_once(
+        SolveContext(problem, cls, positions, settings.solver), model, opts, known=known, floor=floor
+    )
     best = max((w for w in (witness, known) if w is not None), key=lambda w: w.confidence, default=None)
     stats["solves"].append({"targets": targets, **result.to_json(), **model_info(model)})
     return combine_outcome(bound, [result.status], best, stats, t0)

@@ -15,17 +15,17 @@ import math
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from lucid.analysis.time_shares import NodeTimeShares
 from lucid.analysis.domain_lp import DomainLp
 from lucid.analysis.kept_trees import KEPT, KeptTree
 from lucid.analysis.milp_tier import FinalMilp, GroupBound, GroupPlan, NodeModels, SolveContext, final_solve
 from lucid.analysis.outcome import NodeOutcome, combine_outcome, with_leak
 from lucid.analysis.problem import VerificationProblem
 from lucid.analysis.soundness import slack
+from lucid.analysis.time_shares import NodeTimeShares
 from lucid.bounds.split_options import SplitLimits, SplitOptions
 from lucid.rundir import decode_float, encode_float
 from lucid.settings import EncodingOptions, VerifySettings, split_space_for
@@ -76,9 +76,16 @@ class _Node:
     keep_key: tuple | None
 
 
-def analyse_node(problem: VerificationProblem, cls: int, positions: np.ndarray, *,
-                 settings: VerifySettings | None = None, solver_options: SolverOptions | None = None,
-                 encoding: EncodingOptions | None = None, request: NodeRequest = NodeRequest()) -> NodeOutcome:
+def analyse_node(
+    problem: VerificationProblem,
+    cls: int,
+    positions: np.ndarray,
+    *,
+    settings: VerifySettings | None = None,
+    solver_options: SolverOptions | None = None,
+    encoding: EncodingOptions | None = None,
+    request: NodeRequest = NodeRequest(),
+) -> NodeOutcome:
     """Sound bounds on beta*_{cls,S} for the networks S at `positions` (>= 1) of the stack.
 
     `settings`: the verification's options (solver, encoder switches, search); `solver_options`:
@@ -99,7 +106,8 @@ def analyse_node(problem: VerificationProblem, cls: int, positions: np.ndarray, 
     # gains little from a second thread, on both.
     if _splits_first(settings, positions, cutoff) and (settings.split_race or solver_options.threads > 1):
         return _profiled(_raced(node, solver_options, times))
-    split, split_stats = None, {}
+    split = None
+    split_stats: dict[str, Any] = {}
     if _splits_first(settings, positions, cutoff):
         split = _split_singleton(node, SplitLimits(times.split_time, extend=times.split_extension), split_stats)
         if split.proved:  # every domain is below the cutoff: no MILP needed
@@ -112,8 +120,9 @@ def analyse_node(problem: VerificationProblem, cls: int, positions: np.ndarray, 
     return _profiled(_tighter(outcome, split, cls))
 
 
-def _milp_side(node: _Node, solver_options: SolverOptions, times: NodeTimeShares,
-               split: SplitResult | None) -> NodeOutcome:
+def _milp_side(
+    node: _Node, solver_options: SolverOptions, times: NodeTimeShares, split: SplitResult | None
+) -> NodeOutcome:
     """The node's MILP tier: its kept MILP continued, or its models built and solved per target group."""
     problem, positions, cutoff = node.problem, node.positions, node.request.cutoff
     kept = _take_kept_tree(problem, node.keep_key, cutoff)
@@ -121,8 +130,11 @@ def _milp_side(node: _Node, solver_options: SolverOptions, times: NodeTimeShares
         return _continue_kept(node, kept, solver_options, times.start)
     t_build = time.perf_counter()
     models = NodeModels.build(problem, node.cls, positions, node.encoding, node.settings.solver, cutoff)
-    stats: dict = {"networks": int(positions.size), "bounds_seconds": time.perf_counter() - t_build,
-                   "targets": models.targets}
+    stats: dict = {
+        "networks": int(positions.size),
+        "bounds_seconds": time.perf_counter() - t_build,
+        "targets": models.targets,
+    }
     if not models.targets:
         return NodeOutcome(-math.inf, None, None, None, INFEASIBLE, time.perf_counter() - times.start, stats)
     # Under a cutoff a solver-free leak only matters if it beats the class's best leak, which a
@@ -135,7 +147,9 @@ def _milp_side(node: _Node, solver_options: SolverOptions, times: NodeTimeShares
 
 
 def _split_proved(split: SplitResult, split_stats: dict, t0: float) -> NodeOutcome:
-    return NodeOutcome(split.bound, None, None, None, INFEASIBLE, time.perf_counter() - t0, {"networks": 1, **split_stats})
+    return NodeOutcome(
+        split.bound, None, None, None, INFEASIBLE, time.perf_counter() - t0, {"networks": 1, **split_stats}
+    )
 
 
 def _raced(node: _Node, solver_options: SolverOptions, times: NodeTimeShares) -> NodeOutcome:
@@ -155,14 +169,15 @@ def _raced(node: _Node, solver_options: SolverOptions, times: NodeTimeShares) ->
             box["split"] = _split_singleton(node, SplitLimits(seconds, stop), split_stats)
             if box["split"].proved:
                 stop.set()
-        except BaseException as exc:  # re-raised in the node's thread below
+        except BaseException as exc:  # noqa: BLE001 (re-raised in the node's thread below)
             box["error"] = exc
 
     thread = threading.Thread(target=split_side, name="lucid-split-race", daemon=True)
     thread.start()
     try:
-        options = dataclasses.replace(solver_options, time_limit=times.time_limit, stop=stop,
-                                      threads=max(1, solver_options.threads - 1))
+        options = dataclasses.replace(
+            solver_options, time_limit=times.time_limit, stop=stop, threads=max(1, solver_options.threads - 1)
+        )
         outcome = _milp_side(node, options, times, None)
         if outcome.status in (OPTIMAL, INFEASIBLE) or outcome.upper <= node.request.cutoff:
             stop.set()
@@ -190,16 +205,20 @@ def _profiled(outcome: NodeOutcome) -> NodeOutcome:
     root = sum(float(s["root_seconds"]) for s in solves if s.get("root_seconds") is not None)
     split = st.get("split") or {}
     st["profile"] = {
-        "total": outcome.seconds, "bounds": st.get("bounds_seconds"),
-        "split": split.get("wall_seconds"), "split_upper": split.get("upper"),
+        "total": outcome.seconds,
+        "bounds": st.get("bounds_seconds"),
+        "split": split.get("wall_seconds"),
+        "split_upper": split.get("upper"),
         "search": st.get("search_seconds"),
         "obbt": sum(float(s.get("obbt_seconds", 0.0)) for s in solves) or None,
-        "milp_root": root or None, "milp_tree": (milp - root) if solves else None,
+        "milp_root": root or None,
+        "milp_tree": (milp - root) if solves else None,
         "milp_upper": encode_float(min((decode_float(s.get("upper_bound", "inf")) for s in solves), default=math.inf)),
-        "upper": encode_float(outcome.upper), "lower": outcome.lower, "race": st.get("race"),
+        "upper": encode_float(outcome.upper),
+        "lower": outcome.lower,
+        "race": st.get("race"),
     }
     return outcome
-
 
 
 def _checked_positions(problem: VerificationProblem, positions: np.ndarray) -> np.ndarray:
@@ -246,13 +265,24 @@ def _known_leak(node: NodeModels, split: SplitResult | None, stats: dict, *, sea
         known = search_node_witness(LeakQuery(problem.stack, node.positions, node.cls, problem.lower, problem.upper))
         stats["search_seconds"] = time.perf_counter() - t_search
         stats["search_lower"] = None if known is None else known.confidence
-    if split is not None and split.witness is not None and (known is None or split.witness.confidence > known.confidence):
+    if (
+        split is not None
+        and split.witness is not None
+        and (known is None or split.witness.confidence > known.confidence)
+    ):
         known = split.witness
     return known
 
 
-def _solve_groups(node: NodeModels, times: NodeTimeShares, options: SolverOptions, known: LeakWitness | None,
-                  first_cut: bool, keep_key: tuple | None, stats: dict) -> NodeOutcome:
+def _solve_groups(
+    node: NodeModels,
+    times: NodeTimeShares,
+    options: SolverOptions,
+    known: LeakWitness | None,
+    first_cut: bool,
+    keep_key: tuple | None,
+    stats: dict,
+) -> NodeOutcome:
     """Bound the node per group of target classes (one group unless the disjunction is split):
     its bound is the largest of the groups'."""
     targets = node.targets
@@ -262,10 +292,14 @@ def _solve_groups(node: NodeModels, times: NodeTimeShares, options: SolverOption
     stats["solves"] = []
     for group in groups:
         # a witness found for all targets may not leak towards this group's targets
-        plan = GroupPlan(search=node.encoding.search and single and not first_cut, plain=first_cut,
-                         keep_key=keep_key if single else None)
-        solved = GroupBound(node, group, times.from_now(time.perf_counter()), options, known if single else None,
-                            plan).solve()
+        plan = GroupPlan(
+            search=node.encoding.search and single and not first_cut,
+            plain=first_cut,
+            keep_key=keep_key if single else None,
+        )
+        solved = GroupBound(
+            node, group, times.from_now(time.perf_counter()), options, known if single else None, plan
+        ).solve()
         if solved is None:
             continue
         bound, result, witness, info = solved
@@ -273,8 +307,9 @@ def _solve_groups(node: NodeModels, times: NodeTimeShares, options: SolverOption
         statuses.append(result.status)
         if witness is not None and (best is None or witness.confidence > best.confidence):
             best = witness
-        stats["solves"].append({"targets": group, **result.to_json(), **info,
-                                "root_seconds": result.stats.get("root_seconds")})
+        stats["solves"].append(
+            {"targets": group, **result.to_json(), **info, "root_seconds": result.stats.get("root_seconds")}
+        )
     return combine_outcome(upper, statuses, best, stats, times.start)
 
 
@@ -287,8 +322,12 @@ def _tighter(outcome: NodeOutcome, split: SplitResult | None, cls: int) -> NodeO
     if not split.bound < outcome.upper:
         return outcome
     if outcome.lower is not None and outcome.lower > split.bound:
-        log.error("UNSOUND: the ReLU-splitting bound %.9g of class %d is below a replayed witness %.9g; ignoring it",
-                  split.bound, cls, outcome.lower)
+        log.error(
+            "UNSOUND: the ReLU-splitting bound %.9g of class %d is below a replayed witness %.9g; ignoring it",
+            split.bound,
+            cls,
+            outcome.lower,
+        )
         return outcome
     return dataclasses.replace(outcome, upper=split.bound)
 
@@ -315,9 +354,17 @@ def _split_singleton(node: _Node, limits: SplitLimits, stats: dict) -> SplitResu
         lp = DomainLp(problem, cls, position, node.encoding)
         res = split_singleton(problem, cls, position, cutoff, limits, options, domain_bound=lp.bound)
         lps = lp.solved
-    stats["split"] = {"space": space, "upper": encode_float(res.bound), "proved": res.proved, "gave_up": res.gave_up,
-                      "domains": res.domains, "seconds": res.seconds, "wall_seconds": time.perf_counter() - t0,
-                      "domain_lps": lps, "lower": None if res.witness is None else res.witness.confidence}
+    stats["split"] = {
+        "space": space,
+        "upper": encode_float(res.bound),
+        "proved": res.proved,
+        "gave_up": res.gave_up,
+        "domains": res.domains,
+        "seconds": res.seconds,
+        "wall_seconds": time.perf_counter() - t0,
+        "domain_lps": lps,
+        "lower": None if res.witness is None else res.witness.confidence,
+    }
     return res
 
 
@@ -325,10 +372,13 @@ def _continue_kept(node: _Node, kept: KeptTree, options: SolverOptions, t0: floa
     """The node's retry: its kept MILP runs on from where its last time limit stopped it."""
     info = dict(kept.info, resumed=True)
     context = SolveContext(node.problem, node.cls, node.positions, node.settings.solver)
-    bound, result, witness, info = final_solve(context, FinalMilp(kept.model, kept.level, kept.bound, kept.witness),
-                                               options, info, kept.key, tree=kept.tree)
-    stats: dict = {"networks": int(node.positions.size),
-                   "solves": [{**result.to_json(), **info, "root_seconds": result.stats.get("root_seconds")}]}
+    bound, result, witness, info = final_solve(
+        context, FinalMilp(kept.model, kept.level, kept.bound, kept.witness), options, info, kept.key, tree=kept.tree
+    )
+    stats: dict = {
+        "networks": int(node.positions.size),
+        "solves": [{**result.to_json(), **info, "root_seconds": result.stats.get("root_seconds")}],
+    }
     if "tree_seconds" in result.stats:
         stats["tree_seconds"] = result.stats["tree_seconds"]
     return combine_outcome(bound, [result.status], witness, stats, t0)

@@ -20,10 +20,11 @@ import math
 
 import numpy as np
 
-from lucid.bounds.lp import dual_bound, proves_empty
-from lucid.hyper import hyper_network
 from lucid.analysis.encode import EncoderInputs, EncodingOptions, encode_idp
 from lucid.analysis.problem import VerificationProblem, node_difference_bounds
+from lucid.bounds.difference import DifferenceBounds
+from lucid.bounds.lp import dual_bound, proves_empty
+from lucid.hyper import HyperNetwork, hyper_network
 
 
 class DomainLp:
@@ -33,7 +34,8 @@ class DomainLp:
     def __init__(self, problem: VerificationProblem, cls: int, position: int, encoding: EncodingOptions) -> None:
         self.problem, self.cls, self.position, self.encoding = problem, cls, position, encoding
         self._lps: dict[int, tuple] = {}
-        self._bounds = None  # (hyper-network, difference bounds), made on first use: most networks never ask
+        # (hyper-network, difference bounds), made on first use: most networks never ask
+        self._bounds: tuple[HyperNetwork, DifferenceBounds] | None = None
         self.solved = 0
 
     def _lp(self, t: int):
@@ -59,7 +61,10 @@ class DomainLp:
         cols = model.meta["_columns"]
         lower, upper = model.col_lower.copy(), model.col_upper.copy()
         for k in range(len(sn)):
-            for pre, on, signs in ((cols["n_pre"][k], cols["n_on"][k], sn[k]), (cols["h_pre"][k], cols["h_on"][k], sp[k])):
+            for pre, on, signs in (
+                (cols["n_pre"][k], cols["n_on"][k], sn[k]),
+                (cols["h_pre"][k], cols["h_on"][k], sp[k]),
+            ):
                 up, down = signs > 0, signs < 0
                 lower[pre[up]] = np.maximum(lower[pre[up]], 0.0)
                 upper[pre[down]] = np.minimum(upper[pre[down]], 0.0)

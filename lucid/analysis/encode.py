@@ -14,18 +14,19 @@ the bias (an interval for N#).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
 from lucid.bounds.difference import DifferenceBounds
 from lucid.bounds.interval import LayerBounds, widen
 from lucid.dynamic_range import outside_band
+from lucid.hyper import HyperNetwork
 from lucid.milp.builder import ModelBuilder
 from lucid.milp.matching import ReluColumns, add_matching, add_relu_coupling, implied_post_rows
 from lucid.milp.model import MilpModel
 from lucid.milp.relax import relax_if_similar
 from lucid.milp.relu import encode_relu, stability
-from lucid.hyper import HyperNetwork
 from lucid.settings import EncodingOptions
 
 
@@ -45,12 +46,21 @@ class EncoderInputs:
     margin_upper: np.ndarray | None = None
 
     @classmethod
-    def for_node(cls, problem, hyper: HyperNetwork, diff: DifferenceBounds,
-                 n_bounds: LayerBounds | None = None) -> "EncoderInputs":
+    def for_node(
+        cls, problem, hyper: HyperNetwork, diff: DifferenceBounds, n_bounds: LayerBounds | None = None
+    ) -> EncoderInputs:
         """A `VerificationProblem`'s N, box and margin bounds with a node's hyper-network and
         difference bounds; n_bounds: N's bounds (tightened for the node), the problem's by default."""
-        return cls(problem.n_weights, problem.n_biases, problem.n_bounds if n_bounds is None else n_bounds, hyper,
-                   diff, problem.lower, problem.upper, problem.margin_upper)
+        return cls(
+            problem.n_weights,
+            problem.n_biases,
+            problem.n_bounds if n_bounds is None else n_bounds,
+            hyper,
+            diff,
+            problem.lower,
+            problem.upper,
+            problem.margin_upper,
+        )
 
 
 @dataclass
@@ -64,12 +74,14 @@ class _Build:
     options: EncodingOptions
     relax_all: bool
     stats: dict
-    cols: dict = field(default_factory=lambda: {"n_pre": [], "h_pre": [], "n_post": [], "h_post": [], "n_on": [],
-                                                "h_on": []})
+    cols: dict = field(
+        default_factory=lambda: {"n_pre": [], "h_pre": [], "n_post": [], "h_post": [], "n_on": [], "h_on": []}
+    )
 
 
-def _affine_rows(b: ModelBuilder, out_cols: np.ndarray, in_cols: np.ndarray, w: np.ndarray, lo, hi,
-                 name: str) -> np.ndarray:
+def _affine_rows(
+    b: ModelBuilder, out_cols: np.ndarray, in_cols: np.ndarray, w: np.ndarray, lo, hi, name: str
+) -> np.ndarray:
     """Rows lo <= out - w @ in <= hi; returns their indices."""
     n = len(out_cols)
     cols = np.concatenate([out_cols[:, None], np.broadcast_to(in_cols, (n, len(in_cols)))], 1)
@@ -88,8 +100,15 @@ def possible_targets(cls: int, hyper_bounds: LayerBounds) -> list[int]:
     return [t for t in range(len(lo)) if t != cls and hi[t] - lo[cls] >= 0]
 
 
-def encode_idp(inputs: EncoderInputs, cls: int, options: EncodingOptions, *, targets: list[int] | None = None,
-               relax_all: bool = False, beta_lower: float = -np.inf) -> MilpModel | None:
+def encode_idp(
+    inputs: EncoderInputs,
+    cls: int,
+    options: EncodingOptions,
+    *,
+    targets: list[int] | None = None,
+    relax_all: bool = False,
+    beta_lower: float = -np.inf,
+) -> MilpModel | None:
     """The MILP of Eq. 3, or None when no target class is possible (beta* = -inf).
 
     `targets` restricts the disjunction to these classes of N# (one sub-problem per target when
@@ -107,8 +126,14 @@ def encode_idp(inputs: EncoderInputs, cls: int, options: EncodingOptions, *, tar
         beta_lower = beta_lower / scale
     b = ModelBuilder()
     x, offset, shift = _input_domain(b, inputs.lower, inputs.upper)
-    stats = {"exact_hyper": inputs.hyper.exact, "shifted": shift, "binaries_n": 0, "binaries_hyper": 0, "relaxed": 0,
-             "md_rows": 0}
+    stats: dict[str, Any] = {
+        "exact_hyper": inputs.hyper.exact,
+        "shifted": shift,
+        "binaries_n": 0,
+        "binaries_hyper": 0,
+        "relaxed": 0,
+        "md_rows": 0,
+    }
     build = _Build(b, inputs, options, relax_all, stats)
     scores, scores_h, defined = _layers(build, x, offset)
     beta = _objective(b, inputs.n_bounds, cls, inputs.margin_upper, beta_lower)
@@ -143,8 +168,9 @@ def score_scale(n_bounds: LayerBounds, diff: DifferenceBounds) -> float:
 
 
 def _scaled_last(bounds: LayerBounds, factor: float) -> LayerBounds:
-    return LayerBounds(list(bounds.lower[:-1]) + [bounds.lower[-1] * factor],
-                       list(bounds.upper[:-1]) + [bounds.upper[-1] * factor])
+    return LayerBounds(
+        list(bounds.lower[:-1]) + [bounds.lower[-1] * factor], list(bounds.upper[:-1]) + [bounds.upper[-1] * factor]
+    )
 
 
 def _scaled_scores(inputs: EncoderInputs, scale: float) -> EncoderInputs:
@@ -153,13 +179,24 @@ def _scaled_scores(inputs: EncoderInputs, scale: float) -> EncoderInputs:
     weights, biases, hyper, diff = inputs.weights, inputs.biases, inputs.hyper, inputs.diff
     weights = list(weights[:-1]) + [weights[-1] * factor]
     biases = list(biases[:-1]) + [biases[-1] * factor]
-    hyper = HyperNetwork(list(hyper.w_lo[:-1]) + [hyper.w_lo[-1] * factor], list(hyper.w_hi[:-1]) + [hyper.w_hi[-1] * factor],
-                         list(hyper.b_lo[:-1]) + [hyper.b_lo[-1] * factor], list(hyper.b_hi[:-1]) + [hyper.b_hi[-1] * factor],
-                         hyper.positions)
+    hyper = HyperNetwork(
+        list(hyper.w_lo[:-1]) + [hyper.w_lo[-1] * factor],
+        list(hyper.w_hi[:-1]) + [hyper.w_hi[-1] * factor],
+        list(hyper.b_lo[:-1]) + [hyper.b_lo[-1] * factor],
+        list(hyper.b_hi[:-1]) + [hyper.b_hi[-1] * factor],
+        hyper.positions,
+    )
     diff = DifferenceBounds(_scaled_last(diff.pre, factor), diff.post, _scaled_last(diff.hyper, factor))
     margin_upper = None if inputs.margin_upper is None else inputs.margin_upper / scale
-    return replace(inputs, weights=weights, biases=biases, n_bounds=_scaled_last(inputs.n_bounds, factor), hyper=hyper,
-                   diff=diff, margin_upper=margin_upper)
+    return replace(
+        inputs,
+        weights=weights,
+        biases=biases,
+        n_bounds=_scaled_last(inputs.n_bounds, factor),
+        hyper=hyper,
+        diff=diff,
+        margin_upper=margin_upper,
+    )
 
 
 def _input_domain(b: ModelBuilder, lower: np.ndarray, upper: np.ndarray) -> tuple[np.ndarray, np.ndarray, bool]:
@@ -172,8 +209,9 @@ def _input_domain(b: ModelBuilder, lower: np.ndarray, upper: np.ndarray) -> tupl
     return b.add_vars(len(lower), lower - offset, upper - offset, "x"), offset, shift
 
 
-def _shifted_biases(weights: list[np.ndarray], biases: list[np.ndarray], hyper: HyperNetwork,
-                    offset: np.ndarray) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
+def _shifted_biases(
+    weights: list[np.ndarray], biases: list[np.ndarray], hyper: HyperNetwork, offset: np.ndarray
+) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
     """Layer 0's biases after the shift x = offset + x': N's, and N#'s interval (one point when
     N# is a single network), widened by the rounding of the interval products."""
     n_b0 = biases[0] + weights[0] @ offset
@@ -216,15 +254,22 @@ def _layers(build: _Build, x: np.ndarray, offset: np.ndarray) -> tuple[np.ndarra
     raise ValueError("a network needs at least one layer")
 
 
-def _network_affine(b: ModelBuilder, k: int, z: np.ndarray, w: np.ndarray, bias: np.ndarray,
-                    n_bounds: LayerBounds) -> tuple[np.ndarray, np.ndarray]:
+def _network_affine(
+    b: ModelBuilder, k: int, z: np.ndarray, w: np.ndarray, bias: np.ndarray, n_bounds: LayerBounds
+) -> tuple[np.ndarray, np.ndarray]:
     """3d: N's pre-activations zhat_k = W_k z_{k-1} + b_k (equality rows), bounded by N's bounds."""
     zhat = b.add_vars(len(n_bounds.lower[k]), n_bounds.lower[k], n_bounds.upper[k], f"n{k}.zhat")
     return zhat, _affine_rows(b, zhat, z, w, bias, bias, f"n{k}.aff")
 
 
-def _hyper_affine(b: ModelBuilder, k: int, zh: np.ndarray, hyper: HyperNetwork, bias: tuple[np.ndarray, np.ndarray],
-                  diff: DifferenceBounds) -> tuple[np.ndarray, np.ndarray | None]:
+def _hyper_affine(
+    b: ModelBuilder,
+    k: int,
+    zh: np.ndarray,
+    hyper: HyperNetwork,
+    bias: tuple[np.ndarray, np.ndarray],
+    diff: DifferenceBounds,
+) -> tuple[np.ndarray, np.ndarray | None]:
     """3e: N#'s pre-activations between the interval weights' sums (two inequalities), or one
     equality row per neuron when N# is a single network; bias: (lower, upper). Returns the columns
     and, for a single network, its equality rows."""
@@ -237,8 +282,12 @@ def _hyper_affine(b: ModelBuilder, k: int, zh: np.ndarray, hyper: HyperNetwork, 
     return zhat_h, None
 
 
-def _substitutable(inputs: EncoderInputs, defined: tuple[list, list], n_pre: tuple[np.ndarray, np.ndarray],
-                   h_pre: tuple[np.ndarray, np.ndarray | None]) -> None:
+def _substitutable(
+    inputs: EncoderInputs,
+    defined: tuple[list, list],
+    n_pre: tuple[np.ndarray, np.ndarray],
+    h_pre: tuple[np.ndarray, np.ndarray | None],
+) -> None:
     """Layer 0's unstable pre-activations of N (and of N# when it is a single network) with the
     equality rows that define them (n_pre, h_pre: the columns and their rows): a backend may
     substitute them out (`lucid.solvers.compact`)."""
@@ -286,14 +335,17 @@ def _post_matching(build: _Build, k: int, layer: ReluColumns) -> None:
         implied = None
         if options.md_pre:  # the coupling's implication needs dhat's interval as a row
             both_off = stability(n_bounds.lower[k], n_bounds.upper[k])[1] & stability(hl, hu)[1]
-            implied = implied_post_rows(diff.pre.lower[k], diff.pre.upper[k], diff.post.lower[k], diff.post.upper[k],
-                                        coupled, both_off)
-        stats["md_rows"] += add_matching(b, layer.z, layer.z_hyper, diff.post.lower[k], diff.post.upper[k],
-                                         f"md{k}.post", implied=implied)
+            implied = implied_post_rows(
+                diff.pre.lower[k], diff.pre.upper[k], diff.post.lower[k], diff.post.upper[k], coupled, both_off
+            )
+        stats["md_rows"] += add_matching(
+            b, layer.z, layer.z_hyper, diff.post.lower[k], diff.post.upper[k], f"md{k}.post", implied=implied
+        )
 
 
-def _objective(b: ModelBuilder, n_bounds: LayerBounds, cls: int, margin_upper: np.ndarray | None,
-               beta_lower: float) -> int:
+def _objective(
+    b: ModelBuilder, n_bounds: LayerBounds, cls: int, margin_upper: np.ndarray | None, beta_lower: float
+) -> int:
     """3a: maximise beta. Its column is bounded above by N's smallest margin bound and below by
     the larger of `beta_lower` and the smallest value C_N^c can take: beta* >= min over the
     domain of C_N^c whenever the node is feasible, so that finite floor never cuts off the
@@ -325,8 +377,9 @@ def _confidence(b: ModelBuilder, beta: int, scores: np.ndarray, cls: int) -> Non
     )
 
 
-def _leak_disjunction(b: ModelBuilder, scores_h: np.ndarray, cls: int, targets: list[int], hyper_bounds: LayerBounds,
-                      stats: dict) -> None:
+def _leak_disjunction(
+    b: ModelBuilder, scores_h: np.ndarray, cls: int, targets: list[int], hyper_bounds: LayerBounds, stats: dict
+) -> None:
     """3c, N# does not predict c: s#_t >= s#_c for some target t. One row for a single target;
     otherwise one binary q_t per target, sum q >= 1 and s#_t - s#_c >= gap_t (1 - q_t), gap_t < 0
     a lower bound of s#_t - s#_c. When some target always beats c in N#, the disjunction holds
@@ -342,5 +395,10 @@ def _leak_disjunction(b: ModelBuilder, scores_h: np.ndarray, cls: int, targets: 
         stats["binaries_out"] = len(targets)
         b.add_rows(q[None, :], np.ones((1, len(targets))), 1.0, np.inf, "leak.any")
         tcols = scores_h[targets]
-        b.add_rows(np.stack([tcols, np.full(len(targets), scores_h[cls]), q], 1),
-                   np.stack([np.ones(len(targets)), -np.ones(len(targets)), gaps], 1), gaps, np.inf, "leak")
+        b.add_rows(
+            np.stack([tcols, np.full(len(targets), scores_h[cls]), q], 1),
+            np.stack([np.ones(len(targets)), -np.ones(len(targets)), gaps], 1),
+            gaps,
+            np.inf,
+            "leak",
+        )

@@ -20,19 +20,19 @@ import numpy as np
 # solve and climb are looked up through their modules at call time, so a test can count them.
 import lucid.solvers as solvers
 import lucid.witness.replay as replay
+from lucid.analysis.encode import EncoderInputs, encode_idp, possible_targets
+from lucid.analysis.kept_trees import KEPT, KeptTree
+from lucid.analysis.problem import VerificationProblem, node_difference_bounds
+from lucid.analysis.soundness import contradicts, retry_other, slack, solve_checked, user_bound
+from lucid.analysis.time_shares import NodeTimeShares
 from lucid.bounds.difference import DifferenceBounds
 from lucid.bounds.interval import FP_REL, LayerBounds
 from lucid.bounds.obbt import tighten_node_bounds
 from lucid.hyper import HyperNetwork, hyper_network
 from lucid.milp.model import MilpModel
-from lucid.analysis.time_shares import NodeTimeShares
-from lucid.analysis.encode import EncoderInputs, encode_idp, possible_targets
-from lucid.analysis.kept_trees import KEPT, KeptTree
-from lucid.analysis.problem import VerificationProblem, node_difference_bounds
-from lucid.analysis.soundness import contradicts, retry_other, slack, solve_checked, user_bound
 from lucid.rundir import encode_float
 from lucid.settings import EncodingOptions
-from lucid.solvers.base import ERROR, INFEASIBLE, OPTIMAL, TIME_LIMIT, SolveResult, SolverOptions
+from lucid.solvers.base import ERROR, INFEASIBLE, OPTIMAL, TIME_LIMIT, KeptSolve, SolveResult, SolverOptions
 from lucid.witness.replay import LeakWitness, find_leak
 
 log = logging.getLogger(__name__)
@@ -92,17 +92,37 @@ class NodeModels:
     cutoff: float
 
     @classmethod
-    def build(cls, problem: VerificationProblem, c: int, positions: np.ndarray, encoding: EncodingOptions,
-              solver: str, cutoff: float) -> "NodeModels":
+    def build(
+        cls,
+        problem: VerificationProblem,
+        c: int,
+        positions: np.ndarray,
+        encoding: EncodingOptions,
+        solver: str,
+        cutoff: float,
+    ) -> NodeModels:
         hyper = hyper_network(problem.stack, positions)
         diff = node_difference_bounds(problem, hyper, positions if encoding.symbolic else None)
         return cls(problem, c, positions, hyper, diff, possible_targets(c, diff.hyper), encoding, solver, cutoff)
 
-    def encode(self, group: list[int], n_bounds: LayerBounds, diff: DifferenceBounds, *, relax_all: bool = False,
-               beta_lower: float = -math.inf) -> MilpModel | None:
+    def encode(
+        self,
+        group: list[int],
+        n_bounds: LayerBounds,
+        diff: DifferenceBounds,
+        *,
+        relax_all: bool = False,
+        beta_lower: float = -math.inf,
+    ) -> MilpModel | None:
         """Eq. 3 for the targets `group` over the (tightened) bounds (None: N# can reach none of them)."""
-        return encode_idp(EncoderInputs.for_node(self.problem, self.hyper, diff, n_bounds), self.cls, self.encoding,
-                          targets=group, relax_all=relax_all, beta_lower=beta_lower)
+        return encode_idp(
+            EncoderInputs.for_node(self.problem, self.hyper, diff, n_bounds),
+            self.cls,
+            self.encoding,
+            targets=group,
+            relax_all=relax_all,
+            beta_lower=beta_lower,
+        )
 
     @property
     def context(self) -> SolveContext:
@@ -135,8 +155,15 @@ class GroupBound:
     singletons, which get it on their retry (figures in benchmarks/results/idle_machine.md).
     """
 
-    def __init__(self, node: NodeModels, group: list[int], times: NodeTimeShares, options: SolverOptions,
-                 known: LeakWitness | None, plan: GroupPlan) -> None:
+    def __init__(
+        self,
+        node: NodeModels,
+        group: list[int],
+        times: NodeTimeShares,
+        options: SolverOptions,
+        known: LeakWitness | None,
+        plan: GroupPlan,
+    ) -> None:
         self.node, self.group, self.times = node, group, times
         self.options = dataclasses.replace(options, time_limit=times.time_limit)
         self.witness = known  # the best replayed leak so far: the models are restricted above it
@@ -158,8 +185,13 @@ class GroupBound:
                 if finished is not None:
                     return finished
             t_obbt = time.perf_counter()
-            tightened = tighten_node_bounds(lambda nb, d: self._encode(nb, d, relax_all=True), n_b, df,
-                                            deadline=self.times.tightening_deadline, hyper_lp=not self.node.hyper.exact)
+            tightened = tighten_node_bounds(
+                lambda nb, d: self._encode(nb, d, relax_all=True),
+                n_b,
+                df,
+                deadline=self.times.tightening_deadline,
+                hyper_lp=not self.node.hyper.exact,
+            )
             self.info["obbt_seconds"] = time.perf_counter() - t_obbt
             if tightened is not None:
                 n_b, df = tightened
@@ -188,8 +220,9 @@ class GroupBound:
         return self.node.encode(self.group, n_b, df, relax_all=relax_all, beta_lower=self.level())
 
     def _climb_from_relaxation(self, n_b: LayerBounds, df: DifferenceBounds) -> None:
-        found = relaxation_witness(self.node, self.group, n_b, df, max(self._lower(), self.node.cutoff),
-                                   self.times.climb_time)
+        found = relaxation_witness(
+            self.node, self.group, n_b, df, max(self._lower(), self.node.cutoff), self.times.climb_time
+        )
         if self._take(found):
             self.info["relaxation_lower"] = found.confidence
 
@@ -201,8 +234,9 @@ class GroupBound:
             self.info["plain"] = True
         else:
             options = dataclasses.replace(self.options, time_limit=self.times.probe_time)
-        self.bound, result, found = solve_once(self.node.context, model, options, known=self.witness,
-                                               floor=self.level())
+        self.bound, result, found = solve_once(
+            self.node.context, model, options, known=self.witness, floor=self.level()
+        )
         self._take(found)
         self.info["probe_bound"] = encode_float(self.bound)
         if result.status in (OPTIMAL, INFEASIBLE) or self.plain:
@@ -236,17 +270,31 @@ class GroupBound:
         self.info.update(model_info(model))
         options = self.options
         if self.witness is not None and self.witness.confidence >= self.node.cutoff:
-            options = dataclasses.replace(options, focus="bound")  # the lower bound is known: spend the time on the dual
+            options = dataclasses.replace(
+                options, focus="bound"
+            )  # the lower bound is known: spend the time on the dual
         options = dataclasses.replace(options, time_limit=self.times.seconds_left(time.perf_counter()))
         if self.keep_key is not None:
             self.info["targets"] = list(self.group)
-        return final_solve(self.node.context, FinalMilp(model, self.level(), self.bound, self.witness), options,
-                           self.info, self.keep_key)
+        return final_solve(
+            self.node.context,
+            FinalMilp(model, self.level(), self.bound, self.witness),
+            options,
+            self.info,
+            self.keep_key,
+        )
 
 
-def solve_once(context: SolveContext, model: MilpModel, opts: SolverOptions, *, known: LeakWitness | None = None,
-               floor: float = -math.inf, keep: bool = False,
-               tree: object | None = None) -> tuple[float, SolveResult, LeakWitness | None]:
+def solve_once(
+    context: SolveContext,
+    model: MilpModel,
+    opts: SolverOptions,
+    *,
+    known: LeakWitness | None = None,
+    floor: float = -math.inf,
+    keep: bool = False,
+    tree: KeptSolve | None = None,
+) -> tuple[float, SolveResult, LeakWitness | None]:
     """Solve, add the safety margin, replay the witness; a bound below the replayed witness or a
     `known` one (HiGHS once fell 1.3e-5 below a searched witness after root cuts, with no
     incumbent of its own) is a solver failure and the model goes to another backend.
@@ -257,12 +305,17 @@ def solve_once(context: SolveContext, model: MilpModel, opts: SolverOptions, *, 
     bound = max(user_bound(result, model), floor)
     witness = None
     if result.solution is not None and len(positions):  # a box verification may have no networks to replay on
-        witness = find_leak(problem.stack, positions, model.witness_input(result.solution), cls, problem.lower, problem.upper)
+        witness = find_leak(
+            problem.stack, positions, model.witness_input(result.solution), cls, problem.lower, problem.upper
+        )
     strongest = max((w for w in (witness, known) if w is not None), key=lambda w: w.confidence, default=None)
     if contradicts(bound, strongest):
         log.error(
             "UNSOUND: %s proved %.9g for class %d but a replayed witness reaches %.9g; retrying with other solvers",
-            result.solver, bound, cls, strongest.confidence,
+            result.solver,
+            bound,
+            cls,
+            strongest.confidence,
         )
         if result.tree is not None:
             result.tree.release()
@@ -271,18 +324,29 @@ def solve_once(context: SolveContext, model: MilpModel, opts: SolverOptions, *, 
     return bound, result, witness
 
 
-def final_solve(context: SolveContext, final: FinalMilp, opts: SolverOptions, info: dict, keep_key: tuple | None,
-                tree: object | None = None) -> GroupResult:
+def final_solve(
+    context: SolveContext,
+    final: FinalMilp,
+    opts: SolverOptions,
+    info: dict,
+    keep_key: tuple | None,
+    tree: KeptSolve | None = None,
+) -> GroupResult:
     """The node's last MILP (or the continuation of its kept `tree`); with `keep_key` a time-limited
     one is kept in this process for the node's next retry."""
     model, level, bound, witness = final.model, final.level, final.bound, final.witness
-    bound2, result2, witness2 = solve_once(context, model, opts, known=witness, floor=level,
-                                           keep=keep_key is not None, tree=tree)
+    bound2, result2, witness2 = solve_once(
+        context, model, opts, known=witness, floor=level, keep=keep_key is not None, tree=tree
+    )
     if witness2 is not None and (witness is None or witness2.confidence > witness.confidence):
         witness = witness2
     best_bound = min(bound, bound2)
     if contradicts(best_bound, witness):
-        log.error("UNSOUND: bound %.9g is below a replayed witness %.9g; claiming nothing for this node", best_bound, witness.confidence)
+        log.error(
+            "UNSOUND: bound %.9g is below a replayed witness %.9g; claiming nothing for this node",
+            best_bound,
+            witness.confidence,
+        )
         result2.status, best_bound = ERROR, math.inf
     result2.upper_bound = best_bound
     if result2.tree is not None:
@@ -303,8 +367,9 @@ def no_targets(witness: LeakWitness | None, info: dict) -> GroupResult | None:
     return None
 
 
-def relaxation_witness(node: NodeModels, group: list[int], n_b: LayerBounds, df: DifferenceBounds, lb: float,
-                       time_limit: float) -> LeakWitness | None:
+def relaxation_witness(
+    node: NodeModels, group: list[int], n_b: LayerBounds, df: DifferenceBounds, lb: float, time_limit: float
+) -> LeakWitness | None:
     """A leak found by climbing from the optimum of the node's LP relaxation.
 
     The relaxation's maximiser of beta is a cheap, well-aimed start: it lies where the
@@ -317,7 +382,7 @@ def relaxation_witness(node: NodeModels, group: list[int], n_b: LayerBounds, df:
     relaxed = dataclasses.replace(model, integrality=np.zeros_like(model.integrality))
     try:
         result = solvers.solve(relaxed, "highs", SolverOptions(time_limit=time_limit))
-    except Exception as exc:  # only a heuristic: never let it fail the node
+    except Exception as exc:  # noqa: BLE001 (only a heuristic: never let it fail the node)
         log.info("relaxation witness skipped: %s", exc)
         return None
     if result.solution is None:
@@ -329,5 +394,8 @@ def relaxation_witness(node: NodeModels, group: list[int], n_b: LayerBounds, df:
 
 def model_info(model: MilpModel) -> dict:
     """The model's size and the encoder's counts, for the node's stats."""
-    return {"cols": model.num_cols, "rows": model.num_rows,
-            **{k: v for k, v in model.meta.items() if k != "targets" and not k.startswith("_")}}
+    return {
+        "cols": model.num_cols,
+        "rows": model.num_rows,
+        **{k: v for k, v in model.meta.items() if k != "targets" and not k.startswith("_")},
+    }

@@ -37,7 +37,15 @@ class NodeOutcome:
 def combine_outcome(upper: float, statuses: list[str], best: LeakWitness | None, stats: dict, t0: float) -> NodeOutcome:
     if not statuses:
         return NodeOutcome(-math.inf, None, None, None, INFEASIBLE, time.perf_counter() - t0, stats)
-    status = ERROR if ERROR in statuses else TIME_LIMIT if TIME_LIMIT in statuses else OPTIMAL if OPTIMAL in statuses else INFEASIBLE
+    status = (
+        ERROR
+        if ERROR in statuses
+        else TIME_LIMIT
+        if TIME_LIMIT in statuses
+        else OPTIMAL
+        if OPTIMAL in statuses
+        else INFEASIBLE
+    )
     if contradicts(upper, best):
         # every retry failed to produce a consistent bound: claim nothing for this node
         upper, status = math.inf, ERROR
@@ -59,15 +67,20 @@ def combine_outcome(upper: float, statuses: list[str], best: LeakWitness | None,
 def wants_targeted_search(outcome: NodeOutcome, positions: np.ndarray) -> bool:
     """A small node that can leak and has no witness yet (an optimal witness is as good as any
     search; an infeasible node has nothing above the cutoff)."""
-    return (len(positions) <= SEARCH_MAX_NETWORKS and outcome.upper > -math.inf and outcome.status != INFEASIBLE
-            and (outcome.status != OPTIMAL or outcome.lower is None))
+    return (
+        len(positions) <= SEARCH_MAX_NETWORKS
+        and outcome.upper > -math.inf
+        and outcome.status != INFEASIBLE
+        and (outcome.status != OPTIMAL or outcome.lower is None)
+    )
 
 
 def with_targeted_search(problem, cls: int, positions: np.ndarray, outcome: NodeOutcome) -> NodeOutcome:
     """`outcome` with the best leak a search aimed at the node's networks finds, if it is better."""
     t0 = time.perf_counter()
-    found = witness_search.search_class_witness(problem, cls, np.asarray(positions), points=problem.points,
-                                                effort=witness_search.TARGETED_SEARCH)
+    found = witness_search.search_class_witness(
+        problem, cls, np.asarray(positions), points=problem.points, effort=witness_search.TARGETED_SEARCH
+    )
     stats = dict(outcome.stats or {})
     stats["search_seconds"] = time.perf_counter() - t0
     stats["search_lower"] = None if found is None else float(found.confidence)
@@ -82,9 +95,17 @@ def with_leak(outcome: NodeOutcome, found: LeakWitness | None, cls: int) -> Node
         return outcome
     upper, status, stats = outcome.upper, outcome.status, outcome.stats
     if contradicts(upper, found):
-        log.error("UNSOUND node bound for class %d: %.9g < replayed witness %.9g; bound dropped",
-                  cls, upper, found.confidence)
+        log.error(
+            "UNSOUND node bound for class %d: %.9g < replayed witness %.9g; bound dropped", cls, upper, found.confidence
+        )
         stats = {**(stats or {}), "unsound_bound": float(upper)}
         upper, status = math.inf, ERROR
-    return dataclasses.replace(outcome, upper=upper, status=status, lower=float(found.confidence),
-                               witness=found.x, leaking_row=found.leaking_row, stats=stats)
+    return dataclasses.replace(
+        outcome,
+        upper=upper,
+        status=status,
+        lower=float(found.confidence),
+        witness=found.x,
+        leaking_row=found.leaking_row,
+        stats=stats,
+    )

@@ -13,15 +13,15 @@ from pathlib import Path
 
 import numpy as np
 
+from lucid.analysis.scaling import hidden_scales, rescale_stack
 from lucid.atomic import write_atomic
 from lucid.bounds.difference import DifferenceBounds, WeightIntervals, difference_bounds, intersect_differences
 from lucid.bounds.interval import LayerBounds, interval_bounds, interval_margin_upper
 from lucid.bounds.pair import PairProblem
+from lucid.dynamic_range import check_dynamic_range
 from lucid.errors import LucidError
 from lucid.hyper import HyperNetwork, stack_hull
 from lucid.network import NetworkStack
-from lucid.analysis.scaling import hidden_scales, rescale_stack
-from lucid.dynamic_range import check_dynamic_range
 from lucid.network_cache import mapped_networks
 from lucid.settings import BOUND_METHODS
 
@@ -55,14 +55,16 @@ class VerificationProblem:
         return [b[0] for b in self.stack.biases]
 
     @classmethod
-    def from_stack(cls, stack: NetworkStack, lower: np.ndarray, upper: np.ndarray, bounds: str = "lp") -> "VerificationProblem":
+    def from_stack(
+        cls, stack: NetworkStack, lower: np.ndarray, upper: np.ndarray, bounds: str = "lp"
+    ) -> VerificationProblem:
         lower, upper = _check_domain(stack, lower, upper)
         stack, scales = _rescaled(stack, lower, upper)
         n_bounds, margin = compute_n_bounds(stack, lower, upper, bounds)
         return cls(stack, lower, upper, n_bounds, margin, bounds, neuron_scales=scales)
 
     @classmethod
-    def from_run(cls, run, bounds: str = "lp", with_points: bool = False) -> "VerificationProblem":
+    def from_run(cls, run, bounds: str = "lp", with_points: bool = False) -> VerificationProblem:
         """Load the run's networks and N's bounds (cached in RUN/cache/, keyed by content);
         `with_points`: also the training inputs, for the witness search."""
         points = None
@@ -82,9 +84,17 @@ class VerificationProblem:
             try:
                 with np.load(path, allow_pickle=False) as npz:
                     arrays = {k: npz[k] for k in npz.files}
-                return cls(stack, lower, upper, LayerBounds.from_arrays(arrays, L), arrays["margin_upper"], bounds, points,
-                           scales)
-            except Exception:  # a corrupt cache is recomputed, never trusted
+                return cls(
+                    stack,
+                    lower,
+                    upper,
+                    LayerBounds.from_arrays(arrays, L),
+                    arrays["margin_upper"],
+                    bounds,
+                    points,
+                    scales,
+                )
+            except Exception:  # noqa: BLE001 (a corrupt cache is recomputed, never trusted)
                 log.warning("ignoring unreadable cache file %s", path)
         n_bounds, margin = compute_n_bounds(stack, lower, upper, bounds)
         try:
@@ -98,7 +108,10 @@ class VerificationProblem:
             log.warning("cannot cache N's bounds in %s: %s", path, exc)
         return cls(stack, lower, upper, n_bounds, margin, bounds, points, scales)
 
-def _rescaled(stack: NetworkStack, lower: np.ndarray, upper: np.ndarray) -> tuple[NetworkStack, list[np.ndarray] | None]:
+
+def _rescaled(
+    stack: NetworkStack, lower: np.ndarray, upper: np.ndarray
+) -> tuple[NetworkStack, list[np.ndarray] | None]:
     """The stack with extreme hidden neurons rescaled by powers of two (the same functions, exactly),
     after the entry guard on its dynamic range; unchanged (memory-mapped) for ordinary networks."""
     hull = stack_hull(stack)  # one pass over every network, without a copy
@@ -108,6 +121,7 @@ def _rescaled(stack: NetworkStack, lower: np.ndarray, upper: np.ndarray) -> tupl
         return stack, None
     log.info("hidden neurons of extreme magnitude rescaled by powers of two (the same networks exactly)")
     return rescale_stack(stack, scales), scales
+
 
 def _check_domain(stack: NetworkStack, lower, upper) -> tuple[np.ndarray, np.ndarray]:
     lower = np.asarray(lower, dtype=np.float64)
@@ -119,13 +133,17 @@ def _check_domain(stack: NetworkStack, lower, upper) -> tuple[np.ndarray, np.nda
         raise LucidError("the domain must be a finite box with lower <= upper")
     return lower, upper
 
+
 def _cache_key(stack: NetworkStack, lower: np.ndarray, upper: np.ndarray, bounds: str) -> str:
     h = hashlib.sha256(bounds.encode())
     for arr in [*(w[0] for w in stack.weights), *(b[0] for b in stack.biases), lower, upper]:
         h.update(np.ascontiguousarray(arr, dtype=np.float64).tobytes())
     return h.hexdigest()[:16]
 
-def compute_n_bounds(stack: NetworkStack, lower: np.ndarray, upper: np.ndarray, method: str = "lp") -> tuple[LayerBounds, np.ndarray]:
+
+def compute_n_bounds(
+    stack: NetworkStack, lower: np.ndarray, upper: np.ndarray, method: str = "lp"
+) -> tuple[LayerBounds, np.ndarray]:
     """N's pre-activation bounds and the [C, C] margin bounds by `method` ("interval" | "lp")."""
     if method not in BOUND_METHODS:
         raise LucidError(f"unknown bound method {method!r}; valid: {', '.join(BOUND_METHODS)}")
@@ -139,16 +157,19 @@ def compute_n_bounds(stack: NetworkStack, lower: np.ndarray, upper: np.ndarray, 
     nb = lp_bounds(w, b, lower, upper)
     return nb, lp_margin_upper(w, b, lower, upper, nb)
 
-def node_difference_bounds(problem: VerificationProblem, hyper: HyperNetwork,
-                           positions: np.ndarray | None = None) -> DifferenceBounds:
+
+def node_difference_bounds(
+    problem: VerificationProblem, hyper: HyperNetwork, positions: np.ndarray | None = None
+) -> DifferenceBounds:
     """The difference intervals of a node's hyper-network (interval propagation); with `positions`
     (the node's networks) intersected with the hull of each network's symbolic intervals.
 
     The hull is not a bound over every weight vector of the hyper-network's box, only over its
     member networks; that is all the MILP needs, since only the members' trajectories must stay
     feasible (the same argument as for the matching dependencies)."""
-    diff = difference_bounds(problem.n_weights, problem.n_biases, WeightIntervals.of(hyper), problem.n_bounds,
-                             problem.lower, problem.upper)
+    diff = difference_bounds(
+        problem.n_weights, problem.n_biases, WeightIntervals.of(hyper), problem.n_bounds, problem.lower, problem.upper
+    )
     if positions is None:
         return diff
     from lucid.bounds.symbolic import difference_intervals
@@ -156,10 +177,17 @@ def node_difference_bounds(problem: VerificationProblem, hyper: HyperNetwork,
     positions = np.asarray(positions, dtype=np.int64)
     pre = hyp = None
     for start in range(0, len(positions), SYMBOLIC_CHUNK):  # chunks bound the memory of the pass
-        chunk = positions[start:start + SYMBOLIC_CHUNK]
-        pair = PairProblem(problem.n_weights, problem.n_biases, [w[chunk] for w in problem.stack.weights],
-                           [b[chunk] for b in problem.stack.biases], problem.n_bounds.lower, problem.n_bounds.upper,
-                           problem.lower, problem.upper)
+        chunk = positions[start : start + SYMBOLIC_CHUNK]
+        pair = PairProblem(
+            problem.n_weights,
+            problem.n_biases,
+            [w[chunk] for w in problem.stack.weights],
+            [b[chunk] for b in problem.stack.biases],
+            problem.n_bounds.lower,
+            problem.n_bounds.upper,
+            problem.lower,
+            problem.upper,
+        )
         sym = difference_intervals(pair)
         pre, hyp = _hull(sym.pre, pre), _hull(sym.hyper, hyp)
     return intersect_differences(diff, pre, hyp)
@@ -173,6 +201,6 @@ def _hull(bounds: LayerBounds, so_far: LayerBounds | None) -> LayerBounds:
     lower = [lo.min(axis=0) for lo in bounds.lower]
     upper = [hi.max(axis=0) for hi in bounds.upper]
     if so_far is not None:
-        lower = [np.minimum(a, b) for a, b in zip(lower, so_far.lower)]
-        upper = [np.maximum(a, b) for a, b in zip(upper, so_far.upper)]
+        lower = [np.minimum(a, b) for a, b in zip(lower, so_far.lower, strict=True)]
+        upper = [np.maximum(a, b) for a, b in zip(upper, so_far.upper, strict=True)]
     return LayerBounds(lower, upper)

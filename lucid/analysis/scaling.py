@@ -78,8 +78,8 @@ def _scales(hull: HyperNetwork, lower: np.ndarray, upper: np.ndarray, every: boo
     return scales
 
 
-def _layer_factors(scales: list[np.ndarray], k: int, input_dim: int) -> tuple[np.ndarray, np.ndarray]:
-    """(row factor, column divisor) of affine layer k."""
+def _layer_factors(scales: list[np.ndarray], k: int, input_dim: int) -> tuple[np.ndarray | None, np.ndarray]:
+    """(row factor, column divisor) of affine layer k (no row factor for the output layer)."""
     rows = scales[k] if k < len(scales) else None
     cols = scales[k - 1] if k > 0 else np.ones(input_dim)
     return rows, cols
@@ -88,7 +88,7 @@ def _layer_factors(scales: list[np.ndarray], k: int, input_dim: int) -> tuple[np
 def rescale_stack(stack: NetworkStack, scales: list[np.ndarray]) -> NetworkStack:
     """The same networks with hidden neuron i of layer k multiplied by scales[k][i] (exact)."""
     weights, biases = [], []
-    for k, (w, b) in enumerate(zip(stack.weights, stack.biases)):
+    for k, (w, b) in enumerate(zip(stack.weights, stack.biases, strict=True)):
         rows, cols = _layer_factors(scales, k, stack.input_dim)
         w = np.asarray(w) / cols[None, None, :]
         if rows is not None:

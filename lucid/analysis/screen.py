@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from lucid.analysis.problem import VerificationProblem
 from lucid.bounds.difference import WeightIntervals, difference_bounds
 from lucid.bounds.interval import FP_REL
-from lucid.analysis.problem import VerificationProblem
 
 
 def screen_upper_bounds(problem: VerificationProblem, cls: int, positions: np.ndarray, chunk: int = 128) -> np.ndarray:
@@ -20,8 +20,9 @@ def screen_upper_bounds(problem: VerificationProblem, cls: int, positions: np.nd
     return interval_screens(problem, [cls], positions, chunk)[0]
 
 
-def interval_screens(problem: VerificationProblem, classes: list[int], positions: np.ndarray,
-                     chunk: int = 128) -> np.ndarray:
+def interval_screens(
+    problem: VerificationProblem, classes: list[int], positions: np.ndarray, chunk: int = 128
+) -> np.ndarray:
     """`screen_upper_bounds` for every class of `classes`, [len(classes), len(positions)]: the
     difference intervals, which do not depend on the class, are propagated once."""
     positions = np.asarray(positions, dtype=np.int64)
@@ -31,8 +32,14 @@ def interval_screens(problem: VerificationProblem, classes: list[int], positions
         pos = positions[start : start + chunk]
         ws = [w[pos] for w in problem.stack.weights]
         bs = [b[pos] for b in problem.stack.biases]
-        diff = difference_bounds(problem.n_weights, problem.n_biases, WeightIntervals.points(ws, bs), problem.n_bounds,
-                                 problem.lower, problem.upper)
+        diff = difference_bounds(
+            problem.n_weights,
+            problem.n_biases,
+            WeightIntervals.points(ws, bs),
+            problem.n_bounds,
+            problem.lower,
+            problem.upper,
+        )
         dl, du = diff.pre.lower[-1], diff.pre.upper[-1]  # [k, C]
         hl, hu = diff.hyper.lower[-1], diff.hyper.upper[-1]
         for j, cls in enumerate(classes):
@@ -60,8 +67,9 @@ class Screen:
     class's cutoff, and returns bounds no larger than `initial`'s. Every value is a sound upper
     bound on beta*_{c,{i}}, so the engine may take the minimum of any of them."""
 
-    def __init__(self, problem: VerificationProblem, method: str, device: str = "cpu",
-                 classes: list[int] | None = None) -> None:
+    def __init__(
+        self, problem: VerificationProblem, method: str, device: str = "cpu", classes: list[int] | None = None
+    ) -> None:
         """classes: the classes `initial` will be asked for. The first call screens them all at
         once (the class-independent work shared, `interval_screens`, `symbolic_screens`) and keeps
         the bounds for the others' calls on the same positions."""
@@ -84,11 +92,12 @@ class Screen:
             from lucid.bounds.stack_screen import symbolic_screens
 
             bounds = np.minimum(bounds, symbolic_screens(self.problem, classes, positions, device=self.device))
-        self._kept = (key, {c: b for c, b in zip(classes, bounds) if c != cls})
+        self._kept = (key, {c: b for c, b in zip(classes, bounds, strict=True) if c != cls})
         return bounds[classes.index(cls)]
 
-    def highest(self, classes: list[int], positions: np.ndarray,
-                prior: dict[int, np.ndarray] | None = None, rank: int = 1) -> dict[int, np.ndarray]:
+    def highest(
+        self, classes: list[int], positions: np.ndarray, prior: dict[int, np.ndarray] | None = None, rank: int = 1
+    ) -> dict[int, np.ndarray]:
         """Per class, a sound bound for every network of `positions` whose `rank` largest are the
         `rank` largest of `initial`'s (taken with `prior`: per class, other sound bounds per
         position), at less cost: only a box's bound is needed here (with residual sets of M
@@ -102,7 +111,7 @@ class Screen:
             if prior is not None and c in prior:
                 bounds[j] = np.minimum(bounds[j], prior[c])
         if self.method == "interval" or positions.size == 0:
-            return dict(zip(classes, bounds))
+            return dict(zip(classes, bounds, strict=True))
         from lucid.bounds.stack_screen import symbolic_screens
 
         done = np.zeros(len(positions), dtype=bool)
@@ -111,7 +120,7 @@ class Screen:
         while True:
             above = ~done & (bounds > highest[:, None]).any(axis=0)
             if not above.any():
-                return dict(zip(classes, bounds))
+                return dict(zip(classes, bounds, strict=True))
             # each class's highest bounds first, `batch` networks in all
             order = np.argsort(-np.where(above, bounds, -np.inf), axis=1, kind="stable")
             take = np.unique(order[:, : max(1, batch // len(classes))])

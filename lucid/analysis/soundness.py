@@ -18,9 +18,9 @@ import numpy as np
 from lucid.errors import UnsoundSolverResult
 from lucid.milp.model import MilpModel
 from lucid.network import UNIT_ROUNDOFF, float_gamma
-from lucid.witness.replay import LeakWitness
-from lucid.solvers.base import ERROR, SolveResult, SolverOptions
+from lucid.solvers.base import ERROR, KeptSolve, SolveResult, SolverOptions
 from lucid.solvers.registry import fallback_order
+from lucid.witness.replay import LeakWitness
 
 log = logging.getLogger(__name__)
 
@@ -44,12 +44,14 @@ def safety_margin(bound: float, model: MilpModel) -> float:
     big_m = float(np.abs(finite).max()) if finite.size else 0.0
     return MARGIN_ABS + MARGIN_REL * abs(bound) + MARGIN_FEAS * big_m
 
+
 def slack(lb: float) -> float:
     """LB loosened so that solver tolerances never turn beta >= LB into a false infeasibility.
 
     The relative part keeps the slab beta in [LB - slack, beta*] from being numerically thin:
     HiGHS once cut a slab 1.3e-5 thick away at the root (see `lucid.analysis.analyse`)."""
     return lb - 1e-5 * (1 + abs(lb)) - 1e-2 * abs(lb) if math.isfinite(lb) else -math.inf
+
 
 def user_bound(result: SolveResult, model: MilpModel) -> float:
     """The solver's dual bound plus the safety margin, in score units (the margin is taken in the
@@ -65,8 +67,9 @@ def contradicts(bound: float, witness: LeakWitness | None) -> bool:
     return witness is not None and witness.confidence > bound
 
 
-def solve_checked(model: MilpModel, solver: str, options: SolverOptions, keep: bool = False,
-                   tree: object | None = None) -> SolveResult:
+def solve_checked(
+    model: MilpModel, solver: str, options: SolverOptions, keep: bool = False, tree: KeptSolve | None = None
+) -> SolveResult:
     """Solve (or continue the kept `tree` of this model); a result the solver layer proves unsound
     is retried from scratch with other backends."""
     from lucid.solvers import resume, solve
@@ -80,9 +83,10 @@ def solve_checked(model: MilpModel, solver: str, options: SolverOptions, keep: b
             return solve(model, other, options)
         except UnsoundSolverResult as exc:
             log.error("UNSOUND solver result from fallback %s: %s", other, exc)
-        except Exception as exc:  # e.g. licence too small: try the next one
+        except Exception as exc:  # noqa: BLE001 (e.g. licence too small: try the next one)
             log.warning("fallback solver %s failed: %s", other, exc)
     return SolveResult(status=ERROR, upper_bound=math.inf, solver=solver, message="every solver was unsound")
+
 
 def retry_other(model: MilpModel, solver: str, options: SolverOptions, witness: LeakWitness) -> SolveResult:
     from lucid.solvers import solve
@@ -90,7 +94,7 @@ def retry_other(model: MilpModel, solver: str, options: SolverOptions, witness: 
     for other in fallback_order(solver):
         try:
             result = solve(model, other, options)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 (any failure of a fallback solver: try the next one)
             log.warning("fallback solver %s failed: %s", other, exc)
             continue
         if not contradicts(user_bound(result, model), witness):
@@ -109,9 +113,9 @@ def retry_other(model: MilpModel, solver: str, options: SolverOptions, witness: 
 # the float error of N's confidence anywhere in the verified domain.
 
 
-
-def confidence_error(weights: list[np.ndarray], biases: list[np.ndarray], lower: np.ndarray,
-                     upper: np.ndarray) -> float:
+def confidence_error(
+    weights: list[np.ndarray], biases: list[np.ndarray], lower: np.ndarray, upper: np.ndarray
+) -> float:
     """A bound on |float64 confidence - exact confidence| of one network at any x in [lower, upper].
 
     weights[k] is [out, in] (ReLU between layers, none after the last). A float layer
@@ -126,7 +130,7 @@ def confidence_error(weights: list[np.ndarray], biases: list[np.ndarray], lower:
     lo, hi = np.asarray(lower, dtype=np.float64), np.asarray(upper, dtype=np.float64)
     err = np.zeros_like(lo)
     last = len(weights) - 1
-    for k, (w, b) in enumerate(zip(weights, biases)):
+    for k, (w, b) in enumerate(zip(weights, biases, strict=True)):
         w, b = np.asarray(w, dtype=np.float64), np.asarray(b, dtype=np.float64)
         g = float_gamma(w.shape[1] + 1)
         with np.errstate(all="ignore"):

@@ -100,7 +100,8 @@ def attempt_time_limit(settings: VerifySettings, attempts: int, deadline: Deadli
     return limit
 
 
-def parameter_box_class_time_limit(node_time_limit: float | None, seconds_left: float | None, classes_left: int) -> float | None:
+def parameter_box_class_time_limit(node_time_limit: float | None, seconds_left: float | None,
+                                   classes_left: int) -> float | None:
     """A box verification's MILP for one class: --node-time-limit, and a fair share of what
     --time-limit leaves (`seconds_left`; None: no total limit) among the classes still to do."""
     limit = node_time_limit
@@ -125,7 +126,7 @@ class NodeTimeShares:
 
     @classmethod
     def for_attempt(cls, settings: VerifySettings, encoding: EncodingOptions, time_limit: float | None,
-                    attempt: int, start: float) -> "NodeTimeShares":
+                    attempt: int, start: float) -> NodeTimeShares:
         """The time shares of a node's `attempt` (1 = first): --split-time grows SPLIT_GROWTH-fold per
         retry, as the node limit does, up to SPLIT_SHARE of the limit. The tightening knobs come
         from `encoding`, which ablation experiments may set apart from `settings`."""
@@ -134,7 +135,7 @@ class NodeTimeShares:
             split = min(split, time_limit * SPLIT_SHARE)
         return cls(time_limit, start, split, encoding.obbt_probe, encoding.obbt_share)
 
-    def after_split(self, now: float) -> "NodeTimeShares":
+    def after_split(self, now: float) -> NodeTimeShares:
         """The time shares once the split ended unproved at `now`: the MILP gets as long as the split
         had, not the rest of the node's limit, so an unproved node comes back sooner (retried with
         both allowances grown) instead of holding its worker while easier networks wait (Adult
@@ -160,7 +161,7 @@ class NodeTimeShares:
             return None
         return max(self.time_limit - (now - self.start), MIN_STAGE_TIME)
 
-    def from_now(self, now: float) -> "NodeTimeShares":
+    def from_now(self, now: float) -> NodeTimeShares:
         """The rest of these shares as shares of their own from `now`: a target group's, which its probe,
         tightening and final MILP divide in turn."""
         return replace(self, time_limit=self.seconds_left(now), start=now)

@@ -15,12 +15,12 @@ import numpy as np
 
 # analyse_parameter_box is looked up through its module at call time, so a test can substitute it.
 import lucid.analysis.agt_box as box_analysis
-from lucid.bab.lifecycle import VerificationRun, Verified
-from lucid.errors import LucidError
-from lucid.analysis.time_shares import parameter_box_class_time_limit
 from lucid.analysis.problem import VerificationProblem
 from lucid.analysis.scaling import rescale_hyper
+from lucid.analysis.time_shares import parameter_box_class_time_limit
+from lucid.bab.lifecycle import VerificationRun, Verified
 from lucid.dynamic_range import check_dynamic_range
+from lucid.errors import LucidError
 from lucid.rundir import bound_entry_value
 from lucid.solvers.base import ERROR, INFEASIBLE, OPTIMAL, TIME_LIMIT
 from lucid.witness.search import search_class_witness
@@ -38,13 +38,16 @@ def load_parameter_box(run: Any, k: int) -> Any:
     from lucid.agt.store import AGT_FILE, load_boxes  # imports torch: only for a box verification
 
     if not (Path(run.path) / AGT_FILE).exists():
-        raise LucidError(f"--hyper agt:{k}: {run.path} has no AGT boxes ({AGT_FILE} is missing; "
-                         f"train the run with `lucid train ... --agt {k}`)")
+        raise LucidError(
+            f"--hyper agt:{k}: {run.path} has no AGT boxes ({AGT_FILE} is missing; "
+            f"train the run with `lucid train ... --agt {k}`)"
+        )
     boxes = load_boxes(run.path)
     if k not in boxes:
         stored = ", ".join(str(s) for s in sorted(boxes)) or "none"
-        raise LucidError(f"--hyper agt:{k}: {run.path} stores AGT boxes for k = {stored} only "
-                         f"(train it with `--agt {k}` or more)")
+        raise LucidError(
+            f"--hyper agt:{k}: {run.path} stores AGT boxes for k = {stored} only (train it with `--agt {k}` or more)"
+        )
     return boxes[k]
 
 
@@ -70,21 +73,45 @@ class ParameterBoxMilp:
         for i, c in enumerate(run.classes):
             log.emit("class_started", c, networks=len(loo), removals=k)
             t_class = time.monotonic()
-            known = (search_class_witness(problem, c, loo, points=problem.points, deadline=run.deadline.end)
-                     if settings.search and loo.size else None)
+            known = (
+                search_class_witness(problem, c, loo, points=problem.points, deadline=run.deadline.end)
+                if settings.search and loo.size
+                else None
+            )
             if known is not None:
                 log.emit("witness", c, lower=known.confidence, leaking_row=known.leaking_row, source="search")
             limit = parameter_box_class_time_limit(settings.node_time_limit, run.deadline.left(), len(run.classes) - i)
-            out = box_analysis.analyse_parameter_box(problem, c, hyper, settings, settings.solver_options(limit, threads),
-                                           loo_positions=loo, known=known)
+            out = box_analysis.analyse_parameter_box(
+                problem, c, hyper, settings, settings.solver_options(limit, threads), loo_positions=loo, known=known
+            )
             complete = out.status in (OPTIMAL, INFEASIBLE)
             reason = REASONS.get(out.status, out.status)
             # the events `lucid log` reads: the one node, the class's bounds, its end
-            log.emit("solved", c, node=0, parent=None, size=len(loo), upper=out.upper, lower=out.lower,
-                     status=out.status, seconds=out.seconds, leaking_row=out.leaking_row, stats=out.stats)
+            log.emit(
+                "solved",
+                c,
+                node=0,
+                parent=None,
+                size=len(loo),
+                upper=out.upper,
+                lower=out.lower,
+                status=out.status,
+                seconds=out.seconds,
+                leaking_row=out.leaking_row,
+                stats=out.stats,
+            )
             log.emit("anytime", c, upper=out.upper, lower=out.lower, open=0, solved=1)
-            log.emit("class_done", c, upper=out.upper, lower=out.lower, complete=complete, reason=reason,
-                     within_gap=False, solved=1, open=0)
+            log.emit(
+                "class_done",
+                c,
+                upper=out.upper,
+                lower=out.lower,
+                complete=complete,
+                reason=reason,
+                within_gap=False,
+                solved=1,
+                open=0,
+            )
             entries[str(c)] = {
                 "upper": bound_entry_value(out.upper, upper=True),
                 "lower": bound_entry_value(out.lower, upper=False),

@@ -71,9 +71,9 @@ class AnytimeBounds:
         that set's level can be no lower, and the (M+1)-th largest leak, the level's own floor, is
         often far below it (then every analysis would have to find its network's exact bound).
         Once a question proved too hard (`back_off`), while the level is far above that leak, the
-        question lies QUESTION_SHARE of the way up to the level. Only the question asked rises: nodes are closed against the floor alone, so a
-        node proved below this cutoff stays open, below the level, and is analysed again if the
-        level falls under its bound (the set changed)."""
+        question lies QUESTION_SHARE of the way up to the level. Only the question asked rises:
+        nodes are closed against the floor alone, so a node proved below this cutoff stays open,
+        below the level, and is analysed again if the level falls under its bound (the set changed)."""
         if self.settings.naive:
             return -INF
         level = -INF if cs.lower is None else cs.lower + self.tolerance(cs)
@@ -108,7 +108,8 @@ class AnytimeBounds:
             why = "bound within the gap of the best lower"
         node.state = CLOSED
         cs.nodes.pop(node.id, None)
-        self.session.emit("closed", cs.cls, node=node.id, parent=node.parent, size=node.size, upper=node.upper, reason=why)
+        self.session.emit("closed", cs.cls, node=node.id, parent=node.parent, size=node.size, upper=node.upper,
+                          reason=why)
 
     def apply_lower(self, cs: ClassState, value: float, row: int | None, x: Any, source: str, *,
                     update: bool = True, **extra: Any) -> None:

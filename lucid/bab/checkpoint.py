@@ -32,8 +32,9 @@ def run_fingerprint(run_dir: Path) -> str:
     return h.hexdigest()
 
 
-def save_checkpoint(path: Path, *, fingerprint: str, options: dict, elapsed: float, classes: dict,
-                    extra: dict | None = None) -> None:
+def save_checkpoint(
+    path: Path, *, fingerprint: str, options: dict, elapsed: float, classes: dict, extra: dict | None = None
+) -> None:
     """`extra`: more top-level entries (a --regions run's tree and leaks)."""
     write_json_atomic(
         path,

@@ -7,6 +7,7 @@ the verification problem is held once by every Dask worker (`lucid.worker_inputs
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 from dataclasses import replace
 from typing import Any
 
@@ -44,37 +45,55 @@ class DaskExecutor(Executor):
 
     def submit(self, key, cls, positions, time_limit, cutoff, attempt=1, threads=1):
         fut = self._client.submit(
-            _analyse_on_dask, self._problem, self._settings, cls, np.asarray(positions), time_limit, cutoff, attempt,
-            threads, pure=False,
+            _analyse_on_dask,
+            self._problem,
+            self._settings,
+            cls,
+            np.asarray(positions),
+            time_limit,
+            cutoff,
+            attempt,
+            threads,
+            pure=False,
         )
         self._watch(key, fut)
 
     def completed(self, timeout: float) -> list[tuple[Any, Any]]:
         results = super().completed(timeout)
         lost = self._client.status not in ("running", "connecting")
-        for key, outcome in results:
+        for _key, outcome in results:
             if isinstance(outcome, BaseException) and (lost or _is_lost_cluster(outcome)):
-                raise LucidError(f"lost the Dask cluster at {self._address} ({type(outcome).__name__}); every solved "
-                                 "node is in the checkpoint: run again with --resume, with or without --scheduler")
+                raise LucidError(
+                    f"lost the Dask cluster at {self._address} ({type(outcome).__name__}); every solved "
+                    "node is in the checkpoint: run again with --resume, with or without --scheduler"
+                )
         if lost and self._futures:
-            raise LucidError(f"lost the Dask cluster at {self._address}; every solved node is in the checkpoint: "
-                             "run again with --resume, with or without --scheduler")
+            raise LucidError(
+                f"lost the Dask cluster at {self._address}; every solved node is in the checkpoint: "
+                "run again with --resume, with or without --scheduler"
+            )
         return results
 
     def close(self) -> None:
         from lucid.worker_inputs import release
 
         for fut in list(self._futures.values()):
-            try:
+            with contextlib.suppress(Exception):  # a future of a cluster that is going away
                 fut.cancel()
-            except Exception:
-                pass
         release(self._client, self._problem)
         self._cluster.close()
 
 
-def _analyse_on_dask(problem_name: str, settings: VerifySettings, cls: int, positions: np.ndarray,
-                     time_limit: float | None, cutoff: float, attempt: int, threads: int):
+def _analyse_on_dask(
+    problem_name: str,
+    settings: VerifySettings,
+    cls: int,
+    positions: np.ndarray,
+    time_limit: float | None,
+    cutoff: float,
+    attempt: int,
+    threads: int,
+):
     from lucid.worker_inputs import held_value
 
     return analyse_with(held_value(problem_name), settings, cls, positions, time_limit, cutoff, attempt, threads)

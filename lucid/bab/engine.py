@@ -25,7 +25,8 @@ from __future__ import annotations
 import heapq
 import math
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -33,15 +34,15 @@ from lucid.bab.anytime import AnytimeBounds
 from lucid.bab.events import EventLog
 from lucid.bab.hooks import EngineHooks
 from lucid.bab.node import FINAL, OPEN, PENDING, PROVED_STATUSES, RUNNING, SETTLED, SPLIT, STUCK, Node
+from lucid.bab.order_statistic import known_member, relevant, set_aside, worth_retrying
+from lucid.bab.partition import PEEL_ROOT_ABOVE, peel_top, preload_kmeans, split_node
 from lucid.bab.schedule import Scheduler
 from lucid.bab.screening import ScreenBounds
 from lucid.bab.session import Session
-from lucid.bab.partition import PEEL_ROOT_ABOVE, peel_top, preload_kmeans, split_node
 from lucid.bab.state import INF, ClassState
 from lucid.bab.workers import Executor
 from lucid.deadline import Deadline
 from lucid.errors import LucidError
-from lucid.bab.order_statistic import known_member, relevant, set_aside, worth_retrying
 from lucid.settings import VerifySettings
 
 CHOOSE_EVERY = 2.0  # seconds between two choices of M (--residual auto): each is a pass over its inputs
@@ -274,7 +275,8 @@ class Engine:
             elif (best := max(cs.nodes.values(), key=lambda n: (n.upper, n.state == SETTLED))).state == SETTLED:
                 best.state = FINAL
                 self.session.emit("final", cs.cls, node=best.id, parent=best.parent, size=best.size, upper=best.upper)
-                self.anytime.finish(cs, True, "proved singleton on top" if best.is_singleton else "hyper-network solved")
+                self.anytime.finish(cs, True,
+                                    "proved singleton on top" if best.is_singleton else "hyper-network solved")
                 return
             elif best.state == STUCK and not any(n.state in (OPEN, PENDING, RUNNING) for n in cs.nodes.values()):
                 # Nothing left that could improve the bound: the unproved bound stands (sound).

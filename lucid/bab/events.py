@@ -15,8 +15,9 @@ import json
 import math
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Self
 
 LOG_FILE = "verify.log.jsonl"
 
@@ -39,7 +40,7 @@ class EventLog:
     def __init__(self, path: str | Path, *, elapsed_before: float = 0.0, append: bool = False) -> None:
         self.path = Path(path)
         self._t0 = time.monotonic() - elapsed_before
-        self._fh = open(self.path, "a" if append else "w", encoding="utf-8")
+        self._fh = open(self.path, "a" if append else "w", encoding="utf-8")  # noqa: SIM115 (closed by close())
 
     def elapsed(self) -> float:
         return time.monotonic() - self._t0
@@ -52,10 +53,10 @@ class EventLog:
         self._fh.flush()
         return record
 
-    def __enter__(self) -> "EventLog":
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def close(self) -> None:

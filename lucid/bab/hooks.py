@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from lucid.bab.screening import RefineFn, ScreenFn
 from lucid.witness.network_leaks import NetworkLeaks

@@ -10,10 +10,11 @@ event, SIGTERM as Ctrl-C (the checkpoint is saved, then the interrupt goes on), 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, Protocol
 
 from lucid.bab.checkpoint import CHECKPOINT_FILE, load_checkpoint, run_fingerprint, save_checkpoint
 from lucid.bab.events import LOG_FILE, EventLog
@@ -37,7 +38,7 @@ class Verified:
 
 
 class Strategy(Protocol):
-    def verify(self, run: "VerificationRun") -> Verified:
+    def verify(self, run: VerificationRun) -> Verified:
         """Bound the run's classes; calls `run.start` once its set-up has failed or succeeded."""
         ...
 
@@ -50,8 +51,10 @@ class VerificationRun:
         self.settings = settings
         self.deadline = deadline
         self.classes = settings.resolve_classes(run.num_classes)
-        if settings.residual != "auto" and settings.residual > run.train_size:
-            raise LucidError(f"--residual {settings.residual} exceeds the run's {run.train_size} leave-one-out networks")
+        if isinstance(settings.residual, int) and settings.residual > run.train_size:  # not "auto"
+            raise LucidError(
+                f"--residual {settings.residual} exceeds the run's {run.train_size} leave-one-out networks"
+            )
         self.result_options = settings.result_options(self.classes)
         self.path = Path(run.path)
         self.checkpoint_path = self.path / CHECKPOINT_FILE
@@ -70,9 +73,15 @@ class VerificationRun:
         finally:
             if self.log is not None:
                 self.log.close()
-        result = write_bounds(self.path, verified.entries, solver=self.settings.solver, options=self.options,
-                              regions=verified.regions, residual=verified.residual,
-                              residual_choice=verified.residual_choice)
+        result = write_bounds(
+            self.path,
+            verified.entries,
+            solver=self.settings.solver,
+            options=self.options,
+            regions=verified.regions,
+            residual=verified.residual,
+            residual_choice=verified.residual_choice,
+        )
         with EventLog(self.path / LOG_FILE, elapsed_before=self.elapsed(), append=True) as tail:
             tail.emit("finished", None, bounds=result["bounds"], **verified.finished)
         return result
@@ -90,11 +99,18 @@ class VerificationRun:
     def start(self, *, workers: int, scheduler: str | None = None, **fields: Any) -> EventLog:
         """Open the event log with its "started" (or "resumed") event, once the strategy's set-up
         has succeeded: bad input never leaves a log behind."""
-        self.options = dict(self.result_options, workers=workers, time_limit=self.settings.time_limit,
-                            scheduler=scheduler)
+        self.options = dict(
+            self.result_options, workers=workers, time_limit=self.settings.time_limit, scheduler=scheduler
+        )
         self.log = EventLog(self.path / LOG_FILE, elapsed_before=self.elapsed_before, append=self.settings.resume)
-        self.log.emit("resumed" if self.settings.resume else "started", None, options=self.options,
-                      settings=self.settings.to_json(), **fields, run_fingerprint=self.fingerprint)
+        self.log.emit(
+            "resumed" if self.settings.resume else "started",
+            None,
+            options=self.options,
+            settings=self.settings.to_json(),
+            **fields,
+            run_fingerprint=self.fingerprint,
+        )
         return self.log
 
     def elapsed(self) -> float:
@@ -103,8 +119,14 @@ class VerificationRun:
 
     def save(self, classes: dict, extra: dict | None = None) -> None:
         """Write the resume checkpoint (atomically): the strategy's state in `classes` / `extra`."""
-        save_checkpoint(self.checkpoint_path, fingerprint=self.fingerprint, options=self.result_options,
-                        elapsed=self.elapsed(), classes=classes, extra=extra)
+        save_checkpoint(
+            self.checkpoint_path,
+            fingerprint=self.fingerprint,
+            options=self.result_options,
+            elapsed=self.elapsed(),
+            classes=classes,
+            extra=extra,
+        )
 
     @contextmanager
     def interruptible(self, on_interrupt: Callable[[], None]) -> Iterator[None]:

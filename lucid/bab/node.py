@@ -46,7 +46,7 @@ class Node:
 
     @property
     def size(self) -> int:
-        return int(len(self.positions))
+        return len(self.positions)
 
     @property
     def proved(self) -> bool:
@@ -71,7 +71,7 @@ class Node:
         }
 
     @classmethod
-    def from_json(cls, obj: dict) -> "Node":
+    def from_json(cls, obj: dict) -> Node:
         return cls(
             id=int(obj["id"]),
             parent=None if obj["parent"] is None else int(obj["parent"]),

@@ -70,8 +70,7 @@ def known_member(cs: ClassState, node: Node) -> bool:
     lower level holds it, so analysing it could only find its exact bound, which no lower level
     needs: it is set aside unanalysed (at most M networks leak that high, or the level would be
     higher)."""
-    return (cs.residual_size is not None and node.is_singleton
-            and bool(cs.network_leak[node.positions[0]] >= cs.upper))
+    return cs.residual_size is not None and node.is_singleton and bool(cs.network_leak[node.positions[0]] >= cs.upper)
 
 
 def worth_retrying(cs: ClassState, node: Node) -> bool:

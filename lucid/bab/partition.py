@@ -11,6 +11,7 @@ even beat its members' screened bounds is peeled (`peel_top`).
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 
 import numpy as np
@@ -28,10 +29,8 @@ UNPROVED_SINGLETONS_AT = 8
 
 def preload_kmeans() -> None:
     """Import scikit-learn's k-means ahead of the first split (it takes seconds: run in a thread)."""
-    try:
-        import sklearn.cluster  # noqa: F401
-    except Exception:
-        pass
+    with contextlib.suppress(Exception):  # only a head start: `_kmeans` imports it again and raises any failure
+        import sklearn.cluster  # noqa: F401 (imported for its start-up cost only)
 
 
 def _kmeans(x: np.ndarray, k: int, random_state: int) -> tuple[np.ndarray, float]:

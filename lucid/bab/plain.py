@@ -22,22 +22,20 @@ import lucid.bab.display as live_display
 import lucid.bab.engine as bab_engine
 import lucid.bab.workers as executors
 import lucid.witness.search as witness_search
-from lucid.bab.events import LOG_FILE, EventLog, read_events
-from lucid.bab.lifecycle import VerificationRun, Verified
+from lucid.analysis.problem import VerificationProblem
+from lucid.analysis.screen import Screen
+from lucid.bab.events import LOG_FILE, read_events
 from lucid.bab.hooks import EngineHooks
+from lucid.bab.lifecycle import VerificationRun, Verified
 from lucid.bab.order_statistic import SizeChooser, leak_outside, residual_set
 from lucid.bab.partition import FlatParameters
 from lucid.bab.state import ClassState
-from lucid.deadline import Deadline
 from lucid.errors import LucidError
-from lucid.analysis.problem import VerificationProblem
-from lucid.analysis.screen import Screen
 from lucid.residual import ClassResidual, write_residual
 from lucid.residual_choice import ChoiceInputs
-from lucid.settings import RESIDUAL_AUTO
-from lucid.witness.network_leaks import NetworkLeaks
 from lucid.rundir import bound_entry_value, read_public_inputs
-from lucid.settings import VerifySettings
+from lucid.settings import RESIDUAL_AUTO, VerifySettings
+from lucid.witness.network_leaks import NetworkLeaks
 
 
 class BranchAndBound:
@@ -55,9 +53,14 @@ class BranchAndBound:
         chooser = _size_chooser(run, problem) if settings.residual == RESIDUAL_AUTO else None
         executor = _make_executor(problem, settings)
         screen = None if settings.screen == "none" else Screen(problem, settings.screen, settings.device, run.classes)
-        search = partial(witness_search.search_class_witness, problem, points=problem.points) if settings.search else None
-        log = run.start(workers=executor.capacity, networks=len(problem.stack) - 1,
-                        scheduler=None if settings.scheduler is None else str(settings.scheduler))
+        search = (
+            partial(witness_search.search_class_witness, problem, points=problem.points) if settings.search else None
+        )
+        log = run.start(
+            workers=executor.capacity,
+            networks=len(problem.stack) - 1,
+            scheduler=None if settings.scheduler is None else str(settings.scheduler),
+        )
 
         def checkpoint(engine: bab_engine.Engine) -> None:
             run.save({str(c): cs.to_json() for c, cs in engine.states.items()})
@@ -69,25 +72,39 @@ class BranchAndBound:
         title = f"lucid verify {run.path.name} ({settings.solver}, {executor.capacity} workers)"
         engine = None
         try:
-            with run.interruptible(interrupted):
-                with live_display.LiveDisplay(title, enabled=settings.progress) as display:
-                    hooks = EngineHooks(screen=None if screen is None else screen.initial,
-                                        refine=screen.refine if screen is not None and screen.refines else None,
-                                        search=search, on_progress=display.update, on_checkpoint=checkpoint,
-                                        leaks=NetworkLeaks.of(problem) if settings.residual else None,
-                                        choose_size=None if chooser is None else chooser.choose)
-                    engine = bab_engine.Engine(executor, run.classes, len(problem.stack), settings,
-                                               params=FlatParameters(problem.stack), hooks=hooks, log=log,
-                                               states=states, deadline=run.deadline)
-                    engine.run()
-                    chosen = dict(engine.states)
+            with run.interruptible(interrupted), live_display.LiveDisplay(title, enabled=settings.progress) as display:
+                hooks = EngineHooks(
+                    screen=None if screen is None else screen.initial,
+                    refine=screen.refine if screen is not None and screen.refines else None,
+                    search=search,
+                    on_progress=display.update,
+                    on_checkpoint=checkpoint,
+                    leaks=NetworkLeaks.of(problem) if settings.residual else None,
+                    choose_size=None if chooser is None else chooser.choose,
+                )
+                engine = bab_engine.Engine(
+                    executor,
+                    run.classes,
+                    len(problem.stack),
+                    settings,
+                    params=FlatParameters(problem.stack),
+                    hooks=hooks,
+                    log=log,
+                    states=states,
+                    deadline=run.deadline,
+                )
+                engine.run()
+                chosen = dict(engine.states)
         finally:
             executor.close()
         residual = _residual_sets(chosen)
         size = max((cs.residual_size for cs in chosen.values() if cs.residual_size is not None), default=0)
         section = write_residual(run.path, residual, size) if size else None
-        return Verified(_bounds_entries(chosen, engine.elapsed(), residual, problem.stack.removed), residual=section,
-                        residual_choice=None if chooser is None else chooser.record(section))
+        return Verified(
+            _bounds_entries(chosen, engine.elapsed(), residual, problem.stack.removed),
+            residual=section,
+            residual_choice=None if chooser is None else chooser.record(section),
+        )
 
     @staticmethod
     def _resumed_states(run: VerificationRun) -> dict[int, ClassState] | None:
@@ -100,11 +117,13 @@ class BranchAndBound:
         except ValueError as exc:
             if "older LUCID" in str(exc):
                 raise LucidError(f"checkpoint {run.checkpoint_path} holds {exc}: run without --resume") from None
-            raise LucidError(f"checkpoint {run.checkpoint_path} is corrupt ({exc!r}); delete it and run "
-                             "without --resume") from None
+            raise LucidError(
+                f"checkpoint {run.checkpoint_path} is corrupt ({exc!r}); delete it and run without --resume"
+            ) from None
         except (KeyError, TypeError) as exc:
-            raise LucidError(f"checkpoint {run.checkpoint_path} is corrupt ({exc!r}); delete it and run "
-                             "without --resume") from None
+            raise LucidError(
+                f"checkpoint {run.checkpoint_path} is corrupt ({exc!r}); delete it and run without --resume"
+            ) from None
         if sorted(states) != run.classes:
             raise LucidError(f"checkpoint {run.checkpoint_path} is corrupt (its classes do not match)")
         _reconcile_with_log(states, run.path / LOG_FILE, run.result_options, run.fingerprint)
@@ -131,8 +150,12 @@ def _reconcile_with_log(states: dict[int, ClassState], log_path: Path, result_op
             return
     for e in events:
         # (a residual level bounds the networks outside the set it had then: not carried over)
-        if e.get("event") == "anytime" and e.get("class") in states and e.get("upper") is not None \
-                and states[e["class"]].residual_size is None:
+        if (
+            e.get("event") == "anytime"
+            and e.get("class") in states
+            and e.get("upper") is not None
+            and states[e["class"]].residual_size is None
+        ):
             cs = states[e["class"]]
             cs.upper = min(cs.upper, float(e["upper"]))
 
@@ -145,13 +168,16 @@ def _make_executor(problem: VerificationProblem, settings: VerifySettings) -> ex
 
 def _size_chooser(run: VerificationRun, problem: VerificationProblem) -> SizeChooser:
     """--residual auto: measured on --public-inputs, else on the run's test split."""
+    x: np.ndarray | None
     if run.settings.public_inputs is not None:
         x, source = read_public_inputs(run.run, run.settings.public_inputs), "--public-inputs"
     else:
         x, source = run.run.data().get("X_test"), "the test split"
         if x is None or not len(x):
-            raise LucidError(f"--residual auto measures the noised share on the test split, and {run.path} has "
-                             "none: give --public-inputs FILE.npz (public inputs in the data's units)")
+            raise LucidError(
+                f"--residual auto measures the noised share on the test split, and {run.path} has "
+                "none: give --public-inputs FILE.npz (public inputs in the data's units)"
+            )
     networks = len(problem.stack) - 1
     inputs = ChoiceInputs.measure(problem.stack, x, source, problem.lower, problem.upper)
     return SizeChooser(inputs, run.settings.residual_size(networks), networks)
@@ -162,8 +188,9 @@ def _residual_sets(states: dict[int, ClassState]) -> dict[int, ClassResidual]:
     return {c: residual_set(cs) for c, cs in states.items() if cs.residual_size is not None}
 
 
-def _bounds_entries(states: dict[int, ClassState], elapsed: float,
-                    residual: dict[int, ClassResidual], rows: np.ndarray) -> dict[str, dict]:
+def _bounds_entries(
+    states: dict[int, ClassState], elapsed: float, residual: dict[int, ClassResidual], rows: np.ndarray
+) -> dict[str, dict]:
     out = {}
     for c, cs in sorted(states.items()):
         lower, row = cs.lower, cs.lower_row

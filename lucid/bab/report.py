@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 from lucid.atomic import write_atomic
 from lucid.bab.events import parse_float
@@ -24,8 +25,9 @@ def anytime_curves(events: list[dict]) -> dict[int, list[tuple[float, float | No
 
 def node_summary(events: list[dict]) -> dict[int, dict]:
     """Per class: solved/split/closed counts, time per node, statuses, final bounds if finished."""
-    out: dict[int, dict] = defaultdict(lambda: {"solved": 0, "split": 0, "closed": 0, "node_seconds": [],
-                                                "statuses": defaultdict(int), "done": None})
+    out: dict[int, dict] = defaultdict(
+        lambda: {"solved": 0, "split": 0, "closed": 0, "node_seconds": [], "statuses": defaultdict(int), "done": None}
+    )
     for e in events:
         c = e.get("class")
         if c is None:
@@ -50,17 +52,26 @@ def slowest_nodes(events: list[dict], count: int) -> list[dict]:
     """The `count` slowest node analyses (one per `solved` event, retries apart), slowest first:
     class, node, size, seconds, status, the node's profile (`lucid.analysis.analyse._profiled`:
     seconds per tier and each tier's bound) and the bounds the engine kept."""
-    rows = []
+    rows: list[dict[str, Any]] = []
     for e in events:
         if e.get("event") != "solved" or e.get("class") is None:
             continue
         prof = (e.get("stats") or {}).get("profile") or {}
-        rows.append({"class": int(e["class"]), "node": int(e["node"]), "size": int(e.get("size") or 0),
-                     "seconds": float(e.get("seconds") or 0.0), "status": e.get("status"),
-                     "upper": parse_float(e.get("upper")), "lower": parse_float(e.get("lower")),
-                     **{k: prof.get(k) for k in PROFILE_COLUMNS},
-                     "split_upper": parse_float(prof.get("split_upper")),
-                     "milp_upper": parse_float(prof.get("milp_upper")), "race": prof.get("race")})
+        rows.append(
+            {
+                "class": int(e["class"]),
+                "node": int(e["node"]),
+                "size": int(e.get("size") or 0),
+                "seconds": float(e.get("seconds") or 0.0),
+                "status": e.get("status"),
+                "upper": parse_float(e.get("upper")),
+                "lower": parse_float(e.get("lower")),
+                **{k: prof.get(k) for k in PROFILE_COLUMNS},
+                "split_upper": parse_float(prof.get("split_upper")),
+                "milp_upper": parse_float(prof.get("milp_upper")),
+                "race": prof.get("race"),
+            }
+        )
     rows.sort(key=lambda r: -r["seconds"])
     return rows[:count]
 
@@ -97,7 +108,6 @@ def bab_tree(events: list[dict]):
 def write_tree(events: list[dict], path: str | Path) -> int:
     import networkx as nx
 
-
     g = bab_tree(events)
     for _, attrs in g.nodes(data=True):
         for k, v in list(attrs.items()):
@@ -113,10 +123,9 @@ def plot_curves(events: list[dict], path: str | Path, title: str = "") -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-
     curves = anytime_curves(events)
     fig, axes = plt.subplots(1, max(1, len(curves)), figsize=(5 * max(1, len(curves)), 3.6), squeeze=False)
-    for ax, (c, pts) in zip(axes[0], sorted(curves.items())):
+    for ax, (c, pts) in zip(axes[0], sorted(curves.items()), strict=False):
         t = [p[0] for p in pts]
         up = [p[2] if p[2] is not None and math.isfinite(p[2]) else math.nan for p in pts]
         lo = [p[1] if p[1] is not None else math.nan for p in pts]

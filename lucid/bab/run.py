@@ -17,9 +17,9 @@ from lucid.bab.agt_run import ParameterBoxMilp
 from lucid.bab.lifecycle import Strategy, VerificationRun
 from lucid.bab.plain import BranchAndBound
 from lucid.deadline import Deadline
+from lucid.option_fields import settings_with_options
 from lucid.regions.verify import RegionRefinement
 from lucid.rundir import open_run
-from lucid.option_fields import settings_with_options
 from lucid.settings import VerifySettings
 
 

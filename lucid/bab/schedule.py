@@ -14,6 +14,7 @@ from __future__ import annotations
 import heapq
 import math
 
+from lucid.analysis.time_shares import attempt_time_limit, node_limit
 from lucid.bab.anytime import AnytimeBounds
 from lucid.bab.node import FINAL, OPEN, PENDING, RUNNING, SETTLED, STUCK, Node
 from lucid.bab.order_statistic import known_member, relevant, set_aside
@@ -21,7 +22,6 @@ from lucid.bab.screening import ScreenBounds
 from lucid.bab.session import Session
 from lucid.bab.state import INF, ClassState
 from lucid.bab.workers import Executor
-from lucid.analysis.time_shares import attempt_time_limit, node_limit
 from lucid.settings import VerifySettings
 
 # Without --time-limit, an unproved singleton gets this many attempts, then keeps its sound bound.
@@ -31,8 +31,15 @@ MAX_SINGLETON_ATTEMPTS = 3
 class Scheduler:
     """Starts pending nodes on the executor's free workers and keeps track of the running ones."""
 
-    def __init__(self, executor: Executor, states: dict[int, ClassState], settings: VerifySettings,
-                 anytime: AnytimeBounds, screening: ScreenBounds, session: Session) -> None:
+    def __init__(
+        self,
+        executor: Executor,
+        states: dict[int, ClassState],
+        settings: VerifySettings,
+        anytime: AnytimeBounds,
+        screening: ScreenBounds,
+        session: Session,
+    ) -> None:
         self.executor = executor
         self.states = states
         self.settings = settings
@@ -96,8 +103,15 @@ class Scheduler:
         if not (known_member(cs, node) or (node.attempts == 0 and not node.evicting and set_aside(cs, node))):
             return False
         node.state = STUCK
-        self.session.emit("set_aside", cs.cls, node=node.id, parent=node.parent, size=node.size,
-                          upper=node.upper, leak=float(cs.network_leak[node.positions[0]]))
+        self.session.emit(
+            "set_aside",
+            cs.cls,
+            node=node.id,
+            parent=node.parent,
+            size=node.size,
+            upper=node.upper,
+            leak=float(cs.network_leak[node.positions[0]]),
+        )
         return True
 
     def _next_node(self) -> tuple[ClassState, Node] | None:
@@ -141,8 +155,17 @@ class Scheduler:
         extra = {"seek": True} if seek else {}
         if threads > 1:
             extra["threads"] = threads
-        self.session.emit("started", cs.cls, node=node.id, parent=node.parent, size=node.size, upper=node.upper,
-                          time_limit=limit, attempt=node.attempts + 1, **extra)
+        self.session.emit(
+            "started",
+            cs.cls,
+            node=node.id,
+            parent=node.parent,
+            size=node.size,
+            upper=node.upper,
+            time_limit=limit,
+            attempt=node.attempts + 1,
+            **extra,
+        )
         self.executor.submit((cs.cls, node.id), cs.cls, node.positions, limit, cutoff, node.attempts + 1, threads)
 
     def _preferred_retry(self) -> tuple[ClassState, Node] | None:
@@ -160,16 +183,21 @@ class Scheduler:
         unproved singleton still waiting in the open queue (where best-first would only retry it
         once it reached the top)."""
         lanes = self.executor.capacity - 1
-        busy = sum(1 for (c, nid) in self.running
-                   if (n := self.states[c].nodes.get(nid)) is not None and n.attempts > 0)
+        busy = sum(
+            1 for (c, nid) in self.running if (n := self.states[c].nodes.get(nid)) is not None and n.attempts > 0
+        )
         if busy >= lanes:
             return None
 
         def candidate(cs: ClassState, node: Node | None) -> bool:
-            return (node is not None and node.attempts > 0 and node.is_singleton
-                    and (node.state == PENDING or (node.state == OPEN and self.retryable(node)
-                                                   and not set_aside(cs, node)))
-                    and relevant(cs, node) and not self.anytime.can_close(cs, node))
+            return (
+                node is not None
+                and node.attempts > 0
+                and node.is_singleton
+                and (node.state == PENDING or (node.state == OPEN and self.retryable(node) and not set_aside(cs, node)))
+                and relevant(cs, node)
+                and not self.anytime.can_close(cs, node)
+            )
 
         choice = None
         continuable = set(self.executor.continuable())
@@ -200,21 +228,37 @@ class Scheduler:
         where the class's best leak most likely lies. A first attempt without the cutoff can find it
         early and so raise the level every later singleton has to be proved below, which makes all of
         those proofs easier."""
-        return (node.is_singleton and node.attempts == 0 and cs.seekers < self.executor.capacity
-                and self.anytime.tolerance(cs) > 0 and not self.settings.naive
-                # (--residual M seeds every network's leaks at the start instead)
-                and cs.residual_size is None)
+        return (
+            node.is_singleton
+            and node.attempts == 0
+            and cs.seekers < self.executor.capacity
+            and self.anytime.tolerance(cs) > 0
+            and not self.settings.naive
+            # (--residual M seeds every network's leaks at the start instead)
+            and cs.residual_size is None
+        )
 
     def retryable(self, node: Node) -> bool:
         """An unproved singleton gets another attempt with a longer node time limit; with a total
         time limit it keeps growing until that ends, else it gives up after a few."""
         deadline = self.session.deadline
-        return (node.is_singleton and not node.proved and node_limit(self.settings, deadline) is not None
-                and (node.attempts < MAX_SINGLETON_ATTEMPTS or deadline.seconds is not None))
+        return (
+            node.is_singleton
+            and not node.proved
+            and node_limit(self.settings, deadline) is not None
+            and (node.attempts < MAX_SINGLETON_ATTEMPTS or deadline.seconds is not None)
+        )
 
     def retry(self, cs: ClassState, node: Node) -> None:
         """Queue `node` again; it keeps its bound meanwhile."""
         node.state = PENDING
         heapq.heappush(cs.pending_heap, (-node.upper, node.id))
-        self.session.emit("retry", cs.cls, node=node.id, parent=node.parent, size=node.size, upper=node.upper,
-                          attempt=node.attempts + 1)
+        self.session.emit(
+            "retry",
+            cs.cls,
+            node=node.id,
+            parent=node.parent,
+            size=node.size,
+            upper=node.upper,
+            attempt=node.attempts + 1,
+        )

@@ -7,7 +7,7 @@ of the networks a node is about to solve that are still above the class's cutoff
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -28,8 +28,15 @@ REFINE_PROBE = 32  # with a time limit, the first call's networks: it measures t
 class ScreenBounds:
     """Computes, refines and reads the per-network screened bounds stored in each `ClassState`."""
 
-    def __init__(self, num_networks: int, settings: VerifySettings, anytime: AnytimeBounds, session: Session,
-                 screen: ScreenFn | None = None, refine: RefineFn | None = None) -> None:
+    def __init__(
+        self,
+        num_networks: int,
+        settings: VerifySettings,
+        anytime: AnytimeBounds,
+        session: Session,
+        screen: ScreenFn | None = None,
+        refine: RefineFn | None = None,
+    ) -> None:
         self.num_networks = num_networks  # stack size; positions 1..num_networks-1
         self.settings = settings
         self.anytime = anytime
@@ -91,8 +98,13 @@ class ScreenBounds:
             start += len(part)
         todo = todo[:start]
         if len(todo):
-            self.session.emit("refined", cs.cls, networks=len(todo), below=int((cs.screen[todo] <= level).sum()),
-                              seconds=self.session.elapsed() - t0)
+            self.session.emit(
+                "refined",
+                cs.cls,
+                networks=len(todo),
+                below=int((cs.screen[todo] <= level).sum()),
+                seconds=self.session.elapsed() - t0,
+            )
 
     def _chunk(self, per_network: float | None) -> int:
         """How many networks the next call refines: REFINE_CHUNK (the optimised screen's own batch) without

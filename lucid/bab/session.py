@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import signal
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from lucid.bab.events import EventLog
 from lucid.deadline import Deadline
@@ -47,7 +48,7 @@ class Session:
             self.log.emit(event, cls, **fields)
 
 
-def terminate_as_interrupt() -> Callable[[], None]:
+def terminate_as_interrupt() -> Callable[[], object]:
     """Treat SIGTERM (kill, timeout, a job scheduler) like Ctrl-C: checkpoint, stop the workers,
     exit 130. Returns the function that restores the previous handler (main thread only)."""
     if threading.current_thread() is not threading.main_thread():

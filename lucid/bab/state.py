@@ -73,18 +73,27 @@ class ClassState:
             "seconds": self.seconds,
             "seekers": self.seekers,
             "nodes": [n.to_json() for n in self.nodes.values()],
-            **({} if self.residual_size is None else {"residual_size": self.residual_size,
-                                                      "networks": len(self.network_bound),
-                                                      # with the screen folded in: a resume screens again,
-                                                      # but without the refinements
-                                                      "network_bound": [encode_float(float(v)) for v in (
-                                                          self.network_bound if self.screen is None else
-                                                          np.minimum(self.screen, self.network_bound))],
-                                                      "network_leak": _sparse(self.network_leak, -INF)}),
+            **(
+                {}
+                if self.residual_size is None
+                else {
+                    "residual_size": self.residual_size,
+                    "networks": len(self.network_bound),
+                    # with the screen folded in: a resume screens again,
+                    # but without the refinements
+                    "network_bound": [
+                        encode_float(float(v))
+                        for v in (
+                            self.network_bound if self.screen is None else np.minimum(self.screen, self.network_bound)
+                        )
+                    ],
+                    "network_leak": _sparse(self.network_leak, -INF),
+                }
+            ),
         }
 
     @classmethod
-    def from_json(cls, c: int, obj: dict) -> "ClassState":
+    def from_json(cls, c: int, obj: dict) -> ClassState:
         cs = cls(
             cls=c,
             next_id=int(obj["next_id"]),

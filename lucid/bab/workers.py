@@ -16,6 +16,7 @@ there and the solver continues its tree (`Executor.continuable`).
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import ctypes
 import inspect
 import multiprocessing
@@ -25,7 +26,8 @@ import signal
 import sys
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -60,8 +62,16 @@ class Executor:
         generation = self._generation
         future.add_done_callback(lambda f, key=key: self._done.put((generation, key, f)))
 
-    def submit(self, key: Any, cls: int, positions: np.ndarray, time_limit: float | None, cutoff: float,
-               attempt: int = 1, threads: int = 1) -> None:
+    def submit(
+        self,
+        key: Any,
+        cls: int,
+        positions: np.ndarray,
+        time_limit: float | None,
+        cutoff: float,
+        attempt: int = 1,
+        threads: int = 1,
+    ) -> None:
         """`threads`: solver threads for this node (the engine gives > 1 only to the last work)."""
         raise NotImplementedError
 
@@ -75,7 +85,7 @@ class Executor:
 
     def completed(self, timeout: float) -> list[tuple[Any, Any]]:
         """Results finished so far, waiting up to `timeout` seconds for the first one."""
-        out = []
+        out: list[tuple[Any, Any]] = []
         try:
             item = self._done.get(timeout=timeout)
         except queue.Empty:
@@ -97,7 +107,7 @@ class Executor:
                 else:
                     self._kept.pop(key, None)
                 out.append((key, outcome))
-            except BaseException as exc:  # reported to the engine, which decides
+            except BaseException as exc:  # noqa: BLE001 (reported to the engine, which decides)
                 self._kept.pop(key, None)
                 out.append((key, exc))
             try:
@@ -224,7 +234,6 @@ def _die_with(driver_pid: int) -> None:
 
     if sys.platform.startswith("linux"):
         try:
-
             if ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL)) == 0:  # PR_SET_PDEATHSIG
                 if os.getppid() != driver_pid:  # it died before the request was in place
                     os._exit(1)
@@ -240,15 +249,28 @@ def _die_with(driver_pid: int) -> None:
     threading.Thread(target=watch, name="lucid-driver-watch", daemon=True).start()
 
 
-def analyse_with(problem: Any, settings: VerifySettings, cls: int, positions: np.ndarray, time_limit: float | None,
-                 cutoff: float = -float("inf"), attempt: int = 1, threads: int = 1):
+def analyse_with(
+    problem: Any,
+    settings: VerifySettings,
+    cls: int,
+    positions: np.ndarray,
+    time_limit: float | None,
+    cutoff: float = -float("inf"),
+    attempt: int = 1,
+    threads: int = 1,
+):
     """One node analysis (runs in a worker)."""
     from lucid.analysis.analyse import NodeRequest, analyse_node
     from lucid.analysis.outcome import wants_targeted_search, with_targeted_search
 
-    outcome = analyse_node(problem, cls, positions, settings=settings,
-                           solver_options=settings.solver_options(time_limit, threads),
-                           request=NodeRequest(cutoff, attempt, settings.keep_trees))
+    outcome = analyse_node(
+        problem,
+        cls,
+        positions,
+        settings=settings,
+        solver_options=settings.solver_options(time_limit, threads),
+        request=NodeRequest(cutoff, attempt, settings.keep_trees),
+    )
     if settings.targeted_search and wants_targeted_search(outcome, positions):
         outcome = with_targeted_search(problem, cls, positions, outcome)
     return outcome
@@ -259,10 +281,12 @@ def _rebind_worker(problem: Any) -> None:
     KEPT.clear()  # the trees of the last problem can never be continued
 
 
-def _analyse_in_process(cls: int, positions: np.ndarray, time_limit: float | None, cutoff: float, attempt: int,
-                        threads: int = 1):
-    return analyse_with(_WORKER_STATE["problem"], _WORKER_STATE["settings"], cls, positions, time_limit, cutoff,
-                        attempt, threads)
+def _analyse_in_process(
+    cls: int, positions: np.ndarray, time_limit: float | None, cutoff: float, attempt: int, threads: int = 1
+):
+    return analyse_with(
+        _WORKER_STATE["problem"], _WORKER_STATE["settings"], cls, positions, time_limit, cutoff, attempt, threads
+    )
 
 
 class ProcessExecutor(Executor):
@@ -278,8 +302,12 @@ class ProcessExecutor(Executor):
     def _new_pool(self, problem: Any) -> cf.ProcessPoolExecutor:
         # spawn, not fork: the driver runs threads (rich display, pool feeders) that fork would copy
         # in an arbitrary state.
-        return cf.ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
-                                      initializer=_init_worker, initargs=(problem, self._settings, os.getpid()))
+        return cf.ProcessPoolExecutor(
+            max_workers=1,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=_init_worker,
+            initargs=(problem, self._settings, os.getpid()),
+        )
 
     def _replace_busy_workers(self, workers: set[int]) -> None:
         for w in workers:  # the problem is set again by _rebind_workers right after
@@ -313,7 +341,5 @@ def _stop_pool(pool: cf.ProcessPoolExecutor) -> None:
     processes = list(getattr(pool, "_processes", {}).values())
     pool.shutdown(wait=False, cancel_futures=True)
     for p in processes:
-        try:
+        with contextlib.suppress(Exception):  # a process that has ended meanwhile
             p.terminate()
-        except Exception:
-            pass

@@ -69,11 +69,24 @@ def _default(name: str) -> Any:
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("run_dir", type=click.Path())
 @click.option("--epsilon", default=_default("epsilon"), show_default=True, help="Comma-separated privacy budgets.")
-@click.option("--methods", default=_default("methods"), show_default=True, help="Subset of plain,dpsgd,dpcert,alibi,sa,agt-ss,agt-sa (AGT smooth sensitivity: one model / --teachers).")
+@click.option(
+    "--methods",
+    default=_default("methods"),
+    show_default=True,
+    help="Subset of plain,dpsgd,dpcert,alibi,sa,agt-ss,agt-sa (AGT smooth sensitivity: one model / --teachers).",
+)
 @click.option("--teachers", default=_default("teachers"), show_default=True, help="Teacher counts T of sa and agt-sa.")
 @click.option("--delta", type=float, default=_default("delta"), help="DP-SGD delta (default 1/n).")
-@click.option("--max-grad-norm", type=float, default=_default("max_grad_norm"), show_default=True, help="DP-SGD clipping norm.")
-@click.option("--agt-k", type=int, default=_default("agt_k"), show_default=True, help="AGT smooth sensitivity: boxes for k = 1..K.")
+@click.option(
+    "--max-grad-norm", type=float, default=_default("max_grad_norm"), show_default=True, help="DP-SGD clipping norm."
+)
+@click.option(
+    "--agt-k",
+    type=int,
+    default=_default("agt_k"),
+    show_default=True,
+    help="AGT smooth sensitivity: boxes for k = 1..K.",
+)
 @click.option("--json", "json_path", type=click.Path(), default=None, help="Also write the results as JSON.")
 def command(run_dir: str, json_path: str | None, **flags: Any) -> None:
     from lucid.atomic import write_json_atomic
@@ -87,14 +100,17 @@ def command(run_dir: str, json_path: str | None, **flags: Any) -> None:
     click.echo("| method | epsilon | test accuracy | train s | note |\n|---|---|---|---|---|")
     for r in results:
         acc = "–" if r.accuracy is None else f"{100 * r.accuracy:.1f} %"
-        click.echo(f"| {r.method} | {'–' if r.epsilon is None else f'{r.epsilon:g}'} | {acc} | "
-                   f"{r.train_seconds:.1f} | {r.message if r.status != 'ok' else ''} |")
+        click.echo(
+            f"| {r.method} | {'–' if r.epsilon is None else f'{r.epsilon:g}'} | {acc} | "
+            f"{r.train_seconds:.1f} | {r.message if r.status != 'ok' else ''} |"
+        )
     if json_path:
         write_json_atomic(json_path, {"run": str(run_dir), "results": [r.to_json() for r in results]})
 
 
-def _results(method: str, data: Dataset, config: TrainConfig, eps: list[float], teachers: list[int],
-             request: BaselineRequest) -> list[BaselineResult]:
+def _results(
+    method: str, data: Dataset, config: TrainConfig, eps: list[float], teachers: list[int], request: BaselineRequest
+) -> list[BaselineResult]:
     """One method's results, one per epsilon (and teacher count), in the order the table lists them."""
     from lucid.baselines.alibi import train_alibi
     from lucid.baselines.common import train_plain

@@ -44,5 +44,12 @@ def train_alibi(data: Dataset, config: TrainConfig, epsilon: float) -> BaselineR
     model = train_sgd(data.X_train, soft, data.num_classes, config)
     seconds = time.perf_counter() - start
     agree = float((soft.argmax(axis=1) == data.y_train).mean())
-    return BaselineResult(METHOD, epsilon, accuracy(model, data.X_test, data.y_test), seconds, "ok", "",
-                          {"soft_label_agreement": agree, "privacy": "label-DP"})
+    return BaselineResult(
+        METHOD,
+        epsilon,
+        accuracy(model, data.X_test, data.y_test),
+        seconds,
+        "ok",
+        "",
+        {"soft_label_agreement": agree, "privacy": "label-DP"},
+    )

@@ -38,8 +38,9 @@ from lucid.errors import LucidError
 METHOD = "dpcert"
 
 
-def averaged_clipped_gradients(model: torch.nn.Module, copies: torch.Tensor, y: torch.Tensor,
-                               max_grad_norm: float) -> dict[str, torch.Tensor]:
+def averaged_clipped_gradients(
+    model: torch.nn.Module, copies: torch.Tensor, y: torch.Tensor, max_grad_norm: float
+) -> dict[str, torch.Tensor]:
     """Per row: the mean gradient over its copies ([B, K+1, d]), clipped to `max_grad_norm`; summed over rows."""
     from torch.func import functional_call, grad, vmap
 
@@ -55,8 +56,9 @@ def averaged_clipped_gradients(model: torch.nn.Module, copies: torch.Tensor, y: 
     return {name: (g * factor.view(-1, *([1] * (g.ndim - 1)))).sum(0) for name, g in per_row.items()}
 
 
-def smoothed_predictions(model: torch.nn.Module, X: np.ndarray, sigma: float, samples: int,
-                         num_classes: int, seed: int) -> np.ndarray:
+def smoothed_predictions(
+    model: torch.nn.Module, X: np.ndarray, sigma: float, samples: int, num_classes: int, seed: int
+) -> np.ndarray:
     """The majority class of the model over `samples` Gaussian-noised copies of every row."""
     generator = torch.Generator().manual_seed(seed)
     x = torch.from_numpy(np.asarray(X, dtype=np.float32))
@@ -91,8 +93,13 @@ class DpCertSettings:
             raise LucidError(f"smoothing needs at least one sample, got {smoothing_samples}")
 
 
-def train_dpcert(data: Dataset, config: TrainConfig, epsilon: float, dp_sgd: DpSgdSettings = DpSgdSettings(),
-                 dpcert: DpCertSettings = DpCertSettings()) -> BaselineResult:
+def train_dpcert(
+    data: Dataset,
+    config: TrainConfig,
+    epsilon: float,
+    dp_sgd: DpSgdSettings = DpSgdSettings(),
+    dpcert: DpCertSettings = DpCertSettings(),
+) -> BaselineResult:
     """Train with DP-CERT to (epsilon, delta)-DP (delta defaults to 1/n) and measure the smoothed accuracy."""
     from opacus.accountants import RDPAccountant
     from opacus.accountants.utils import get_noise_multiplier
@@ -106,21 +113,45 @@ def train_dpcert(data: Dataset, config: TrainConfig, epsilon: float, dp_sgd: DpS
     rate = min(1.0, config.batch_size / n)
     steps_per_epoch = max(1, round(1 / rate))
     steps = int(config.epochs) * steps_per_epoch
-    info = {"delta": delta, "max_grad_norm": max_grad_norm, "sample_rate": rate, "augmentations": augmentations,
-            "sigma": sigma, "smoothing_samples": smoothing_samples, "steps": steps}
+    info = {
+        "delta": delta,
+        "max_grad_norm": max_grad_norm,
+        "sample_rate": rate,
+        "augmentations": augmentations,
+        "sigma": sigma,
+        "smoothing_samples": smoothing_samples,
+        "steps": steps,
+    }
     if epsilon == 0:
-        return BaselineResult(METHOD, epsilon, None, 0.0, "unreachable",
-                              "DP-CERT cannot reach eps = 0 (DP-SGD would need infinite noise)", info)
+        return BaselineResult(
+            METHOD,
+            epsilon,
+            None,
+            0.0,
+            "unreachable",
+            "DP-CERT cannot reach eps = 0 (DP-SGD would need infinite noise)",
+            info,
+        )
     start = time.perf_counter()
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            rho = float(get_noise_multiplier(target_epsilon=epsilon, target_delta=delta, sample_rate=rate,
-                                             steps=steps, accountant="rdp"))
+            rho = float(
+                get_noise_multiplier(
+                    target_epsilon=epsilon, target_delta=delta, sample_rate=rate, steps=steps, accountant="rdp"
+                )
+            )
     except ValueError as exc:
-        return BaselineResult(METHOD, epsilon, None, time.perf_counter() - start, "unreachable",
-                              f"Opacus cannot reach eps = {epsilon:g} at delta = {delta:.3g} ({steps} steps, "
-                              f"sampling rate {rate:.3g}): {exc}", info)
+        return BaselineResult(
+            METHOD,
+            epsilon,
+            None,
+            time.perf_counter() - start,
+            "unreachable",
+            f"Opacus cannot reach eps = {epsilon:g} at delta = {delta:.3g} ({steps} steps, "
+            f"sampling rate {rate:.3g}): {exc}",
+            info,
+        )
     torch.manual_seed(config.seed)
     model = build_model(config.arch, data.input_dim, data.num_classes)
     rng = torch.Generator().manual_seed(config.seed + 1)

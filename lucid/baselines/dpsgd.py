@@ -21,8 +21,9 @@ from lucid.baselines.models import build_model
 METHOD = "dpsgd"
 
 
-def train_dpsgd(data: Dataset, config: TrainConfig, epsilon: float,
-                dp_sgd: DpSgdSettings = DpSgdSettings()) -> BaselineResult:
+def train_dpsgd(
+    data: Dataset, config: TrainConfig, epsilon: float, dp_sgd: DpSgdSettings = DpSgdSettings()
+) -> BaselineResult:
     """Train with DP-SGD to (epsilon, delta)-DP; delta defaults to 1/n."""
     from opacus import PrivacyEngine
 
@@ -32,14 +33,26 @@ def train_dpsgd(data: Dataset, config: TrainConfig, epsilon: float,
     max_grad_norm = dp_sgd.max_grad_norm
     info = {"delta": delta, "max_grad_norm": max_grad_norm, "sample_rate": min(1.0, config.batch_size / n)}
     if epsilon == 0:
-        return BaselineResult(METHOD, epsilon, None, 0.0, "unreachable", "DP-SGD cannot reach eps = 0 (it would need infinite noise)", info)
+        return BaselineResult(
+            METHOD,
+            epsilon,
+            None,
+            0.0,
+            "unreachable",
+            "DP-SGD cannot reach eps = 0 (it would need infinite noise)",
+            info,
+        )
 
     torch.manual_seed(config.seed)
     model = build_model(config.arch, data.input_dim, data.num_classes)
     optimizer = torch.optim.SGD(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     dataset = TensorDataset(torch.from_numpy(data.X_train), torch.from_numpy(data.y_train))
-    loader = DataLoader(dataset, batch_size=min(config.batch_size, n), shuffle=True,
-                        generator=torch.Generator().manual_seed(config.seed))
+    loader = DataLoader(
+        dataset,
+        batch_size=min(config.batch_size, n),
+        shuffle=True,
+        generator=torch.Generator().manual_seed(config.seed),
+    )
     start = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Opacus warns about its non-cryptographic RNG in benchmarks
@@ -59,9 +72,14 @@ def train_dpsgd(data: Dataset, config: TrainConfig, epsilon: float,
             if "budget is too low" not in str(exc):
                 raise
             return BaselineResult(
-                METHOD, epsilon, None, time.perf_counter() - start, "unreachable",
+                METHOD,
+                epsilon,
+                None,
+                time.perf_counter() - start,
+                "unreachable",
                 f"Opacus cannot reach eps = {epsilon:g} at delta = {delta:.3g} "
-                f"({config.epochs} epochs, sampling rate {info['sample_rate']:.3g}): {exc}", info,
+                f"({config.epochs} epochs, sampling rate {info['sample_rate']:.3g}): {exc}",
+                info,
             )
         loss_fn = torch.nn.CrossEntropyLoss()
         model.train()

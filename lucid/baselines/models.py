@@ -8,6 +8,8 @@ accepts a run.json `architecture` object as well as an arch string.
 
 from __future__ import annotations
 
+from typing import Any
+
 from torch import nn
 
 from lucid.errors import LucidError
@@ -19,6 +21,7 @@ def parse_architecture(arch: str | dict) -> dict:
     if not isinstance(arch, dict):
         return parse_arch(str(arch))
     kind = arch.get("type", "mlp")
+    spec: dict[str, Any]
     try:
         if kind == "mlp":
             spec = {"type": "mlp", "hidden": [int(h) for h in arch.get("hidden", [])]}

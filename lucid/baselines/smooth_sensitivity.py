@@ -36,14 +36,14 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 
+from lucid.access.mechanism import check_epsilon
 from lucid.agt import AgtDiverged, abstract_train
 from lucid.agt.stability import stable_distances
-from lucid.access.mechanism import check_epsilon
 from lucid.baselines.common import BaselineResult, Dataset, TrainConfig
 from lucid.baselines.models import parse_architecture
 from lucid.baselines.subsample_aggregate import disjoint_parts
@@ -80,8 +80,9 @@ def ensemble_distance(votes_one: np.ndarray, distances: np.ndarray) -> np.ndarra
     return np.maximum(cumulative[np.arange(len(n)), n] + n - 1, 0)
 
 
-def _teacher(data: Dataset, config: TrainConfig, rows: np.ndarray, seed: int, k_max: int,
-             max_width: float) -> tuple[np.ndarray, np.ndarray, dict]:
+def _teacher(
+    data: Dataset, config: TrainConfig, rows: np.ndarray, seed: int, k_max: int, max_width: float
+) -> tuple[np.ndarray, np.ndarray, dict]:
     """N's test labels and stable distances for a network trained by T on `rows`."""
     spec = parse_architecture(config.arch)
     X = torch.from_numpy(data.X_train[rows])
@@ -105,8 +106,15 @@ def _teacher(data: Dataset, config: TrainConfig, rows: np.ndarray, seed: int, k_
     return labels, distances, {"boxes": sorted(boxes), "diverged": diverged}
 
 
-def run_smooth_sensitivity(data: Dataset, config: TrainConfig, epsilons: Sequence[float], *, k_max: int = 10,
-                           teachers: int = 1, max_width: float = 1e6) -> list[BaselineResult]:
+def run_smooth_sensitivity(
+    data: Dataset,
+    config: TrainConfig,
+    epsilons: Sequence[float],
+    *,
+    k_max: int = 10,
+    teachers: int = 1,
+    max_width: float = 1e6,
+) -> list[BaselineResult]:
     """One result per eps (the paper's nominal eps per query; the module docstring says why it is not proven here)."""
     epsilons = [check_epsilon(e) for e in epsilons]
     if int(k_max) != k_max or k_max < 1:
@@ -118,19 +126,42 @@ def run_smooth_sensitivity(data: Dataset, config: TrainConfig, epsilons: Sequenc
     name = method_name(teachers)
     info = {"teachers": teachers, "k_max": k_max, "privacy": "nominal eps per query (module docstring)"}
     if data.num_classes != 2:
-        return [BaselineResult(name, e, None, 0.0, "unreachable",
-                               f"the smooth-sensitivity mechanism is for binary classifiers ({data.num_classes} classes)",
-                               info) for e in epsilons]
+        return [
+            BaselineResult(
+                name,
+                e,
+                None,
+                0.0,
+                "unreachable",
+                f"the smooth-sensitivity mechanism is for binary classifiers ({data.num_classes} classes)",
+                info,
+            )
+            for e in epsilons
+        ]
     if parse_architecture(config.arch)["type"] != "mlp":
-        return [BaselineResult(name, e, None, 0.0, "unreachable",
-                               "lucid.agt certifies predictions of MLP boxes only", info) for e in epsilons]
+        return [
+            BaselineResult(name, e, None, 0.0, "unreachable", "lucid.agt certifies predictions of MLP boxes only", info)
+            for e in epsilons
+        ]
     if len(data.X_train) < teachers:
-        return [BaselineResult(name, e, None, 0.0, "unreachable",
-                               f"only {len(data.X_train)} training rows for {teachers} teachers", info) for e in epsilons]
+        return [
+            BaselineResult(
+                name,
+                e,
+                None,
+                0.0,
+                "unreachable",
+                f"only {len(data.X_train)} training rows for {teachers} teachers",
+                info,
+            )
+            for e in epsilons
+        ]
     if (data.X_train < 0).any() or (data.X_test < 0).any():
         raise LucidError("the AGT baseline needs non-negative features (LUCID's [0, 1] domain)")
     start = time.perf_counter()
-    parts = [np.arange(len(data.X_train))] if teachers == 1 else disjoint_parts(len(data.X_train), teachers, config.seed)
+    parts = (
+        [np.arange(len(data.X_train))] if teachers == 1 else disjoint_parts(len(data.X_train), teachers, config.seed)
+    )
     labels, distances, notes = [], [], []
     for t, rows in enumerate(parts):
         lab, dist, note = _teacher(data, config, rows, config.seed + t, int(k_max), max_width)
@@ -138,29 +169,42 @@ def run_smooth_sensitivity(data: Dataset, config: TrainConfig, epsilons: Sequenc
         distances.append(dist)
         notes.append(note)
     seconds = time.perf_counter() - start
-    labels, distances = np.stack(labels, axis=1), np.stack(distances, axis=1)  # [rows, T]
+    all_labels, all_distances = np.stack(labels, axis=1), np.stack(distances, axis=1)  # [rows, T]
     if teachers == 1:
-        answer, distance = labels[:, 0], distances[:, 0]
+        answer, distance = all_labels[:, 0], all_distances[:, 0]
     else:
-        votes_one = labels.sum(axis=1)
+        votes_one = all_labels.sum(axis=1)
         answer = (2 * votes_one >= teachers).astype(np.int64)  # ties answer 1, as the paper's g
-        distance = ensemble_distance(votes_one, distances)
+        distance = ensemble_distance(votes_one, all_distances)
     diverged = [n["diverged"] for n in notes if n["diverged"]]
     rng = np.random.default_rng(config.seed)
     results = []
     for e in epsilons:
         if e == 0:
-            results.append(BaselineResult(name, e, None, seconds, "unreachable",
-                                          "eps = 0 would need infinite Cauchy noise", info))
+            results.append(
+                BaselineResult(name, e, None, seconds, "unreachable", "eps = 0 would need infinite Cauchy noise", info)
+            )
             continue
         p_one = probability_of_one(answer, distance, e)
         p_true = np.where(data.y_test == 1, p_one, 1.0 - p_one)
         sampled = (rng.random(len(p_one)) < p_one).astype(np.int64)
-        results.append(BaselineResult(name, e, float(p_true.mean()), seconds, "ok", "", {
-            **info, "sampled_accuracy": float((sampled == data.y_test).mean()),
-            "noise_free_accuracy": float((answer == data.y_test).mean()),
-            "stable_share": float((distance >= 1).mean()), "mean_distance": float(distance.mean()),
-            "boxes": notes[0]["boxes"], "diverged": diverged[:3],
-        }))
+        results.append(
+            BaselineResult(
+                name,
+                e,
+                float(p_true.mean()),
+                seconds,
+                "ok",
+                "",
+                {
+                    **info,
+                    "sampled_accuracy": float((sampled == data.y_test).mean()),
+                    "noise_free_accuracy": float((answer == data.y_test).mean()),
+                    "stable_share": float((distance >= 1).mean()),
+                    "mean_distance": float(distance.mean()),
+                    "boxes": notes[0]["boxes"],
+                    "diverged": diverged[:3],
+                },
+            )
+        )
     return results
-

@@ -13,7 +13,7 @@ Training happens once per T; every eps reuses the same votes and reports the sam
 from __future__ import annotations
 
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 from scipy.special import softmax
@@ -61,8 +61,15 @@ def run_subsample_aggregate(
     epsilons = [check_epsilon(e) for e in epsilons]
     if len(data.X_train) < teachers:
         return [
-            BaselineResult(method_name(teachers), e, None, 0.0, "unreachable",
-                           f"only {len(data.X_train)} training rows for {teachers} teachers", {"teachers": teachers})
+            BaselineResult(
+                method_name(teachers),
+                e,
+                None,
+                0.0,
+                "unreachable",
+                f"only {len(data.X_train)} training rows for {teachers} teachers",
+                {"teachers": teachers},
+            )
             for e in epsilons
         ]
     votes, seconds = vote_counts(data, config, teachers)
@@ -72,10 +79,20 @@ def run_subsample_aggregate(
         probs = answer_probabilities(votes, e)
         expected = float(probs[np.arange(len(probs)), data.y_test].mean())
         sampled_labels = (probs.cumsum(axis=1) > rng.random((len(probs), 1))).argmax(axis=1)
-        results.append(BaselineResult(
-            method_name(teachers), e, expected, seconds, "ok", "",
-            {"teachers": teachers, "sampled_accuracy": float((sampled_labels == data.y_test).mean()),
-             "majority_accuracy": float((votes.argmax(axis=1) == data.y_test).mean()),
-             "privacy": "eps-DP per single query"},
-        ))
+        results.append(
+            BaselineResult(
+                method_name(teachers),
+                e,
+                expected,
+                seconds,
+                "ok",
+                "",
+                {
+                    "teachers": teachers,
+                    "sampled_accuracy": float((sampled_labels == data.y_test).mean()),
+                    "majority_accuracy": float((votes.argmax(axis=1) == data.y_test).mean()),
+                    "privacy": "eps-DP per single query",
+                },
+            )
+        )
     return results

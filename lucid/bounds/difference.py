@@ -14,13 +14,20 @@ batch axis (one hyper-network per entry), which `screen` uses for every singleto
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
-from lucid.bounds.interval import (LayerBounds, affine_interval, interval_matvec, matvec, point_matvec, rounding_pad,
-                                  widen)
+from lucid.bounds.interval import (
+    LayerBounds,
+    affine_interval,
+    interval_matvec,
+    matvec,
+    point_matvec,
+    rounding_pad,
+    widen,
+)
 from lucid.hyper import HyperNetwork
 
 
@@ -45,18 +52,24 @@ class WeightIntervals:
     b_hi: Sequence[np.ndarray]
 
     @classmethod
-    def points(cls, weights: Sequence[np.ndarray], biases: Sequence[np.ndarray]) -> "WeightIntervals":
+    def points(cls, weights: Sequence[np.ndarray], biases: Sequence[np.ndarray]) -> WeightIntervals:
         """Single networks: each interval is the point itself."""
         return cls(weights, weights, biases, biases)
 
     @classmethod
-    def of(cls, hyper: HyperNetwork) -> "WeightIntervals":
+    def of(cls, hyper: HyperNetwork) -> WeightIntervals:
         """A `lucid.hyper.HyperNetwork`'s intervals."""
         return cls(hyper.w_lo, hyper.w_hi, hyper.b_lo, hyper.b_hi)
 
 
-def difference_bounds(weights: list[np.ndarray], biases: list[np.ndarray], intervals: WeightIntervals,
-                      n_bounds: LayerBounds, lower: np.ndarray, upper: np.ndarray) -> DifferenceBounds:
+def difference_bounds(
+    weights: list[np.ndarray],
+    biases: list[np.ndarray],
+    intervals: WeightIntervals,
+    n_bounds: LayerBounds,
+    lower: np.ndarray,
+    upper: np.ndarray,
+) -> DifferenceBounds:
     """Sound intervals for z# - z (N's weights [out, in]; `intervals`: N#'s parameters)."""
     w_lo, w_hi, b_lo, b_hi = intervals.w_lo, intervals.w_hi, intervals.b_lo, intervals.b_hi
     L = len(weights)
@@ -114,10 +127,10 @@ def intersect_differences(diff: DifferenceBounds, pre: LayerBounds, hyper: Layer
     z# - z = relu(zhat#) - relu(zhat) lies between min(0, zhat# - zhat) and max(0, zhat# - zhat)
     (ReLU is monotone and 1-Lipschitz), so the post-activation intervals follow from the tightened
     pre-activation ones. Only max / min of sound bounds: no rounding."""
-    pre_lo = [np.maximum(a, b) for a, b in zip(diff.pre.lower, pre.lower)]
-    pre_hi = [np.minimum(a, b) for a, b in zip(diff.pre.upper, pre.upper)]
-    hyp_lo = [np.maximum(a, b) for a, b in zip(diff.hyper.lower, hyper.lower)]
-    hyp_hi = [np.minimum(a, b) for a, b in zip(diff.hyper.upper, hyper.upper)]
-    post_lo = [np.maximum(p, np.minimum(lo, 0.0)) for p, lo in zip(diff.post.lower, pre_lo)]
-    post_hi = [np.minimum(p, np.maximum(hi, 0.0)) for p, hi in zip(diff.post.upper, pre_hi)]
+    pre_lo = [np.maximum(a, b) for a, b in zip(diff.pre.lower, pre.lower, strict=True)]
+    pre_hi = [np.minimum(a, b) for a, b in zip(diff.pre.upper, pre.upper, strict=True)]
+    hyp_lo = [np.maximum(a, b) for a, b in zip(diff.hyper.lower, hyper.lower, strict=True)]
+    hyp_hi = [np.minimum(a, b) for a, b in zip(diff.hyper.upper, hyper.upper, strict=True)]
+    post_lo = [np.maximum(p, np.minimum(lo, 0.0)) for p, lo in zip(diff.post.lower, pre_lo, strict=False)]
+    post_hi = [np.minimum(p, np.maximum(hi, 0.0)) for p, hi in zip(diff.post.upper, pre_hi, strict=False)]
     return DifferenceBounds(LayerBounds(pre_lo, pre_hi), LayerBounds(post_lo, post_hi), LayerBounds(hyp_lo, hyp_hi))

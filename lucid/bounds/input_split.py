@@ -20,6 +20,7 @@ from __future__ import annotations
 import heapq
 import math
 import time
+
 import numpy as np
 
 from lucid.bounds.interval import interval_bounds, interval_margin_upper
@@ -39,8 +40,9 @@ GIVE_UP_LEFT = 0.5
 MIN_WIDTH = 1e-9
 
 
-def box_bound(problem, cls: int, position: int, lower: np.ndarray, upper: np.ndarray, cutoff: float,
-              device: str = "cpu") -> np.ndarray:
+def box_bound(
+    problem, cls: int, position: int, lower: np.ndarray, upper: np.ndarray, cutoff: float, device: str = "cpu"
+) -> np.ndarray:
     """[C] sound upper bounds on beta_t of the network at `position` over the box [lower, upper] (a
     sub-box of the problem's domain), -inf for the rivals N' cannot reach there."""
     stack = problem.stack
@@ -50,8 +52,16 @@ def box_bound(problem, cls: int, position: int, lower: np.ndarray, upper: np.nda
     return singleton_upper_bounds(pair, cls, margin, ScreenOptions(device=device), cutoff=cutoff).per_target[0]
 
 
-def input_split_singleton(problem, cls: int, position: int, cutoff: float, limits: SplitLimits,
-                          options: SplitOptions = SplitOptions(), *, max_boxes: int | None = None) -> SplitResult:
+def input_split_singleton(
+    problem,
+    cls: int,
+    position: int,
+    cutoff: float,
+    limits: SplitLimits,
+    options: SplitOptions = SplitOptions(),
+    *,
+    max_boxes: int | None = None,
+) -> SplitResult:
     """Sound upper bound on beta*_{cls,{i}} of the network at `position` of problem.stack (a
     `VerificationProblem`) by cutting the domain into boxes until every box is below `cutoff` or
     limits.time_limit seconds have passed (or limits.stop is set, or `max_boxes` boxes are
@@ -123,6 +133,14 @@ def input_split_singleton(problem, cls: int, position: int, cutoff: float, limit
         if options.search:
             witness = max(leaks_from(problem, cls, position, starts), key=lambda leak: leak.confidence, default=None)
     trace.append((time.perf_counter() - t0, bound))
-    return SplitResult(bound=bound, proved=proved, domains=boxes, seconds=time.perf_counter() - t0,
-                       per_target={t: float(v) for t, v in enumerate(per_target) if t != cls and v > -math.inf},
-                       starts=starts, witness=witness, trace=trace, gave_up=gave_up)
+    return SplitResult(
+        bound=bound,
+        proved=proved,
+        domains=boxes,
+        seconds=time.perf_counter() - t0,
+        per_target={t: float(v) for t, v in enumerate(per_target) if t != cls and v > -math.inf},
+        starts=starts,
+        witness=witness,
+        trace=trace,
+        gave_up=gave_up,
+    )

@@ -29,22 +29,22 @@ class LayerBounds:
 
     def to_arrays(self, prefix: str = "") -> dict[str, np.ndarray]:
         out = {}
-        for i, (lo, hi) in enumerate(zip(self.lower, self.upper)):
+        for i, (lo, hi) in enumerate(zip(self.lower, self.upper, strict=True)):
             out[f"{prefix}lower.{i}"] = lo
             out[f"{prefix}upper.{i}"] = hi
         return out
 
     @classmethod
-    def from_arrays(cls, arrays: dict, num_layers: int, prefix: str = "") -> "LayerBounds":
+    def from_arrays(cls, arrays: dict, num_layers: int, prefix: str = "") -> LayerBounds:
         return cls(
             [np.asarray(arrays[f"{prefix}lower.{i}"]) for i in range(num_layers)],
             [np.asarray(arrays[f"{prefix}upper.{i}"]) for i in range(num_layers)],
         )
 
-    def intersect(self, other: "LayerBounds") -> "LayerBounds":
+    def intersect(self, other: LayerBounds) -> LayerBounds:
         return LayerBounds(
-            [np.maximum(a, b) for a, b in zip(self.lower, other.lower)],
-            [np.minimum(a, b) for a, b in zip(self.upper, other.upper)],
+            [np.maximum(a, b) for a, b in zip(self.lower, other.lower, strict=True)],
+            [np.minimum(a, b) for a, b in zip(self.upper, other.upper, strict=True)],
         )
 
 

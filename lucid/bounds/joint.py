@@ -68,8 +68,15 @@ class SymbolicDifference:
 class JointSystem:
     """N (shared) and K networks N' in one batched backward linear-bound pass."""
 
-    def __init__(self, pair: PairProblem, *, device: str | torch.device = "cpu", intermediate: str = "symbolic",
-                 intermediate_steps: int = 0, intermediate_lr: float = 0.05):
+    def __init__(
+        self,
+        pair: PairProblem,
+        *,
+        device: str | torch.device = "cpu",
+        intermediate: str = "symbolic",
+        intermediate_steps: int = 0,
+        intermediate_lr: float = 0.05,
+    ):
         if intermediate not in ("symbolic", "interval"):
             raise ValueError(f"intermediate must be 'symbolic' or 'interval', not {intermediate!r}")
         dev = torch.device(device)
@@ -80,8 +87,8 @@ class JointSystem:
         self.W = [_t(w, dev) for w in pair.n_weights]
         self.b = [_t(b, dev) for b in pair.n_biases]
         self.Wp = [_t(w, dev) for w in pair.weights]
-        self.dW = [wp - w for wp, w in zip(self.Wp, self.W)]
-        self.db = [_t(bp, dev) - b for bp, b in zip(pair.biases, self.b)]
+        self.dW = [wp - w for wp, w in zip(self.Wp, self.W, strict=True)]
+        self.db = [_t(bp, dev) - b for bp, b in zip(pair.biases, self.b, strict=True)]
         self.aW = [w.abs() for w in self.W]
         self.aWp = [w.abs() for w in self.Wp]
         self.adW = [w.abs() for w in self.dW]
@@ -93,13 +100,14 @@ class JointSystem:
         self.hi = _t(pair.upper, dev)
         self.amax = torch.maximum(self.lo.abs(), self.hi.abs())
         # gamma_n for the longest chain of additions of a pass (about 6 sums per width and layer)
-        self.fp_rel = max(FP_REL, 2.0 ** -52 * (6 * (sum(w.shape[0] for w in self.W) + self.W[0].shape[1]) + 16))
+        self.fp_rel = max(FP_REL, 2.0**-52 * (6 * (sum(w.shape[0] for w in self.W) + self.W[0].shape[1]) + 16))
         # interval start: the existing propagation (numpy)
         nb = LayerBounds([np.asarray(x) for x in pair.n_lower], [np.asarray(x) for x in pair.n_upper])
         ws = [np.asarray(w, dtype=np.float64) for w in pair.weights]
         bs = [np.asarray(b, dtype=np.float64) for b in pair.biases]
-        diff = difference_bounds(list(pair.n_weights), list(pair.n_biases), WeightIntervals.points(ws, bs), nb,
-                                 pair.lower, pair.upper)
+        diff = difference_bounds(
+            list(pair.n_weights), list(pair.n_biases), WeightIntervals.points(ws, bs), nb, pair.lower, pair.upper
+        )
         self.dl, self.du, self.hl, self.hu = [], [], [], []
         self.relax: list[Relaxation] = []
         for k in range(self.L):
@@ -117,12 +125,23 @@ class JointSystem:
                 su, tu, sl, unst = relu_relaxation(self.nl[k], self.nu[k])
                 pu, qu, pl, ql, pz = difference_relaxation(self.nl[k], self.nu[k], hl, hu, dl, du)
                 K = self.K
-                self.relax.append(Relaxation(su.expand(K, -1), tu.expand(K, -1), sl.expand(K, -1), unst.expand(K, -1),
-                                         pu, qu, pl, ql, pz))
+                self.relax.append(
+                    Relaxation(
+                        su.expand(K, -1), tu.expand(K, -1), sl.expand(K, -1), unst.expand(K, -1), pu, qu, pl, ql, pz
+                    )
+                )
 
     # ------------------------------------------------------------------ passes
-    def backward(self, A: torch.Tensor, E: torch.Tensor, top: int, alphas=None, splits=None,
-                 trace: list | None = None, first: tuple | None = None) -> torch.Tensor:
+    def backward(
+        self,
+        A: torch.Tensor,
+        E: torch.Tensor,
+        top: int,
+        alphas=None,
+        splits=None,
+        trace: list | None = None,
+        first: tuple | None = None,
+    ) -> torch.Tensor:
         """Upper bound (no FP margin) of A . zhat_top + E . deltahat_top over the box.
 
         A, E: [K, m, n_top]. alphas: None or a list (hidden layers < top) of [K, m, n] lower slopes
@@ -166,8 +185,9 @@ class JointSystem:
         return const + (Az.clamp(min=0) * self.hi + Az.clamp(max=0) * self.lo).sum(-1)
 
     @torch.no_grad()
-    def magnitude(self, A: torch.Tensor, E: torch.Tensor, top: int, splits=None,
-                  first: tuple | None = None) -> torch.Tensor:
+    def magnitude(
+        self, A: torch.Tensor, E: torch.Tensor, top: int, splits=None, first: tuple | None = None
+    ) -> torch.Tensor:
         """The backward pass on absolute values (module docstring): sum of |terms|, [K, m].
         first: as in `backward`, of the absolute values."""
         A, E = A.abs(), E.abs()
@@ -237,18 +257,22 @@ class JointSystem:
         A = torch.cat([torch.zeros(2 * n, n, dtype=DTYPE, device=self.device), es, -es]).expand(self.K, -1, -1)
         E = torch.cat([eye, -eye, es, -es]).expand(self.K, -1, -1)
         # the FP margin: the magnitude pass sees |A|, |E| only, the same for +row and -row
-        half = self.magnitude(torch.cat([A[:, :n], A[:, 2 * n:2 * n + m]], 1), torch.cat([E[:, :n], E[:, 2 * n:2 * n + m]], 1), k,
-                              first=self._rows_step(k, stable, absolute=True))
+        half = self.magnitude(
+            torch.cat([A[:, :n], A[:, 2 * n : 2 * n + m]], 1),
+            torch.cat([E[:, :n], E[:, 2 * n : 2 * n + m]], 1),
+            k,
+            first=self._rows_step(k, stable, absolute=True),
+        )
         margin = self.fp_rel * torch.cat([half[:, :n], half[:, :n], half[:, n:], half[:, n:]], 1) + FP_ABS
         if self.intermediate_steps > 0 and k > 0:
             ub = self._optimised_max(A, E, k) + margin
         else:
             ub = self.backward(A, E, k, first=self._rows_step(k, stable)) + margin
-        dl, du = torch.maximum(dl, -ub[:, n:2 * n]), torch.minimum(du, ub[:, :n])
+        dl, du = torch.maximum(dl, -ub[:, n : 2 * n]), torch.minimum(du, ub[:, :n])
         if m:
             hl, hu = hl.clone(), hu.clone()
-            hl[:, stable] = torch.maximum(hl[:, stable], -ub[:, 2 * n + m:])
-            hu[:, stable] = torch.minimum(hu[:, stable], ub[:, 2 * n:2 * n + m])
+            hl[:, stable] = torch.maximum(hl[:, stable], -ub[:, 2 * n + m :])
+            hu[:, stable] = torch.minimum(hu[:, stable], ub[:, 2 * n : 2 * n + m])
         return consistent(self.nl[k], self.nu[k], dl, du, hl, hu)
 
     def _rows_step(self, k: int, stable: torch.Tensor, absolute: bool = False) -> tuple:
@@ -268,8 +292,9 @@ class JointSystem:
         Ed = torch.cat([Wp, -Wp, Wp[:, stable], -Wp[:, stable]], 1)
         return Az, Ed, torch.cat([db, -db, z_const, -z_const], 1)
 
-    def _affine_step(self, A: torch.Tensor, E: torch.Tensor, k: int, const: torch.Tensor,
-                     absolute: bool = False) -> tuple:
+    def _affine_step(
+        self, A: torch.Tensor, E: torch.Tensor, k: int, const: torch.Tensor, absolute: bool = False
+    ) -> tuple:
         """`backward`'s (with `absolute`, `magnitude`'s) affine step at layer k: the coefficients
         of zhat_{k-1} and deltahat_{k-1} (None below the first layer) and `const` plus what the
         layer's biases add."""
@@ -283,7 +308,7 @@ class JointSystem:
             return self.aW[k], self.adW[k], self.aWp[k], self.ab[k], self.adb[k]
         return self.W[k], self.dW[k], self.Wp[k], self.b[k], self.db[k]
 
-    def select(self, idx, light: bool = False) -> "JointSystem":
+    def select(self, idx, light: bool = False) -> JointSystem:
         """The same system for the networks idx (repeats allowed; a shallow copy sharing N's tensors).
         light: only what `backward` needs (no magnitude passes, no intervals)."""
         ix = torch.as_tensor(np.asarray(idx, dtype=np.int64), device=self.device)
@@ -302,6 +327,7 @@ class JointSystem:
         return sub
 
     def differences(self) -> SymbolicDifference:
-        return SymbolicDifference(LayerBounds([_np(x) for x in self.dl], [_np(x) for x in self.du]),
-                                  LayerBounds([_np(x) for x in self.hl], [_np(x) for x in self.hu]))
-
+        return SymbolicDifference(
+            LayerBounds([_np(x) for x in self.dl], [_np(x) for x in self.du]),
+            LayerBounds([_np(x) for x in self.hl], [_np(x) for x in self.hu]),
+        )

@@ -29,12 +29,18 @@ def rigorous_max(model: MilpModel, c: np.ndarray, y: np.ndarray) -> float:
     y[(y < 0) & ~np.isfinite(model.row_lower)] = 0.0
     r = c - model.A.T @ y
     col = np.where(r > 0, r * model.col_upper, np.where(r < 0, r * model.col_lower, 0.0))
-    row = np.where(y > 0, y * np.where(y > 0, model.row_upper, 0.0), np.where(y < 0, y * np.where(y < 0, model.row_lower, 0.0), 0.0))
+    row = np.where(
+        y > 0,
+        y * np.where(y > 0, model.row_upper, 0.0),
+        np.where(y < 0, y * np.where(y < 0, model.row_lower, 0.0), 0.0),
+    )
     if not (np.all(np.isfinite(col)) and np.all(np.isfinite(row))):
         return np.inf
     # the residual r itself was computed in floats: account for its rounding too
-    mag = np.abs(col).sum() + np.abs(row).sum() + (np.abs(model.A.T) @ np.abs(y) + np.abs(c)) @ np.maximum(
-        np.abs(model.col_lower), np.abs(model.col_upper)
+    mag = (
+        np.abs(col).sum()
+        + np.abs(row).sum()
+        + (np.abs(model.A.T) @ np.abs(y) + np.abs(c)) @ np.maximum(np.abs(model.col_lower), np.abs(model.col_upper))
     )
     return float(col.sum() + row.sum() + FP_REL * mag + 1e-300)
 
@@ -74,7 +80,12 @@ class LpBoundSolver:
 
 
 def relaxation_model(
-    weights: list[np.ndarray], biases: list[np.ndarray], lower: np.ndarray, upper: np.ndarray, bounds: LayerBounds, depth: int
+    weights: list[np.ndarray],
+    biases: list[np.ndarray],
+    lower: np.ndarray,
+    upper: np.ndarray,
+    bounds: LayerBounds,
+    depth: int,
 ) -> tuple[MilpModel, np.ndarray]:
     """Triangle relaxation of layers < depth; returns the model and the columns of layer depth-1's output."""
     b = ModelBuilder()
@@ -119,9 +130,9 @@ def lp_bounds(
             rest = interval_bounds(
                 weights[k + 1 :], biases[k + 1 :], np.maximum(bounds.lower[k], 0), np.maximum(bounds.upper[k], 0)
             )
-            for i, (lo, hi) in enumerate(zip(rest.lower, rest.upper)):
-                bounds.lower[k + 1 + i] = np.maximum(bounds.lower[k + 1 + i], lo)
-                bounds.upper[k + 1 + i] = np.minimum(bounds.upper[k + 1 + i], hi)
+            for i, (rest_lo, rest_hi) in enumerate(zip(rest.lower, rest.upper, strict=True)):
+                bounds.lower[k + 1 + i] = np.maximum(bounds.lower[k + 1 + i], rest_lo)
+                bounds.upper[k + 1 + i] = np.minimum(bounds.upper[k + 1 + i], rest_hi)
     return bounds
 
 

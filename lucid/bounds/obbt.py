@@ -23,8 +23,15 @@ def _copy(b: LayerBounds) -> LayerBounds:
     return LayerBounds([x.copy() for x in b.lower], [x.copy() for x in b.upper])
 
 
-def tighten_node_bounds(encode, n_bounds: LayerBounds, diff: DifferenceBounds, rounds: int = 1, diff_lp: bool = True,
-                        deadline: float | None = None, hyper_lp: bool = True):
+def tighten_node_bounds(
+    encode,
+    n_bounds: LayerBounds,
+    diff: DifferenceBounds,
+    rounds: int = 1,
+    diff_lp: bool = True,
+    deadline: float | None = None,
+    hyper_lp: bool = True,
+):
     """Tighten layer by layer; `encode(n_bounds, diff, relax_all=True)` builds the relaxation.
 
     Each layer tightens N's unstable neurons, the pre-activation differences and (with
@@ -86,7 +93,10 @@ def _hyper_from_difference(n_b: LayerBounds, pre: LayerBounds, hyp: LayerBounds,
     """zhat# = zhat + dhat, so [l + dl, u + du] (rounded outward) also bounds N#'s layer k."""
     lo = n_b.lower[k] + pre.lower[k]
     hi = n_b.upper[k] + pre.upper[k]
-    pad = 4 * FP_REL * (np.abs(n_b.lower[k]) + np.abs(n_b.upper[k]) + np.abs(pre.lower[k]) + np.abs(pre.upper[k])) + 1e-300
+    pad = (
+        4 * FP_REL * (np.abs(n_b.lower[k]) + np.abs(n_b.upper[k]) + np.abs(pre.lower[k]) + np.abs(pre.upper[k]))
+        + 1e-300
+    )
     ok = np.isfinite(lo) & np.isfinite(hi)
     hyp.lower[k] = np.where(ok, np.maximum(hyp.lower[k], lo - pad), hyp.lower[k])
     hyp.upper[k] = np.where(ok, np.minimum(hyp.upper[k], hi + pad), hyp.upper[k])

@@ -6,8 +6,8 @@ bounds and the input box. The joint system (`lucid.bounds.joint`), the symbolic 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Sequence
 
 import numpy as np
 
@@ -35,14 +35,28 @@ class PairProblem:
         return self.weights[0].shape[0]
 
     @classmethod
-    def singleton(cls, stack, position: int, n_lower: Sequence[np.ndarray], n_upper: Sequence[np.ndarray],
-                  lower: np.ndarray, upper: np.ndarray) -> "PairProblem":
+    def singleton(
+        cls,
+        stack,
+        position: int,
+        n_lower: Sequence[np.ndarray],
+        n_upper: Sequence[np.ndarray],
+        lower: np.ndarray,
+        upper: np.ndarray,
+    ) -> PairProblem:
         """N (network 0 of `stack`, a NetworkStack) against the one network at `position`, over the box
         [lower, upper] with N's pre-activation bounds n_lower / n_upper there."""
-        return cls([w[0] for w in stack.weights], [b[0] for b in stack.biases],
-                   [w[position][None] for w in stack.weights], [b[position][None] for b in stack.biases],
-                   n_lower, n_upper, lower, upper)
+        return cls(
+            [w[0] for w in stack.weights],
+            [b[0] for b in stack.biases],
+            [w[position][None] for w in stack.weights],
+            [b[position][None] for b in stack.biases],
+            n_lower,
+            n_upper,
+            lower,
+            upper,
+        )
 
-    def networks(self, idx: slice | np.ndarray) -> "PairProblem":
+    def networks(self, idx: slice | np.ndarray) -> PairProblem:
         """The same problem for the networks N' at `idx` (a slice or an index array) only."""
         return replace(self, weights=[w[idx] for w in self.weights], biases=[b[idx] for b in self.biases])

@@ -50,9 +50,18 @@ class Relaxation:
     def __post_init__(self) -> None:
         self.mag_t = torch.maximum(self.tu.abs(), torch.maximum(self.qu.abs(), self.ql.abs()))
 
-    def take(self, ix: torch.Tensor) -> "Relaxation":
-        return Relaxation(self.su[ix], self.tu[ix], self.sl[ix], self.unstable[ix], self.pu[ix], self.qu[ix],
-                          self.pl[ix], self.ql[ix], None if self.pz is None else self.pz[ix])
+    def take(self, ix: torch.Tensor) -> Relaxation:
+        return Relaxation(
+            self.su[ix],
+            self.tu[ix],
+            self.sl[ix],
+            self.unstable[ix],
+            self.pu[ix],
+            self.qu[ix],
+            self.pl[ix],
+            self.ql[ix],
+            None if self.pz is None else self.pz[ix],
+        )
 
 
 def relu_relaxation(l: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, ...]:

@@ -33,8 +33,7 @@ from lucid.bounds.split_lagrangian import _Brancher
 from lucid.bounds.split_options import DomainBound, Hopeless, SplitControl, SplitLimits, SplitOptions, is_set
 from lucid.bounds.symbolic import ScreenOptions, singleton_upper_bounds
 from lucid.witness.gradient import gradient_search
-from lucid.witness.replay import LeakQuery, climb
-
+from lucid.witness.replay import LeakQuery, LeakWitness, climb
 
 LEAF_STEPS = 200  # Adam steps for a domain with nothing left to split (its bound is then final)
 LEAK_STARTS = 4  # leak searches from the highest open domains of an unproved network
@@ -104,10 +103,14 @@ class _Network:
     trace: list[tuple[float, float]] = field(default_factory=list)
 
     @classmethod
-    def start(cls, control: SplitControl) -> "_Network":
-        return cls(time.perf_counter(), None if control.checkpoint is None else _Checkpoint(*control.checkpoint),
-                   None if control.extension is None else _Extension(*control.extension), control.stop,
-                   control.domain_bound)
+    def start(cls, control: SplitControl) -> _Network:
+        return cls(
+            time.perf_counter(),
+            None if control.checkpoint is None else _Checkpoint(*control.checkpoint),
+            None if control.extension is None else _Extension(*control.extension),
+            control.stop,
+            control.domain_bound,
+        )
 
 
 @dataclass
@@ -120,7 +123,7 @@ class SplitResult:
     seconds: float
     per_target: dict[int, float]  # the bound per rival t that N' can reach
     starts: np.ndarray | None = None  # [n, d] where the highest open domains attain their bounds (unproved only)
-    witness: object | None = None  # a replayed leak found from `starts` (`split_singleton`), or None
+    witness: LeakWitness | None = None  # a replayed leak found from `starts` (`split_singleton`), or None
     trace: list[tuple[float, float]] = field(default_factory=list)  # (seconds, the searched rival's bound) as it fell
     gave_up: bool = False  # stopped at the checkpoint (`SplitControl.checkpoint`), not at the time limit
 
@@ -132,9 +135,16 @@ def _peaks(parts: list[_Domains]) -> np.ndarray:
     return top.x[torch.argsort(top.bound, descending=True)[:LEAK_STARTS]].cpu().numpy()
 
 
-def split_upper_bound(pair: PairProblem, cls: int, cutoff: float, *, margin_upper: np.ndarray | None = None,
-                      start: np.ndarray | None = None, control: SplitControl = SplitControl(),
-                      options: SplitOptions = SplitOptions()) -> SplitResult:
+def split_upper_bound(
+    pair: PairProblem,
+    cls: int,
+    cutoff: float,
+    *,
+    margin_upper: np.ndarray | None = None,
+    start: np.ndarray | None = None,
+    control: SplitControl = SplitControl(),
+    options: SplitOptions = SplitOptions(),
+) -> SplitResult:
     """Sound upper bound on beta*_{cls,{i}} for the one network N' of `pair` against N, by
     ReLU-splitting branch and bound until every domain is <= `cutoff` or control.time_limit
     seconds have passed (module docstring; `control`: the caller's checkpoint, extension, stop and
@@ -184,12 +194,21 @@ def split_upper_bound(pair: PairProblem, cls: int, cutoff: float, *, margin_uppe
         if t != cls and t not in per_target:
             per_target[t] = min(math.inf if start is None else float(start[t]), cap[cls, t])
     bound = max(per_target.values(), default=-math.inf)
-    return SplitResult(bound, bound <= cutoff, evaluated, time.perf_counter() - t0, per_target,
-                       np.concatenate(starts) if starts else None, trace=net.trace, gave_up=gave_up)
+    return SplitResult(
+        bound,
+        bound <= cutoff,
+        evaluated,
+        time.perf_counter() - t0,
+        per_target,
+        np.concatenate(starts) if starts else None,
+        trace=net.trace,
+        gave_up=gave_up,
+    )
 
 
-def _search(b: _Brancher, open_: _Domains, cutoff: float, deadline: float, options: SplitOptions,
-            net: _Network) -> tuple[float, _Domains, bool]:
+def _search(
+    b: _Brancher, open_: _Domains, cutoff: float, deadline: float, options: SplitOptions, net: _Network
+) -> tuple[float, _Domains, bool]:
     """Branch and bound from the bounded domains `open_` until every domain is closed (<= cutoff,
     or nothing left to split), a closed one is above the cutoff, or the deadline passes. Returns
     the sound bound (the maximum over closed and open domains), the domains left open and whether
@@ -254,8 +273,9 @@ def _search(b: _Brancher, open_: _Domains, cutoff: float, deadline: float, optio
             for i in stalled:
                 if time.perf_counter() > deadline or is_set(net.stop):
                     break
-                other = net.domain_bound(b.rival, [s[i].cpu().numpy() for s in kids.sn],
-                                         [s[i].cpu().numpy() for s in kids.sp])
+                other = net.domain_bound(
+                    b.rival, [s[i].cpu().numpy() for s in kids.sn], [s[i].cpu().numpy() for s in kids.sp]
+                )
                 kids.bound[i] = min(float(kids.bound[i]), other)
         return kids
 
@@ -312,8 +332,15 @@ def leaks_from(problem, cls: int, position: int, xs: np.ndarray) -> list:
     return [leak for leak in found if leak is not None]
 
 
-def split_singleton(problem, cls: int, position: int, cutoff: float, limits: SplitLimits,
-                    options: SplitOptions = SplitOptions(), domain_bound: DomainBound | None = None) -> SplitResult:
+def split_singleton(
+    problem,
+    cls: int,
+    position: int,
+    cutoff: float,
+    limits: SplitLimits,
+    options: SplitOptions = SplitOptions(),
+    domain_bound: DomainBound | None = None,
+) -> SplitResult:
     """`split_upper_bound` for the network at `position` of problem.stack (a `VerificationProblem`),
     started from its optimised symbolic bound per rival (`lucid.bounds.symbolic`): rivals N' cannot
     reach, or already below the cutoff there, are not branched on. domain_bound: see `_search`
@@ -321,8 +348,9 @@ def split_singleton(problem, cls: int, position: int, cutoff: float, limits: Spl
     the time limit if the split is not on track (GIVE_UP_EXCESS; `gave_up` in the result);
     limits.extend: up to this many seconds more when the time limit passes within EXTEND_EXCESS
     of the cutoff."""
-    pair = PairProblem.singleton(problem.stack, position, problem.n_bounds.lower, problem.n_bounds.upper,
-                                 problem.lower, problem.upper)
+    pair = PairProblem.singleton(
+        problem.stack, position, problem.n_bounds.lower, problem.n_bounds.upper, problem.lower, problem.upper
+    )
     leaks: list = []
 
     def leak_from(xs: np.ndarray) -> None:
@@ -335,12 +363,14 @@ def split_singleton(problem, cls: int, position: int, cutoff: float, limits: Spl
         leak_from(xs)
         return any(found.confidence >= cutoff for found in leaks)
 
-    start = singleton_upper_bounds(pair, cls, problem.margin_upper, ScreenOptions.optimised(options.device),
-                                   cutoff=cutoff).per_target[0]
+    start = singleton_upper_bounds(
+        pair, cls, problem.margin_upper, ScreenOptions.optimised(options.device), cutoff=cutoff
+    ).per_target[0]
     checkpoint = (CHECK_SHARE * limits.time_limit, hopeless) if limits.give_up else None
     control = SplitControl(limits.time_limit, limits.stop, checkpoint, (limits.extend, EXTEND_EXCESS), domain_bound)
-    res = split_upper_bound(pair, cls, cutoff, margin_upper=problem.margin_upper, start=start, control=control,
-                            options=options)
+    res = split_upper_bound(
+        pair, cls, cutoff, margin_upper=problem.margin_upper, start=start, control=control, options=options
+    )
     # unproved: climb to a real leak from where the open domains peak (unless the checkpoint just
     # climbed from those same domains and stopped on the leak it found)
     if res.starts is not None and not (res.gave_up and leaks) and not is_set(limits.stop):

@@ -40,18 +40,45 @@ class _Domains:
     def __len__(self) -> int:
         return len(self.bound)
 
-    def take(self, idx: torch.Tensor) -> "_Domains":
-        pick = lambda xs: [x[idx] for x in xs]  # noqa: E731
-        return _Domains(pick(self.sn), pick(self.sp), self.lam[idx], pick(self.alpha), pick(self.beta_n),
-                        pick(self.beta_p), self.mu[idx], self.x[idx], self.bound[idx], self.choice[idx])
+    def take(self, idx: torch.Tensor) -> _Domains:
+        def pick(xs: list[torch.Tensor]) -> list[torch.Tensor]:
+            return [x[idx] for x in xs]
+
+        return _Domains(
+            pick(self.sn),
+            pick(self.sp),
+            self.lam[idx],
+            pick(self.alpha),
+            pick(self.beta_n),
+            pick(self.beta_p),
+            self.mu[idx],
+            self.x[idx],
+            self.bound[idx],
+            self.choice[idx],
+        )
 
     @staticmethod
-    def cat(parts: list["_Domains"]) -> "_Domains":
+    def cat(parts: list[_Domains]) -> _Domains:
         parts = [p for p in parts if len(p)] or parts[:1]
-        join = lambda name: [torch.cat([getattr(p, name)[k] for p in parts]) for k in range(len(getattr(parts[0], name)))]  # noqa: E731
-        flat = lambda name: torch.cat([getattr(p, name) for p in parts])  # noqa: E731
-        return _Domains(join("sn"), join("sp"), flat("lam"), join("alpha"), join("beta_n"), join("beta_p"), flat("mu"),
-                        flat("x"), flat("bound"), flat("choice"))
+
+        def join(name: str) -> list[torch.Tensor]:
+            return [torch.cat([getattr(p, name)[k] for p in parts]) for k in range(len(getattr(parts[0], name)))]
+
+        def flat(name: str) -> torch.Tensor:
+            return torch.cat([getattr(p, name) for p in parts])
+
+        return _Domains(
+            join("sn"),
+            join("sp"),
+            flat("lam"),
+            join("alpha"),
+            join("beta_n"),
+            join("beta_p"),
+            flat("mu"),
+            flat("x"),
+            flat("bound"),
+            flat("choice"),
+        )
 
 
 def _signs(d: _Domains) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -69,10 +96,18 @@ def root_domain(root: JointSystem, rival: int, start_bound: float) -> _Domains:
     alpha = [r.sl[:1].clone() for r in root.relax]
     mu = torch.zeros(1, root.W[-1].shape[0], dtype=DTYPE, device=dev)
     mu[0, rival] = 1.0
-    return _Domains(zeros8, [z.clone() for z in zeros8], torch.ones(1, dtype=DTYPE, device=dev), alpha,
-                    zeros, [z.clone() for z in zeros], mu, root.lo[None].clone(),
-                    torch.full((1,), start_bound, dtype=DTYPE, device=dev),
-                    torch.full((1,), -1, dtype=torch.int64, device=dev))
+    return _Domains(
+        zeros8,
+        [z.clone() for z in zeros8],
+        torch.ones(1, dtype=DTYPE, device=dev),
+        alpha,
+        zeros,
+        [z.clone() for z in zeros],
+        mu,
+        root.lo[None].clone(),
+        torch.full((1,), start_bound, dtype=DTYPE, device=dev),
+        torch.full((1,), -1, dtype=torch.int64, device=dev),
+    )
 
 
 def choose_neuron(d: _Domains, relax: list[Relaxation], intervals: list, alphas: list, trace: list) -> torch.Tensor:
@@ -86,7 +121,7 @@ def choose_neuron(d: _Domains, relax: list[Relaxation], intervals: list, alphas:
     (max(-alpha l, (1 - alpha) u)) times the coefficient, plus |coefficient| times width.
     (Scoring alpha's gap in the first rank doubled the domains Adult's top network needed.)"""
     primary, fallback = [], []
-    for k, (r, (l, u, hl, hu), a, (az, ed)) in enumerate(zip(relax, intervals, alphas, trace)):
+    for k, (r, (l, u, hl, hu), a, (az, ed)) in enumerate(zip(relax, intervals, alphas, trace, strict=False)):
         az, ed = az[:, 0], ed[:, 0]
         un = r.unstable & (d.sn[k] == 0)
         up = (hl < 0) & (hu > 0) & (d.sp[k] == 0)
@@ -95,10 +130,16 @@ def choose_neuron(d: _Domains, relax: list[Relaxation], intervals: list, alphas:
         sn = az.clamp(min=0) * r.tu + ed.clamp(max=0) * r.ql
         sp = ed.clamp(min=0) * r.qu
         primary.append(torch.cat([torch.where(un, sn, 0.0), torch.where(up, sp, 0.0)], 1))
-        fallback.append(torch.cat([torch.where(un, (-az.clamp(max=0)) * low_gap + ed.abs() * (u - l), -1.0),
-                                   torch.where(up, ed.abs() * (hu - hl), -1.0)], 1))
-    primary, fallback = torch.cat(primary, 1), torch.cat(fallback, 1)
-    first, second = primary.max(1), fallback.max(1)
+        fallback.append(
+            torch.cat(
+                [
+                    torch.where(un, (-az.clamp(max=0)) * low_gap + ed.abs() * (u - l), -1.0),
+                    torch.where(up, ed.abs() * (hu - hl), -1.0),
+                ],
+                1,
+            )
+        )
+    first, second = torch.cat(primary, 1).max(1), torch.cat(fallback, 1).max(1)
     none = torch.full_like(first.indices, -1)
     return torch.where(first.values > 1e-12, first.indices, torch.where(second.values >= 0, second.indices, none))
 

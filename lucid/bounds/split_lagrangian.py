@@ -48,8 +48,15 @@ import torch
 from lucid.adam import Adam
 from lucid.bounds.interval import FP_ABS
 from lucid.bounds.joint import JointSystem, _np, projected_adam_step
-from lucid.bounds.relaxation import (DTYPE, Relaxation, all_stable, consistent, difference_relaxation, outward_pad,
-                                     relu_relaxation)
+from lucid.bounds.relaxation import (
+    DTYPE,
+    Relaxation,
+    all_stable,
+    consistent,
+    difference_relaxation,
+    outward_pad,
+    relu_relaxation,
+)
 from lucid.bounds.split_domains import _Domains, _signs, children, choose_neuron, root_domain
 from lucid.bounds.split_options import SplitOptions
 from lucid.bounds.symbolic import _simplex
@@ -60,15 +67,16 @@ def _split_terms(signs: tuple[list, list], beta_n: list[torch.Tensor], beta_p: l
     """Per hidden layer, the Lagrangian coefficients (s_j beta_j of zhat_j, s_j beta'_j of zhat'_j),
     [D, 1, n] each, for `JointSystem.backward`'s `splits` (signs: `_signs`; beta_n, beta_p: [D, 1, n]
     per layer)."""
-    return [(sn * b1, sp * b2) for sn, sp, b1, b2 in zip(*signs, beta_n, beta_p)]
+    return [(sn * b1, sp * b2) for sn, sp, b1, b2 in zip(*signs, beta_n, beta_p, strict=False)]
 
 
 class _Brancher:
     """One network N' and one rival t: bounds batches of their domains (`bound`, `lp_start`) and
     splits them (`children`); the search that decides which to split is `relu_split._search`."""
 
-    def __init__(self, root: JointSystem, cls: int, rival: int, options: SplitOptions,
-                 mix_bound: float | None = None) -> None:
+    def __init__(
+        self, root: JointSystem, cls: int, rival: int, options: SplitOptions, mix_bound: float | None = None
+    ) -> None:
         """options: the Adam steps per bound and the step sizes (`SplitOptions`; the search may rescale
         lr and lam_lr to the bound's units). mix_bound: a bound on |s_c - s_u| over the box for every
         u (more than two classes): N's side of the objective then mixes the rivals (module
@@ -138,11 +146,21 @@ class _Brancher:
         bn = [b.clone()[:, None, :].requires_grad_(True) for b in d.beta_n]
         bp = [b.clone()[:, None, :].requires_grad_(True) for b in d.beta_p]
         signs = _signs(d)  # once: every step's objective needs them
-        opt = Adam([{"params": [lam], "lr": self.lam_lr}, {"params": [*bn, *bp], "lr": self.lr},
-                                {"params": [*alphas, *([mu] if mix else [])], "lr": self.alpha_lr}])
+        opt = Adam(
+            [
+                {"params": [lam], "lr": self.lam_lr},
+                {"params": [*bn, *bp], "lr": self.lr},
+                {"params": [*alphas, *([mu] if mix else [])], "lr": self.alpha_lr},
+            ]
+        )
         best = torch.full((D,), math.inf, dtype=DTYPE, device=g.device)
-        keep = [lam.detach().clone(), [a.detach().clone() for a in alphas], [b.detach().clone() for b in bn],
-                [b.detach().clone() for b in bp], mu.detach().clone()]
+        keep = [
+            lam.detach().clone(),
+            [a.detach().clone() for a in alphas],
+            [b.detach().clone() for b in bn],
+            [b.detach().clone() for b in bp],
+            mu.detach().clone(),
+        ]
 
         def objective():
             lam3 = lam[:, None, None]
@@ -162,13 +180,14 @@ class _Brancher:
             best = torch.where(better, v, best)
             keep[0] = torch.where(better, lam.detach(), keep[0])
             keep[4] = torch.where(better[:, None], mu.detach(), keep[4])
-            for group, cur in zip(keep[1:4], (alphas, bn, bp)):
+            for group, cur in zip(keep[1:4], (alphas, bn, bp), strict=True):
                 for i, p in enumerate(cur):
                     group[i] = torch.where(better[:, None, None], p.detach(), group[i])
             if last:
                 break
-            projected_adam_step(opt, val.sum(), nonneg=[lam, *bn, *bp], unit=alphas,
-                                project=self._project_mu(mu) if mix else None)
+            projected_adam_step(
+                opt, val.sum(), nonneg=[lam, *bn, *bp], unit=alphas, project=self._project_mu(mu) if mix else None
+            )
         # the best iterate, again, with its floating-point margin and the branching scores
         with torch.no_grad():
             lam[:], alphas, bn, bp = keep[0], keep[1], keep[2], keep[3]
@@ -180,7 +199,7 @@ class _Brancher:
             sound = val + sys_.fp_rel * mag + FP_ABS
             if mix:  # sum(mu) is 1 only up to rounding: C^c_N <= sum mu_u a_u + |1 - sum mu| |C^c_N|
                 total = mu.sum(1)
-                sound = sound + ((1 - total).abs() + len(self.g) * 2.0 ** -52 * total) * self.mix_bound
+                sound = sound + ((1 - total).abs() + len(self.g) * 2.0**-52 * total) * self.mix_bound
             sound = torch.where(torch.isnan(sound), torch.full_like(sound, math.inf), sound)
             # a domain where N' cannot rank t >= c (CROWN bound of s'_t - s'_c below 0) is empty too
             reach = sys_.backward(-g, -g, self.L - 1, alphas, splits)[:, 0]
@@ -215,8 +234,10 @@ class _Brancher:
         root, D = self.root, len(d)
         sys_, empty, intervals = self._system(d, leaves=True)
         certified: list[int] = []  # domains whose LP is infeasible, with the multipliers proving it
-        n_form, p_form = (root.W[0].expand(D, -1, -1), root.b[0].expand(D, -1)), (root.Wp[0][0].expand(D, -1, -1),
-                                                                                     (root.b[0] + root.db[0][0]).expand(D, -1))
+        n_form, p_form = (
+            (root.W[0].expand(D, -1, -1), root.b[0].expand(D, -1)),
+            (root.Wp[0][0].expand(D, -1, -1), (root.b[0] + root.db[0][0]).expand(D, -1)),
+        )
         forms = []
         for k in range(self.L - 1):  # zhat_k, zhat'_k = M x + c under each domain's states
             forms.append((n_form, p_form))
@@ -253,19 +274,24 @@ class _Brancher:
             y = inequality_multipliers(obj, a, b, *bounds)
             if y is None:  # perhaps no input reaches the domain: min over x of max_r (a x - b)_r > 0?
                 rows_ = len(where) + 1
-                y = inequality_multipliers(np.append(np.zeros(dim), -1.0), np.hstack([a[:rows_, :dim], -np.ones((rows_, 1))]),
-                                           b[:rows_], np.append(lo, -np.inf), np.append(hi, np.inf))
+                y = inequality_multipliers(
+                    np.append(np.zeros(dim), -1.0),
+                    np.hstack([a[:rows_, :dim], -np.ones((rows_, 1))]),
+                    b[:rows_],
+                    np.append(lo, -np.inf),
+                    np.append(hi, np.inf),
+                )
                 if y is not None:
                     certified.append(i)
                 else:
                     continue  # the Adam steps alone
-            for (side, k, j), v in zip(where, y):
+            for (side, k, j), v in zip(where, y, strict=False):
                 (d.beta_n if side == "n" else d.beta_p)[k][i, j] = v
             split = len(where)
             d.lam[i] = float(y[split])
             if mix and i not in certified:
                 d.mu[i] = 0.0
-                d.mu[i, self.rival_idx] = torch.as_tensor(y[split + 1:], dtype=DTYPE, device=d.mu.device)
+                d.mu[i, self.rival_idx] = torch.as_tensor(y[split + 1 :], dtype=DTYPE, device=d.mu.device)
         if certified:
             self._certify_empty(d, torch.tensor(certified, device=d.bound.device), sys_)
         return d
@@ -287,6 +313,7 @@ class _Brancher:
     def _project_mu(self, mu: torch.Tensor):
         def project() -> None:
             mu[:, self.rival_idx] = _simplex(mu[:, self.rival_idx])
+
         return project
 
     def children(self, d: _Domains) -> _Domains:

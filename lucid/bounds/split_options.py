@@ -11,8 +11,8 @@ that searches for leaks, the second opinion of the network's LP).
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 

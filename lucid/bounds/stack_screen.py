@@ -29,13 +29,21 @@ class _Rows:
 def _stack_pair(problem, positions: np.ndarray) -> PairProblem:
     """N against the networks at `positions` of problem.stack, read one chunk at a time (`_Rows`)."""
     stack = problem.stack
-    return PairProblem([w[0] for w in stack.weights], [b[0] for b in stack.biases],
-                       [_Rows(w, positions) for w in stack.weights], [_Rows(b, positions) for b in stack.biases],
-                       problem.n_bounds.lower, problem.n_bounds.upper, problem.lower, problem.upper)
+    return PairProblem(
+        [w[0] for w in stack.weights],
+        [b[0] for b in stack.biases],
+        [_Rows(w, positions) for w in stack.weights],  # type: ignore[misc]  # read by chunk, like an array
+        [_Rows(b, positions) for b in stack.biases],  # type: ignore[misc]
+        problem.n_bounds.lower,
+        problem.n_bounds.upper,
+        problem.lower,
+        problem.upper,
+    )
 
 
-def symbolic_screen(problem, cls: int, positions, options: ScreenOptions = ScreenOptions(), *,
-                    cutoff: float | None = None) -> np.ndarray:
+def symbolic_screen(
+    problem, cls: int, positions, options: ScreenOptions = ScreenOptions(), *, cutoff: float | None = None
+) -> np.ndarray:
     """Drop-in for the interval screen (`screen_upper_bounds`): sound upper bounds on beta*_{cls,{i}} for the
     networks at `positions` of problem.stack ([len(positions)], -inf where no rival is reachable).
 
@@ -59,5 +67,6 @@ def symbolic_screens(problem, classes: list[int], positions, *, device: str = "c
         raise ValueError(f"classes {list(classes)} out of range")
     if positions.size == 0:
         return np.empty((len(classes), 0))
-    return class_screens(_stack_pair(problem, positions), list(classes), problem.margin_upper, device=device,
-                         chunk=chunk)
+    return class_screens(
+        _stack_pair(problem, positions), list(classes), problem.margin_upper, device=device, chunk=chunk
+    )

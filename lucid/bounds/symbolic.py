@@ -126,7 +126,7 @@ class ScreenOptions:
     chunk: int = 512
 
     @classmethod
-    def optimised(cls, device: str = "cpu") -> "ScreenOptions":
+    def optimised(cls, device: str = "cpu") -> ScreenOptions:
         """The optimised screen's: OPTIMISE_STEPS Adam steps from lambda = 1 and CROWN's slopes."""
         return cls(steps=OPTIMISE_STEPS, device=device)
 
@@ -139,8 +139,9 @@ class SingletonBounds:
     iterates: list[np.ndarray] = field(default_factory=list)  # [K, C] sound Lagrangian bound of every iterate
 
 
-def difference_intervals(pair: PairProblem, *, intermediate: str = "symbolic", device: str = "cpu",
-                         intermediate_steps: int = 0) -> SymbolicDifference:
+def difference_intervals(
+    pair: PairProblem, *, intermediate: str = "symbolic", device: str = "cpu", intermediate_steps: int = 0
+) -> SymbolicDifference:
     """Sound intervals of deltahat_k = zhat'_k - zhat_k and zhat'_k for every network N' of `pair`
     (all layers). The last layer's intervals come from the backward pass too.
     intermediate_steps: alpha-optimise N's lower slopes per bound (that many Adam steps)."""
@@ -151,9 +152,15 @@ def difference_intervals(pair: PairProblem, *, intermediate: str = "symbolic", d
     return sys_.differences()
 
 
-def singleton_upper_bounds(pair: PairProblem, cls: int, margin_upper: np.ndarray | None = None,
-                           options: ScreenOptions = ScreenOptions(), *, cutoff: float | None = None,
-                           keep_iterates: bool = False) -> SingletonBounds:
+def singleton_upper_bounds(
+    pair: PairProblem,
+    cls: int,
+    margin_upper: np.ndarray | None = None,
+    options: ScreenOptions = ScreenOptions(),
+    *,
+    cutoff: float | None = None,
+    keep_iterates: bool = False,
+) -> SingletonBounds:
     """Sound upper bounds on beta*_{cls,{i}} for the K networks N' of `pair` against N (module docstring).
 
     margin_upper [C, C]: sound bounds on max_x s_c - s_t (optional cap). cutoff: only networks
@@ -163,7 +170,9 @@ def singleton_upper_bounds(pair: PairProblem, cls: int, margin_upper: np.ndarray
     K = pair.count
     C = pair.n_weights[-1].shape[0]
     lam, alpha = options.lam, options.alpha
-    lam_arr = np.broadcast_to(np.asarray(lam, dtype=np.float64), (K, C)) if np.ndim(lam) else np.full((K, C), float(lam))
+    lam_arr = (
+        np.broadcast_to(np.asarray(lam, dtype=np.float64), (K, C)) if np.ndim(lam) else np.full((K, C), float(lam))
+    )
     if np.any(lam_arr < 0) or (alpha is not None and not 0 <= alpha <= 1):
         raise ValueError("lambda must be >= 0 and alpha in [0, 1]")
     bound = np.empty(K)
@@ -193,12 +202,19 @@ def singleton_upper_bounds(pair: PairProblem, cls: int, margin_upper: np.ndarray
 
 def _system(pair: PairProblem, options: ScreenOptions, intermediate_steps: int = 0) -> JointSystem:
     """The joint system of a chunk, with the intermediate bounds `options` ask for."""
-    return JointSystem(pair, device=options.device, intermediate=options.intermediate,
-                       intermediate_steps=intermediate_steps)
+    return JointSystem(
+        pair, device=options.device, intermediate=options.intermediate, intermediate_steps=intermediate_steps
+    )
 
 
-def class_screens(pair: PairProblem, classes: list[int], margin_upper: np.ndarray | None = None, *,
-                  device: str = "cpu", chunk: int = 512) -> np.ndarray:
+def class_screens(
+    pair: PairProblem,
+    classes: list[int],
+    margin_upper: np.ndarray | None = None,
+    *,
+    device: str = "cpu",
+    chunk: int = 512,
+) -> np.ndarray:
     """`singleton_upper_bounds(pair, c, margin_upper).bound` (lambda = 1, no steps: the symbolic
     screen) for every class c of `classes`, [len(classes), K]. Only the objective depends on the
     class, so each chunk's joint system (its intermediate bounds: most of a screen's time) is
@@ -216,8 +232,9 @@ def class_screens(pair: PairProblem, classes: list[int], margin_upper: np.ndarra
     return out
 
 
-def set_upper_bound(pair: PairProblem, cls: int, margin_upper: np.ndarray | None = None,
-                    options: ScreenOptions = ScreenOptions()) -> float:
+def set_upper_bound(
+    pair: PairProblem, cls: int, margin_upper: np.ndarray | None = None, options: ScreenOptions = ScreenOptions()
+) -> float:
     """Upper bound on max_{i in S} beta*_{cls,{i}} for the set S of networks N' of `pair` (max of singletons)."""
     res = singleton_upper_bounds(pair, cls, margin_upper, options)
     return float(res.bound.max()) if len(res.bound) else -math.inf
@@ -233,8 +250,15 @@ def _simplex(v: torch.Tensor) -> torch.Tensor:
     return (v - theta).clamp(min=0)
 
 
-def _chunk_bounds(sys_: JointSystem, cls: int, margin_upper: np.ndarray | None, lam0: np.ndarray,
-                  options: ScreenOptions, cutoff: float | None, keep_iterates: bool) -> SingletonBounds:
+def _chunk_bounds(
+    sys_: JointSystem,
+    cls: int,
+    margin_upper: np.ndarray | None,
+    lam0: np.ndarray,
+    options: ScreenOptions,
+    cutoff: float | None,
+    keep_iterates: bool,
+) -> SingletonBounds:
     """`singleton_upper_bounds` of one chunk, from its joint system `sys_` (built once for every
     class: it does not depend on the class); lam0: the starting lambda [K, C]."""
     alpha0, steps, lr, mix = options.alpha, options.steps, options.lr, options.mix
@@ -271,8 +295,11 @@ def _chunk_bounds(sys_: JointSystem, cls: int, margin_upper: np.ndarray | None, 
         alphas = []
         for k in range(L - 1):
             r = sub.relax[k]
-            a = r.sl[:, None, :].clone() if alpha0 is None else torch.full(
-                (P, 1, r.sl.shape[1]), float(alpha0), dtype=DTYPE, device=dev)
+            a = (
+                r.sl[:, None, :].clone()
+                if alpha0 is None
+                else torch.full((P, 1, r.sl.shape[1]), float(alpha0), dtype=DTYPE, device=dev)
+            )
             alphas.append(a.requires_grad_(grad))
         params = [lam, *alphas]
         mu = None
@@ -296,20 +323,28 @@ def _chunk_bounds(sys_: JointSystem, cls: int, margin_upper: np.ndarray | None, 
                 mag = (A.abs() * mzp).sum(-1)[:, 0] + (E.abs() * mdp).sum(-1)[:, 0]
                 if not plain:  # sum(mu) is 1 only up to rounding (docstring)
                     total = mu.sum(-1)[:, 0]
-                    mag = mag + ((1 - total).abs() + T * 2.0 ** -52 * total) * bound_c
+                    mag = mag + ((1 - total).abs() + T * 2.0**-52 * total) * bound_c
                 sound = val.detach() + sys_.fp_rel * mag + FP_ABS
             out.append(torch.where(torch.isnan(sound), torch.full_like(sound, math.inf), sound))
             if last:
                 break
-            projected_adam_step(opt, val.sum(), nonneg=[lam], unit=alphas,
-                                project=None if mu is None else lambda: mu.copy_(_simplex(mu)))
+            projected_adam_step(
+                opt,
+                val.sum(),
+                nonneg=[lam],
+                unit=alphas,
+                project=None if mu is None else lambda: mu.copy_(_simplex(mu)),
+            )
         return out
 
     # every pair at the starting point, then the optimisation on the pairs that can still matter:
     # rivals N' can reach, and with a cutoff only those whose (capped) start is above it
     with torch.no_grad():  # batched: T objectives per network
-        alphas0 = None if alpha0 is None else [torch.full((K, T, r.sl.shape[1]), float(alpha0), dtype=DTYPE, device=dev)
-                                               for r in sys_.relax]
+        alphas0 = (
+            None
+            if alpha0 is None
+            else [torch.full((K, T, r.sl.shape[1]), float(alpha0), dtype=DTYPE, device=dev) for r in sys_.relax]
+        )
         A, E = (1 - lam_start)[..., None] * G, -lam_start[..., None] * G
         val = sys_.backward(A, E, L - 1, alphas0)
         mag = (A.abs() * mz[:, None, :]).sum(-1) + (E.abs() * md[:, None, :]).sum(-1)
@@ -332,7 +367,7 @@ def _chunk_bounds(sys_: JointSystem, cls: int, margin_upper: np.ndarray | None, 
     lagr = np.full((K, C), np.nan)
     lagr[:, rivals] = best_np
     iterates = []
-    for it in (its if keep_iterates else []):
+    for it in its if keep_iterates else []:
         full = np.full((K, C), np.nan)
         full[:, rivals] = _np(it)
         iterates.append(full)

@@ -70,5 +70,8 @@ def main(argv: list[str] | None = None) -> None:
     except click.ClickException as exc:
         fail(exc.format_message())
     except KeyboardInterrupt:
-        click.echo("lucid: interrupted (completed work is saved: re-run the same command to resume; for verify add --resume)", err=True)
+        click.echo(
+            "lucid: interrupted (completed work is saved: re-run the same command to resume; for verify add --resume)",
+            err=True,
+        )
         sys.exit(130)

@@ -13,21 +13,45 @@ from lucid.errors import LucidError
 
 @click.command(name="budget")
 @click.argument("run", type=click.Path(path_type=Path), required=False)
-@click.option("--memo", default=None, metavar="FILE|URL",
-              help="The memo `lucid serve` used: a SQLite file [default: RUN/memo.sqlite] or its "
-                   "postgresql://user@host:port/db URL.")
-@click.option("--delta", type=float, default=None,
-              help="delta of the tight (epsilon, delta) total, and of --plan's target [default: 1e-6].")
+@click.option(
+    "--memo",
+    default=None,
+    metavar="FILE|URL",
+    help="The memo `lucid serve` used: a SQLite file [default: RUN/memo.sqlite] or its "
+    "postgresql://user@host:port/db URL.",
+)
+@click.option(
+    "--delta",
+    type=float,
+    default=None,
+    help="delta of the tight (epsilon, delta) total, and of --plan's target [default: 1e-6].",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the ledger (or the plan) as JSON.")
-@click.option("--plan", is_flag=True,
-              help="Print the per-answer epsilon and per-client budget for --target-epsilon over --queries "
-                   "answers, as `lucid serve --target-epsilon` picks them (no RUN or memo needed).")
-@click.option("--target-epsilon", type=float, default=None, metavar="E",
-              help="With --plan: the epsilon that --queries answers per client may compose to at --delta.")
-@click.option("--queries", type=int, default=None, metavar="Q",
-              help="With --plan: the distinct answers per client to plan for.")
-def command(run: Path | None, memo: str | None, delta: float | None, as_json: bool, plan: bool,
-            target_epsilon: float | None, queries: int | None) -> None:
+@click.option(
+    "--plan",
+    is_flag=True,
+    help="Print the per-answer epsilon and per-client budget for --target-epsilon over --queries "
+    "answers, as `lucid serve --target-epsilon` picks them (no RUN or memo needed).",
+)
+@click.option(
+    "--target-epsilon",
+    type=float,
+    default=None,
+    metavar="E",
+    help="With --plan: the epsilon that --queries answers per client may compose to at --delta.",
+)
+@click.option(
+    "--queries", type=int, default=None, metavar="Q", help="With --plan: the distinct answers per client to plan for."
+)
+def command(
+    run: Path | None,
+    memo: str | None,
+    delta: float | None,
+    as_json: bool,
+    plan: bool,
+    target_epsilon: float | None,
+    queries: int | None,
+) -> None:
     """Per client: distinct answers, noised answers, refused requests and the privacy totals.
 
     charged: epsilon per distinct answer (the worst case, what --budget caps); spent (basic):
@@ -47,8 +71,9 @@ def command(run: Path | None, memo: str | None, delta: float | None, as_json: bo
     _print_ledger(run, memo, delta, as_json)
 
 
-def _print_plan(run: Path | None, memo: str | None, delta: float, as_json: bool, target: float | None,
-                queries: int | None) -> None:
+def _print_plan(
+    run: Path | None, memo: str | None, delta: float, as_json: bool, target: float | None, queries: int | None
+) -> None:
     """The plan reads nothing: a run or memo given with it is a mistake worth saying."""
     from lucid.access.ledger import check_plan, plan_epsilon
 

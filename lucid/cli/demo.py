@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -24,15 +25,39 @@ DEMO_EPSILONS = "0,0.2,1"
 
 
 @click.command(name="demo")
-@click.option("--out", type=click.Path(path_type=Path, file_okay=False), default=Path("lucid-demo"), show_default=True,
-              help="Directory for the run, the evaluation JSON and the confidence plot.")
-@click.option("--solver", default=default_of(VerifySettings, "solver"), show_default=True, help="MILP backend for verification.")
-@click.option("--time-limit", type=float, default=180.0, show_default=True,
-              help="Seconds for verification; the bounds found by then are sound (anytime).")
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=Path("lucid-demo"),
+    show_default=True,
+    help="Directory for the run, the evaluation JSON and the confidence plot.",
+)
+@click.option(
+    "--solver", default=default_of(VerifySettings, "solver"), show_default=True, help="MILP backend for verification."
+)
+@click.option(
+    "--time-limit",
+    type=float,
+    default=180.0,
+    show_default=True,
+    help="Seconds for verification; the bounds found by then are sound (anytime).",
+)
 @click.option("--arch", default=DEMO_ARCH, show_default=True, help="Network architecture (e.g. 2x10).")
-@click.option("--epochs", type=click.IntRange(min=1), default=default_of(TrainSettings, "epochs"), show_default=True, help="Training epochs.")
+@click.option(
+    "--epochs",
+    type=click.IntRange(min=1),
+    default=default_of(TrainSettings, "epochs"),
+    show_default=True,
+    help="Training epochs.",
+)
 @click.option("--workers", type=click.IntRange(min=1), default=None, help="Verification workers [default: all cores].")
-@click.option("--seed", type=int, default=default_of(TrainSettings, "seed"), show_default=True, help="Seed of training and of the evaluation's noise.")
+@click.option(
+    "--seed",
+    type=int,
+    default=default_of(TrainSettings, "seed"),
+    show_default=True,
+    help="Seed of training and of the evaluation's noise.",
+)
 def command(out: Path, solver: str, time_limit: float, arch: str, epochs: int, workers: int | None, seed: int) -> None:
     """Train, verify and evaluate on breast_cancer end to end, printing the accuracy table."""
     from rich.console import Console
@@ -68,7 +93,7 @@ def _verify(run_dir: Path, solver: str, time_limit: float, workers: int | None, 
     from lucid.bab import verify_run
 
     checkpoint = run_dir / "verify.checkpoint.json"
-    kwargs = dict(solver=solver, time_limit=time_limit, workers=workers, progress=True)
+    kwargs: dict[str, Any] = {"solver": solver, "time_limit": time_limit, "workers": workers, "progress": True}
     if checkpoint.exists():
         try:
             verify_run(run_dir, resume=True, **kwargs)

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rich.progress import TaskID
+
 from pathlib import Path
 
 import click
@@ -21,9 +26,15 @@ def run_evaluation(run: Path, epsilon: str, json_path: Path | None, plot: Path |
     if plot is not None and plot.suffix.lower() not in {".png", ".pdf", ".svg"}:
         raise LucidError(f"--plot must name a .png, .pdf or .svg file, got {plot}")
     console = Console(stderr=True)
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TimeElapsedColumn(), console=console, transient=True) as bar:
-        tasks: dict[str, int] = {}
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    ) as bar:
+        tasks: dict[str, TaskID] = {}
 
         def progress(stage: str, done: int, total: int) -> None:
             label = {"Naive-iDP": "Naive-iDP: networks evaluated", "LUCID": "mechanisms: epsilons done"}[stage]
@@ -47,12 +58,26 @@ def run_evaluation(run: Path, epsilon: str, json_path: Path | None, plot: Path |
 
 @click.command(name="evaluate")
 @click.argument("run", type=click.Path(path_type=Path))
-@click.option("--epsilon", "-e", default="0,0.2,1", show_default=True,
-              help="Comma-separated privacy budgets; JSON keys are the values as written.")
-@click.option("--json", "json_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
-              help="Write the results as JSON.")
-@click.option("--plot", type=click.Path(path_type=Path, dir_okay=False), default=None,
-              help="Draw test-set confidences per class with the iDP-DB line (paper Fig. 6).")
+@click.option(
+    "--epsilon",
+    "-e",
+    default="0,0.2,1",
+    show_default=True,
+    help="Comma-separated privacy budgets; JSON keys are the values as written.",
+)
+@click.option(
+    "--json",
+    "json_path",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="Write the results as JSON.",
+)
+@click.option(
+    "--plot",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="Draw test-set confidences per class with the iDP-DB line (paper Fig. 6).",
+)
 @click.option("--seed", type=int, default=None, help="Seed the noise (reproducible tables); default: OS randomness.")
 def command(run: Path, epsilon: str, json_path: Path | None, plot: Path | None, seed: int | None) -> None:
     """Accuracy of N, LUCID, Naive-Noise and Naive-iDP on RUN's test split, per epsilon."""

@@ -13,16 +13,32 @@ from lucid.errors import LucidError
 @click.command(name="export")
 @click.argument("run", type=click.Path(path_type=Path))
 @click.option("--out", required=True, type=click.Path(path_type=Path, file_okay=False), help="Directory to write into.")
-@click.option("--all", "all_networks", is_flag=True,
-              help="Also every leave-one-out network as n{ROW}.onnx, and a manifest.json that `lucid import` reads.")
-@click.option("--class", "cls", type=int, default=None, help="Write the query for this class (needs --network or --position).")
-@click.option("--network", "row", type=int, default=None,
-              help="The query's N_-i by training row i: the network whose 'removed' value is i.")
+@click.option(
+    "--all",
+    "all_networks",
+    is_flag=True,
+    help="Also every leave-one-out network as n{ROW}.onnx, and a manifest.json that `lucid import` reads.",
+)
+@click.option(
+    "--class", "cls", type=int, default=None, help="Write the query for this class (needs --network or --position)."
+)
+@click.option(
+    "--network",
+    "row",
+    type=int,
+    default=None,
+    help="The query's N_-i by training row i: the network whose 'removed' value is i.",
+)
 @click.option("--position", type=int, default=None, help="The query's network by its position in networks.safetensors.")
-@click.option("--beta", type=float, default=None,
-              help="The query's confidence threshold (default: the class's upper bound in bounds.json).")
-def command(run: Path, out: Path, all_networks: bool, cls: int | None, row: int | None, position: int | None,
-            beta: float | None) -> None:
+@click.option(
+    "--beta",
+    type=float,
+    default=None,
+    help="The query's confidence threshold (default: the class's upper bound in bounds.json).",
+)
+def command(
+    run: Path, out: Path, all_networks: bool, cls: int | None, row: int | None, position: int | None, beta: float | None
+) -> None:
     """Write RUN's networks as ONNX (input x: the networks' input space, after the run's scaler)."""
     from lucid.interop import export_all, export_network, export_query
     from lucid.rundir import open_run

@@ -41,17 +41,26 @@ def _render(events: list[dict], max_rows: int, regions: RegionView | None = None
         secs = s.get("node_seconds", [])
         statuses = ", ".join(f"{k} {v}" for k, v in sorted(s.get("statuses", {}).items())) or "-"
         done = s.get("done")
-        state = "running" if done is None else ("complete" if done.get("complete") else "stopped") + f" ({done.get('reason')})"
+        state = (
+            "running"
+            if done is None
+            else ("complete" if done.get("complete") else "stopped") + f" ({done.get('reason')})"
+        )
         table = Table(
-            title=(f"class {c}: {state}; nodes solved {s.get('solved', 0)}, split {s.get('split', 0)}, "
-                   f"closed {s.get('closed', 0)}; seconds/node mean {sum(secs) / len(secs) if secs else 0:.2f} "
-                   f"max {max(secs) if secs else 0:.2f}; statuses: {statuses}"),
+            title=(
+                f"class {c}: {state}; nodes solved {s.get('solved', 0)}, split {s.get('split', 0)}, "
+                f"closed {s.get('closed', 0)}; seconds/node mean {sum(secs) / len(secs) if secs else 0:.2f} "
+                f"max {max(secs) if secs else 0:.2f}; statuses: {statuses}"
+            ),
             title_justify="left",
-            caption=_residual_caption(residual.get(c)), caption_justify="left",
+            caption=_residual_caption(residual.get(c)),
+            caption_justify="left",
         )
         for col in ("t [s]", "lower", "upper", "gap", "upper/lower"):
             table.add_column(col, justify="right")
-        shown = pts if len(pts) <= max_rows else [pts[int(i * (len(pts) - 1) / (max_rows - 1))] for i in range(max_rows)]
+        shown = (
+            pts if len(pts) <= max_rows else [pts[int(i * (len(pts) - 1) / (max_rows - 1))] for i in range(max_rows)]
+        )
         for t, lo, up in shown:
             gap = None if lo is None or up is None else up - lo
             ratio = "-" if lo is None or up is None or lo <= 0 else f"{up / lo:.4f}"
@@ -69,14 +78,19 @@ def _residual_caption(event: dict | None) -> str | None:
     ranked = event.get("bounds") or []
     shown = ", ".join(_fmt(b) for b in ranked[:8]) + (f", … {_fmt(ranked[-1])}" if len(ranked) > 8 else "")
     holder = event.get("holder")
-    held = ("no network is left outside the set" if holder is None else
-            f"held by the network without row {holder['row']} (bound {_fmt(holder['bound'])}, best leak "
-            f"{_fmt(holder['leak'])})")
+    held = (
+        "no network is left outside the set"
+        if holder is None
+        else f"held by the network without row {holder['row']} (bound {_fmt(holder['bound'])}, best leak "
+        f"{_fmt(holder['leak'])})"
+    )
     level = event.get("level")
     leaking = sum(1 for v in event.get("leaks") or [] if level is not None and v is not None and v > level)
-    return (f"upper is the level L_c, the ({event.get('size')}+1)-th largest network bound, {held}; the set's "
-            f"{len(event.get('positions') or [])} networks (checked at query time), proven bounds highest first: "
-            f"{shown or '-'}; {leaking} of them leak above the level.")
+    return (
+        f"upper is the level L_c, the ({event.get('size')}+1)-th largest network bound, {held}; the set's "
+        f"{len(event.get('positions') or [])} networks (checked at query time), proven bounds highest first: "
+        f"{shown or '-'}; {leaking} of them leak above the level."
+    )
 
 
 def _slowest_table(events: list[dict], count: int):
@@ -85,17 +99,39 @@ def _slowest_table(events: list[dict], count: int):
 
     from lucid.bab.report import PROFILE_COLUMNS, slowest_nodes
 
-    table = Table(title=f"the {count} slowest node analyses (seconds per tier; - : the tier did not run)",
-                  title_justify="left",
-                  caption="race: which tier settled a singleton run with --split-race (split, milp, or - : neither)",
-                  caption_justify="left")
-    for col in ("class", "node", "size", "status", *PROFILE_COLUMNS, "split upper", "MILP upper", "upper", "lower",
-                "race"):
+    table = Table(
+        title=f"the {count} slowest node analyses (seconds per tier; - : the tier did not run)",
+        title_justify="left",
+        caption="race: which tier settled a singleton run with --split-race (split, milp, or - : neither)",
+        caption_justify="left",
+    )
+    for col in (
+        "class",
+        "node",
+        "size",
+        "status",
+        *PROFILE_COLUMNS,
+        "split upper",
+        "MILP upper",
+        "upper",
+        "lower",
+        "race",
+    ):
         table.add_column(col, justify="right")
     for r in slowest_nodes(events, count):
         secs = ["-" if r[k] is None else f"{float(r[k]):.2f}" for k in PROFILE_COLUMNS]
-        table.add_row(str(r["class"]), str(r["node"]), str(r["size"]), str(r["status"]), *secs, _fmt(r["split_upper"]),
-                      _fmt(r["milp_upper"]), _fmt(r["upper"]), _fmt(r["lower"]), r["race"] or "-")
+        table.add_row(
+            str(r["class"]),
+            str(r["node"]),
+            str(r["size"]),
+            str(r["status"]),
+            *secs,
+            _fmt(r["split_upper"]),
+            _fmt(r["milp_upper"]),
+            _fmt(r["upper"]),
+            _fmt(r["lower"]),
+            r["race"] or "-",
+        )
     return table
 
 
@@ -112,17 +148,28 @@ def _region_table(view: RegionView):
 
     tree = view.tree
     by_class = tree.num_classes > WIDE_CLASSES
-    what = ("the classes whose bound in a box is below the domain's (the other classes of a box keep the "
-            "domain's bound). bound / leak" if by_class else "class c")
+    what = (
+        "the classes whose bound in a box is below the domain's (the other classes of a box keep the "
+        "domain's bound). bound / leak"
+        if by_class
+        else "class c"
+    )
     table = Table(
-        title=(f"regions: {len(tree.leaves())} boxes, depth {tree.depth} (from {view.source}; "
-               "thresholds in data units)"),
+        title=(
+            f"regions: {len(tree.leaves())} boxes, depth {tree.depth} (from {view.source}; thresholds in data units)"
+        ),
         title_justify="left",
-        caption=(f"{what}: the bound proved in the box / the best leak found there (- : none); * : its "
-                 "verification stopped before it finished (the bound is still sound). seconds - : not "
-                 "verified yet, the box keeps its parent's bound."
-                 + (" With --residual M the bound is the box's level over the networks outside its own "
-                    "residual sets (those are checked at query time)." if tree.residual_sets() else "")),
+        caption=(
+            f"{what}: the bound proved in the box / the best leak found there (- : none); * : its "
+            "verification stopped before it finished (the bound is still sound). seconds - : not "
+            "verified yet, the box keeps its parent's bound."
+            + (
+                " With --residual M the bound is the box's level over the networks outside its own "
+                "residual sets (those are checked at query time)."
+                if tree.residual_sets()
+                else ""
+            )
+        ),
         caption_justify="left",
     )
     classes = ["class", "bound / leak"] if by_class else [f"class {c}" for c in range(tree.num_classes)]
@@ -134,8 +181,13 @@ def _region_table(view: RegionView):
     for row in region_rows(view):
         seconds = f"{row.seconds:.2f}" if row.verified else "-"
         if not by_class:
-            table.add_row(str(row.box), str(row.depth), *(_bound_cell(row, c) for c in range(tree.num_classes)),
-                          seconds, row.description)
+            table.add_row(
+                str(row.box),
+                str(row.depth),
+                *(_bound_cell(row, c) for c in range(tree.num_classes)),
+                seconds,
+                row.description,
+            )
             continue
         for c in (c for c in range(tree.num_classes) if row.upper[c] < domain[c]):
             table.add_row(str(row.box), str(row.depth), str(c), _bound_cell(row, c), seconds, row.description)
@@ -164,13 +216,15 @@ def _region_plot_choice(view: RegionView, features: str | None, cls: int | None)
     chosen = default_features(view.tree) if features is None else parse_features(features, view)
     c = default_class(view.tree) if cls is None else cls
     if not 0 <= c < view.tree.num_classes:
-        raise LucidError(f"--class {c} is out of range (the run has {view.tree.num_classes} classes: "
-                         f"0..{view.tree.num_classes - 1})")
+        raise LucidError(
+            f"--class {c} is out of range (the run has {view.tree.num_classes} classes: 0..{view.tree.num_classes - 1})"
+        )
     return chosen, c
 
 
-def _check_region_options(features: str | None, cls: int | None, plot_path: Path | None,
-                          view: RegionView | None, events: list[dict]) -> None:
+def _check_region_options(
+    features: str | None, cls: int | None, plot_path: Path | None, view: RegionView | None, events: list[dict]
+) -> None:
     if features is None and cls is None:
         return
     if plot_path is None:
@@ -192,23 +246,54 @@ def _no_regions(why: str) -> None:
 @click.command("log", help="Render a verification log (table, plot, branch-and-bound tree).")
 @click.argument("run_dir", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--follow", is_flag=True, help="Keep watching a running verification until it finishes.")
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Write a figure (e.g. FILE.png): the anytime [lower, upper] curves, or for a run "
-                   "verified with --regions its boxes.")
-@click.option("--features", default=None, metavar="I,J",
-              help="Region plot: the two features to project the boxes on (index or name) "
-                   "[default: the two split most often].")
-@click.option("--class", "cls", type=int, default=None,
-              help="Region plot: the class whose bound colours the boxes "
-                   "[default: the class whose box bounds differ most].")
-@click.option("--tree", "tree_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Export the branch-and-bound tree as GraphML (networkx).")
+@click.option(
+    "--plot",
+    "plot_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Write a figure (e.g. FILE.png): the anytime [lower, upper] curves, or for a run "
+    "verified with --regions its boxes.",
+)
+@click.option(
+    "--features",
+    default=None,
+    metavar="I,J",
+    help="Region plot: the two features to project the boxes on (index or name) [default: the two split most often].",
+)
+@click.option(
+    "--class",
+    "cls",
+    type=int,
+    default=None,
+    help="Region plot: the class whose bound colours the boxes [default: the class whose box bounds differ most].",
+)
+@click.option(
+    "--tree",
+    "tree_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Export the branch-and-bound tree as GraphML (networkx).",
+)
 @click.option("--rows", type=int, default=20, show_default=True, help="Anytime rows shown per class.")
-@click.option("--slowest", type=int, default=0, show_default=True, metavar="N",
-              help="Also list the N slowest node analyses with where their time went (split tier, leak "
-                   "search, bound tightening, MILP root and tree) and the bound of each tier.")
-def command(run_dir: Path, follow: bool, plot_path: Path | None, features: str | None, cls: int | None,
-            tree_path: Path | None, rows: int, slowest: int) -> None:
+@click.option(
+    "--slowest",
+    type=int,
+    default=0,
+    show_default=True,
+    metavar="N",
+    help="Also list the N slowest node analyses with where their time went (split tier, leak "
+    "search, bound tightening, MILP root and tree) and the bound of each tier.",
+)
+def command(
+    run_dir: Path,
+    follow: bool,
+    plot_path: Path | None,
+    features: str | None,
+    cls: int | None,
+    tree_path: Path | None,
+    rows: int,
+    slowest: int,
+) -> None:
     from rich.console import Console
 
     from lucid.bab.events import LOG_FILE, read_events
@@ -259,10 +344,16 @@ def command(run_dir: Path, follow: bool, plot_path: Path | None, features: str |
         console.print(f"wrote {tree_path} ({n} nodes)")
 
 
-def _write_plot(run_dir: Path, events: list[dict], regions: RegionView | None, plot_path: Path,
-                features: str | None, cls: int | None) -> None:
-    from lucid.regions.report import plot_regions
+def _write_plot(
+    run_dir: Path,
+    events: list[dict],
+    regions: RegionView | None,
+    plot_path: Path,
+    features: str | None,
+    cls: int | None,
+) -> None:
     from lucid.bab.report import plot_curves
+    from lucid.regions.report import plot_regions
 
     if regions is None:
         if features is not None or cls is not None:  # a --regions run with no box logged yet

@@ -32,10 +32,15 @@ def _class_logs(run: Path):
     for c in sorted(set(curves) | set(summary)):
         s = summary.get(c, {})
         secs = s.get("node_seconds", [])
-        out[c] = ClassLog(solved=int(s.get("solved", 0)), split=int(s.get("split", 0)), closed=int(s.get("closed", 0)),
-                          node_seconds_total=float(sum(secs)), node_seconds_max=float(max(secs, default=0.0)),
-                          statuses=tuple(sorted((str(k), int(v)) for k, v in s.get("statuses", {}).items())),
-                          curve=tuple(curves.get(c, [])))
+        out[c] = ClassLog(
+            solved=int(s.get("solved", 0)),
+            split=int(s.get("split", 0)),
+            closed=int(s.get("closed", 0)),
+            node_seconds_total=float(sum(secs)),
+            node_seconds_max=float(max(secs, default=0.0)),
+            statuses=tuple(sorted((str(k), int(v)) for k, v in s.get("statuses", {}).items())),
+            curve=tuple(curves.get(c, [])),
+        )
     return out
 
 
@@ -54,20 +59,39 @@ def _check_writable(out: Path) -> None:
 
 @click.command(name="report")
 @click.argument("run", type=click.Path(path_type=Path))
-@click.option("--out", "-o", type=click.Path(path_type=Path), default=None,
-              help="Report file [default: RUN/report.html, or RUN/report.md with --format md].")
-@click.option("--format", "fmt", type=click.Choice(["html", "md"]), default=None,
-              help="html: one self-contained file; md: Markdown plus its figures as PNG files beside it "
-                   "[default: from --out's suffix, else html].")
+@click.option(
+    "--out",
+    "-o",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Report file [default: RUN/report.html, or RUN/report.md with --format md].",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["html", "md"]),
+    default=None,
+    help="html: one self-contained file; md: Markdown plus its figures as PNG files beside it "
+    "[default: from --out's suffix, else html].",
+)
 @click.option("--epsilon", "-e", default="0,0.2,1", show_default=True, help="Comma-separated privacy budgets.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the evaluation's noise (reproducible).")
-@click.option("--memo", default=None, metavar="FILE|URL",
-              help="The memo of `lucid serve` for the ledger: a SQLite file [default: RUN/memo.sqlite if it "
-                   "exists] or its postgresql://user@host:port/db URL.")
-@click.option("--baselines", type=click.Path(path_type=Path), default=None,
-              help="JSON of `python -m lucid.baselines --json` [default: RUN/baselines.json if it exists].")
-def command(run: Path, out: Path | None, fmt: str | None, epsilon: str, seed: int, memo: str | None,
-            baselines: Path | None) -> None:
+@click.option(
+    "--memo",
+    default=None,
+    metavar="FILE|URL",
+    help="The memo of `lucid serve` for the ledger: a SQLite file [default: RUN/memo.sqlite if it "
+    "exists] or its postgresql://user@host:port/db URL.",
+)
+@click.option(
+    "--baselines",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="JSON of `python -m lucid.baselines --json` [default: RUN/baselines.json if it exists].",
+)
+def command(
+    run: Path, out: Path | None, fmt: str | None, epsilon: str, seed: int, memo: str | None, baselines: Path | None
+) -> None:
     """What was proved about RUN, at what cost, and what the guarantee does not cover."""
     from rich.console import Console
 
@@ -93,6 +117,8 @@ def command(run: Path, out: Path | None, fmt: str | None, epsilon: str, seed: in
         except OSError as exc:
             raise LucidError(f"cannot write {out}: {exc.strerror or exc}") from None
     if facts.evaluation is not None and facts.evaluation.released_but_leaking:
-        console.print(f"[bold red]WARNING: {facts.evaluation.released_but_leaking} test inputs were released although "
-                      "a leave-one-out network labels them differently: bounds.json is UNSOUND for this run.[/]")
+        console.print(
+            f"[bold red]WARNING: {facts.evaluation.released_but_leaking} test inputs were released although "
+            "a leave-one-out network labels them differently: bounds.json is UNSOUND for this run.[/]"
+        )
     click.echo("wrote " + ", ".join(str(p) for p in written))

@@ -20,8 +20,9 @@ import signal
 import socket
 import sys
 import traceback
+from collections.abc import Callable
 from types import FrameType
-from typing import Any, Callable
+from typing import Any
 
 import click
 
@@ -66,8 +67,15 @@ def _stop(signum: int, frame: FrameType | None) -> None:
     raise SystemExit(0)
 
 
-def serve_process(clf: Any, app: Any, sock: socket.socket, host: str, port: int, limits: ServeLimits,
-                  transport: ServeTransport | None = None) -> None:
+def serve_process(
+    clf: Any,
+    app: Any,
+    sock: socket.socket,
+    host: str,
+    port: int,
+    limits: ServeLimits,
+    transport: ServeTransport | None = None,
+) -> None:
     """Serve `app` on `sock` in this process until SIGTERM or Ctrl-C, then close the pool and the memo."""
     import uvicorn
 
@@ -79,8 +87,14 @@ def serve_process(clf: Any, app: Any, sock: socket.socket, host: str, port: int,
     if context is not None:  # TLS here, not in uvicorn: its handshake needs a deadline (tls_protocol)
         protocol = tls_protocol(protocol, context, limits.header_timeout)
     config = uvicorn.Config(
-        app, host=host, port=port, log_level="warning", access_log=False, server_header=False,
-        http=protocol, ws="none",
+        app,
+        host=host,
+        port=port,
+        log_level="warning",
+        access_log=False,
+        server_header=False,
+        http=protocol,
+        ws="none",
         timeout_keep_alive=limits.idle_timeout,  # type: ignore[arg-type]
         h11_max_incomplete_event_size=limits.max_header_bytes,
         timeout_graceful_shutdown=limits.shutdown_timeout,  # type: ignore[arg-type]
@@ -112,7 +126,7 @@ def _worker(start: Callable[[], None]) -> None:
     except LucidError as exc:
         click.echo(f"lucid: error: {exc}", err=True)
         code = LucidError.exit_code
-    except BaseException:
+    except BaseException:  # noqa: BLE001 (a worker process's last resort: the traceback is printed and it exits 1)
         traceback.print_exc()
         code = 1
     sys.stderr.flush()
@@ -141,8 +155,10 @@ def _supervise(pids: list[int]) -> int:
             if not stopping:
                 ended = os.waitstatus_to_exitcode(status)
                 if ended != LucidError.exit_code:  # a worker's own error line was printed already
-                    click.echo(f"lucid: error: a worker process ended unexpectedly (exit status {ended}); "
-                               "stopping the others", err=True)
+                    click.echo(
+                        f"lucid: error: a worker process ended unexpectedly (exit status {ended}); stopping the others",
+                        err=True,
+                    )
                 code = max(ended, 1)
                 stop()
     finally:
@@ -151,8 +167,15 @@ def _supervise(pids: list[int]) -> int:
     return code
 
 
-def serve_workers(open_classifier: Callable[[], Any], options: ServiceOptions, sock: socket.socket, host: str,
-                  port: int, limits: ServeLimits, transport: ServeTransport | None = None) -> int:
+def serve_workers(
+    open_classifier: Callable[[], Any],
+    options: ServiceOptions,
+    sock: socket.socket,
+    host: str,
+    port: int,
+    limits: ServeLimits,
+    transport: ServeTransport | None = None,
+) -> int:
     """Fork `limits.workers` processes serving on `sock`, each with its own classifier (an SQLite
     connection must not cross a fork) and one shared fail-closed flag; wait for them."""
     from lucid.access.server import create_app

@@ -9,12 +9,13 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 
 from lucid.atomic import read_json, write_json_atomic, write_text_atomic
-from lucid.errors import LucidError
 from lucid.convolution import conv2d_layers, conv2d_output_hw
+from lucid.errors import LucidError
 from lucid.interop.dense import ConvLayer, DenseNet, exact_float32
 from lucid.interop.onnx_write import joint_model, network_model, save_model
 from lucid.interop.provenance import NetworksDigest, origin_record
@@ -50,8 +51,7 @@ def dense_network(source: NetworkFile, position: int) -> DenseNet:
         weights = [tensors[f"layers.{k}.weight"][0] for k in range(count)]
         biases = [tensors[f"layers.{k}.bias"][0] for k in range(count)]
     what = f"network at position {position}"
-    return DenseNet([exact_float32(w, what) for w in weights], [exact_float32(b, what) for b in biases],
-                    convs=convs)
+    return DenseNet([exact_float32(w, what) for w in weights], [exact_float32(b, what) for b in biases], convs=convs)
 
 
 def _conv_layers(tensors: dict[str, np.ndarray], architecture: dict) -> tuple[ConvLayer, ...]:
@@ -74,6 +74,7 @@ def _position(source: NetworkFile, row: int | None, position: int | None) -> int
         if not 1 <= position < len(source):
             raise LucidError(f"--position must be 1..{len(source) - 1} (position 0 is N), got {position}")
         return position
+    row = cast(int, row)  # exactly one of row and position is given: here, row
     found = np.flatnonzero(source.removed == row)
     if row < 0 or len(found) == 0:
         raise LucidError(f"no network trained without training row {row} in this run")
@@ -83,8 +84,11 @@ def _position(source: NetworkFile, row: int | None, position: int | None) -> int
 def default_beta(run: Run, cls: int) -> float:
     """The class's proved upper bound in bounds.json (the bound the access layer releases above)."""
     path = run.path / BOUNDS_FILE
-    content = read_json(path, missing=f"{path} does not exist: run `lucid verify` first, or give --beta",
-                        unreadable=f"cannot read {path}")
+    content = read_json(
+        path,
+        missing=f"{path} does not exist: run `lucid verify` first, or give --beta",
+        unreadable=f"cannot read {path}",
+    )
     entry = (content.get("bounds") or {}).get(str(cls)) if isinstance(content, dict) else None
     upper = entry.get("upper") if isinstance(entry, dict) else None
     if upper is None:
@@ -94,17 +98,22 @@ def default_beta(run: Run, cls: int) -> float:
     return float(upper)
 
 
-def export_network(run: Run, position: int, out_dir: str | Path, source: NetworkFile | None = None,
-                   net: DenseNet | None = None) -> Path:
+def export_network(
+    run: Run, position: int, out_dir: str | Path, source: NetworkFile | None = None, net: DenseNet | None = None
+) -> Path:
     """Write the network at `position` (`net`, if already read) as N.onnx (position 0) or n{row}.onnx
     into `out_dir`."""
     source = source or NetworkFile(run.path, run.meta)
     removed = int(source.removed[position])
     who = "N (trained on every row)" if removed == -1 else f"N_-{removed} (trained without training row {removed})"
     path = Path(out_dir) / network_file_name(removed)
-    save_model(network_model(net if net is not None else dense_network(source, position),
-                             f"LUCID run {run.path}: {who}. Input x in the networks' input space (after the run's scaler)."),
-               path)
+    save_model(
+        network_model(
+            net if net is not None else dense_network(source, position),
+            f"LUCID run {run.path}: {who}. Input x in the networks' input space (after the run's scaler).",
+        ),
+        path,
+    )
     return path
 
 
@@ -123,8 +132,12 @@ def export_all(run: Run, out_dir: str | Path, training: dict | None = None) -> P
         entries.append({"file": path.name, "removed": None if removed == -1 else removed})
     t = run.meta.get("training") or {}
     manifest = {
-        "training": training or {"name": str(t.get("algorithm", "unrecorded")), "version": "exported",
-                                 "description": f"exported by lucid export from {run.path}"},
+        "training": training
+        or {
+            "name": str(t.get("algorithm", "unrecorded")),
+            "version": "exported",
+            "description": f"exported by lucid export from {run.path}",
+        },
         "networks": entries,
         "domain": run.meta["domain"],
         "labels": run.meta["labels"],
@@ -140,8 +153,15 @@ def export_all(run: Run, out_dir: str | Path, training: dict | None = None) -> P
     return out_dir / MANIFEST_FILE
 
 
-def export_query(run: Run, out_dir: str | Path, cls: int, *, row: int | None = None, position: int | None = None,
-                 beta: float | None = None) -> tuple[Path, Path]:
+def export_query(
+    run: Run,
+    out_dir: str | Path,
+    cls: int,
+    *,
+    row: int | None = None,
+    position: int | None = None,
+    beta: float | None = None,
+) -> tuple[Path, Path]:
     """query-c{cls}-n{row}.onnx (N ⊕ N_-row) and its .vnnlib property (see lucid.interop.vnnlib)."""
     source = NetworkFile(run.path, run.meta)
     if not 0 <= cls < run.num_classes:
@@ -158,18 +178,31 @@ def export_query(run: Run, out_dir: str | Path, cls: int, *, row: int | None = N
     onnx_path, vnnlib_path = out_dir / f"{stem}.onnx", out_dir / f"{stem}.vnnlib"
     # the query is one dense graph (convolutions lowered), the form VNN-COMP tools read most widely
     n, other = (replace(dense_network(source, p), convs=()) for p in (0, position))
-    save_model(joint_model(n, other, cls, f"LUCID iDP query of run {run.path}: N and N_-{row} (position {position}), "
-                                          f"class {cls}; outputs s_N[c]-s_N[u] (u != c), then s_i[c]-s_i[t] (t != c)"),
-               onnx_path)
+    save_model(
+        joint_model(
+            n,
+            other,
+            cls,
+            f"LUCID iDP query of run {run.path}: N and N_-{row} (position {position}), "
+            f"class {cls}; outputs s_N[c]-s_N[u] (u != c), then s_i[c]-s_i[t] (t != c)",
+        ),
+        onnx_path,
+    )
     lower, upper = run.domain
     header = [
-        f"LUCID iDP query: run {run.path}, class {cls}, N_-{row} = the network without training row {row} "
-        f"(position {position} of networks.safetensors), beta = {beta!r}.",
+        (
+            f"LUCID iDP query: run {run.path}, class {cls}, N_-{row} = the network without training row {row} "
+            f"(position {position} of networks.safetensors), beta = {beta!r}."
+        ),
         f"Network: {onnx_path.name}; X = the input in the networks' space (after the run's scaler);",
-        f"Y_0..Y_{run.num_classes - 2} = s_N[{cls}] - s_N[u] for u != {cls}, "
-        f"Y_{run.num_classes - 1}..Y_{2 * run.num_classes - 3} = s_i[{cls}] - s_i[t] for t != {cls}.",
-        "This property is the VIOLATION: a satisfying X is a leaking input (N says class "
-        f"{cls} with confidence >= beta, N_-{row} does not).",
+        (
+            f"Y_0..Y_{run.num_classes - 2} = s_N[{cls}] - s_N[u] for u != {cls}, "
+            f"Y_{run.num_classes - 1}..Y_{2 * run.num_classes - 3} = s_i[{cls}] - s_i[t] for t != {cls}."
+        ),
+        (
+            "This property is the VIOLATION: a satisfying X is a leaking input (N says class "
+            f"{cls} with confidence >= beta, N_-{row} does not)."
+        ),
         "UNSAT proves no such input exists; it is expected whenever beta is above the proved bound.",
     ]
     write_text_atomic(vnnlib_path, query_text(lower, upper, run.num_classes, cls, beta, header))

@@ -22,7 +22,7 @@ def size_text(size: int) -> str:
     """A byte count as a --max-file-size value that reads back to at least it."""
     for unit, exponent in (("G", 30), ("M", 20), ("K", 10)):
         if size >= 2**exponent:
-            return f"{-(-size // 2**(exponent - 1)) / 2:g}{unit}"  # rounded up to half a unit
+            return f"{-(-size // 2 ** (exponent - 1)) / 2:g}{unit}"  # rounded up to half a unit
     return str(size)
 
 
@@ -36,8 +36,10 @@ def checked_file(path: Path, what: str, max_bytes: int) -> Path:
         raise LucidError(f"{what} {path} {kind}")
     size = path.stat().st_size
     if size > max_bytes:
-        raise LucidError(f"{what} {path} has {size_text(size)}B, more than the {size_text(max_bytes)}B that lucid "
-                         f"import reads per file; if it is the right file, pass --max-file-size {size_text(size)}")
+        raise LucidError(
+            f"{what} {path} has {size_text(size)}B, more than the {size_text(max_bytes)}B that lucid "
+            f"import reads per file; if it is the right file, pass --max-file-size {size_text(size)}"
+        )
     return path
 
 
@@ -62,7 +64,7 @@ def load_data(path: str | Path, max_bytes: int = MAX_FILE_BYTES) -> ImportData:
             arrays = {k: npz[k] for k in npz.files}
     except FileNotFoundError:
         raise LucidError(f"data file {path} does not exist") from None
-    except Exception as exc:  # zipfile/numpy raise many types for damaged or pickled files
+    except Exception as exc:  # noqa: BLE001 (zipfile/numpy raise many types for damaged or pickled files)
         raise LucidError(f"cannot read {path} as .npz: {exc}") from None
     if "X_train" in arrays and "y_train" in arrays:
         names = ("X_train", "y_train", "X_test", "y_test")
@@ -88,11 +90,15 @@ def load_data(path: str | Path, max_bytes: int = MAX_FILE_BYTES) -> ImportData:
 
 def _features(X: np.ndarray, path: Path, name: str) -> np.ndarray:
     if X.ndim != 2 or not np.issubdtype(X.dtype, np.number) or np.iscomplexobj(X):
-        raise LucidError(f"{path}: {name} must be a 2-D array of real numbers [rows, features], got {X.dtype} {X.shape}")
+        raise LucidError(
+            f"{path}: {name} must be a 2-D array of real numbers [rows, features], got {X.dtype} {X.shape}"
+        )
     bad = ~np.isfinite(X)
     if bad.any():
         r, c = np.argwhere(bad)[0]
-        raise LucidError(f"{path}: {name} has {int(bad.sum())} NaN/inf value(s) (first: row {int(r)}, feature {int(c)})")
+        raise LucidError(
+            f"{path}: {name} has {int(bad.sum())} NaN/inf value(s) (first: row {int(r)}, feature {int(c)})"
+        )
     return X.astype(np.float32)
 
 

@@ -15,8 +15,10 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from safetensors.numpy import save_file
@@ -33,7 +35,12 @@ from lucid.interop.state_dict import ConvSpec, StackedStateDicts, read_safetenso
 from lucid.network import NETWORKS_FILE
 from lucid.rundir import EXTERNAL_ALGORITHM, RUN_FORMAT
 
-READERS = {".onnx": read_onnx, ".pt": read_torch, ".pth": read_torch, ".safetensors": read_safetensors}
+READERS: dict[str, Callable[..., DenseNet]] = {
+    ".onnx": read_onnx,
+    ".pt": read_torch,
+    ".pth": read_torch,
+    ".safetensors": read_safetensors,
+}
 
 
 # ------------------------------------------------------------------------------------- networks
@@ -56,22 +63,30 @@ def check_rows(manifest: Manifest, train_size: int, max_bytes: int = MAX_FILE_BY
     for j, row in enumerate(manifest.removed):
         if row in where:
             which = "N (removed null)" if row == -1 else f"training row {row}"
-            raise LucidError(f"manifest {manifest.path}: {which} appears twice "
-                             f"({manifest.name_of(where[row])} and {manifest.name_of(j)})")
+            raise LucidError(
+                f"manifest {manifest.path}: {which} appears twice "
+                f"({manifest.name_of(where[row])} and {manifest.name_of(j)})"
+            )
         if row >= train_size:
-            raise LucidError(f"manifest {manifest.path}: {manifest.name_of(j)} leaves out row {row}, "
-                             f"but the data has {train_size} training rows (0..{train_size - 1})")
+            raise LucidError(
+                f"manifest {manifest.path}: {manifest.name_of(j)} leaves out row {row}, "
+                f"but the data has {train_size} training rows (0..{train_size - 1})"
+            )
         where[row] = j
     if -1 not in where:
-        raise LucidError(f"manifest {manifest.path}: no network is N (one entry needs \"removed\": null)")
+        raise LucidError(f'manifest {manifest.path}: no network is N (one entry needs "removed": null)')
     missing = [row for row in range(train_size) if row not in where]
     if missing:
         more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
-        raise LucidError(f"manifest {manifest.path}: no network for training row {missing[0]}{more} "
-                         f"(LUCID needs one per row of the {train_size} training rows)")
+        raise LucidError(
+            f"manifest {manifest.path}: no network for training row {missing[0]}{more} "
+            f"(LUCID needs one per row of the {train_size} training rows)"
+        )
     for file in (f for f in dict.fromkeys(manifest.files) if f not in manifest.stacked):  # each file once, in order
         if file.suffix.lower() not in READERS:
-            raise LucidError(f"{file}: unknown network file type '{file.suffix}' (use .onnx, .pt, .pth or .safetensors)")
+            raise LucidError(
+                f"{file}: unknown network file type '{file.suffix}' (use .onnx, .pt, .pth or .safetensors)"
+            )
         checked_file(file, f"manifest {manifest.path}: network file", max_bytes)
     return [where[row] for row in range(-1, train_size)]
 
@@ -103,15 +118,25 @@ def two_scores(net: DenseNet) -> DenseNet:
     return DenseNet(weights, biases, net.kinds, net.convs)
 
 
-def _check(net: DenseNet, source: str, row: int, reference: DenseNet, reference_name: str,
-           domain: tuple[list[float], list[float]]) -> None:
+def _check(
+    net: DenseNet,
+    source: str,
+    row: int,
+    reference: DenseNet,
+    reference_name: str,
+    domain: tuple[list[float], list[float]],
+) -> None:
     if net.layer_sizes != reference.layer_sizes:
-        raise LucidError(f"{source}: layer widths {net.layer_sizes} differ from N's {reference.layer_sizes} "
-                         f"({reference_name}); every network needs the same architecture")
-    for k, (mine, theirs) in enumerate(zip(net.layer_kinds, reference.layer_kinds)):
+        raise LucidError(
+            f"{source}: layer widths {net.layer_sizes} differ from N's {reference.layer_sizes} "
+            f"({reference_name}); every network needs the same architecture"
+        )
+    for k, (mine, theirs) in enumerate(zip(net.layer_kinds, reference.layer_kinds, strict=True)):
         if mine != theirs:
-            raise LucidError(f"{source}: layer {k} is {mine} but N's is {theirs} ({reference_name}); every "
-                             "network needs N's architecture, layer kinds included")
+            raise LucidError(
+                f"{source}: layer {k} is {mine} but N's is {theirs} ({reference_name}); every "
+                "network needs N's architecture, layer kinds included"
+            )
     bad = non_finite_layer(net)
     if bad is not None:
         who = "N" if row == -1 else f"the network without row {row}"
@@ -126,13 +151,19 @@ def _parameters(net: DenseNet, cnn: bool) -> dict[str, np.ndarray]:
     convs = net.convs if cnn else ()
     for j, c in enumerate(convs):
         found[f"conv.{j}.weight"], found[f"conv.{j}.bias"] = c.weight, c.bias
-    for i, (w, b) in enumerate(zip(net.weights[len(convs):], net.biases[len(convs):])):
+    for i, (w, b) in enumerate(zip(net.weights[len(convs) :], net.biases[len(convs) :], strict=True)):
         found[f"layers.{i}.weight"], found[f"layers.{i}.bias"] = w, b
     return found
 
 
-def _stacked(manifest: Manifest, order: list[int], n: DenseNet, stacks: dict[Path, StackedStateDicts],
-             domain: tuple[list[float], list[float]], cnn: bool) -> dict[str, np.ndarray]:
+def _stacked(
+    manifest: Manifest,
+    order: list[int],
+    n: DenseNet,
+    stacks: dict[Path, StackedStateDicts],
+    domain: tuple[list[float], list[float]],
+    cnn: bool,
+) -> dict[str, np.ndarray]:
     """networks.safetensors' tensors, filled one network at a time (position p = order[p]); `cnn`:
     stored as a `cnn2d` run (N's `DenseNet.cnn2d`)."""
     k = len(order)
@@ -166,8 +197,9 @@ class Imported:
     provenance: str = ""
 
 
-def import_run(manifest_path: str | Path, data_path: str | Path, out: str | Path,
-               max_file_bytes: int = MAX_FILE_BYTES) -> Imported:
+def import_run(
+    manifest_path: str | Path, data_path: str | Path, out: str | Path, max_file_bytes: int = MAX_FILE_BYTES
+) -> Imported:
     """Build the run directory `out` from the manifest's networks and the data; every input file is
     refused, before it is read, when larger than `max_file_bytes`."""
     out = Path(out)
@@ -186,25 +218,36 @@ def import_run(manifest_path: str | Path, data_path: str | Path, out: str | Path
         raise LucidError(f"{n_file}: N has {num_classes} output; a classifier needs at least 2 classes")
     for name, y in (("training", data.y_train), ("test", data.y_test)):
         if len(y) and (y.min() < 0 or y.max() >= num_classes):
-            raise LucidError(f"{data.source}: the {name} labels must be class ids 0..{num_classes - 1} "
-                             f"(the networks' output index), got {int(y.min())}..{int(y.max())}")
+            raise LucidError(
+                f"{data.source}: the {name} labels must be class ids 0..{num_classes - 1} "
+                f"(the networks' output index), got {int(y.min())}..{int(y.max())}"
+            )
     domain, from_data = domain_of(manifest, data, d)
-    meta = {
-        "format": RUN_FORMAT, "num_classes": num_classes, "input_dim": d, "train_size": int(len(data.y_train)),
-        "test_size": int(len(data.y_test)), "domain": domain,
+    meta: dict[str, Any] = {
+        "format": RUN_FORMAT,
+        "num_classes": num_classes,
+        "input_dim": d,
+        "train_size": len(data.y_train),
+        "test_size": len(data.y_test),
+        "domain": domain,
         # a 2-D CNN stays one (its kernels stored, lowered as `lucid train`'s are); any other as dense layers
         "architecture": n.cnn2d() or {"type": "mlp", "hidden": sizes[1:-1]},
         "training": {"algorithm": EXTERNAL_ALGORITHM, **manifest.training},
-        "labels": labels_of(manifest, num_classes), "scaler": scaler_of(manifest, d),
-        "data": {"source": data.source, "feature_names": feature_names_of(manifest, d),
-                 # whether the owner gave the verified box: a report must not call a given box "no public domain"
-                 "domain_source": "manifest" if manifest.domain is not None else "default"},
+        "labels": labels_of(manifest, num_classes),
+        "scaler": scaler_of(manifest, d),
+        "data": {
+            "source": data.source,
+            "feature_names": feature_names_of(manifest, d),
+            # whether the owner gave the verified box: a report must not call a given box "no public domain"
+            "domain_source": "manifest" if manifest.domain is not None else "default",
+        },
     }
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.import-", dir=out.parent))
     try:
-        tensors = _stacked(manifest, order, n, stacks, (domain["lower"], domain["upper"]),
-                           meta["architecture"]["type"] == "cnn2d")
+        tensors = _stacked(
+            manifest, order, n, stacks, (domain["lower"], domain["upper"]), meta["architecture"]["type"] == "cnn2d"
+        )
         check_tensors_range(tensors, meta, f"the networks of manifest {manifest.path}")
         arrays = (data.X_train, data.y_train, data.X_test, data.y_test)
         meta["training"]["fingerprint"] = imported_run_fingerprint(meta, arrays, tensors)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -62,13 +62,17 @@ def read_manifest(path: str | Path, max_bytes: int = MAX_FILE_BYTES) -> Manifest
     obj = read_json(path, missing=f"manifest {path} does not exist", unreadable=f"cannot read manifest {path} as JSON")
     if not isinstance(obj, dict):
         raise LucidError(f"manifest {path} must be a JSON object with 'training' and 'networks'")
-    unknown = sorted(set(obj) - {"training", "networks", "domain", "labels", "scaler", "feature_names", "origin", "conv"})
+    unknown = sorted(
+        set(obj) - {"training", "networks", "domain", "labels", "scaler", "feature_names", "origin", "conv"}
+    )
     if unknown:
         raise LucidError(f"manifest {path}: unknown field '{unknown[0]}'")
     training = obj.get("training")
     if not isinstance(training, dict) or not isinstance(training.get("name"), str) or not training["name"].strip():
-        raise LucidError(f"manifest {path}: 'training' must be an object with a non-empty 'name' "
-                         "(and optional 'version' and 'description')")
+        raise LucidError(
+            f"manifest {path}: 'training' must be an object with a non-empty 'name' "
+            "(and optional 'version' and 'description')"
+        )
     record = {"name": training["name"]}
     for key in ("version", "description"):
         value = training.get(key, "")
@@ -77,33 +81,50 @@ def read_manifest(path: str | Path, max_bytes: int = MAX_FILE_BYTES) -> Manifest
         record[key] = str(value)
     networks = obj.get("networks")
     if not isinstance(networks, list) or not networks:
-        raise LucidError(f"manifest {path}: 'networks' must be a non-empty list of {{\"file\": ..., \"removed\": ...}}")
+        raise LucidError(f'manifest {path}: \'networks\' must be a non-empty list of {{"file": ..., "removed": ...}}')
     files, removed, stacked = [], [], []
     for j, entry in enumerate(networks):
-        form = "{\"file\": PATH, \"removed\": ROW or null} (or {\"file\": PATH, \"stacked\": true})"
+        form = '{"file": PATH, "removed": ROW or null} (or {"file": PATH, "stacked": true})'
         if not isinstance(entry, dict) or not isinstance(entry.get("file"), str):
             raise LucidError(f"manifest {path}: networks[{j}] must be {form}")
         if entry.get("stacked", False) not in (True, False):
             raise LucidError(f"manifest {path}: networks[{j}] 'stacked' must be true or false")
         if entry.get("stacked"):
             if "removed" in entry:
-                raise LucidError(f"manifest {path}: networks[{j}] is stacked, so its rows come from the file's "
-                                 "'removed' tensor; drop its 'removed' field")
+                raise LucidError(
+                    f"manifest {path}: networks[{j}] is stacked, so its rows come from the file's "
+                    "'removed' tensor; drop its 'removed' field"
+                )
             if Path(entry["file"]).suffix.lower() != ".safetensors":
-                raise LucidError(f"manifest {path}: networks[{j}] is stacked but '{entry['file']}' is not a "
-                                 ".safetensors file; a stacked file is safetensors (docs/interop.md)")
+                raise LucidError(
+                    f"manifest {path}: networks[{j}] is stacked but '{entry['file']}' is not a "
+                    ".safetensors file; a stacked file is safetensors (docs/interop.md)"
+                )
             stacked.append(_network_path(path, entry["file"], j))
             continue
         if "removed" not in entry:
             raise LucidError(f"manifest {path}: networks[{j}] must be {form}")
         row = entry["removed"]
         if row is not None and (isinstance(row, bool) or not isinstance(row, int) or row < 0):
-            raise LucidError(f"manifest {path}: networks[{j}] 'removed' must be a training row (an integer >= 0) or null")
+            raise LucidError(
+                f"manifest {path}: networks[{j}] 'removed' must be a training row (an integer >= 0) or null"
+            )
         files.append(_network_path(path, entry["file"], j))
         removed.append(-1 if row is None else row)
-    return Manifest(path, record, files, removed, obj.get("domain"), obj.get("labels"), obj.get("scaler"),
-                    obj.get("feature_names"), obj.get("origin"), [None] * len(files), stacked,
-                    _conv_spec(obj.get("conv"), path))
+    return Manifest(
+        path,
+        record,
+        files,
+        removed,
+        obj.get("domain"),
+        obj.get("labels"),
+        obj.get("scaler"),
+        obj.get("feature_names"),
+        obj.get("origin"),
+        [None] * len(files),
+        stacked,
+        _conv_spec(obj.get("conv"), path),
+    )
 
 
 def _network_path(manifest: Path, name: str, j: int) -> Path:
@@ -112,13 +133,16 @@ def _network_path(manifest: Path, name: str, j: int) -> Path:
     any other file the user can read (a key, a system file) into a run directory."""
     where = f"manifest {manifest}: networks[{j}] file '{name}'"
     if Path(name).is_absolute():
-        raise LucidError(f"{where} is an absolute path; give it relative to the manifest's directory "
-                         "(copy or move the file there)")
+        raise LucidError(
+            f"{where} is an absolute path; give it relative to the manifest's directory (copy or move the file there)"
+        )
     base = manifest.parent.resolve()
     target = (manifest.parent / name).resolve()
     if not target.is_relative_to(base):
-        raise LucidError(f"{where} resolves to {target}, outside the manifest's directory {base}; copy or move "
-                         "the file into that directory (a symbolic link must point inside it too)")
+        raise LucidError(
+            f"{where} resolves to {target}, outside the manifest's directory {base}; copy or move "
+            "the file into that directory (a symbolic link must point inside it too)"
+        )
     return manifest.parent / name
 
 
@@ -126,22 +150,33 @@ def _conv_spec(c: Any, path: Path) -> ConvSpec | None:
     """The manifest's "conv": what a state dict of a 2-D CNN does not say (None when absent)."""
     if c is None:
         return None
-    bad = LucidError(f"manifest {path}: write 'conv' as {CONV_FORM}, with positive sizes, strides >= 1 and pads >= 0 "
-                     "(one layer per Conv2d, in order)")
+    bad = LucidError(
+        f"manifest {path}: write 'conv' as {CONV_FORM}, with positive sizes, strides >= 1 and pads >= 0 "
+        "(one layer per Conv2d, in order)"
+    )
 
     def whole(v: Any, least: int) -> int:
         if isinstance(v, bool) or not isinstance(v, int) or v < least:
             raise bad
         return v
 
-    if not isinstance(c, dict) or set(c) != {"input_shape", "layers"} or not isinstance(c["input_shape"], list) \
-            or len(c["input_shape"]) != 3 or not isinstance(c["layers"], list) or not c["layers"]:
+    if (
+        not isinstance(c, dict)
+        or set(c) != {"input_shape", "layers"}
+        or not isinstance(c["input_shape"], list)
+        or len(c["input_shape"]) != 3
+        or not isinstance(c["layers"], list)
+        or not c["layers"]
+    ):
         raise bad
-    shape = tuple(whole(v, 1) for v in c["input_shape"])
+    shape = cast(tuple[int, int, int], tuple(whole(v, 1) for v in c["input_shape"]))  # C, H, W: checked above
     if not all(isinstance(layer, dict) and set(layer) == {"stride", "pad"} for layer in c["layers"]):
         raise bad
-    return ConvSpec(shape, tuple(whole(layer["stride"], 1) for layer in c["layers"]),  # type: ignore[arg-type]
-                    tuple(whole(layer["pad"], 0) for layer in c["layers"]))
+    return ConvSpec(
+        shape,
+        tuple(whole(layer["stride"], 1) for layer in c["layers"]),
+        tuple(whole(layer["pad"], 0) for layer in c["layers"]),
+    )
 
 
 # ------------------------------------------------------------------------------------- run.json fields
@@ -164,7 +199,7 @@ def domain_of(manifest: Manifest, data: ImportData, d: int) -> tuple[dict, bool]
     where = f"manifest {manifest.path}: domain"
     if manifest.domain is not None:
         if not isinstance(manifest.domain, dict):
-            raise LucidError(f"{where} must be {{\"lower\": [...], \"upper\": [...]}}")
+            raise LucidError(f'{where} must be {{"lower": [...], "upper": [...]}}')
         lower = _vector(manifest.domain.get("lower"), d, f"{where} 'lower'")
         upper = _vector(manifest.domain.get("upper"), d, f"{where} 'upper'")
         if (lower > upper).any():
@@ -173,8 +208,10 @@ def domain_of(manifest: Manifest, data: ImportData, d: int) -> tuple[dict, bool]
         outside = (data.X_train < lower - slack) | (data.X_train > upper + slack)
         if outside.any():
             r, c = np.argwhere(outside)[0]
-            raise LucidError(f"{where}: {int(outside.any(axis=1).sum())} training row(s) lie outside it "
-                             f"(first: row {int(r)}, feature {int(c)}); the domain is in the networks' input space")
+            raise LucidError(
+                f"{where}: {int(outside.any(axis=1).sum())} training row(s) lie outside it "
+                f"(first: row {int(r)}, feature {int(c)}); the domain is in the networks' input space"
+            )
         return {"lower": lower.tolist(), "upper": upper.tolist()}, False
     rows = np.concatenate([data.X_train, data.X_test]).astype(np.float64)
     lo, hi = rows.min(axis=0), rows.max(axis=0)
@@ -187,11 +224,16 @@ def labels_of(manifest: Manifest, num_classes: int) -> list:
     if manifest.labels is None:
         return list(range(num_classes))
     labels = manifest.labels
-    if (not isinstance(labels, list) or len(labels) != num_classes
-            or not all(isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in labels)
-            or len({json.dumps(v) for v in labels}) != num_classes):
-        raise LucidError(f"manifest {manifest.path}: 'labels' must list {num_classes} distinct values "
-                         "(the original label of each output index)")
+    if (
+        not isinstance(labels, list)
+        or len(labels) != num_classes
+        or not all(isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in labels)
+        or len({json.dumps(v) for v in labels}) != num_classes
+    ):
+        raise LucidError(
+            f"manifest {manifest.path}: 'labels' must list {num_classes} distinct values "
+            "(the original label of each output index)"
+        )
     return labels
 
 
@@ -201,7 +243,7 @@ def scaler_of(manifest: Manifest, d: int) -> dict:
     s = manifest.scaler
     where = f"manifest {manifest.path}: scaler"
     if not isinstance(s, dict) or s.get("type", "affine") != "affine":
-        raise LucidError(f"{where} must be {{\"type\": \"affine\", \"offset\": [...], \"scale\": [...]}}")
+        raise LucidError(f'{where} must be {{"type": "affine", "offset": [...], "scale": [...]}}')
     offset = _vector(s.get("offset"), d, f"{where} 'offset'")
     scale = _vector(s.get("scale"), d, f"{where} 'scale'")
     check_scaler_range(offset, scale, where)

@@ -14,6 +14,7 @@ this kind of network, so it must not guess what another op means.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, NoReturn
 
 import numpy as np
 import onnx
@@ -42,11 +43,13 @@ class _Chain:
         self.current = name
         self.rank = len(dims)
         self.batch = dims[0] if dims else None  # the input's batch size when the graph fixes it
-        known = all(d is not None for d in dims[1:])
-        self.width: int | None = int(np.prod(dims[1:], dtype=np.int64)) if known and self.rank >= 2 else None
+        sizes = [d for d in dims[1:] if d is not None]
+        known = len(sizes) == len(dims[1:])
+        self.width: int | None = int(np.prod(sizes, dtype=np.int64)) if known and self.rank >= 2 else None
         # (C, H, W) of an image tensor [batch, C, H, W] of known size, which a Conv reads
-        self.image: tuple[int, int, int] | None = (tuple(int(d) for d in dims[1:])  # type: ignore[assignment]
-                                                   if self.rank == 4 and known else None)
+        self.image: tuple[int, int, int] | None = (
+            (int(sizes[0]), int(sizes[1]), int(sizes[2])) if self.rank == 4 and known else None
+        )
         self.weights: list[np.ndarray] = []
         self.biases: list[np.ndarray | None] = []
         self.relu: list[bool] = []
@@ -55,21 +58,26 @@ class _Chain:
         self.open_matmul = False  # the last layer was a MatMul whose Add may follow
         # shape tensors computed from the running tensor's Shape (`_shape_arithmetic`): a list of
         # entries or one entry, each a size, "batch" (the input's own batch size) or None (unknown)
-        self.shapes: dict[str, object] = {}
+        self.shapes: dict[str, Any] = {}  # symbolic: ints, "batch", None, or lists of them
 
     def dims(self) -> list:
         """The running tensor's shape as `shapes` holds it."""
-        rest = list(self.image) if self.image is not None else [self.width] if self.rank == 2 else [None] * (self.rank - 1)
+        rest = (
+            list(self.image) if self.image is not None else [self.width] if self.rank == 2 else [None] * (self.rank - 1)
+        )
         return ["batch" if self.batch is None else self.batch, *rest]
 
-    def fail(self, node, why: str) -> None:
+    def fail(self, node, why: str) -> NoReturn:
         raise LucidError(f"{self.path}: {node.op_type} node '{node.name or node.output[0]}' {why}")
 
     def dense(self, node, w: np.ndarray, b: np.ndarray | None) -> None:
         if self.rank != 2:
             self.fail(node, f"acts on a rank-{self.rank} tensor; LUCID reads [batch, features] (Flatten it first)")
         if self.weights and not self.relu[-1]:
-            self.fail(node, "follows a dense layer without a Relu between them; LUCID reads Relu after every layer but the last")
+            self.fail(
+                node,
+                "follows a dense layer without a Relu between them; LUCID reads Relu after every layer but the last",
+            )
         if self.width is not None and w.shape[1] != self.width:
             self.fail(node, f"takes {w.shape[1]} inputs but its input has {self.width} features")
         self.weights.append(w)
@@ -86,21 +94,25 @@ def read_onnx(path: str | Path) -> DenseNet:
         model = onnx.load(str(path))
     except FileNotFoundError:
         raise LucidError(f"{path} does not exist") from None
-    except Exception as exc:  # protobuf's DecodeError and friends: a damaged or non-ONNX file
+    except Exception as exc:  # noqa: BLE001 (protobuf's DecodeError and friends: a damaged or non-ONNX file)
         raise LucidError(f"cannot read {path} as ONNX: {_first_line(exc)}") from None
     graph = model.graph
     if not graph.node and not graph.input and not graph.output:
         raise LucidError(f"{path} holds no ONNX graph (an empty or non-ONNX file)")
     ml = sorted({node.op_type for node in graph.node if node.domain == "ai.onnx.ml"})
     if ml:  # before the input/output count: skl2onnx's graphs have two outputs, a label and probabilities
-        raise LucidError(f"{path}: an ONNX-ML graph (ops {', '.join(ml)}), as skl2onnx writes for scikit-learn; "
-                         "LUCID verifies a ReLU network's scores, so write an MLPClassifier's coefs_ and intercepts_ "
-                         "as a state dict instead (docs/interop.md, scikit-learn)")
+        raise LucidError(
+            f"{path}: an ONNX-ML graph (ops {', '.join(ml)}), as skl2onnx writes for scikit-learn; "
+            "LUCID verifies a ReLU network's scores, so write an MLPClassifier's coefs_ and intercepts_ "
+            "as a state dict instead (docs/interop.md, scikit-learn)"
+        )
     consts = {init.name: numpy_helper.to_array(init) for init in graph.initializer}
     inputs = [i for i in graph.input if i.name not in consts]
     if len(inputs) != 1 or len(graph.output) != 1:
-        raise LucidError(f"{path}: the graph has {len(inputs)} inputs and {len(graph.output)} outputs; "
-                         "LUCID reads one input and one output")
+        raise LucidError(
+            f"{path}: the graph has {len(inputs)} inputs and {len(graph.output)} outputs; "
+            "LUCID reads one input and one output"
+        )
     dims = _dims(inputs[0])
     if len(dims) < 2:
         raise LucidError(f"{path}: the input '{inputs[0].name}' has shape {dims}; LUCID needs a batch axis first")
@@ -128,7 +140,10 @@ def read_onnx(path: str | Path) -> DenseNet:
         raise LucidError(f"{path}: no dense layer (Gemm or MatMul) found")
     if chain.relu[-1]:
         raise LucidError(f"{path}: a Relu follows the last layer; LUCID reads the scores before any activation")
-    biases = [np.zeros(w.shape[0], dtype=w.dtype) if b is None else b for w, b in zip(chain.weights, chain.biases)]
+    biases = [
+        np.zeros(w.shape[0], dtype=w.dtype) if b is None else b
+        for w, b in zip(chain.weights, chain.biases, strict=True)
+    ]
     return checked_net(chain.weights, biases, str(path), tuple(chain.kinds), tuple(chain.convs))
 
 
@@ -144,12 +159,18 @@ def _shape_arithmetic(chain: _Chain, node, consts: dict[str, np.ndarray]) -> boo
     names = [name for name in node.input if name]
     if op == "Shape" and names == [chain.current]:
         start, end = int(attrs.get("start", 0)), attrs.get("end")
-        chain.shapes[node.output[0]] = chain.dims()[start:None if end is None else int(end)]
+        chain.shapes[node.output[0]] = chain.dims()[start : None if end is None else int(end)]
         return True
     if not names or names[0] not in chain.shapes or not all(n in chain.shapes or n in consts for n in names):
         return False
     value = chain.shapes[names[0]]
-    if op == "Gather" and len(names) == 2 and names[1] in consts and attrs.get("axis", 0) == 0 and isinstance(value, list):
+    if (
+        op == "Gather"
+        and len(names) == 2
+        and names[1] in consts
+        and attrs.get("axis", 0) == 0
+        and isinstance(value, list)
+    ):
         index = np.asarray(consts[names[1]])
         picked = [value[int(i)] if -len(value) <= int(i) < len(value) else None for i in index.ravel()]
         result: object = picked[0] if index.ndim == 0 else picked
@@ -169,9 +190,13 @@ def _shape_arithmetic(chain: _Chain, node, consts: dict[str, np.ndarray]) -> boo
         return False
     chain.shapes[node.output[0]] = result
     return True
-HINTS = {"BatchNormalization": " (fold it into the layer before: torch.onnx.export's default exporter does so "
-                               "for a model in eval mode)",
-         "Pad": " (a padding mode other than zeros, or padding the Conv cannot express)"}
+
+
+HINTS = {
+    "BatchNormalization": " (fold it into the layer before: torch.onnx.export's default exporter does so "
+    "for a model in eval mode)",
+    "Pad": " (a padding mode other than zeros, or padding the Conv cannot express)",
+}
 
 
 def _unsupported_consumer(chain: _Chain, nodes, consts: dict[str, np.ndarray]) -> None:
@@ -240,21 +265,26 @@ def _conv(chain: _Chain, node, consts: dict[str, np.ndarray], attrs: dict) -> No
     w = _const(chain, node, consts, 1, ndim=None)
     if w.ndim != 4:
         chain.fail(node, f"has a kernel of shape {tuple(w.shape)}; LUCID imports 2-D convolutions [out, in, kh, kw]")
-    c_out, c_in, kh, kw = (int(v) for v in w.shape)
+    c_out, _c_in, kh, kw = (int(v) for v in w.shape)
     if attrs.get("group", 1) != 1:  # before the channels: a grouped kernel reads channels / groups each
         chain.fail(node, f"has group={attrs['group']}; LUCID imports convolutions with one group")
     strides = [int(v) for v in attrs.get("strides", [1, 1])]
     pads = [int(v) for v in attrs.get("pads", [0, 0, 0, 0])]
-    refused = {"group": attrs.get("group", 1) != 1,
-               "dilations": any(int(v) != 1 for v in attrs.get("dilations", [1, 1])),
-               "auto_pad": attrs.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"),
-               "kernel_shape": [int(v) for v in attrs.get("kernel_shape", [kh, kw])] != [kh, kw],
-               "strides": len(strides) != 2 or strides[0] != strides[1],
-               "pads": len(pads) != 4 or len(set(pads)) != 1}
+    refused = {
+        "group": attrs.get("group", 1) != 1,
+        "dilations": any(int(v) != 1 for v in attrs.get("dilations", [1, 1])),
+        "auto_pad": attrs.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"),
+        "kernel_shape": [int(v) for v in attrs.get("kernel_shape", [kh, kw])] != [kh, kw],
+        "strides": len(strides) != 2 or strides[0] != strides[1],
+        "pads": len(pads) != 4 or len(set(pads)) != 1,
+    }
     bad = [name for name, no in refused.items() if no]
     if bad:
-        chain.fail(node, f"has {', '.join(bad)} LUCID does not import; it imports one group, no dilation, explicit "
-                         "pads equal on every side and the same stride on both axes")
+        chain.fail(
+            node,
+            f"has {', '.join(bad)} LUCID does not import; it imports one group, no dilation, explicit "
+            "pads equal on every side and the same stride on both axes",
+        )
     b = _const(chain, node, consts, 2, ndim=None) if len(node.input) > 2 and node.input[2] else None
     bias = np.zeros(c_out, dtype=w.dtype) if b is None else _bias(chain, node, b, c_out)
     try:
@@ -286,9 +316,15 @@ def _reshape(chain: _Chain, node, consts: dict[str, np.ndarray], attrs: dict) ->
     if not all(isinstance(v, int) for v in shape[1:]) or None in shape:
         chain.fail(node, f"reshapes to {shape}, a shape LUCID cannot follow")
     batch_kept = (shape[0] in (-1, "batch", chain.batch) and chain.batch != 0) or (
-        shape[0] == 0 and not attrs.get("allowzero", 0))
-    if len(shape) == 4 and chain.rank == 2 and batch_kept and min(shape[1:]) > 0 \
-            and chain.width == int(np.prod(shape[1:])):
+        shape[0] == 0 and not attrs.get("allowzero", 0)
+    )
+    if (
+        len(shape) == 4
+        and chain.rank == 2
+        and batch_kept
+        and min(shape[1:]) > 0
+        and chain.width == int(np.prod(shape[1:]))
+    ):
         # the flat rows as the C-H-W images they are (what `lucid export` writes before a CNN's first Conv)
         chain.rank, chain.image = 4, (shape[1], shape[2], shape[3])
         return
@@ -296,7 +332,8 @@ def _reshape(chain: _Chain, node, consts: dict[str, np.ndarray], attrs: dict) ->
     keeps_batch = len(shape) == 2 and (
         (shape[0] == 0 and not attrs.get("allowzero", 0) and (shape[1] == -1 or shape[1] > 0))
         or (shape[0] == -1 and width_known)
-        or (shape[0] in ("batch", chain.batch) and chain.batch != 0 and (shape[1] == -1 or width_known)))
+        or (shape[0] in ("batch", chain.batch) and chain.batch != 0 and (shape[1] == -1 or width_known))
+    )
     if not keeps_batch:
         zero = " (allowzero=1 makes its 0 a literal zero)" if attrs.get("allowzero", 0) and 0 in shape else ""
         chain.fail(node, f"reshapes to {shape}, which does not keep the [batch, features] layout{zero}")

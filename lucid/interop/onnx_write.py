@@ -30,16 +30,29 @@ def _layers(net: DenseNet, prefix: str, source: str, nodes: list, inits: list) -
     if net.convs:
         shape = np.array([-1, *net.convs[0].image], dtype=np.int64)
         inits.append(numpy_helper.from_array(shape, f"{prefix}image_shape"))
-        nodes.append(helper.make_node("Reshape", [h, f"{prefix}image_shape"], [f"{prefix}image"], name=f"{prefix}image"))
+        nodes.append(
+            helper.make_node("Reshape", [h, f"{prefix}image_shape"], [f"{prefix}image"], name=f"{prefix}image")
+        )
         h = f"{prefix}image"
-    for k, (w, b) in enumerate(zip(net.weights, net.biases)):
+    for k, (w, b) in enumerate(zip(net.weights, net.biases, strict=True)):
         if k < len(net.convs):
             c = net.convs[k]
             wn, bn, out = f"{prefix}conv.{k}.weight", f"{prefix}conv.{k}.bias", f"{prefix}conv{k}"
-            inits += [numpy_helper.from_array(np.ascontiguousarray(c.weight, dtype=np.float32), wn),
-                      numpy_helper.from_array(np.ascontiguousarray(c.bias, dtype=np.float32), bn)]
-            nodes.append(helper.make_node("Conv", [h, wn, bn], [out], name=out, kernel_shape=list(c.weight.shape[2:]),
-                                          strides=[c.stride] * 2, pads=[c.pad] * 4))
+            inits += [
+                numpy_helper.from_array(np.ascontiguousarray(c.weight, dtype=np.float32), wn),
+                numpy_helper.from_array(np.ascontiguousarray(c.bias, dtype=np.float32), bn),
+            ]
+            nodes.append(
+                helper.make_node(
+                    "Conv",
+                    [h, wn, bn],
+                    [out],
+                    name=out,
+                    kernel_shape=list(c.weight.shape[2:]),
+                    strides=[c.stride] * 2,
+                    pads=[c.pad] * 4,
+                )
+            )
             h = out
             if k < last:
                 nodes.append(helper.make_node("Relu", [h], [f"{prefix}relu{k}"], name=f"{prefix}relu{k}"))
@@ -50,8 +63,10 @@ def _layers(net: DenseNet, prefix: str, source: str, nodes: list, inits: list) -
             h = f"{prefix}flat"
         i = k - len(net.convs)  # the dense layers' names are networks.safetensors' (layers.{i} after conv.{j})
         wn, bn, out = f"{prefix}layers.{i}.weight", f"{prefix}layers.{i}.bias", f"{prefix}gemm{k}"
-        inits += [numpy_helper.from_array(np.ascontiguousarray(w, dtype=np.float32), wn),
-                  numpy_helper.from_array(np.ascontiguousarray(b, dtype=np.float32), bn)]
+        inits += [
+            numpy_helper.from_array(np.ascontiguousarray(w, dtype=np.float32), wn),
+            numpy_helper.from_array(np.ascontiguousarray(b, dtype=np.float32), bn),
+        ]
         nodes.append(helper.make_node("Gemm", [h, wn, bn], [out], name=out, transB=1))
         h = out
         if k < last:
@@ -62,10 +77,15 @@ def _layers(net: DenseNet, prefix: str, source: str, nodes: list, inits: list) -
 
 def _model(nodes: list, inits: list, input_dim: int, output: str, width: int, doc: str) -> onnx.ModelProto:
     graph = helper.make_graph(
-        nodes, "lucid", [helper.make_tensor_value_info(INPUT_NAME, TensorProto.FLOAT, ["batch", input_dim])],
-        [helper.make_tensor_value_info(output, TensorProto.FLOAT, ["batch", width])], initializer=inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="lucid",
-                              doc_string=doc)
+        nodes,
+        "lucid",
+        [helper.make_tensor_value_info(INPUT_NAME, TensorProto.FLOAT, ["batch", input_dim])],
+        [helper.make_tensor_value_info(output, TensorProto.FLOAT, ["batch", width])],
+        initializer=inits,
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="lucid", doc_string=doc
+    )
     model.ir_version = IR_VERSION
     onnx.checker.check_model(model)
     return model
@@ -99,8 +119,9 @@ def joint_model(n: DenseNet, other: DenseNet, cls: int, doc: str = "") -> onnx.M
     parts = []
     for prefix, net in (("N.", n), ("i.", other)):
         scores = _layers(net, prefix, INPUT_NAME, nodes, inits)
-        nodes.append(helper.make_node("Gemm", [scores, "margin"], [f"{prefix}margins"], name=f"{prefix}margins",
-                                      transB=1))
+        nodes.append(
+            helper.make_node("Gemm", [scores, "margin"], [f"{prefix}margins"], name=f"{prefix}margins", transB=1)
+        )
         parts.append(f"{prefix}margins")
     nodes.append(helper.make_node("Concat", parts, ["margins"], name="margins", axis=1))
     return _model(nodes, inits, n.layer_sizes[0], "margins", 2 * (num_classes - 1), doc)

@@ -42,7 +42,7 @@ class NetworksDigest:
         self._h = hashlib.sha256(np.ascontiguousarray(removed, dtype=np.int64).tobytes())
 
     def add(self, weights: list[np.ndarray], biases: list[np.ndarray]) -> None:
-        for w, b in zip(weights, biases):
+        for w, b in zip(weights, biases, strict=True):
             self._h.update(np.ascontiguousarray(w, dtype=np.float32).tobytes())
             self._h.update(np.ascontiguousarray(b, dtype=np.float32).tobytes())
 
@@ -59,7 +59,7 @@ def dense_layers(tensors: dict[str, np.ndarray], meta: dict, chunk: int = 256):
     """(weights, biases) of each network of a stacked tensors dict in stack order, float32, as the
     verifier sees them: a CNN's convolutions lowered (exactly: kernel entries and zeros)."""
     for start in range(0, len(tensors["removed"]), chunk):
-        part = {k: v[start:start + chunk] for k, v in tensors.items()}
+        part = {k: v[start : start + chunk] for k, v in tensors.items()}
         stack = stack_from_tensors(part, meta.get("architecture", {}), int(meta["input_dim"]))
         for p in range(len(stack)):
             yield ([w[p].astype(np.float32) for w in stack.weights], [b[p].astype(np.float32) for b in stack.biases])
@@ -68,7 +68,9 @@ def dense_layers(tensors: dict[str, np.ndarray], meta: dict, chunk: int = 256):
 ARCHITECTURE_FIELDS = ("type", "hidden", "input_shape", "conv")  # ("spec" is written from these)
 
 
-def restored_run(origin: Any, meta: dict, arrays: tuple[np.ndarray, ...], tensors: dict[str, np.ndarray]) -> dict | None:
+def restored_run(
+    origin: Any, meta: dict, arrays: tuple[np.ndarray, ...], tensors: dict[str, np.ndarray]
+) -> dict | None:
     """The run.json of the run `lucid export --all` wrote these files from, when they are that run's
     networks and data exactly: the networks' digest and the run's own fingerprint (recomputed here,
     from the data given) must match, and so must every field the import derived from the files

@@ -21,8 +21,7 @@ def number(v: float) -> str:
     return np.format_float_positional(float(v), unique=True, trim="0")
 
 
-def query_text(lower: np.ndarray, upper: np.ndarray, num_classes: int, cls: int, beta: float,
-               header: list[str]) -> str:
+def query_text(lower: np.ndarray, upper: np.ndarray, num_classes: int, cls: int, beta: float, header: list[str]) -> str:
     d = len(lower)
     margins = num_classes - 1
     lines = [f"; {line}" for line in header]

@@ -7,6 +7,7 @@ is how every layer-wise constraint family here looks; zero entries are dropped a
 from __future__ import annotations
 
 import numpy as np
+import numpy.typing as npt
 import scipy.sparse as sp
 
 from lucid.milp.model import MilpModel
@@ -41,7 +42,7 @@ class ModelBuilder:
         self.num_cols += n
         return idx
 
-    def add_rows(self, cols: np.ndarray, vals: np.ndarray, lower, upper, name: str) -> np.ndarray:
+    def add_rows(self, cols: np.ndarray, vals: npt.ArrayLike, lower, upper, name: str) -> np.ndarray:
         """Rows lower_r <= sum_k vals[r, k] * x[cols[r, k]] <= upper_r (cols, vals: [m, k])."""
         cols = np.atleast_2d(np.asarray(cols, dtype=np.int64))
         vals = np.broadcast_to(np.atleast_2d(np.asarray(vals, dtype=np.float64)), cols.shape)
@@ -59,7 +60,9 @@ class ModelBuilder:
         return rows
 
     def build(self, input_columns: np.ndarray, input_offset: np.ndarray, meta: dict) -> MilpModel:
-        cat = lambda parts, dt=np.float64: np.concatenate(parts).astype(dt) if parts else np.zeros(0, dt)  # noqa: E731
+        def cat(parts: list[np.ndarray], dt: type = np.float64) -> np.ndarray:
+            return np.concatenate(parts).astype(dt) if parts else np.zeros(0, dt)
+
         vals = cat(self._vals)
         keep = vals != 0.0
         A = sp.csr_matrix(

@@ -20,8 +20,15 @@ class ReluColumns:
     z_hyper: np.ndarray
 
 
-def add_matching(b: ModelBuilder, z: np.ndarray, z_hyper: np.ndarray, lower: np.ndarray, upper: np.ndarray, name: str,
-                 implied: np.ndarray | None = None) -> int:
+def add_matching(
+    b: ModelBuilder,
+    z: np.ndarray,
+    z_hyper: np.ndarray,
+    lower: np.ndarray,
+    upper: np.ndarray,
+    name: str,
+    implied: np.ndarray | None = None,
+) -> int:
     """Rows lower <= z#_j - z_j <= upper for every neuron with a finite, non-trivial interval.
 
     `implied` marks neurons whose row other rows already imply (`implied_post_rows`): the row
@@ -36,8 +43,9 @@ def add_matching(b: ModelBuilder, z: np.ndarray, z_hyper: np.ndarray, lower: np.
     return int(useful.sum())
 
 
-def add_relu_coupling(b: ModelBuilder, cols: ReluColumns, lower: np.ndarray, upper: np.ndarray,
-                      name: str) -> tuple[int, np.ndarray]:
+def add_relu_coupling(
+    b: ModelBuilder, cols: ReluColumns, lower: np.ndarray, upper: np.ndarray, name: str
+) -> tuple[int, np.ndarray]:
     """Relational matching dependency: the post-activation difference follows the pre-activation one.
 
     ReLU is monotone and 1-Lipschitz, so for every real pair of pre-activations
@@ -57,7 +65,10 @@ def add_relu_coupling(b: ModelBuilder, cols: ReluColumns, lower: np.ndarray, upp
     usable = np.isfinite(a) & np.isfinite(bb) & ~trivial & (bb >= a)
     rows = 0
     coupled = np.zeros(len(a), dtype=bool)
-    cols4 = lambda m: np.stack([z_hyper[m], z[m], zhat_hyper[m], zhat[m]], 1)  # noqa: E731
+
+    def cols4(m: np.ndarray) -> np.ndarray:
+        return np.stack([z_hyper[m], z[m], zhat_hyper[m], zhat[m]], 1)
+
     # d - dhat <= 0 (a >= 0) / >= 0 (b <= 0), plus the sign of d
     for mask, lo, hi, sign_lo, sign_hi in (
         (usable & (a >= 0), -np.inf, 0.0, 0.0, np.inf),
@@ -82,8 +93,14 @@ def add_relu_coupling(b: ModelBuilder, cols: ReluColumns, lower: np.ndarray, upp
     return rows, coupled
 
 
-def implied_post_rows(pre_lower: np.ndarray, pre_upper: np.ndarray, post_lower: np.ndarray, post_upper: np.ndarray,
-                      coupled: np.ndarray, both_off: np.ndarray) -> np.ndarray:
+def implied_post_rows(
+    pre_lower: np.ndarray,
+    pre_upper: np.ndarray,
+    post_lower: np.ndarray,
+    post_upper: np.ndarray,
+    coupled: np.ndarray,
+    both_off: np.ndarray,
+) -> np.ndarray:
     """Neurons whose post-activation matching row [post_lower, post_upper] adds nothing.
 
     With the pre-activation difference dhat in [a, b] (its matching row, or layer 0's affine

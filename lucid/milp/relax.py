@@ -5,7 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 
-def relax_if_similar(diff_lower: np.ndarray, diff_upper: np.ndarray, enabled: bool, tau: float, exact: bool) -> np.ndarray:
+def relax_if_similar(
+    diff_lower: np.ndarray, diff_upper: np.ndarray, enabled: bool, tau: float, exact: bool
+) -> np.ndarray:
     """Neurons whose hyper/N pre-activation difference interval is at most `tau` wide.
 
     Such a neuron of N# behaves almost like N's neuron, so its binary buys little precision:

@@ -15,8 +15,9 @@ from lucid.regions import MAX_DEPTH, RegionTree
 from lucid.settings import VerifySettings
 
 
-def noised_mask(tree: RegionTree, sample: np.ndarray, sample_class: np.ndarray,
-                sample_conf: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def noised_mask(
+    tree: RegionTree, sample: np.ndarray, sample_class: np.ndarray, sample_conf: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """(leaf of each sample point, whether the point is noised under its leaf's bound, or level
     with residual sets: a residual network that disagrees is not counted, it is rare)."""
     leaf = tree.locate(sample)
@@ -35,8 +36,7 @@ def choose_leaf(tree: RegionTree, leaf_of: np.ndarray, noised: np.ndarray, max_l
     if len(tree.leaves()) >= max_leaves:
         return None
     counts = np.bincount(leaf_of[noised], minlength=len(tree))
-    candidates = [i for i in tree.leaves() if counts[i] > 1 and tree.depth_of(i) < MAX_DEPTH
-                  and _splittable(tree, i)]
+    candidates = [i for i in tree.leaves() if counts[i] > 1 and tree.depth_of(i) < MAX_DEPTH and _splittable(tree, i)]
     if not candidates:
         return None
     return max(candidates, key=lambda i: (counts[i], -i))
@@ -51,8 +51,9 @@ class Split:
     threshold: float = 0.0
 
 
-def choose_split(tree: RegionTree, node: int, points: np.ndarray, node_leaks: dict[int, dict],
-                 room: int) -> tuple[list[Split], np.ndarray]:
+def choose_split(
+    tree: RegionTree, node: int, points: np.ndarray, node_leaks: dict[int, dict], room: int
+) -> tuple[list[Split], np.ndarray]:
     """How to split `node`, from its noised sample points P (`points`) and its known leaks: the
     splits to make in turn, each of the piece that holds the returned points (P, or the cluster
     of P a carve keeps), which is the new box to verify.
@@ -83,9 +84,10 @@ def choose_split(tree: RegionTree, node: int, points: np.ndarray, node_leaks: di
             return trims, points
         return [Split(box=box)], points
     cluster = _cluster(points, domain_width)
-    box = None if cluster is None else _hug(lo, hi, cluster, domain_width)
-    if box is not None:
-        return [Split(box=box)], cluster
+    if cluster is not None:
+        box = _hug(lo, hi, cluster, domain_width)
+        if box is not None:
+            return [Split(box=box)], cluster
     best, best_score = None, None
     for f in range(len(lo)):
         threshold = _middle_cut(points[:, f], lo[f], hi[f])
@@ -122,8 +124,9 @@ def _share(lo: np.ndarray, hi: np.ndarray, a: np.ndarray, b: np.ndarray) -> floa
     return float(np.mean((b[wide] - a[wide]) / (hi[wide] - lo[wide]))) if wide.any() else 1.0
 
 
-def _hug(lo: np.ndarray, hi: np.ndarray, points: np.ndarray,
-         domain_width: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+def _hug(
+    lo: np.ndarray, hi: np.ndarray, points: np.ndarray, domain_width: np.ndarray
+) -> tuple[np.ndarray, np.ndarray] | None:
     """The box holding `points` with the margin (a share of the domain's width, so that hugging the
     same points again changes nothing), inside [lo, hi], tightened only on the sides where that
     cuts off at least MIN_TRIM of the box's width; None when no side is."""
@@ -141,11 +144,16 @@ def _trims(lo: np.ndarray, hi: np.ndarray, a: np.ndarray, b: np.ndarray, witness
     """Axis cuts that make [lo, hi] into [a, b], those moving the most known leaks out of it
     first, then those cutting off the largest share of the width."""
     width = np.where(hi > lo, hi - lo, 1.0)
-    keyed = []
-    for f in np.flatnonzero(a > lo):  # x >= a goes right: the box stays right
-        keyed.append((sum(w[f] < a[f] for w in witnesses), (a[f] - lo[f]) / width[f], int(f), float(a[f])))
-    for f in np.flatnonzero(b < hi):  # x < b goes left: the points (all below b) stay left
-        keyed.append((sum(w[f] >= b[f] for w in witnesses), (hi[f] - b[f]) / width[f], int(f), float(b[f])))
+    # x >= a goes right: the box stays right
+    keyed = [
+        (sum(w[f] < a[f] for w in witnesses), (a[f] - lo[f]) / width[f], int(f), float(a[f]))
+        for f in np.flatnonzero(a > lo)
+    ]
+    # x < b goes left: the points (all below b) stay left
+    keyed += [
+        (sum(w[f] >= b[f] for w in witnesses), (hi[f] - b[f]) / width[f], int(f), float(b[f]))
+        for f in np.flatnonzero(b < hi)
+    ]
     return [Split(feature=f, threshold=t) for _, _, f, t in sorted(keyed, reverse=True)]
 
 
@@ -161,7 +169,7 @@ def _cluster(points: np.ndarray, domain_width: np.ndarray) -> np.ndarray | None:
     for radius in CLUSTER_RADII:
         best, best_count = None, 1
         for start in range(0, len(seeds), 16):  # [16, |P|, d] at a time
-            near = (np.abs(seeds[start:start + 16, None, :] - z[None, :, :]) <= radius).all(axis=2)
+            near = (np.abs(seeds[start : start + 16, None, :] - z[None, :, :]) <= radius).all(axis=2)
             counts = near.sum(axis=1)
             k = int(np.argmax(counts))
             if best_count < counts[k] < len(z):
@@ -181,8 +189,9 @@ def _middle_cut(values: np.ndarray, lo: float, hi: float) -> float | None:
     return t if lo < t < hi else None
 
 
-def box_targets(classes_of: np.ndarray, confidences: np.ndarray, classes: list[int],
-                known_lower: np.ndarray) -> dict[int, float]:
+def box_targets(
+    classes_of: np.ndarray, confidences: np.ndarray, classes: list[int], known_lower: np.ndarray
+) -> dict[int, float]:
     """Per class, the level a box's verification needs to reach: just below the `TARGET_QUANTILE`
     of its noised public points' confidences (those above a leak already known in the box, which
     no bound can release). Proving a class below a level is far cheaper than its exact bound (the
@@ -239,8 +248,14 @@ def screen_first(tree: RegionTree, classes: list[int], settings: VerifySettings)
     return settings.screen != "none" and not bool(tree.complete[0][classes].all())
 
 
-def cheap_to_deepen(tree: RegionTree, node: int, screened: dict[int, np.ndarray], classes_of: np.ndarray,
-                    confidences: np.ndarray, residual: int = 0) -> bool:
+def cheap_to_deepen(
+    tree: RegionTree,
+    node: int,
+    screened: dict[int, np.ndarray],
+    classes_of: np.ndarray,
+    confidences: np.ndarray,
+    residual: int = 0,
+) -> bool:
     """Whether the branch-and-bound of a just screened box should come now rather than after the
     splits: some of its public points (`classes_of`, `confidences`: those noised before the
     screen) are still noised, and at most `DEEPEN_AT_ONCE` networks are screened above the level
@@ -263,8 +278,9 @@ def box_owner(tree: RegionTree, leaf: int) -> int:
     return leaf
 
 
-def box_to_continue(tree: RegionTree, leaf_of: np.ndarray, noised: np.ndarray, sample_class: np.ndarray,
-                    unfinished: dict[int, set[int]]) -> tuple[int, list[int], int] | None:
+def box_to_continue(
+    tree: RegionTree, leaf_of: np.ndarray, noised: np.ndarray, sample_class: np.ndarray, unfinished: dict[int, set[int]]
+) -> tuple[int, list[int], int] | None:
     """Once no split is left to make and no box with noised public points waits for its first
     branch-and-bound: (the box whose cut-short branch-and-bound, continued, could release the most
     noised public points, its classes to continue, how many boxes could be continued), or None.
@@ -274,7 +290,7 @@ def box_to_continue(tree: RegionTree, leaf_of: np.ndarray, noised: np.ndarray, s
     weight: dict[int, int] = {}
     classes: dict[int, set[int]] = {}
     owners = {leaf: box_owner(tree, leaf) for leaf in np.unique(leaf_of[noised]).tolist()}
-    for leaf, c in zip(leaf_of[noised].tolist(), sample_class[noised].tolist()):
+    for leaf, c in zip(leaf_of[noised].tolist(), sample_class[noised].tolist(), strict=True):
         box = owners[leaf]
         if c in unfinished.get(box, ()):
             weight[box] = weight.get(box, 0) + 1

@@ -8,7 +8,7 @@ children are itself, so a shallow leaf costs the same as a deep one. Batches are
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -24,6 +24,7 @@ class RegionLookup:
     carves: np.ndarray  # [J] the carve nodes
     carve_lower: np.ndarray  # [J, d] their boxes
     carve_upper: np.ndarray
+    _children_list: list[list[int]] = field(init=False, repr=False, compare=False)  # `children` as lists
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_children_list", self.children.tolist())
@@ -34,12 +35,14 @@ class RegionLookup:
         # path (a leaf's children are itself), so the work does not depend on the input's box.
         right = X[:, self.feature] >= self.threshold  # [B, M]
         if len(self.carves):  # every carve's box test too, whichever nodes the walk visits
-            right[:, self.carves] = ((X[:, None, :] >= self.carve_lower) & (X[:, None, :] <= self.carve_upper)).all(axis=2)
+            right[:, self.carves] = ((X[:, None, :] >= self.carve_lower) & (X[:, None, :] <= self.carve_upper)).all(
+                axis=2
+            )
         if len(X) == 1:  # one query: the same walk in plain Python is ~10x faster than numpy's
-            bits, children, node = right[0].tobytes(), self._children_list, 0  # bytes index to 0 / 1
+            bits, children, leaf = right[0].tobytes(), self._children_list, 0  # bytes index to 0 / 1
             for _ in range(self.depth):
-                node = children[node][bits[node]]
-            return np.array([node], dtype=np.int64)
+                leaf = children[leaf][bits[leaf]]
+            return np.array([leaf], dtype=np.int64)
         right = right.astype(np.int64)
         rows = np.arange(len(X))
         node = np.zeros(len(X), dtype=np.int64)

@@ -24,20 +24,20 @@ import lucid.bab.display as live_display
 import lucid.bab.engine as bab_engine
 import lucid.bab.workers as executors
 import lucid.witness.search as witness_search
+from lucid.analysis.problem import VerificationProblem
+from lucid.analysis.scaling import rescale_stack
+from lucid.analysis.screen import Screen
 from lucid.bab.events import EventLog
 from lucid.bab.hooks import EngineHooks
 from lucid.bab.order_statistic import residual_set
 from lucid.bab.partition import FlatParameters
-from lucid.witness.network_leaks import NetworkLeaks
 from lucid.bab.state import ClassState
-from lucid.analysis.problem import VerificationProblem
-from lucid.analysis.scaling import rescale_stack
-from lucid.analysis.screen import Screen
 from lucid.deadline import Deadline
 from lucid.regions.tree import RegionTree
 from lucid.residual import split_off
 from lucid.rundir import bound_entry_value
 from lucid.settings import VerifySettings
+from lucid.witness.network_leaks import NetworkLeaks
 
 EXACT_TOLERANCE = 1e-6  # a bound within this (relative) of a leak in its box is that box's exact bound
 # Seconds a finished box's last analyses get to end before their workers are replaced (restarting
@@ -51,8 +51,14 @@ class BoxVerifier:
     `screens` (node -> class -> per-network screened bounds) and `leaks` (node -> class -> the
     best leak found there) are what later boxes start from; the caller checkpoints `leaks`."""
 
-    def __init__(self, tree: RegionTree, root: VerificationProblem, settings: VerifySettings, log: EventLog,
-                 leaks: dict[int, dict[int, dict]]) -> None:
+    def __init__(
+        self,
+        tree: RegionTree,
+        root: VerificationProblem,
+        settings: VerifySettings,
+        log: EventLog,
+        leaks: dict[int, dict[int, dict]],
+    ) -> None:
         self.tree, self.root, self.settings, self.log, self.leaks = tree, root, settings, log, leaks
         self.screens: dict[int, dict[int, np.ndarray]] = {}
         self.executor = executors.local_executor(root, settings)  # follows the box being verified (`rebind`)
@@ -106,15 +112,27 @@ class BoxVerifier:
             lower[c] = leak["value"]
             self.leaks[node][c] = leak
         found = np.isfinite(lower)
-        meets = upper <= np.where(found, lower + EXACT_TOLERANCE * np.maximum(1.0, np.abs(np.where(found, lower, 0))),
-                                  -np.inf)
+        meets = upper <= np.where(
+            found, lower + EXACT_TOLERANCE * np.maximum(1.0, np.abs(np.where(found, lower, 0))), -np.inf
+        )
         seconds = round(time.monotonic() - t0, 3)  # the same figure in the tree and the log
         tree.record(node, upper, lower, seconds, ~(upper > 0) | meets)
-        self._log_region(node, open_classes, seconds, screen_only=True,
-                         complete={str(c): bool(tree.complete[node][c]) for c in open_classes})
+        self._log_region(
+            node,
+            open_classes,
+            seconds,
+            screen_only=True,
+            complete={str(c): bool(tree.complete[node][c]) for c in open_classes},
+        )
 
-    def verify(self, node: int, classes: list[int], deadline: Deadline, targets: dict[int, float] | None = None,
-               continued: dict[int, ClassState] | None = None) -> dict[int, ClassState]:
+    def verify(
+        self,
+        node: int,
+        classes: list[int],
+        deadline: Deadline,
+        targets: dict[int, float] | None = None,
+        continued: dict[int, ClassState] | None = None,
+    ) -> dict[int, ClassState]:
         """The whole branch-and-bound of `node`'s box for `classes` within `deadline`, starting from
         its ancestors' screens and leaks; a box screened already (`screen`, or the rest of a
         screened carve, which keeps its box) starts from those bounds instead of screening again.
@@ -138,17 +156,28 @@ class BoxVerifier:
             return own if prior is None else np.minimum(own, prior[positions])
 
         states = self._start_states(node, open_classes, targets, continued)
-        search = (partial(witness_search.search_class_witness, problem, points=problem.points)
-                  if settings.search else None)
+        search = (
+            partial(witness_search.search_class_witness, problem, points=problem.points) if settings.search else None
+        )
         title = f"lucid verify --regions: box {node} of at most {2 * settings.regions - 1}"
         with live_display.LiveDisplay(title, enabled=settings.progress) as display:
-            hooks = EngineHooks(screen=None if screen is None else initial,
-                                refine=screen.refine if screen is not None and screen.refines else None,
-                                search=search, on_progress=display.update,
-                                leaks=NetworkLeaks.of(problem) if settings.residual else None)
-            engine = bab_engine.Engine(self.executor, open_classes, len(problem.stack), settings,
-                                       params=FlatParameters(problem.stack), hooks=hooks, states=states,
-                                       deadline=deadline)
+            hooks = EngineHooks(
+                screen=None if screen is None else initial,
+                refine=screen.refine if screen is not None and screen.refines else None,
+                search=search,
+                on_progress=display.update,
+                leaks=NetworkLeaks.of(problem) if settings.residual else None,
+            )
+            engine = bab_engine.Engine(
+                self.executor,
+                open_classes,
+                len(problem.stack),
+                settings,
+                params=FlatParameters(problem.stack),
+                hooks=hooks,
+                states=states,
+                deadline=deadline,
+            )
             engine.run()
             states = engine.states
         upper = tree.bound_upper[node].copy()  # classes not verified here keep what they had
@@ -169,12 +198,12 @@ class BoxVerifier:
                 self.screens[node][c] = cs.screen
         seconds = round(time.monotonic() - t0, 3)  # the same figure in the tree and the log
         tree.record(node, upper, lower, seconds, complete)
-        self._log_region(node, open_classes, seconds,
-                         complete={str(c): bool(cs.complete) for c, cs in states.items()})
+        self._log_region(node, open_classes, seconds, complete={str(c): bool(cs.complete) for c, cs in states.items()})
         return {c: _to_continue(cs) for c, cs in states.items() if cs.reason == "time limit"}
 
-    def _start_states(self, node: int, classes: list[int], targets: dict[int, float] | None,
-                      continued: dict[int, ClassState] | None) -> dict[int, ClassState]:
+    def _start_states(
+        self, node: int, classes: list[int], targets: dict[int, float] | None, continued: dict[int, ClassState] | None
+    ) -> dict[int, ClassState]:
         """Each class's starting state in `node`'s box: its inherited leak, its screen if the box
         was screened, the state a deadline cut short if continued, and its target level."""
         states = {c: ClassState(cls=c) for c in classes}
@@ -193,11 +222,26 @@ class BoxVerifier:
         tree = self.tree
         lo, hi = tree.box(node)
         parent = tree.parent[node]
-        bounds = {} if classes is None else {
-            "upper": {str(c): bound_entry_value(tree.bound_upper[node][c], upper=True) for c in classes},
-            "lower": {str(c): bound_entry_value(tree.bound_lower[node][c], upper=False) for c in classes}}
-        self.log.emit("region", None, box=node, parent=None if parent < 0 else parent, depth=tree.depth_of(node),
-                      box_lower=lo.tolist(), box_upper=hi.tolist(), seconds=seconds, **fields, **bounds)
+        bounds = (
+            {}
+            if classes is None
+            else {
+                "upper": {str(c): bound_entry_value(tree.bound_upper[node][c], upper=True) for c in classes},
+                "lower": {str(c): bound_entry_value(tree.bound_lower[node][c], upper=False) for c in classes},
+            }
+        )
+        self.log.emit(
+            "region",
+            None,
+            box=node,
+            parent=None if parent < 0 else parent,
+            depth=tree.depth_of(node),
+            box_lower=lo.tolist(),
+            box_upper=hi.tolist(),
+            seconds=seconds,
+            **fields,
+            **bounds,
+        )
 
     def nearest_screens(self, node: int) -> dict:
         return nearest_screens(self.tree, node, self.screens)

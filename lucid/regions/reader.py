@@ -17,6 +17,7 @@ from lucid.residual import ClassResidual
 def read_regions(doc: Any, lower: np.ndarray, upper: np.ndarray, num_classes: int, where: str) -> RegionTree:
     """Read and check a `regions` section against the run's domain; one error line if it is not a
     partition of that domain or a bound is malformed."""
+
     def bad(why: str) -> LucidError:
         return LucidError(f"{where}: the regions section {why}")
 
@@ -39,18 +40,20 @@ def read_regions(doc: Any, lower: np.ndarray, upper: np.ndarray, num_classes: in
         try:
             left, right = split["left"], split["right"]
             if "box" in split:
-                carved = (np.asarray(split["box"]["lower"], dtype=np.float64),
-                          np.asarray(split["box"]["upper"], dtype=np.float64))
+                carved = (
+                    np.asarray(split["box"]["lower"], dtype=np.float64),
+                    np.asarray(split["box"]["upper"], dtype=np.float64),
+                )
             else:
                 feature, threshold = split["feature"], float(split["threshold"])
         except (KeyError, TypeError, ValueError):
             raise bad(f"has a malformed split at node {entry['id']}") from None
-        if "box" not in split and (isinstance(feature, bool) or not isinstance(feature, int)) \
-                or entry["id"] >= len(tree):
+        if ("box" not in split and (isinstance(feature, bool) or not isinstance(feature, int))) or entry["id"] >= len(
+            tree
+        ):
             raise bad(f"has a malformed split at node {entry['id']}")
         try:
-            got = (tree.carve(entry["id"], *carved) if "box" in split
-                   else tree.split(entry["id"], feature, threshold))
+            got = tree.carve(entry["id"], *carved) if "box" in split else tree.split(entry["id"], feature, threshold)
         except ValueError as exc:
             raise bad(f"is not a partition of the domain ({exc})") from None
         if got != (left, right):
@@ -73,19 +76,22 @@ def read_regions(doc: Any, lower: np.ndarray, upper: np.ndarray, num_classes: in
             up[c] = _read_number(value.get("upper"), np.inf, bad, i)
             low[c] = _read_number(value.get("lower"), -np.inf, bad, i)
             if value.get("residual") is not None:
-                tree.residual[i][c] = ClassResidual.from_json(value["residual"], f"{where}: the regions "
-                                                              f"section's residual set of class {c} at node {i}")
+                tree.residual[i][c] = ClassResidual.from_json(
+                    value["residual"], f"{where}: the regions section's residual set of class {c} at node {i}"
+                )
         tree.bound_upper[i] = up
         tree.bound_lower[i] = low
-        tree.complete[i] = np.array([bool((bounds.get(str(c)) or {}).get("complete", False))
-                                     for c in range(num_classes)])
+        tree.complete[i] = np.array(
+            [bool((bounds.get(str(c)) or {}).get("complete", False)) for c in range(num_classes)]
+        )
         tree.verified[i] = bool(entry.get("verified", False))
         tree.seconds[i] = float(entry.get("seconds", 0.0) or 0.0)
     for i, entry in by_id.items():  # the boxes it states must be the ones its splits make
         lo, hi = tree.box(i)
         try:
             same = np.array_equal(np.asarray(entry["lower"], float), lo) and np.array_equal(
-                np.asarray(entry["upper"], float), hi)
+                np.asarray(entry["upper"], float), hi
+            )
         except (KeyError, TypeError, ValueError):
             same = False
         if not same:

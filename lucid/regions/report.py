@@ -98,8 +98,7 @@ def _display_scaler(run: Run) -> tuple[np.ndarray, np.ndarray]:
     return np.where(zero, 0.0, offset), np.where(zero, 1.0, scale)
 
 
-def region_tree_from_events(events: list[dict], lower: np.ndarray, upper: np.ndarray,
-                            num_classes: int) -> RegionTree:
+def region_tree_from_events(events: list[dict], lower: np.ndarray, upper: np.ndarray, num_classes: int) -> RegionTree:
     """The boxes as the log has them so far: splits in log order, each box's bounds from its
     `region` event; a box not verified yet keeps its parent's bound, as the verifier's tree does."""
     tree = RegionTree(lower, upper, num_classes)
@@ -185,12 +184,21 @@ def region_rows(view: RegionView) -> list[RegionRow]:
     input's confidence must exceed there)."""
     tree = view.tree
     release = tree.release_bounds()
-    return [RegionRow(box=i, depth=tree.depth_of(i), description=describe_box(view, i),
-                      upper=release[i], lower=tree.bound_lower[i], complete=tree.complete[i],
-                      # bounds.json stores a box's summed seconds rounded to ms: the log's sum, shown
-                      # the same way, must not round a half-way figure the other way
-                      verified=tree.verified[i], seconds=round(tree.seconds[i], 3))
-            for i in tree.leaves()]
+    return [
+        RegionRow(
+            box=i,
+            depth=tree.depth_of(i),
+            description=describe_box(view, i),
+            upper=release[i],
+            lower=tree.bound_lower[i],
+            complete=tree.complete[i],
+            # bounds.json stores a box's summed seconds rounded to ms: the log's sum, shown
+            # the same way, must not round a half-way figure the other way
+            verified=tree.verified[i],
+            seconds=round(tree.seconds[i], 3),
+        )
+        for i in tree.leaves()
+    ]
 
 
 def parse_features(text: str, view: RegionView) -> tuple[int, int]:
@@ -236,8 +244,9 @@ def default_class(tree: RegionTree) -> int:
     return int(np.argmax(spreads))
 
 
-def region_rectangles(view: RegionView, features: tuple[int, int],
-                      cls: int) -> list[tuple[int, float, float, float, float, float]]:
+def region_rectangles(
+    view: RegionView, features: tuple[int, int], cls: int
+) -> list[tuple[int, float, float, float, float, float]]:
     """(box, x0, x1, y0, y1, bound of `cls`) per leaf, projected on `features` in data units,
     lowest bound first and +inf last: drawn in this order, where boxes overlap in the projection
     the visible colour is the highest bound of any box there (the worst case over the other
@@ -252,8 +261,7 @@ def region_rectangles(view: RegionView, features: tuple[int, int],
     return sorted(out, key=lambda r: (r[5], r[0]))
 
 
-def plot_regions(view: RegionView, path: str | Path, features: tuple[int, int], cls: int,
-                 title: str = "") -> None:
+def plot_regions(view: RegionView, path: str | Path, features: tuple[int, int], cls: int, title: str = "") -> None:
     """The leaf boxes projected on two features, coloured by their bound for class `cls`."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.cm import ScalarMappable
@@ -272,9 +280,18 @@ def plot_regions(view: RegionView, path: str | Path, features: tuple[int, int], 
     FigureCanvasAgg(fig)  # the Agg canvas, without pyplot's global backend state
     ax = fig.subplots()
     for _, x0, x1, y0, y1, bound in rects:
-        colour = mappable.to_rgba(bound) if math.isfinite(bound) else "lightgrey"
-        ax.add_patch(Rectangle((x0, y0), x1 - x0, y1 - y0, facecolor=colour, edgecolor="white",
-                               linewidth=0.6, hatch=None if math.isfinite(bound) else "//"))
+        colour = mappable.to_rgba(bound) if math.isfinite(bound) else "lightgrey"  # type: ignore[arg-type]  # a scalar
+        ax.add_patch(
+            Rectangle(
+                (x0, y0),
+                x1 - x0,
+                y1 - y0,
+                facecolor=colour,
+                edgecolor="white",
+                linewidth=0.6,
+                hatch=None if math.isfinite(bound) else "//",
+            )
+        )
     fx, fy = features
     ax.set_xlim(*view.data_interval(fx, view.tree.lower[fx], view.tree.upper[fx]))
     ax.set_ylim(*view.data_interval(fy, view.tree.lower[fy], view.tree.upper[fy]))
@@ -282,11 +299,15 @@ def plot_regions(view: RegionView, path: str | Path, features: tuple[int, int], 
     ax.set_ylabel(view.names[fy])
     # Boxes cut on other features overlap in this projection; say which of them shows.
     overlap = any(f >= 0 and f not in features for f in view.tree.feature)
-    ax.set_title(f"{title + ': ' if title else ''}{len(rects)} boxes, class {cls}"
-                 + ("\n(where boxes overlap: the highest bound)" if overlap else ""), fontsize=9)
+    ax.set_title(
+        f"{title + ': ' if title else ''}{len(rects)} boxes, class {cls}"
+        + ("\n(where boxes overlap: the highest bound)" if overlap else ""),
+        fontsize=9,
+    )
     fig.colorbar(mappable, ax=ax, label=f"iDP decision bound, class {cls}")
     if len(finite) < len(rects):
-        ax.legend(handles=[Patch(facecolor="lightgrey", hatch="//", label="no bound proved")],
-                  loc="upper right", fontsize=8)
+        ax.legend(
+            handles=[Patch(facecolor="lightgrey", hatch="//", label="no bound proved")], loc="upper right", fontsize=8
+        )
     fig.tight_layout()
     save_figure(fig, path)

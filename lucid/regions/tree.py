@@ -129,8 +129,11 @@ class RegionTree:
             raise ValueError(f"region {node} is already split")
         lower, upper = np.asarray(lower, dtype=np.float64), np.asarray(upper, dtype=np.float64)
         lo, hi = self.box(node)
-        if lower.shape != lo.shape or upper.shape != lo.shape or not (np.isfinite(lower).all()
-                                                                        and np.isfinite(upper).all()):
+        if (
+            lower.shape != lo.shape
+            or upper.shape != lo.shape
+            or not (np.isfinite(lower).all() and np.isfinite(upper).all())
+        ):
             raise ValueError(f"the box carved from region {node} must have {len(lo)} finite bounds per side")
         if not (np.all(lo <= lower) and np.all(lower <= upper) and np.all(upper <= hi)):
             raise ValueError(f"the box carved from region {node} is not inside its box")
@@ -159,8 +162,9 @@ class RegionTree:
         self.children[node] = (left, right)
         return left, right
 
-    def record(self, node: int, upper: np.ndarray, lower: np.ndarray, seconds: float = 0.0,
-               complete: np.ndarray | None = None) -> None:
+    def record(
+        self, node: int, upper: np.ndarray, lower: np.ndarray, seconds: float = 0.0, complete: np.ndarray | None = None
+    ) -> None:
         """A verification of `node`'s box: its upper bounds are capped by the parent's (which hold
         over a superset) and cap its descendants', its lower bounds are leaks inside the box;
         ancestors' lower bounds rise."""
@@ -221,18 +225,21 @@ class RegionTree:
 
     def leaves_complete(self) -> np.ndarray:
         """[C]: every leaf's verification of the class finished (its bound is exact per leaf)."""
-        return np.array([self.complete[i] for i in self.leaves()]).all(axis=0)
+        return np.asarray(np.array([self.complete[i] for i in self.leaves()]).all(axis=0))
 
     # --- lookup -----------------------------------------------------------------------------------
     def lookup_arrays(self) -> RegionLookup:
         carves = sorted(self.carved)
         d = len(self.lower)
-        return RegionLookup(np.array([max(f, 0) for f in self.feature], dtype=np.int64),
-                            np.array([math.inf if f == CARVE else t for f, t in zip(self.feature, self.threshold)]),
-                            np.array(self.children, dtype=np.int64), self.depth,
-                            np.array(carves, dtype=np.int64),
-                            np.array([self.carved[i][0] for i in carves]).reshape(len(carves), d),
-                            np.array([self.carved[i][1] for i in carves]).reshape(len(carves), d))
+        return RegionLookup(
+            np.array([max(f, 0) for f in self.feature], dtype=np.int64),
+            np.array([math.inf if f == CARVE else t for f, t in zip(self.feature, self.threshold, strict=True)]),
+            np.array(self.children, dtype=np.int64),
+            self.depth,
+            np.array(carves, dtype=np.int64),
+            np.array([self.carved[i][0] for i in carves]).reshape(len(carves), d),
+            np.array([self.carved[i][1] for i in carves]).reshape(len(carves), d),
+        )
 
     def locate(self, X: np.ndarray) -> np.ndarray:
         """The leaf of each row of X (network space, inside the domain)."""
@@ -243,20 +250,26 @@ class RegionTree:
         nodes = []
         for i in range(len(self)):
             lo, hi = self.box(i)
-            nodes.append({
-                "id": i,
-                "parent": None if self.parent[i] < 0 else self.parent[i],
-                "split": self._split_json(i),
-                "lower": lo.tolist(),
-                "upper": hi.tolist(),
-                "verified": self.verified[i],
-                "seconds": round(self.seconds[i], 3),
-                "bounds": {str(c): {"upper": bound_entry_value(self.bound_upper[i][c], upper=True),
-                                    "lower": bound_entry_value(self.bound_lower[i][c], upper=False),
-                                    "complete": bool(self.complete[i][c]),
-                                    **({"residual": self.residual[i][c].to_json()} if c in self.residual[i] else {})}
-                           for c in range(self.num_classes)},
-            })
+            nodes.append(
+                {
+                    "id": i,
+                    "parent": None if self.parent[i] < 0 else self.parent[i],
+                    "split": self._split_json(i),
+                    "lower": lo.tolist(),
+                    "upper": hi.tolist(),
+                    "verified": self.verified[i],
+                    "seconds": round(self.seconds[i], 3),
+                    "bounds": {
+                        str(c): {
+                            "upper": bound_entry_value(self.bound_upper[i][c], upper=True),
+                            "lower": bound_entry_value(self.bound_lower[i][c], upper=False),
+                            "complete": bool(self.complete[i][c]),
+                            **({"residual": self.residual[i][c].to_json()} if c in self.residual[i] else {}),
+                        }
+                        for c in range(self.num_classes)
+                    },
+                }
+            )
         return {"format": REGIONS_FORMAT, "depth": self.depth, "leaves": len(self.leaves()), "nodes": nodes}
 
     def _split_json(self, i: int) -> dict[str, Any] | None:

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 import numpy as np
 
@@ -41,8 +40,18 @@ from lucid.bab.state import ClassState
 from lucid.deadline import Deadline
 from lucid.errors import LucidError
 from lucid.network import confidence
-from lucid.regions.choice import (box_owner, box_targets, box_time, box_to_continue, cheap_to_deepen, choose_leaf,
-                                  choose_split, noised_mask, screen_first, share)
+from lucid.regions.choice import (
+    box_owner,
+    box_targets,
+    box_time,
+    box_to_continue,
+    cheap_to_deepen,
+    choose_leaf,
+    choose_split,
+    noised_mask,
+    screen_first,
+    share,
+)
 from lucid.regions.one_box import EXACT_TOLERANCE, BoxVerifier
 from lucid.regions.reader import read_regions
 from lucid.regions.tree import RegionTree
@@ -72,23 +81,24 @@ class RegionRefinement:
         settings = self.settings = run.settings
         lower, upper = run.run.domain
         self.run, self.deadline = run, run.deadline
-        self.tree, self.leaks, self.screened = None, {}, set()  # screened: leaves with only their screen so far
+        tree: RegionTree | None = None
+        self.leaks, self.screened = {}, set()  # screened: leaves with only their screen so far
         saved = run.saved()
         if saved is not None:
             try:
-                self.tree = read_regions(saved["regions"], lower, upper, run.run.num_classes,
-                                                 str(run.checkpoint_path))
+                tree = read_regions(saved["regions"], lower, upper, run.run.num_classes, str(run.checkpoint_path))
                 self.leaks = {int(k): {int(c): w for c, w in v.items()} for k, v in saved["leaks"].items()}
                 self.screened = {int(i) for i in saved.get("screened", [])}
             except (KeyError, TypeError, ValueError, AttributeError):
-                raise LucidError(f"checkpoint {run.checkpoint_path} is not a --regions checkpoint; delete it and "
-                                 "run without --resume") from None
+                raise LucidError(
+                    f"checkpoint {run.checkpoint_path} is not a --regions checkpoint; delete it and "
+                    "run without --resume"
+                ) from None
         self.sample = public_sample(run.run, settings)
         root = VerificationProblem.from_run(run.run, bounds=settings.bounds, with_points=settings.search)
         if len(root.stack) < 2:
             raise LucidError(f"{run.path} has no leave-one-out networks to verify")
-        if self.tree is None:
-            self.tree = RegionTree(root.lower, root.upper, run.run.num_classes)
+        self.tree = RegionTree(root.lower, root.upper, run.run.num_classes) if tree is None else tree
         if settings.workers is None:
             settings = self.settings = replace(settings, workers=os.cpu_count() or 1)
         scores = root.stack.select(slice(0, 1)).forward(self.sample)[0]
@@ -104,15 +114,24 @@ class RegionRefinement:
             self.boxes.close()
         residual = None
         if settings.residual:  # the domain's sets, and the file holding every leaf's networks too
-            root = {c: r for c, r in self.tree.residual[0].items() if c in run.classes}
-            residual = write_residual(run.path, root, settings.residual, self.tree.residual_sets())
-        return Verified(_bounds_entries(self.tree, run.classes, self.leaks, run.elapsed()),
-                        regions=self.tree.to_json(), finished={"regions": len(self.tree.leaves())},
-                        residual=residual)
+            sets = {c: r for c, r in self.tree.residual[0].items() if c in run.classes}
+            residual = write_residual(run.path, sets, settings.residual, self.tree.residual_sets())
+        return Verified(
+            _bounds_entries(self.tree, run.classes, self.leaks, run.elapsed()),
+            regions=self.tree.to_json(),
+            finished={"regions": len(self.tree.leaves())},
+            residual=residual,
+        )
 
     def _checkpoint(self) -> None:
-        self.run.save({}, extra={"regions": self.tree.to_json(), "screened": sorted(self.screened),
-                                 "leaks": {str(k): {str(c): w for c, w in v.items()} for k, v in self.leaks.items()}})
+        self.run.save(
+            {},
+            extra={
+                "regions": self.tree.to_json(),
+                "screened": sorted(self.screened),
+                "leaks": {str(k): {str(c): w for c, w in v.items()} for k, v in self.leaks.items()},
+            },
+        )
 
     def _look(self) -> _Look:
         tree = self.tree
@@ -121,9 +140,14 @@ class RegionRefinement:
         unverified = [i for i in tree.leaves() if not tree.verified[i] and not tree.inherits_box(i)]
         leaf_of, noised = noised_mask(tree, self.sample, self.sample_class, self.sample_conf)
         counts = np.bincount(leaf_of[noised], minlength=len(tree))
-        return _Look(leaf_of, noised, choose_leaf(tree, leaf_of, noised, self.settings.regions), unverified,
-                     [i for i in unverified if counts[i]],
-                     sorted((i for i in self.screened if counts[i]), key=lambda i: -counts[i]))
+        return _Look(
+            leaf_of,
+            noised,
+            choose_leaf(tree, leaf_of, noised, self.settings.regions),
+            unverified,
+            [i for i in unverified if counts[i]],
+            sorted((i for i in self.screened if counts[i]), key=lambda i: -counts[i]),
+        )
 
     def _step(self) -> bool:
         """One piece of work: a split, a box's screen or its branch-and-bound. Boxes with noised
@@ -150,8 +174,14 @@ class RegionRefinement:
         if look.todo and node != 0 and screen_first(self.tree, classes, self.settings):
             self.boxes.screen(node, box_classes)
             self.screened.add(node)
-            if not cheap_to_deepen(self.tree, node, self.boxes.screens[node], self.sample_class[here],
-                                   self.sample_conf[here], self.settings.residual):
+            if not cheap_to_deepen(
+                self.tree,
+                node,
+                self.boxes.screens[node],
+                self.sample_class[here],
+                self.sample_conf[here],
+                self.settings.residual,
+            ):
                 return True
             self._checkpoint()
             look.todo = []  # the screen left few networks to prove: its branch-and-bound now
@@ -173,18 +203,31 @@ class RegionRefinement:
         """Split the leaf around its noised public points (lucid/regions/choice.py)."""
         tree, leaf, made = self.tree, look.leaf, len(self.tree)
         points = self.sample[(look.leaf_of == leaf) & look.noised]
-        splits, kept = choose_split(tree, leaf, points, self.leaks.get(leaf, {}),
-                                    room=self.settings.regions - len(tree.leaves()))
+        splits, kept = choose_split(
+            tree, leaf, points, self.leaks.get(leaf, {}), room=self.settings.regions - len(tree.leaves())
+        )
         at = leaf
         for split in splits:
             if split.box is not None:
                 children = tree.carve(at, *split.box)
-                self.boxes.log.emit("region_split", None, box=at, lower=split.box[0].tolist(),
-                                    upper=split.box[1].tolist(), children=list(children))
+                self.boxes.log.emit(
+                    "region_split",
+                    None,
+                    box=at,
+                    lower=split.box[0].tolist(),
+                    upper=split.box[1].tolist(),
+                    children=list(children),
+                )
             else:
                 children = tree.split(at, split.feature, split.threshold)
-                self.boxes.log.emit("region_split", None, box=at, feature=split.feature, threshold=split.threshold,
-                                    children=list(children))
+                self.boxes.log.emit(
+                    "region_split",
+                    None,
+                    box=at,
+                    feature=split.feature,
+                    threshold=split.threshold,
+                    children=list(children),
+                )
             at = int(tree.locate(kept[:1])[0])  # the next split is of the piece that holds `kept`
         if leaf in self.screened:  # the rest of a carve of a screened box keeps the box: deepen it later
             for rest in (i for i in range(made, len(tree)) if tree.inherits_box(i)):
@@ -196,16 +239,18 @@ class RegionRefinement:
         """Continue the cut-short box that could release the most noised public points (the root,
         at small K), where it stopped; False if there is none."""
         tree = self.tree
-        again = box_to_continue(tree, look.leaf_of, look.noised, self.sample_class,
-                                {box: set(states) for box, states in self.kept.items()})
+        again = box_to_continue(
+            tree, look.leaf_of, look.noised, self.sample_class, {box: set(states) for box, states in self.kept.items()}
+        )
         if again is None:
             return False
         node, box_classes, boxes = again
         here = np.isin(look.leaf_of, [i for i in tree.leaves() if box_owner(tree, i) == node]) & look.noised
         targets = box_targets(self.sample_class[here], self.sample_conf[here], box_classes, tree.bound_lower[node])
         seconds = _limited(share, self.deadline, boxes)
-        self.kept[node] = self.boxes.verify(node, box_classes, Deadline(seconds), targets,
-                                            continued=self.kept.pop(node))
+        self.kept[node] = self.boxes.verify(
+            node, box_classes, Deadline(seconds), targets, continued=self.kept.pop(node)
+        )
         return True
 
 
@@ -253,8 +298,14 @@ def _bounds_entries(tree: RegionTree, classes: list[int], leaks: dict, seconds: 
                 row = leak["row"]
         # complete: every leaf's verification of the class finished (exact, or down to its target level)
         done = bool(complete[c])
-        out[str(c)] = {"upper": bound_entry_value(upper[c], upper=True),
-                       "lower": bound_entry_value(lower[c], upper=False),
-                       "complete": done, "exact": done and _leaves_exact(tree, c), "seconds": round(seconds, 3),
-                       "nodes": len(tree), "reason": "regions", "leaking_row": row}
+        out[str(c)] = {
+            "upper": bound_entry_value(upper[c], upper=True),
+            "lower": bound_entry_value(lower[c], upper=False),
+            "complete": done,
+            "exact": done and _leaves_exact(tree, c),
+            "seconds": round(seconds, 3),
+            "nodes": len(tree),
+            "reason": "regions",
+            "leaking_row": row,
+        }
     return out

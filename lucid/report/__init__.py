@@ -32,7 +32,6 @@ def write_report(facts: ReportFacts, out: str | Path, fmt: str = "html") -> list
         raise LucidError(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")
     doc = build_document(facts)
     if fmt == "html":
-
         return write_html(doc, out)
 
     return write_markdown(doc, out)

@@ -9,8 +9,9 @@ number with the record it came from. Nothing here reads files or computes anythi
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -151,8 +152,11 @@ class BaselineFacts:
 
     def at(self, method: str, epsilon: float) -> BaselineRow | None:
         for r in self.rows:
-            if r.method == method and r.epsilon is not None and math.isclose(r.epsilon, epsilon, rel_tol=1e-9,
-                                                                             abs_tol=1e-12):
+            if (
+                r.method == method
+                and r.epsilon is not None
+                and math.isclose(r.epsilon, epsilon, rel_tol=1e-9, abs_tol=1e-12)
+            ):
                 return r
         return None
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import io
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -68,8 +69,11 @@ def figure6(ev: EvaluationFacts, labels: Sequence[Any]) -> bytes:
         share = 100.0 * released.mean() if len(conf) else 0.0
         title = f"class {labels[c]}: {len(conf)} inputs, {share:.1f} % released"
         if not (math.isfinite(beta) and beta > 0):
-            title += "\n" + ("nothing proved: every input noised" if not math.isfinite(beta)
-                             else "β ≤ 0: no input of this class can leak")
+            title += "\n" + (
+                "nothing proved: every input noised"
+                if not math.isfinite(beta)
+                else "β ≤ 0: no input of this class can leak"
+            )
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("confidence (top score − runner-up), log scale", fontsize=9)
         ax.set_ylabel("test inputs", fontsize=9)
@@ -83,8 +87,13 @@ def figure6(ev: EvaluationFacts, labels: Sequence[Any]) -> bytes:
         lo, hi = floor / 2.0, max(float(conf.max()), floor) * 2.0
         shown = np.clip(conf, lo * 1.01, None)  # a tie (confidence 0) is drawn at the left edge
         bins = _bins(lo, hi, beta)
-        ax.hist([shown[released], shown[~released]], bins=bins, stacked=True, color=[RELEASED, NOISED],
-                label=[f"released ({int(released.sum())})", f"noised ({int((~released).sum())})"])
+        ax.hist(
+            [shown[released], shown[~released]],
+            bins=bins,
+            stacked=True,
+            color=[RELEASED, NOISED],
+            label=[f"released ({int(released.sum())})", f"noised ({int((~released).sum())})"],
+        )
         ax.set_xscale("log")
         if math.isfinite(beta) and beta > 0:
             name = "L" if ev.bound_name == "level" else "β"
@@ -99,27 +108,50 @@ def accuracy_figure(ev: EvaluationFacts, baselines: BaselineFacts | None) -> byt
     Epsilons sit at evenly spaced positions (0 has no place on a log axis)."""
     acc = ev.result["accuracy"]
     eps = {float(k): k for k in ev.epsilons}
-    for r in (baselines.rows if baselines else ()):
+    for r in baselines.rows if baselines else ():
         if r.epsilon is not None and r.accuracy is not None:
             eps.setdefault(r.epsilon, f"{r.epsilon:g}")
     order = sorted(eps)
     pos = {e: i for i, e in enumerate(order)}
     fig, (ax,) = _figure(1, width=7.0, height=3.2)
     ax.axhline(100 * acc["plain"], color="black", linestyle=":", label="N (no privacy)")
-    styles = {"lucid": ("LUCID", BETA, "o"), "naive_idp": ("Naive-iDP", "#2ca02c", "s"),
-              "naive_noise": ("Naive-Noise", "#7f7f7f", "^")}
+    styles = {
+        "lucid": ("LUCID", BETA, "o"),
+        "naive_idp": ("Naive-iDP", "#2ca02c", "s"),
+        "naive_noise": ("Naive-Noise", "#7f7f7f", "^"),
+    }
     for key, (name, color, marker) in styles.items():
         xs = [pos[float(k)] for k in ev.epsilons]
-        ax.plot(xs, [100 * acc[key][k] for k in ev.epsilons], marker=marker, color=color, label=name,
-                linewidth=2.2 if key == "lucid" else 1.5, zorder=3 if key == "lucid" else 2)
-    palette = iter(["#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#1f77b4", "#aec7e8", "#c49c94",
-                    "#f7b6d2", "#dbdb8d"] * 4)
-    for method in (baselines.methods if baselines else ()):
-        pts = sorted((r.epsilon, r.accuracy) for r in baselines.rows
-                     if r.method == method and r.epsilon is not None and r.accuracy is not None)
+        ax.plot(
+            xs,
+            [100 * acc[key][k] for k in ev.epsilons],
+            marker=marker,
+            color=color,
+            label=name,
+            linewidth=2.2 if key == "lucid" else 1.5,
+            zorder=3 if key == "lucid" else 2,
+        )
+    palette = iter(
+        ["#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#1f77b4", "#aec7e8", "#c49c94", "#f7b6d2", "#dbdb8d"]
+        * 4
+    )
+    rows = baselines.rows if baselines else ()
+    for method in baselines.methods if baselines else ():
+        pts = sorted(
+            (r.epsilon, r.accuracy)
+            for r in rows
+            if r.method == method and r.epsilon is not None and r.accuracy is not None
+        )
         if pts:
-            ax.plot([pos[e] for e, _ in pts], [100 * a for _, a in pts], marker=".", linestyle="--",
-                    linewidth=1, color=next(palette), label=method)
+            ax.plot(
+                [pos[e] for e, _ in pts],
+                [100 * a for _, a in pts],
+                marker=".",
+                linestyle="--",
+                linewidth=1,
+                color=next(palette),
+                label=method,
+            )
     ax.set_xticks(range(len(order)), [eps[e] for e in order])
     ax.set_xlabel("ε")
     ax.set_ylabel("test accuracy [%]")
@@ -131,14 +163,14 @@ def accuracy_figure(ev: EvaluationFacts, baselines: BaselineFacts | None) -> byt
 def anytime_figure(verification: VerificationFacts) -> bytes | None:
     """The proved upper and witnessed lower bound of each class over the verification's time,
     from the log; None when no class has anytime updates."""
-    classes = [c for c in verification.classes if c.log is not None and c.log.curve]
-    if not classes:
+    curves = [(c, c.log.curve) for c in verification.classes if c.log is not None and c.log.curve]
+    if not curves:
         return None
-    fig, axes = _figure(len(classes), height=3.0)
-    for c, ax in zip(classes, axes):
-        t = [p[0] for p in c.log.curve]
-        lo = [math.nan if p[1] is None or not math.isfinite(p[1]) else p[1] for p in c.log.curve]
-        up = [math.nan if p[2] is None or not math.isfinite(p[2]) else p[2] for p in c.log.curve]
+    fig, axes = _figure(len(curves), height=3.0)
+    for (c, curve), ax in zip(curves, axes, strict=False):
+        t = [p[0] for p in curve]
+        lo = [math.nan if p[1] is None or not math.isfinite(p[1]) else p[1] for p in curve]
+        up = [math.nan if p[2] is None or not math.isfinite(p[2]) else p[2] for p in curve]
         ax.step(t, up, where="post", color=BETA, label="upper (proved)")
         ax.step(t, lo, where="post", color=RELEASED, label="lower (witness)")
         ax.set_title(f"class {c.label}", fontsize=10)

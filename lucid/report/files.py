@@ -21,6 +21,7 @@ def _default_mode() -> int:
 
 def write_file(path: str | Path, data: bytes) -> Path:
     """Write `data` to `path` atomically (old file or whole new file, never part of one)."""
+
     def write(tmp: str) -> None:
         Path(tmp).write_bytes(data)
         os.chmod(tmp, _default_mode())

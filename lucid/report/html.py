@@ -69,14 +69,18 @@ def _table(t: Table) -> str:
     head = "".join(f"<th>{_text(h)}</th>" for h in t.header)
     body = "\n".join("<tr>" + "".join(_cell(c) for c in row) + "</tr>" for row in t.rows)
     caption = f"<caption>{_text(t.caption)}</caption>" if t.caption else ""
-    return (f'<div class="scroll"><table{_attr_id(t.id)}>{caption}<thead><tr>{head}</tr></thead>'
-            f"<tbody>\n{body}\n</tbody></table></div>")
+    return (
+        f'<div class="scroll"><table{_attr_id(t.id)}>{caption}<thead><tr>{head}</tr></thead>'
+        f"<tbody>\n{body}\n</tbody></table></div>"
+    )
 
 
 def _figure(f: Figure) -> str:
     uri = "data:image/png;base64," + base64.b64encode(f.png).decode("ascii")
-    return (f'<figure id="fig-{html.escape(f.name)}"><img src="{uri}" alt="{html.escape(f.alt)}">'
-            f"<figcaption>{_text(f.caption)}</figcaption></figure>")
+    return (
+        f'<figure id="fig-{html.escape(f.name)}"><img src="{uri}" alt="{html.escape(f.alt)}">'
+        f"<figcaption>{_text(f.caption)}</figcaption></figure>"
+    )
 
 
 def _block(b) -> str:
@@ -104,11 +108,13 @@ def render_html(doc: Document) -> str:
     """The complete HTML5 document as a string."""
     nav = "".join(f'<a href="#{html.escape(s.id)}">{_text(s.title)}</a>' for s in doc.sections)
     sections = "\n".join(_section(s) for s in doc.sections)
-    return (f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
-            f'<meta name="viewport" content="width=device-width, initial-scale=1">\n'
-            f"<title>{_text(doc.title)}</title>\n<style>{_CSS}</style>\n</head>\n<body>\n<main>\n"
-            f"<header><h1>{_text(doc.title)}</h1><p>{_text(doc.subtitle)}</p></header>\n<nav>{nav}</nav>\n"
-            f"{sections}\n</main>\n</body>\n</html>\n")
+    return (
+        f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+        f'<meta name="viewport" content="width=device-width, initial-scale=1">\n'
+        f"<title>{_text(doc.title)}</title>\n<style>{_CSS}</style>\n</head>\n<body>\n<main>\n"
+        f"<header><h1>{_text(doc.title)}</h1><p>{_text(doc.subtitle)}</p></header>\n<nav>{nav}</nav>\n"
+        f"{sections}\n</main>\n</body>\n</html>\n"
+    )
 
 
 def write_html(doc: Document, path: str | Path) -> list[Path]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ class Heading:
     id: str | None = None
 
 
-Block = Union[Paragraph, Bullets, Table, Figure, Heading]
+Block = Paragraph | Bullets | Table | Figure | Heading
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,5 @@
 """MILP backends: one `solve()` for HiGHS, Gurobi, CBC (PuLP) and SCIP, all reporting proved bounds."""
 
-from lucid.solvers.mps import read_mps, write_mps
 from lucid.errors import SolverError, UnsoundSolverResult
 from lucid.solvers.base import (
     ERROR,
@@ -10,6 +9,7 @@ from lucid.solvers.base import (
     SolveResult,
     SolverOptions,
 )
+from lucid.solvers.mps import read_mps, write_mps
 from lucid.solvers.registry import (
     SOLVER_NAMES,
     available_solvers,

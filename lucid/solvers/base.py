@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from lucid.milp.model import MilpModel
 
 OPTIMAL = "optimal"
 TIME_LIMIT = "time_limit"
@@ -41,6 +44,16 @@ class SolverOptions:
             raise ValueError(f"unknown solver focus {self.focus!r}; valid: {', '.join(FOCUSES)}")
 
 
+class KeptSolve(Protocol):
+    """A backend's handle to continue a time-limited solve (`SolveResult.tree`)."""
+
+    model: MilpModel  # the caller's model, which a resumed result is checked against
+
+    def resume(self, options: SolverOptions) -> SolveResult: ...
+
+    def release(self) -> None: ...
+
+
 @dataclass
 class SolveResult:
     status: str  # OPTIMAL | TIME_LIMIT | INFEASIBLE | ERROR
@@ -55,7 +68,7 @@ class SolveResult:
     stats: dict = field(default_factory=dict)
     # a backend's handle to continue this time-limited solve (Gurobi with keep=True), else None;
     # whoever receives it must resume or release it
-    tree: object | None = field(default=None, repr=False, compare=False)
+    tree: KeptSolve | None = field(default=None, repr=False, compare=False)
 
     @property
     def proved(self) -> bool:

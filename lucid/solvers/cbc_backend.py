@@ -34,16 +34,16 @@ from pathlib import Path
 
 import numpy as np
 
-from lucid.milp.model import MilpModel
 from lucid.errors import SolverError
-from lucid.solvers.solution_check import REPLAY_TOLERANCE, replay_solution
+from lucid.milp.model import MilpModel
 from lucid.solvers.base import ERROR, INFEASIBLE, OPTIMAL, TIME_LIMIT, SolveResult, SolverOptions
+from lucid.solvers.solution_check import REPLAY_TOLERANCE, replay_solution
 
 _NUM = r"([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)"
 _PARTIAL = re.compile(r"Partial search - best objective \S+ \(best possible " + _NUM + r"\)")
 _PARTIAL_BEST = re.compile(r"Partial search - best objective " + _NUM)
 _COMPLETED = re.compile(r"Search completed - best objective " + _NUM)
-_RESULT = re.compile(r"^Result - (.*)$", re.M)
+_RESULT = re.compile(r"^Result - (.*)$", re.MULTILINE)
 _NODES = re.compile(r"Enumerated nodes:\s+(\d+)")
 _SOL_HEADER = re.compile(r"objective value " + _NUM)
 
@@ -64,7 +64,7 @@ def _unit(text: str, significant: int = 0) -> float:
     stripped): with `significant`, the unit is never finer than that many significant digits.
     """
     d = Decimal(text)
-    sign, digits, exponent = d.as_tuple()
+    _sign, digits, exponent = d.as_tuple()
     if not isinstance(exponent, int):
         return math.inf
     unit = Decimal(1).scaleb(exponent)
@@ -95,19 +95,29 @@ def _read_solution(path: Path, n: int) -> np.ndarray | None:
     return x
 
 
-def solve_cbc(
-    model: MilpModel, options: SolverOptions, extra: dict[str, object] | None = None
-) -> SolveResult:
+def solve_cbc(model: MilpModel, options: SolverOptions, extra: dict[str, object] | None = None) -> SolveResult:
     from lucid.solvers.mps import write_mps
 
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="lucid-cbc-") as tmp:
         mps, sol = Path(tmp) / "model.mps", Path(tmp) / "solution.txt"
         write_mps(replace(model, objective_offset=0.0), mps, minimise=True)
-        args = [cbc_path(), str(mps), "-preprocess", "off", "-presolve", "off",
-                "-threads", str(int(options.threads)),
-                "-ratioGap", repr(float(options.mip_rel_gap)),
-                "-allowableGap", repr(float(options.mip_abs_gap)), "-timeMode", "elapsed"]
+        args = [
+            cbc_path(),
+            str(mps),
+            "-preprocess",
+            "off",
+            "-presolve",
+            "off",
+            "-threads",
+            str(int(options.threads)),
+            "-ratioGap",
+            repr(float(options.mip_rel_gap)),
+            "-allowableGap",
+            repr(float(options.mip_abs_gap)),
+            "-timeMode",
+            "elapsed",
+        ]
         if options.time_limit is not None:
             args += ["-sec", repr(float(max(options.time_limit, 0.0)))]
         for key, value in (extra or {}).items():
@@ -117,16 +127,17 @@ def solve_cbc(
         # CBC checks its own -sec limit; the subprocess timeout is only a backstop.
         timeout = None if options.time_limit is None else 2 * options.time_limit + 60
         try:
-            proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
+            # an argument list, no shell: PuLP's bundled cbc and file names of our own temporary folder
+            # check=False: CBC's exit status says nothing the log does not (its status is read from it)
+            proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout, check=False)  # noqa: S603
         except subprocess.TimeoutExpired as exc:
             raise SolverError(f"cbc did not stop within {timeout:.0f} s") from exc
         log = proc.stdout + proc.stderr
         if options.verbose:
-            print(log)
+            print(log)  # noqa: T201 (options.verbose: the solver's log, as asked)
         solution = _read_solution(sol, model.num_cols)
         sol_text = sol.read_text() if sol.is_file() else ""
-    return _result(model, options, log, sol_text, solution, time.perf_counter() - t0,
-                   build_seconds)
+    return _result(model, options, log, sol_text, solution, time.perf_counter() - t0, build_seconds)
 
 
 def _result(model, options, log, sol_text, solution, seconds, build_seconds) -> SolveResult:
@@ -161,7 +172,10 @@ def _result(model, options, log, sol_text, solution, seconds, build_seconds) -> 
     elif message.startswith("Stopped on time"):
         code = TIME_LIMIT
         if is_mip and partial:
-            logged_best = _PARTIAL_BEST.search(log).group(1)
+            best = _PARTIAL_BEST.search(log)
+            if best is None:  # a best objective that is not a number
+                raise SolverError("cbc's log has a partial search without a numeric best objective")
+            logged_best = best.group(1)
             upper = upper_from_min_bound(partial.group(1), LOG_DIGITS)
     incumbent = None
     if solution is not None and code != INFEASIBLE:
@@ -169,15 +183,19 @@ def _result(model, options, log, sol_text, solution, seconds, build_seconds) -> 
     else:
         solution = None
     replays = solution is not None and replay_solution(model, solution).ok(REPLAY_TOLERANCE)
-    if logged_best is not None and replays and _log_space_mismatch(
-        logged_best, float(model.objective @ solution)
-    ):
+    if logged_best is not None and replays and _log_space_mismatch(logged_best, float(model.objective @ solution)):
         message += " (CBC's logged objective does not match its solution: bound discarded)"
         code, upper = ERROR, math.inf
     upper += offset
     return SolveResult(
-        status=code, upper_bound=upper, incumbent=incumbent, solution=solution,
-        nodes=nodes, seconds=seconds, solver="cbc", message=message,
+        status=code,
+        upper_bound=upper,
+        incumbent=incumbent,
+        solution=solution,
+        nodes=nodes,
+        seconds=seconds,
+        solver="cbc",
+        message=message,
         stats={"build_seconds": build_seconds},
     )
 

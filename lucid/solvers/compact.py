@@ -16,8 +16,8 @@ set contains the original's and its dual bound stays an upper bound on the origi
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Callable
 
 import numpy as np
 import scipy.sparse as sp
@@ -82,7 +82,10 @@ def inline_defined_columns(model: MilpModel) -> tuple[MilpModel, Callable[[np.nd
     col_mag = np.where(np.isfinite(col_mag), col_mag, 0.0)
     lower = model.row_lower[keep] - shift
     upper = model.row_upper[keep] - shift
-    finite_abs = lambda v: np.where(np.isfinite(v), np.abs(v), 0.0)  # noqa: E731
+
+    def finite_abs(v: np.ndarray) -> np.ndarray:
+        return np.where(np.isfinite(v), np.abs(v), 0.0)
+
     # ... plus the rounding of the two subtractions above and of the widening itself
     err = 2.0 * (gamma * (mag @ col_mag + abs(CJ) @ np.abs(t)) + _U * (finite_abs(lower) + finite_abs(upper))) + 1e-300
     lower = np.where(touched, lower - err, model.row_lower[keep])

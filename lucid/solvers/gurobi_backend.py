@@ -14,10 +14,10 @@ import time
 import numpy as np
 import scipy.sparse as sp
 
-from lucid.solvers.compact import inline_defined_columns
-from lucid.milp.model import MilpModel
 from lucid.errors import SolverError
+from lucid.milp.model import MilpModel
 from lucid.solvers.base import ERROR, INFEASIBLE, OPTIMAL, TIME_LIMIT, SolveResult, SolverOptions
+from lucid.solvers.compact import inline_defined_columns
 
 SIZE_LIMIT_ERRNO = 10010  # "Model too large for size-limited license"
 
@@ -81,8 +81,9 @@ def _add_rows(m, x, A: sp.csr_matrix, lower: np.ndarray, upper: np.ndarray) -> N
     idx = np.flatnonzero(ranged)
     if idx.size:
         m.addMVar(idx.size, lb=lower[idx], ub=upper[idx])  # the slacks, after every model column
-        m.addMConstr(sp.hstack([A[idx], -sp.identity(idx.size, format="csr")], format="csr"),
-                     None, "=", np.zeros(idx.size))
+        m.addMConstr(
+            sp.hstack([A[idx], -sp.identity(idx.size, format="csr")], format="csr"), None, "=", np.zeros(idx.size)
+        )
 
 
 class GurobiTree:
@@ -107,7 +108,9 @@ class GurobiTree:
             raise SolverError("gurobi: this tree was already released")
         t0 = time.perf_counter()
         self._m.Params.Threads = int(options.threads)
-        self._m.Params.TimeLimit = float(max(options.time_limit, 0.0)) if options.time_limit is not None else float("inf")
+        self._m.Params.TimeLimit = (
+            float(max(options.time_limit, 0.0)) if options.time_limit is not None else float("inf")
+        )
         try:
             self._m.optimize()
         except gp.GurobiError as exc:
@@ -160,7 +163,7 @@ def solve_gurobi(
             # benchmarks/results/idle_machine.md)
             m.Params.Heuristics = 0
         for key, value in (extra or {}).items():
-            m.setParam(key, value)
+            m.setParam(key, value)  # type: ignore[call-overload]  # a parameter value as the caller gave it
         build_seconds = time.perf_counter() - t0
         try:
             m.optimize()
@@ -205,11 +208,18 @@ def _result(m, x, model: MilpModel, seconds: float, build_seconds: float) -> Sol
         bound = float(m.ObjBound)
         return bound if math.isfinite(bound) and abs(bound) < GRB.INFINITY else math.inf
 
-    names = {GRB.OPTIMAL: "optimal", GRB.INFEASIBLE: "infeasible", GRB.TIME_LIMIT: "time limit",
-             GRB.INF_OR_UNBD: "infeasible or unbounded", GRB.UNBOUNDED: "unbounded",
-             GRB.NODE_LIMIT: "node limit", GRB.SOLUTION_LIMIT: "solution limit",
-             GRB.INTERRUPTED: "interrupted", GRB.NUMERIC: "numerical trouble",
-             GRB.SUBOPTIMAL: "suboptimal"}
+    names = {
+        GRB.OPTIMAL: "optimal",
+        GRB.INFEASIBLE: "infeasible",
+        GRB.TIME_LIMIT: "time limit",
+        GRB.INF_OR_UNBD: "infeasible or unbounded",
+        GRB.UNBOUNDED: "unbounded",
+        GRB.NODE_LIMIT: "node limit",
+        GRB.SOLUTION_LIMIT: "solution limit",
+        GRB.INTERRUPTED: "interrupted",
+        GRB.NUMERIC: "numerical trouble",
+        GRB.SUBOPTIMAL: "suboptimal",
+    }
     message = names.get(status, f"gurobi status {status}")
     if status == GRB.OPTIMAL:
         code, upper = OPTIMAL, dual_bound()
@@ -220,7 +230,13 @@ def _result(m, x, model: MilpModel, seconds: float, build_seconds: float) -> Sol
     else:
         code, upper = ERROR, math.inf
     return SolveResult(
-        status=code, upper_bound=upper, incumbent=incumbent, solution=solution,
-        nodes=nodes, seconds=seconds, solver="gurobi", message=message,
+        status=code,
+        upper_bound=upper,
+        incumbent=incumbent,
+        solution=solution,
+        nodes=nodes,
+        seconds=seconds,
+        solver="gurobi",
+        message=message,
         stats={"build_seconds": build_seconds, "gurobi_status": int(status)},
     )

@@ -48,7 +48,7 @@ _scheduler_threads: int | None = None
 
 
 def _process_threads(requested: int, force: bool = False) -> int:
-    global _scheduler_threads
+    global _scheduler_threads  # noqa: PLW0603 (one count per process: see above)
     with _scheduler_lock:
         if _scheduler_threads is None or force:
             _scheduler_threads = requested
@@ -60,6 +60,7 @@ def _watch(h, stop, t0: float, seen: dict) -> None:
     (the first check with a node count, for the node profile) and end the solve once `stop` (a
     `threading.Event` or None) is set. HiGHS releases the GIL while it solves, so the thread that
     sets `stop` keeps running."""
+
     def check(event) -> None:
         if "root_seconds" not in seen and event.data_out.mip_node_count > 0:
             seen["root_seconds"] = time.perf_counter() - t0
@@ -68,6 +69,7 @@ def _watch(h, stop, t0: float, seen: dict) -> None:
 
     h.cbMipInterrupt += check
     if stop is not None:  # the root's LPs check only this one
+
         def check_lp(event) -> None:
             if stop.is_set():
                 event.interrupt()
@@ -75,9 +77,7 @@ def _watch(h, stop, t0: float, seen: dict) -> None:
         h.cbSimplexInterrupt += check_lp
 
 
-def solve_highs(
-    model: MilpModel, options: SolverOptions, extra: dict[str, object] | None = None
-) -> SolveResult:
+def solve_highs(model: MilpModel, options: SolverOptions, extra: dict[str, object] | None = None) -> SolveResult:
     import highspy
 
     from lucid.solvers.mps import to_highs_lp
@@ -99,8 +99,11 @@ def solve_highs(
         _watch(h, options.stop, t0, seen)
     build_seconds = time.perf_counter() - t0
     run_status = h.run()
-    if (run_status == highspy.HighsStatus.kError and threads != 0
-            and h.getModelStatus() == highspy.HighsModelStatus.kNotset):
+    if (
+        run_status == highspy.HighsStatus.kError
+        and threads != 0
+        and h.getModelStatus() == highspy.HighsModelStatus.kNotset
+    ):
         # Someone else (e.g. an LP bound tightener calling highspy directly) started the
         # scheduler with another thread count; threads=0 runs on whatever scheduler exists.
         threads = _process_threads(0, force=True)

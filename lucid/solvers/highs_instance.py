@@ -21,7 +21,7 @@ def new_highs(output: bool = False):
     """A fresh `highspy.Highs` that has printed nothing (and prints only with `output`)."""
     import highspy
 
-    global _banner_done
+    global _banner_done  # noqa: PLW0603 (HiGHS prints its banner once per process)
     with _lock:
         if _banner_done:
             h = highspy.Highs()

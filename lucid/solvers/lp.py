@@ -41,7 +41,6 @@ class ObjectiveLp:
     def __init__(self, model: MilpModel) -> None:
         import highspy
 
-
         self.model = model
         self.h = new_highs()
         self.h.setOptionValue("threads", 1)
@@ -83,20 +82,25 @@ class ObjectiveLp:
         return self.h.getModelStatus() == self._ok
 
 
-def inequality_multipliers(c: np.ndarray, a: np.ndarray, b: np.ndarray, lower: np.ndarray, upper: np.ndarray,
-                           time_limit: float = 1.0) -> np.ndarray | None:
+def inequality_multipliers(
+    c: np.ndarray, a: np.ndarray, b: np.ndarray, lower: np.ndarray, upper: np.ndarray, time_limit: float = 1.0
+) -> np.ndarray | None:
     """Multipliers y >= 0 of the rows of max c^T x s.t. a x <= b, lower <= x <= upper (x may be
     unbounded where lower / upper are infinite): at the LP's optimum, c^T x <= y^T b + max over
     the bounds of (c - a^T y)^T x is tight. None if HiGHS does not report an optimum in time.
     A small dense LP solved from scratch; the caller must check whatever it concludes from y."""
     import highspy
 
-
     rows, cols = a.shape
-    model = MilpModel(A=sp.csr_matrix(np.asarray(a, dtype=np.float64)), row_lower=np.full(rows, -np.inf),
-                      row_upper=np.asarray(b, dtype=np.float64), col_lower=np.asarray(lower, dtype=np.float64),
-                      col_upper=np.asarray(upper, dtype=np.float64), integrality=np.zeros(cols, dtype=bool),
-                      objective=np.asarray(c, dtype=np.float64))
+    model = MilpModel(
+        A=sp.csr_matrix(np.asarray(a, dtype=np.float64)),
+        row_lower=np.full(rows, -np.inf),
+        row_upper=np.asarray(b, dtype=np.float64),
+        col_lower=np.asarray(lower, dtype=np.float64),
+        col_upper=np.asarray(upper, dtype=np.float64),
+        integrality=np.zeros(cols, dtype=bool),
+        objective=np.asarray(c, dtype=np.float64),
+    )
     h = new_highs()
     h.setOptionValue("threads", 1)
     h.setOptionValue("time_limit", float(time_limit))
@@ -116,7 +120,6 @@ class BoundedLp:
     def __init__(self, model: MilpModel, time_limit: float = 1.0) -> None:
         import highspy
 
-
         self.h = new_highs()
         self.h.setOptionValue("threads", 1)
         self.time_limit = float(time_limit)
@@ -129,8 +132,9 @@ class BoundedLp:
         """The row duals of the LP with these column bounds, or its Farkas ray where HiGHS finds it
         infeasible (neither: not solved in time; the last basis is kept otherwise: a bound change
         leaves it dual feasible, so the next solve is a short dual simplex)."""
-        self.h.changeColsBounds(len(self._all), self._all, np.asarray(col_lower, dtype=np.float64),
-                                np.asarray(col_upper, dtype=np.float64))
+        self.h.changeColsBounds(
+            len(self._all), self._all, np.asarray(col_lower, dtype=np.float64), np.asarray(col_upper, dtype=np.float64)
+        )
         self.h.setOptionValue("time_limit", float(self.h.getRunTime() + self.time_limit))  # see ObjectiveLp._run
         self.h.run()
         status = self.h.getModelStatus()

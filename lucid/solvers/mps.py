@@ -51,8 +51,7 @@ def to_highs_lp(model: MilpModel, minimise: bool = False):
     lp.a_matrix_.value_ = A.data.astype(np.float64)
     if model.integrality.any():
         lp.integrality_ = [
-            highspy.HighsVarType.kInteger if v else highspy.HighsVarType.kContinuous
-            for v in model.integrality
+            highspy.HighsVarType.kInteger if v else highspy.HighsVarType.kContinuous for v in model.integrality
         ]
     if len(model.names) == model.num_cols:
         lp.col_names_ = list(model.names)
@@ -119,9 +118,7 @@ def from_highs_lp(lp) -> MilpModel:
     sign = -1.0 if lp.sense_ == highspy.ObjSense.kMinimize else 1.0
     integrality = np.zeros(n, dtype=bool)
     if len(lp.integrality_):
-        integrality = np.array(
-            [v != highspy.HighsVarType.kContinuous for v in lp.integrality_], dtype=bool
-        )
+        integrality = np.array([v != highspy.HighsVarType.kContinuous for v in lp.integrality_], dtype=bool)
     return MilpModel(
         A=A,
         row_lower=np.asarray(lp.row_lower_, dtype=np.float64),

@@ -5,12 +5,12 @@ from __future__ import annotations
 import importlib.util
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
-from lucid.milp.model import MilpModel
 from lucid.errors import LucidError, SolverError, UnsoundSolverResult
-from lucid.solvers.base import ERROR, INFEASIBLE, OPTIMAL, TIME_LIMIT, SolveResult, SolverOptions
+from lucid.milp.model import MilpModel
+from lucid.solvers.base import ERROR, INFEASIBLE, OPTIMAL, TIME_LIMIT, KeptSolve, SolveResult, SolverOptions
 from lucid.solvers.solution_check import REPLAY_TOLERANCE, replay_solution
 
 log = logging.getLogger("lucid.solvers")
@@ -78,8 +78,11 @@ def available_solvers() -> dict[str, bool]:
 def fallback_order(exclude: str) -> list[str]:
     """The installed backends to re-check a failed solve of `exclude` with, in order."""
     avail = available_solvers()
-    ranked = sorted((b.fallback_rank, name) for name, b in BACKENDS.items()
-                    if b.fallback_rank is not None and name != exclude and avail[name])
+    ranked = sorted(
+        (b.fallback_rank, name)
+        for name, b in BACKENDS.items()
+        if b.fallback_rank is not None and name != exclude and avail[name]
+    )
     return [name for _, name in ranked]
 
 
@@ -105,8 +108,9 @@ def check_solver_spec(spec: str) -> list[str]:
     return parts
 
 
-def _cross_check(model: MilpModel, names: list[str], options: SolverOptions, unsafe: bool,
-                 backend_options: dict) -> SolveResult:
+def _cross_check(
+    model: MilpModel, names: list[str], options: SolverOptions, unsafe: bool, backend_options: dict
+) -> SolveResult:
     """Solve with every backend of a cross-check and keep the *largest* proved bound.
 
     Why: one backend's branch-and-bound can be wrong (HiGHS has proved a bound below the true
@@ -123,7 +127,9 @@ def _cross_check(model: MilpModel, names: list[str], options: SolverOptions, uns
         except LucidError as exc:  # e.g. a licence too small for this model
             results.append(SolveResult(status=ERROR, upper_bound=math.inf, solver=name, message=str(exc)))
     with_solution = [r for r in results if r.solution is not None]
-    best = max(with_solution, key=lambda r: r.incumbent) if with_solution else None
+    best = (
+        max(with_solution, key=lambda r: -math.inf if r.incumbent is None else r.incumbent) if with_solution else None
+    )
     bounds = [r.upper_bound for r in results]
     upper = max(bounds)
     if all(r.status == INFEASIBLE for r in results):
@@ -147,8 +153,10 @@ def _cross_check(model: MilpModel, names: list[str], options: SolverOptions, uns
     )
     spread = upper - min(bounds) if all(math.isfinite(b) for b in bounds) else None
     if spread is not None and spread > 1e-6 * max(1.0, abs(upper)) and status == OPTIMAL:
-        log.warning("cross-check: proved bounds disagree (%s); keeping the largest",
-                    ", ".join(f"{r.solver}={r.upper_bound:.9g}" for r in results))
+        log.warning(
+            "cross-check: proved bounds disagree (%s); keeping the largest",
+            ", ".join(f"{r.solver}={r.upper_bound:.9g}" for r in results),
+        )
     return combined
 
 
@@ -161,11 +169,9 @@ def resolve_solver(name: str, model: MilpModel) -> str:
         from lucid.solvers.gurobi_backend import gurobi_size, licence_covers
 
         if licence_covers(*gurobi_size(model)):
-            log.info("solver auto -> gurobi (licence covers %d cols, %d rows)",
-                     model.num_cols, model.num_rows)
+            log.info("solver auto -> gurobi (licence covers %d cols, %d rows)", model.num_cols, model.num_rows)
             return "gurobi"
-        log.info("solver auto -> highs (gurobi licence too small for %d cols, %d rows)",
-                 model.num_cols, model.num_rows)
+        log.info("solver auto -> highs (gurobi licence too small for %d cols, %d rows)", model.num_cols, model.num_rows)
     else:
         log.info("solver auto -> highs (gurobipy not installed)")
     return "highs"
@@ -213,7 +219,7 @@ def solve(
         raise
 
 
-def resume(tree: object, options: SolverOptions) -> SolveResult:
+def resume(tree: KeptSolve, options: SolverOptions) -> SolveResult:
     """Continue a kept solve (`SolveResult.tree`); its result is checked like any other, and it is
     kept again only while it still stops at its time limit."""
     result = tree.resume(options)
@@ -246,7 +252,9 @@ def check_result(model: MilpModel, result: SolveResult) -> SolveResult:
     if not report.ok(REPLAY_TOLERANCE):
         log.warning(
             "%s: incumbent fails replay (row %.2e, bound %.2e, integrality %.2e); dropped",
-            result.solver, report.max_row_violation, report.max_bound_violation,
+            result.solver,
+            report.max_row_violation,
+            report.max_bound_violation,
             report.max_integrality_violation,
         )
         result.stats["dropped_incumbent"] = result.incumbent

@@ -14,9 +14,7 @@ from lucid.milp.model import MilpModel
 from lucid.solvers.base import ERROR, INFEASIBLE, OPTIMAL, TIME_LIMIT, SolveResult, SolverOptions
 
 
-def solve_scip(
-    model: MilpModel, options: SolverOptions, extra: dict[str, object] | None = None
-) -> SolveResult:
+def solve_scip(model: MilpModel, options: SolverOptions, extra: dict[str, object] | None = None) -> SolveResult:
     import pyscipopt
 
     from lucid.solvers.mps import write_mps
@@ -75,12 +73,19 @@ def solve_scip(
     if code == OPTIMAL and not math.isfinite(upper):
         code = ERROR
     return SolveResult(
-        status=code, upper_bound=upper, incumbent=incumbent, solution=solution,
-        nodes=int(m.getNNodes()), seconds=seconds, solver="scip", message=status,
+        status=code,
+        upper_bound=upper,
+        incumbent=incumbent,
+        solution=solution,
+        nodes=int(m.getNNodes()),
+        seconds=seconds,
+        solver="scip",
+        message=status,
         stats={"build_seconds": build_seconds},
     )
 
 
 def _with_default_names(model: MilpModel) -> MilpModel:
-    return replace(model, names=[f"c{j}" for j in range(model.num_cols)],
-                   row_names=[f"r{i}" for i in range(model.num_rows)])
+    return replace(
+        model, names=[f"c{j}" for j in range(model.num_cols)], row_names=[f"r{i}" for i in range(model.num_rows)]
+    )

@@ -25,8 +25,7 @@ class ReplayReport:
     max_integrality_violation: float
 
     def ok(self, tol: float) -> bool:
-        return max(self.max_row_violation, self.max_bound_violation,
-                   self.max_integrality_violation) <= tol
+        return max(self.max_row_violation, self.max_bound_violation, self.max_integrality_violation) <= tol
 
 
 def replay_solution(model: MilpModel, x: np.ndarray) -> ReplayReport:

@@ -3,4 +3,4 @@
 from lucid.training.harness import default_chunk_size, train_run
 from lucid.training.settings import TrainSettings
 
-__all__ = ["TrainSettings", "train_run", "default_chunk_size"]
+__all__ = ["TrainSettings", "default_chunk_size", "train_run"]

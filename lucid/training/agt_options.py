@@ -16,10 +16,9 @@ from lucid.sgd import TrainingInputs
 from lucid.training.settings import TrainSettings
 
 
-def stage_agt_boxes(ds: Dataset, spec: dict, init: dict, orders: torch.Tensor,
-                    settings: TrainSettings) -> list[AgtBox]:
+def stage_agt_boxes(ds: Dataset, spec: dict, init: dict, orders: torch.Tensor, settings: TrainSettings) -> list[AgtBox]:
     """Boxes for k = 1..settings.agt that contain every parameter vector T reaches without up to k rows."""
     if settings.progress:
-        print(f"lucid: abstract gradient training, boxes for k = 1..{settings.agt}", file=sys.stderr, flush=True)
+        print(f"lucid: abstract gradient training, boxes for k = 1..{settings.agt}", file=sys.stderr, flush=True)  # noqa: T201 (progress, on stderr)
     inputs = TrainingInputs(init, spec, torch.from_numpy(ds.X_train), torch.from_numpy(ds.y_train), orders)
     return agt_boxes(inputs, settings.sgd_step(ds.num_classes), max_k=settings.agt, max_width=settings.agt_width)

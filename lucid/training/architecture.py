@@ -10,16 +10,18 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Sequence
+from collections.abc import Sequence
+from itertools import pairwise
+from typing import Any
 
 import torch
 from torch import nn
 
-from lucid.errors import LucidError
 from lucid.convolution import conv2d_output_hw
+from lucid.errors import LucidError
 from lucid.training.layer_spec import is_layer_spec, parse_input_shape, parse_layer_spec
 
-CNN_SPEC = {"type": "cnn", "conv_channels": [6, 6], "kernel_size": 3, "hidden": [2]}
+CNN_SPEC: dict[str, Any] = {"type": "cnn", "conv_channels": [6, 6], "kernel_size": 3, "hidden": [2]}
 
 
 def parse_arch(arch: str, input_shape: str | Sequence[int] | None = None) -> dict:
@@ -40,8 +42,9 @@ def parse_arch(arch: str, input_shape: str | Sequence[int] | None = None) -> dic
     elif re.fullmatch(r"\d+(,\d+)*", text):
         hidden = [int(w) for w in text.split(",")]
     else:
-        raise LucidError(f"unknown architecture '{arch}' (use e.g. 2x50, 3x4, 50,20, cnn, or conv(8,3),fc(32) "
-                         "with --input-shape)")
+        raise LucidError(
+            f"unknown architecture '{arch}' (use e.g. 2x50, 3x4, 50,20, cnn, or conv(8,3),fc(32) with --input-shape)"
+        )
     if not hidden or min(hidden) < 1:
         raise LucidError(f"architecture '{arch}' needs at least one hidden layer of width >= 1")
     return {"type": "mlp", "hidden": hidden}
@@ -55,8 +58,10 @@ def check_arch_fits(spec: dict, input_dim: int) -> None:
     if spec["type"] == "cnn2d":
         shape = spec["input_shape"]
         if math.prod(shape) != input_dim:
-            raise LucidError(f"--input-shape {','.join(map(str, shape))} has {math.prod(shape)} values, but the data "
-                             f"has {input_dim} features (an image's C-H-W flattening)")
+            raise LucidError(
+                f"--input-shape {','.join(map(str, shape))} has {math.prod(shape)} values, but the data "
+                f"has {input_dim} features (an image's C-H-W flattening)"
+            )
 
 
 class ReferenceNet(nn.Module):
@@ -68,15 +73,17 @@ class ReferenceNet(nn.Module):
         self.image: tuple[int, int, int] | None = None  # a 2-D CNN's input shape (C, H, W)
         width = input_dim
         if spec["type"] == "cnn2d":
-            self.image = tuple(spec["input_shape"])  # type: ignore[assignment]
+            self.image = tuple(spec["input_shape"])
             channels, height, breadth = self.image
             for layer in spec["conv"]:
-                conv = nn.Conv2d(channels, layer["channels"], layer["kernel"], stride=layer["stride"],
-                                 padding=layer["pad"])
+                conv = nn.Conv2d(
+                    channels, layer["channels"], layer["kernel"], stride=layer["stride"], padding=layer["pad"]
+                )
                 self.conv.append(conv)
                 channels = layer["channels"]
-                height, breadth = conv2d_output_hw(height, breadth, (layer["kernel"],) * 2, layer["stride"],
-                                                   layer["pad"])
+                height, breadth = conv2d_output_hw(
+                    height, breadth, (layer["kernel"],) * 2, layer["stride"], layer["pad"]
+                )
             width = channels * height * breadth
         elif spec["type"] == "cnn":
             k = spec["kernel_size"]
@@ -86,7 +93,7 @@ class ReferenceNet(nn.Module):
                 channels, width = c, width - k + 1
             width *= channels
         sizes = [width] + list(spec["hidden"]) + [num_classes]
-        self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(sizes[:-1], sizes[1:]))
+        self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in pairwise(sizes))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if len(self.conv):

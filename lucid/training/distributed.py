@@ -11,7 +11,8 @@ another worker, which holds the inputs (a restarted one gets them again).
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -34,17 +35,29 @@ def train_chunk(inputs_name: str, lo: int, hi: int, sgd: SgdStep) -> dict[str, n
     keep_freed_memory()
     removed = torch.arange(-1, len(inputs["y"]), dtype=torch.int64)[lo:hi]
     trained = train_networks(
-        TrainingInputs({k: torch.from_numpy(v) for k, v in inputs["init"].items()}, inputs["spec"],
-                       torch.from_numpy(inputs["X"]), torch.from_numpy(inputs["y"]), torch.from_numpy(inputs["orders"])),
-        sgd, removed,
+        TrainingInputs(
+            {k: torch.from_numpy(v) for k, v in inputs["init"].items()},
+            inputs["spec"],
+            torch.from_numpy(inputs["X"]),
+            torch.from_numpy(inputs["y"]),
+            torch.from_numpy(inputs["orders"]),
+        ),
+        sgd,
+        removed,
     )
     trained["removed"] = removed
     return {k: v.detach().cpu().numpy() for k, v in trained.items()}
 
 
-def train_on_cluster(cluster: Any, inputs: dict[str, Any], chunks: dict[int, tuple[int, int]], sgd: SgdStep,
-                     save: Callable[[int, dict[str, np.ndarray]], None], advance: Callable[[int], None],
-                     stop_after: int = 0) -> None:
+def train_on_cluster(
+    cluster: Any,
+    inputs: dict[str, Any],
+    chunks: dict[int, tuple[int, int]],
+    sgd: SgdStep,
+    save: Callable[[int, dict[str, np.ndarray]], None],
+    advance: Callable[[int], None],
+    stop_after: int = 0,
+) -> None:
     """Train every chunk {index: (lo, hi)} on the cluster; `save` each as it arrives."""
     from distributed import as_completed
 
@@ -55,8 +68,7 @@ def train_on_cluster(cluster: Any, inputs: dict[str, Any], chunks: dict[int, tup
     futures: dict[Any, int] = {}
     finished = 0
     try:
-        futures = {client.submit(train_chunk, name, lo, hi, sgd, pure=False): c
-                   for c, (lo, hi) in chunks.items()}
+        futures = {client.submit(train_chunk, name, lo, hi, sgd, pure=False): c for c, (lo, hi) in chunks.items()}
         for future in as_completed(list(futures)):
             c = futures[future]
             save(c, future.result())

@@ -44,8 +44,9 @@ def parse_train_layers(text: str, spec: dict) -> set[int] | None:
     except ValueError:
         raise LucidError(f"--train-layers must be all, last or layer indices like 0,2; got '{text}'") from None
     if not chosen or not chosen <= set(range(n_layers)):
-        raise LucidError(f"--train-layers: layer indices must lie in 0..{n_layers - 1} for this architecture, "
-                         f"got '{text}'")
+        raise LucidError(
+            f"--train-layers: layer indices must lie in 0..{n_layers - 1} for this architecture, got '{text}'"
+        )
     return None if chosen == set(range(n_layers)) else chosen
 
 
@@ -57,8 +58,12 @@ def pretrained_init(source: str, spec: dict, ds: Dataset) -> tuple[dict[str, tor
     except LucidError as exc:
         raise LucidError(f"--init {source}: {exc}") from None
     meta = run.meta
-    checks = [("architecture", meta.get("architecture"), spec), ("input width", meta.get("input_dim"), ds.input_dim),
-              ("labels", meta.get("labels"), ds.labels), ("feature scaling", meta.get("scaler"), ds.scaler)]
+    checks = [
+        ("architecture", meta.get("architecture"), spec),
+        ("input width", meta.get("input_dim"), ds.input_dim),
+        ("labels", meta.get("labels"), ds.labels),
+        ("feature scaling", meta.get("scaler"), ds.scaler),
+    ]
     for what, theirs, ours in checks:
         if theirs != ours:
             hint = " (give both runs the same --domain FILE)" if what == "feature scaling" else ""
@@ -100,8 +105,13 @@ def _check_independent(source: str, run, ds: Dataset) -> None:
     ours = rows(ds.X_train, ds.y_train)
     shared = len(ours & rows(theirs_x, theirs_y))
     if ours and shared == len(ours):
-        raise LucidError(f"--init {source}: it was trained on every training row of this run, so its N_-i would not "
-                         "be independent of the left-out row; pre-train on other (public) data")
+        raise LucidError(
+            f"--init {source}: it was trained on every training row of this run, so its N_-i would not "
+            "be independent of the left-out row; pre-train on other (public) data"
+        )
     if shared:
-        print(f"lucid: warning: {shared} of this run's {len(ours)} training rows also appear among the --init run's "
-              "training rows; the guarantee assumes the start does not depend on them", file=sys.stderr)
+        print(  # noqa: T201 (a warning line on stderr, as lucid train writes them)
+            f"lucid: warning: {shared} of this run's {len(ours)} training rows also appear among the --init run's "
+            "training rows; the guarantee assumes the start does not depend on them",
+            file=sys.stderr,
+        )

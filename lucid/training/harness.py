@@ -17,14 +17,13 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from lucid.agt.store import AGT_FILE, save_boxes
 from lucid.cluster import connect
 from lucid.data import Dataset, prepare_dataset
-from lucid.rundir import RUN_FORMAT, trained_run_fingerprint
 from lucid.option_fields import settings_with_options
+from lucid.rundir import RUN_FORMAT, trained_run_fingerprint
 from lucid.sgd import TrainingInputs
 from lucid.training.agt_options import stage_agt_boxes
 from lucid.training.architecture import check_arch_fits, initial_parameters
@@ -53,8 +52,14 @@ def train_run(data: str, out: str | Path, settings: TrainSettings | None = None,
     elif options:
         settings = settings_with_options(settings, "train", options)
     spec = settings.spec
-    ds = prepare_dataset(data, label=settings.label, test_data=settings.test_data,
-                         test_fraction=settings.test_fraction, seed=settings.seed, domain=settings.domain)
+    ds = prepare_dataset(
+        data,
+        label=settings.label,
+        test_data=settings.test_data,
+        test_fraction=settings.test_fraction,
+        seed=settings.seed,
+        domain=settings.domain,
+    )
     check_arch_fits(spec, ds.input_dim)
     if settings.init_from is not None:
         init, init_record = pretrained_init(settings.init_from, spec, ds)
@@ -74,7 +79,6 @@ def train_run(data: str, out: str | Path, settings: TrainSettings | None = None,
     # Connect before anything is written: an unreachable or mismatched cluster leaves no trace.
     cluster = None
     if settings.scheduler is not None:
-
         cluster = connect(settings.scheduler)
     try:
         return _train(ds, meta, out, partial, init, settings, cluster)
@@ -83,8 +87,15 @@ def train_run(data: str, out: str | Path, settings: TrainSettings | None = None,
             cluster.close()
 
 
-def _train(ds: Dataset, meta: dict, out: Path, partial: Path, init: dict[str, torch.Tensor],
-           settings: TrainSettings, cluster: Any) -> Path:
+def _train(
+    ds: Dataset,
+    meta: dict,
+    out: Path,
+    partial: Path,
+    init: dict[str, torch.Tensor],
+    settings: TrainSettings,
+    cluster: Any,
+) -> Path:
     spec, fingerprint = meta["architecture"], meta["training"]["fingerprint"]
     epochs, batch_size, progress, dev = settings.epochs, settings.batch_size, settings.progress, settings.torch_device
     sgd = settings.sgd_step(ds.num_classes)  # T's SGD step, as every chunk (local or on a Dask worker) is given it
@@ -104,20 +115,31 @@ def _train(ds: Dataset, meta: dict, out: Path, partial: Path, init: dict[str, to
     removed_all = torch.arange(-1, n if settings.loo else 0, dtype=torch.int64)
     total = len(removed_all)
     bounds = [(s, min(s + chunk_size, total)) for s in range(0, total, chunk_size)]
-    inputs = TrainingInputs(init, spec, torch.from_numpy(ds.X_train).to(dev), torch.from_numpy(ds.y_train).to(dev),
-                            orders)
+    inputs = TrainingInputs(
+        init, spec, torch.from_numpy(ds.X_train).to(dev), torch.from_numpy(ds.y_train).to(dev), orders
+    )
     todo = [c for c in range(len(bounds)) if not (partial / chunk_name(c)).exists()]
     stop = threading.Event()
     stop_after = int(os.environ.get(STOP_AFTER_ENV, "0") or 0)
     if cluster is not None:
-
-        held = {"X": ds.X_train, "y": ds.y_train, "orders": orders.numpy(), "spec": spec,
-                "init": {k: v.numpy() for k, v in init.items()}}
+        held = {
+            "X": ds.X_train,
+            "y": ds.y_train,
+            "orders": orders.numpy(),
+            "spec": spec,
+            "init": {k: v.numpy() for k, v in init.items()},
+        }
         with TrainingProgress(total=total, enabled=progress) as bar:
             bar.advance(total - sum(bounds[c][1] - bounds[c][0] for c in todo))
-            train_on_cluster(cluster, held, {c: bounds[c] for c in todo}, sgd,
-                             save=lambda c, arrays: save_arrays(partial / chunk_name(c), arrays),
-                             advance=bar.advance, stop_after=stop_after)
+            train_on_cluster(
+                cluster,
+                held,
+                {c: bounds[c] for c in todo},
+                sgd,
+                save=lambda c, arrays: save_arrays(partial / chunk_name(c), arrays),
+                advance=bar.advance,
+                stop_after=stop_after,
+            )
         publish(partial, out, meta, ds, len(bounds))
         return out
 
@@ -180,8 +202,8 @@ def _run_json(ds: Dataset, spec: dict, training: dict) -> dict:
         "format": RUN_FORMAT,
         "num_classes": ds.num_classes,
         "input_dim": ds.input_dim,
-        "train_size": int(len(ds.y_train)),
-        "test_size": int(len(ds.y_test)),
+        "train_size": len(ds.y_train),
+        "test_size": len(ds.y_test),
         "domain": ds.domain,
         "architecture": spec,
         "training": training,
@@ -194,5 +216,3 @@ def _run_json(ds: Dataset, spec: dict, training: dict) -> dict:
 def _fingerprint(meta: dict, ds: Dataset) -> str:
     """Identity of a run (`lucid.rundir.trained_run_fingerprint`)."""
     return trained_run_fingerprint(meta, ds.X_train, ds.y_train, ds.X_test, ds.y_test)
-
-

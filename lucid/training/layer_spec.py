@@ -15,10 +15,10 @@ layers alone is an MLP, recorded exactly as `--arch 20,20` is.
 from __future__ import annotations
 
 import re
-from typing import Sequence
+from collections.abc import Sequence
 
-from lucid.errors import LucidError
 from lucid.convolution import conv2d_output_hw, format_layer_spec
+from lucid.errors import LucidError
 
 USAGE = "use conv(out_channels, kernel, stride=1, pad=0) and fc(width), e.g. conv(8,3,pad=1),conv(8,3,stride=2),fc(32)"
 _LAYER = re.compile(r"\s*([a-z_][a-z0-9_]*)\s*\(([^()]*)\)\s*(?:,|$)")
@@ -41,8 +41,9 @@ def parse_input_shape(value: str | Sequence[int] | None) -> list[int] | None:
     except ValueError:
         shape = []
     if len(shape) != 3 or min(shape) < 1:
-        raise LucidError(f"--input-shape must be three positive sizes CHANNELS,HEIGHT,WIDTH (e.g. 1,8,8), "
-                         f"got '{value}'")
+        raise LucidError(
+            f"--input-shape must be three positive sizes CHANNELS,HEIGHT,WIDTH (e.g. 1,8,8), got '{value}'"
+        )
     return shape
 
 
@@ -50,7 +51,7 @@ def parse_layer_spec(arch: str, input_shape: list[int] | None) -> dict:
     """A layer list and the input shape -> run.json's architecture (checked layer by layer)."""
     layers = _split(arch)
     kinds = [kind for kind, _ in layers]
-    if "fc" in kinds and "conv" in kinds[kinds.index("fc"):]:
+    if "fc" in kinds and "conv" in kinds[kinds.index("fc") :]:
         raise LucidError(f"--arch '{arch}': every conv(...) layer must come before the fc(...) layers")
     convs = [_conv_args(arch, args) for kind, args in layers if kind == "conv"]
     hidden = [_fc_width(arch, args) for kind, args in layers if kind == "fc"]
@@ -59,11 +60,18 @@ def parse_layer_spec(arch: str, input_shape: list[int] | None) -> dict:
             raise LucidError(f"--input-shape is for conv(...) layers; --arch '{arch}' has none")
         return {"type": "mlp", "hidden": hidden}
     if input_shape is None:
-        raise LucidError(f"--arch '{arch}' has conv(...) layers: give the image shape with --input-shape C,H,W "
-                         "(the features are the C-H-W flattened image)")
+        raise LucidError(
+            f"--arch '{arch}' has conv(...) layers: give the image shape with --input-shape C,H,W "
+            "(the features are the C-H-W flattened image)"
+        )
     _check_shapes(arch, convs, input_shape)
-    return {"type": "cnn2d", "spec": format_layer_spec(convs, hidden), "input_shape": list(input_shape),
-            "conv": convs, "hidden": hidden}
+    return {
+        "type": "cnn2d",
+        "spec": format_layer_spec(convs, hidden),
+        "input_shape": list(input_shape),
+        "conv": convs,
+        "hidden": hidden,
+    }
 
 
 def _split(arch: str) -> list[tuple[str, str]]:
@@ -91,8 +99,10 @@ def _conv_args(arch: str, args: str) -> dict:
         named = named or bool(eq)
         if not eq:
             if i >= len(_CONV_ARGS) or named:
-                raise LucidError(f"--arch '{arch}': conv({args}) has a positional argument after a named one or "
-                                 f"too many arguments; {USAGE}")
+                raise LucidError(
+                    f"--arch '{arch}': conv({args}) has a positional argument after a named one or "
+                    f"too many arguments; {USAGE}"
+                )
             name, value = _CONV_ARGS[i], part
         name = name.strip()
         if (eq and name not in _CONV_DEFAULTS) or name in values:
@@ -126,5 +136,6 @@ def _check_shapes(arch: str, convs: list[dict], input_shape: list[int]) -> None:
         try:
             height, width = conv2d_output_hw(height, width, (c["kernel"], c["kernel"]), c["stride"], c["pad"])
         except LucidError as exc:
-            raise LucidError(f"--arch '{arch}' on --input-shape {','.join(map(str, input_shape))}: "
-                             f"conv layer {j}: {exc}") from None
+            raise LucidError(
+                f"--arch '{arch}' on --input-shape {','.join(map(str, input_shape))}: conv layer {j}: {exc}"
+            ) from None

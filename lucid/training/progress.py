@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Self
+
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 
 class TrainingProgress:
@@ -11,10 +13,10 @@ class TrainingProgress:
         self.enabled = enabled
         self.total = total
         self._progress: Progress | None = None
-        self._task = None
+        self._task: TaskID | None = None
         self._description = description
 
-    def __enter__(self) -> "TrainingProgress":
+    def __enter__(self) -> Self:
         if self.enabled:
             self._progress = Progress(
                 TextColumn("[bold]{task.description}"),
@@ -30,7 +32,7 @@ class TrainingProgress:
         return self
 
     def advance(self, networks: float) -> None:
-        if self._progress is not None:
+        if self._progress is not None and self._task is not None:
             task = self._progress.tasks[0]
             completed = min(task.completed + networks, self.total)
             self._progress.update(self._task, completed=completed, done=int(completed + 1e-6))

@@ -8,9 +8,10 @@ import ctypes.util
 import math
 import os
 import sys
+from itertools import pairwise
 
-from lucid.data import Dataset
 from lucid.convolution import conv2d_output_hw
+from lucid.data import Dataset
 
 MEMORY_BUDGET = 3 * 2**30  # bytes of working memory per chunk (stays under ~4 GiB with overheads)
 MAX_CHUNK = 64  # cache-friendly (benchmarks/results/idle_machine.md), and a fine resume granularity
@@ -62,7 +63,7 @@ def bytes_per_network(spec: dict, input_dim: int, num_classes: int, n: int, batc
     else:
         flat = input_dim
     sizes = [flat] + list(spec["hidden"]) + [num_classes]
-    n_params += sum(a * b + b for a, b in zip(sizes[:-1], sizes[1:]))
+    n_params += sum(a * b + b for a, b in pairwise(sizes))
     widths += sizes[1:]
     rows = min(batch_size, n)
     per_network = 4 * (4 * n_params + 6 * rows * sum(widths))  # float32: params/grads/copies, acts

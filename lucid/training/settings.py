@@ -91,8 +91,10 @@ class TrainSettings:
         spec = self.spec  # checks arch and input_shape
         parse_train_layers(self.train_layers, spec)
         if agt and spec["type"] not in AGT_ARCHITECTURES:
-            raise LucidError("--agt bounds MLPs and the 1-D CNN (--arch cnn) only; 2-D convolutions (conv(...) layers) "
-                             "are not supported (docs/agt.md)")
+            raise LucidError(
+                "--agt bounds MLPs and the 1-D CNN (--arch cnn) only; 2-D convolutions (conv(...) layers) "
+                "are not supported (docs/agt.md)"
+            )
         # prepare_dataset checks this too; here it fails before the data is read, as it always has
         if not (0 <= self.test_fraction < 1) or not math.isfinite(self.test_fraction):
             raise LucidError(f"--test-fraction must be in [0, 1), got {self.test_fraction}")
@@ -106,7 +108,7 @@ class TrainSettings:
                 object.__setattr__(self, name, float(getattr(self, name)))
 
     @classmethod
-    def from_options(cls, **options: Any) -> "TrainSettings":
+    def from_options(cls, **options: Any) -> TrainSettings:
         """From keyword options; an unknown name is one error line, not a TypeError."""
         return settings_from_options(cls, "train", options)
 
@@ -137,7 +139,14 @@ class TrainSettings:
     def sgd_step(self, num_classes: int) -> SgdStep:
         """T's SGD step for a run on data with `num_classes` classes, as every chunk (local or on a
         Dask worker) and the AGT step apply it."""
-        return SgdStep(self.lr, self.weight_decay, self.batch_size, num_classes, self.trainable)
+        trainable = self.trainable
+        return SgdStep(
+            self.lr,
+            self.weight_decay,
+            self.batch_size,
+            num_classes,
+            None if trainable is None else frozenset(trainable),
+        )
 
     @property
     def agt_width(self) -> float:

@@ -16,8 +16,8 @@ from safetensors.numpy import load_file, save_file
 from lucid.agt.store import AGT_FILE
 from lucid.atomic import write_atomic, write_json_atomic
 from lucid.data import Dataset
-from lucid.errors import LucidError
 from lucid.dynamic_range import check_tensors_range
+from lucid.errors import LucidError
 from lucid.network import NETWORKS_FILE, diverged_message, non_finite
 
 
@@ -36,7 +36,9 @@ def existing_run_matches(out: Path, fingerprint: str) -> bool:
         meta = json.loads(meta_path.read_text())
         theirs = meta["training"]["fingerprint"]
     except (OSError, ValueError, KeyError, TypeError):
-        raise LucidError(f"output directory {out} holds a run.json this version cannot compare; choose another --out") from None
+        raise LucidError(
+            f"output directory {out} holds a run.json this version cannot compare; choose another --out"
+        ) from None
     if theirs != fingerprint or not (out / NETWORKS_FILE).exists():
         raise LucidError(f"output directory {out} holds a different run (other data or options); choose another --out")
     return True
@@ -86,9 +88,11 @@ def publish(partial: Path, out: Path, meta: dict, ds: Dataset, n_chunks: int) ->
     bad = non_finite(stacked)
     if bad.any():  # never publish: the chunks stay, so the same command ends here again at once
         first = int(stacked["removed"][bad.argmax()])
-        raise LucidError(diverged_message(int(bad.sum()), len(bad), first)
-                         + f" (this run: --lr {meta['training']['lr']:g}; the unfinished run is kept in {partial}: "
-                         "delete it to discard it)")
+        raise LucidError(
+            diverged_message(int(bad.sum()), len(bad), first)
+            + f" (this run: --lr {meta['training']['lr']:g}; the unfinished run is kept in {partial}: "
+            "delete it to discard it)"
+        )
     check_tensors_range(stacked, meta, f"the trained networks (the unfinished run is kept in {partial})")
     final = partial / "final"
     if final.exists():

@@ -18,7 +18,8 @@ The implementations of the step:
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -61,13 +62,16 @@ def train_networks(
     lr, weight_decay, batch_size, trainable = sgd.lr, sgd.weight_decay, sgd.batch_size, sgd.trainable
     device = X.device
     k = len(removed)
-    params = {name: p.to(device).unsqueeze(0).repeat((k,) + (1,) * p.ndim).contiguous()
-              for name, p in inputs.init.items()}
+    params = {
+        name: p.to(device).unsqueeze(0).repeat((k,) + (1,) * p.ndim).contiguous() for name, p in inputs.init.items()
+    }
     removed = removed.to(device)
     if method == "auto" or (method == "autograd" and spec["type"] == "cnn2d"):  # cnn2d's own step is autograd
         method = {"mlp": "mlp", "cnn": "cnn", "cnn2d": "cnn2d"}[spec["type"]]
-    step = {"mlp": _MlpStep, "cnn": _CnnStep, "autograd": _AutogradStep, "cnn2d": _Cnn2dStep}[method](
-        params, spec, sgd.num_classes)
+    # every step has `parameters` and `gradients`; `weights` and `biases` are the MLP step's
+    step: Any = {"mlp": _MlpStep, "cnn": _CnnStep, "autograd": _AutogradStep, "cnn2d": _Cnn2dStep}[method](
+        params, spec, sgd.num_classes
+    )
     first = 0
     if trainable is not None:
         if method != "mlp":
@@ -102,15 +106,16 @@ def _sgd_update(params: list[torch.Tensor], grads: list[torch.Tensor], lr: float
     torch._foreach_add_(params, grads, alpha=-lr)
 
 
-def _partial_gradients(W: list[torch.Tensor], b: list[torch.Tensor], xb: torch.Tensor, onehot: torch.Tensor,
-                       w: torch.Tensor, first: int) -> list[torch.Tensor]:
+def _partial_gradients(
+    W: list[torch.Tensor], b: list[torch.Tensor], xb: torch.Tensor, onehot: torch.Tensor, w: torch.Tensor, first: int
+) -> list[torch.Tensor]:
     """`dense_gradients` when the layers below `first` are frozen: they hold the same values in
     every network, so their activations are computed once (network 0's) and shared by all K,
     and the backward pass stops at layer `first` (None below it)."""
     features = xb
     for i in range(first):
         features = torch.addmm(b[i][0], features, W[i][0].t()).clamp_(min=0)
-    return [None] * (2 * first) + dense_gradients(W[first:], b[first:], features, onehot, w)  # type: ignore[list-item]
+    return [None] * (2 * first) + dense_gradients(W[first:], b[first:], features, onehot, w)  # type: ignore[return-value]  # None: never read
 
 
 class _MlpStep:
@@ -120,10 +125,12 @@ class _MlpStep:
         n_layers = len(spec["hidden"]) + 1
         self.weights = [params[f"layers.{i}.weight"] for i in range(n_layers)]
         self.biases = [params[f"layers.{i}.bias"] for i in range(n_layers)]
-        self.parameters = [t for pair in zip(self.weights, self.biases) for t in pair]
+        self.parameters = [t for pair in zip(self.weights, self.biases, strict=True) for t in pair]
 
     @torch.no_grad()
-    def gradients(self, xb: torch.Tensor, yb: torch.Tensor, onehot: torch.Tensor, w: torch.Tensor) -> list[torch.Tensor]:
+    def gradients(
+        self, xb: torch.Tensor, yb: torch.Tensor, onehot: torch.Tensor, w: torch.Tensor
+    ) -> list[torch.Tensor]:
         return dense_gradients(self.weights, self.biases, xb, onehot, w)
 
 
@@ -147,8 +154,8 @@ class _CnnStep:
         n_dense = len(spec["hidden"]) + 1
         self.tail_w = [params[f"layers.{i}.weight"] for i in range(n_dense)]
         self.tail_b = [params[f"layers.{i}.bias"] for i in range(n_dense)]
-        self.parameters = [t for pair in zip(self.conv_w, self.conv_b) for t in pair]
-        self.parameters += [t for pair in zip(self.tail_w, self.tail_b) for t in pair]
+        self.parameters = [t for pair in zip(self.conv_w, self.conv_b, strict=True) for t in pair]
+        self.parameters += [t for pair in zip(self.tail_w, self.tail_b, strict=True) for t in pair]
         self._k = k
         self._built = False
 
@@ -170,20 +177,24 @@ class _CnnStep:
 
     @torch.no_grad()
     def _refresh(self) -> None:
-        for kernel, bias, flat, dw, db in zip(self.conv_w, self.conv_b, self.flat, self.dense_w, self.dense_b):
+        for kernel, bias, flat, dw, db in zip(
+            self.conv_w, self.conv_b, self.flat, self.dense_w, self.dense_b, strict=True
+        ):
             out_len = dw.shape[1] // kernel.shape[1]
             dw.view(self._k, -1)[:, flat] = kernel.unsqueeze(-1).expand(*kernel.shape, out_len).reshape(self._k, -1)
             db.copy_(bias.unsqueeze(-1).expand(*bias.shape, out_len).reshape(self._k, -1))
 
     @torch.no_grad()
-    def gradients(self, xb: torch.Tensor, yb: torch.Tensor, onehot: torch.Tensor, w: torch.Tensor) -> list[torch.Tensor]:
+    def gradients(
+        self, xb: torch.Tensor, yb: torch.Tensor, onehot: torch.Tensor, w: torch.Tensor
+    ) -> list[torch.Tensor]:
         if not self._built:
             self._build(xb.shape[1], xb.device)
         else:
             self._refresh()  # the kernels were updated since the last step
         grads = dense_gradients(self.dense_w + self.tail_w, self.dense_b + self.tail_b, xb, onehot, w)
         folded: list[torch.Tensor] = []
-        for i, (kernel, flat) in enumerate(zip(self.conv_w, self.flat)):
+        for i, (kernel, flat) in enumerate(zip(self.conv_w, self.flat, strict=True)):
             g_dense, g_bias = grads[2 * i], grads[2 * i + 1]
             out_len = g_dense.shape[1] // kernel.shape[1]
             folded.append(g_dense.reshape(self._k, -1)[:, flat].view(*kernel.shape, out_len).sum(-1))
@@ -223,8 +234,12 @@ class _AutogradStep:
     """Autograd on [K, ...] parameter tensors; supports the 1-D CNN (convs as unfold + einsum)."""
 
     def __init__(self, params: dict[str, torch.Tensor], spec: dict, num_classes: int) -> None:
-        self._bind(params, len(spec.get("conv_channels", [])) if spec["type"] == "cnn" else 0,
-                   len(spec["hidden"]) + 1, num_classes)
+        self._bind(
+            params,
+            len(spec.get("conv_channels", [])) if spec["type"] == "cnn" else 0,
+            len(spec["hidden"]) + 1,
+            num_classes,
+        )
 
     def _bind(self, params: dict[str, torch.Tensor], n_conv: int, n_dense: int, num_classes: int) -> None:
         """The parameters autograd differentiates: the convolutions', then the dense layers'."""
@@ -236,7 +251,7 @@ class _AutogradStep:
 
     def scores(self, xb: torch.Tensor) -> torch.Tensor:
         """[K, B, C]: every network's scores on the batch (the forward pass the gradients differentiate)."""
-        p = dict(zip(self.names, self.parameters))
+        p = dict(zip(self.names, self.parameters, strict=True))
         k = self.parameters[0].shape[0]
         batch = xb.shape[0]
         if self.n_conv:
@@ -258,7 +273,9 @@ class _AutogradStep:
                 h = torch.relu(h)
         return h
 
-    def gradients(self, xb: torch.Tensor, yb: torch.Tensor, onehot: torch.Tensor, w: torch.Tensor) -> list[torch.Tensor]:
+    def gradients(
+        self, xb: torch.Tensor, yb: torch.Tensor, onehot: torch.Tensor, w: torch.Tensor
+    ) -> list[torch.Tensor]:
         with torch.enable_grad():
             for t in self.parameters:
                 t.requires_grad_(True)
@@ -287,12 +304,18 @@ class _Cnn2dStep(_AutogradStep):
         self._bind(params, len(self.convs), len(spec["hidden"]) + 1, num_classes)
 
     def scores(self, xb: torch.Tensor) -> torch.Tensor:
-        p = dict(zip(self.names, self.parameters))
+        p = dict(zip(self.names, self.parameters, strict=True))
         k, batch = self.parameters[0].shape[0], xb.shape[0]
         h = xb.reshape(batch, *self.image)
         for j, layer in enumerate(self.convs):
             weight, bias = p[f"conv.{j}.weight"], p[f"conv.{j}.bias"]  # [K, out, in, kh, kw], [K, out]
-            h = F.conv2d(h, weight.flatten(0, 1), bias.flatten(), stride=layer["stride"], padding=layer["pad"],
-                         groups=1 if j == 0 else k)
+            h = F.conv2d(
+                h,
+                weight.flatten(0, 1),
+                bias.flatten(),
+                stride=layer["stride"],
+                padding=layer["pad"],
+                groups=1 if j == 0 else k,
+            )
             h = torch.relu(h)
         return self._dense(h.reshape(batch, k, -1).transpose(0, 1), p)

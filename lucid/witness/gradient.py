@@ -39,7 +39,7 @@ def _scores(weights: list[torch.Tensor], biases: list[torch.Tensor], x: torch.Te
     """Per-start networks: weights [n, out, in], x [n, d] -> scores [n, C]."""
     h = x
     last = len(weights) - 1
-    for i, (w, b) in enumerate(zip(weights, biases)):
+    for i, (w, b) in enumerate(zip(weights, biases, strict=True)):
         h = torch.bmm(w, h[:, :, None])[:, :, 0] + b
         if i < last:
             h = torch.relu(h)
@@ -57,8 +57,9 @@ def _rivals(stack: NetworkStack, positions: np.ndarray, starts: np.ndarray, cls:
     return positions[np.argmin(conf, axis=0)]
 
 
-def gradient_points(query: LeakQuery, starts: np.ndarray, *, steps: int = 150, seed: int = 0,
-                    deadline: float | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def gradient_points(
+    query: LeakQuery, starts: np.ndarray, *, steps: int = 150, seed: int = 0, deadline: float | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(points, their rival network's position, N's float32 confidence there; -inf where the rival
     still picks c), one per start, after `steps` projected Adam steps (fewer once `deadline` has
     passed). Only proposals: replay decides."""
@@ -104,8 +105,16 @@ def gradient_points(query: LeakQuery, starts: np.ndarray, *, steps: int = 150, s
     return best_x.numpy().astype(np.float64), rivals, best_c.numpy().astype(np.float64)
 
 
-def gradient_search(query: LeakQuery, starts: np.ndarray, *, steps: int = 150, polish: int = POLISH,
-                    climb_steps: int = CLIMB_STEPS, seed: int = 0, deadline: float | None = None) -> LeakWitness | None:
+def gradient_search(
+    query: LeakQuery,
+    starts: np.ndarray,
+    *,
+    steps: int = 150,
+    polish: int = POLISH,
+    climb_steps: int = CLIMB_STEPS,
+    seed: int = 0,
+    deadline: float | None = None,
+) -> LeakWitness | None:
     """The best replayed leak from gradient ascent at `starts` ([n, d]), polished by the LP walk;
     at `deadline` (time.monotonic()) the best found so far."""
     if len(starts) == 0 or len(query.positions) == 0:
@@ -118,8 +127,10 @@ def gradient_search(query: LeakQuery, starts: np.ndarray, *, steps: int = 150, p
         if not np.isfinite(conf[i]) or past(deadline):
             break
         own = np.array([rivals[i]])
-        for found in (replay(stack, own, points[i], cls, lower, upper),
-                      climb(replace(query, positions=own), points[i], climb_steps, deadline=deadline)):
+        for found in (
+            replay(stack, own, points[i], cls, lower, upper),
+            climb(replace(query, positions=own), points[i], climb_steps, deadline=deadline),
+        ):
             if found is not None and (best is None or found.confidence > best.confidence):
                 best = found
     return best

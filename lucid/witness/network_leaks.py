@@ -53,8 +53,9 @@ def leaks_at(stack: NetworkStack, cls: int, x: np.ndarray, lower: np.ndarray, up
     return best
 
 
-def sampled_leaks(stack: NetworkStack, cls: int, lower: np.ndarray, upper: np.ndarray,
-                  points: np.ndarray | None = None, seed: int = 0) -> np.ndarray:
+def sampled_leaks(
+    stack: NetworkStack, cls: int, lower: np.ndarray, upper: np.ndarray, points: np.ndarray | None = None, seed: int = 0
+) -> np.ndarray:
     """`leaks_at` over the most promising of SAMPLES uniform samples and the training `points`:
     each network's most confident leaking point (ranked in float32; only the replay in float64
     decides), the REPLAYED most confident of them: the networks with the largest leaks, which set
@@ -73,8 +74,9 @@ def sampled_leaks(stack: NetworkStack, cls: int, lower: np.ndarray, upper: np.nd
     return leaks_at(stack, cls, x[chosen], lower, upper)
 
 
-def _candidates(stack: NetworkStack, cls: int, lower: np.ndarray, upper: np.ndarray, points: np.ndarray | None,
-                seed: int) -> tuple[np.ndarray, np.ndarray]:
+def _candidates(
+    stack: NetworkStack, cls: int, lower: np.ndarray, upper: np.ndarray, points: np.ndarray | None, seed: int
+) -> tuple[np.ndarray, np.ndarray]:
     """Uniform samples of the domain and the training points, those N labels `cls`, with N's
     confidence there."""
     rng = np.random.default_rng(seed)
@@ -86,8 +88,16 @@ def _candidates(stack: NetworkStack, cls: int, lower: np.ndarray, upper: np.ndar
     return x[conf_n > 0], conf_n[conf_n > 0]
 
 
-def searched_leaks(stack: NetworkStack, cls: int, positions: np.ndarray, lower: np.ndarray, upper: np.ndarray,
-                   points: np.ndarray | None = None, deadline: float | None = None, seed: int = 0) -> np.ndarray:
+def searched_leaks(
+    stack: NetworkStack,
+    cls: int,
+    positions: np.ndarray,
+    lower: np.ndarray,
+    upper: np.ndarray,
+    points: np.ndarray | None = None,
+    deadline: float | None = None,
+    seed: int = 0,
+) -> np.ndarray:
     """`leaks_at` over the points that gradient ascent reaches for each network of `positions` in
     turn (from its SEARCH_STARTS most disagreeing candidates), until `deadline` (time.monotonic())."""
     x, _ = _candidates(stack, cls, lower, upper, points, seed)
@@ -97,8 +107,9 @@ def searched_leaks(stack: NetworkStack, cls: int, positions: np.ndarray, lower: 
             break
         own = np.array([int(p)])
         starts = x[np.argsort(confidence(stack.select(own).forward(x)[0], cls))[:SEARCH_STARTS]]
-        leak = gradient_search(LeakQuery(stack, own, cls, lower, upper), starts, steps=SEARCH_STEPS, polish=1,
-                               seed=seed, deadline=deadline)
+        leak = gradient_search(
+            LeakQuery(stack, own, cls, lower, upper), starts, steps=SEARCH_STEPS, polish=1, seed=seed, deadline=deadline
+        )
         if leak is not None:
             found.append(leak.x)
     return leaks_at(stack, cls, np.array(found), lower, upper) if found else np.full(len(stack), -np.inf)
@@ -109,13 +120,14 @@ class NetworkLeaks:
     a point's leaks over every network (`at`), the seeded ones (`sampled`) and which position a
     leaking row's network holds (`position`)."""
 
-    def __init__(self, stack: NetworkStack, lower: np.ndarray, upper: np.ndarray,
-                 points: np.ndarray | None = None) -> None:
+    def __init__(
+        self, stack: NetworkStack, lower: np.ndarray, upper: np.ndarray, points: np.ndarray | None = None
+    ) -> None:
         self.stack, self.lower, self.upper, self.points = stack, lower, upper, points
         self._positions = {int(r): p for p, r in enumerate(stack.removed)}
 
     @classmethod
-    def of(cls, problem) -> "NetworkLeaks":
+    def of(cls, problem) -> NetworkLeaks:
         """Over a verification problem's networks, domain and training points (`lucid.analysis.problem`)."""
         return cls(problem.stack, problem.lower, problem.upper, problem.points)
 

@@ -55,8 +55,9 @@ class LeakWitness:
     repaired: bool
 
 
-def _confidences(stack: NetworkStack, positions: np.ndarray, x: np.ndarray, cls: int
-                 ) -> tuple[float, np.ndarray, float, float, np.ndarray]:
+def _confidences(
+    stack: NetworkStack, positions: np.ndarray, x: np.ndarray, cls: int
+) -> tuple[float, np.ndarray, float, float, np.ndarray]:
     """N's confidence, the confidences of the networks of S, the score scale and rigorous bounds on
     the float error of N's and of each S confidence (`NetworkStack.forward_with_error`)."""
     scores_n, err_n = stack.select(np.array([0])).forward_with_error(x[None, :])
@@ -71,7 +72,15 @@ def _confidences(stack: NetworkStack, positions: np.ndarray, x: np.ndarray, cls:
     return conf_n, confidence(scores_s, cls), scale, error_n, error_s
 
 
-def replay(stack: NetworkStack, positions: np.ndarray, x: np.ndarray, cls: int, lower: np.ndarray, upper: np.ndarray, repaired: bool = False) -> LeakWitness | None:
+def replay(
+    stack: NetworkStack,
+    positions: np.ndarray,
+    x: np.ndarray,
+    cls: int,
+    lower: np.ndarray,
+    upper: np.ndarray,
+    repaired: bool = False,
+) -> LeakWitness | None:
     """The witness if x (clipped to the domain) truly leaks for some network of S, else None.
 
     "Truly": the disagreement and the claimed confidence hold for the exact (real-number) networks,
@@ -92,8 +101,9 @@ def _affine_pieces(weights: list[np.ndarray], biases: list[np.ndarray], x: np.nd
     """Fix the activation pattern at x: returns (G, h) pattern rows G y <= h, and the scores map (M, m)."""
     M = np.eye(len(x))
     m = np.zeros(len(x))
-    G, h = [], []
-    for k, (w, b) in enumerate(zip(weights, biases)):
+    G: list[np.ndarray] = []
+    h: list[np.ndarray] = []
+    for k, (w, b) in enumerate(zip(weights, biases, strict=True)):
         A, a = w @ M, w @ m + b
         if k == len(weights) - 1:
             return (np.concatenate(G) if G else np.zeros((0, len(x)))), (np.concatenate(h) if h else np.zeros(0)), A, a
@@ -124,7 +134,15 @@ def _scaled_rows(A: np.ndarray, b: np.ndarray, scale: float, d: int) -> tuple[np
     return A, b
 
 
-def repair(stack: NetworkStack, positions: np.ndarray, x: np.ndarray, cls: int, lower: np.ndarray, upper: np.ndarray, candidates: int = 3) -> LeakWitness | None:
+def repair(
+    stack: NetworkStack,
+    positions: np.ndarray,
+    x: np.ndarray,
+    cls: int,
+    lower: np.ndarray,
+    upper: np.ndarray,
+    candidates: int = 3,
+) -> LeakWitness | None:
     """Search near x, inside the linear regions of N and of the most promising networks of S."""
     from scipy.optimize import linprog
 
@@ -160,7 +178,7 @@ def repair(stack: NetworkStack, positions: np.ndarray, x: np.ndarray, cls: int, 
         A_ub, b_ub = _scaled_rows(A_ub, b_ub, scale, d)
         c = np.zeros(d + 1)
         c[-1] = -1.0
-        bounds = list(zip(lower, upper)) + [(None, None)]
+        bounds = list(zip(lower, upper, strict=True)) + [(None, None)]
         res = linprog(c, A_ub=A_ub, b_ub=b_ub, bounds=bounds, method="highs")
         if res.status != 0:
             continue
@@ -170,7 +188,9 @@ def repair(stack: NetworkStack, positions: np.ndarray, x: np.ndarray, cls: int, 
     return None
 
 
-def find_leak(stack: NetworkStack, positions: np.ndarray, x: np.ndarray | None, cls: int, lower: np.ndarray, upper: np.ndarray) -> LeakWitness | None:
+def find_leak(
+    stack: NetworkStack, positions: np.ndarray, x: np.ndarray | None, cls: int, lower: np.ndarray, upper: np.ndarray
+) -> LeakWitness | None:
     """Replay x; repair it if it does not strictly leak; None (logged) if neither works."""
     if x is None or not np.all(np.isfinite(x)):
         return None

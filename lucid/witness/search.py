@@ -60,8 +60,15 @@ def _min_confidence(stack, positions: np.ndarray, x: np.ndarray, cls: int, chunk
     return best
 
 
-def search_class_witness(problem, cls: int, positions: np.ndarray, *, points: np.ndarray | None = None,
-                         effort: SearchEffort = CLASS_SEARCH, deadline: float | None = None) -> LeakWitness | None:
+def search_class_witness(
+    problem,
+    cls: int,
+    positions: np.ndarray,
+    *,
+    points: np.ndarray | None = None,
+    effort: SearchEffort = CLASS_SEARCH,
+    deadline: float | None = None,
+) -> LeakWitness | None:
     """The best replayed leaking input found for class `cls` and the networks at `positions`, from
     random samples and the training `points` (`effort.gradient=False`: without the gradient ascent,
     for benchmarks/hard_singletons.py). At `deadline` (time.monotonic()) it returns the best found
@@ -134,8 +141,16 @@ def search_node_witness(query: LeakQuery, effort: SearchEffort = NODE_SEARCH) ->
     return _better(best, gradient_search(query, a, polish=polish, climb_steps=climb_steps, seed=seed))
 
 
-def boundary_points(stack: NetworkStack, cls: int, lower: np.ndarray, upper: np.ndarray, count: int, *,
-                    samples: int = 4096, seed: int = 0) -> np.ndarray:
+def boundary_points(
+    stack: NetworkStack,
+    cls: int,
+    lower: np.ndarray,
+    upper: np.ndarray,
+    count: int,
+    *,
+    samples: int = 4096,
+    seed: int = 0,
+) -> np.ndarray:
     """Up to `count` points on N's decision boundary for `cls` (its side of it): uniform samples
     that N labels c and not-c, paired and bisected onto C_N = 0, vectorised over all pairs. Leaks
     of a network close to N lie near this boundary. Empty when N labels every sample alike."""

@@ -47,6 +47,22 @@ from lucid.access.memo.store import DEFAULT_MEMO_SIZE, MemoStore, SqlMemo
 
 Memo = SqliteMemo  # the embedded default (and the name the package has always exported)
 
-__all__ = ["DEFAULT_MEMO_SIZE", "MEMO_FILE", "BoundsRecord", "Charge", "Memo", "MemoError", "MemoStore",
-           "MemoUnavailable", "SqlMemo", "SqliteMemo", "display_name", "is_database_url", "memo_name", "memo_target",
-           "open_memo", "read_memo_ledger", "redact_secrets"]
+__all__ = [
+    "DEFAULT_MEMO_SIZE",
+    "MEMO_FILE",
+    "BoundsRecord",
+    "Charge",
+    "Memo",
+    "MemoError",
+    "MemoStore",
+    "MemoUnavailable",
+    "SqlMemo",
+    "SqliteMemo",
+    "display_name",
+    "is_database_url",
+    "memo_name",
+    "memo_target",
+    "open_memo",
+    "read_memo_ledger",
+    "redact_secrets",
+]

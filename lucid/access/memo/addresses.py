@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import TypeGuard
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 from lucid.errors import LucidError
@@ -15,7 +16,7 @@ MEMO_FILE = "memo.sqlite"  # RUN/memo.sqlite: lucid serve's answers and ledger b
 DATABASE_SCHEMES = ("postgresql://", "postgres://")  # what libpq takes as a URL
 
 
-def is_database_url(target: object) -> bool:
+def is_database_url(target: object) -> TypeGuard[str]:
     """Whether `--memo` names a PostgreSQL database rather than a SQLite file."""
     return isinstance(target, str) and target.lower().startswith(DATABASE_SCHEMES)
 

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
-from contextlib import contextmanager, nullcontext
-from typing import Any, ContextManager, Iterable, Iterator, Protocol, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from typing import Any, Generic, Protocol, TypeVar
 
 from lucid.errors import LucidError
 
@@ -44,7 +45,10 @@ class Session(Protocol):
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> Any: ...
 
 
-class SqlBackend(ABC):
+SessionT = TypeVar("SessionT", bound=Session)  # a backend's own connection type
+
+
+class SqlBackend(ABC, Generic[SessionT]):
     """A memo's database (module docstring): the hooks a backend overrides, and the connection,
     transaction and error handling every call of the algorithm goes through."""
 
@@ -67,30 +71,30 @@ class SqlBackend(ABC):
 
     # -- the hooks -----------------------------------------------------------------------------------
     @abstractmethod
-    def _session(self) -> ContextManager[Session]:
+    def _session(self) -> AbstractContextManager[SessionT]:
         """A connection for the duration of one call (the caller holds `self._lock`)."""
 
     @abstractmethod
-    def _begin(self, db: Session) -> ContextManager[None]:
+    def _begin(self, db: SessionT) -> AbstractContextManager[None]:
         """One write transaction on `db`: committed when the block ends, rolled back on an exception."""
 
-    def _batch(self, db: Session) -> ContextManager[None]:
+    def _batch(self, db: SessionT) -> AbstractContextManager[None]:
         """Statements whose results are not read until the block ends may be sent together (PostgreSQL:
         one round trip instead of one each, inside the memo-wide lock); SQLite runs them as they come."""
         return nullcontext()
 
-    def _lock_client(self, db: Session, client: str | None, epsilon: float) -> None:
+    def _lock_client(self, db: SessionT, client: str | None, epsilon: float) -> None:
         """Hold the client's ledger row until commit (lock 1); nothing where the transaction holds the
         whole database."""
 
-    def _lock_memo(self, db: Session) -> bool:
+    def _lock_memo(self, db: SessionT) -> bool:
         """Hold the memo-wide rows until commit (lock 3). True if other writers may have drawn since this
         transaction's reads, which must then be read again; False where the transaction holds the
         whole database."""
         return False
 
     @abstractmethod
-    def _migrate(self, db: Session, meta: dict[str, Any]) -> None:
+    def _migrate(self, db: SessionT, meta: dict[str, Any]) -> None:
         """Bring a memo of an older format (metadata.OLD_FORMATS) to the current one, or refuse it."""
 
     @abstractmethod
@@ -108,7 +112,7 @@ class SqlBackend(ABC):
 
     # -- shared by every call ------------------------------------------------------------------------
     @contextmanager
-    def _transaction(self) -> Iterator[Session]:
+    def _transaction(self) -> Iterator[SessionT]:
         with self._lock, self._session() as db, self._begin(db):
             yield db
 

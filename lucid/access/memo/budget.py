@@ -31,7 +31,7 @@ SELECT COALESCE((SELECT SUM(epsilon * answers) FROM ledger WHERE client = ?), 0.
 """
 
 
-def charged(db: Any, client: str) -> float:
+def charged(db: Any, client: str | None) -> float:
     """A client's worst-case charge: epsilon per distinct answer, released or noised, plus its live
     reservations."""
     return float(db.execute(_CHARGED, (client, client, time.time())).fetchone()[0])
@@ -41,29 +41,38 @@ def client_refusal(db: Any, client: str | None, epsilon: float, fresh: int, budg
     """The fixed message refusing a call whose `fresh` keys (new to this client) would exceed its
     budget; None if it fits. It counts epsilon per key, never whether it is noised: the branch stays hidden."""
     if budget is not None and fresh and not within_budget(charged(db, client) + epsilon * fresh, budget):
-        return (f"the privacy budget of {budget:g} is spent for this client: only inputs it was answered "
-                "before are answered now")
+        return (
+            f"the privacy budget of {budget:g} is spent for this client: only inputs it was answered "
+            "before are answered now"
+        )
     return None
 
 
 def total_refusal(db: Any, epsilon: float, draws: int, total_budget: float | None) -> str | None:
     """The same for the `draws` (keys new to the memo) against the all-clients total."""
-    if total_budget is not None and draws and not within_budget(
-            charged(db, ALL_CLIENTS) + epsilon * draws, total_budget):
-        return (f"the total privacy budget of {total_budget:g} of this service is spent: only inputs "
-                "answered before are answered now")
+    if (
+        total_budget is not None
+        and draws
+        and not within_budget(charged(db, ALL_CLIENTS) + epsilon * draws, total_budget)
+    ):
+        return (
+            f"the total privacy budget of {total_budget:g} of this service is spent: only inputs "
+            "answered before are answered now"
+        )
     return None
 
 
-def new_reservation(db: Any, client: str, epsilon: float, inputs: int, rid: str | None = None) -> str:
+def new_reservation(db: Any, client: str | None, epsilon: float, inputs: int, rid: str | None = None) -> str:
     """Reserve `inputs` x epsilon for `client` (under its lock) until released or expired, under the
     id `rid` (a new one if None: one id may name a client's row and the all-clients row); the id.
     The client's expired reservations go first."""
     now = time.time()
     db.execute("DELETE FROM reserved WHERE client = ? AND expires <= ?", (client, now))
     rid = uuid.uuid4().hex if rid is None else rid
-    db.execute("INSERT INTO reserved (id, client, epsilon, inputs, expires) VALUES (?, ?, ?, ?, ?)",
-               (rid, client, epsilon, int(inputs), now + RESERVATION_TTL_S))
+    db.execute(
+        "INSERT INTO reserved (id, client, epsilon, inputs, expires) VALUES (?, ?, ?, ?, ?)",
+        (rid, client, epsilon, int(inputs), now + RESERVATION_TTL_S),
+    )
     return rid
 
 
@@ -73,11 +82,14 @@ def draw_on(db: Any, rid: str | None, client: str, inputs: int) -> bool:
     the budget itself."""
     if rid is None:
         return False
-    row = db.execute("UPDATE reserved SET inputs = inputs - ? WHERE id = ? AND client = ? AND expires > ? "
-                     "AND inputs >= ? RETURNING inputs", (int(inputs), rid, client, time.time(), int(inputs))).fetchone()
+    row = db.execute(
+        "UPDATE reserved SET inputs = inputs - ? WHERE id = ? AND client = ? AND expires > ? "
+        "AND inputs >= ? RETURNING inputs",
+        (int(inputs), rid, client, time.time(), int(inputs)),
+    ).fetchone()
     return row is not None
 
 
-def release(db: Any, rid: str, client: str) -> None:
+def release(db: Any, rid: str, client: str | None) -> None:
     """Drop what is left of a reservation (under the lock its client's rows need)."""
     db.execute("DELETE FROM reserved WHERE id = ? AND client = ?", (rid, client))

@@ -45,8 +45,10 @@ UNKNOWN = "unknown"  # meta 'epsilon' of a migrated file whose answers' epsilon 
 
 def new_meta(db: Session, fingerprint: str | None) -> None:
     """A new file: no epsilon or bounds yet (its first binding or answer records them)."""
-    db.executemany("INSERT INTO meta (name, value) VALUES (?, ?)",
-                   [("format", MEMO_FORMAT), ("fingerprint", fingerprint or ""), ("count", 0)])
+    db.executemany(
+        "INSERT INTO meta (name, value) VALUES (?, ?)",
+        [("format", MEMO_FORMAT), ("fingerprint", fingerprint or ""), ("count", 0)],
+    )
 
 
 def migrate(db: Session, meta: dict[str, Any]) -> None:
@@ -56,14 +58,20 @@ def migrate(db: Session, meta: dict[str, Any]) -> None:
     if "noised" not in columns:  # lucid-memo/1 stored noised answers only
         db.execute("ALTER TABLE memo ADD COLUMN noised INTEGER NOT NULL DEFAULT 1")
     if db.execute("SELECT 1 FROM memo LIMIT 1").fetchone() is not None:
-        epsilons = [row[0] for row in db.execute(
-            "SELECT DISTINCT epsilon FROM ledger WHERE client = ? AND answers > 0", (ALL_CLIENTS,))]
+        epsilons = [
+            row[0]
+            for row in db.execute(
+                "SELECT DISTINCT epsilon FROM ledger WHERE client = ? AND answers > 0", (ALL_CLIENTS,)
+            )
+        ]
         unlogged = db.execute(
             "SELECT 1 FROM memo m WHERE NOT EXISTS (SELECT 1 FROM seen s WHERE s.key = m.key) LIMIT 1"
         ).fetchone()
         known = meta.get("format") != "lucid-memo/1" and len(epsilons) == 1 and unlogged is None
-        db.execute("INSERT OR REPLACE INTO meta (name, value) VALUES ('epsilon', ?)",
-                   (float(epsilons[0]) if known else UNKNOWN,))
+        db.execute(
+            "INSERT OR REPLACE INTO meta (name, value) VALUES ('epsilon', ?)",
+            (float(epsilons[0]) if known else UNKNOWN,),
+        )
     db.execute("UPDATE meta SET value = ? WHERE name = 'format'", (MEMO_FORMAT,))
 
 
@@ -110,12 +118,15 @@ class BoundsRecord:
 
     def to_text(self) -> str:
         values = np.asarray(self.upper, dtype=np.float64)
-        listed = [_finite_or_none(v) for v in values] if values.ndim == 1 else [
-            [_finite_or_none(v) for v in row] for row in values]
+        listed = (
+            [_finite_or_none(v) for v in values]
+            if values.ndim == 1
+            else [[_finite_or_none(v) for v in row] for row in values]
+        )
         return json.dumps(listed if self.regions is None else {"regions": self.regions, "bounds": listed})
 
     @classmethod
-    def from_text(cls, text: str) -> "BoundsRecord":
+    def from_text(cls, text: str) -> BoundsRecord:
         doc = json.loads(text)
         regions = None
         if isinstance(doc, dict):

@@ -25,19 +25,26 @@ def _postgres() -> ModuleType:
     try:
         import lucid.access.memo.postgres as postgres
     except ImportError as exc:
-        raise LucidError(f"a PostgreSQL memo needs psycopg 3 and psycopg_pool ({exc}): "
-                         "pip install 'lucid-idp[postgres]'") from None
+        raise LucidError(
+            f"a PostgreSQL memo needs psycopg 3 and psycopg_pool ({exc}): pip install 'lucid-idp[postgres]'"
+        ) from None
     return postgres
 
 
-def open_memo(target: str | Path | None, max_size: int = DEFAULT_MEMO_SIZE, fingerprint: str | None = None,
-              epsilon: float | None = None, bounds: np.ndarray | BoundsRecord | None = None) -> MemoStore:
+def open_memo(
+    target: str | Path | None,
+    max_size: int = DEFAULT_MEMO_SIZE,
+    fingerprint: str | None = None,
+    epsilon: float | None = None,
+    bounds: np.ndarray | BoundsRecord | None = None,
+) -> MemoStore:
     """The memo `target` names: a `postgresql://` URL (several replicas share it), a SQLite file
     path (one machine), or None (in memory). Refuses any other `scheme://` in one line, rather
     than creating a file of that odd name."""
     if is_database_url(target):
-        return _postgres().PostgresMemo(str(target), max_size=max_size, fingerprint=fingerprint, epsilon=epsilon,
-                                        bounds=bounds)
+        return _postgres().PostgresMemo(
+            str(target), max_size=max_size, fingerprint=fingerprint, epsilon=epsilon, bounds=bounds
+        )
     check_scheme(target)
     return SqliteMemo(target, max_size=max_size, fingerprint=fingerprint, epsilon=epsilon, bounds=bounds)
 

@@ -34,8 +34,9 @@ e.g. `?options=-csearch_path%3Dlucid`): give each served run its own database or
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import psycopg
@@ -88,8 +89,9 @@ def _conninfo(url: str, name: str) -> str:
         params = pg_conninfo.conninfo_to_dict(url)
     except psycopg.Error as exc:
         raise LucidError(f"--memo {name}: not a PostgreSQL URL ({_first_line(exc, url)})") from None
-    return pg_conninfo.make_conninfo(url, **({} if "connect_timeout" in params else
-                                             {"connect_timeout": CONNECT_TIMEOUT_S}))
+    return pg_conninfo.make_conninfo(
+        url, **({} if "connect_timeout" in params else {"connect_timeout": CONNECT_TIMEOUT_S})
+    )
 
 
 def _configure(conn: psycopg.Connection) -> None:
@@ -97,6 +99,12 @@ def _configure(conn: psycopg.Connection) -> None:
     and READ COMMITTED whatever the server's default (the locking relies on it: module docstring)."""
     conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED  # before any statement opens a transaction
     conn.execute("SET extra_float_digits = 3")
+
+
+def _scalar(cursor: psycopg.Cursor) -> Any:
+    """The one value of a query's one row (None without a row)."""
+    row = cursor.fetchone()
+    return None if row is None else row[0]
 
 
 class _Session:
@@ -117,7 +125,7 @@ class _Session:
             cur.executemany(sql.replace("?", "%s"), list(rows))
 
 
-class PostgresMemo(SqlMemo):
+class PostgresMemo(SqlMemo[_Session]):
     """`PostgresMemo("postgresql://user@host:port/db")`: the memo and ledger in that database."""
 
     _ROW_LOCK = " FOR KEY SHARE OF m"
@@ -144,19 +152,27 @@ class PostgresMemo(SqlMemo):
             psycopg.connect(conninfo, autocommit=True).close()
         except psycopg.Error as exc:
             raise MemoUnavailable(
-                f"cannot connect to the memo database {self._name}: {_first_line(exc, url)}") from None
+                f"cannot connect to the memo database {self._name}: {_first_line(exc, url)}"
+            ) from None
         # Small: a memo makes one call at a time (its lock), so one connection is in use and one more
         # can be opened while a broken one is replaced; each replica (and each --workers process) has its own.
         self._pool = ConnectionPool(
-            conninfo, min_size=1, max_size=2, open=False, kwargs={"autocommit": True}, configure=_configure,
-            timeout=timeout, reconnect_timeout=RECONNECT_TIMEOUT_S,
-            name="lucid-memo")
+            conninfo,
+            min_size=1,
+            max_size=2,
+            open=False,
+            kwargs={"autocommit": True},
+            configure=_configure,
+            timeout=timeout,
+            reconnect_timeout=RECONNECT_TIMEOUT_S,
+            name="lucid-memo",
+        )
         try:
             self._pool.open(wait=True, timeout=timeout)
             with self._transaction() as db:
                 # Replicas starting together would race on CREATE TABLE and on the new meta rows.
                 db.execute(f"SELECT pg_advisory_xact_lock({_SCHEMA_LOCK}, hashtext(current_schema()))")
-                if db.execute("SELECT to_regclass('reserved')").fetchone()[0] is None:  # the newest table
+                if _scalar(db.execute("SELECT to_regclass('reserved')")) is None:  # the newest table
                     db.execute(_SCHEMA)
                 self._init_meta(db, fingerprint)
             if epsilon is not None:
@@ -192,8 +208,10 @@ class PostgresMemo(SqlMemo):
         if not any(float(row[0]) == epsilon for row in locked):
             # FOR UPDATE locks rows that exist: a new client's row is made first (by one replica: ON
             # CONFLICT waits for the other's insert), then locked.
-            db.execute("INSERT INTO ledger (client, epsilon) VALUES (?, ?) ON CONFLICT (client, epsilon) DO NOTHING",
-                       (client, epsilon))
+            db.execute(
+                "INSERT INTO ledger (client, epsilon) VALUES (?, ?) ON CONFLICT (client, epsilon) DO NOTHING",
+                (client, epsilon),
+            )
             db.execute("SELECT 1 FROM ledger WHERE client = ? AND epsilon = ? FOR UPDATE", (client, epsilon))
 
     def _lock_memo(self, db: _Session) -> bool:
@@ -201,15 +219,17 @@ class PostgresMemo(SqlMemo):
         return True
 
     def _migrate(self, db: _Session, meta: dict[str, Any]) -> None:
-        raise LucidError(f"{self._name} holds a {meta.get('format')} memo: only SQLite files of that format "
-                         "are migrated")
+        raise LucidError(
+            f"{self._name} holds a {meta.get('format')} memo: only SQLite files of that format are migrated"
+        )
 
     def _failure(self, exc: BaseException) -> MemoError:
         # Connection-level failures (no server answer, a dropped connection, class 08, or the server
         # shutting down, 57P) say nothing about the request; any other error may, and is a MemoError.
         state = getattr(exc, "sqlstate", None) or ""
-        if isinstance(exc, PoolTimeout) or (isinstance(exc, psycopg.OperationalError)
-                                            and (not state or state.startswith(("08", "57P")))):
+        if isinstance(exc, PoolTimeout) or (
+            isinstance(exc, psycopg.OperationalError) and (not state or state.startswith(("08", "57P")))
+        ):
             return MemoUnavailable(f"the memo database {self._name} is unreachable: {_first_line(exc, self._url)}")
         return MemoError(f"the memo database {self._name} failed: {_first_line(exc, self._url)}")
 
@@ -236,7 +256,7 @@ def read_ledger_rows(url: str, fingerprint: str | None = None) -> list[tuple[str
         with psycopg.connect(_conninfo(url, name)) as conn:
             conn.read_only = True
             _configure(conn)
-            if conn.execute("SELECT to_regclass('meta')").fetchone()[0] is None:
+            if _scalar(conn.execute("SELECT to_regclass('meta')")) is None:
                 raise LucidError(f"{name} holds no memo: no answers have been given with it")
             return ledger_of(_Session(conn), name, fingerprint)
     except psycopg.Error as exc:

@@ -5,8 +5,8 @@ the answers within which budgets. One object carries it from the call to each tr
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 import numpy as np
 

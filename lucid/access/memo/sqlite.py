@@ -16,12 +16,14 @@ queries for one input both get the first stored draw.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -80,7 +82,7 @@ class WriterLock:
         if self._fd is not None:
             fcntl.flock(self._fd, fcntl.LOCK_EX)
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self._fd is not None:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
 
@@ -110,10 +112,9 @@ class Checkpointer:
         try:
             db = sqlite3.connect(str(self._path), isolation_level=None, check_same_thread=False, timeout=1.0)
             while not self._stop.wait(CHECKPOINT_EVERY_S):
-                try:
+                # busy (another process checkpoints): the next one catches up
+                with contextlib.suppress(sqlite3.OperationalError):
                     db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
-                except sqlite3.OperationalError:  # busy (another process checkpoints): the next one catches up
-                    pass
         except sqlite3.Error:  # e.g. the file was removed: the serving connection reports that itself
             pass
         finally:
@@ -125,7 +126,7 @@ class Checkpointer:
         self._thread.join(timeout=5.0)
 
 
-class SqliteMemo(SqlMemo):
+class SqliteMemo(SqlMemo[sqlite3.Connection]):
     """`SqliteMemo(path)`; `path=None` keeps it in memory (lost on exit: fine for evaluation only)."""
 
     _ERRORS = (sqlite3.DatabaseError,)
@@ -168,8 +169,9 @@ class SqliteMemo(SqlMemo):
     def _close_quietly(self) -> None:
         """Close a connection that failed to open as a memo (a refused file is not kept open)."""
         self._writers.close()
-        if getattr(self, "_checkpoints", None) is not None:
-            self._checkpoints.stop()
+        checkpoints = getattr(self, "_checkpoints", None)
+        if checkpoints is not None:
+            checkpoints.stop()
         db = getattr(self, "_db", None)
         if db is not None:
             db.close()

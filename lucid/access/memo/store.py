@@ -22,15 +22,24 @@ from __future__ import annotations
 
 import itertools
 import time
-from typing import Protocol, Sequence, runtime_checkable
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
 from lucid.access.ledger import ALL_CLIENTS, BudgetExceeded, ledger_of
-from lucid.access.memo.backend import Session, SqlBackend
+from lucid.access.memo.backend import SessionT, SqlBackend
 from lucid.access.memo.budget import client_refusal, draw_on, total_refusal
-from lucid.access.memo.metadata import (MEMO_FORMAT, OLD_FORMATS, BoundsRecord, bind_bounds, bind_epsilon,
-                                        check_fingerprint, new_meta, refuse_other_epsilon)
+from lucid.access.memo.metadata import (
+    MEMO_FORMAT,
+    OLD_FORMATS,
+    BoundsRecord,
+    bind_bounds,
+    bind_epsilon,
+    check_fingerprint,
+    new_meta,
+    refuse_other_epsilon,
+)
 from lucid.access.memo.request import Batch, Charge, Proposals
 from lucid.access.memo.turns import Turn, answer_in_turns
 from lucid.errors import LucidError
@@ -64,11 +73,18 @@ class MemoStore(Protocol):
     @property
     def epsilon(self) -> float | None: ...
 
-    def bind(self, epsilon: float, bounds: np.ndarray | BoundsRecord | None = None,
-             fingerprint: str | None = None) -> "MemoStore": ...
+    def bind(
+        self, epsilon: float, bounds: np.ndarray | BoundsRecord | None = None, fingerprint: str | None = None
+    ) -> MemoStore: ...
 
-    def get_or_put(self, keys: Sequence[bytes], proposals: Proposals, noised: np.ndarray | None = None,
-                   charge: Charge | None = None, turn: Turn | None = None) -> np.ndarray: ...
+    def get_or_put(
+        self,
+        keys: Sequence[bytes],
+        proposals: Proposals,
+        noised: np.ndarray | None = None,
+        charge: Charge | None = None,
+        turn: Turn | None = None,
+    ) -> np.ndarray: ...
 
     def ledger_rows(self) -> list[tuple[str, float, int, int, int]]: ...
 
@@ -79,14 +95,14 @@ class MemoStore(Protocol):
     def close(self) -> None: ...
 
 
-class SqlMemo(SqlBackend):
+class SqlMemo(SqlBackend[SessionT]):
     """A memo in an SQL database (module docstring); subclasses supply the backend hooks."""
 
     def __init__(self, max_size: int, name: str) -> None:
         super().__init__(max_size, name)
         self._pending_touches: dict[bytes, int] = {}  # LRU positions of memo hits not written yet
 
-    def _init_meta(self, db: Session, fingerprint: str | None) -> None:
+    def _init_meta(self, db: SessionT, fingerprint: str | None) -> None:
         """A new memo gets its meta rows; an existing one is checked, migrated and trimmed to max_size."""
         self._lock_memo(db)  # before reading meta: a replica binding at the same moment goes first
         meta = dict(db.execute("SELECT name, value FROM meta").fetchall())
@@ -100,8 +116,9 @@ class SqlMemo(SqlBackend):
         check_fingerprint(db, meta, fingerprint, self._name)
         self._evict(db, int(meta["count"]))
 
-    def bind(self, epsilon: float, bounds: np.ndarray | BoundsRecord | None = None,
-             fingerprint: str | None = None) -> "SqlMemo":
+    def bind(
+        self, epsilon: float, bounds: np.ndarray | BoundsRecord | None = None, fingerprint: str | None = None
+    ) -> SqlMemo:
         """Tie this memo to the epsilon (and bounds, and N) it answers with, or refuse in one line:
         a stored draw keeps the epsilon it was drawn with, so serving it under another epsilon
         would charge clients the wrong amount (lucid/access/memo/metadata.py). Returns the memo."""
@@ -115,16 +132,21 @@ class SqlMemo(SqlBackend):
         self._epsilon = float(epsilon)
         return self
 
-    def _evict(self, db: Session, count: int, always_store: bool = False) -> int:
+    def _evict(self, db: SessionT, count: int, always_store: bool = False) -> int:
         """Drop the least recently used entries above max_size (under lock 3); returns the new count."""
         if count > self.max_size:
-            gone = [row[0] for row in db.execute(
-                f"DELETE FROM memo WHERE key IN (SELECT key FROM memo ORDER BY used LIMIT ?{self._SKIP_LOCKED}) "
-                "RETURNING key", (count - self.max_size,)).fetchall()]
+            gone = [
+                row[0]
+                for row in db.execute(
+                    f"DELETE FROM memo WHERE key IN (SELECT key FROM memo ORDER BY used LIMIT ?{self._SKIP_LOCKED}) "  # noqa: S608 (the backend's fixed lock clause; values are bound)
+                    "RETURNING key",
+                    (count - self.max_size,),
+                ).fetchall()
+            ]
             # An evicted input's next answer is a fresh draw, charged again: forget who saw it.
             for start in range(0, len(gone), _CHUNK):
                 part = gone[start : start + _CHUNK]
-                db.execute(f"DELETE FROM seen WHERE key IN ({','.join('?' * len(part))})", part)
+                db.execute(f"DELETE FROM seen WHERE key IN ({','.join('?' * len(part))})", part)  # noqa: S608 (placeholders only; values are bound)
             count -= len(gone)
             always_store = True
         if always_store:
@@ -132,7 +154,11 @@ class SqlMemo(SqlBackend):
         return count
 
     def _select(
-        self, db: Session, unique: Sequence[bytes], client: str | None, stop_at_miss: bool = False,
+        self,
+        db: SessionT,
+        unique: Sequence[bytes],
+        client: str | None,
+        stop_at_miss: bool = False,
         lock: bool = False,
     ) -> tuple[dict[bytes, tuple[int, int]], set[bytes]]:
         """({key: (label, noised)} of the stored keys, the keys `client` has been answered). With
@@ -145,7 +171,7 @@ class SqlMemo(SqlBackend):
             part = unique[start : start + _CHUNK]
             marks = ",".join("?" * len(part))
             rows = db.execute(
-                "SELECT m.key, m.label, m.noised, s.client IS NOT NULL FROM memo m "
+                "SELECT m.key, m.label, m.noised, s.client IS NOT NULL FROM memo m "  # noqa: S608 (placeholders and the backend's fixed lock clause; values are bound)
                 f"LEFT JOIN seen s ON s.key = m.key AND s.client = ? WHERE m.key IN ({marks})"
                 f"{self._ROW_LOCK if lock else ''}",
                 (client or "", *part),
@@ -159,8 +185,14 @@ class SqlMemo(SqlBackend):
                 break
         return stored, seen
 
-    def get_or_put(self, keys: Sequence[bytes], proposals: Proposals, noised: np.ndarray | None = None,
-                   charge: Charge | None = None, turn: Turn | None = None) -> np.ndarray:
+    def get_or_put(
+        self,
+        keys: Sequence[bytes],
+        proposals: Proposals,
+        noised: np.ndarray | None = None,
+        charge: Charge | None = None,
+        turn: Turn | None = None,
+    ) -> np.ndarray:
         """The stored label of each key; keys not stored yet get (and keep) their proposal.
 
         `proposals` is one label per key, or a function from the positions of the keys not
@@ -220,7 +252,7 @@ class SqlMemo(SqlBackend):
         if refusal:
             raise BudgetExceeded(refusal)
 
-    def _write(self, db: Session, batch: Batch, rid: str | None, now: int, out: np.ndarray) -> str | None:
+    def _write(self, db: SessionT, batch: Batch, rid: str | None, now: int, out: np.ndarray) -> str | None:
         """The transaction of `get_or_put`: fills `out`, or returns the refusal it recorded."""
         keys, unique, proposals, noised = batch.keys, batch.unique, batch.proposals, batch.noised
         client, epsilon = batch.charge.client, batch.charge.epsilon
@@ -257,7 +289,7 @@ class SqlMemo(SqlBackend):
         proposals = np.asarray(proposals, dtype=np.int64)
         flags = np.ones(len(keys), dtype=np.int64) if noised is None else np.asarray(noised, dtype=np.int64)
         inserts = []
-        for i, (key, proposal, flag) in enumerate(zip(keys, proposals.tolist(), flags.tolist())):
+        for i, (key, proposal, flag) in enumerate(zip(keys, proposals.tolist(), flags.tolist(), strict=True)):
             entry = stored.get(key)
             if entry is None:
                 entry = stored[key] = (int(proposal), int(flag))
@@ -271,8 +303,9 @@ class SqlMemo(SqlBackend):
         # The LRU positions of earlier hits: written once enough are pending, or when an
         # eviction needs them; not by every small write, which would pay for the hits
         # of every batch before it (a single-row request writing 10 000 of them).
-        touch = bool(self._pending_touches) and (len(self._pending_touches) >= _MAX_PENDING_TOUCHES
-                                                 or count > self.max_size)
+        touch = bool(self._pending_touches) and (
+            len(self._pending_touches) >= _MAX_PENDING_TOUCHES or count > self.max_size
+        )
         if touch and not memo_locked:
             self._lock_memo(db)
         with self._batch(db):
@@ -289,7 +322,7 @@ class SqlMemo(SqlBackend):
                 self._evict(db, count, always_store=True)
         return None
 
-    def _write_touches(self, db: Session, limit: int | None = None) -> None:
+    def _write_touches(self, db: SessionT, limit: int | None = None) -> None:
         """Write the pending LRU positions: all, or the `limit` oldest."""
         pending = self._pending_touches
         keys = list(pending if limit is None else itertools.islice(pending, limit))

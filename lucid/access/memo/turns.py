@@ -15,7 +15,9 @@ after a crash, and the call raises.
 
 from __future__ import annotations
 
-from typing import Any, Callable, ContextManager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any
 
 import numpy as np
 
@@ -29,7 +31,7 @@ from lucid.errors import LucidError
 # machine, which is what a single-row request may wait behind a batch.
 TURN_ROWS = 128
 
-Turn = Callable[[int], ContextManager[Any]]
+Turn = Callable[[int], AbstractContextManager[Any]]
 # One step of the memo's algorithm: a batch answered into `out` in one transaction (or read-only),
 # under the call's reservation (None: its budgets are checked in that transaction).
 Step = Callable[[Batch, str | None, np.ndarray], None]
