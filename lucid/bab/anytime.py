@@ -120,13 +120,14 @@ class AnytimeBounds:
         then a search per network for the 2(M+1) networks the screen ranks highest (those that
         decide the level's lower bound, which is the cutoff every analysis is asked about; a
         cutoff far below the level makes each singleton MILP compute its exact bound), within
-        SEED_SEARCH_SHARE of the time left."""
-        np.maximum(cs.network_leak, self.leaks.sampled(cs.cls), out=cs.network_leak)
+        SEED_SEARCH_SHARE of the time left; the sampled leaks until the deadline (a network not
+        reached keeps -inf: no leak is claimed)."""
+        np.maximum(cs.network_leak, self.leaks.sampled(cs.cls, self.session.deadline.end), out=cs.network_leak)
         bounds = network_bounds(cs)
         order = np.lexsort((np.arange(len(bounds)), -bounds))
         top = order[order > 0][: min(2 * (cs.residual_size + 1), SEED_SEARCHED)]
         left = self.session.deadline.left()
-        deadline = None if left is None else time.monotonic() + SEED_SEARCH_SHARE * left
+        deadline = None if left is None else time.monotonic() + SEED_SEARCH_SHARE * max(0.0, left)
         np.maximum(cs.network_leak, self.leaks.searched(cs.cls, top, deadline), out=cs.network_leak)
         self._raise_floor(cs, None, None, "sampled")
 
@@ -196,8 +197,10 @@ class AnytimeBounds:
                               residual_size=cs.residual_size,
                               holder=None if holder is None else self.leaks.row(holder) if self.leaks else holder)
 
-    def finish(self, cs: ClassState, complete: bool, reason: str, within_gap: bool = False) -> None:
-        """End the class with its anytime bounds as they stand (`complete`: no time limit cut it short)."""
+    def finish(self, cs: ClassState, complete: bool, reason: str, within_gap: bool = False,
+               stopped_in: str | None = None) -> None:
+        """End the class with its anytime bounds as they stand (`complete`: no time limit cut it
+        short; `stopped_in`: the phase a time limit stopped it in)."""
         # a node closed within the gap keeps its bound in upper: the finish is then not exact either
         kept = complete and cs.lower is not None and cs.gap_floor > cs.lower and cs.residual_size is None
         if kept and not within_gap:
@@ -205,10 +208,12 @@ class AnytimeBounds:
         cs.done = True
         cs.complete = complete
         cs.reason = reason
+        cs.stopped_in = stopped_in
         cs.within_gap = complete and (within_gap or kept)
         cs.seconds = self.session.elapsed()
         self.session.emit("class_done", cs.cls, upper=cs.upper, lower=cs.lower, complete=complete, reason=reason,
-                          within_gap=cs.within_gap, solved=cs.solved, open=len(cs.nodes))
+                          within_gap=cs.within_gap, solved=cs.solved, open=len(cs.nodes),
+                          **({} if stopped_in is None else {"stopped_in": stopped_in}))
         if cs.residual_size is not None:
             self._log_set(cs)
 

@@ -39,7 +39,7 @@ from lucid.bab.session import Session
 from lucid.bab.partition import PEEL_ROOT_ABOVE, peel_top, preload_kmeans, split_node
 from lucid.bab.state import INF, ClassState
 from lucid.bab.workers import Executor
-from lucid.deadline import Deadline
+from lucid.deadline import Deadline, Phases
 from lucid.errors import LucidError
 from lucid.bab.order_statistic import known_member, relevant, set_aside, worth_retrying
 from lucid.settings import VerifySettings
@@ -57,9 +57,10 @@ class Engine:
     def __init__(self, executor: Executor, classes: list[int], num_networks: int, config: VerifySettings, *,
                  params: np.ndarray | Callable[[], np.ndarray] | None = None, hooks: EngineHooks | None = None,
                  log: EventLog | None = None, states: dict[int, ClassState] | None = None,
-                 deadline: Deadline | None = None) -> None:
+                 deadline: Deadline | None = None, phases: Phases | None = None) -> None:
         """`deadline`: when to stop (default: `config.time_limit` from when `run` starts); one with
-        a start makes an invocation's set-up (N's bounds, the initial screens) count against it too."""
+        a start makes an invocation's set-up (N's bounds, the initial screens) count against it too.
+        `phases`: the run's named phases, when its set-up before the engine is named there too."""
         hooks = hooks if hooks is not None else EngineHooks()
         self.executor = executor
         self.config = config
@@ -68,7 +69,7 @@ class Engine:
         self._search = None if config.naive else hooks.search
         self.on_progress = hooks.on_progress
         self.on_checkpoint = hooks.on_checkpoint
-        self.session = Session(log, deadline if deadline is not None else Deadline(config.time_limit))
+        self.session = Session(log, deadline if deadline is not None else Deadline(config.time_limit), phases)
         self.anytime = AnytimeBounds(config, self.session, hooks.leaks)
         self._choose_size = hooks.choose_size
         self._chosen_at = -INF
@@ -145,7 +146,8 @@ class Engine:
         """The root node(s) of a fresh class."""
         positions = np.arange(1, self.num_networks, dtype=np.int64)
         if cs.residual_size is not None:
-            self.anytime.seed_leaks(cs)
+            with self.session.phase("leak seeding", cs.cls):
+                self.anytime.seed_leaks(cs)
         self.session.emit("class_started", cs.cls, networks=len(positions))
         if self.config.naive:
             for p in positions:
@@ -160,7 +162,8 @@ class Engine:
                 # A cheap witness first: with a good lower bound, the screen removes most networks
                 # before the root hyper-network is even built (its MILP is then far tighter).
                 t0 = self.elapsed()
-                found = self._search(cs.cls, positions, deadline=self.session.deadline.end)
+                with self.session.phase("witness search", cs.cls):
+                    found = self._search(cs.cls, positions, deadline=self.session.deadline.end)
                 if found is not None:
                     self.anytime.apply_lower(cs, float(found.confidence), found.leaking_row, found.x, "search",
                                              update=False, seconds=self.elapsed() - t0)
@@ -180,7 +183,7 @@ class Engine:
             self.anytime.update(cs)  # the level of the screened bounds
         elif cs.screen is not None:
             cs.upper = min(cs.upper, self.screening.upper(cs, positions))
-        self.anytime.finish(cs, False, "time limit")
+        self.anytime.finish(cs, False, "time limit", stopped_in=self.session.stopped_in(cs.cls, started=False))
 
     def _on_result(self, key: tuple[int, int], outcome: Any) -> None:
         """A node's analysis reported: take its bound and leak, then close it or queue it as OPEN."""
@@ -393,7 +396,7 @@ class Engine:
                 if self.session.past():
                     for cs in self.states.values():
                         if not cs.done:
-                            self.anytime.finish(cs, False, "time limit")
+                            self.anytime.finish(cs, False, "time limit", stopped_in=self.session.stopped_in(cs.cls))
                     break
                 self.scheduler.submit_ready()
                 if self.executor.in_flight == 0 and not self._pending():

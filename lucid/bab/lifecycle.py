@@ -5,7 +5,8 @@ class over an AGT box, `lucid.bab.agt_run`; region-wise bounds, `lucid.regions.v
 what to analyse. The run owns what every strategy shares, once: the resume checkpoint
 (lucid.bab.checkpoint), the event log (lucid.bab.events) from its "started" to its "finished"
 event, SIGTERM as Ctrl-C (the checkpoint is saved, then the interrupt goes on), the run's
-`Deadline`, and writing RUN/bounds.json (lucid-bounds/1, atomically).
+`Deadline` (and `Phases`, which names the phase it passed in), and writing RUN/bounds.json
+(lucid-bounds/1, atomically).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any, Callable, Iterator, Protocol
 from lucid.bab.checkpoint import CHECKPOINT_FILE, load_checkpoint, run_fingerprint, save_checkpoint
 from lucid.bab.events import LOG_FILE, EventLog
 from lucid.bab.session import terminate_as_interrupt
-from lucid.deadline import Deadline
+from lucid.deadline import Deadline, Phases
 from lucid.errors import LucidError
 from lucid.rundir import Run, write_bounds
 from lucid.settings import VerifySettings
@@ -59,6 +60,7 @@ class VerificationRun:
             self.fingerprint = run_fingerprint(self.path)
         except OSError as exc:
             raise LucidError(f"cannot read the networks of {self.path}: {exc}") from None
+        self.phases = Phases()  # names the phase the deadline passed in, for the summary
         self.elapsed_before = 0.0  # the verification's seconds before this invocation (a resume)
         self.options: dict[str, Any] = {}
         self.log: EventLog | None = None
