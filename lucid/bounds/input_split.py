@@ -121,7 +121,8 @@ def input_split_singleton(problem, cls: int, position: int, cutoff: float, limit
         highest = heapq.nsmallest(LEAK_STARTS, heap)
         starts = np.array([0.5 * (lo + hi) for _, _, lo, hi, _ in highest])
         if options.search:
-            witness = max(leaks_from(problem, cls, position, starts), key=lambda leak: leak.confidence, default=None)
+            witness = max(leaks_from(problem, cls, position, starts, limits.leak_deadline),
+                          key=lambda leak: leak.confidence, default=None)
     trace.append((time.perf_counter() - t0, bound))
     return SplitResult(bound=bound, proved=proved, domains=boxes, seconds=time.perf_counter() - t0,
                        per_target={t: float(v) for t, v in enumerate(per_target) if t != cls and v > -math.inf},
