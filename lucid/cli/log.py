@@ -41,7 +41,8 @@ def _render(events: list[dict], max_rows: int, regions: RegionView | None = None
         secs = s.get("node_seconds", [])
         statuses = ", ".join(f"{k} {v}" for k, v in sorted(s.get("statuses", {}).items())) or "-"
         done = s.get("done")
-        state = "running" if done is None else ("complete" if done.get("complete") else "stopped") + f" ({done.get('reason')})"
+        state = "running" if done is None else ("complete" if done.get("complete") else "stopped") + f" ({done.get('reason')}" + (
+            f" in {done['stopped_in']})" if done.get("stopped_in") else ")")
         table = Table(
             title=(f"class {c}: {state}; nodes solved {s.get('solved', 0)}, split {s.get('split', 0)}, "
                    f"closed {s.get('closed', 0)}; seconds/node mean {sum(secs) / len(secs) if secs else 0:.2f} "
