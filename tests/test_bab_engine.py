@@ -150,7 +150,7 @@ def test_screening_drops_networks_that_cannot_leak(tmp_path):
     values = np.concatenate([[0.0], np.linspace(0, 1, 10), np.full(10, -math.inf)])
     screen_calls = []
 
-    def screen(cls, positions):
+    def screen(cls, positions, deadline=None):
         screen_calls.append(len(positions))
         return values[positions] + 0.3  # sound: above every true value; -inf stays -inf
 
@@ -260,7 +260,7 @@ def test_a_useless_hyper_network_milp_makes_the_node_peel_its_top_screened_netwo
     values = np.concatenate([[0.0], rng.uniform(0.2, 1.0, size=40)])
     screen_values = values + rng.uniform(0.05, 0.3, size=41)  # sound, and in another order than values
 
-    def screen(cls, positions):
+    def screen(cls, positions, deadline=None):
         return screen_values[positions]
 
     # a hyper-network "MILP" far above the screen, as on Adult 2x50
@@ -284,7 +284,8 @@ def test_a_large_screened_root_is_peeled_without_a_hyper_network_milp(tmp_path):
     n = PEEL_ROOT_ABOVE["interval"] + 8
     values = np.concatenate([[0.0], rng.uniform(0.2, 1.0, size=n)])
     screen_values = values + rng.uniform(0.05, 0.3, size=n + 1)
-    engine, analyser, log = make_engine(tmp_path, values, workers=1, screen=lambda c, pos: screen_values[pos],
+    engine, analyser, log = make_engine(tmp_path, values, workers=1,
+                                        screen=lambda c, pos, deadline=None: screen_values[pos],
                                         analyser=FakeAnalyser(values, slack=5.0), rel_gap=0.1)
     cs = engine.run()[0]
     log.close()
@@ -462,7 +463,7 @@ def test_the_first_singletons_seek_leaks_below_the_cutoff_once(tmp_path, rel_gap
 
     analyser = TopTimesOutFirst(values, slack=0.5)
     engine, _, log = make_engine(tmp_path, values, analyser=analyser, workers=2, node_time_limit=5.0,
-                                 rel_gap=rel_gap, screen=lambda c, pos: values[pos] + 0.01)
+                                 rel_gap=rel_gap, screen=lambda c, pos, deadline=None: values[pos] + 0.01)
     cs = engine.run()[0]
     log.close()
     # a seek the class no longer needed may still be running in its thread: let it reach the analyser
@@ -493,7 +494,7 @@ def test_a_seek_gets_at_most_a_minute_when_it_can_be_retried(tmp_path, node_time
     monkeypatch.setattr(lucid.bab.engine, "PEEL_ROOT_ABOVE", {})
     values = np.concatenate([[0.0], np.linspace(0.1, 1.0, 10)])
     engine, analyser, log = make_engine(tmp_path, values, workers=2, node_time_limit=node_time_limit, rel_gap=0.1,
-                                        screen=lambda c, pos: values[pos] + 0.01)
+                                        screen=lambda c, pos, deadline=None: values[pos] + 0.01)
     cs = engine.run()[0]
     log.close()
     assert cs.done and cs.upper >= values.max() - 1e-12
@@ -526,7 +527,7 @@ def test_a_retried_singleton_goes_ahead_of_higher_nodes_on_all_but_one_worker(tm
         path.mkdir()
         analyser = SlowOnce(values, slack=0.02)
         engine, _, log = make_engine(path, values, analyser=analyser, workers=workers, node_time_limit=5.0,
-                                     screen=lambda c, pos: values[pos] + 0.3)
+                                     screen=lambda c, pos, deadline=None: values[pos] + 0.3)
         cs = engine.run()[0]
         log.close()
         assert cs.complete and cs.upper == pytest.approx(1.0)
@@ -586,19 +587,25 @@ def test_only_the_last_work_gets_the_idle_workers_threads(tmp_path):
 def test_a_time_limit_ends_the_seeds_and_their_screen_refinement_and_a_resume_seeds_the_rest(tmp_path):
     """A class's seed (witness search, then the optimised screen of every network above the cutoff)
     takes tens of seconds on a thousand networks of 64 inputs; a box of `--regions` given 20 s
-    ran 138 s through ten of them. The refinement stops between its chunks once the time is up,
-    and a class not seeded by then keeps its screened bound until a resume seeds it."""
+    ran 138 s through ten of them. The refinement is handed the deadline and stops there (the
+    networks it did not reach keep their screened bound, +inf from the hook), a class not seeded
+    by then keeps its screened bound until a resume seeds it, and each class's summary names the
+    phase the time ran out in."""
     import time
 
-    from lucid.bab.screening import REFINE_CHUNK, REFINE_PROBE
+    values = np.concatenate([[0.0], np.linspace(0.1, 0.9, 1100)])
+    refined, searched, deadlines = [], [], []
 
-    values = np.concatenate([[0.0], np.linspace(0.1, 0.9, 2 * REFINE_CHUNK + 76)])
-    refined, searched = [], []
-
-    def slow_refine(c, pos, level):  # 20 ms a network, like a screen whose cost grows with its batch
-        refined.append((c, len(pos)))
-        time.sleep(0.02 * len(pos))
-        return values[pos] + 0.01
+    def slow_refine(c, pos, level, deadline=None):  # 20 ms a network, until the deadline
+        deadlines.append(deadline)
+        out = np.full(len(pos), np.inf)
+        for i, p in enumerate(pos):
+            if deadline is not None and time.monotonic() >= deadline:
+                break
+            time.sleep(0.02)
+            out[i] = values[p] + 0.01
+            refined.append(c)
+        return out
 
     @dataclass
     class Leak:
@@ -612,25 +619,29 @@ def test_a_time_limit_ends_the_seeds_and_their_screen_refinement_and_a_resume_se
 
     def engine_with(refine, limit, states=None):
         return Engine(ThreadExecutor(FakeAnalyser(values), 1), [0, 1], len(values), VerifySettings(time_limit=limit),
-                      hooks=EngineHooks(screen=lambda c, pos: values[pos] + 0.5, refine=refine, search=search), states=states,
-                      log=EventLog(tmp_path / "log.jsonl", append=True))
+                      hooks=EngineHooks(screen=lambda c, pos, deadline=None: values[pos] + 0.5, refine=refine,
+                                        search=search),
+                      states=states, log=EventLog(tmp_path / "log.jsonl", append=True))
 
     t0 = time.monotonic()
-    states = engine_with(slow_refine, 1.0).run()
-    # class 0: a probe chunk measures the cost, the next one is sized to what is left of the second
-    assert searched[0] == 0 and refined[0] == (0, REFINE_PROBE) and all(c == 0 for c, _ in refined)
-    # a 512-chunk would run 10 s, a second chunk of 128 after the probe 2.6 s more; the count holds the
-    # refinement to its second, the clock the whole run to 2.5 s (1.5 s: a loaded machine took 1.4 s)
-    assert sum(n for _, n in refined) < 60 and time.monotonic() - t0 < 2.5
-    # class 1: seeded (or not) in what is left, with nothing refined: a sound bound, not a finished one
+    engine = engine_with(slow_refine, 1.0)
+    states = engine.run()
+    # class 0's refinement got the engine's deadline and ended there: the run within 1.5 s of its 1 s
+    assert searched[0] == 0 and deadlines[0] == engine.session.deadline.end and set(refined) == {0}
+    assert 0 < len(refined) < 60 and time.monotonic() - t0 < 2.5
+    refined_at = np.flatnonzero(states[0].refined)
+    assert len(refined_at) == len(refined)  # the networks not reached are left to refine later
+    assert states[0].stopped_in == "its screen refinement"
+    # class 1: not seeded, with nothing refined: a sound bound, not a finished one
     first = states[1]
     assert first.done and not first.complete and first.reason == "time limit"
+    assert first.stopped_in == "class 0's screen refinement, before its start"
     assert 0.9 <= first.upper <= 0.9 + 0.5  # at most its screened bound, never below the true 0.9
     states = {c: ClassState.from_json(c, cs.to_json()) for c, cs in states.items()}  # as a checkpoint holds them
-    states = engine_with(lambda c, pos, level: values[pos] + 0.01, 60.0, states).run()
+    states = engine_with(lambda c, pos, level, deadline=None: values[pos] + 0.01, 60.0, states).run()
     assert searched == [0, 1]  # resumed: the class never seeded is seeded now
     for cs in states.values():
-        assert cs.complete and 0.9 <= cs.upper <= 0.9 + 0.05
+        assert cs.complete and 0.9 <= cs.upper <= 0.9 + 0.05 and cs.stopped_in is None
 
 
 class LyingRoot(FakeAnalyser):
@@ -670,7 +681,7 @@ def test_a_resumed_class_whose_pending_node_is_pruned_splits_its_open_node_inste
     cs.rebuild_heaps()
     engine = Engine(ThreadExecutor(FakeAnalyser(values), 1), [0], len(values), VerifySettings(),
                     params=np.random.default_rng(0).normal(size=(len(values), 5)),
-                    hooks=EngineHooks(screen=lambda c, pos: values[pos] + 0.05), states={0: cs},
+                    hooks=EngineHooks(screen=lambda c, pos, deadline=None: values[pos] + 0.05), states={0: cs},
                     log=EventLog(tmp_path / "log.jsonl"))
     states = engine.run()
     assert states[0].complete and states[0].upper == pytest.approx(0.9)

@@ -199,3 +199,31 @@ def test_difference_bounds_of_singletons_match_the_interval_path():
         for k in range(len(got)):
             d = got[k] - ref[k]
             assert np.all(d >= fast.pre.lower[k][p - 1]) and np.all(d <= fast.pre.upper[k][p - 1])
+
+
+def test_lp_tightening_cut_short_by_its_deadline_keeps_sound_bounds(monkeypatch):
+    """N's LP bounds at `--time-limit`: the tightening stops at the deadline, the neurons it has
+    not reached keep their interval bounds, and every bound still holds every sample; the margin
+    bounds whose LP gets no time keep their interval value."""
+    import lucid.bounds.lp as lp
+
+    stack = tiny_stack(3, hidden=(8, 8), d=3)
+    w, b = network(stack, 0)
+    lower, upper = np.zeros(3), np.ones(3)
+    ib = interval_bounds(w, b, lower, upper)
+    none = lp_bounds(w, b, lower, upper, deadline=0.0)  # long past: nothing tightened
+    assert all(np.array_equal(x, y) for x, y in zip(none.lower + none.upper, ib.lower + ib.upper))
+    full = lp_bounds(w, b, lower, upper)
+    asked = []
+    monkeypatch.setattr(lp, "past", lambda end: asked.append(end) or len(asked) > 3)  # three neurons, then stop
+    cut = lp_bounds(w, b, lower, upper, deadline=1e18)
+    x = np.random.default_rng(0).uniform(0, 1, size=(20000, 3))
+    for k, p in enumerate(sample_layers(w, b, x)):
+        assert np.all(p >= cut.lower[k]) and np.all(p <= cut.upper[k])
+        assert np.all(cut.lower[k] <= full.lower[k] + 1e-12) and np.all(cut.upper[k] >= full.upper[k] - 1e-12)
+    assert np.array_equal(cut.upper[1][3:], ib.upper[1][3:])  # the neurons not reached: their interval bounds
+    margin = lp.lp_margin_upper(w, b, lower, upper, full, deadline=0.0)
+    scores = sample_layers(w, b, x)[-1]
+    for c in range(scores.shape[1]):
+        for t in range(scores.shape[1]):
+            assert np.all(scores[:, c] - scores[:, t] <= margin[c, t])

@@ -493,12 +493,12 @@ def test_with_residual_sets_the_screen_refines_only_when_the_level_reaches_unref
     session = Session()
     asked: list[np.ndarray] = []
 
-    def refine(cls, positions, level):
+    def refine(cls, positions, level, deadline=None):
         asked.append(np.array(positions))
         return cs.screen[positions] - 0.5
 
     screening = ScreenBounds(networks, settings, AnytimeBounds(settings, session), session,
-                             screen=lambda c, p: np.zeros(len(p)), refine=refine)
+                             screen=lambda c, p, deadline=None: np.zeros(len(p)), refine=refine)
     cs = ClassState(cls=0, residual_size=4, lower=0.0)
     cs.screen = np.concatenate([[-np.inf], np.linspace(1.0, 2.0, networks - 1)])
     everything = np.arange(1, networks)

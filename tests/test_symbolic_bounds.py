@@ -6,6 +6,7 @@ uses the verifier's exact singleton MILP and its replayed witness (a true lower 
 """
 
 import math
+import time
 
 import numpy as np
 import pytest
@@ -420,3 +421,81 @@ def test_a_box_screen_for_residual_sets_tightens_the_m_plus_one_highest(monkeypa
     second = Screen(problem, "symbolic").highest([0], POSITIONS, rank=2)[0]
     assert highest.max() == full.max() and np.sort(highest)[-2] > np.sort(full)[-2]  # rank 1 stops early here
     assert np.array_equal(np.sort(second)[-2:], np.sort(full)[-2:]) and np.all(second >= full)
+
+
+# --- under a deadline (`--time-limit`): every bound still sound, the unreached ones crude --------------
+
+
+def _past_after(calls: int):
+    """A stand-in for lucid.deadline.past that says the deadline has passed from its `calls`-th
+    question on (a deadline that runs out in the middle of the work, deterministically)."""
+    asked = []
+
+    def past(end):
+        asked.append(end)
+        return end is not None and len(asked) >= calls
+
+    return past
+
+
+@pytest.mark.parametrize("case", [1, 3, 6])
+def test_an_optimisation_cut_short_by_its_deadline_stays_above_the_exact_bound(case, exact_cache, monkeypatch):
+    """The optimised screen's Adam steps stop at the deadline with the iterates they have: each is
+    a sound bound, so the result lies between the full optimisation's and the starting point's."""
+    import lucid.bounds.symbolic as symbolic
+
+    stack, lower, upper, problem = setup(*CASES[case])
+    options = ScreenOptions(steps=20, lr=0.1)
+    for cls in range(stack.num_classes):
+        ex = exact(exact_cache, (case,), stack, cls, lower, upper)
+        start = singleton_upper_bounds(*args(problem, POSITIONS), cls, problem.margin_upper)
+        full = singleton_upper_bounds(*args(problem, POSITIONS), cls, problem.margin_upper, options)
+        monkeypatch.setattr(symbolic, "past", _past_after(4))  # a few steps, then the deadline
+        cut = singleton_upper_bounds(*args(problem, POSITIONS), cls, problem.margin_upper, options,
+                                     deadline=time.monotonic() + 3600, keep_iterates=True)
+        monkeypatch.undo()
+        assert np.all(cut.bound >= ex) and np.all(cut.bound >= full.bound - 1e-12) and np.all(cut.bound <= start.bound)
+        for it in cut.iterates:
+            assert covers(it, ex)
+
+
+def test_networks_a_deadline_left_unscreened_keep_a_sound_bound(exact_cache):
+    """A past deadline leaves every network to its crudest sound bound: +inf from the symbolic and
+    optimised screens (the caller keeps what it had), N's own margin bound from the interval screen
+    (`unscreened_bound`, above every network's exact bound), and the interval bound from the
+    screen of every class at once."""
+    from lucid.analysis.screen import unscreened_bound
+    from lucid.bounds.symbolic import class_screens
+
+    case = 3
+    stack, lower, upper, problem = setup(*CASES[case])
+    gone = 0.0  # a time.monotonic() value long past
+    classes = list(range(stack.num_classes))
+    assert np.all(singleton_upper_bounds(*args(problem, POSITIONS), 0, problem.margin_upper,
+                                         ScreenOptions.optimised(), deadline=gone).bound == np.inf)
+    assert np.all(class_screens(*args(problem, POSITIONS), classes, problem.margin_upper, deadline=gone) == np.inf)
+    assert np.all(symbolic_screen(problem, 0, POSITIONS, ScreenOptions.optimised(), deadline=gone) == np.inf)
+    crude = interval_screens(problem, classes, POSITIONS, deadline=gone)
+    for cls in classes:
+        ex = exact(exact_cache, (case,), stack, cls, lower, upper)
+        assert np.all(crude[cls] == unscreened_bound(problem, cls)) and np.all(crude[cls] >= ex)
+        screen = Screen(problem, "optimised", classes=[cls])
+        assert np.array_equal(screen.initial(cls, POSITIONS, deadline=gone), crude[cls])
+        assert np.all(screen.refine(cls, POSITIONS, -np.inf, deadline=gone) == np.inf)
+
+
+def test_a_nodes_hull_is_given_up_unless_it_covers_every_member(monkeypatch):
+    """The symbolic hull bounds only the members it was taken over: a deadline that stops it after
+    some of them leaves the node its interval difference bounds."""
+    import lucid.analysis.problem as problem_module
+    from lucid.hyper import hyper_network
+    from lucid.analysis.problem import node_difference_bounds
+
+    stack, lower, upper, problem = setup(*CASES[0])
+    hyper = hyper_network(stack, POSITIONS)
+    plain = node_difference_bounds(problem, hyper)
+    monkeypatch.setattr(problem_module, "SYMBOLIC_CHUNK", 1)
+    monkeypatch.setattr("lucid.deadline.past", _past_after(3))  # two networks, then the deadline
+    cut = node_difference_bounds(problem, hyper, POSITIONS, deadline=1.0)
+    for a, b in ((plain.pre, cut.pre), (plain.post, cut.post), (plain.hyper, cut.hyper)):
+        assert all(np.array_equal(x, y) for x, y in zip(a.lower + a.upper, b.lower + b.upper))

@@ -10,6 +10,7 @@ from bab_fixtures import write_tiny_run
 from click.testing import CliRunner
 
 import lucid.bab.engine
+import lucid.bab.workers
 import lucid.bounds.stack_screen
 import lucid.bounds.input_split
 import lucid.bounds.relu_split
@@ -37,6 +38,7 @@ class Recorder:
 
     def __init__(self, monkeypatch):
         self.nodes: list[dict] = []  # analyse_node calls
+        self.limits: list[float | None] = []  # the time limits node analyses were handed
         self.solves: list[str] = []  # backends asked to solve a MILP
         self.engines: list = []
         self.screens = 0
@@ -45,6 +47,7 @@ class Recorder:
         self.problems: list = []
         self.displays: list[bool] = []
         original_analyse = lucid.analysis.analyse.analyse_node
+        original_analyse_with = lucid.bab.workers.analyse_with
         original_solve = lucid.solvers.solve
         original_screen = lucid.analysis.screen.interval_screens
         original_symbolic = lucid.bounds.stack_screen.symbolic_screen
@@ -57,6 +60,10 @@ class Recorder:
             recorder.nodes.append({"settings": settings, "encoding": settings.encoding_options(),
                                    "options": kw.get("solver_options"), "cls": cls})
             return original_analyse(problem, cls, positions, **kw)
+
+        def analyse_with(problem, settings, cls, positions, time_limit, *args, **kw):
+            recorder.limits.append(time_limit)
+            return original_analyse_with(problem, settings, cls, positions, time_limit, *args, **kw)
 
         def solve(model, solver="highs", *args, **kw):
             if model.integrality.any():  # MILPs (the relaxation-witness heuristic solves LPs with HiGHS)
@@ -105,6 +112,7 @@ class Recorder:
                 pass
 
         monkeypatch.setattr(lucid.analysis.analyse, "analyse_node", analyse_node)
+        monkeypatch.setattr(lucid.bab.workers, "analyse_with", analyse_with)
         monkeypatch.setattr(lucid.solvers, "solve", solve)
         monkeypatch.setattr(lucid.analysis.screen, "interval_screens", screen)
         monkeypatch.setattr(lucid.bounds.stack_screen, "symbolic_screen", symbolic)
@@ -129,7 +137,9 @@ def verify(run_dir, monkeypatch, *flags: str):
 
 
 def first_limits(rec) -> list[float | None]:
-    return [n["options"].time_limit for n in rec.nodes]
+    """The node attempts' time limits as the engine handed them to the node analysis (a small
+    node's MILP tiers get them less the reserve of its targeted search)."""
+    return rec.limits
 
 
 # flag -> a check of what the part that uses it received

@@ -109,7 +109,11 @@ def analyse_node(
     split = None
     split_stats: dict[str, Any] = {}
     if _splits_first(settings, positions, cutoff):
-        split = _split_singleton(node, SplitLimits(times.split_time, extend=times.split_extension), split_stats)
+        split = _split_singleton(
+            node,
+            SplitLimits(times.split_time, extend=times.split_extension, leak_deadline=times.monotonic_end),
+            split_stats,
+        )
         if split.proved:  # every domain is below the cutoff: no MILP needed
             _release_kept_tree(problem, keep_key)
             return _profiled(_split_proved(split, split_stats, t0))
@@ -129,7 +133,9 @@ def _milp_side(
     if kept is not None:
         return _continue_kept(node, kept, solver_options, times.start)
     t_build = time.perf_counter()
-    models = NodeModels.build(problem, node.cls, positions, node.encoding, node.settings.solver, cutoff)
+    models = NodeModels.build(
+        problem, node.cls, positions, node.encoding, node.settings.solver, cutoff, deadline=times.hull_deadline(t_build)
+    )
     stats: dict = {
         "networks": int(positions.size),
         "bounds_seconds": time.perf_counter() - t_build,
@@ -142,7 +148,10 @@ def _milp_side(
     # practically never does. So a singleton's first attempt skips it; retries (the top-ranked
     # networks, where such a leak may exist) search again.
     first_cut = math.isfinite(cutoff) and node.request.attempt <= 1 and positions.size == 1
-    known = _known_leak(models, split, stats, search=models.encoding.search and not first_cut)
+    search = models.encoding.search and not first_cut
+    known = _known_leak(
+        models, split, stats, deadline=times.search_deadline(time.perf_counter()) if search else None, search=search
+    )
     return _solve_groups(models, times, solver_options, known, first_cut, node.keep_key, stats)
 
 
@@ -166,7 +175,9 @@ def _raced(node: _Node, solver_options: SolverOptions, times: NodeTimeShares) ->
 
     def split_side() -> None:
         try:
-            box["split"] = _split_singleton(node, SplitLimits(seconds, stop), split_stats)
+            box["split"] = _split_singleton(
+                node, SplitLimits(seconds, stop, leak_deadline=times.monotonic_end), split_stats
+            )
             if box["split"].proved:
                 stop.set()
         except BaseException as exc:  # noqa: BLE001 (re-raised in the node's thread below)
@@ -255,14 +266,19 @@ def _take_kept_tree(problem: VerificationProblem, key: tuple | None, cutoff: flo
     return kept
 
 
-def _known_leak(node: NodeModels, split: SplitResult | None, stats: dict, *, search: bool) -> LeakWitness | None:
+def _known_leak(
+    node: NodeModels, split: SplitResult | None, stats: dict, *, search: bool, deadline: float | None
+) -> LeakWitness | None:
     """The best leak known before any MILP, from a solver-free search over the node's networks
-    (with `search`) and from the splitting tier: the MILP then only has to look above it."""
+    (with `search`, until `deadline`, a time.monotonic() value) and from the splitting tier: the
+    MILP then only has to look above it."""
     known = None
     if search:
         t_search = time.perf_counter()
         problem = node.problem
-        known = search_node_witness(LeakQuery(problem.stack, node.positions, node.cls, problem.lower, problem.upper))
+        known = search_node_witness(
+            LeakQuery(problem.stack, node.positions, node.cls, problem.lower, problem.upper), deadline=deadline
+        )
         stats["search_seconds"] = time.perf_counter() - t_search
         stats["search_lower"] = None if known is None else known.confidence
     if (

@@ -100,9 +100,12 @@ class NodeModels:
         encoding: EncodingOptions,
         solver: str,
         cutoff: float,
+        deadline: float | None = None,
     ) -> NodeModels:
+        """The node's shared pieces; the symbolic hull of its networks' difference bounds is given
+        up at `deadline` (time.monotonic()), leaving the interval ones."""
         hyper = hyper_network(problem.stack, positions)
-        diff = node_difference_bounds(problem, hyper, positions if encoding.symbolic else None)
+        diff = node_difference_bounds(problem, hyper, positions if encoding.symbolic else None, deadline)
         return cls(problem, c, positions, hyper, diff, possible_targets(c, diff.hyper), encoding, solver, cutoff)
 
     def encode(
@@ -221,7 +224,12 @@ class GroupBound:
 
     def _climb_from_relaxation(self, n_b: LayerBounds, df: DifferenceBounds) -> None:
         found = relaxation_witness(
-            self.node, self.group, n_b, df, max(self._lower(), self.node.cutoff), self.times.climb_time
+            self.node,
+            self.group,
+            n_b,
+            df,
+            max(self._lower(), self.node.cutoff),
+            self.times.climb_time(time.perf_counter()),
         )
         if self._take(found):
             self.info["relaxation_lower"] = found.confidence
@@ -233,7 +241,7 @@ class GroupBound:
             options = dataclasses.replace(self.options, focus="bound")
             self.info["plain"] = True
         else:
-            options = dataclasses.replace(self.options, time_limit=self.times.probe_time)
+            options = dataclasses.replace(self.options, time_limit=self.times.probe_time(time.perf_counter()))
         self.bound, result, found = solve_once(
             self.node.context, model, options, known=self.witness, floor=self.level()
         )
@@ -301,6 +309,7 @@ def solve_once(
     `floor`: the model only has the points with beta >= floor, so its bound is max(dual, floor).
     `keep` / `tree`: ask for a continuable result / continue a kept one (`lucid.analysis.kept_trees`)."""
     problem, cls, positions, solver = context.problem, context.cls, context.positions, context.solver
+    started = time.perf_counter()
     result = solve_checked(model, solver, opts, keep=keep, tree=tree)
     bound = max(user_bound(result, model), floor)
     witness = None
@@ -319,7 +328,7 @@ def solve_once(
         )
         if result.tree is not None:
             result.tree.release()
-        result = retry_other(model, solver, opts, strongest)
+        result = retry_other(model, solver, opts, strongest, started)
         bound = max(user_bound(result, model), floor)
     return bound, result, witness
 
@@ -370,18 +379,20 @@ def no_targets(witness: LeakWitness | None, info: dict) -> GroupResult | None:
 def relaxation_witness(
     node: NodeModels, group: list[int], n_b: LayerBounds, df: DifferenceBounds, lb: float, time_limit: float
 ) -> LeakWitness | None:
-    """A leak found by climbing from the optimum of the node's LP relaxation.
+    """A leak found by climbing from the optimum of the node's LP relaxation, the LP and the climb
+    within `time_limit` seconds together.
 
     The relaxation's maximiser of beta is a cheap, well-aimed start: it lies where the
     relaxation, and usually the true problem, is largest, so the climb from it tends to end
     higher than climbs from random starts, and a better LB prunes the MILP's tree (beta >= LB)
     and tightens OBBT."""
+    end = time.monotonic() + time_limit
     model = node.encode(group, n_b, df, relax_all=True, beta_lower=slack(lb))
     if model is None:
         return None
     relaxed = dataclasses.replace(model, integrality=np.zeros_like(model.integrality))
     try:
-        result = solvers.solve(relaxed, "highs", SolverOptions(time_limit=time_limit))
+        result = solvers.solve(relaxed, "highs", SolverOptions(time_limit=max(0.0, end - time.monotonic())))
     except Exception as exc:  # noqa: BLE001 (only a heuristic: never let it fail the node)
         log.info("relaxation witness skipped: %s", exc)
         return None
@@ -389,7 +400,7 @@ def relaxation_witness(
         return None
     problem = node.problem
     query = replay.LeakQuery(problem.stack, node.positions, node.cls, problem.lower, problem.upper)
-    return replay.climb(query, model.witness_input(result.solution))
+    return replay.climb(query, model.witness_input(result.solution), deadline=end)
 
 
 def model_info(model: MilpModel) -> dict:

@@ -75,11 +75,19 @@ def wants_targeted_search(outcome: NodeOutcome, positions: np.ndarray) -> bool:
     )
 
 
-def with_targeted_search(problem, cls: int, positions: np.ndarray, outcome: NodeOutcome) -> NodeOutcome:
-    """`outcome` with the best leak a search aimed at the node's networks finds, if it is better."""
+def with_targeted_search(
+    problem, cls: int, positions: np.ndarray, outcome: NodeOutcome, deadline: float | None = None
+) -> NodeOutcome:
+    """`outcome` with the best leak a search aimed at the node's networks finds by `deadline`
+    (time.monotonic()), if it is better."""
     t0 = time.perf_counter()
     found = witness_search.search_class_witness(
-        problem, cls, np.asarray(positions), points=problem.points, effort=witness_search.TARGETED_SEARCH
+        problem,
+        cls,
+        np.asarray(positions),
+        points=problem.points,
+        effort=witness_search.TARGETED_SEARCH,
+        deadline=deadline,
     )
     stats = dict(outcome.stats or {})
     stats["search_seconds"] = time.perf_counter() - t0

@@ -18,6 +18,7 @@ from lucid.atomic import write_atomic
 from lucid.bounds.difference import DifferenceBounds, WeightIntervals, difference_bounds, intersect_differences
 from lucid.bounds.interval import LayerBounds, interval_bounds, interval_margin_upper
 from lucid.bounds.pair import PairProblem
+from lucid.deadline import paced, past
 from lucid.dynamic_range import check_dynamic_range
 from lucid.errors import LucidError
 from lucid.hyper import HyperNetwork, stack_hull
@@ -56,17 +57,27 @@ class VerificationProblem:
 
     @classmethod
     def from_stack(
-        cls, stack: NetworkStack, lower: np.ndarray, upper: np.ndarray, bounds: str = "lp"
+        cls,
+        stack: NetworkStack,
+        lower: np.ndarray,
+        upper: np.ndarray,
+        bounds: str = "lp",
+        deadline: float | None = None,
     ) -> VerificationProblem:
+        """The problem of `stack` over the box [lower, upper]; N's LP bounds until `deadline`
+        (`compute_n_bounds`)."""
         lower, upper = _check_domain(stack, lower, upper)
         stack, scales = _rescaled(stack, lower, upper)
-        n_bounds, margin = compute_n_bounds(stack, lower, upper, bounds)
+        n_bounds, margin = compute_n_bounds(stack, lower, upper, bounds, deadline)
         return cls(stack, lower, upper, n_bounds, margin, bounds, neuron_scales=scales)
 
     @classmethod
-    def from_run(cls, run, bounds: str = "lp", with_points: bool = False) -> VerificationProblem:
+    def from_run(
+        cls, run, bounds: str = "lp", with_points: bool = False, deadline: float | None = None
+    ) -> VerificationProblem:
         """Load the run's networks and N's bounds (cached in RUN/cache/, keyed by content);
-        `with_points`: also the training inputs, for the witness search."""
+        `with_points`: also the training inputs, for the witness search. N's LP bounds stop at
+        `deadline` (time.monotonic(); `compute_n_bounds`), and bounds cut short are not cached."""
         points = None
         if with_points:
             try:
@@ -96,7 +107,9 @@ class VerificationProblem:
                 )
             except Exception:  # noqa: BLE001 (a corrupt cache is recomputed, never trusted)
                 log.warning("ignoring unreadable cache file %s", path)
-        n_bounds, margin = compute_n_bounds(stack, lower, upper, bounds)
+        n_bounds, margin = compute_n_bounds(stack, lower, upper, bounds, deadline)
+        if past(deadline):  # (the tightening may have been cut short: the next run computes them again)
+            return cls(stack, lower, upper, n_bounds, margin, bounds, points, scales)
         try:
 
             def write(tmp: str) -> None:
@@ -142,9 +155,11 @@ def _cache_key(stack: NetworkStack, lower: np.ndarray, upper: np.ndarray, bounds
 
 
 def compute_n_bounds(
-    stack: NetworkStack, lower: np.ndarray, upper: np.ndarray, method: str = "lp"
+    stack: NetworkStack, lower: np.ndarray, upper: np.ndarray, method: str = "lp", deadline: float | None = None
 ) -> tuple[LayerBounds, np.ndarray]:
-    """N's pre-activation bounds and the [C, C] margin bounds by `method` ("interval" | "lp")."""
+    """N's pre-activation bounds and the [C, C] margin bounds by `method` ("interval" | "lp"); the
+    LP tightening stops at `deadline` (time.monotonic()), where the bounds it has not tightened yet
+    stay the interval ones (sound, looser)."""
     if method not in BOUND_METHODS:
         raise LucidError(f"unknown bound method {method!r}; valid: {', '.join(BOUND_METHODS)}")
     w = [x[0] for x in stack.weights]
@@ -154,15 +169,19 @@ def compute_n_bounds(
         return nb, interval_margin_upper(nb)
     from lucid.bounds.lp import lp_bounds, lp_margin_upper
 
-    nb = lp_bounds(w, b, lower, upper)
-    return nb, lp_margin_upper(w, b, lower, upper, nb)
+    nb = lp_bounds(w, b, lower, upper, deadline=deadline)
+    return nb, lp_margin_upper(w, b, lower, upper, nb, deadline)
 
 
 def node_difference_bounds(
-    problem: VerificationProblem, hyper: HyperNetwork, positions: np.ndarray | None = None
+    problem: VerificationProblem,
+    hyper: HyperNetwork,
+    positions: np.ndarray | None = None,
+    deadline: float | None = None,
 ) -> DifferenceBounds:
     """The difference intervals of a node's hyper-network (interval propagation); with `positions`
-    (the node's networks) intersected with the hull of each network's symbolic intervals.
+    (the node's networks) intersected with the hull of each network's symbolic intervals, when
+    that is done by `deadline` (time.monotonic(); a hull over only some members bounds nothing).
 
     The hull is not a bound over every weight vector of the hyper-network's box, only over its
     member networks; that is all the MILP needs, since only the members' trajectories must stay
@@ -176,8 +195,10 @@ def node_difference_bounds(
 
     positions = np.asarray(positions, dtype=np.int64)
     pre = hyp = None
-    for start in range(0, len(positions), SYMBOLIC_CHUNK):  # chunks bound the memory of the pass
-        chunk = positions[start : start + SYMBOLIC_CHUNK]
+    covered = 0
+    for part in paced(len(positions), SYMBOLIC_CHUNK, deadline):  # chunks bound the memory of the pass
+        chunk = positions[part]
+        covered += len(chunk)
         pair = PairProblem(
             problem.n_weights,
             problem.n_biases,
@@ -190,6 +211,8 @@ def node_difference_bounds(
         )
         sym = difference_intervals(pair)
         pre, hyp = _hull(sym.pre, pre), _hull(sym.hyper, hyp)
+    if covered < len(positions):
+        return diff
     return intersect_differences(diff, pre, hyp)
 
 

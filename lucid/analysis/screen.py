@@ -8,6 +8,7 @@ import numpy as np
 from lucid.analysis.problem import VerificationProblem
 from lucid.bounds.difference import WeightIntervals, difference_bounds
 from lucid.bounds.interval import FP_REL
+from lucid.deadline import paced
 
 
 def screen_upper_bounds(problem: VerificationProblem, cls: int, positions: np.ndarray, chunk: int = 128) -> np.ndarray:
@@ -21,15 +22,20 @@ def screen_upper_bounds(problem: VerificationProblem, cls: int, positions: np.nd
 
 
 def interval_screens(
-    problem: VerificationProblem, classes: list[int], positions: np.ndarray, chunk: int = 128
+    problem: VerificationProblem,
+    classes: list[int],
+    positions: np.ndarray,
+    chunk: int = 128,
+    deadline: float | None = None,
 ) -> np.ndarray:
     """`screen_upper_bounds` for every class of `classes`, [len(classes), len(positions)]: the
-    difference intervals, which do not depend on the class, are propagated once."""
+    difference intervals, which do not depend on the class, are propagated once. The networks not
+    reached by `deadline` (time.monotonic()) get `unscreened_bound`."""
     positions = np.asarray(positions, dtype=np.int64)
-    out = np.empty((len(classes), len(positions)))
+    out = np.array([np.full(len(positions), unscreened_bound(problem, c)) for c in classes]).reshape(len(classes), -1)
     C = problem.num_classes
-    for start in range(0, len(positions), chunk):
-        pos = positions[start : start + chunk]
+    for part in paced(len(positions), chunk, deadline):
+        start, pos = part.start, positions[part]
         ws = [w[pos] for w in problem.stack.weights]
         bs = [b[pos] for b in problem.stack.biases]
         diff = difference_bounds(
@@ -54,6 +60,17 @@ def interval_screens(
                 best = np.where(feasible, np.maximum(best, cand), best)
             out[j, start : start + len(pos)] = np.where(np.isnan(best), np.inf, best)
     return out
+
+
+def unscreened_bound(problem: VerificationProblem, cls: int) -> float:
+    """A sound bound on beta*_{cls,{i}} for every network i, from N alone: C_N^c(x) <= s_c(x) - s_t(x)
+    for every rival t, so beta* <= max_x C_N^c(x) <= min_t margin_upper[c, t]. The bound of a network
+    a deadline left unscreened."""
+    rivals = [t for t in range(problem.num_classes) if t != cls]
+    if not rivals:
+        return -np.inf
+    caps = problem.margin_upper[cls, rivals]
+    return float(np.min(np.where(np.isnan(caps), np.inf, caps)))
 
 
 LAZY_BATCH = 256  # networks in the first symbolic pass of `Screen.highest`, twice as many in each next
@@ -81,17 +98,22 @@ class Screen:
         self.classes = None if classes is None else [int(c) for c in classes]
         self._kept: tuple[bytes, dict[int, np.ndarray]] | None = None  # (positions, class -> bounds)
 
-    def initial(self, cls: int, positions: np.ndarray) -> np.ndarray:
+    def initial(self, cls: int, positions: np.ndarray, deadline: float | None = None) -> np.ndarray:
+        """Every network's bound (`deadline`, a time.monotonic() value: the networks the symbolic
+        screen did not reach by then keep their interval bound, those the interval screen did not
+        reach `unscreened_bound`)."""
         positions = np.asarray(positions, dtype=np.int64)
         key = positions.tobytes()
         if self._kept is not None and self._kept[0] == key and cls in self._kept[1]:
             return self._kept[1].pop(cls)  # each class asks once: no need to keep it
         classes = self.classes if self.classes is not None and cls in self.classes else [cls]
-        bounds = interval_screens(self.problem, classes, positions)
+        bounds = interval_screens(self.problem, classes, positions, deadline=deadline)
         if self.method != "interval":
             from lucid.bounds.stack_screen import symbolic_screens
 
-            bounds = np.minimum(bounds, symbolic_screens(self.problem, classes, positions, device=self.device))
+            bounds = np.minimum(
+                bounds, symbolic_screens(self.problem, classes, positions, device=self.device, deadline=deadline)
+            )
         self._kept = (key, {c: b for c, b in zip(classes, bounds, strict=True) if c != cls})
         return bounds[classes.index(cls)]
 
@@ -136,8 +158,12 @@ class Screen:
     def refines(self) -> bool:
         return self.method == "optimised"
 
-    def refine(self, cls: int, positions: np.ndarray, cutoff: float) -> np.ndarray:
+    def refine(self, cls: int, positions: np.ndarray, cutoff: float, deadline: float | None = None) -> np.ndarray:
+        """The optimised screen's bounds, until `deadline` (time.monotonic(); +inf for the networks
+        it did not reach)."""
         from lucid.bounds.stack_screen import symbolic_screen
         from lucid.bounds.symbolic import ScreenOptions
 
-        return symbolic_screen(self.problem, cls, positions, ScreenOptions.optimised(self.device), cutoff=cutoff)
+        return symbolic_screen(
+            self.problem, cls, positions, ScreenOptions.optimised(self.device), cutoff=cutoff, deadline=deadline
+        )

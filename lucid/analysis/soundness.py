@@ -10,8 +10,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
+import time
 
 import numpy as np
 
@@ -74,13 +76,14 @@ def solve_checked(
     is retried from scratch with other backends."""
     from lucid.solvers import resume, solve
 
+    started = time.perf_counter()
     try:
         return resume(tree, options) if tree is not None else solve(model, solver, options, keep=keep)
     except UnsoundSolverResult as exc:
         log.error("UNSOUND solver result, falling back: %s", exc)
     for other in fallback_order(solver):
         try:
-            return solve(model, other, options)
+            return solve(model, other, _rest_of(options, started))
         except UnsoundSolverResult as exc:
             log.error("UNSOUND solver result from fallback %s: %s", other, exc)
         except Exception as exc:  # noqa: BLE001 (e.g. licence too small: try the next one)
@@ -88,12 +91,18 @@ def solve_checked(
     return SolveResult(status=ERROR, upper_bound=math.inf, solver=solver, message="every solver was unsound")
 
 
-def retry_other(model: MilpModel, solver: str, options: SolverOptions, witness: LeakWitness) -> SolveResult:
+def retry_other(
+    model: MilpModel, solver: str, options: SolverOptions, witness: LeakWitness, started: float | None = None
+) -> SolveResult:
+    """The model solved by the other backends in turn (a replayed `witness` lies above the first
+    one's bound) until one is consistent with the witness; together within what is left of
+    `options.time_limit` since `started` (time.perf_counter(); default: now)."""
     from lucid.solvers import solve
 
+    started = time.perf_counter() if started is None else started
     for other in fallback_order(solver):
         try:
-            result = solve(model, other, options)
+            result = solve(model, other, _rest_of(options, started))
         except Exception as exc:  # noqa: BLE001 (any failure of a fallback solver: try the next one)
             log.warning("fallback solver %s failed: %s", other, exc)
             continue
@@ -101,6 +110,19 @@ def retry_other(model: MilpModel, solver: str, options: SolverOptions, witness: 
             return result
         log.error("fallback solver %s is also below the replayed witness", other)
     return SolveResult(status=ERROR, upper_bound=math.inf, solver=solver, message="bound below a replayed witness")
+
+
+def _rest_of(options: SolverOptions, started: float) -> SolverOptions:
+    """`options` with what is left of their time limit since `started` (time.perf_counter()): a
+    fallback solve replaces the one that failed within that one's limit, it does not add another
+    (at least FALLBACK_MIN_TIME, so it still reports a bound)."""
+    if options.time_limit is None:
+        return options
+    left = options.time_limit - (time.perf_counter() - started)
+    return dataclasses.replace(options, time_limit=max(FALLBACK_MIN_TIME, left))
+
+
+FALLBACK_MIN_TIME = 0.1
 
 
 # -- what the access layer may release -------------------------------------------------------

@@ -6,12 +6,16 @@ The rule has two halves, one per side of the executor:
   leaves (less `deadline_margin`), all of that for the last work left, at most SEEK_TIME_LIMIT for
   a seek; an AGT parameter box's verification shares the run among its classes (`parameter_box_class_time_limit`);
 - the node analysis divides its attempt's limit among its stages (`NodeTimeShares`): the
-  ReLU-splitting tier, the MILP after it, each target group, the climb from the relaxation, the
-  probe solve, bound tightening and the final MILP.
+  symbolic hull of its networks, the solver-free leak search, the ReLU-splitting tier, the MILP
+  after it, each target group, the climb from the relaxation, the probe solve, bound tightening
+  and the final MILP; a small node's targeted search keeps a reserve of its own
+  (`targeted_search_reserve`). Every stage ends by the attempt's end, so the node's bound reaches
+  the engine before the run's deadline.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, replace
 
 from lucid.deadline import Deadline
@@ -41,6 +45,16 @@ CLIMB_SHARE = 0.05
 # session is nearly over still gets this little, so it returns the bounds it has.
 MIN_STAGE_TIME = 0.1
 MIN_ATTEMPT_TIME = 0.05
+# The symbolic hull of a node's networks (a tightening of its MILP's difference bounds) and the
+# solver-free leak search each get at most this share of the attempt: on a thousand 2-D CNNs of 64
+# inputs the hull took 6 s and the search 17-37 s, which left their MILP nothing of a 20-s limit.
+HULL_SHARE = 0.25
+SEARCH_SHARE = 0.25
+# A small node whose MILP ends without a leak gets a search aimed at its networks
+# (`lucid.analysis.outcome.with_targeted_search`): this share of its attempt, at most
+# TARGETED_SEARCH_TIME seconds, is kept for it, so that search too ends within the limit.
+TARGETED_SEARCH_SHARE = 0.1
+TARGETED_SEARCH_TIME = 5.0
 
 
 def deadline_margin(time_limit: float) -> float:
@@ -80,8 +94,9 @@ def node_limit(settings: VerifySettings, deadline: Deadline) -> float | None:
     return default_node_time_limit(deadline.seconds)
 
 
-def attempt_time_limit(settings: VerifySettings, attempts: int, deadline: Deadline, *, last_work: bool,
-                       seek: bool) -> float | None:
+def attempt_time_limit(
+    settings: VerifySettings, attempts: int, deadline: Deadline, *, last_work: bool, seek: bool
+) -> float | None:
     """Seconds for a node's next attempt, after `attempts` earlier ones, within `deadline` (None:
     no limit).
 
@@ -95,13 +110,25 @@ def attempt_time_limit(settings: VerifySettings, attempts: int, deadline: Deadli
         total = deadline.seconds
         remaining = max(MIN_ATTEMPT_TIME, total - deadline.used() - deadline_margin(total))
         limit = remaining if limit is None or last_work else min(limit, remaining)
-    if seek and first is not None:
+    if seek and first is not None and limit is not None:
         limit = min(limit, SEEK_TIME_LIMIT)
     return limit
 
 
-def parameter_box_class_time_limit(node_time_limit: float | None, seconds_left: float | None,
-                                   classes_left: int) -> float | None:
+def targeted_search_reserve(time_limit: float | None) -> float:
+    """Seconds of an attempt kept for the targeted search after its MILP (0 without a limit)."""
+    return 0.0 if time_limit is None else min(TARGETED_SEARCH_TIME, TARGETED_SEARCH_SHARE * time_limit)
+
+
+def monotonic(at: float | None) -> float | None:
+    """`at` (a time.perf_counter() value, which the node's stages count in) on time.monotonic()'s
+    clock, which the searches and screens read (`lucid.deadline.past`)."""
+    return None if at is None else time.monotonic() + (at - time.perf_counter())
+
+
+def parameter_box_class_time_limit(
+    node_time_limit: float | None, seconds_left: float | None, classes_left: int
+) -> float | None:
     """A box verification's MILP for one class: --node-time-limit, and a fair share of what
     --time-limit leaves (`seconds_left`; None: no total limit) among the classes still to do."""
     limit = node_time_limit
@@ -125,8 +152,9 @@ class NodeTimeShares:
     obbt_share: float = 0.5
 
     @classmethod
-    def for_attempt(cls, settings: VerifySettings, encoding: EncodingOptions, time_limit: float | None,
-                    attempt: int, start: float) -> NodeTimeShares:
+    def for_attempt(
+        cls, settings: VerifySettings, encoding: EncodingOptions, time_limit: float | None, attempt: int, start: float
+    ) -> NodeTimeShares:
         """The time shares of a node's `attempt` (1 = first): --split-time grows SPLIT_GROWTH-fold per
         retry, as the node limit does, up to SPLIT_SHARE of the limit. The tightening knobs come
         from `encoding`, which ablation experiments may set apart from `settings`."""
@@ -157,9 +185,10 @@ class NodeTimeShares:
 
     def seconds_left(self, now: float) -> float | None:
         """What is left at `now` (at least MIN_STAGE_TIME, so a late stage still reports a bound)."""
-        if self.time_limit is None:
-            return None
-        return max(self.time_limit - (now - self.start), MIN_STAGE_TIME)
+        return None if self.time_limit is None else self._left(self.time_limit, now)
+
+    def _left(self, time_limit: float, now: float) -> float:
+        return max(time_limit - (now - self.start), MIN_STAGE_TIME)
 
     def from_now(self, now: float) -> NodeTimeShares:
         """The rest of these shares as shares of their own from `now`: a target group's, which its probe,
@@ -167,14 +196,44 @@ class NodeTimeShares:
         return replace(self, time_limit=self.seconds_left(now), start=now)
 
     @property
-    def climb_time(self) -> float:
-        """The climb from the relaxation's maximiser (a heuristic)."""
-        return CLIMB_TIME if self.time_limit is None else min(CLIMB_TIME, CLIMB_SHARE * self.time_limit)
+    def end(self) -> float | None:
+        """The time.perf_counter() at which the attempt's limit runs out (None: no limit)."""
+        return None if self.time_limit is None else self.start + self.time_limit
+
+    def _share_end(self, now: float, share: float) -> float | None:
+        """time.monotonic() at which a stage starting at `now` has used `share` of the limit, or
+        the limit has run out."""
+        if self.time_limit is None:
+            return None
+        return monotonic(min(now + share * self.time_limit, self.start + self.time_limit))
+
+    def hull_deadline(self, now: float) -> float | None:
+        """When the symbolic hull of the node's networks, started at `now`, is given up
+        (time.monotonic())."""
+        return self._share_end(now, HULL_SHARE)
+
+    def search_deadline(self, now: float) -> float | None:
+        """When the node's solver-free leak search, started at `now`, returns its best
+        (time.monotonic())."""
+        return self._share_end(now, SEARCH_SHARE)
 
     @property
-    def probe_time(self) -> float:
-        """The short probe solve whose replayed witness restricts the tightening LPs."""
-        return self.obbt_probe if self.time_limit is None else min(self.obbt_probe, self.time_limit * PROBE_SHARE)
+    def monotonic_end(self) -> float | None:
+        """The attempt's end on time.monotonic()'s clock (the leak climbs after a split stop there)."""
+        return monotonic(self.end)
+
+    def climb_time(self, now: float) -> float:
+        """The climb from the relaxation's maximiser (a heuristic), at most what is left at `now`."""
+        if self.time_limit is None:
+            return CLIMB_TIME
+        return min(CLIMB_TIME, CLIMB_SHARE * self.time_limit, self._left(self.time_limit, now))
+
+    def probe_time(self, now: float) -> float:
+        """The short probe solve whose replayed witness restricts the tightening LPs: at most
+        PROBE_SHARE of its stage, and what is left at `now`."""
+        if self.time_limit is None:
+            return self.obbt_probe
+        return min(self.obbt_probe, self.time_limit * PROBE_SHARE, self._left(self.time_limit, now))
 
     @property
     def tightening_deadline(self) -> float | None:

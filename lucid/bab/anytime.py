@@ -82,8 +82,12 @@ class AnytimeBounds:
             if leak is not None:
                 level = max(level, leak + max(self.settings.gap, self.settings.rel_gap * abs(leak)))
             scale = self._backed_off.get(cs.cls)
-            if (scale is not None and math.isfinite(level) and math.isfinite(cs.upper)
-                    and cs.upper - level > QUESTION_EXACT_WITHIN * max(abs(level), QUESTION_EXACT_WITHIN * scale)):
+            if (
+                scale is not None
+                and math.isfinite(level)
+                and math.isfinite(cs.upper)
+                and cs.upper - level > QUESTION_EXACT_WITHIN * max(abs(level), QUESTION_EXACT_WITHIN * scale)
+            ):
                 level += QUESTION_SHARE * (cs.upper - level)
         return level
 
@@ -108,11 +112,13 @@ class AnytimeBounds:
             why = "bound within the gap of the best lower"
         node.state = CLOSED
         cs.nodes.pop(node.id, None)
-        self.session.emit("closed", cs.cls, node=node.id, parent=node.parent, size=node.size, upper=node.upper,
-                          reason=why)
+        self.session.emit(
+            "closed", cs.cls, node=node.id, parent=node.parent, size=node.size, upper=node.upper, reason=why
+        )
 
-    def apply_lower(self, cs: ClassState, value: float, row: int | None, x: Any, source: str, *,
-                    update: bool = True, **extra: Any) -> None:
+    def apply_lower(
+        self, cs: ClassState, value: float, row: int | None, x: Any, source: str, *, update: bool = True, **extra: Any
+    ) -> None:
         """A replayed witness: a true lower bound on beta_c. (`update=False` while the root is not
         queued yet: an empty queue would otherwise read as "everything closed".)"""
         if cs.residual_size is not None:
@@ -148,13 +154,14 @@ class AnytimeBounds:
         then a search per network for the 2(M+1) networks the screen ranks highest (those that
         decide the level's lower bound, which is the cutoff every analysis is asked about; a
         cutoff far below the level makes each singleton MILP compute its exact bound), within
-        SEED_SEARCH_SHARE of the time left."""
-        np.maximum(cs.network_leak, self.leaks.sampled(cs.cls), out=cs.network_leak)
+        SEED_SEARCH_SHARE of the time left; the sampled leaks until the deadline (a network not
+        reached keeps -inf: no leak is claimed)."""
+        np.maximum(cs.network_leak, self.leaks.sampled(cs.cls, self.session.deadline.end), out=cs.network_leak)
         bounds = network_bounds(cs)
         order = np.lexsort((np.arange(len(bounds)), -bounds))
         top = order[order > 0][: min(2 * (cs.residual_size + 1), SEED_SEARCHED)]
         left = self.session.deadline.left()
-        deadline = None if left is None else time.monotonic() + SEED_SEARCH_SHARE * left
+        deadline = None if left is None else time.monotonic() + SEED_SEARCH_SHARE * max(0.0, left)
         np.maximum(cs.network_leak, self.leaks.searched(cs.cls, top, deadline), out=cs.network_leak)
         self._raise_floor(cs, None, None, "sampled")
 
@@ -165,8 +172,7 @@ class AnytimeBounds:
             return False
         cs.lower = value
         cs.lower_row = self.leaks.row(position)
-        cs.lower_witness = ([float(v) for v in np.ravel(x)] if here is not None and here[position] == value
-                            else None)
+        cs.lower_witness = [float(v) for v in np.ravel(x)] if here is not None and here[position] == value else None
         self.session.emit("witness", cs.cls, lower=value, leaking_row=cs.lower_row, source=source, **extra)
         return True
 
@@ -201,7 +207,8 @@ class AnytimeBounds:
         if cs.lower is not None and cs.upper < cs.lower:
             raise InconsistentBounds(
                 f"internal error: class {cs.cls}'s proved upper bound {cs.upper!r} lies below a replayed leak "
-                f"{cs.lower!r}, so some bound is unsound; no bounds are written (please report this run)")
+                f"{cs.lower!r}, so some bound is unsound; no bounds are written (please report this run)"
+            )
         state = (cs.upper, cs.lower)
         if state != cs.logged:
             cs.logged = state
@@ -215,17 +222,28 @@ class AnytimeBounds:
             raise InconsistentBounds(
                 f"internal error: class {cs.cls}'s proved bound {bounds[p]!r} of the network without row "
                 f"{self.leaks.row(p)} lies below its replayed leak {cs.network_leak[p]!r}, so some bound is "
-                "unsound; no bounds are written (please report this run)")
+                "unsound; no bounds are written (please report this run)"
+            )
         cs.residual, cs.upper, holder = ranked(bounds, cs.residual_size)
         state = (cs.upper, cs.lower, cs.residual_size)
         if state != cs.logged:
             cs.logged = state
-            self.session.emit("anytime", cs.cls, upper=cs.upper, lower=cs.lower, open=len(cs.nodes), solved=cs.solved,
-                              residual_size=cs.residual_size,
-                              holder=None if holder is None else self.leaks.row(holder) if self.leaks else holder)
+            self.session.emit(
+                "anytime",
+                cs.cls,
+                upper=cs.upper,
+                lower=cs.lower,
+                open=len(cs.nodes),
+                solved=cs.solved,
+                residual_size=cs.residual_size,
+                holder=None if holder is None else self.leaks.row(holder) if self.leaks else holder,
+            )
 
-    def finish(self, cs: ClassState, complete: bool, reason: str, within_gap: bool = False) -> None:
-        """End the class with its anytime bounds as they stand (`complete`: no time limit cut it short)."""
+    def finish(
+        self, cs: ClassState, complete: bool, reason: str, within_gap: bool = False, stopped_in: str | None = None
+    ) -> None:
+        """End the class with its anytime bounds as they stand (`complete`: no time limit cut it
+        short; `stopped_in`: the phase a time limit stopped it in)."""
         # a node closed within the gap keeps its bound in upper: the finish is then not exact either
         kept = complete and cs.lower is not None and cs.gap_floor > cs.lower and cs.residual_size is None
         if kept and not within_gap:
@@ -233,10 +251,21 @@ class AnytimeBounds:
         cs.done = True
         cs.complete = complete
         cs.reason = reason
+        cs.stopped_in = stopped_in
         cs.within_gap = complete and (within_gap or kept)
         cs.seconds = self.session.elapsed()
-        self.session.emit("class_done", cs.cls, upper=cs.upper, lower=cs.lower, complete=complete, reason=reason,
-                          within_gap=cs.within_gap, solved=cs.solved, open=len(cs.nodes))
+        self.session.emit(
+            "class_done",
+            cs.cls,
+            upper=cs.upper,
+            lower=cs.lower,
+            complete=complete,
+            reason=reason,
+            within_gap=cs.within_gap,
+            solved=cs.solved,
+            open=len(cs.nodes),
+            **({} if stopped_in is None else {"stopped_in": stopped_in}),
+        )
         if cs.residual_size is not None:
             self._log_set(cs)
 
@@ -248,11 +277,19 @@ class AnytimeBounds:
         members = members[np.lexsort((members, -bounds[members]))]
         row = self.leaks.row if self.leaks is not None else int
         self.session.emit(
-            "residual", cs.cls, networks=len(members), size=cs.residual_size, level=level,
-            positions=[int(p) for p in members], rows=[row(int(p)) for p in members],
-            bounds=[float(bounds[p]) for p in members], leaks=[float(cs.network_leak[p]) for p in members],
-            holder=None if holder is None else {"row": row(holder), "bound": float(bounds[holder]),
-                                                "leak": float(cs.network_leak[holder])})
+            "residual",
+            cs.cls,
+            networks=len(members),
+            size=cs.residual_size,
+            level=level,
+            positions=[int(p) for p in members],
+            rows=[row(int(p)) for p in members],
+            bounds=[float(bounds[p]) for p in members],
+            leaks=[float(cs.network_leak[p]) for p in members],
+            holder=None
+            if holder is None
+            else {"row": row(holder), "bound": float(bounds[holder]), "leak": float(cs.network_leak[holder])},
+        )
 
     def close_dominated(self, cs: ClassState) -> None:
         """Close every waiting node the best lower bound makes irrelevant (not running ones)."""

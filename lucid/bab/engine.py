@@ -41,7 +41,7 @@ from lucid.bab.screening import ScreenBounds
 from lucid.bab.session import Session
 from lucid.bab.state import INF, ClassState
 from lucid.bab.workers import Executor
-from lucid.deadline import Deadline
+from lucid.deadline import Deadline, Phases
 from lucid.errors import LucidError
 from lucid.settings import VerifySettings
 
@@ -55,12 +55,23 @@ class Engine:
     collaborators that keep the bounds (`anytime`), the screened bounds (`screening`) and the
     schedule (`scheduler`), and the `session` whose clock and log they all share."""
 
-    def __init__(self, executor: Executor, classes: list[int], num_networks: int, config: VerifySettings, *,
-                 params: np.ndarray | Callable[[], np.ndarray] | None = None, hooks: EngineHooks | None = None,
-                 log: EventLog | None = None, states: dict[int, ClassState] | None = None,
-                 deadline: Deadline | None = None) -> None:
+    def __init__(
+        self,
+        executor: Executor,
+        classes: list[int],
+        num_networks: int,
+        config: VerifySettings,
+        *,
+        params: np.ndarray | Callable[[], np.ndarray] | None = None,
+        hooks: EngineHooks | None = None,
+        log: EventLog | None = None,
+        states: dict[int, ClassState] | None = None,
+        deadline: Deadline | None = None,
+        phases: Phases | None = None,
+    ) -> None:
         """`deadline`: when to stop (default: `config.time_limit` from when `run` starts); one with
-        a start makes an invocation's set-up (N's bounds, the initial screens) count against it too."""
+        a start makes an invocation's set-up (N's bounds, the initial screens) count against it too.
+        `phases`: the run's named phases, when its set-up before the engine is named there too."""
         hooks = hooks if hooks is not None else EngineHooks()
         self.executor = executor
         self.config = config
@@ -69,7 +80,7 @@ class Engine:
         self._search = None if config.naive else hooks.search
         self.on_progress = hooks.on_progress
         self.on_checkpoint = hooks.on_checkpoint
-        self.session = Session(log, deadline if deadline is not None else Deadline(config.time_limit))
+        self.session = Session(log, deadline if deadline is not None else Deadline(config.time_limit), phases)
         self.anytime = AnytimeBounds(config, self.session, hooks.leaks)
         self._choose_size = hooks.choose_size
         self._chosen_at = -INF
@@ -101,8 +112,10 @@ class Engine:
             if cs.residual_size is None:
                 if cs.pending_heap:
                     return True
-            elif any(nid in cs.nodes and cs.nodes[nid].state == PENDING and relevant(cs, cs.nodes[nid])
-                     for _, nid in cs.pending_heap):
+            elif any(
+                nid in cs.nodes and cs.nodes[nid].state == PENDING and relevant(cs, cs.nodes[nid])
+                for _, nid in cs.pending_heap
+            ):
                 return True
         return False
 
@@ -117,8 +130,9 @@ class Engine:
         return self._params
 
     # --- node life cycle ---------------------------------------------------------------------------
-    def _new_node(self, cs: ClassState, positions: np.ndarray, upper: float, parent: Node | None,
-                  peel: bool = False) -> Node:
+    def _new_node(
+        self, cs: ClassState, positions: np.ndarray, upper: float, parent: Node | None, peel: bool = False
+    ) -> Node:
         """A child carrying `upper`; with `peel` it skips its MILP and waits, OPEN, to be peeled."""
         node = Node(
             id=cs.next_id,
@@ -146,7 +160,8 @@ class Engine:
         """The root node(s) of a fresh class."""
         positions = np.arange(1, self.num_networks, dtype=np.int64)
         if cs.residual_size is not None:
-            self.anytime.seed_leaks(cs)
+            with self.session.phase("leak seeding", cs.cls):
+                self.anytime.seed_leaks(cs)
         self.session.emit("class_started", cs.cls, networks=len(positions))
         if self.config.naive:
             for p in positions:
@@ -161,15 +176,26 @@ class Engine:
                 # A cheap witness first: with a good lower bound, the screen removes most networks
                 # before the root hyper-network is even built (its MILP is then far tighter).
                 t0 = self.elapsed()
-                found = self._search(cs.cls, positions, deadline=self.session.deadline.end)
+                with self.session.phase("witness search", cs.cls):
+                    found = self._search(cs.cls, positions, deadline=self.session.deadline.end)
                 if found is not None:
-                    self.anytime.apply_lower(cs, float(found.confidence), found.leaking_row, found.x, "search",
-                                             update=False, seconds=self.elapsed() - t0)
+                    self.anytime.apply_lower(
+                        cs,
+                        float(found.confidence),
+                        found.leaking_row,
+                        found.x,
+                        "search",
+                        update=False,
+                        seconds=self.elapsed() - t0,
+                    )
                 self.screening.refine(cs, positions)
                 positions = self.anytime.prune(cs, positions)
             if len(positions):
-                peel = (self.config.bab and cs.screen is not None
-                        and len(positions) > PEEL_ROOT_ABOVE.get(self.config.screen, INF))
+                peel = (
+                    self.config.bab
+                    and cs.screen is not None
+                    and len(positions) > PEEL_ROOT_ABOVE.get(self.config.screen, INF)
+                )
                 self._new_node(cs, positions, self.screening.upper(cs, positions), None, peel=peel)
         self.anytime.update(cs)
 
@@ -181,7 +207,7 @@ class Engine:
             self.anytime.update(cs)  # the level of the screened bounds
         elif cs.screen is not None:
             cs.upper = min(cs.upper, self.screening.upper(cs, positions))
-        self.anytime.finish(cs, False, "time limit")
+        self.anytime.finish(cs, False, "time limit", stopped_in=self.session.stopped_in(cs.cls, started=False))
 
     def _on_result(self, key: tuple[int, int], outcome: Any) -> None:
         """A node's analysis reported: take its bound and leak, then close it or queue it as OPEN."""
@@ -212,13 +238,23 @@ class Engine:
         if outcome.lower is not None and math.isfinite(outcome.lower):
             node.lower = float(outcome.lower)
         self.session.emit(
-            "solved", c, node=node.id, parent=node.parent, size=node.size, upper=node.upper, milp_upper=own,
-            lower=node.lower, status=node.status, seconds=float(getattr(outcome, "seconds", 0.0)),
-            leaking_row=outcome.leaking_row, stats=node.stats,
+            "solved",
+            c,
+            node=node.id,
+            parent=node.parent,
+            size=node.size,
+            upper=node.upper,
+            milp_upper=own,
+            lower=node.lower,
+            status=node.status,
+            seconds=float(getattr(outcome, "seconds", 0.0)),
+            leaking_row=outcome.leaking_row,
+            stats=node.stats,
         )
         if node.lower is not None:
-            self.anytime.apply_lower(cs, node.lower, outcome.leaking_row, getattr(outcome, "witness", None), "milp",
-                                     node=node.id)
+            self.anytime.apply_lower(
+                cs, node.lower, outcome.leaking_row, getattr(outcome, "witness", None), "milp", node=node.id
+            )
         if self.anytime.can_close(cs, node):
             self.anytime.close(cs, node, "infeasible" if node.upper == -INF else "bound <= best lower")
         else:
@@ -233,17 +269,35 @@ class Engine:
         self.screening.refine(cs, node.positions)  # peeling follows the best bounds
         positions = self.anytime.prune(cs, node.positions, node.upper)
         if len(positions) == 0:
-            self.session.emit("closed", cs.cls, node=node.id, parent=node.parent, size=node.size, upper=node.upper,
-                              reason="all networks screened below best lower")
+            self.session.emit(
+                "closed",
+                cs.cls,
+                node=node.id,
+                parent=node.parent,
+                size=node.size,
+                upper=node.upper,
+                reason="all networks screened below best lower",
+            )
             return
         if node.peel and len(positions) > 1:
             groups = peel_top(positions, cs.screen, self.executor.capacity)
         else:
-            groups = [positions] if len(positions) == 1 else split_node(
-                self.params(), positions, proved=node.proved, random_state=self.config.seed)
-        self.session.emit("split", cs.cls, node=node.id, parent=node.parent, size=node.size, upper=node.upper,
-                          children=[len(g) for g in groups], dropped=int(node.size - len(positions)),
-                          **({"peel": True} if node.peel else {}))
+            groups = (
+                [positions]
+                if len(positions) == 1
+                else split_node(self.params(), positions, proved=node.proved, random_state=self.config.seed)
+            )
+        self.session.emit(
+            "split",
+            cs.cls,
+            node=node.id,
+            parent=node.parent,
+            size=node.size,
+            upper=node.upper,
+            children=[len(g) for g in groups],
+            dropped=int(node.size - len(positions)),
+            **({"peel": True} if node.peel else {}),
+        )
         for g in groups:
             self._new_node(cs, g, min(node.upper, self.screening.upper(cs, g)), node, peel=node.peel and len(g) > 1)
 
@@ -266,8 +320,12 @@ class Engine:
                 return
             if cs.lower is not None and cs.upper - cs.lower <= self.anytime.tolerance(cs):
                 exact = cs.upper <= cs.lower
-                self.anytime.finish(cs, True, "upper = lower" if exact else "upper within the gap of the lower bound",
-                                    within_gap=not exact)
+                self.anytime.finish(
+                    cs,
+                    True,
+                    "upper = lower" if exact else "upper within the gap of the lower bound",
+                    within_gap=not exact,
+                )
                 return
             if cs.residual_size is not None:
                 if self._level_decided(cs):
@@ -275,16 +333,15 @@ class Engine:
             elif (best := max(cs.nodes.values(), key=lambda n: (n.upper, n.state == SETTLED))).state == SETTLED:
                 best.state = FINAL
                 self.session.emit("final", cs.cls, node=best.id, parent=best.parent, size=best.size, upper=best.upper)
-                self.anytime.finish(cs, True,
-                                    "proved singleton on top" if best.is_singleton else "hyper-network solved")
+                self.anytime.finish(
+                    cs, True, "proved singleton on top" if best.is_singleton else "hyper-network solved"
+                )
                 return
             elif best.state == STUCK and not any(n.state in (OPEN, PENDING, RUNNING) for n in cs.nodes.values()):
                 # Nothing left that could improve the bound: the unproved bound stands (sound).
                 self.anytime.finish(cs, False, "unproved node on top (node time limit)")
                 return
-            while cs.open_heap and (
-                cs.open_heap[0][1] not in cs.nodes or cs.nodes[cs.open_heap[0][1]].state != OPEN
-            ):
+            while cs.open_heap and (cs.open_heap[0][1] not in cs.nodes or cs.nodes[cs.open_heap[0][1]].state != OPEN):
                 heapq.heappop(cs.open_heap)
             if not cs.open_heap:
                 return  # waiting for pending / running nodes
@@ -329,18 +386,24 @@ class Engine:
                 self.scheduler.retry(cs, node)
             return False
         free = self.executor.capacity - self.executor.in_flight
-        again = sorted((n for n in above if n.state == STUCK and (n.attempts == 0 or self.scheduler.retryable(n))
-                        and worth_retrying(cs, n)),
-                       key=lambda n: (float(cs.network_leak[n.positions[0]]), -n.upper))
+        again = sorted(
+            (
+                n
+                for n in above
+                if n.state == STUCK and (n.attempts == 0 or self.scheduler.retryable(n)) and worth_retrying(cs, n)
+            ),
+            key=lambda n: (float(cs.network_leak[n.positions[0]]), -n.upper),
+        )
         if again and not self.session.past():
-            for node in again[:max(0, free)]:
+            for node in again[: max(0, free)]:
                 node.evicting = True
                 self.scheduler.retry(cs, node)
             return True  # (no worker free: the retries wait for one)
         # the set's members need no proof; the level does
         proved = all(n.state == SETTLED or set_aside(cs, n) or known_member(cs, n) for n in above)
-        self.anytime.finish(cs, proved, "the level's networks are proved" if proved
-                            else "unproved node at the level (node time limit)")
+        self.anytime.finish(
+            cs, proved, "the level's networks are proved" if proved else "unproved node at the level (node time limit)"
+        )
         return True
 
     def _choose_residual_size(self, final: bool = False) -> None:
@@ -397,7 +460,7 @@ class Engine:
                 if self.session.past():
                     for cs in self.states.values():
                         if not cs.done:
-                            self.anytime.finish(cs, False, "time limit")
+                            self.anytime.finish(cs, False, "time limit", stopped_in=self.session.stopped_in(cs.cls))
                     break
                 self.scheduler.submit_ready()
                 if self.executor.in_flight == 0 and not self._pending():
@@ -409,8 +472,11 @@ class Engine:
                             if not cs.done:
                                 self._advance(cs)
                         self.scheduler.submit_ready()
-                    if self.executor.in_flight == 0 and not self._pending() and not all(
-                            cs.done for cs in self.states.values()):
+                    if (
+                        self.executor.in_flight == 0
+                        and not self._pending()
+                        and not all(cs.done for cs in self.states.values())
+                    ):
                         # No work anywhere and no class finished: should not happen; fail loudly.
                         raise RuntimeError("branch-and-bound stalled with open classes and no work")
                 wait = poll

@@ -45,7 +45,10 @@ class BranchAndBound:
         settings = run.settings
         states = self._resumed_states(run)
         # Only now the expensive part (loading every network, N's bounds): bad input has failed fast.
-        problem = VerificationProblem.from_run(run.run, bounds=settings.bounds, with_points=settings.search)
+        with run.phases.phase("set-up (networks, N's bounds)", run.deadline):
+            problem = VerificationProblem.from_run(
+                run.run, bounds=settings.bounds, with_points=settings.search, deadline=run.deadline.end
+            )
         if len(problem.stack) < 2:
             raise LucidError(f"{run.path} has no leave-one-out networks to verify")
         if settings.workers is None and settings.scheduler is None:
@@ -92,6 +95,7 @@ class BranchAndBound:
                     log=log,
                     states=states,
                     deadline=run.deadline,
+                    phases=run.phases,
                 )
                 engine.run()
                 chosen = dict(engine.states)
@@ -207,6 +211,7 @@ def _bounds_entries(
             "seconds": round(cs.seconds if cs.done else elapsed, 3),
             "nodes": cs.solved,
             "reason": cs.reason,
+            **({} if cs.stopped_in is None else {"stopped_in": cs.stopped_in}),
             "leaking_row": row,
         }
     return out

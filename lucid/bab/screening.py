@@ -2,7 +2,8 @@
 
 A screen bounds each single network without a solver; a node's bound is at most the largest
 screened bound of its networks. The optimised screen also refines, once per network, the bounds
-of the networks a node is about to solve that are still above the class's cutoff.
+of the networks a node is about to solve that are still above the class's cutoff. Both are handed
+the engine's deadline and end by it.
 """
 
 from __future__ import annotations
@@ -16,13 +17,14 @@ from lucid.bab.session import Session
 from lucid.bab.state import INF, ClassState
 from lucid.settings import VerifySettings
 
-ScreenFn = Callable[[int, np.ndarray], np.ndarray]  # (class, positions) -> sound bound per network
-RefineFn = Callable[[int, np.ndarray, float], np.ndarray]  # (class, positions, level) -> tighter bounds
+# (class, positions, deadline=) -> a sound bound per network; deadline: a time.monotonic() value (or
+# None) by which the screen ends, the networks it did not reach by then keeping a cruder sound bound
+ScreenFn = Callable[..., np.ndarray]
+# (class, positions, level, deadline=) -> tighter sound bounds; +inf for the networks not reached by
+# the deadline
+RefineFn = Callable[..., np.ndarray]
 
-
-REFINE_CHUNK = 512  # networks per call of the optimised screen (its own batch: the same bounds as one call)
 RESIDUAL_REFINE_BATCH = 128  # --residual M: networks per refinement once one at or above the level needs it
-REFINE_PROBE = 32  # with a time limit, the first call's networks: it measures the cost per network
 
 
 class ScreenBounds:
@@ -43,7 +45,6 @@ class ScreenBounds:
         self.session = session
         self._screen = screen
         self._refine = None if screen is None else refine
-        self._per_network: float | None = None  # seconds the refinement took per network, last measured
 
     @property
     def enabled(self) -> bool:
@@ -51,16 +52,22 @@ class ScreenBounds:
         return self._screen is not None and not self.settings.naive
 
     def initial(self, c: int) -> np.ndarray:
-        """Class `c`'s screened bound per position (position 0, N itself: -inf)."""
+        """Class `c`'s screened bound per position (position 0, N itself: -inf), within the deadline."""
         positions = np.arange(1, self.num_networks, dtype=np.int64)
         values = np.full(self.num_networks, -INF)
-        values[positions] = np.asarray(self._screen(c, positions), dtype=np.float64)
+        with self.session.phase("initial screen"):
+            values[positions] = np.asarray(
+                self._screen(c, positions, deadline=self.session.deadline.end), dtype=np.float64
+            )
         return values
 
     def refine(self, cs: ClassState, positions: np.ndarray) -> None:
         """Tighten the screened bounds of the networks in `positions` that are above the class's
-        cutoff and not refined yet (once each: a higher cutoff would not change the optimum); with
-        --residual M, only those at or above the level."""
+        cutoff and not refined yet (once each: a higher cutoff would not change the optimum).
+        The optimised screen of a thousand networks of 64 inputs takes tens of seconds per class,
+        so it is handed the deadline: the networks it has not reached by then keep their sound
+        bound, and are refined when next asked. With --residual M, only networks at or above the
+        level (and the next below it: `RESIDUAL_REFINE_BATCH` in all)."""
         if self._refine is None or cs.screen is None or cs.lower is None or self.settings.naive:
             return
         if cs.refined is None:
@@ -79,24 +86,16 @@ class ScreenBounds:
             todo = todo[np.argsort(-cs.screen[todo], kind="stable")]
             above = int((cs.screen[todo] >= cs.upper).sum())
             todo = todo[: max(above, RESIDUAL_REFINE_BATCH)] if above else todo[:0]
-        if not len(todo):
+        if not len(todo) or self.session.past():
             return
         t0 = self.session.elapsed()
-        # In chunks, so that a time limit ends it: the optimised screen of a thousand networks of
-        # 64 inputs takes tens of seconds per class. Networks left unrefined keep their sound bound.
-        start = 0
-        while start < len(todo):
-            size = self._chunk(self._per_network)
-            if size == 0:
-                break
-            part = todo[start : start + size]
-            t_chunk = self.session.seconds()
-            tighter = np.asarray(self._refine(cs.cls, part, level), dtype=np.float64)
-            self._per_network = (self.session.seconds() - t_chunk) / len(part)
-            cs.screen[part] = np.minimum(cs.screen[part], tighter)
-            cs.refined[part] = True
-            start += len(part)
-        todo = todo[:start]
+        with self.session.phase("screen refinement", cs.cls):
+            tighter = np.asarray(
+                self._refine(cs.cls, todo, level, deadline=self.session.deadline.end), dtype=np.float64
+            )
+        cs.screen[todo] = np.minimum(cs.screen[todo], tighter)
+        todo = todo[tighter < INF]
+        cs.refined[todo] = True
         if len(todo):
             self.session.emit(
                 "refined",
@@ -105,20 +104,6 @@ class ScreenBounds:
                 below=int((cs.screen[todo] <= level).sum()),
                 seconds=self.session.elapsed() - t0,
             )
-
-    def _chunk(self, per_network: float | None) -> int:
-        """How many networks the next call refines: REFINE_CHUNK (the optimised screen's own batch) without
-        a time limit; with one, a first probe of REFINE_PROBE, then as many as fit in the time left at
-        the measured cost (0 once it is up). A chunk of the optimised screen on a thousand-input
-        network takes seconds, so a fixed one overran short limits by its whole length."""
-        left = self.session.deadline.left()
-        if left is None:
-            return REFINE_CHUNK
-        if left <= 0:
-            return 0
-        if per_network is None:
-            return REFINE_PROBE
-        return min(REFINE_CHUNK, int(left / max(per_network, 1e-9)))
 
     @staticmethod
     def upper(cs: ClassState, positions: np.ndarray) -> float:

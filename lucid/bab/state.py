@@ -29,6 +29,7 @@ class ClassState:
     done: bool = False
     complete: bool = False
     reason: str = ""
+    stopped_in: str | None = None  # stopped by the time limit: in which phase (`Phases.stopped_in`)
     # finished by the --gap / --rel-gap tolerance: upper may exceed the exact bound by up to it
     within_gap: bool = False
     seconds: float = 0.0

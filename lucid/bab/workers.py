@@ -259,20 +259,25 @@ def analyse_with(
     attempt: int = 1,
     threads: int = 1,
 ):
-    """One node analysis (runs in a worker)."""
+    """One node analysis (runs in a worker), all of it within `time_limit` seconds: a small node
+    keeps a reserve of them for the targeted search after its MILP (`targeted_search_reserve`)."""
     from lucid.analysis.analyse import NodeRequest, analyse_node
-    from lucid.analysis.outcome import wants_targeted_search, with_targeted_search
+    from lucid.analysis.outcome import SEARCH_MAX_NETWORKS, wants_targeted_search, with_targeted_search
+    from lucid.analysis.time_shares import targeted_search_reserve
 
+    end = None if time_limit is None else time.monotonic() + time_limit
+    targeted = settings.targeted_search and len(positions) <= SEARCH_MAX_NETWORKS
+    limit = time_limit - targeted_search_reserve(time_limit) if targeted and time_limit is not None else time_limit
     outcome = analyse_node(
         problem,
         cls,
         positions,
         settings=settings,
-        solver_options=settings.solver_options(time_limit, threads),
+        solver_options=settings.solver_options(limit, threads),
         request=NodeRequest(cutoff, attempt, settings.keep_trees),
     )
-    if settings.targeted_search and wants_targeted_search(outcome, positions):
-        outcome = with_targeted_search(problem, cls, positions, outcome)
+    if targeted and wants_targeted_search(outcome, positions):
+        outcome = with_targeted_search(problem, cls, positions, outcome, deadline=end)
     return outcome
 
 

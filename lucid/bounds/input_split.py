@@ -131,7 +131,11 @@ def input_split_singleton(
         highest = heapq.nsmallest(LEAK_STARTS, heap)
         starts = np.array([0.5 * (lo + hi) for _, _, lo, hi, _ in highest])
         if options.search:
-            witness = max(leaks_from(problem, cls, position, starts), key=lambda leak: leak.confidence, default=None)
+            witness = max(
+                leaks_from(problem, cls, position, starts, limits.leak_deadline),
+                key=lambda leak: leak.confidence,
+                default=None,
+            )
     trace.append((time.perf_counter() - t0, bound))
     return SplitResult(
         bound=bound,

@@ -14,9 +14,12 @@ outward-rounded float arithmetic. A poor y gives a loose but still sound bound.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from lucid.bounds.interval import FP_REL, LayerBounds, interval_bounds
+from lucid.deadline import past
 from lucid.milp.builder import ModelBuilder
 from lucid.milp.model import MilpModel
 from lucid.milp.relu import encode_relu
@@ -106,10 +109,13 @@ def lp_bounds(
     lower: np.ndarray,
     upper: np.ndarray,
     start: LayerBounds | None = None,
+    deadline: float | None = None,
 ) -> LayerBounds:
     """Pre-activation bounds of one concrete network, LP-tightened from layer 1 on.
 
-    Layer 0 is affine in the box, where interval arithmetic is already exact.
+    Layer 0 is affine in the box, where interval arithmetic is already exact. At `deadline`
+    (time.monotonic()) the tightening stops: every LP gets at most the time left, and the neurons
+    not tightened by then keep their interval bounds (the tightening only ever shrinks them).
     """
     bounds = interval_bounds(weights, biases, lower, upper) if start is None else start
     bounds = LayerBounds([lo.copy() for lo in bounds.lower], [hi.copy() for hi in bounds.upper])
@@ -118,10 +124,12 @@ def lp_bounds(
         solver = LpBoundSolver(model)
         w, bias = weights[k], biases[k]
         for j in range(w.shape[0]):
+            if past(deadline):
+                return bounds
             c = np.zeros(model.num_cols)
             np.add.at(c, z, w[j])
-            hi = solver.maximise(c)
-            lo = -solver.maximise(-c)
+            hi = solver.maximise(c, _left(deadline))
+            lo = -solver.maximise(-c, _left(deadline))
             pad = FP_REL * abs(bias[j])
             bounds.upper[k][j] = min(bounds.upper[k][j], hi + bias[j] + pad)
             bounds.lower[k][j] = max(bounds.lower[k][j], lo + bias[j] - pad)
@@ -137,9 +145,15 @@ def lp_bounds(
 
 
 def lp_margin_upper(
-    weights: list[np.ndarray], biases: list[np.ndarray], lower: np.ndarray, upper: np.ndarray, bounds: LayerBounds
+    weights: list[np.ndarray],
+    biases: list[np.ndarray],
+    lower: np.ndarray,
+    upper: np.ndarray,
+    bounds: LayerBounds,
+    deadline: float | None = None,
 ) -> np.ndarray:
-    """[C, C] matrix: sound upper bound of score_c - score_t over the domain (diagonal 0)."""
+    """[C, C] matrix: sound upper bound of score_c - score_t over the domain (diagonal 0); the pairs
+    whose LP the `deadline` (time.monotonic()) leaves no time for keep the interval bound."""
     L = len(weights)
     model, z = relaxation_model(weights, biases, lower, upper, bounds, L - 1)
     solver = LpBoundSolver(model)
@@ -154,5 +168,11 @@ def lp_margin_upper(
             np.add.at(coef, z, w[c] - w[t])
             interval = bounds.upper[-1][c] - bounds.lower[-1][t]
             db = bias[c] - bias[t]
-            out[c, t] = min(interval * (1 + FP_REL) + 1e-300, solver.maximise(coef) + db + FP_REL * abs(db) * 4)
+            via_lp = np.inf if past(deadline) else solver.maximise(coef, _left(deadline)) + db + FP_REL * abs(db) * 4
+            out[c, t] = min(interval * (1 + FP_REL) + 1e-300, via_lp)
     return out
+
+
+def _left(deadline: float | None) -> float | None:
+    """Seconds until `deadline` (a time.monotonic() value; None: no limit)."""
+    return None if deadline is None else max(0.0, deadline - time.monotonic())

@@ -46,6 +46,8 @@ def tighten_node_bounds(
     L = len(n_b.lower)
     for _ in range(rounds):
         for k in range(L):
+            if deadline is not None and time.perf_counter() > deadline:
+                return n_b, DifferenceBounds(pre, post, hyp)
             model = encode(n_b, DifferenceBounds(pre, post, hyp))
             if model is None:
                 return None

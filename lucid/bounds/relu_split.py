@@ -323,12 +323,13 @@ def _search(
 
 
 # ---------------------------------------------------------------------- adapter for the verifier
-def leaks_from(problem, cls: int, position: int, xs: np.ndarray) -> list:
+def leaks_from(problem, cls: int, position: int, xs: np.ndarray, deadline: float | None = None) -> list:
     """The replayed leaks of the network at `position` of problem.stack found from the points `xs`
-    (where open domains peak): an LP walk from each, and the gradient search from all."""
+    (where open domains peak): an LP walk from each, and the gradient search from all, until
+    `deadline` (time.monotonic())."""
     query = LeakQuery(problem.stack, np.array([position]), cls, problem.lower, problem.upper)
-    found = [climb(query, x) for x in xs]
-    found.append(gradient_search(query, xs))
+    found = [climb(query, x, deadline=deadline) for x in xs]
+    found.append(gradient_search(query, xs, deadline=deadline))
     return [leak for leak in found if leak is not None]
 
 
@@ -355,7 +356,7 @@ def split_singleton(
 
     def leak_from(xs: np.ndarray) -> None:
         if options.search:
-            leaks.extend(leaks_from(problem, cls, position, xs))
+            leaks.extend(leaks_from(problem, cls, position, xs, limits.leak_deadline))
 
     def hopeless(bound: float, xs: np.ndarray) -> bool:
         if bound > cutoff + GIVE_UP_EXCESS * abs(cutoff):

@@ -53,12 +53,14 @@ class SplitLimits:
     MILP that settled the node first); give_up: stop at the checkpoint when the split is not on
     track (each tier's own test; `gave_up` in the result); extend: up to this many seconds more for
     a ReLU split whose time runs out all but done (`relu_split.EXTEND_EXCESS`; the input split
-    does not extend)."""
+    does not extend); leak_deadline: when the climbs to a leak from the highest open domains (at
+    the checkpoint and after an unproved split) end (time.monotonic(); the node attempt's end)."""
 
     time_limit: float
     stop: threading.Event | None = None
     give_up: bool = True
     extend: float = 0.0
+    leak_deadline: float | None = None
 
 
 @dataclass(frozen=True)

@@ -42,31 +42,47 @@ def _stack_pair(problem, positions: np.ndarray) -> PairProblem:
 
 
 def symbolic_screen(
-    problem, cls: int, positions, options: ScreenOptions = ScreenOptions(), *, cutoff: float | None = None
+    problem,
+    cls: int,
+    positions,
+    options: ScreenOptions = ScreenOptions(),
+    *,
+    cutoff: float | None = None,
+    deadline: float | None = None,
 ) -> np.ndarray:
     """Drop-in for the interval screen (`screen_upper_bounds`): sound upper bounds on beta*_{cls,{i}} for the
     networks at `positions` of problem.stack ([len(positions)], -inf where no rival is reachable).
 
     Reads only problem.stack, .lower, .upper, .n_bounds, .margin_upper and .num_classes.
     options.steps = 0: symbolic bounds at lambda = 1; steps > 0: optimised (only the networks whose
-    lambda = 1 bound is above `cutoff`, when one is given: e.g. the class's best lower bound)."""
+    lambda = 1 bound is above `cutoff`, when one is given: e.g. the class's best lower bound).
+    deadline (time.monotonic()): it ends near it, with +inf for the networks it did not reach."""
     positions = np.asarray(positions, dtype=np.int64)
     if positions.size == 0:
         return np.empty(0)
     if not 0 <= cls < problem.num_classes:
         raise ValueError(f"class {cls} out of range")
-    res = singleton_upper_bounds(_stack_pair(problem, positions), cls, problem.margin_upper, options, cutoff=cutoff)
+    res = singleton_upper_bounds(
+        _stack_pair(problem, positions), cls, problem.margin_upper, options, cutoff=cutoff, deadline=deadline
+    )
     return res.bound
 
 
-def symbolic_screens(problem, classes: list[int], positions, *, device: str = "cpu", chunk: int = 512) -> np.ndarray:
+def symbolic_screens(
+    problem, classes: list[int], positions, *, device: str = "cpu", chunk: int = 512, deadline: float | None = None
+) -> np.ndarray:
     """`symbolic_screen(problem, c, positions)` for every class c of `classes` at once ([len(classes),
-    len(positions)]; `class_screens`)."""
+    len(positions)]; `class_screens`), until `deadline` (+inf for the networks not reached)."""
     positions = np.asarray(positions, dtype=np.int64)
     if any(not 0 <= c < problem.num_classes for c in classes):
         raise ValueError(f"classes {list(classes)} out of range")
     if positions.size == 0:
         return np.empty((len(classes), 0))
     return class_screens(
-        _stack_pair(problem, positions), list(classes), problem.margin_upper, device=device, chunk=chunk
+        _stack_pair(problem, positions),
+        list(classes),
+        problem.margin_upper,
+        device=device,
+        chunk=chunk,
+        deadline=deadline,
     )

@@ -97,6 +97,7 @@ from lucid.bounds.interval import FP_ABS
 from lucid.bounds.joint import JointSystem, SymbolicDifference, _np, projected_adam_step
 from lucid.bounds.pair import PairProblem
 from lucid.bounds.relaxation import DTYPE
+from lucid.deadline import paced, past
 
 OPTIMISE_STEPS = 60  # Adam steps of the optimised screen (benchmarks/results/screen.md: 60 at lr 0.02)
 
@@ -160,13 +161,17 @@ def singleton_upper_bounds(
     *,
     cutoff: float | None = None,
     keep_iterates: bool = False,
+    deadline: float | None = None,
 ) -> SingletonBounds:
     """Sound upper bounds on beta*_{cls,{i}} for the K networks N' of `pair` against N (module docstring).
 
     margin_upper [C, C]: sound bounds on max_x s_c - s_t (optional cap). cutoff: only networks
     whose starting bound is above it are optimised (the others keep their starting bound, already
     <= cutoff: a screen needs nothing more of them), and only those still above it are refined
-    (all, without one). keep_iterates: the result's `iterates` (those of the first pass)."""
+    (all, without one). keep_iterates: the result's `iterates` (those of the first pass).
+    deadline (time.monotonic()): the networks are bounded in chunks sized to end near it, the
+    optimisation stops there with the best iterate so far (each is sound), and the networks no
+    chunk reached by then get +inf (nothing proved) in `bound` and `per_target`."""
     K = pair.count
     C = pair.n_weights[-1].shape[0]
     lam, alpha = options.lam, options.alpha
@@ -175,20 +180,21 @@ def singleton_upper_bounds(
     )
     if np.any(lam_arr < 0) or (alpha is not None and not 0 <= alpha <= 1):
         raise ValueError("lambda must be >= 0 and alpha in [0, 1]")
-    bound = np.empty(K)
-    per_target = np.full((K, C), -np.inf)
+    bound = np.full(K, np.inf)
+    per_target = np.full((K, C), np.inf)
     lagr = np.full((K, C), np.nan)
     iterates: list[np.ndarray] = []
-    for start in range(0, K, options.chunk):
-        sl = slice(start, min(start + options.chunk, K))
+    for sl in paced(K, options.chunk, deadline):
         part = pair.networks(sl)
-        res = _chunk_bounds(_system(part, options), cls, margin_upper, lam_arr[sl], options, cutoff, keep_iterates)
+        res = _chunk_bounds(
+            _system(part, options), cls, margin_upper, lam_arr[sl], options, cutoff, keep_iterates, deadline
+        )
         if options.refine_steps > 0 and options.intermediate == "symbolic":
             # the networks still above the cutoff again, with alpha-optimised intermediate bounds
             idx = np.flatnonzero(res.bound > (-np.inf if cutoff is None else cutoff))
             if len(idx):
                 refined = _system(part.networks(idx), options, options.refine_steps)
-                ref = _chunk_bounds(refined, cls, margin_upper, lam_arr[sl][idx], options, None, False)
+                ref = _chunk_bounds(refined, cls, margin_upper, lam_arr[sl][idx], options, None, False, deadline)
                 res.per_target[idx] = np.minimum(res.per_target[idx], ref.per_target)
                 res.lagrangian[idx] = np.fmin(res.lagrangian[idx], ref.lagrangian)
                 res.bound[idx] = res.per_target[idx].max(axis=1)
@@ -214,15 +220,16 @@ def class_screens(
     *,
     device: str = "cpu",
     chunk: int = 512,
+    deadline: float | None = None,
 ) -> np.ndarray:
     """`singleton_upper_bounds(pair, c, margin_upper).bound` (lambda = 1, no steps: the symbolic
     screen) for every class c of `classes`, [len(classes), K]. Only the objective depends on the
     class, so each chunk's joint system (its intermediate bounds: most of a screen's time) is
-    built once for all the classes."""
+    built once for all the classes. deadline (time.monotonic()): chunks sized to end near it, and
+    +inf for the networks none reached by then."""
     K, C = pair.count, pair.n_weights[-1].shape[0]
-    out = np.empty((len(classes), K))
-    for start in range(0, K, chunk):
-        sl = slice(start, min(start + chunk, K))
+    out = np.full((len(classes), K), np.inf)
+    for sl in paced(K, chunk, deadline):
         part = pair.networks(sl)
         plain = ScreenOptions(device=device)
         system = _system(part, plain)
@@ -258,9 +265,11 @@ def _chunk_bounds(
     options: ScreenOptions,
     cutoff: float | None,
     keep_iterates: bool,
+    deadline: float | None = None,
 ) -> SingletonBounds:
     """`singleton_upper_bounds` of one chunk, from its joint system `sys_` (built once for every
-    class: it does not depend on the class); lam0: the starting lambda [K, C]."""
+    class: it does not depend on the class); lam0: the starting lambda [K, C]; the optimisation
+    stops at `deadline` (time.monotonic()) with the iterates it has, every one of them sound."""
     alpha0, steps, lr, mix = options.alpha, options.steps, options.lr, options.mix
     K, L, dev = sys_.K, sys_.L, sys_.device
     C = sys_.W[-1].shape[0]
@@ -326,7 +335,7 @@ def _chunk_bounds(
                     mag = mag + ((1 - total).abs() + T * 2.0**-52 * total) * bound_c
                 sound = val.detach() + sys_.fp_rel * mag + FP_ABS
             out.append(torch.where(torch.isnan(sound), torch.full_like(sound, math.inf), sound))
-            if last:
+            if last or past(deadline):
                 break
             projected_adam_step(
                 opt,

@@ -44,7 +44,9 @@ def _render(events: list[dict], max_rows: int, regions: RegionView | None = None
         state = (
             "running"
             if done is None
-            else ("complete" if done.get("complete") else "stopped") + f" ({done.get('reason')})"
+            else ("complete" if done.get("complete") else "stopped")
+            + f" ({done.get('reason')}"
+            + (f" in {done['stopped_in']})" if done.get("stopped_in") else ")")
         )
         table = Table(
             title=(

@@ -62,7 +62,11 @@ def _print_summary(result: dict) -> None:
             else ("-inf (no input can leak)" if b["upper"] == -1.0 and b["lower"] is None else f"{b['upper']:.6g}")
         )
         lower = "-" if b["lower"] is None else f"{b['lower']:.6g}"
-        state = "complete" if b["complete"] else f"stopped: {b.get('reason', '')}"
+        state = (
+            "complete"
+            if b["complete"]
+            else f"stopped: {b.get('reason', '')}" + (f" in {b['stopped_in']}" if b.get("stopped_in") else "")
+        )
         click.echo(f"class {c}: upper {upper}  lower {lower}  ({state}, {b['nodes']} nodes, {b['seconds']:.1f}s)")
 
 

@@ -150,8 +150,8 @@ class BoxVerifier:
             return {}
         screen = None if settings.screen == "none" else Screen(problem, settings.screen, settings.device, open_classes)
 
-        def initial(c: int, positions: np.ndarray) -> np.ndarray:
-            own = screen.initial(c, positions)
+        def initial(c: int, positions: np.ndarray, deadline: float | None = None) -> np.ndarray:
+            own = screen.initial(c, positions, deadline)
             prior = parent_screens.get(c)
             return own if prior is None else np.minimum(own, prior[positions])
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import logging
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -116,12 +118,18 @@ def _cross_check(
     Why: one backend's branch-and-bound can be wrong (HiGHS has proved a bound below the true
     optimum on a model of ours even with presolve off), and two independent implementations
     are unlikely to be wrong the same way. The maximum of the bounds is sound as soon as one
-    backend is; a backend that fails contributes +inf (nothing proved), never a number.
+    backend is; a backend that fails contributes +inf (nothing proved), never a number. The
+    backends share the time limit: each gets an equal part of what the ones before it left.
     """
     results: list[SolveResult] = []
-    for name in names:
+    started = time.perf_counter()
+    for i, name in enumerate(names):
+        share = options
+        if options.time_limit is not None:
+            left = options.time_limit - (time.perf_counter() - started)
+            share = dataclasses.replace(options, time_limit=max(0.1, left / (len(names) - i)))
         try:
-            results.append(solve(model, name, options, unsafe=unsafe, **backend_options))
+            results.append(solve(model, name, share, unsafe=unsafe, **backend_options))
         except UnsoundSolverResult:
             raise
         except LucidError as exc:  # e.g. a licence too small for this model

@@ -23,8 +23,9 @@ import numpy as np
 import torch
 
 from lucid.adam import Adam
+from lucid.deadline import past
 from lucid.network import NetworkStack, confidence
-from lucid.witness.replay import LeakQuery, LeakWitness, climb, past, replay
+from lucid.witness.replay import LeakQuery, LeakWitness, climb, replay
 
 MARGIN = 1e-4  # asked of N' in float32 (relative to the score scale), well above float32 rounding
 # The best gradient points are polished by the LP walk (`climb`) and replayed. The walk is what

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from lucid.deadline import paced, past
 from lucid.network import UNIT_ROUNDOFF, NetworkStack, confidence
 from lucid.witness.gradient import gradient_search
-from lucid.witness.replay import CLAIM_PAD, DISAGREE_TOL, LeakQuery, past
+from lucid.witness.replay import CLAIM_PAD, DISAGREE_TOL, LeakQuery
 
 SEARCH_STARTS = 4  # gradient starts per searched network: its most disagreeing candidate points
 SEARCH_STEPS = 100
@@ -27,10 +28,13 @@ REPLAYED = 256  # points `sampled_leaks` replays in float64: the most confident 
 CHUNK = 256  # networks per forward pass
 
 
-def leaks_at(stack: NetworkStack, cls: int, x: np.ndarray, lower: np.ndarray, upper: np.ndarray) -> np.ndarray:
+def leaks_at(
+    stack: NetworkStack, cls: int, x: np.ndarray, lower: np.ndarray, upper: np.ndarray, deadline: float | None = None
+) -> np.ndarray:
     """[len(stack)] per position: the best claimed confidence of N over the points `x` ([B, d],
     clipped to the domain) at which that network strictly disagrees with class `cls`; -inf where
-    it disagrees at none (and for position 0, N itself)."""
+    it disagrees at none (and for position 0, N itself), and for the networks not reached by
+    `deadline` (time.monotonic()): a leak is only ever claimed, never needed."""
     x = np.clip(np.atleast_2d(np.asarray(x, dtype=np.float64)), lower, upper)
     best = np.full(len(stack), -np.inf)
     if not len(x):
@@ -41,8 +45,8 @@ def leaks_at(stack: NetworkStack, cls: int, x: np.ndarray, lower: np.ndarray, up
     pad = 4 * UNIT_ROUNDOFF  # a confidence is a difference of two scores, then rounded once more
     magnitude_n = np.abs(scores_n).max(axis=1)
     error_n = 2.0 * err_n.max(axis=1) + pad * magnitude_n
-    for start in range(1, len(stack), CHUNK):
-        positions = np.arange(start, min(start + CHUNK, len(stack)))
+    for part in paced(len(stack) - 1, CHUNK, deadline):
+        positions = np.arange(1, len(stack))[part]
         scores_s, err_s = stack.select(positions).forward_with_error(x)  # [k, B, C]
         magnitude_s = np.abs(scores_s).max(axis=2)
         scale = np.maximum(magnitude_n[None, :], magnitude_s)
@@ -54,24 +58,32 @@ def leaks_at(stack: NetworkStack, cls: int, x: np.ndarray, lower: np.ndarray, up
 
 
 def sampled_leaks(
-    stack: NetworkStack, cls: int, lower: np.ndarray, upper: np.ndarray, points: np.ndarray | None = None, seed: int = 0
+    stack: NetworkStack,
+    cls: int,
+    lower: np.ndarray,
+    upper: np.ndarray,
+    points: np.ndarray | None = None,
+    seed: int = 0,
+    deadline: float | None = None,
 ) -> np.ndarray:
     """`leaks_at` over the most promising of SAMPLES uniform samples and the training `points`:
     each network's most confident leaking point (ranked in float32; only the replay in float64
     decides), the REPLAYED most confident of them: the networks with the largest leaks, which set
-    the level's lower bound, are the ones whose points are replayed."""
+    the level's lower bound, are the ones whose points are replayed. Until `deadline`
+    (time.monotonic()): the networks not ranked or replayed by then get -inf."""
     x, conf_n = _candidates(stack, cls, lower, upper, points, seed)
     if not len(x):
         return np.full(len(stack), -np.inf)
     best = np.full(len(stack), -1, dtype=np.int64)  # per network: its most confident leaking point
-    for start in range(1, len(stack), CHUNK):
-        scores = stack.select(np.arange(start, min(start + CHUNK, len(stack)))).forward(x, float32=True)
+    for part in paced(len(stack) - 1, CHUNK, deadline):
+        positions = np.arange(1, len(stack))[part]
+        scores = stack.select(positions).forward(x, float32=True)
         ranked = np.where(confidence(scores, cls) < 0, conf_n[None, :], -np.inf)
         top = ranked.argmax(axis=1)
-        best[start : start + len(top)] = np.where(np.isfinite(ranked.max(axis=1)), top, -1)
+        best[positions] = np.where(np.isfinite(ranked.max(axis=1)), top, -1)
     chosen = np.unique(best[best >= 0])
     chosen = chosen[np.argsort(-conf_n[chosen])[:REPLAYED]]
-    return leaks_at(stack, cls, x[chosen], lower, upper)
+    return leaks_at(stack, cls, x[chosen], lower, upper, deadline)
 
 
 def _candidates(
@@ -134,8 +146,8 @@ class NetworkLeaks:
     def at(self, cls: int, x: np.ndarray) -> np.ndarray:
         return leaks_at(self.stack, cls, x, self.lower, self.upper)
 
-    def sampled(self, cls: int) -> np.ndarray:
-        return sampled_leaks(self.stack, cls, self.lower, self.upper, self.points)
+    def sampled(self, cls: int, deadline: float | None = None) -> np.ndarray:
+        return sampled_leaks(self.stack, cls, self.lower, self.upper, self.points, deadline=deadline)
 
     def searched(self, cls: int, positions: np.ndarray, deadline: float | None) -> np.ndarray:
         return searched_leaks(self.stack, cls, positions, self.lower, self.upper, self.points, deadline)

@@ -12,11 +12,11 @@ that still fails is dropped and logged, never used.
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 
 import numpy as np
 
+from lucid.deadline import past
 from lucid.dynamic_range import outside_band
 from lucid.network import UNIT_ROUNDOFF, NetworkStack, confidence
 
@@ -25,11 +25,6 @@ log = logging.getLogger(__name__)
 DISAGREE_TOL = 1e-9  # |float64 forward error| on these networks is ~1e-13; a strict margin
 REPAIR_MARGIN = 1e-7  # the margin the repair LP asks for, comfortably above DISAGREE_TOL
 CLAIM_PAD = 1e-12  # a claimed lower bound is rounded down by this (times the score scale)
-
-
-def past(deadline: float | None) -> bool:
-    """Whether `deadline` (a time.monotonic() value; None: none) has passed: the searches stop there."""
-    return deadline is not None and time.monotonic() >= deadline
 
 
 @dataclass(frozen=True, eq=False)

@@ -23,9 +23,10 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from lucid.deadline import paced, past
 from lucid.network import NetworkStack, confidence
 from lucid.witness.gradient import CLIMB_STEPS, POLISH, gradient_search
-from lucid.witness.replay import LeakQuery, LeakWitness, climb, past, replay
+from lucid.witness.replay import LeakQuery, LeakWitness, climb, replay
 
 GRADIENT_STARTS = 64  # starts of the class search's gradient ascent (`lucid.witness.gradient`)
 SMALL_NODE = 8  # networks
@@ -49,13 +50,16 @@ TARGETED_SEARCH = SearchEffort(samples=1024, starts=8, steps=10)  # the same, ai
 NODE_SEARCH = SearchEffort(samples=4096, starts=8, steps=20)  # `search_node_witness`'s
 
 
-def _min_confidence(stack, positions: np.ndarray, x: np.ndarray, cls: int, chunk: int = 512) -> np.ndarray:
-    """For each input: the smallest confidence in `cls` over the networks at `positions`.
+def _min_confidence(
+    stack, positions: np.ndarray, x: np.ndarray, cls: int, chunk: int = 512, deadline: float | None = None
+) -> np.ndarray:
+    """For each input: the smallest confidence in `cls` over the networks at `positions` (over
+    those reached by `deadline`, a time.monotonic() value).
 
     Only ranks candidate points (float32); every point used is replayed in float64 afterwards."""
     best = np.full(len(x), np.inf)
-    for start in range(0, len(positions), chunk):
-        scores = stack.select(positions[start : start + chunk]).forward(x, float32=True)
+    for part in paced(len(positions), chunk, deadline):
+        scores = stack.select(positions[part]).forward(x, float32=True)
         best = np.minimum(best, confidence(scores, cls).min(axis=0))
     return best
 
@@ -86,7 +90,7 @@ def search_class_witness(
         cands.append(np.clip(points, lo, hi))
     x = np.concatenate(cands)
     conf_n = confidence(stack.select([0]).forward(x)[0], cls)
-    worst = _min_confidence(stack, positions, x, cls)
+    worst = _min_confidence(stack, positions, x, cls, deadline=deadline)
     scale = 1.0 + np.abs(conf_n)
     leaking = worst < -1e-5 * scale  # float32 ranking: a clear disagreement, confirmed by replay
     order = np.argsort(-np.where(leaking, conf_n, -np.inf))
@@ -111,8 +115,11 @@ def search_class_witness(
     return _better(best, gradient_search(query, x[top], seed=seed, deadline=deadline))
 
 
-def search_node_witness(query: LeakQuery, effort: SearchEffort = NODE_SEARCH) -> LeakWitness | None:
-    """A solver-free primal heuristic for a leaking input (a true lower bound once replayed).
+def search_node_witness(
+    query: LeakQuery, effort: SearchEffort = NODE_SEARCH, deadline: float | None = None
+) -> LeakWitness | None:
+    """A solver-free primal heuristic for a leaking input (a true lower bound once replayed); at
+    `deadline` (time.monotonic()) the best found so far.
 
     Leaks live where N and a network of S disagree, i.e. near N's decision boundary: random
     pairs of points that N labels c and not-c are bisected onto the boundary, the networks of S
@@ -124,21 +131,28 @@ def search_node_witness(query: LeakQuery, effort: SearchEffort = NODE_SEARCH) ->
     stack, positions, cls = query.stack, query.positions, query.cls
     starts, seed = effort.starts, effort.seed
     a = boundary_points(stack, cls, query.lower, query.upper, 32 * starts, samples=effort.samples, seed=seed)
-    if len(a) == 0:
+    if len(a) == 0 or past(deadline):
         return None
-    conf_s = confidence(stack.select(positions).forward(a), cls)  # [|S|, m]
-    order = np.argsort(conf_s.min(axis=0))[:starts]
+    # the networks' float64 confidences at once, or under a deadline a chunk at a time
+    least = np.full(len(a), np.inf)
+    for part in paced(len(positions), len(positions) if deadline is None else 512, deadline):
+        least = np.minimum(least, confidence(stack.select(positions[part]).forward(a), cls).min(axis=0))
+    order = np.argsort(least)[:starts]
     best: LeakWitness | None = None
     for i in order:
-        found = climb(query, a[i], effort.steps)
+        if past(deadline):
+            return best
+        found = climb(query, a[i], effort.steps, deadline=deadline)
         if found is not None and (best is None or found.confidence > best.confidence):
             best = found
     # a small node (a retried singleton) gets the full polish; a large one, whose search only has to
     # beat the class's best leak somewhere, a light one
-    if not effort.gradient:
+    if not effort.gradient or past(deadline):
         return best
     polish, climb_steps = (POLISH, CLIMB_STEPS) if len(positions) <= SMALL_NODE else (4, 6)
-    return _better(best, gradient_search(query, a, polish=polish, climb_steps=climb_steps, seed=seed))
+    return _better(
+        best, gradient_search(query, a, polish=polish, climb_steps=climb_steps, seed=seed, deadline=deadline)
+    )
 
 
 def boundary_points(
