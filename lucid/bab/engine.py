@@ -33,7 +33,7 @@ import numpy as np
 from lucid.bab.anytime import AnytimeBounds
 from lucid.bab.events import EventLog
 from lucid.bab.hooks import EngineHooks
-from lucid.bab.node import FINAL, OPEN, PENDING, PROVED_STATUSES, RUNNING, SETTLED, SPLIT, STUCK, Node
+from lucid.bab.node import FINAL, OPEN, PENDING, RUNNING, SETTLED, SPLIT, STUCK, Node
 from lucid.bab.order_statistic import known_member, relevant, set_aside, worth_retrying
 from lucid.bab.partition import PEEL_ROOT_ABOVE, peel_top, preload_kmeans, split_node
 from lucid.bab.schedule import Scheduler
@@ -229,11 +229,11 @@ class Engine:
         node.upper = min(node.upper, own, screened)
         if cs.residual_size is not None:  # a sound bound of each of its networks
             cs.network_bound[node.positions] = np.minimum(cs.network_bound[node.positions], node.upper)
-            if node.is_singleton and outcome.status not in PROVED_STATUSES:
-                self.anytime.back_off(cs)
         if not node.is_singleton and own >= before and cs.screen is not None and not self.config.naive:
             node.peel = True  # the hyper-network MILP was no help here: peel, do not cluster
         node.status = outcome.status
+        if cs.residual_size is not None and node.is_singleton and not node.proved:
+            self.anytime.back_off(cs)  # its question was too hard: the class asks halfway from now on
         node.stats = dict(getattr(outcome, "stats", {}) or {})
         if outcome.lower is not None and math.isfinite(outcome.lower):
             node.lower = float(outcome.lower)
