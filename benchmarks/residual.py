@@ -55,7 +55,12 @@ REPORT = REPO / "benchmarks" / "results" / "residual.md"
 # Adult subsets trained as a user would (rows of the shared file, numpy.random.default_rng(7).permutation,
 # a quarter held out as the test split): issue 63's loose-level workload and its small tabular set.
 ADULT_SUBSETS = {"adult4k-2x50": (4000, "2x50"), "adult800-2x20": (800, "2x20")}
-WORKLOADS = [*region_bench.WORKLOADS, "elsewhere-2x10", *ADULT_SUBSETS]
+# The growth curve along |D|: Adult 2x50 on nested training sets of 1 000 to 12 000 rows beside one
+# fixed 4 000-row test split (the first 4 000 rows of the same permutation; 16 000 of the file's 16 281).
+GROWTH = {f"adult-growth-{n}": n for n in (1000, 2000, 4000, 8000, 12000)}
+GROWTH_TEST_ROWS = 4000
+GROWTH_REPORT = REPO / "benchmarks" / "results" / "residual_growth.md"
+WORKLOADS = [*region_bench.WORKLOADS, "elsewhere-2x10", *ADULT_SUBSETS, *GROWTH]
 SINGLE_SAMPLES = 2000
 
 
@@ -63,6 +68,8 @@ def prepare(name: str) -> Path:
     """The workload's run directory (trained or imported once)."""
     if name in ADULT_SUBSETS:
         return _adult_subset(name, *ADULT_SUBSETS[name])
+    if name in GROWTH:
+        return _adult_growth(name, GROWTH[name])
     if name != "elsewhere-2x10":
         return region_bench.prepare(name) / "run"
     import loo_training_elsewhere as elsewhere  # noqa: PLC0415 (torch: only for this workload)
@@ -97,6 +104,30 @@ def _adult_subset(name: str, rows: int, arch: str) -> Path:
     subprocess.run([sys.executable, "-m", "lucid", "train", str(work / "rows.npz"), "--arch", arch, "--epochs", "50",
                     "--batch-size", "100", "--lr", "0.1", "--test-fraction", "0.25", "--seed", "0", "--out", str(run),
                     "--no-progress"], check=True)
+    return run
+
+
+def _adult_growth(name: str, rows: int) -> Path:
+    """`rows` training rows after the fixed test split in the same permutation, trained with the
+    adult4k settings against that test split (`--test-data`)."""
+    work = RUNS / name
+    run = work / "run"
+    if (run / "run.json").exists():
+        return run
+    work.mkdir(parents=True, exist_ok=True)
+    with np.load(region_bench.DATA / "adult" / "adult.npz") as f:
+        X, y = np.clip(f["X"], 0, 1), f["y"]
+    order = np.random.default_rng(7).permutation(len(X))
+    test, train = order[:GROWTH_TEST_ROWS], order[GROWTH_TEST_ROWS : GROWTH_TEST_ROWS + rows]
+    if len(train) < rows:
+        raise SystemExit(f"{name}: the Adult file has {len(X) - GROWTH_TEST_ROWS} rows beside the test split")
+    np.savez(work / "test.npz", X=X[test], y=y[test])
+    np.savez(work / "rows.npz", X=X[train], y=y[train])
+    t0 = time.monotonic()
+    subprocess.run([sys.executable, "-m", "lucid", "train", str(work / "rows.npz"), "--test-data", str(work / "test.npz"),
+                    "--arch", "2x50", "--epochs", "50", "--batch-size", "100", "--lr", "0.1", "--seed", "0",
+                    "--out", str(run), "--no-progress"], check=True)
+    (work / "train_seconds.txt").write_text(f"{time.monotonic() - t0:.1f}\n")
     return run
 
 
@@ -447,7 +478,7 @@ def main() -> None:
     args = parser.parse_args()
     if not args.report_only:
         for name in args.workloads.split(","):
-            shared = name in ADULT_SUBSETS or (name in region_bench.WORKLOADS
+            shared = name in ADULT_SUBSETS or name in GROWTH or (name in region_bench.WORKLOADS
                                                and region_bench.WORKLOADS[name][0] in ("crypto", "adult"))
             if shared and not region_bench.DATA.exists():
                 print(f"{name}: {region_bench.DATA} is absent, skipped", file=sys.stderr)
