@@ -71,7 +71,7 @@ def seeds_of(family: str) -> list[tuple[int, dict, list]]:
 
 def one_run(family: str, seed: int, tensors: dict, exact: list, tier: str) -> dict:
     from lucid.access.classifier import LabelOnlyClassifier
-    from lucid.bab import verify_run
+    from lucid.verify import verify_run
     from lucid.errors import LucidError
 
     row = {"family": family, "seed": seed, "tier": tier, "exact": [None if e is None else float(e) for e in exact]}

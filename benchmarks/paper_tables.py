@@ -161,8 +161,8 @@ class Cache:
 def run_lucid(wl: Workload, cfg, splits: dict[str, Path], out: Path, args) -> dict:
     """Train N and all N_-i, verify every class, evaluate LUCID / Naive-Noise / Naive-iDP."""
     from lucid.access.evaluate import evaluate_run
-    from lucid.bab import verify_run
-    from lucid.bab.checkpoint import CHECKPOINT_FILE
+    from lucid.verify import verify_run
+    from lucid.verify.checkpoint import CHECKPOINT_FILE
     from lucid.training import train_run
 
     run_dir = out / "runs" / wl.name

@@ -38,7 +38,7 @@ def build_run(work: Path, time_limit: float, baselines: bool) -> Path:
     import numpy as np
 
     from lucid.access import ClassifierOptions, LabelOnlyClassifier
-    from lucid.bab import verify_run
+    from lucid.verify import verify_run
     from lucid.training import train_run
 
     run = work / "run"

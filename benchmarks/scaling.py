@@ -68,7 +68,7 @@ def run_dir(n: int) -> Path:
 
 def step(n: int, name: str, args: argparse.Namespace) -> dict:
     """One step, in this process (the driver runs it as a subprocess)."""
-    from lucid.bab import verify_run
+    from lucid.verify import verify_run
     from lucid.rundir import open_run
 
     run = run_dir(n)

@@ -137,7 +137,7 @@ def main() -> None:
     ap.add_argument("--skip-anytime", action="store_true")
     args = ap.parse_args()
 
-    from lucid.bab import verify_run
+    from lucid.verify import verify_run
     from lucid.bab.events import read_events
 
     run = ensure_run(args.run, args.networks)

@@ -56,6 +56,35 @@ def bound_entry_value(v: float | None, *, upper: bool) -> float | None:
     return float(v)
 
 
+def bound_entry(
+    upper: float | None,
+    lower: float | None,
+    *,
+    complete: bool,
+    exact: bool,
+    seconds: float,
+    nodes: int,
+    reason: str | None,
+    leaking_row: int | None,
+    **extra: Any,
+) -> dict:
+    """One class's entry of bounds.json (every strategy builds its entries here): its bounds as
+    `bound_entry_value` writes them, whether it finished (`complete`) without a gap (`exact`), its
+    seconds and nodes, why it stopped, the training row of its best leak, and a strategy's own
+    fields (`extra`: `stopped_in`, `removals`)."""
+    return {
+        "upper": bound_entry_value(upper, upper=True),
+        "lower": bound_entry_value(lower, upper=False),
+        "complete": bool(complete),
+        "exact": bool(exact),
+        "seconds": round(seconds, 3),
+        "nodes": nodes,
+        "reason": reason,
+        "leaking_row": leaking_row,
+        **extra,
+    }
+
+
 def write_bounds(
     run_dir: str | Path,
     bounds: dict[str, dict],

@@ -181,7 +181,7 @@ class VerifySettings:
     hyper: what the verified networks are: "loo" (the run's leave-one-out networks, by
         branch-and-bound over their hyper-networks) or "agt:K" (every network within K removed
         rows, through the run's AGT box: one MILP per class, `lucid.analysis.agt_box`).
-    regions: up to this many boxes of the domain get their own bounds (`lucid.regions.verify`; 1: one
+    regions: up to this many boxes of the domain get their own bounds (`lucid.verify.regions`; 1: one
         bound per class); public_inputs: an .npz of public inputs that weighs where boxes are cut.
     residual: M, the size of each class's residual set (`lucid.residual`): the M networks with the
         largest proven bounds are checked at query time, and the level L_c, the (M+1)-th largest

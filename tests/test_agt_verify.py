@@ -16,7 +16,7 @@ import torch
 from click.testing import CliRunner
 
 from lucid.agt.store import AGT_FILE, load_boxes
-from lucid.bab import verify_run
+from lucid.verify import verify_run
 from lucid.bab.events import read_events
 from lucid.cli import cli, main
 from lucid.training import train_run

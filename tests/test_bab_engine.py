@@ -560,7 +560,7 @@ def test_only_the_last_work_gets_the_idle_workers_threads(tmp_path):
     executor = RecordingExecutor(2)
     engine = Engine(executor, [0], len(values), VerifySettings(time_limit=300.0, node_time_limit=1.0),
                     params=np.zeros((len(values), 2)), log=EventLog(tmp_path / "log.jsonl"))
-    engine.session.start()
+    engine.invocation.start()
     cs = engine.states[0]
 
     def pending(node_id, positions, attempts=1):
@@ -627,7 +627,7 @@ def test_a_time_limit_ends_the_seeds_and_their_screen_refinement_and_a_resume_se
     engine = engine_with(slow_refine, 1.0)
     states = engine.run()
     # class 0's refinement got the engine's deadline and ended there: the run within 1.5 s of its 1 s
-    assert searched[0] == 0 and deadlines[0] == engine.session.deadline.end and set(refined) == {0}
+    assert searched[0] == 0 and deadlines[0] == engine.invocation.deadline.end and set(refined) == {0}
     assert 0 < len(refined) < 60 and time.monotonic() - t0 < 2.5
     refined_at = np.flatnonzero(states[0].refined)
     assert len(refined_at) == len(refined)  # the networks not reached are left to refine later

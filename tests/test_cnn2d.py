@@ -267,7 +267,7 @@ def test_other_specs_train_chunked_and_lower_exactly(tmp_path, arch, shape):
 
 def test_verify_matches_the_naive_oracle_and_evaluate_releases_no_leak(tiny_run, verified, tmp_path, capsys):
     from lucid.access.evaluate import evaluate_run
-    from lucid.bab import verify_run
+    from lucid.verify import verify_run
 
     oracle_run = tmp_path / "oracle"
     shutil.copytree(tiny_run, oracle_run)

@@ -16,7 +16,7 @@ from safetensors.numpy import load_file
 
 import lucid.cluster
 import lucid.worker_inputs
-from lucid.bab import verify_run
+from lucid.verify import verify_run
 from lucid.bab.events import read_events
 from lucid.errors import LucidError
 from lucid.training import train_run

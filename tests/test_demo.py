@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-import lucid.bab
+import lucid.verify
 import lucid.training
 from synthetic_runs import write_bounds, write_synthetic_run
 
@@ -27,7 +27,7 @@ def test_demo_wires_train_verify_evaluate(tmp_path, monkeypatch, capsys):
         return {}
 
     monkeypatch.setattr(lucid.training, "train_run", fake_train)
-    monkeypatch.setattr(lucid.bab, "verify_run", fake_verify)
+    monkeypatch.setattr(lucid.verify, "verify_run", fake_verify)
     from lucid.cli import main
 
     main(["demo", "--out", str(tmp_path / "d"), "--time-limit", "7", "--solver", "highs"])  # returns on success

@@ -162,7 +162,7 @@ TIERS = {
 @pytest.mark.parametrize("family", list(FAMILIES))
 @pytest.mark.parametrize("tier", list(TIERS))
 def test_no_tier_certifies_below_the_exact_bound_at_any_scale(tmp_path, family, tier):
-    from lucid.bab import verify_run
+    from lucid.verify import verify_run
 
     tensors, exact = interesting(family)
     run = write_scaled_run(tmp_path / "run", tensors)
@@ -176,7 +176,7 @@ def test_the_other_backends_are_sound_at_extreme_scales(tmp_path, solver, family
     """Gurobi (integrality tolerance 1e-5) certified 360.6 against the exact 393.6 at 1e3 per layer
     while only the neurons outside the band were rescaled: every one is now."""
     pytest.importorskip({"scip": "pyscipopt", "gurobi": "gurobipy"}[solver])
-    from lucid.bab import verify_run
+    from lucid.verify import verify_run
 
     tensors, exact = interesting(family)
     run = write_scaled_run(tmp_path / "run", tensors)
@@ -300,7 +300,7 @@ def test_regions_verify_a_stack_whose_rescaled_parameters_pass_the_limit(tmp_pat
     2^64). Each box is rebuilt from the stored networks: `--regions` verifies the stack that the
     global verification does, and every box's networks compute the stored scores."""
     from lucid.analysis.problem import VerificationProblem
-    from lucid.bab import verify_run
+    from lucid.verify import verify_run
     from lucid.regions import RegionTree
     from lucid.regions.one_box import BoxVerifier
 

@@ -15,7 +15,7 @@ import torch
 from safetensors.numpy import load_file
 
 from lucid.agt.store import load_boxes
-from lucid.bab import verify_run
+from lucid.verify import verify_run
 from lucid.cli import main
 from lucid.sgd import SgdStep, TrainingInputs
 from lucid.training import train_run

@@ -7,7 +7,7 @@ import pytest
 import torch
 from safetensors.numpy import load_file
 
-from lucid.bab import verify_run
+from lucid.verify import verify_run
 from lucid.training import train_run
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available here")

@@ -5,8 +5,9 @@
   bounds.json -> access, and the foundations under it know nothing of what is built on them;
 - `lucid/milp` (the neutral model and its encodings) imports neither `lucid/bounds` nor anything
   that computes bounds, solves or schedules: bounds reach it as plain arrays;
-- nothing outside the engine's layer (`lucid/bab` and the region strategy) and the command line
-  imports `lucid/bab` (the engine sits on top);
+- nothing outside the engine's layers (`lucid/bab`, the region modules that run it, and the
+  verification runs of `lucid/verify` that drive it) and the command line imports them (the engine
+  sits on top);
 - nothing outside `lucid/cli` (and `lucid/__main__.py`, which runs it) imports `lucid/cli`: another
   entry point such as `python -m lucid.baselines` takes what it shares with `lucid` from below;
 - only `lucid/solvers` imports solver packages (highspy, gurobipy, pulp, pyscipopt).
@@ -26,9 +27,9 @@ ROOT = Path(__file__).resolve().parent.parent / "lucid"
 SOLVER_PACKAGES = {"highspy", "gurobipy", "pulp", "pyscipopt"}
 # The region package's modules that run verification sit with the engine; the partition itself
 # (`regions`, `regions.tree`, `regions.reader`, `regions.lookup`) sits beside the run directory, for the access layer.
-ENGINE_REGIONS = {"regions.verify", "regions.one_box", "regions.choice", "regions.report"}
+ENGINE_REGIONS = {"regions.one_box", "regions.choice", "regions.report"}
 # Lowest first. A module's layer is that of the longest name here that holds it (a package, a module,
-# or a module inside a package, as "regions.verify"); any `__main__` module is a command line and
+# or a module inside a package, as "regions.one_box"); any `__main__` module is a command line and
 # sits on top.
 LAYERS = [
     {"__init__", "__version__", "errors", "command_errors", "option_fields", "atomic", "worker_inputs", "cluster", "adam", "deadline"},  # foundations
@@ -40,7 +41,8 @@ LAYERS = [
     {"bounds"},  # bound propagation, LPs, ReLU splitting
     {"settings"},  # the typed settings objects
     {"analysis", "agt", "training", "sgd", "residual_choice"},  # a node's analysis and encoding; AGT boxes; training; T's step; choosing M
-    {"bab", *ENGINE_REGIONS},  # the branch-and-bound engine and its strategies
+    {"bab", *ENGINE_REGIONS},  # the branch-and-bound engine; one region box's verification
+    {"verify"},  # a verification run: its lifecycle and the strategies it drives
     {"access"},  # label-only access
     {"report", "baselines"},  # reports and the baselines
     {"cli", "__main__"},  # command lines
@@ -83,7 +85,11 @@ def layer_of(module: str) -> int:
 
 
 def in_engine_layer(module: str) -> bool:
-    return _under(module, "lucid.bab") or any(_under(module, f"lucid.{name}") for name in ENGINE_REGIONS)
+    return (
+        _under(module, "lucid.bab")
+        or _under(module, "lucid.verify")
+        or any(_under(module, f"lucid.{name}") for name in ENGINE_REGIONS)
+    )
 
 
 def engine_imports(module: str, imports: set[str]) -> list[str]:
@@ -112,10 +118,13 @@ def test_the_layer_rule_sees_an_arrow_back_up():
     assert not upward_imports("lucid.baselines.__main__", {"lucid.cli"})
     # the partition sits beside the run directory, the region strategy with the engine
     assert upward_imports("lucid.regions.tree", {"lucid.bab.engine"})
-    assert not upward_imports("lucid.regions.verify", {"lucid.bab.engine", "lucid.regions.tree"})
-    assert engine_imports("lucid.access.classifier", {"lucid.regions.verify", "lucid.bab.engine.Engine"})
+    assert not upward_imports("lucid.verify.regions", {"lucid.bab.engine", "lucid.regions.tree"})
+    # the run drives the engine, never the other way (bab/run.py once imported the region strategy)
+    assert upward_imports("lucid.bab.engine", {"lucid.verify.regions"})
+    assert upward_imports("lucid.regions.one_box", {"lucid.verify.lifecycle"})
+    assert engine_imports("lucid.access.classifier", {"lucid.verify.regions", "lucid.bab.engine.Engine"})
     assert not engine_imports("lucid.access.classifier", {"lucid.regions", "lucid.regions.lookup", "lucid.regions.tree"})
-    assert not engine_imports("lucid.cli.verify", {"lucid.bab.run"})
+    assert not engine_imports("lucid.cli.verify", {"lucid.verify.run"})
 
 
 def command_line_imports(module: str, imports: set[str]) -> list[str]:

@@ -13,7 +13,7 @@ from lucid.cli import cli
 
 @pytest.fixture(scope="module")
 def verified_run(tmp_path_factory):
-    from lucid.bab import verify_run
+    from lucid.verify import verify_run
 
     run = write_tiny_run(tmp_path_factory.mktemp("log") / "run", networks=10, seed=2)
     result = verify_run(run, workers=1, ris=False, screen=False, search=False, split_time=0, progress=False)
@@ -69,7 +69,7 @@ def test_torn_last_line_is_ignored(verified_run, tmp_path):
 
 def test_slowest_lists_each_node_profile(tmp_path):
     """A verification with the split/MILP race logs a profile per node; --slowest shows the slowest."""
-    from lucid.bab import verify_run
+    from lucid.verify import verify_run
     from lucid.bab.report import slowest_nodes
 
     run = write_tiny_run(tmp_path / "run", networks=10, seed=2)

@@ -54,7 +54,7 @@ def _canonical(value):
 
 def record(tmp: Path, names: set[str] | None = None) -> dict:
     """The canonical bounds and events of the workloads named (all by default)."""
-    from lucid.bab import verify_run
+    from lucid.verify import verify_run
     from lucid.bab.events import read_events
 
     out = {}

@@ -27,7 +27,7 @@ WIDE = {"COLUMNS": "250"}  # no wrapped cells, so every table row is one line
 
 @pytest.fixture(scope="module")
 def region_run(tmp_path_factory):
-    from lucid.bab import verify_run
+    from lucid.verify import verify_run
 
     run = write_tiny_run(tmp_path_factory.mktemp("regions") / "run", networks=8, seed=3)
     verify_run(run, regions=6, time_limit=30, workers=1, split_time=0, progress=False)  # the tree is what matters

@@ -1,4 +1,4 @@
-"""Region-wise decision bounds (`lucid verify --regions K`, lucid/regions/tree.py, lucid/regions/verify.py).
+"""Region-wise decision bounds (`lucid verify --regions K`, lucid/regions/tree.py, lucid/verify/regions.py).
 
 The oracle: on tiny 2-D runs the exact beta*_{c,{i}} of every network over every box is computed
 by polygon enumeration (tests/bruteforce.py, no code shared with lucid), and every verified box's
@@ -23,7 +23,7 @@ from lucid.access.classifier import ClassifierOptions, LabelOnlyClassifier  # no
 from lucid.access.evaluate import leaking_set  # noqa: E402
 from lucid.access.memo import Memo  # noqa: E402
 from lucid.analysis.problem import VerificationProblem  # noqa: E402
-from lucid.bab import verify_run  # noqa: E402
+from lucid.verify import verify_run  # noqa: E402
 from lucid.errors import LucidError  # noqa: E402
 from lucid.regions import MAX_DEPTH, RegionTree  # noqa: E402
 from lucid.regions.one_box import BoxVerifier  # noqa: E402
@@ -196,7 +196,7 @@ def test_json_round_trip_and_one_line_refusals():
 # --- verification against the exact per-box oracle -------------------------------------------------
 @pytest.fixture(scope="module")
 def region_run(tmp_path_factory):
-    import lucid.regions.verify as regions
+    import lucid.verify.regions as regions
 
     path = write_tiny_run(tmp_path_factory.mktemp("regions") / "run", networks=6, seed=4, spread=(0.03, 0.08, 0.2))
     with pytest.MonkeyPatch.context() as patch:
@@ -247,7 +247,7 @@ def test_a_cut_short_root_is_continued_once_no_split_is_left_and_its_bounds_hold
     the domain, hold most of the noised public points, and the root's branch-and-bound, cut short
     at its share, goes on where it stopped (not from scratch) instead of verifying boxes without
     noised points."""
-    import lucid.regions.verify as regions
+    import lucid.verify.regions as regions
 
     path = write_tiny_run(tmp_path / "run", networks=6, seed=4, spread=(0.03, 0.08, 0.2))
     calls, shares, real, real_time = [], [], BoxVerifier.verify, regions.box_time
@@ -314,7 +314,7 @@ def test_regions_release_no_leaking_input_and_noise_less_than_the_global_bound(r
 
 
 def test_resume_continues_from_the_last_finished_box(tmp_path, monkeypatch):
-    import lucid.regions.verify as regions
+    import lucid.verify.regions as regions
 
     path = write_tiny_run(tmp_path / "run", networks=3, seed=2, spread=(0.03, 0.08, 0.2))  # (3, not 5: CI time)
     calls = []  # (how, box): a box is screened first, then deepened by the branch-and-bound
@@ -377,7 +377,7 @@ def test_resume_continues_from_the_last_finished_box(tmp_path, monkeypatch):
 def test_a_time_limit_that_ends_during_a_screen_ends_the_run_with_its_bounds(tmp_path, monkeypatch):
     import time
 
-    import lucid.regions.verify as regions
+    import lucid.verify.regions as regions
 
     path = write_tiny_run(tmp_path / "run", networks=5, seed=2, spread=(0.03, 0.08, 0.2))
     limit, started, screened = 5.0, time.monotonic(), []  # (CI time: 8 before; it screens after ~1.2 s)
@@ -511,7 +511,7 @@ def test_queries_in_a_shallow_and_a_deep_box_do_the_same_work_and_take_the_same_
 def test_a_box_target_is_a_level_to_prove_below_never_a_bound_by_itself():
     from lucid.bab.anytime import AnytimeBounds
     from lucid.regions.choice import box_targets
-    from lucid.bab.session import Session
+    from lucid.bab.invocation import Invocation
     from lucid.bab.state import ClassState
     from lucid.settings import VerifySettings
 
@@ -524,14 +524,14 @@ def test_a_box_target_is_a_level_to_prove_below_never_a_bound_by_itself():
     assert targets[0] == pytest.approx((1 - TARGET_MARGIN) * np.quantile([0.5, 0.6, 0.9], TARGET_QUANTILE))
     assert targets[1] == pytest.approx((1 - TARGET_MARGIN) * np.quantile([0.3, 0.4], TARGET_QUANTILE))
     assert targets[0] < 0.5 and targets[1] < 0.3  # below every point it is meant to release
-    anytime = AnytimeBounds(VerifySettings(), Session())
+    anytime = AnytimeBounds(VerifySettings(), Invocation())
     cs = ClassState(cls=0, target=0.8)
     assert anytime.tolerance(cs) == 0.0  # no leak known: no level can be claimed yet
     cs.lower = 0.5
     assert anytime.tolerance(cs) == pytest.approx(0.3) and anytime.cutoff(cs) == pytest.approx(0.8)
     cs.lower = 0.9  # a leak above the target: the class is back to exact
     assert anytime.tolerance(cs) == 0.0
-    assert AnytimeBounds(VerifySettings(naive=True), Session()).tolerance(ClassState(cls=0, lower=0.1, target=1.0)) == 0.0
+    assert AnytimeBounds(VerifySettings(naive=True), Invocation()).tolerance(ClassState(cls=0, lower=0.1, target=1.0)) == 0.0
 
 
 def test_rebind_drops_the_results_of_the_previous_problem():
@@ -679,7 +679,7 @@ def test_boxes_are_screened_first_only_when_the_root_left_a_class_open():
 
 
 def test_a_leaf_is_exact_only_with_no_leak_possible_or_a_leak_found_at_its_bound():
-    from lucid.regions.verify import _leaves_exact
+    from lucid.verify.regions import _leaves_exact
 
     def exact(upper: float, lower: float) -> bool:
         tree = RegionTree(np.zeros(2), np.ones(2), 1)

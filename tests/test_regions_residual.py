@@ -17,7 +17,7 @@ from exact_oracle import exact_singleton
 from release_probes import (assert_four_outcomes_do_the_same_work, class_margin, crossings,
                             released_rows_agree_exactly)
 from lucid.access import ClassifierOptions, LabelOnlyClassifier
-from lucid.bab import verify_run
+from lucid.verify import verify_run
 from lucid.errors import LucidError
 from lucid.network import load_networks
 from lucid.regions import RegionTree

@@ -82,7 +82,7 @@ class Page(HTMLParser):
 @pytest.fixture(scope="module")
 def verified(tmp_path_factory):
     """A real, tiny verification (2 classes, 6 leave-one-out networks, a 120-input test split)."""
-    from lucid.bab import verify_run
+    from lucid.verify import verify_run
 
     run = write_synthetic_run(tmp_path_factory.mktemp("report") / "run", num_classes=2, hidden=(4,), train_size=6,
                               test_size=120, perturbation=0.05, seed=3)

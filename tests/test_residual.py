@@ -20,7 +20,7 @@ from release_probes import (assert_four_outcomes_do_the_same_work, class_margin,
                             released_rows_agree_exactly)
 from lucid.access import ClassifierOptions, LabelOnlyClassifier
 from lucid.access.evaluate import leaking_set
-from lucid.bab import verify_run
+from lucid.verify import verify_run
 from lucid.errors import LucidError
 from lucid.network import load_networks
 from lucid.residual import ClassResidual, write_residual
@@ -484,20 +484,20 @@ def test_with_residual_sets_the_screen_refines_only_when_the_level_reaches_unref
     and a refined bound only ever lowers a network's screen."""
     from lucid.bab.anytime import AnytimeBounds
     from lucid.bab.screening import RESIDUAL_REFINE_BATCH, ScreenBounds
-    from lucid.bab.session import Session
+    from lucid.bab.invocation import Invocation
     from lucid.bab.state import ClassState
     from lucid.settings import VerifySettings
 
     networks = 3 * RESIDUAL_REFINE_BATCH + 1
     settings = VerifySettings(residual=4)
-    session = Session()
+    invocation = Invocation()
     asked: list[np.ndarray] = []
 
     def refine(cls, positions, level, deadline=None):
         asked.append(np.array(positions))
         return cs.screen[positions] - 0.5
 
-    screening = ScreenBounds(networks, settings, AnytimeBounds(settings, session), session,
+    screening = ScreenBounds(networks, settings, AnytimeBounds(settings, invocation), invocation,
                              screen=lambda c, p, deadline=None: np.zeros(len(p)), refine=refine)
     cs = ClassState(cls=0, residual_size=4, lower=0.0)
     cs.screen = np.concatenate([[-np.inf], np.linspace(1.0, 2.0, networks - 1)])

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from bab_fixtures import write_tiny_run
-from lucid.bab import verify_run
+from lucid.verify import verify_run
 from lucid.bab.events import read_events
 
 

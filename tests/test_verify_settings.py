@@ -147,23 +147,23 @@ CASES = {
     "--solver": (["--solver", "scip"], lambda r: r.solves and set(r.solves) == {"scip"}
                  and all(n["settings"].solver == "scip" for n in r.nodes)),
     "--workers": ([], lambda r: r.engines[0].executor.capacity == 1),
-    "--time-limit": (["--time-limit", "40"], lambda r: r.engines[0].config.time_limit == 40.0
+    "--time-limit": (["--time-limit", "40"], lambda r: r.engines[0].settings.time_limit == 40.0
                      and all(t is not None and t <= 40.0 for t in first_limits(r))),
     "--node-time-limit": (["--node-time-limit", "7"], lambda r: r.nodes and first_limits(r)[0] == 7.0),
     "--classes": (["--classes", "1"], lambda r: {n["cls"] for n in r.nodes} == {1}
                   and sorted(r.engines[0].states) == [1]),
     "--tau": (["--tau", "0.25"], lambda r: r.nodes and all(n["encoding"].tau == 0.25 for n in r.nodes)),
-    "--gap": (["--gap", "0.5"], lambda r: r.engines[0].config.gap == 0.5),
-    "--rel-gap": (["--rel-gap", "0.2"], lambda r: r.engines[0].config.rel_gap == 0.2),
+    "--gap": (["--gap", "0.5"], lambda r: r.engines[0].settings.gap == 0.5),
+    "--rel-gap": (["--rel-gap", "0.2"], lambda r: r.engines[0].settings.rel_gap == 0.2),
     "--no-md": (["--no-md"], lambda r: r.nodes and all(
         not (n["encoding"].md or n["encoding"].md_pre or n["encoding"].coupling) for n in r.nodes)),
     "--no-ris": (["--no-ris"], lambda r: r.nodes and all(not n["encoding"].ris for n in r.nodes)),
-    "--no-bab": (["--no-bab"], lambda r: not r.engines[0].config.bab and len(r.nodes) <= 2),
-    "--naive": (["--naive"], lambda r: r.engines[0].config.naive and all(
+    "--no-bab": (["--no-bab"], lambda r: not r.engines[0].settings.bab and len(r.nodes) <= 2),
+    "--naive": (["--naive"], lambda r: r.engines[0].settings.naive and all(
         len(e) == 1 for e in [[1]] * len(r.nodes)) and len(r.nodes) >= 6),
     "--no-screen": (["--no-screen", "--split-time", "0"], lambda r: r.screens == 0 and not r.symbolic),
     "--screen": (["--screen", "interval"], lambda r: r.screens > 0 and not r.symbolic
-                 and r.engines[0].config.screen == "interval"),
+                 and r.engines[0].settings.screen == "interval"),
     # with the interval screen the root's hyper-network node runs its node-level search (the
     # defaults test shows it does), so the check below covers node and climb searches too
     "--no-search": (["--no-search", "--screen", "interval"], lambda r: sum(r.searches.values()) == 0
@@ -192,11 +192,11 @@ def test_every_verify_flag_reaches_its_consumer(run_dir, monkeypatch, flag):
 def test_the_defaults_differ_from_every_flags_setting(run_dir, monkeypatch):
     """The checks above would pass vacuously if the default already had the flag's effect."""
     rec = verify(run_dir, monkeypatch)
-    assert rec.engines[0].config.screen == "optimised" and rec.symbolic and rec.symbolic[0]["steps"] == 0
+    assert rec.engines[0].settings.screen == "optimised" and rec.symbolic and rec.symbolic[0]["steps"] == 0
     assert rec.screens > 0 and rec.searches["class"] > 0
     assert all(n["encoding"].md and n["encoding"].ris and n["encoding"].tau == 0.01 for n in rec.nodes)
     assert set(rec.solves) == {"highs"} and rec.problems[0].bounds_method == "lp" and rec.displays == [True]
-    cfg = rec.engines[0].config
+    cfg = rec.engines[0].settings
     assert cfg.bab and not cfg.naive and cfg.gap == 0 and cfg.rel_gap == 0 and cfg.time_limit is None
     assert sorted(rec.engines[0].states) == [0, 1] and first_limits(rec)[0] is None
     for stale in ("bounds.json", "verify.checkpoint.json", "verify.log.jsonl"):
@@ -212,7 +212,7 @@ def test_resume_and_scheduler_reach_the_checkpoint_and_the_executor(run_dir, mon
         (run_dir / stale).unlink(missing_ok=True)
     verify(run_dir, monkeypatch, "--time-limit", "30")
     rec = verify(run_dir, monkeypatch, "--time-limit", "30", "--resume")
-    assert rec.engines[0].config.resume and all(cs.done for cs in rec.engines[0].states.values())
+    assert rec.engines[0].settings.resume and all(cs.done for cs in rec.engines[0].states.values())
     assert rec.nodes == []  # everything was finished in the checkpoint
 
     seen = []
@@ -307,7 +307,7 @@ def test_the_log_records_the_whole_settings_object(run_dir, monkeypatch):
         (run_dir / stale).unlink(missing_ok=True)
     rec = verify(run_dir, monkeypatch, "--rel-gap", "0.2", "--screen", "symbolic", "--tau", "0.05")
     started = next(e for e in read_events(run_dir / "verify.log.jsonl") if e["event"] == "started")
-    assert started["settings"] == rec.engines[0].config.to_json()
+    assert started["settings"] == rec.engines[0].settings.to_json()
     assert started["settings"]["screen"] == "symbolic" and started["settings"]["rel_gap"] == 0.2
 
 

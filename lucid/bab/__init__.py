@@ -1,8 +1,4 @@
-"""Branch-and-bound over network sets: `lucid verify` (paper Algorithm 1, LUCID-Compute).
-
-`verify_run` (lucid.bab.run) is the Python entry point; the CLI, the demo and the benchmarks call it.
+"""The branch-and-bound engine over network sets (paper Algorithm 1, LUCID-Compute): the engine,
+its class state, nodes, anytime bounds, screening, schedule and workers, and the one place that
+assembles it (`assembly`). A verification run that drives it: `lucid.verify`.
 """
-
-from lucid.bab.run import verify_run
-
-__all__ = ["verify_run"]

@@ -20,9 +20,9 @@ from typing import Any
 
 import numpy as np
 
+from lucid.bab.invocation import Invocation
 from lucid.bab.node import CLOSED, OPEN, PENDING, SETTLED, STUCK, Node
 from lucid.bab.order_statistic import leak_floor, leak_outside, network_bounds, ranked
-from lucid.bab.session import Session
 from lucid.bab.state import INF, ClassState
 from lucid.errors import InconsistentBounds
 from lucid.settings import VerifySettings
@@ -49,9 +49,9 @@ QUESTION_EXACT_WITHIN = 0.05
 class AnytimeBounds:
     """The bound rules of every class of one verification (the states themselves are passed in)."""
 
-    def __init__(self, settings: VerifySettings, session: Session, leaks: NetworkLeaks | None = None) -> None:
+    def __init__(self, settings: VerifySettings, invocation: Invocation, leaks: NetworkLeaks | None = None) -> None:
         self.settings = settings
-        self.session = session
+        self.invocation = invocation
         self.leaks = leaks  # every network's own leaks (--residual M)
         self._backed_off: dict[int, float] = {}  # --residual M: class -> its level when it backed off
 
@@ -96,7 +96,7 @@ class AnytimeBounds:
         the class's questions lie halfway up to the level from now on (`cutoff`)."""
         if cs.residual_size is not None and cs.cls not in self._backed_off and math.isfinite(cs.upper):
             self._backed_off[cs.cls] = abs(cs.upper)
-            self.session.emit("question_backed_off", cs.cls, level=cs.upper, share=QUESTION_SHARE)
+            self.invocation.emit("question_backed_off", cs.cls, level=cs.upper, share=QUESTION_SHARE)
 
     def can_close(self, cs: ClassState, node: Node) -> bool:
         """Whether `node` cannot raise the reported upper bound (infeasible, or within the tolerance)."""
@@ -112,7 +112,7 @@ class AnytimeBounds:
             why = "bound within the gap of the best lower"
         node.state = CLOSED
         cs.nodes.pop(node.id, None)
-        self.session.emit(
+        self.invocation.emit(
             "closed", cs.cls, node=node.id, parent=node.parent, size=node.size, upper=node.upper, reason=why
         )
 
@@ -131,7 +131,7 @@ class AnytimeBounds:
         cs.lower = value
         cs.lower_row = None if row is None else int(row)
         cs.lower_witness = None if x is None else [float(v) for v in np.ravel(x)]
-        self.session.emit("witness", cs.cls, lower=value, leaking_row=cs.lower_row, source=source, **extra)
+        self.invocation.emit("witness", cs.cls, lower=value, leaking_row=cs.lower_row, source=source, **extra)
         if update:
             self.update(cs)
 
@@ -156,11 +156,11 @@ class AnytimeBounds:
         cutoff far below the level makes each singleton MILP compute its exact bound), within
         SEED_SEARCH_SHARE of the time left; the sampled leaks until the deadline (a network not
         reached keeps -inf: no leak is claimed)."""
-        np.maximum(cs.network_leak, self.leaks.sampled(cs.cls, self.session.deadline.end), out=cs.network_leak)
+        np.maximum(cs.network_leak, self.leaks.sampled(cs.cls, self.invocation.deadline.end), out=cs.network_leak)
         bounds = network_bounds(cs)
         order = np.lexsort((np.arange(len(bounds)), -bounds))
         top = order[order > 0][: min(2 * (cs.residual_size + 1), SEED_SEARCHED)]
-        left = self.session.deadline.left()
+        left = self.invocation.deadline.left()
         deadline = None if left is None else time.monotonic() + SEED_SEARCH_SHARE * max(0.0, left)
         np.maximum(cs.network_leak, self.leaks.searched(cs.cls, top, deadline), out=cs.network_leak)
         self._raise_floor(cs, None, None, "sampled")
@@ -173,7 +173,7 @@ class AnytimeBounds:
         cs.lower = value
         cs.lower_row = self.leaks.row(position)
         cs.lower_witness = [float(v) for v in np.ravel(x)] if here is not None and here[position] == value else None
-        self.session.emit("witness", cs.cls, lower=value, leaking_row=cs.lower_row, source=source, **extra)
+        self.invocation.emit("witness", cs.cls, lower=value, leaking_row=cs.lower_row, source=source, **extra)
         return True
 
     def prune(self, cs: ClassState, positions: np.ndarray, cap: float = INF) -> np.ndarray:
@@ -212,7 +212,9 @@ class AnytimeBounds:
         state = (cs.upper, cs.lower)
         if state != cs.logged:
             cs.logged = state
-            self.session.emit("anytime", cs.cls, upper=cs.upper, lower=cs.lower, open=len(cs.nodes), solved=cs.solved)
+            self.invocation.emit(
+                "anytime", cs.cls, upper=cs.upper, lower=cs.lower, open=len(cs.nodes), solved=cs.solved
+            )
 
     def _update_level(self, cs: ClassState) -> None:
         bounds = network_bounds(cs)
@@ -228,7 +230,7 @@ class AnytimeBounds:
         state = (cs.upper, cs.lower, cs.residual_size)
         if state != cs.logged:
             cs.logged = state
-            self.session.emit(
+            self.invocation.emit(
                 "anytime",
                 cs.cls,
                 upper=cs.upper,
@@ -253,8 +255,8 @@ class AnytimeBounds:
         cs.reason = reason
         cs.stopped_in = stopped_in
         cs.within_gap = complete and (within_gap or kept)
-        cs.seconds = self.session.elapsed()
-        self.session.emit(
+        cs.seconds = self.invocation.elapsed()
+        self.invocation.emit(
             "class_done",
             cs.cls,
             upper=cs.upper,
@@ -276,7 +278,7 @@ class AnytimeBounds:
         members, level, holder = ranked(bounds, cs.residual_size)
         members = members[np.lexsort((members, -bounds[members]))]
         row = self.leaks.row if self.leaks is not None else int
-        self.session.emit(
+        self.invocation.emit(
             "residual",
             cs.cls,
             networks=len(members),

@@ -33,12 +33,12 @@ import numpy as np
 from lucid.bab.anytime import AnytimeBounds
 from lucid.bab.events import EventLog
 from lucid.bab.hooks import EngineHooks
+from lucid.bab.invocation import Invocation
 from lucid.bab.node import FINAL, OPEN, PENDING, RUNNING, SETTLED, SPLIT, STUCK, Node
 from lucid.bab.order_statistic import known_member, relevant, set_aside, worth_retrying
 from lucid.bab.partition import PEEL_ROOT_ABOVE, peel_top, preload_kmeans, split_node
 from lucid.bab.schedule import Scheduler
 from lucid.bab.screening import ScreenBounds
-from lucid.bab.session import Session
 from lucid.bab.state import INF, ClassState
 from lucid.bab.workers import Executor
 from lucid.deadline import Deadline, Phases
@@ -53,14 +53,14 @@ class Engine:
 
     The engine owns the node life cycle (seed, solve, split, settle, retry, finish); it holds the
     collaborators that keep the bounds (`anytime`), the screened bounds (`screening`) and the
-    schedule (`scheduler`), and the `session` whose clock and log they all share."""
+    schedule (`scheduler`), and the `invocation` whose clock and log they all share."""
 
     def __init__(
         self,
         executor: Executor,
         classes: list[int],
         num_networks: int,
-        config: VerifySettings,
+        settings: VerifySettings,
         *,
         params: np.ndarray | Callable[[], np.ndarray] | None = None,
         hooks: EngineHooks | None = None,
@@ -69,36 +69,36 @@ class Engine:
         deadline: Deadline | None = None,
         phases: Phases | None = None,
     ) -> None:
-        """`deadline`: when to stop (default: `config.time_limit` from when `run` starts); one with
+        """`deadline`: when to stop (default: `settings.time_limit` from when `run` starts); one with
         a start makes an invocation's set-up (N's bounds, the initial screens) count against it too.
         `phases`: the run's named phases, when its set-up before the engine is named there too."""
         hooks = hooks if hooks is not None else EngineHooks()
         self.executor = executor
-        self.config = config
+        self.settings = settings
         self.num_networks = num_networks  # stack size; positions 1..num_networks-1
         self._params = params
-        self._search = None if config.naive else hooks.search
+        self._search = None if settings.naive else hooks.search
         self.on_progress = hooks.on_progress
         self.on_checkpoint = hooks.on_checkpoint
-        self.session = Session(log, deadline if deadline is not None else Deadline(config.time_limit), phases)
-        self.anytime = AnytimeBounds(config, self.session, hooks.leaks)
+        self.invocation = Invocation(log, deadline if deadline is not None else Deadline(settings.time_limit), phases)
+        self.anytime = AnytimeBounds(settings, self.invocation, hooks.leaks)
         self._choose_size = hooks.choose_size
         self._chosen_at = -INF
-        self.screening = ScreenBounds(num_networks, config, self.anytime, self.session, hooks.screen, hooks.refine)
+        self.screening = ScreenBounds(num_networks, settings, self.anytime, self.invocation, hooks.screen, hooks.refine)
         self.states = states if states is not None else {c: ClassState(cls=c) for c in classes}
-        if config.residual:
+        if settings.residual:
             for cs in self.states.values():
                 self._track_networks(cs)
         if self.screening.enabled:
             for c, cs in self.states.items():
                 if cs.screen is None:
                     cs.screen = self.screening.initial(c)
-        self.scheduler = Scheduler(executor, self.states, config, self.anytime, self.screening, self.session)
+        self.scheduler = Scheduler(executor, self.states, settings, self.anytime, self.screening, self.invocation)
 
     def _track_networks(self, cs: ClassState) -> None:
         """--residual M: the class's per-network bounds and leaks (lucid/bab/order_statistic.py)."""
         if cs.residual_size is None:
-            cs.residual_size = self.config.residual_size(self.num_networks - 1)
+            cs.residual_size = self.settings.residual_size(self.num_networks - 1)
         if cs.network_bound is None:
             cs.network_bound = np.full(self.num_networks, INF)
             cs.network_leak = np.full(self.num_networks, -INF)
@@ -121,7 +121,7 @@ class Engine:
 
     def elapsed(self) -> float:
         """Seconds of the whole verification (across resumes), as the log and checkpoint count them."""
-        return self.session.elapsed()
+        return self.invocation.elapsed()
 
     def params(self) -> np.ndarray:
         """The networks' flattened parameters, which k-means splits on (computed on first use)."""
@@ -144,7 +144,7 @@ class Engine:
         )
         cs.next_id += 1
         cs.nodes[node.id] = node
-        self.session.emit("queued", cs.cls, node=node.id, parent=node.parent, size=node.size, upper=upper)
+        self.invocation.emit("queued", cs.cls, node=node.id, parent=node.parent, size=node.size, upper=upper)
         if self.anytime.can_close(cs, node):
             self.anytime.close(cs, node, "bound <= best lower")
         elif self.scheduler.set_aside_member(cs, node):
@@ -160,24 +160,24 @@ class Engine:
         """The root node(s) of a fresh class."""
         positions = np.arange(1, self.num_networks, dtype=np.int64)
         if cs.residual_size is not None:
-            with self.session.phase("leak seeding", cs.cls):
+            with self.invocation.phase("leak seeding", cs.cls):
                 self.anytime.seed_leaks(cs)
-        self.session.emit("class_started", cs.cls, networks=len(positions))
-        if self.config.naive:
+        self.invocation.emit("class_started", cs.cls, networks=len(positions))
+        if self.settings.naive:
             for p in positions:
                 self._new_node(cs, np.array([p]), INF, None)
         else:
             if cs.screen is not None:
                 keep = cs.screen[positions] > -INF  # screened: no input can make it leak
                 if not keep.all():
-                    self.session.emit("screened", cs.cls, dropped=int((~keep).sum()), kept=int(keep.sum()))
+                    self.invocation.emit("screened", cs.cls, dropped=int((~keep).sum()), kept=int(keep.sum()))
                 positions = positions[keep]
             if self._search is not None and len(positions):
                 # A cheap witness first: with a good lower bound, the screen removes most networks
                 # before the root hyper-network is even built (its MILP is then far tighter).
                 t0 = self.elapsed()
-                with self.session.phase("witness search", cs.cls):
-                    found = self._search(cs.cls, positions, deadline=self.session.deadline.end)
+                with self.invocation.phase("witness search", cs.cls):
+                    found = self._search(cs.cls, positions, deadline=self.invocation.deadline.end)
                 if found is not None:
                     self.anytime.apply_lower(
                         cs,
@@ -192,9 +192,9 @@ class Engine:
                 positions = self.anytime.prune(cs, positions)
             if len(positions):
                 peel = (
-                    self.config.bab
+                    self.settings.bab
                     and cs.screen is not None
-                    and len(positions) > PEEL_ROOT_ABOVE.get(self.config.screen, INF)
+                    and len(positions) > PEEL_ROOT_ABOVE.get(self.settings.screen, INF)
                 )
                 self._new_node(cs, positions, self.screening.upper(cs, positions), None, peel=peel)
         self.anytime.update(cs)
@@ -207,7 +207,7 @@ class Engine:
             self.anytime.update(cs)  # the level of the screened bounds
         elif cs.screen is not None:
             cs.upper = min(cs.upper, self.screening.upper(cs, positions))
-        self.anytime.finish(cs, False, "time limit", stopped_in=self.session.stopped_in(cs.cls, started=False))
+        self.anytime.finish(cs, False, "time limit", stopped_in=self.invocation.stopped_in(cs.cls, started=False))
 
     def _on_result(self, key: tuple[int, int], outcome: Any) -> None:
         """A node's analysis reported: take its bound and leak, then close it or queue it as OPEN."""
@@ -229,7 +229,7 @@ class Engine:
         node.upper = min(node.upper, own, screened)
         if cs.residual_size is not None:  # a sound bound of each of its networks
             cs.network_bound[node.positions] = np.minimum(cs.network_bound[node.positions], node.upper)
-        if not node.is_singleton and own >= before and cs.screen is not None and not self.config.naive:
+        if not node.is_singleton and own >= before and cs.screen is not None and not self.settings.naive:
             node.peel = True  # the hyper-network MILP was no help here: peel, do not cluster
         node.status = outcome.status
         if cs.residual_size is not None and node.is_singleton and not node.proved:
@@ -237,7 +237,7 @@ class Engine:
         node.stats = dict(getattr(outcome, "stats", {}) or {})
         if outcome.lower is not None and math.isfinite(outcome.lower):
             node.lower = float(outcome.lower)
-        self.session.emit(
+        self.invocation.emit(
             "solved",
             c,
             node=node.id,
@@ -269,7 +269,7 @@ class Engine:
         self.screening.refine(cs, node.positions)  # peeling follows the best bounds
         positions = self.anytime.prune(cs, node.positions, node.upper)
         if len(positions) == 0:
-            self.session.emit(
+            self.invocation.emit(
                 "closed",
                 cs.cls,
                 node=node.id,
@@ -285,9 +285,9 @@ class Engine:
             groups = (
                 [positions]
                 if len(positions) == 1
-                else split_node(self.params(), positions, proved=node.proved, random_state=self.config.seed)
+                else split_node(self.params(), positions, proved=node.proved, random_state=self.settings.seed)
             )
-        self.session.emit(
+        self.invocation.emit(
             "split",
             cs.cls,
             node=node.id,
@@ -309,7 +309,7 @@ class Engine:
         active, so their bounds still count in the anytime upper bound; the class is exact once
         the largest active node is SETTLED — the paper's "proved singleton on top" rule.
         """
-        cfg = self.config
+        cfg = self.settings
         while not cs.done:
             self.anytime.close_dominated(cs)
             self.anytime.update(cs)
@@ -332,7 +332,9 @@ class Engine:
                     return
             elif (best := max(cs.nodes.values(), key=lambda n: (n.upper, n.state == SETTLED))).state == SETTLED:
                 best.state = FINAL
-                self.session.emit("final", cs.cls, node=best.id, parent=best.parent, size=best.size, upper=best.upper)
+                self.invocation.emit(
+                    "final", cs.cls, node=best.id, parent=best.parent, size=best.size, upper=best.upper
+                )
                 self.anytime.finish(
                     cs, True, "proved singleton on top" if best.is_singleton else "hyper-network solved"
                 )
@@ -381,7 +383,7 @@ class Engine:
         # proved only below an older question (the set has changed since, and its best leak
         # outside with it): asked again at the lower one
         stale = [n for n in above if n.state == SETTLED and n.status == "infeasible" and n.upper > cutoff]
-        if stale and not self.session.past():
+        if stale and not self.invocation.past():
             for node in stale:
                 self.scheduler.retry(cs, node)
             return False
@@ -394,7 +396,7 @@ class Engine:
             ),
             key=lambda n: (float(cs.network_leak[n.positions[0]]), -n.upper),
         )
-        if again and not self.session.past():
+        if again and not self.invocation.past():
             for node in again[: max(0, free)]:
                 node.evicting = True
                 self.scheduler.retry(cs, node)
@@ -409,18 +411,18 @@ class Engine:
     def _choose_residual_size(self, final: bool = False) -> None:
         """--residual auto: M chosen again from the improved bounds (at most every CHOOSE_EVERY
         seconds, and once at the end); a class finished at the old M goes on at the new one."""
-        if self._choose_size is None or (not final and self.session.seconds() - self._chosen_at < CHOOSE_EVERY):
+        if self._choose_size is None or (not final and self.invocation.seconds() - self._chosen_at < CHOOSE_EVERY):
             return
-        self._chosen_at = self.session.seconds()
+        self._chosen_at = self.invocation.seconds()
         size = self._choose_size(self)
         for cs in self.states.values():
             if cs.residual_size is None or size >= cs.residual_size:
                 continue
             cs.residual_size = size
-            self.session.emit("residual_size", cs.cls, size=size)
-            if cs.done and cs.reason != "time limit" and not final and not self.session.past():
+            self.invocation.emit("residual_size", cs.cls, size=size)
+            if cs.done and cs.reason != "time limit" and not final and not self.invocation.past():
                 cs.done, cs.complete, cs.reason = False, False, ""
-                self.session.emit("class_reopened", cs.cls, upper=cs.upper, lower=cs.lower, open=len(cs.nodes))
+                self.invocation.emit("class_reopened", cs.cls, upper=cs.upper, lower=cs.lower, open=len(cs.nodes))
             if not final:
                 self.anytime.update(cs)
 
@@ -428,19 +430,19 @@ class Engine:
     def run(self, poll: float = 0.25) -> dict[int, ClassState]:
         """Verify every class until each is done or the deadline; `poll`: the longest wait for a
         result between scheduling rounds. Returns the class states."""
-        if not self.session.fixed_start:
-            self.session.start()
+        if not self.invocation.fixed_start:
+            self.invocation.start()
         for cs in self.states.values():
             if cs.done and cs.reason == "time limit" and (cs.nodes or cs.next_id == 0):
                 # A resumed run continues what the last time limit cut short (or never started).
                 cs.done, cs.complete, cs.reason = False, False, ""
-                self.session.emit("class_reopened", cs.cls, upper=cs.upper, lower=cs.lower, open=len(cs.nodes))
-        if self.config.bab and not self.config.naive:
+                self.invocation.emit("class_reopened", cs.cls, upper=cs.upper, lower=cs.lower, open=len(cs.nodes))
+        if self.settings.bab and not self.settings.naive:
             # scikit-learn takes seconds to import: overlap it with the root MILPs, not the first split.
             threading.Thread(target=preload_kmeans, daemon=True).start()
         for cs in self.states.values():
             if not cs.done and not cs.nodes and cs.solved == 0 and cs.next_id == 0:
-                if self.session.past():
+                if self.invocation.past():
                     self._unseeded(cs)
                 else:
                     self._seed(cs)
@@ -457,10 +459,10 @@ class Engine:
                     dirty = False
                 if all(cs.done for cs in self.states.values()):
                     break
-                if self.session.past():
+                if self.invocation.past():
                     for cs in self.states.values():
                         if not cs.done:
-                            self.anytime.finish(cs, False, "time limit", stopped_in=self.session.stopped_in(cs.cls))
+                            self.anytime.finish(cs, False, "time limit", stopped_in=self.invocation.stopped_in(cs.cls))
                     break
                 self.scheduler.submit_ready()
                 if self.executor.in_flight == 0 and not self._pending():
@@ -480,7 +482,7 @@ class Engine:
                         # No work anywhere and no class finished: should not happen; fail loudly.
                         raise RuntimeError("branch-and-bound stalled with open classes and no work")
                 wait = poll
-                left = self.session.deadline.left()
+                left = self.invocation.deadline.left()
                 if left is not None:
                     wait = max(0.01, min(poll, left))
                 results = self.executor.completed(wait)

@@ -16,10 +16,10 @@ import math
 
 from lucid.analysis.time_shares import attempt_time_limit, node_limit
 from lucid.bab.anytime import AnytimeBounds
+from lucid.bab.invocation import Invocation
 from lucid.bab.node import FINAL, OPEN, PENDING, RUNNING, SETTLED, STUCK, Node
 from lucid.bab.order_statistic import known_member, relevant, set_aside
 from lucid.bab.screening import ScreenBounds
-from lucid.bab.session import Session
 from lucid.bab.state import INF, ClassState
 from lucid.bab.workers import Executor
 from lucid.settings import VerifySettings
@@ -38,14 +38,14 @@ class Scheduler:
         settings: VerifySettings,
         anytime: AnytimeBounds,
         screening: ScreenBounds,
-        session: Session,
+        invocation: Invocation,
     ) -> None:
         self.executor = executor
         self.states = states
         self.settings = settings
         self.anytime = anytime
         self.screening = screening
-        self.session = session
+        self.invocation = invocation
         self.running: dict[tuple[int, int], float] = {}  # (class, node id) -> when it started
 
     def finished(self, key: tuple[int, int]) -> None:
@@ -83,7 +83,7 @@ class Scheduler:
             self.screening.refine(cs, node.positions)
             kept = self.anytime.prune(cs, node.positions, node.upper)
             if len(kept) < node.size:
-                self.session.emit("pruned", cs.cls, node=node.id, parent=node.parent, size=node.size, kept=len(kept))
+                self.invocation.emit("pruned", cs.cls, node=node.id, parent=node.parent, size=node.size, kept=len(kept))
                 node.positions = kept
                 node.upper = min(node.upper, self.screening.upper(cs, kept)) if len(kept) else -INF
             if self.anytime.can_close(cs, node):
@@ -103,7 +103,7 @@ class Scheduler:
         if not (known_member(cs, node) or (node.attempts == 0 and not node.evicting and set_aside(cs, node))):
             return False
         node.state = STUCK
-        self.session.emit(
+        self.invocation.emit(
             "set_aside",
             cs.cls,
             node=node.id,
@@ -148,14 +148,16 @@ class Scheduler:
         if seek:
             cs.seekers += 1
             cutoff = -INF
-        limit = attempt_time_limit(self.settings, node.attempts, self.session.deadline, last_work=last_work, seek=seek)
+        limit = attempt_time_limit(
+            self.settings, node.attempts, self.invocation.deadline, last_work=last_work, seek=seek
+        )
         # The last work may use the idle workers' cores: nothing else can ever need them.
         threads = max(1, self.executor.capacity - self.executor.in_flight) if last_work else 1
-        self.running[(cs.cls, node.id)] = self.session.elapsed()
+        self.running[(cs.cls, node.id)] = self.invocation.elapsed()
         extra = {"seek": True} if seek else {}
         if threads > 1:
             extra["threads"] = threads
-        self.session.emit(
+        self.invocation.emit(
             "started",
             cs.cls,
             node=node.id,
@@ -241,7 +243,7 @@ class Scheduler:
     def retryable(self, node: Node) -> bool:
         """An unproved singleton gets another attempt with a longer node time limit; with a total
         time limit it keeps growing until that ends, else it gives up after a few."""
-        deadline = self.session.deadline
+        deadline = self.invocation.deadline
         return (
             node.is_singleton
             and not node.proved
@@ -253,7 +255,7 @@ class Scheduler:
         """Queue `node` again; it keeps its bound meanwhile."""
         node.state = PENDING
         heapq.heappush(cs.pending_heap, (-node.upper, node.id))
-        self.session.emit(
+        self.invocation.emit(
             "retry",
             cs.cls,
             node=node.id,

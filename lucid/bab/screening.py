@@ -13,7 +13,7 @@ from collections.abc import Callable
 import numpy as np
 
 from lucid.bab.anytime import AnytimeBounds
-from lucid.bab.session import Session
+from lucid.bab.invocation import Invocation
 from lucid.bab.state import INF, ClassState
 from lucid.settings import VerifySettings
 
@@ -35,14 +35,14 @@ class ScreenBounds:
         num_networks: int,
         settings: VerifySettings,
         anytime: AnytimeBounds,
-        session: Session,
+        invocation: Invocation,
         screen: ScreenFn | None = None,
         refine: RefineFn | None = None,
     ) -> None:
         self.num_networks = num_networks  # stack size; positions 1..num_networks-1
         self.settings = settings
         self.anytime = anytime
-        self.session = session
+        self.invocation = invocation
         self._screen = screen
         self._refine = None if screen is None else refine
 
@@ -55,9 +55,9 @@ class ScreenBounds:
         """Class `c`'s screened bound per position (position 0, N itself: -inf), within the deadline."""
         positions = np.arange(1, self.num_networks, dtype=np.int64)
         values = np.full(self.num_networks, -INF)
-        with self.session.phase("initial screen"):
+        with self.invocation.phase("initial screen"):
             values[positions] = np.asarray(
-                self._screen(c, positions, deadline=self.session.deadline.end), dtype=np.float64
+                self._screen(c, positions, deadline=self.invocation.deadline.end), dtype=np.float64
             )
         return values
 
@@ -86,23 +86,23 @@ class ScreenBounds:
             todo = todo[np.argsort(-cs.screen[todo], kind="stable")]
             above = int((cs.screen[todo] >= cs.upper).sum())
             todo = todo[: max(above, RESIDUAL_REFINE_BATCH)] if above else todo[:0]
-        if not len(todo) or self.session.past():
+        if not len(todo) or self.invocation.past():
             return
-        t0 = self.session.elapsed()
-        with self.session.phase("screen refinement", cs.cls):
+        t0 = self.invocation.elapsed()
+        with self.invocation.phase("screen refinement", cs.cls):
             tighter = np.asarray(
-                self._refine(cs.cls, todo, level, deadline=self.session.deadline.end), dtype=np.float64
+                self._refine(cs.cls, todo, level, deadline=self.invocation.deadline.end), dtype=np.float64
             )
         cs.screen[todo] = np.minimum(cs.screen[todo], tighter)
         todo = todo[tighter < INF]
         cs.refined[todo] = True
         if len(todo):
-            self.session.emit(
+            self.invocation.emit(
                 "refined",
                 cs.cls,
                 networks=len(todo),
                 below=int((cs.screen[todo] <= level).sum()),
-                seconds=self.session.elapsed() - t0,
+                seconds=self.invocation.elapsed() - t0,
             )
 
     @staticmethod

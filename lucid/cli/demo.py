@@ -90,7 +90,7 @@ def command(out: Path, solver: str, time_limit: float, arch: str, epochs: int, w
 
 
 def _verify(run_dir: Path, solver: str, time_limit: float, workers: int | None, console) -> None:
-    from lucid.bab import verify_run
+    from lucid.verify import verify_run
 
     checkpoint = run_dir / "verify.checkpoint.json"
     kwargs: dict[str, Any] = {"solver": solver, "time_limit": time_limit, "workers": workers, "progress": True}

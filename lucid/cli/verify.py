@@ -232,8 +232,8 @@ def command(
     max_residual,
     quiet,
 ) -> None:
-    from lucid.bab import verify_run
     from lucid.errors import LucidError
+    from lucid.verify import verify_run
 
     if no_screen and screen not in (None, "none"):
         raise LucidError(f"--no-screen and --screen {screen} contradict each other; give one")

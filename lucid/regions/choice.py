@@ -1,4 +1,4 @@
-"""Where `lucid verify --regions K` refines (lucid/regions/verify.py runs the refinement): which leaf
+"""Where `lucid verify --regions K` refines (lucid/verify/regions.py runs the refinement): which leaf
 box to cut next, where to cut it, the level each class of a new box must reach, how much of the
 run a box gets, and whether a new box is screened first and when its branch-and-bound comes.
 These choices only steer the time; every box's bound is proved whatever they pick, so the

@@ -16,28 +16,25 @@ search seeds every network's leaks).
 from __future__ import annotations
 
 import time
-from functools import partial
 
 import numpy as np
 
+# LiveDisplay and the executors are looked up through their modules at call time, so a test or a
+# benchmark can substitute them.
 import lucid.bab.display as live_display
-import lucid.bab.engine as bab_engine
 import lucid.bab.workers as executors
-import lucid.witness.search as witness_search
 from lucid.analysis.problem import VerificationProblem
 from lucid.analysis.scaling import rescale_stack
 from lucid.analysis.screen import Screen
+from lucid.bab.assembly import assemble_engine, screen_of
 from lucid.bab.events import EventLog
-from lucid.bab.hooks import EngineHooks
 from lucid.bab.order_statistic import residual_set
-from lucid.bab.partition import FlatParameters
 from lucid.bab.state import ClassState
 from lucid.deadline import Deadline
 from lucid.regions.tree import RegionTree
 from lucid.residual import split_off
 from lucid.rundir import bound_entry_value
 from lucid.settings import VerifySettings
-from lucid.witness.network_leaks import NetworkLeaks
 
 EXACT_TOLERANCE = 1e-6  # a bound within this (relative) of a leak in its box is that box's exact bound
 # Seconds a finished box's last analyses get to end before their workers are replaced (restarting
@@ -148,33 +145,24 @@ class BoxVerifier:
             tree.record(node, tree.bound_upper[node], tree.bound_lower[node], 0.0, np.ones(tree.num_classes, bool))
             self._log_region(node, None, 0.0, skipped=True)
             return {}
-        screen = None if settings.screen == "none" else Screen(problem, settings.screen, settings.device, open_classes)
+        screen = screen_of(problem, settings, open_classes)
 
         def initial(c: int, positions: np.ndarray, deadline: float | None = None) -> np.ndarray:
-            own = screen.initial(c, positions, deadline)
+            own = screen.initial(c, positions, deadline)  # (called only with a screen)
             prior = parent_screens.get(c)
             return own if prior is None else np.minimum(own, prior[positions])
 
         states = self._start_states(node, open_classes, targets, continued)
-        search = (
-            partial(witness_search.search_class_witness, problem, points=problem.points) if settings.search else None
-        )
         title = f"lucid verify --regions: box {node} of at most {2 * settings.regions - 1}"
         with live_display.LiveDisplay(title, enabled=settings.progress) as display:
-            hooks = EngineHooks(
-                screen=None if screen is None else initial,
-                refine=screen.refine if screen is not None and screen.refines else None,
-                search=search,
-                on_progress=display.update,
-                leaks=NetworkLeaks.of(problem) if settings.residual else None,
-            )
-            engine = bab_engine.Engine(
+            engine = assemble_engine(
+                problem,
+                settings,
                 self.executor,
                 open_classes,
-                len(problem.stack),
-                settings,
-                params=FlatParameters(problem.stack),
-                hooks=hooks,
+                screen=screen,
+                initial=initial,
+                on_progress=display.update,
                 states=states,
                 deadline=deadline,
             )

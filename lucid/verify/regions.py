@@ -29,13 +29,11 @@ last finished box; the log gets one `region` event per box.
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from lucid.analysis.problem import VerificationProblem
-from lucid.bab.lifecycle import VerificationRun, Verified
 from lucid.bab.state import ClassState
 from lucid.deadline import Deadline
 from lucid.errors import LucidError
@@ -55,9 +53,9 @@ from lucid.regions.choice import (
 from lucid.regions.one_box import EXACT_TOLERANCE, BoxVerifier
 from lucid.regions.reader import read_regions
 from lucid.regions.tree import RegionTree
-from lucid.residual import write_residual
-from lucid.rundir import Run, bound_entry_value, read_public_inputs
+from lucid.rundir import Run, bound_entry, read_public_inputs
 from lucid.settings import VerifySettings
+from lucid.verify.lifecycle import Checkpoint, ResidualSets, VerificationRun, Verified
 
 UNIFORM_SAMPLES = 4096  # public sample of the domain when no --public-inputs file is given
 
@@ -75,15 +73,17 @@ class _Look:
 
 
 class RegionRefinement:
-    """The strategy (module docstring): one piece of work per `_step` until the deadline or K."""
+    """The strategy (module docstring): one piece of work per step until the deadline or K."""
 
-    def verify(self, run: VerificationRun) -> Verified:
-        settings = self.settings = run.settings
+    def __init__(self) -> None:
+        self.boxes: BoxVerifier | None = None
+
+    def prepare(self, run: VerificationRun, saved: dict | None) -> dict[str, Any]:
         lower, upper = run.run.domain
         self.run, self.deadline = run, run.deadline
         tree: RegionTree | None = None
-        self.leaks, self.screened = {}, set()  # screened: leaves with only their screen so far
-        saved = run.saved()
+        self.leaks: dict[int, dict[int, dict]] = {}
+        self.screened: set[int] = set()  # leaves with only their screen so far
         if saved is not None:
             try:
                 tree = read_regions(saved["regions"], lower, upper, run.run.num_classes, str(run.checkpoint_path))
@@ -94,43 +94,46 @@ class RegionRefinement:
                     f"checkpoint {run.checkpoint_path} is not a --regions checkpoint; delete it and "
                     "run without --resume"
                 ) from None
-        self.sample = public_sample(run.run, settings)
-        root = VerificationProblem.from_run(run.run, bounds=settings.bounds, with_points=settings.search)
-        if len(root.stack) < 2:
-            raise LucidError(f"{run.path} has no leave-one-out networks to verify")
+        self.sample = public_sample(run.run, run.settings)
+        self.root = root = run.load_problem()
         self.tree = RegionTree(root.lower, root.upper, run.run.num_classes) if tree is None else tree
-        if settings.workers is None:
-            settings = self.settings = replace(settings, workers=os.cpu_count() or 1)
+        self.settings = settings = run.with_default_workers()
         scores = root.stack.select(slice(0, 1)).forward(self.sample)[0]
         self.sample_class, self.sample_conf = scores.argmax(axis=1), confidence(scores)
-        log = run.start(workers=settings.workers, networks=len(root.stack) - 1, regions=settings.regions)
-        self.boxes = BoxVerifier(self.tree, root, settings, log, self.leaks)
         self.kept: dict[int, dict[int, ClassState]] = {}  # node -> class -> its branch-and-bound, cut short
-        try:
-            with run.interruptible(self._checkpoint):  # every finished box is kept; resume continues from there
-                while self._step():
-                    self._checkpoint()
-        finally:
-            self.boxes.close()
-        residual = None
-        if settings.residual:  # the domain's sets, and the file holding every leaf's networks too
-            sets = {c: r for c, r in self.tree.residual[0].items() if c in run.classes}
-            residual = write_residual(run.path, sets, settings.residual, self.tree.residual_sets())
-        return Verified(
-            _bounds_entries(self.tree, run.classes, self.leaks, run.elapsed()),
-            regions=self.tree.to_json(),
-            finished={"regions": len(self.tree.leaves())},
-            residual=residual,
-        )
+        return {"workers": settings.workers, "networks": len(root.stack) - 1, "regions": settings.regions}
 
-    def _checkpoint(self) -> None:
-        self.run.save(
+    def step(self) -> bool:
+        if self.boxes is None:  # the log is open now: the boxes' verifier writes to it
+            self.boxes = BoxVerifier(self.tree, self.root, self.settings, self.run.event_log(), self.leaks)
+        return self._step()
+
+    def checkpoint(self) -> Checkpoint | None:
+        # every finished box is kept; resume continues from there
+        return Checkpoint(
             {},
             extra={
                 "regions": self.tree.to_json(),
                 "screened": sorted(self.screened),
                 "leaks": {str(k): {str(c): w for c, w in v.items()} for k, v in self.leaks.items()},
             },
+        )
+
+    def close(self) -> None:
+        if self.boxes is not None:
+            self.boxes.close()
+
+    def result(self) -> Verified:
+        run, settings = self.run, self.settings
+        residual = None
+        if settings.residual:  # the domain's sets, and the file holding every leaf's networks too
+            sets = {c: r for c, r in self.tree.residual[0].items() if c in run.classes}
+            residual = ResidualSets(sets, int(settings.residual), self.tree.residual_sets())
+        return Verified(
+            _bounds_entries(self.tree, run.classes, self.leaks, run.elapsed()),
+            regions=self.tree.to_json(),
+            finished={"regions": len(self.tree.leaves())},
+            residual=residual,
         )
 
     def _look(self) -> _Look:
@@ -183,7 +186,7 @@ class RegionRefinement:
                 self.settings.residual,
             ):
                 return True
-            self._checkpoint()
+            self.run.save_checkpoint()
             look.todo = []  # the screen left few networks to prove: its branch-and-bound now
             if self.deadline.past():  # the screen took the rest: the box stays screened
                 return False
@@ -298,14 +301,14 @@ def _bounds_entries(tree: RegionTree, classes: list[int], leaks: dict, seconds: 
                 row = leak["row"]
         # complete: every leaf's verification of the class finished (exact, or down to its target level)
         done = bool(complete[c])
-        out[str(c)] = {
-            "upper": bound_entry_value(upper[c], upper=True),
-            "lower": bound_entry_value(lower[c], upper=False),
-            "complete": done,
-            "exact": done and _leaves_exact(tree, c),
-            "seconds": round(seconds, 3),
-            "nodes": len(tree),
-            "reason": "regions",
-            "leaking_row": row,
-        }
+        out[str(c)] = bound_entry(
+            upper[c],
+            lower[c],
+            complete=done,
+            exact=done and _leaves_exact(tree, c),
+            seconds=seconds,
+            nodes=len(tree),
+            reason="regions",
+            leaking_row=row,
+        )
     return out

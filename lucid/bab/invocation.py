@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import signal
-import threading
-from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -12,7 +9,7 @@ from lucid.bab.events import EventLog
 from lucid.deadline import Deadline, Phases
 
 
-class Session:
+class Invocation:
     """The engine's clock and event sink, shared by its collaborators.
 
     Two clocks, because they answer different questions: `elapsed` is the verification's age for
@@ -60,16 +57,3 @@ class Session:
     def emit(self, event: str, cls: int | None = None, **fields: Any) -> None:
         if self.log is not None:
             self.log.emit(event, cls, **fields)
-
-
-def terminate_as_interrupt() -> Callable[[], object]:
-    """Treat SIGTERM (kill, timeout, a job scheduler) like Ctrl-C: checkpoint, stop the workers,
-    exit 130. Returns the function that restores the previous handler (main thread only)."""
-    if threading.current_thread() is not threading.main_thread():
-        return lambda: None
-
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    return lambda: signal.signal(signal.SIGTERM, previous)
