@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent / "lucid"
 SOLVER_PACKAGES = {"highspy", "gurobipy", "pulp", "pyscipopt"}
 # The region package's modules that run verification sit with the engine; the partition itself
 # (`regions`, `regions.tree`, `regions.reader`, `regions.lookup`) sits beside the run directory, for the access layer.
-ENGINE_REGIONS = {"regions.one_box", "regions.choice", "regions.report"}
+ENGINE_REGIONS = {"regions.one_box", "regions.choice", "regions.log_view"}
 # Lowest first. A module's layer is that of the longest name here that holds it (a package, a module,
 # or a module inside a package, as "regions.one_box"); any `__main__` module is a command line and
 # sits on top.

@@ -70,7 +70,7 @@ def test_torn_last_line_is_ignored(verified_run, tmp_path):
 def test_slowest_lists_each_node_profile(tmp_path):
     """A verification with the split/MILP race logs a profile per node; --slowest shows the slowest."""
     from lucid.verify import verify_run
-    from lucid.bab.report import slowest_nodes
+    from lucid.bab.log_view import slowest_nodes
 
     run = write_tiny_run(tmp_path / "run", networks=10, seed=2)
     verify_run(run, workers=1, ris=False, search=True, split_race=True, rel_gap=0.0, progress=False)

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from bab_fixtures import write_tiny_run
 from lucid.bab.display import fmt
-from lucid.regions.report import (
+from lucid.regions.log_view import (
     RegionView,
     default_class,
     default_features,
@@ -235,7 +235,7 @@ def test_box_description_is_in_data_units_and_follows_a_negative_scale():
 def test_with_many_classes_the_table_lists_each_box_and_class_below_the_domains_bound():
     from rich.console import Console
 
-    from lucid.regions.report import RegionView
+    from lucid.regions.log_view import RegionView
     from lucid.cli.log import WIDE_CLASSES, _region_table
 
     classes = WIDE_CLASSES + 2

@@ -66,7 +66,7 @@ class AnytimeBounds:
         return tolerance
 
     def cutoff(self, cs: ClassState) -> float:
-        """The level a node's MILP must get below: lower + tolerance (-inf without a lower bound).
+        """The question a node's MILP must get below: lower + tolerance (-inf without a lower bound).
         With --residual M, at least the best leak outside the current set (plus the tolerance):
         that set's level can be no lower, and the (M+1)-th largest leak, the level's own floor, is
         often far below it (then every analysis would have to find its network's exact bound).
@@ -76,27 +76,27 @@ class AnytimeBounds:
         below the level, and is analysed again if the level falls under its bound (the set changed)."""
         if self.settings.naive:
             return -INF
-        level = -INF if cs.lower is None else cs.lower + self.tolerance(cs)
+        question = -INF if cs.lower is None else cs.lower + self.tolerance(cs)
         if cs.residual_size is not None and cs.residual is not None:
             leak, _ = leak_outside(cs, cs.residual)
             if leak is not None:
-                level = max(level, leak + max(self.settings.gap, self.settings.rel_gap * abs(leak)))
+                question = max(question, leak + max(self.settings.gap, self.settings.rel_gap * abs(leak)))
             scale = self._backed_off.get(cs.cls)
             if (
                 scale is not None
-                and math.isfinite(level)
-                and math.isfinite(cs.upper)
-                and cs.upper - level > QUESTION_EXACT_WITHIN * max(abs(level), QUESTION_EXACT_WITHIN * scale)
+                and math.isfinite(question)
+                and math.isfinite(cs.level)
+                and cs.level - question > QUESTION_EXACT_WITHIN * max(abs(question), QUESTION_EXACT_WITHIN * scale)
             ):
-                level += QUESTION_SHARE * (cs.upper - level)
-        return level
+                question += QUESTION_SHARE * (cs.level - question)
+        return question
 
     def back_off(self, cs: ClassState) -> None:
         """--residual M: a singleton of the class was not proved below its question in its time;
         the class's questions lie halfway up to the level from now on (`cutoff`)."""
-        if cs.residual_size is not None and cs.cls not in self._backed_off and math.isfinite(cs.upper):
-            self._backed_off[cs.cls] = abs(cs.upper)
-            self.invocation.emit("question_backed_off", cs.cls, level=cs.upper, share=QUESTION_SHARE)
+        if cs.residual_size is not None and cs.cls not in self._backed_off and math.isfinite(cs.level):
+            self._backed_off[cs.cls] = abs(cs.level)
+            self.invocation.emit("question_backed_off", cs.cls, level=cs.level, share=QUESTION_SHARE)
 
     def can_close(self, cs: ClassState, node: Node) -> bool:
         """Whether `node` cannot raise the reported upper bound (infeasible, or within the tolerance)."""
@@ -112,9 +112,7 @@ class AnytimeBounds:
             why = "bound within the gap of the best lower"
         node.state = CLOSED
         cs.nodes.pop(node.id, None)
-        self.invocation.emit(
-            "closed", cs.cls, node=node.id, parent=node.parent, size=node.size, upper=node.upper, reason=why
-        )
+        self.invocation.emit("closed", cs.cls, **node.event_fields(), reason=why)
 
     def apply_lower(
         self, cs: ClassState, value: float, row: int | None, x: Any, source: str, *, update: bool = True, **extra: Any

@@ -34,8 +34,9 @@ from lucid.bab.anytime import AnytimeBounds
 from lucid.bab.events import EventLog
 from lucid.bab.hooks import EngineHooks
 from lucid.bab.invocation import Invocation
+from lucid.bab.levels import ResidualLevels
 from lucid.bab.node import FINAL, OPEN, PENDING, RUNNING, SETTLED, SPLIT, STUCK, Node
-from lucid.bab.order_statistic import known_member, relevant, set_aside, worth_retrying
+from lucid.bab.order_statistic import relevant, set_aside, track_networks
 from lucid.bab.partition import PEEL_ROOT_ABOVE, peel_top, preload_kmeans, split_node
 from lucid.bab.schedule import Scheduler
 from lucid.bab.screening import ScreenBounds
@@ -44,8 +45,6 @@ from lucid.bab.workers import Executor
 from lucid.deadline import Deadline, Phases
 from lucid.errors import LucidError
 from lucid.settings import VerifySettings
-
-CHOOSE_EVERY = 2.0  # seconds between two choices of M (--residual auto): each is a pass over its inputs
 
 
 class Engine:
@@ -82,26 +81,19 @@ class Engine:
         self.on_checkpoint = hooks.on_checkpoint
         self.invocation = Invocation(log, deadline if deadline is not None else Deadline(settings.time_limit), phases)
         self.anytime = AnytimeBounds(settings, self.invocation, hooks.leaks)
-        self._choose_size = hooks.choose_size
-        self._chosen_at = -INF
         self.screening = ScreenBounds(num_networks, settings, self.anytime, self.invocation, hooks.screen, hooks.refine)
         self.states = states if states is not None else {c: ClassState(cls=c) for c in classes}
         if settings.residual:
             for cs in self.states.values():
-                self._track_networks(cs)
+                track_networks(cs, settings.residual_size(num_networks - 1), num_networks)
         if self.screening.enabled:
             for c, cs in self.states.items():
                 if cs.screen is None:
                     cs.screen = self.screening.initial(c)
         self.scheduler = Scheduler(executor, self.states, settings, self.anytime, self.screening, self.invocation)
-
-    def _track_networks(self, cs: ClassState) -> None:
-        """--residual M: the class's per-network bounds and leaks (lucid/bab/order_statistic.py)."""
-        if cs.residual_size is None:
-            cs.residual_size = self.settings.residual_size(self.num_networks - 1)
-        if cs.network_bound is None:
-            cs.network_bound = np.full(self.num_networks, INF)
-            cs.network_leak = np.full(self.num_networks, -INF)
+        self.levels = ResidualLevels(
+            self.states, self.anytime, self.scheduler, executor, self.invocation, hooks.choose_size
+        )
 
     def _pending(self) -> bool:
         """Whether some open class has a node waiting for a worker (with --residual M, one at or
@@ -240,10 +232,7 @@ class Engine:
         self.invocation.emit(
             "solved",
             c,
-            node=node.id,
-            parent=node.parent,
-            size=node.size,
-            upper=node.upper,
+            **node.event_fields(),
             milp_upper=own,
             lower=node.lower,
             status=node.status,
@@ -272,10 +261,7 @@ class Engine:
             self.invocation.emit(
                 "closed",
                 cs.cls,
-                node=node.id,
-                parent=node.parent,
-                size=node.size,
-                upper=node.upper,
+                **node.event_fields(),
                 reason="all networks screened below best lower",
             )
             return
@@ -290,10 +276,7 @@ class Engine:
         self.invocation.emit(
             "split",
             cs.cls,
-            node=node.id,
-            parent=node.parent,
-            size=node.size,
-            upper=node.upper,
+            **node.event_fields(),
             children=[len(g) for g in groups],
             dropped=int(node.size - len(positions)),
             **({"peel": True} if node.peel else {}),
@@ -328,13 +311,11 @@ class Engine:
                 )
                 return
             if cs.residual_size is not None:
-                if self._level_decided(cs):
+                if self.levels.decided(cs):
                     return
             elif (best := max(cs.nodes.values(), key=lambda n: (n.upper, n.state == SETTLED))).state == SETTLED:
                 best.state = FINAL
-                self.invocation.emit(
-                    "final", cs.cls, node=best.id, parent=best.parent, size=best.size, upper=best.upper
-                )
+                self.invocation.emit("final", cs.cls, **best.event_fields())
                 self.anytime.finish(
                     cs, True, "proved singleton on top" if best.is_singleton else "hyper-network solved"
                 )
@@ -370,61 +351,6 @@ class Engine:
                 return
             heapq.heappop(cs.open_heap)
             self._split(cs, top)
-
-    def _level_decided(self, cs: ClassState) -> bool:
-        """--residual M: finish the class once no node at or above the level can lower it (each is a
-        settled or stuck singleton), True; first, while the deadline allows, stuck singletons set
-        aside in the set are retried on the free workers (proving one harmless evicts it and lowers
-        the level), those without a leak first."""
-        above = [n for n in cs.nodes.values() if relevant(cs, n)]
-        if any(n.state not in (SETTLED, STUCK) for n in above):
-            return False
-        cutoff = self.anytime.cutoff(cs)
-        # proved only below an older question (the set has changed since, and its best leak
-        # outside with it): asked again at the lower one
-        stale = [n for n in above if n.state == SETTLED and n.status == "infeasible" and n.upper > cutoff]
-        if stale and not self.invocation.past():
-            for node in stale:
-                self.scheduler.retry(cs, node)
-            return False
-        free = self.executor.capacity - self.executor.in_flight
-        again = sorted(
-            (
-                n
-                for n in above
-                if n.state == STUCK and (n.attempts == 0 or self.scheduler.retryable(n)) and worth_retrying(cs, n)
-            ),
-            key=lambda n: (float(cs.network_leak[n.positions[0]]), -n.upper),
-        )
-        if again and not self.invocation.past():
-            for node in again[: max(0, free)]:
-                node.evicting = True
-                self.scheduler.retry(cs, node)
-            return True  # (no worker free: the retries wait for one)
-        # the set's members need no proof; the level does
-        proved = all(n.state == SETTLED or set_aside(cs, n) or known_member(cs, n) for n in above)
-        self.anytime.finish(
-            cs, proved, "the level's networks are proved" if proved else "unproved node at the level (node time limit)"
-        )
-        return True
-
-    def _choose_residual_size(self, final: bool = False) -> None:
-        """--residual auto: M chosen again from the improved bounds (at most every CHOOSE_EVERY
-        seconds, and once at the end); a class finished at the old M goes on at the new one."""
-        if self._choose_size is None or (not final and self.invocation.seconds() - self._chosen_at < CHOOSE_EVERY):
-            return
-        self._chosen_at = self.invocation.seconds()
-        size = self._choose_size(self)
-        for cs in self.states.values():
-            if cs.residual_size is None or size >= cs.residual_size:
-                continue
-            cs.residual_size = size
-            self.invocation.emit("residual_size", cs.cls, size=size)
-            if cs.done and cs.reason != "time limit" and not final and not self.invocation.past():
-                cs.done, cs.complete, cs.reason = False, False, ""
-                self.invocation.emit("class_reopened", cs.cls, upper=cs.upper, lower=cs.lower, open=len(cs.nodes))
-            if not final:
-                self.anytime.update(cs)
 
     # --- main loop ---------------------------------------------------------------------------------
     def run(self, poll: float = 0.25) -> dict[int, ClassState]:
@@ -490,13 +416,13 @@ class Engine:
                     self._on_result(key, outcome)
                 dirty = dirty or bool(results)
                 if results:
-                    self._choose_residual_size()
+                    self.levels.choose_size()
                 if self.on_progress is not None:
                     self.on_progress(self)
         finally:
             if self.on_progress is not None:
                 self.on_progress(self)
-        self._choose_residual_size(final=True)
+        self.levels.choose_size(final=True)
         if self.on_checkpoint is not None:
             self.on_checkpoint(self)
         return self.states

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lucid.bab.screening import RefineFn, ScreenFn
+from lucid.bab.state import ClassState
 from lucid.witness.network_leaks import NetworkLeaks
 
 
@@ -16,8 +17,8 @@ class EngineHooks:
     positions, deadline=...) -> a leak or None) and the observers of the engine's progress and of
     the moments at which a checkpoint is consistent (`on_checkpoint`), each called with the engine.
     `leaks`: every network's own leaks, which `--residual M` needs (lucid/bab/order_statistic.py);
-    `choose_size`: with `--residual auto`, called with the engine after each improvement, returns
-    the M every class uses from then on (lucid/residual_choice.py)."""
+    `choose_size`: with `--residual auto`, called with the class states after each improvement,
+    returns the M every class uses from then on (lucid/residual_choice.py)."""
 
     screen: ScreenFn | None = None
     refine: RefineFn | None = None
@@ -25,4 +26,4 @@ class EngineHooks:
     on_progress: Callable[[Any], None] | None = None
     on_checkpoint: Callable[[Any], None] | None = None
     leaks: NetworkLeaks | None = None
-    choose_size: Callable[[Any], int] | None = None
+    choose_size: Callable[[dict[int, ClassState]], int] | None = None

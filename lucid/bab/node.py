@@ -8,6 +8,7 @@ that and the node's own proved bound, so a node's bound never rises.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -55,6 +56,10 @@ class Node:
     @property
     def is_singleton(self) -> bool:
         return self.size == 1
+
+    def event_fields(self) -> dict[str, Any]:
+        """The fields that name the node in a log event (`lucid log` reads them back as the tree)."""
+        return {"node": self.id, "parent": self.parent, "size": self.size, "upper": self.upper}
 
     def to_json(self) -> dict:
         return {

@@ -17,7 +17,6 @@ bounds is simply set aside (`set_aside`), instead of being retried while the lev
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import numpy as np
 
@@ -25,6 +24,16 @@ from lucid.bab.node import Node
 from lucid.bab.state import ClassState
 from lucid.residual import ClassResidual
 from lucid.residual_choice import ChoiceInputs, SizeChoice, choose_size
+
+
+def track_networks(cs: ClassState, size: int, num_networks: int) -> None:
+    """Start keeping the class's per-network bounds and leaks, with `size` networks in its set (a
+    resumed class keeps its own)."""
+    if cs.residual_size is None:
+        cs.residual_size = size
+    if cs.network_bound is None:
+        cs.network_bound = np.full(num_networks, math.inf)
+        cs.network_leak = np.full(num_networks, -math.inf)
 
 
 def network_bounds(cs: ClassState) -> np.ndarray:
@@ -70,7 +79,7 @@ def known_member(cs: ClassState, node: Node) -> bool:
     lower level holds it, so analysing it could only find its exact bound, which no lower level
     needs: it is set aside unanalysed (at most M networks leak that high, or the level would be
     higher)."""
-    return cs.residual_size is not None and node.is_singleton and bool(cs.network_leak[node.positions[0]] >= cs.upper)
+    return cs.residual_size is not None and node.is_singleton and bool(cs.network_leak[node.positions[0]] >= cs.level)
 
 
 def worth_retrying(cs: ClassState, node: Node) -> bool:
@@ -81,7 +90,7 @@ def worth_retrying(cs: ClassState, node: Node) -> bool:
 
 def relevant(cs: ClassState, node: Node) -> bool:
     """Whether `node` holds a network at or above the level (only those can lower it)."""
-    return cs.residual_size is None or node.upper >= cs.upper
+    return cs.residual_size is None or node.upper >= cs.level
 
 
 def residual_set(cs: ClassState) -> ClassResidual:
@@ -109,10 +118,10 @@ class SizeChooser:
         self.inputs, self.cap, self.networks = inputs, cap, networks
         self.last: SizeChoice | None = None
 
-    def choose(self, engine: Any) -> int:
-        states = [cs for cs in engine.states.values() if cs.residual_size is not None]
-        current = min((cs.residual_size for cs in states), default=self.cap)
-        self.last = choose_size(self.inputs, {cs.cls: network_bounds(cs) for cs in states}, self.cap, current)
+    def choose(self, states: dict[int, ClassState]) -> int:
+        tracked = [cs for cs in states.values() if cs.residual_size is not None]
+        current = min((cs.residual_size for cs in tracked if cs.residual_size is not None), default=self.cap)
+        self.last = choose_size(self.inputs, {cs.cls: network_bounds(cs) for cs in tracked}, self.cap, current)
         return self.last.size
 
     def record(self, section: dict | None) -> dict:

@@ -99,17 +99,14 @@ class Scheduler:
         one that ranks among the M largest bounds and was never analysed. Analysing a member can
         only lower the level by evicting it, while every network outside the set that is not yet
         below the level holds it up: those go first, and members are analysed (evictions tried)
-        once the level waits for nothing else (`Engine._level_decided`)."""
+        once the level waits for nothing else (`ResidualLevels.decided`)."""
         if not (known_member(cs, node) or (node.attempts == 0 and not node.evicting and set_aside(cs, node))):
             return False
         node.state = STUCK
         self.invocation.emit(
             "set_aside",
             cs.cls,
-            node=node.id,
-            parent=node.parent,
-            size=node.size,
-            upper=node.upper,
+            **node.event_fields(),
             leak=float(cs.network_leak[node.positions[0]]),
         )
         return True
@@ -160,10 +157,7 @@ class Scheduler:
         self.invocation.emit(
             "started",
             cs.cls,
-            node=node.id,
-            parent=node.parent,
-            size=node.size,
-            upper=node.upper,
+            **node.event_fields(),
             time_limit=limit,
             attempt=node.attempts + 1,
             **extra,
@@ -258,9 +252,6 @@ class Scheduler:
         self.invocation.emit(
             "retry",
             cs.cls,
-            node=node.id,
-            parent=node.parent,
-            size=node.size,
-            upper=node.upper,
+            **node.event_fields(),
             attempt=node.attempts + 1,
         )

@@ -51,6 +51,14 @@ class ClassState:
     network_bound: np.ndarray | None = None
     network_leak: np.ndarray | None = None
 
+    @property
+    def level(self) -> float:
+        """--residual M: the level, the bound over every network outside the set. The anytime rules
+        keep it where they keep a plain class's upper bound (never rises, floors at `lower`)."""
+        if self.residual_size is None:
+            raise AttributeError(f"class {self.cls} has no residual set: its bound is `upper`")
+        return self.upper
+
     # --- bookkeeping ---------------------------------------------------------------------------
     def active_max(self) -> float:
         return max((n.upper for n in self.nodes.values()), default=-INF)

@@ -15,7 +15,7 @@ import click
 from lucid.errors import LucidError
 
 if TYPE_CHECKING:  # the report module pulls in numpy and the run directory code: only when used
-    from lucid.regions.report import RegionView
+    from lucid.regions.log_view import RegionView
 
 
 def _fmt(v) -> str:
@@ -28,7 +28,7 @@ def _render(events: list[dict], max_rows: int, regions: RegionView | None = None
     from rich.console import Group
     from rich.table import Table
 
-    from lucid.bab.report import anytime_curves, node_summary
+    from lucid.bab.log_view import anytime_curves, node_summary
 
     curves = anytime_curves(events)
     summary = node_summary(events)
@@ -96,10 +96,10 @@ def _residual_caption(event: dict | None) -> str | None:
 
 
 def _slowest_table(events: list[dict], count: int):
-    """The slowest node analyses and their profiles (`lucid.bab.report.slowest_nodes`)."""
+    """The slowest node analyses and their profiles (`lucid.bab.log_view.slowest_nodes`)."""
     from rich.table import Table
 
-    from lucid.bab.report import PROFILE_COLUMNS, slowest_nodes
+    from lucid.bab.log_view import PROFILE_COLUMNS, slowest_nodes
 
     table = Table(
         title=f"the {count} slowest node analyses (seconds per tier; - : the tier did not run)",
@@ -146,7 +146,7 @@ def _region_table(view: RegionView):
     is where the boxes release more than one bound per class)."""
     from rich.table import Table
 
-    from lucid.regions.report import region_rows
+    from lucid.regions.log_view import region_rows
 
     tree = view.tree
     by_class = tree.num_classes > WIDE_CLASSES
@@ -206,14 +206,14 @@ def _fmt_lower(v: float) -> str:
 
 
 def _regions_or_none(run_dir: Path, events: list[dict]) -> RegionView | None:
-    from lucid.regions.report import load_regions
+    from lucid.regions.log_view import load_regions
 
     return load_regions(run_dir, events)
 
 
 def _region_plot_choice(view: RegionView, features: str | None, cls: int | None) -> tuple[tuple[int, int], int]:
     """(features, class) of the region plot: the user's, checked, or the defaults."""
-    from lucid.regions.report import default_class, default_features, parse_features
+    from lucid.regions.log_view import default_class, default_features, parse_features
 
     chosen = default_features(view.tree) if features is None else parse_features(features, view)
     c = default_class(view.tree) if cls is None else cls
@@ -317,7 +317,7 @@ def command(
     # Bad plot options fail before anything is printed or followed.
     _check_region_options(features, cls, plot_path, regions, events)
     if plot_path is not None:
-        from lucid.bab.report import figure_format
+        from lucid.bab.log_view import figure_format
 
         figure_format(plot_path)
         if regions is not None:
@@ -340,7 +340,7 @@ def command(
         _write_plot(run_dir, events, regions, plot_path, features, cls)
         console.print(f"wrote {plot_path}")
     if tree_path is not None:
-        from lucid.bab.report import write_tree
+        from lucid.bab.log_view import write_tree
 
         n = write_tree(events, tree_path)
         console.print(f"wrote {tree_path} ({n} nodes)")
@@ -354,8 +354,8 @@ def _write_plot(
     features: str | None,
     cls: int | None,
 ) -> None:
-    from lucid.bab.report import plot_curves
-    from lucid.regions.report import plot_regions
+    from lucid.bab.log_view import plot_curves
+    from lucid.regions.log_view import plot_regions
 
     if regions is None:
         if features is not None or cls is not None:  # a --regions run with no box logged yet

@@ -17,7 +17,7 @@ from lucid.errors import LucidError
 def _class_logs(run: Path):
     """Per class, the log's node counts, node time, solver statuses and anytime curve; None if no log."""
     from lucid.bab.events import LOG_FILE, read_events
-    from lucid.bab.report import anytime_curves, node_summary
+    from lucid.bab.log_view import anytime_curves, node_summary
     from lucid.report.facts import ClassLog
 
     path = run / LOG_FILE

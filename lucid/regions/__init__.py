@@ -25,10 +25,11 @@ boxes only decides which sound bound is compared with.
 (lucid/regions/lookup.py).
 
 The package: the partition (`tree`), the reader of its bounds.json section (`reader`), its
-access-time walk (`lookup`); for `lucid verify --regions K` the strategy (`verify`), one box's
-work (`one_box`) and the choices of where to refine (`choice`); `lucid log`'s view of the boxes
-(`report`). Only `tree`, `reader` and `lookup` sit beside the run directory, where the access
-layer reads them; the rest sit with the engine (tests/test_layering.py).
+access-time walk (`lookup`); for `lucid verify --regions K` (whose strategy is
+lucid/verify/regions.py) one box's work (`one_box`) and the choices of where to refine (`choice`);
+`lucid log`'s view of the boxes (`log_view`). Only `tree`, `reader` and `lookup` sit beside the
+run directory, where the access layer reads them; the rest sit with the engine
+(tests/test_layering.py).
 """
 
 from lucid.regions.tree import CARVE, MAX_DEPTH, REGIONS_FORMAT, RegionTree

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from lucid.atomic import read_json
-from lucid.bab.report import save_figure
+from lucid.bab.log_view import save_figure
 from lucid.errors import LucidError
 from lucid.regions import RegionTree
 from lucid.regions.reader import read_regions

@@ -1,5 +1,5 @@
 """Reading a verification log back: anytime curves, node statistics, the branch-and-bound tree
-(the boxes of `lucid verify --regions K`: lucid/regions/report.py)."""
+(the boxes of `lucid verify --regions K`: lucid/regions/log_view.py)."""
 
 from __future__ import annotations
 
