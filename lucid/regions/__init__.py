@@ -28,7 +28,7 @@ The package: the partition (`tree`), the reader of its bounds.json section (`rea
 access-time walk (`lookup`); for `lucid verify --regions K` the strategy (`verify`), one box's
 work (`one_box`) and the choices of where to refine (`choice`); `lucid log`'s view of the boxes
 (`report`). Only `tree`, `reader` and `lookup` sit beside the run directory, where the access
-layer reads them; the rest sit with the engine (tests/test_layering.py).
+layer reads them; the rest sit with the engine (tests/project/test_layering.py).
 """
 
 from lucid.regions.tree import CARVE, MAX_DEPTH, REGIONS_FORMAT, RegionTree
