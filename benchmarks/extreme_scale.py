@@ -1,9 +1,9 @@
 """Soundness at extreme weight scales: every tier and backend against exact rational arithmetic.
 
 For each family (a 2-4-4-2 ReLU stack whose layers are scaled by 1e-6 ... 5e6, mixed, or whose
-leave-one-out networks are one float32 step from N; generator: tests/test_extreme_scale.py), the
+leave-one-out networks are one float32 step from N; generator: tests/verify/test_extreme_scale.py), the
 first SEEDS seeds whose exact beta* is positive for some class are verified with every option
-set of TIERS; each class's upper bound is compared with the exact beta* (tests/exact_oracle.py,
+set of TIERS; each class's upper bound is compared with the exact beta* (tests/helpers/exact_oracle.py,
 Fractions), and every input the access layer releases among 441 grid points, the box corners and
 the exact leaks with their one-ulp neighbours is replayed through every network exactly.
 
@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path[:0] = [str(ROOT / "tests" / "helpers"), str(ROOT / "tests" / "verify")]  # exact_oracle, test_extreme_scale
 
 from exact_oracle import exact_bound, exact_label_and_agreement, exact_singleton  # noqa: E402
 from test_extreme_scale import FAMILIES as TEST_FAMILIES, _stack, probes, scaled_tensors, write_scaled_run  # noqa: E402

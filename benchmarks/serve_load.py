@@ -27,7 +27,7 @@ of A measures p50/p99 and its answered share.
 
 `--network` runs instead the open-network scenarios of issue 64 for each of `--fronts`: `http`
 (lucid serve, plain), `https` (lucid serve with --ssl-certfile/--ssl-keyfile) and `nginx`
-(docs/deploy.md's nginx, run as tests/test_serve_deploy.py runs it, terminating TLS in front of
+(docs/deploy.md's nginx, run as tests/access/test_serve_deploy.py runs it, terminating TLS in front of
 lucid serve): the single-row client alone, beside C, D, a partial-request flood (`--partial-addresses`
 x `--partial-per-address` connections each sending one byte of a request line, or a head and one
 body byte; at the default caps and at --max-connections 64 --max-connections-per-ip 4) and four
@@ -72,7 +72,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path[:0] = [str(ROOT / "tests" / "helpers"), str(ROOT / "tests" / "access")]  # synthetic_runs, test_serve_deploy
 
 _LENGTH = re.compile(rb"content-length:\s*(\d+)", re.I)
 

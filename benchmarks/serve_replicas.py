@@ -46,7 +46,7 @@ from typing import Iterator
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "helpers"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from serve_load import ms, running_server  # noqa: E402

@@ -3,7 +3,7 @@
 Constructing any `torch.optim` optimiser imports `torch._dynamo` (about 1.7 s and 300 MB of
 modules), and every verification worker process would pay that on its first bound. This class does
 the update of `torch.optim.Adam`'s default CPU path (single tensor, no weight decay, no amsgrad) op
-for op, so its iterates are bit-identical to it (`tests/test_adam.py` compares the two).
+for op, so its iterates are bit-identical to it (`tests/training/test_adam.py` compares the two).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """How LUCID's command lines end on bad input: one line on stderr and an exit status.
 
 Shared by `lucid` (`lucid.cli`) and `python -m lucid.baselines`, and kept below both: the
-baselines are not part of the `lucid` command line and so do not import it (tests/test_layering.py).
+baselines are not part of the `lucid` command line and so do not import it (tests/project/test_layering.py).
 Apart from `lucid.errors` because it loads click, which the library itself does not need.
 """
 

@@ -13,7 +13,7 @@ cannot be rescaled away, and past a limit they are refused in one line, never ve
   2^DOMAIN_EXPONENT in magnitude, so that the rescaling's powers of two stay exact in float64.
 
 The score limit is where the checks against exact rational arithmetic stop: weights of 1e6 per layer
-in `tests/test_extreme_scale.py`, and of 2e6 per layer (this guard's score bound reaching 2^67.7) in
+in `tests/verify/test_extreme_scale.py`, and of 2e6 per layer (this guard's score bound reaching 2^67.7) in
 `benchmarks/extreme_scale.py`; beyond it nothing is claimed, so nothing is verified.
 """
 

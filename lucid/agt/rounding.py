@@ -15,7 +15,7 @@ Two kinds of rounding must be inside the box:
 
 Underflow (float32 subnormals, possibly flushed to zero) is covered by a small absolute term
 ETA per summed term. Transcendentals (exp in the softmax) get an explicit per-class margin, see
-`SOFTMAX_ULPS`. The containment tests (tests/test_agt.py) check the result on real float32
+`SOFTMAX_ULPS`. The containment tests (tests/training/test_agt.py) check the result on real float32
 networks trained by `lucid.training`.
 """
 

@@ -29,7 +29,7 @@ access-time walk (`lookup`); for `lucid verify --regions K` (whose strategy is
 lucid/verify/regions.py) one box's work (`one_box`) and the choices of where to refine (`choice`);
 `lucid log`'s view of the boxes (`log_view`). Only `tree`, `reader` and `lookup` sit beside the
 run directory, where the access layer reads them; the rest sit with the engine
-(tests/test_layering.py).
+(tests/project/test_layering.py).
 """
 
 from lucid.regions.tree import CARVE, MAX_DEPTH, REGIONS_FORMAT, RegionTree

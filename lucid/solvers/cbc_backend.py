@@ -9,7 +9,7 @@ goes in as one MPS file written by HiGHS — no per-row Python) and read the bou
   hence gap <= abs + rel*max(|U|,1)/(1-rel);
 * LP (no integers): the optimal objective of the solution file.
 
-Pitfalls handled (each found by tests/test_solvers.py):
+Pitfalls handled (each found by tests/solvers/test_solvers.py):
 * CBC's preprocessing (Cgl) drops objective constants from the objective it logs (a model with
   optimum -7.9 logs "best objective -6.9"), so it runs with `-preprocess off -presolve off`
   and the model's objective offset never goes to CBC (we add it back ourselves);

@@ -2,7 +2,7 @@
 
 Why presolve is off: HiGHS 1.15.1 with MIP presolve on reports status Optimal with a bound
 below the true optimum on `singleton-crypto-2x50.mps` (see ../shared/fixtures/README.md and
-tests/test_solvers_fixture.py); turning off restarts, symmetry detection or any single presolve
+tests/solvers/test_solvers_fixture.py); turning off restarts, symmetry detection or any single presolve
 rule group does not fix it (benchmarks/solver_fixture.py). With presolve off HiGHS stays above
 the true value on that model. `SOUND_OPTIONS` is the single place where this is decided.
 

@@ -20,7 +20,7 @@ epsilon its answers were drawn with.
 Bounded: LRU eviction (the paper's policy) once more than `max_size` inputs are stored; an
 evicted input can be re-sampled, which is the price of bounded storage.
 
-The modules, each importing only those listed before it (tests/test_layering.py checks that no
+The modules, each importing only those listed before it (tests/project/test_layering.py checks that no
 import runs back):
 
     addresses.py  what `--memo` names (a file or a postgresql:// URL) and how messages name it
