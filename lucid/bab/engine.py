@@ -34,7 +34,7 @@ from lucid.bab.anytime import AnytimeBounds
 from lucid.bab.events import EventLog
 from lucid.bab.hooks import EngineHooks
 from lucid.bab.invocation import Invocation
-from lucid.bab.levels import ResidualLevels
+from lucid.bab.levels import ResidualProgress
 from lucid.bab.node import FINAL, OPEN, PENDING, RUNNING, SETTLED, SPLIT, STUCK, Node
 from lucid.bab.order_statistic import relevant, set_aside, track_networks
 from lucid.bab.partition import PEEL_ROOT_ABOVE, peel_top, preload_kmeans, split_node
@@ -91,7 +91,7 @@ class Engine:
                 if cs.screen is None:
                     cs.screen = self.screening.initial(c)
         self.scheduler = Scheduler(executor, self.states, settings, self.anytime, self.screening, self.invocation)
-        self.levels = ResidualLevels(
+        self.levels = ResidualProgress(
             self.states, self.anytime, self.scheduler, executor, self.invocation, hooks.choose_size
         )
 

@@ -1,4 +1,4 @@
-"""`ResidualLevels`: the engine's collaborator for `--residual M` classes (lucid/bab/order_statistic.py).
+"""`ResidualProgress`: the engine's collaborator for `--residual M` classes (lucid/bab/order_statistic.py).
 
 It decides when a class's level is finished (every node at or above it is a settled or stuck
 singleton; the stale and stuck ones are retried first while the deadline allows) and, with
@@ -22,8 +22,8 @@ from lucid.bab.workers import Executor
 CHOOSE_EVERY = 2.0  # seconds between two choices of M (--residual auto): each is a pass over its inputs
 
 
-class ResidualLevels:
-    """The level's end and M's choice for the engine's classes (module docstring)."""
+class ResidualProgress:
+    """When each residual class's level is finished, and M's re-choice (module docstring)."""
 
     def __init__(
         self,

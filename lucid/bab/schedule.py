@@ -99,7 +99,7 @@ class Scheduler:
         one that ranks among the M largest bounds and was never analysed. Analysing a member can
         only lower the level by evicting it, while every network outside the set that is not yet
         below the level holds it up: those go first, and members are analysed (evictions tried)
-        once the level waits for nothing else (`ResidualLevels.decided`)."""
+        once the level waits for nothing else (`ResidualProgress.decided`)."""
         if not (known_member(cs, node) or (node.attempts == 0 and not node.evicting and set_aside(cs, node))):
             return False
         node.state = STUCK
