@@ -36,8 +36,6 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Callable
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,7 +53,7 @@ from lucid.access.ledger import (
     summarise,
 )
 from lucid.access.mechanism import RandomSource, check_epsilon, exponential_mechanism
-from lucid.access.memo import DEFAULT_MEMO_SIZE, BoundsRecord, Charge, MemoStore, open_memo, read_memo_ledger
+from lucid.access.memo import DEFAULT_MEMO_SIZE, BoundsRecord, Charge, MemoStore, Turn, open_memo, read_memo_ledger
 from lucid.access.release_rule import ClassBounds, ReleaseRule, from_bounds
 from lucid.access.residual_check import ResidualCheck
 from lucid.access.served_run import load_bounds, load_n
@@ -246,7 +244,7 @@ class LabelOnlyClassifier:
         xn: np.ndarray,
         return_noised: bool = False,
         client: str | None = None,
-        turn: Callable[[int], AbstractContextManager[Any]] | None = None,
+        turn: Turn | None = None,
     ):
         """Class ids for in-domain network-space inputs (evaluate uses this on the test split).
 

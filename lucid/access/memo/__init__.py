@@ -28,7 +28,7 @@ import runs back):
     request.py    what one call asks: its keys and proposals, and the `Charge` (client, budgets)
     metadata.py   what a memo is bound to (N, epsilon, bounds) and the migration of older files
     budget.py     the budget decisions in SQL, and the reservations of calls answered in turns
-    turns.py      a large call answered a few hundred inputs at a time
+    turns.py      a large call answered a few hundred inputs at a time; the gate ordering the turns
     store.py      the algorithm itself (`SqlMemo`) and what the classifier needs of it (`MemoStore`)
     sqlite.py     the memo in one SQLite file (`SqliteMemo`, alias `Memo`): the embedded default
     postgres.py   the memo in a PostgreSQL database several replicas share (`PostgresMemo`)
@@ -44,6 +44,7 @@ from lucid.access.memo.opening import open_memo, read_memo_ledger
 from lucid.access.memo.request import Charge
 from lucid.access.memo.sqlite import SqliteMemo
 from lucid.access.memo.store import DEFAULT_MEMO_SIZE, MemoStore, SqlMemo
+from lucid.access.memo.turns import SizeOrderedGate, Turn
 
 Memo = SqliteMemo  # the embedded default (and the name the package has always exported)
 
@@ -56,8 +57,10 @@ __all__ = [
     "MemoError",
     "MemoStore",
     "MemoUnavailable",
+    "SizeOrderedGate",
     "SqlMemo",
     "SqliteMemo",
+    "Turn",
     "display_name",
     "is_database_url",
     "memo_name",
