@@ -45,7 +45,7 @@ class ReleaseRule(Protocol):
 
     @property
     def name(self) -> str:
-        """ "global", "regions", "residual" or "regions+residual"."""
+        """The rule's name: "global", "regions", "residual" or "regions+residual"."""
 
     @property
     def served(self) -> BoundsRecord: ...
