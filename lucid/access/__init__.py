@@ -7,11 +7,11 @@ from lucid.access.ledger import (
     EpsilonPlan,
     optimal_composition,
     plan_epsilon,
-    read_ledger,
     summarise,
 )
 from lucid.access.mechanism import RandomSource, exponential_mechanism, true_label_probability
 from lucid.access.memo import Charge, Memo, MemoStore, open_memo
+from lucid.access.memo.sqlite import read_ledger
 from lucid.access.served_run import load_upper_bounds
 
 __all__ = [

@@ -36,8 +36,6 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Callable
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,14 +52,17 @@ from lucid.access.ledger import (
     check_total_budget,
     summarise,
 )
-from lucid.access.mechanism import RandomSource, check_epsilon, exponential_mechanism, needs_noise
-from lucid.access.memo import DEFAULT_MEMO_SIZE, BoundsRecord, Charge, MemoStore, open_memo, read_memo_ledger
+from lucid.access.mechanism import RandomSource, check_epsilon, exponential_mechanism
+from lucid.access.memo import DEFAULT_MEMO_SIZE, BoundsRecord, Charge, MemoStore, Turn, open_memo, read_memo_ledger
+from lucid.access.release_rule import ClassBounds, ReleaseRule, from_bounds
 from lucid.access.residual_check import ResidualCheck
 from lucid.access.served_run import load_bounds, load_n
 from lucid.analysis.soundness import confidence_error, release_thresholds
 from lucid.dynamic_range import check_network_range
 from lucid.errors import LucidError
 from lucid.network import NetworkFile
+from lucid.regions import RegionTree
+from lucid.regions.lookup import RegionLookup
 from lucid.rundir import Run, open_run, read_scaler
 
 # Inputs this close (relative) outside the box are rounding noise from scaling: clip them in.
@@ -124,7 +125,7 @@ class LabelOnlyClassifier:
         if len(self.labels) != self.num_classes:
             raise LucidError(f"run.json lists {len(self.labels)} labels for {self.num_classes} classes")
         self.classes_ = np.asarray(self.labels)
-        self.bounds, self.regions, residual = load_bounds(run)
+        self.bounds, regions, residual = load_bounds(run)
         # A diverged leave-one-out network voids every bound: refuse the run (the whole file, streamed;
         # `lucid budget` and `lucid report` only need N's fingerprint from load_n and skip this).
         NetworkFile(run.path, run.meta).check_finite()
@@ -141,45 +142,22 @@ class LabelOnlyClassifier:
         # arithmetic, N's confidence here is float64.
         self.confidence_error = confidence_error([w.T for w in self._weights], self._biases, lower, upper)
         self.thresholds = release_thresholds(self.bounds, self.confidence_error)
-        served = BoundsRecord(self.bounds)
-        if self.regions is not None:
-            # Per box: an input's threshold is its leaf's (lucid/regions/tree.py), found by a walk of the
-            # same length for every input. Rows of non-leaf nodes are never selected. With residual
-            # sets, the box's levels.
-            self._lookup = self.regions.lookup_arrays()
-            release = self.regions.release_bounds()
-            self.region_thresholds = release_thresholds(release, self.confidence_error)
-            served = BoundsRecord(release, self.regions.digest())
-        # --residual: released above the level L_c when the residual networks agree (lucid.residual);
-        # the memo's record names the residual file, so answers checked by other networks are refused.
-        self.residual: ResidualCheck | None = None
-        if residual is not None:
-            for k in range(len(residual.positions)):
-                check_network_range(
-                    [w[k] for w in residual.stack.weights],
-                    [b[k] for b in residual.stack.biases],
-                    lower,
-                    upper,
-                    f"{run.path}: residual network at position {residual.positions[k]}",
-                )
-            self.residual = ResidualCheck(residual, lower, upper, self.regions)
-            self.residual_levels = residual.levels  # L_c per class (the report's Fig. 6 draws them)
-            self.residual_thresholds = release_thresholds(residual.levels, self.confidence_error)
-            served = (
-                BoundsRecord(residual.levels, f"residual:{residual.digest}")
-                if self.regions is None
-                else BoundsRecord(
-                    release, f"residual:{residual.digest}:{self.regions.digest()}:{self.regions.sets_digest()}"
-                )
-            )
+        # Which rule answers (beta_c, per box, residual levels, or both): decided once, here.
+        self.release_rule: ReleaseRule = from_bounds(
+            self.bounds, regions, residual, self.confidence_error, lower, upper, str(run.path)
+        )
         slack = _DOMAIN_TOLERANCE * np.maximum(1.0, np.maximum(np.abs(lower), np.abs(upper)))
         self._lower_tol, self._upper_tol = lower - slack, upper + slack
         # The memo records the epsilon and bounds of its draws and refuses others (memo/metadata.py).
         self.memo: MemoStore = (
-            memo.bind(self.epsilon, served, self.fingerprint)
+            memo.bind(self.epsilon, self.release_rule.served, self.fingerprint)
             if isinstance(memo, MemoStore)
             else open_memo(
-                memo, max_size=options.memo_size, fingerprint=self.fingerprint, epsilon=self.epsilon, bounds=served
+                memo,
+                max_size=options.memo_size,
+                fingerprint=self.fingerprint,
+                epsilon=self.epsilon,
+                bounds=self.release_rule.served,
             )
         )
 
@@ -259,22 +237,14 @@ class LabelOnlyClassifier:
             cls = s.argmax(axis=1)
             top2 = np.partition(s, -2, axis=1)[:, -2:]
             conf = top2[:, 1] - top2[:, 0]  # = score_c - runner-up (0 on ties)
-        leaves = None if self.regions is None else self._lookup.locate(xn)
-        if leaves is not None:
-            thresholds = self.region_thresholds[leaves]
-        else:
-            thresholds = self.thresholds if self.residual is None else self.residual_thresholds
-        noised = needs_noise(conf, cls, thresholds)
-        if self.residual is not None:  # both terms for every row: no branch on the answer
-            noised |= ~self.residual.agree(xn, cls, leaves)
-        return cls, noised
+        return cls, self.release_rule.must_noise(xn, cls, conf)
 
     def predict_network_space(
         self,
         xn: np.ndarray,
         return_noised: bool = False,
         client: str | None = None,
-        turn: Callable[[int], AbstractContextManager[Any]] | None = None,
+        turn: Turn | None = None,
     ):
         """Class ids for in-domain network-space inputs (evaluate uses this on the test split).
 
@@ -325,21 +295,39 @@ class LabelOnlyClassifier:
     @property
     def rule(self) -> str:
         """Which release rule answers: "global" (beta_c), "regions", "residual" or both ("regions+residual")."""
-        return (
-            "+".join(
-                name
-                for name, on in (("regions", self.regions is not None), ("residual", self.residual is not None))
-                if on
-            )
-            or "global"
-        )
+        return self.release_rule.name
+
+    # The release rule's parts, under the names benchmarks and tests read (None where the rule has none).
+    @property
+    def regions(self) -> RegionTree | None:
+        return self.release_rule.regions
+
+    @property
+    def residual(self) -> ResidualCheck | None:
+        return self.release_rule.residual
+
+    @property
+    def _lookup(self) -> RegionLookup | None:
+        return self.release_rule.lookup
+
+    @property
+    def region_thresholds(self) -> np.ndarray | None:
+        return self.release_rule.box_thresholds
+
+    @property
+    def residual_levels(self) -> np.ndarray | None:
+        return self.release_rule.levels
+
+    @property
+    def residual_thresholds(self) -> np.ndarray | None:
+        return self.release_rule.level_thresholds
 
     def with_global_bounds(self) -> LabelOnlyClassifier:
         """The same classifier answering with beta_c alone, without regions or residual check (the
         memo, the mechanism's source and the settings shared): `lucid evaluate`'s side-by-side
         comparison."""
         plain = copy.copy(self)
-        plain.regions = plain.residual = None
+        plain.release_rule = ClassBounds(self.thresholds, BoundsRecord(self.bounds))
         return plain
 
     def close(self) -> None:

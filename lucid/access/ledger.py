@@ -2,8 +2,9 @@
 
 Each answer is one run of LUCID-Inference: N's label (released, 0-iDP: the verifier proved that
 no single training row changes it) or an exponential-mechanism draw (noised, epsilon-iDP). A
-client's answers compose. The ledger (tables `seen` and `ledger` of the memo's SQLite file,
-written by `Memo.get_or_put` in the same transaction as the answers) counts, per client and
+client's answers compose. The ledger (tables `seen` and `ledger` of the memo's database, written
+by `Memo.get_or_put` in the same transaction as the answers; its SQL is in
+lucid/access/memo/budget.py, and this module holds none) counts, per client and
 epsilon, the distinct inputs the client was answered and how many of those answers were noised.
 A repeat of an input the client was answered before returns the stored answer and costs nothing;
 an input whose memo entry was evicted is drawn afresh and charged again.
@@ -38,10 +39,8 @@ model in docs/access.md for timing, status codes and refusals.
 from __future__ import annotations
 
 import math
-import sqlite3
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 from lucid.errors import LucidError, non_negative_number
@@ -266,39 +265,6 @@ def summarise(rows: Sequence[tuple[str, float, int, int, int]], delta: float = D
     for t in per.values():
         t.spent_tight = optimal_composition([(g["epsilon"], g["noised"]) for g in t.by_epsilon], delta)
     return sorted(per.values(), key=lambda t: (t.client == ALL_CLIENTS, t.client))
-
-
-def read_ledger(path: str | Path, fingerprint: str | None = None) -> list[tuple[str, float, int, int, int]]:
-    """The ledger rows of a memo file, read-only (the service may be running). With the
-    `fingerprint` of a run's N, a memo written for another model is refused. (A PostgreSQL memo:
-    lucid.access.memo.read_memo_ledger.)"""
-    path = Path(path)
-    if not path.is_file():
-        raise LucidError(f"{path} does not exist: no memo, so no answers have been given with it (or pass --memo)")
-    try:
-        db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=30.0)
-        try:
-            return ledger_of(db, str(path), fingerprint)
-        finally:
-            db.close()
-    except sqlite3.DatabaseError as exc:
-        raise LucidError(f"cannot read the ledger in {path}: {exc}") from None
-
-
-def ledger_of(db: Any, name: str, fingerprint: str | None = None) -> list[tuple[str, float, int, int, int]]:
-    """The ledger rows of an open memo database (SQLite or PostgreSQL: `db.execute` with `?`
-    placeholders), checked to be a LUCID memo and, with `fingerprint`, to be N's; sorted by client
-    and epsilon."""
-    meta = dict(db.execute("SELECT name, value FROM meta").fetchall())
-    if meta.get("format") not in ("lucid-memo/1", "lucid-memo/2", "lucid-memo/3"):
-        raise LucidError(f"{name} is not a LUCID memo")
-    if fingerprint and meta.get("fingerprint") and meta["fingerprint"] != fingerprint:
-        raise LucidError(f"the memo {name} belongs to a different model or run")
-    if meta["format"] == "lucid-memo/1":
-        return []  # written before the ledger existed
-    rows = db.execute("SELECT client, epsilon, answers, noised, refused FROM ledger").fetchall()
-    # Sorted here, not by ORDER BY: a PostgreSQL collation may not put '*' first as SQLite does.
-    return sorted((str(c), float(e), int(a), int(n), int(r)) for c, e, a, n, r in rows)
 
 
 def format_table(totals: Sequence[ClientTotals]) -> str:

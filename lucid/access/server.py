@@ -31,9 +31,9 @@ hidden behind one fixed time.
 Load: a request's body is read on the event loop, then parsed, checked and answered in a bounded
 pool of threads (numpy and SQLite release the GIL for the heavy parts), so a 10 000-row batch does
 not hold up other connections. The work on the memo, and the parsing of a large body, take turns
-through a gate that lets small requests pass queued turns (SizeOrderedGate), and a batch takes
-many short turns (a piece of its body, or TURN_ROWS of its inputs) rather than one long one, so
-a single-row request waits for at most one short turn, never for a whole batch. A client address
+through a gate that lets small requests pass queued turns (SizeOrderedGate, lucid/access/memo/turns.py),
+and a batch takes many short turns (a piece of its body, or TURN_ROWS of its inputs) rather than one
+long one, so a single-row request waits for at most one short turn, never for a whole batch. A client address
 has one body over SMALL_BODY parsed and answered at a time, failed parses included, so a sender of
 large bodies (valid or not) waits for its own work and cannot take every thread; with `rate`, each
 client (its token, or its address without tokens) gets at most that many prediction requests per
@@ -51,17 +51,14 @@ decision counts distinct new inputs, never which branch would have answered them
 from __future__ import annotations
 
 import asyncio
-import heapq
 import itertools
 import json
 import logging
 import math
-import threading
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,7 +82,7 @@ from lucid.access.guard import (
 )
 from lucid.access.health import MemoHealth
 from lucid.access.ledger import DEFAULT_CLIENT, BudgetExceeded, check_client_name
-from lucid.access.memo import MemoUnavailable
+from lucid.access.memo import MemoUnavailable, SizeOrderedGate
 from lucid.access.transport import ServeTransport
 from lucid.errors import LucidError
 
@@ -101,55 +98,12 @@ SMALL_BODY = 64 * 1024
 # client still gets several a second; a sender of back-to-back 4 MB bodies that fail no longer keeps a
 # thread (and the GIL) busy all the time.
 LARGE_BODY_SHARE = 0.25
-# What a row is taken to cost when turns queue at the gate (SizeOrderedGate): a batch takes its turns
-# a piece (lucid/access/guard.py) or TURN_ROWS inputs (lucid/access/memo/turns.py) at a time, and a
-# single row that arrives while such a turn waits goes first unless the turn has waited rows x this
-# (about 50 ms for 128 rows); far above the 10-30 us a row really costs, so that single rows pass
-# queued turns, while a batch still gets a turn every 50 ms however many single rows arrive.
-ROW_COST_S = 400e-6
 
 log = logging.getLogger("lucid.serve")
 
 
 def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status, headers=headers)
-
-
-class SizeOrderedGate:
-    """A lock for the classifier's decisions, handed to the waiter with the smallest key: its arrival
-    time plus `row_cost` per row. A single row that arrives while a 10 000-row batch waits goes
-    first (unless the batch has waited rows x row_cost), so it waits for at most the decision under
-    way; a plain lock would make it wait behind every batch queued before it. Batches do not starve:
-    requests that arrive later than rows x row_cost after a batch queue behind it."""
-
-    def __init__(self, row_cost: float = ROW_COST_S) -> None:
-        self.row_cost = row_cost
-        self._cond = threading.Condition()
-        self._busy = False
-        self._waiting: list[tuple[float, int]] = []
-        self._tickets = itertools.count()
-
-    @contextmanager
-    def hold(self, rows: int) -> Iterator[None]:
-        with self._cond:
-            key = (time.monotonic() + rows * self.row_cost, next(self._tickets))
-            heapq.heappush(self._waiting, key)
-            try:
-                while self._busy or self._waiting[0] != key:
-                    self._cond.wait()
-            except BaseException:  # a waiter that leaves must not block the queue behind it
-                self._waiting.remove(key)
-                heapq.heapify(self._waiting)
-                self._cond.notify_all()
-                raise
-            heapq.heappop(self._waiting)
-            self._busy = True
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._busy = False
-                self._cond.notify_all()
 
 
 class FairPool:
@@ -269,69 +223,100 @@ class ServiceOptions:
     transport: ServeTransport = ServeTransport()
 
 
-def create_app(clf: LabelOnlyClassifier, options: ServiceOptions | None = None, failed: Any = None) -> FastAPI:
-    """The service answering with `clf` as `options` say (ServiceOptions). `failed`: the fail-closed
-    flag (a `FailFlag`, or one shared by several processes)."""
-    options = ServiceOptions() if options is None else options
-    api_key, api_keys, max_body, max_batch = options.api_key, options.api_keys, options.max_body, options.max_batch
-    threads, allowed_hosts = options.threads, options.allowed_hosts
-    min_response = check_min_response_ms(options.min_response_ms) / 1e3  # seconds; 0: off
-    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-        raise LucidError(f"the prediction pool needs at least 1 thread, got {threads!r}")
-    hosts = HostCheck.default() if allowed_hosts is None else HostCheck(allowed_hosts)
-    # Telemetry off: it reads the environment on every request, and the service must not export
-    # request data anywhere by default. No slash redirects: their Location is built from the
-    # client's Host header.
-    app = FastAPI(
-        docs_url=None,
-        redoc_url=None,
-        openapi_url=None,
-        title="LUCID",
-        redirect_slashes=False,
-        telemetry={"tracing": False, "metrics": False, "logs": False},
-    )
-    app.add_middleware(_HostGuard, hosts=hosts)
-    labels: list[Any] = clf.labels
-    if api_key is not None and api_keys:
-        raise LucidError("give one API key or a table of per-client keys, not both")
-    clients = {DEFAULT_CLIENT: api_key} if api_key is not None else dict(api_keys or {})
-    if len(set(clients.values())) != len(clients) or not all(clients.values()):
-        raise LucidError("API keys must be non-empty and distinct")
-    tokens = [(token.encode(), check_client_name(name)) for name, token in clients.items()]
-    state = FailFlag() if failed is None else failed
-    gate = SizeOrderedGate()
-    health = MemoHealth(clf.memo)
-    # Bounded: at most 2 x `threads` bodies are parsed and answered at once; the rest wait in a queue
-    # (at most one request per connection, and connections are capped: lucid/access/protocol.py).
-    small, large = (
-        ThreadPoolExecutor(max_workers=threads, thread_name_prefix=f"lucid-{lane}") for lane in ("small", "large")
-    )
-    app.state.pools = (small, large)
-    small_turns = FairPool(small, threads)
-    rate = RequestRate(options.rate) if options.rate is not None else None
-    transport = options.transport
-    # One large body parsed and answered at a time per client address, failed parses included, so a
-    # sender of many large bodies waits for its own work instead of taking every thread and the GIL:
-    # address -> (its lock, the requests holding or waiting for it).
-    large_turns: dict[str, tuple[asyncio.Lock, int]] = {}
-    app.state.large_turns = large_turns
-    rest_until: dict[str, float] = {}  # address -> when its next large body may start (loop time)
+def _json(status: int, doc: dict, extra: list | None = None) -> tuple[int, bytes, list]:
+    return status, json.dumps(doc, separators=(",", ":")).encode(), extra or []
 
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        messages = {404: "not found", 405: "method not allowed"}
-        return _error(exc.status_code, messages.get(exc.status_code, "bad request"))
 
-    @app.exception_handler(Exception)
-    async def internal_error(request: Request, exc: Exception) -> JSONResponse:
-        return _error(500, "internal error")
+async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    messages = {404: "not found", 405: "method not allowed"}
+    return _error(exc.status_code, messages.get(exc.status_code, "bad request"))
 
-    @app.api_route("/healthz", methods=["GET", "HEAD"])
-    async def healthz(request: Request) -> Response:
+
+async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
+    return _error(500, "internal error")
+
+
+class _RawRoute:
+    """A coroutine (scope, receive, send) routed as a raw ASGI app behind a plain Starlette route:
+    given a function or a method, Starlette would wrap it in its Request/Response adapter, and
+    FastAPI's dependency solving and those objects cost more than the prediction itself (in-process:
+    0.436 ms per request with a FastAPI route, 0.215 ms with a Starlette one)."""
+
+    def __init__(self, handler: Any) -> None:
+        self.handler = handler
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        await self.handler(scope, receive, send)
+
+
+class PredictionService:
+    """What one served classifier's HTTP service holds (the classifier, its memo's health, the
+    fail-closed flag, the clients' tokens and limits, the decision gate and the thread pools) and
+    its routes, one method each: `healthz`, and `predict` (POST /v1/predict) with the steps of an
+    answer (`answer` on the event loop, `work` in a pool thread). `app` is the FastAPI app serving
+    them (module docstring)."""
+
+    def __init__(self, clf: LabelOnlyClassifier, options: ServiceOptions | None = None, failed: Any = None) -> None:
+        options = ServiceOptions() if options is None else options
+        self.clf = clf
+        self.labels: list[Any] = clf.labels
+        self.max_body, self.max_batch = options.max_body, options.max_batch
+        self.min_response = check_min_response_ms(options.min_response_ms) / 1e3  # seconds; 0: off
+        threads = options.threads
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            raise LucidError(f"the prediction pool needs at least 1 thread, got {threads!r}")
+        hosts = HostCheck.default() if options.allowed_hosts is None else HostCheck(options.allowed_hosts)
+        if options.api_key is not None and options.api_keys:
+            raise LucidError("give one API key or a table of per-client keys, not both")
+        clients = {DEFAULT_CLIENT: options.api_key} if options.api_key is not None else dict(options.api_keys or {})
+        if len(set(clients.values())) != len(clients) or not all(clients.values()):
+            raise LucidError("API keys must be non-empty and distinct")
+        self.tokens = [(token.encode(), check_client_name(name)) for name, token in clients.items()]
+        self.failed = FailFlag() if failed is None else failed
+        # One decision at a time, small requests first; the memo takes its turns through it (`turn`).
+        self.gate = SizeOrderedGate()
+        self.health = MemoHealth(clf.memo)
+        # Bounded: at most 2 x `threads` bodies are parsed and answered at once; the rest wait in a queue
+        # (at most one request per connection, and connections are capped: lucid/access/protocol.py).
+        self.small, self.large = (
+            ThreadPoolExecutor(max_workers=threads, thread_name_prefix=f"lucid-{lane}") for lane in ("small", "large")
+        )
+        self.small_turns = FairPool(self.small, threads)
+        self.rate = RequestRate(options.rate) if options.rate is not None else None
+        self.transport = options.transport
+        # One large body parsed and answered at a time per client address, failed parses included, so a
+        # sender of many large bodies waits for its own work instead of taking every thread and the GIL:
+        # address -> (its lock, the requests holding or waiting for it).
+        self.large_turns: dict[str, tuple[asyncio.Lock, int]] = {}
+        self.rest_until: dict[str, float] = {}  # address -> when its next large body may start (loop time)
+        self.app = self._app(hosts)
+
+    def _app(self, hosts: HostCheck) -> FastAPI:
+        # Telemetry off: it reads the environment on every request, and the service must not export
+        # request data anywhere by default. No slash redirects: their Location is built from the
+        # client's Host header.
+        app = FastAPI(
+            docs_url=None,
+            redoc_url=None,
+            openapi_url=None,
+            title="LUCID",
+            redirect_slashes=False,
+            telemetry={"tracing": False, "metrics": False, "logs": False},
+        )
+        app.add_middleware(_HostGuard, hosts=hosts)
+        app.state.pools = (self.small, self.large)
+        app.state.large_turns = self.large_turns
+        app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]  # typed for Exception
+        app.add_exception_handler(Exception, _internal_error)
+        app.add_api_route("/healthz", self.healthz, methods=["GET", "HEAD"])
+        app.add_route("/v1/predict", _RawRoute(self.predict), methods=["POST"])  # type: ignore[arg-type]  # an ASGI app
+        return app
+
+    async def healthz(self, request: Request) -> Response:
         # Fixed bodies: neither the database's name nor its error reaches a client (the log has them).
-        if state.value:
+        if self.failed.value:
             status, body = 503, {"error": "service unavailable"}
-        elif not await health.ok():
+        elif not await self.health.ok():
             status, body = 503, {"error": "memo database unreachable"}
         else:
             status, body = 200, {"status": "ok"}
@@ -339,30 +324,60 @@ def create_app(clf: LabelOnlyClassifier, options: ServiceOptions | None = None, 
             return Response(status_code=status, media_type="application/json")
         return JSONResponse(body, status_code=status)
 
-    def _json(status: int, doc: dict, extra: list | None = None) -> tuple[int, bytes, list]:
-        return status, json.dumps(doc, separators=(",", ":")).encode(), extra or []
+    async def predict(self, scope: dict, receive: Any, send: Any) -> None:
+        """POST /v1/predict, as a raw ASGI app (`_RawRoute`)."""
+        started = time.perf_counter()
+        headers: dict[bytes, bytes] = {}
+        forwarded: list[bytes] = []
+        for key, value in scope["headers"]:
+            key = key.lower()
+            headers.setdefault(key, value)  # the first value wins, as in Starlette
+            if key == b"x-forwarded-for":
+                forwarded.append(value)  # every line: a proxy may add its own
+        peer = scope.get("client")
+        address = self.transport.client_address(peer[0] if peer else None, forwarded) or ""
+        out = await self.answer(headers, receive, address)
+        if out is None:
+            return
+        status, body, extra = out
+        if self.min_response:
+            left = self.min_response - (time.perf_counter() - started)
+            if left > 0:
+                await asyncio.sleep(left)
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    *extra,
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
 
-    async def answer(headers: dict[bytes, bytes], receive: Any, address: str) -> tuple[int, bytes, list] | None:
+    async def answer(self, headers: dict[bytes, bytes], receive: Any, address: str) -> tuple[int, bytes, list] | None:
         """(status, JSON body, extra headers) for one POST /v1/predict from client `address`
         (lucid.access.transport; "" when it has none); None if the client left."""
         client: str | None = DEFAULT_CLIENT
-        if tokens:
-            client = bearer_client(headers.get(b"authorization"), tokens)
+        if self.tokens:
+            client = bearer_client(headers.get(b"authorization"), self.tokens)
             if client is None:
                 return _json(401, {"error": "missing or invalid bearer token"}, [(b"www-authenticate", b"Bearer")])
-        if rate is not None:
-            wait = rate.wait(f"token:{client}" if tokens else f"address:{address}", time.monotonic())
+        if self.rate is not None:
+            wait = self.rate.wait(f"token:{client}" if self.tokens else f"address:{address}", time.monotonic())
             if wait > 0:  # before the body is read: a refused request costs next to nothing
                 return _json(
                     429,
-                    {"error": f"too many requests: at most {rate.rate:g} per second per client"},
+                    {"error": f"too many requests: at most {self.rate.rate:g} per second per client"},
                     [(b"retry-after", str(max(1, math.ceil(wait))).encode())],
                 )
         if not is_json_media(headers.get(b"content-type")):
             return _json(415, {"error": NOT_JSON_MEDIA})
-        too_big = _json(413, {"error": f"the request body must be at most {max_body} bytes"})
+        too_big = _json(413, {"error": f"the request body must be at most {self.max_body} bytes"})
         declared = headers.get(b"content-length")
-        if declared is not None and (not declared.isdigit() or int(declared) > max_body):
+        if declared is not None and (not declared.isdigit() or int(declared) > self.max_body):
             return too_big
         body = bytearray()
         while True:
@@ -370,66 +385,72 @@ def create_app(clf: LabelOnlyClassifier, options: ServiceOptions | None = None, 
             if message["type"] == "http.disconnect":
                 return None
             body += message.get("body", b"")
-            if len(body) > max_body:
+            if len(body) > self.max_body:
                 return too_big
             if not message.get("more_body", False):
                 break
-        if state.value:
+        if self.failed.value:
             return _json(503, {"error": "service unavailable"})
         # Parsing a 4 MB body and a 10 000-row decision take tens of milliseconds: on the event loop
         # they would hold up every other connection, single-row clients included.
-        loop = asyncio.get_running_loop()
         if len(body) <= SMALL_BODY:
-            return await small_turns.run(address, work, bytes(body), client)
-        lock, users = large_turns.get(address) or (asyncio.Lock(), 0)
-        large_turns[address] = (lock, users + 1)
+            return await self.small_turns.run(address, self.work, bytes(body), client)
+        return await self._answer_large(bytes(body), client, address)
+
+    async def _answer_large(self, body: bytes, client: str | None, address: str) -> tuple[int, bytes, list]:
+        """`work` on a body over SMALL_BODY: one at a time per client address, each after a rest in
+        proportion to the CPU time of the address's last one (LARGE_BODY_SHARE)."""
+        loop = asyncio.get_running_loop()
+        lock, users = self.large_turns.get(address) or (asyncio.Lock(), 0)
+        self.large_turns[address] = (lock, users + 1)
         try:
             async with lock:
-                rest = rest_until.pop(address, 0.0) - loop.time()
+                rest = self.rest_until.pop(address, 0.0) - loop.time()
                 if rest > 0:
                     await asyncio.sleep(rest)
-                out, cpu = await loop.run_in_executor(large, timed_work, bytes(body), client)
-                rest_until[address] = loop.time() + cpu * (1.0 / LARGE_BODY_SHARE - 1.0)
-                if len(rest_until) > 4 * len(large_turns) + 1024:  # forget the addresses that rested enough
+                out, cpu = await loop.run_in_executor(self.large, self.timed_work, body, client)
+                self.rest_until[address] = loop.time() + cpu * (1.0 / LARGE_BODY_SHARE - 1.0)
+                if len(self.rest_until) > 4 * len(self.large_turns) + 1024:  # forget the addresses that rested enough
                     now = loop.time()
-                    for stale in [a for a, until in rest_until.items() if until <= now]:
-                        del rest_until[stale]
+                    for stale in [a for a, until in self.rest_until.items() if until <= now]:
+                        del self.rest_until[stale]
                 return out
         finally:
-            lock, users = large_turns[address]
+            lock, users = self.large_turns[address]
             if users > 1:
-                large_turns[address] = (lock, users - 1)
+                self.large_turns[address] = (lock, users - 1)
             else:
-                del large_turns[address]
+                del self.large_turns[address]
 
-    def network_inputs(body: bytes) -> np.ndarray | None:
+    def network_inputs(self, body: bytes) -> np.ndarray | None:
         """The body's rows in network space (None if there are none). A large body is parsed and checked
         a piece at a time, each piece a turn at the gate: a thread that runs Python for tens of
         milliseconds, even outside the gate, slows the thread holding it (each of its database
         steps gives the GIL up and must win it back), and so every request queued behind it."""
-        pieces = input_pieces(body, max_batch, clf.input_dim)
+        clf = self.clf
+        pieces = input_pieces(body, self.max_batch, clf.input_dim)
         if len(body) <= SMALL_BODY:
             parts = [clf.validate(piece) for piece in pieces if piece]
         else:
             parts = []
             for piece in pieces:
-                with gate.hold(len(piece)):
+                with self.gate.hold(len(piece)):
                     if piece:
                         parts.append(clf.validate(piece))
         return clf.to_network_space(np.concatenate(parts)) if parts else None
 
-    def timed_work(body: bytes, client: str | None) -> tuple[tuple[int, bytes, list], float]:
+    def timed_work(self, body: bytes, client: str | None) -> tuple[tuple[int, bytes, list], float]:
         """`work`, and the CPU seconds its thread spent on it."""
         started = time.thread_time()
-        out = work(body, client)
+        out = self.work(body, client)
         return out, time.thread_time() - started
 
-    def work(body: bytes, client: str | None) -> tuple[int, bytes, list]:
+    def work(self, body: bytes, client: str | None) -> tuple[int, bytes, list]:
         """(status, JSON body, extra headers) for one complete request body; runs in the pool."""
-        if state.value:  # failed while this request waited for a thread
+        if self.failed.value:  # failed while this request waited for a thread
             return _json(503, {"error": "service unavailable"})
         try:
-            xn = network_inputs(body)
+            xn = self.network_inputs(body)
         except TooLarge as exc:
             return _json(413, {"error": str(exc)})
         except BadJson as exc:
@@ -440,7 +461,7 @@ def create_app(clf: LabelOnlyClassifier, options: ServiceOptions | None = None, 
             return _json(200, {"labels": []})
         try:
             # One memo step at a time, a batch's in turns of a few hundred rows; small requests pass queued ones.
-            idx = clf.predict_network_space(xn, client=client, turn=gate.hold)
+            idx = self.clf.predict_network_space(xn, client=client, turn=self.gate.hold)
         except BudgetExceeded as exc:
             return _json(429, {"error": str(exc)})
         except MemoUnavailable as exc:
@@ -450,47 +471,13 @@ def create_app(clf: LabelOnlyClassifier, options: ServiceOptions | None = None, 
             log.warning("%s: answered 503", exc)
             return _json(503, {"error": "service unavailable"})
         except Exception:
-            state.value = True
+            self.failed.value = True
             log.exception("prediction failed; refusing further predictions until restarted")
             return _json(503, {"error": "service unavailable"})
-        return _json(200, {"labels": [labels[i] for i in idx.tolist()]})
+        return _json(200, {"labels": [self.labels[i] for i in idx.tolist()]})
 
-    class PredictEndpoint:
-        """POST /v1/predict as a raw ASGI app behind a plain Starlette route: FastAPI's dependency
-        solving and Starlette's Request/Response objects cost more than the prediction itself
-        (in-process: 0.436 ms per request with a FastAPI route, 0.215 ms with a Starlette one)."""
 
-        async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-            started = time.perf_counter()
-            headers: dict[bytes, bytes] = {}
-            forwarded: list[bytes] = []
-            for key, value in scope["headers"]:
-                key = key.lower()
-                headers.setdefault(key, value)  # the first value wins, as in Starlette
-                if key == b"x-forwarded-for":
-                    forwarded.append(value)  # every line: a proxy may add its own
-            peer = scope.get("client")
-            address = transport.client_address(peer[0] if peer else None, forwarded) or ""
-            out = await answer(headers, receive, address)
-            if out is None:
-                return
-            status, body, extra = out
-            if min_response:
-                left = min_response - (time.perf_counter() - started)
-                if left > 0:
-                    await asyncio.sleep(left)
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": status,
-                    "headers": [
-                        (b"content-type", b"application/json"),
-                        (b"content-length", str(len(body)).encode()),
-                        *extra,
-                    ],
-                }
-            )
-            await send({"type": "http.response.body", "body": body})
-
-    app.add_route("/v1/predict", PredictEndpoint(), methods=["POST"])  # type: ignore[arg-type]  # an ASGI app
-    return app
+def create_app(clf: LabelOnlyClassifier, options: ServiceOptions | None = None, failed: Any = None) -> FastAPI:
+    """The service answering with `clf` as `options` say (ServiceOptions). `failed`: the fail-closed
+    flag (a `FailFlag`, or one shared by several processes)."""
+    return PredictionService(clf, options, failed).app

@@ -304,8 +304,7 @@ def test_regions_release_no_leaking_input_and_noise_less_than_the_global_bound(r
     _, noised = clf.decide(X)
     leaking = leaking_set(VerificationProblem.from_run(run, bounds="interval").stack, X)
     assert not (leaking & ~noised).any()
-    global_clf = LabelOnlyClassifier(run, epsilon=1.0, memo=Memo(None))
-    global_clf.regions = None
+    global_clf = LabelOnlyClassifier(run, epsilon=1.0, memo=Memo(None)).with_global_bounds()
     _, noised_global = global_clf.decide(X)
     assert not (noised & ~noised_global).any()  # a box's bound never exceeds the global one
     assert noised.sum() < noised_global.sum()  # and here the regions release more

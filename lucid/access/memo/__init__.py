@@ -11,7 +11,7 @@ memo hit depends on the branch (see lucid/access/classifier.py).
 
 The privacy ledger (lucid/access/ledger.py) lives in the same database and is updated in the same
 transaction as the answers it accounts for, so a crash or a concurrent writer can neither lose
-nor double-count an entry.
+nor double-count an entry. Its statements are all in budget.py.
 
 One epsilon per memo: every stored draw was made with the epsilon the memo records, and a memo
 refuses to answer or charge with another one (metadata.py), so a client is always charged the
@@ -26,9 +26,10 @@ import runs back):
     addresses.py  what `--memo` names (a file or a postgresql:// URL) and how messages name it
     backend.py    what a database supplies to hold a memo (connections, transactions, locks, errors)
     request.py    what one call asks: its keys and proposals, and the `Charge` (client, budgets)
+    budget.py     the ledger's SQL: charges, refusals, the budget decisions, the reservations of
+                  calls answered in turns, and the rows `lucid budget` reads
     metadata.py   what a memo is bound to (N, epsilon, bounds) and the migration of older files
-    budget.py     the budget decisions in SQL, and the reservations of calls answered in turns
-    turns.py      a large call answered a few hundred inputs at a time
+    turns.py      a large call answered a few hundred inputs at a time; the gate ordering the turns
     store.py      the algorithm itself (`SqlMemo`) and what the classifier needs of it (`MemoStore`)
     sqlite.py     the memo in one SQLite file (`SqliteMemo`, alias `Memo`): the embedded default
     postgres.py   the memo in a PostgreSQL database several replicas share (`PostgresMemo`)
@@ -44,6 +45,7 @@ from lucid.access.memo.opening import open_memo, read_memo_ledger
 from lucid.access.memo.request import Charge
 from lucid.access.memo.sqlite import SqliteMemo
 from lucid.access.memo.store import DEFAULT_MEMO_SIZE, MemoStore, SqlMemo
+from lucid.access.memo.turns import SizeOrderedGate, Turn
 
 Memo = SqliteMemo  # the embedded default (and the name the package has always exported)
 
@@ -56,8 +58,10 @@ __all__ = [
     "MemoError",
     "MemoStore",
     "MemoUnavailable",
+    "SizeOrderedGate",
     "SqlMemo",
     "SqliteMemo",
+    "Turn",
     "display_name",
     "is_database_url",
     "memo_name",

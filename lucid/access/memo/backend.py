@@ -26,6 +26,8 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from lucid.errors import LucidError
 
+KEYS_PER_STATEMENT = 500  # keys per `... IN (?, ...)` statement, well under SQLite's bound-parameter limit
+
 
 class MemoError(LucidError):
     """The memo database failed while answering (disk full, locked too long, corrupt)."""

@@ -33,8 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from lucid.access.ledger import ALL_CLIENTS
 from lucid.access.memo.backend import Session
+from lucid.access.memo.budget import answered_to_no_client, drawn_epsilons
 from lucid.errors import LucidError
 
 MEMO_FORMAT = "lucid-memo/3"
@@ -58,16 +58,8 @@ def migrate(db: Session, meta: dict[str, Any]) -> None:
     if "noised" not in columns:  # lucid-memo/1 stored noised answers only
         db.execute("ALTER TABLE memo ADD COLUMN noised INTEGER NOT NULL DEFAULT 1")
     if db.execute("SELECT 1 FROM memo LIMIT 1").fetchone() is not None:
-        epsilons = [
-            row[0]
-            for row in db.execute(
-                "SELECT DISTINCT epsilon FROM ledger WHERE client = ? AND answers > 0", (ALL_CLIENTS,)
-            )
-        ]
-        unlogged = db.execute(
-            "SELECT 1 FROM memo m WHERE NOT EXISTS (SELECT 1 FROM seen s WHERE s.key = m.key) LIMIT 1"
-        ).fetchone()
-        known = meta.get("format") != "lucid-memo/1" and len(epsilons) == 1 and unlogged is None
+        epsilons = drawn_epsilons(db)
+        known = meta.get("format") != "lucid-memo/1" and len(epsilons) == 1 and not answered_to_no_client(db)
         db.execute(
             "INSERT OR REPLACE INTO meta (name, value) VALUES ('epsilon', ?)",
             (float(epsilons[0]) if known else UNKNOWN,),

@@ -12,10 +12,9 @@ from types import ModuleType
 
 import numpy as np
 
-from lucid.access.ledger import read_ledger
 from lucid.access.memo.addresses import check_scheme, is_database_url
 from lucid.access.memo.metadata import BoundsRecord
-from lucid.access.memo.sqlite import SqliteMemo
+from lucid.access.memo.sqlite import SqliteMemo, read_ledger
 from lucid.access.memo.store import DEFAULT_MEMO_SIZE, MemoStore
 from lucid.errors import LucidError
 

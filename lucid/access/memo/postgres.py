@@ -43,9 +43,9 @@ import psycopg
 from psycopg import conninfo as pg_conninfo
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from lucid.access.ledger import ledger_of
 from lucid.access.memo.addresses import display_name, redact_secrets
 from lucid.access.memo.backend import MemoError, MemoUnavailable
+from lucid.access.memo.budget import ledger_rows, lock_client_rows
 from lucid.access.memo.metadata import BoundsRecord
 from lucid.access.memo.store import DEFAULT_MEMO_SIZE, SqlMemo
 from lucid.errors import LucidError
@@ -203,16 +203,7 @@ class PostgresMemo(SqlMemo[_Session]):
             yield
 
     def _lock_client(self, db: _Session, client: str | None, epsilon: float) -> None:
-        # All the client's rows, since its charge sums them (rows of other epsilons no longer change).
-        locked = db.execute("SELECT epsilon FROM ledger WHERE client = ? FOR UPDATE", (client,)).fetchall()
-        if not any(float(row[0]) == epsilon for row in locked):
-            # FOR UPDATE locks rows that exist: a new client's row is made first (by one replica: ON
-            # CONFLICT waits for the other's insert), then locked.
-            db.execute(
-                "INSERT INTO ledger (client, epsilon) VALUES (?, ?) ON CONFLICT (client, epsilon) DO NOTHING",
-                (client, epsilon),
-            )
-            db.execute("SELECT 1 FROM ledger WHERE client = ? AND epsilon = ? FOR UPDATE", (client, epsilon))
+        lock_client_rows(db, client, epsilon)
 
     def _lock_memo(self, db: _Session) -> bool:
         db.execute("SELECT 1 FROM meta WHERE name = 'count' FOR UPDATE")
@@ -258,6 +249,6 @@ def read_ledger_rows(url: str, fingerprint: str | None = None) -> list[tuple[str
             _configure(conn)
             if _scalar(conn.execute("SELECT to_regclass('meta')")) is None:
                 raise LucidError(f"{name} holds no memo: no answers have been given with it")
-            return ledger_of(_Session(conn), name, fingerprint)
+            return ledger_rows(_Session(conn), name, fingerprint)
     except psycopg.Error as exc:
         raise LucidError(f"cannot read the ledger in {name}: {_first_line(exc, url)}") from None

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from lucid.access.memo.backend import MemoError
+from lucid.access.memo.budget import ledger_rows
 from lucid.access.memo.metadata import BoundsRecord, migrate
 from lucid.access.memo.store import DEFAULT_MEMO_SIZE, SqlMemo
 from lucid.errors import LucidError
@@ -202,3 +203,20 @@ class SqliteMemo(SqlMemo[sqlite3.Connection]):
             self._checkpoints.stop()
         self._db.close()
         self._writers.close()
+
+
+def read_ledger(path: str | Path, fingerprint: str | None = None) -> list[tuple[str, float, int, int, int]]:
+    """The ledger rows of a memo file, read-only (the service may be running). With the
+    `fingerprint` of a run's N, a memo written for another model is refused. (A PostgreSQL memo:
+    lucid.access.memo.read_memo_ledger.)"""
+    path = Path(path)
+    if not path.is_file():
+        raise LucidError(f"{path} does not exist: no memo, so no answers have been given with it (or pass --memo)")
+    try:
+        db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=30.0)
+        try:
+            return ledger_rows(db, str(path), fingerprint)
+        finally:
+            db.close()
+    except sqlite3.DatabaseError as exc:
+        raise LucidError(f"cannot read the ledger in {path}: {exc}") from None

@@ -27,9 +27,18 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from lucid.access.ledger import ALL_CLIENTS, BudgetExceeded, ledger_of
-from lucid.access.memo.backend import SessionT, SqlBackend
-from lucid.access.memo.budget import client_refusal, draw_on, total_refusal
+from lucid.access.ledger import ALL_CLIENTS, BudgetExceeded
+from lucid.access.memo.backend import KEYS_PER_STATEMENT, SessionT, SqlBackend
+from lucid.access.memo.budget import (
+    client_refusal,
+    draw_on,
+    forget_seen,
+    ledger_rows,
+    record_answers,
+    record_draws,
+    record_refusal,
+    total_refusal,
+)
 from lucid.access.memo.metadata import (
     MEMO_FORMAT,
     OLD_FORMATS,
@@ -45,19 +54,8 @@ from lucid.access.memo.turns import Turn, answer_in_turns
 from lucid.errors import LucidError
 
 DEFAULT_MEMO_SIZE = 1_000_000
-_CHUNK = 500  # keys per SELECT ... IN (...), well under SQLite's bound-parameter limit
 _MAX_PENDING_TOUCHES = 10_000  # LRU updates of memo hits kept in memory (written sooner if an eviction needs them)
 _TOUCHES_PER_WRITE = 128  # LRU updates written by one write once _MAX_PENDING_TOUCHES are pending
-
-_LEDGER_ADD = """
-INSERT INTO ledger (client, epsilon, answers, noised) VALUES (?, ?, ?, ?)
-ON CONFLICT (client, epsilon) DO UPDATE SET answers = ledger.answers + excluded.answers,
-    noised = ledger.noised + excluded.noised
-"""
-_LEDGER_REFUSED = """
-INSERT INTO ledger (client, epsilon, refused) VALUES (?, ?, 1)
-ON CONFLICT (client, epsilon) DO UPDATE SET refused = ledger.refused + 1
-"""
 
 
 @runtime_checkable
@@ -143,10 +141,7 @@ class SqlMemo(SqlBackend[SessionT]):
                     (count - self.max_size,),
                 ).fetchall()
             ]
-            # An evicted input's next answer is a fresh draw, charged again: forget who saw it.
-            for start in range(0, len(gone), _CHUNK):
-                part = gone[start : start + _CHUNK]
-                db.execute(f"DELETE FROM seen WHERE key IN ({','.join('?' * len(part))})", part)  # noqa: S608 (placeholders only; values are bound)
+            forget_seen(db, gone)
             count -= len(gone)
             always_store = True
         if always_store:
@@ -167,8 +162,8 @@ class SqlMemo(SqlBackend[SessionT]):
         With `lock`, each stored row read is held until commit (lock 2)."""
         stored: dict[bytes, tuple[int, int]] = {}
         seen: set[bytes] = set()
-        for start in range(0, len(unique), _CHUNK):
-            part = unique[start : start + _CHUNK]
+        for start in range(0, len(unique), KEYS_PER_STATEMENT):
+            part = unique[start : start + KEYS_PER_STATEMENT]
             marks = ",".join("?" * len(part))
             rows = db.execute(
                 "SELECT m.key, m.label, m.noised, s.client IS NOT NULL FROM memo m "  # noqa: S608 (placeholders and the backend's fixed lock clause; values are bound)
@@ -279,7 +274,7 @@ class SqlMemo(SqlBackend[SessionT]):
         if refusal is None and not (draws and draw_on(db, rid, ALL_CLIENTS, draws)):  # lock 3 held if draws
             refusal = total_refusal(db, epsilon, draws, batch.charge.total_budget)
         if refusal:
-            db.execute(_LEDGER_REFUSED, (client, epsilon))
+            record_refusal(db, client, epsilon)
             return refusal
         if callable(proposals):
             positions = np.array([i for i, key in enumerate(keys) if key not in stored], dtype=np.int64)
@@ -312,10 +307,9 @@ class SqlMemo(SqlBackend[SessionT]):
             if inserts:
                 db.executemany("INSERT INTO memo (key, label, used, noised) VALUES (?, ?, ?, ?)", inserts)
             if fresh:
-                db.executemany("INSERT INTO seen (key, client) VALUES (?, ?)", [(k, client) for k in fresh])
-                db.execute(_LEDGER_ADD, (client, epsilon, len(fresh), sum(stored[k][1] for k in fresh)))
+                record_answers(db, client, epsilon, fresh, sum(stored[k][1] for k in fresh))
             if inserts and client is not None:
-                db.execute(_LEDGER_ADD, (ALL_CLIENTS, epsilon, len(inserts), sum(row[3] for row in inserts)))
+                record_draws(db, epsilon, len(inserts), sum(row[3] for row in inserts))
             if touch:  # an eviction needs them all; else the oldest few, so that no step writes 10 000
                 self._write_touches(db, None if count > self.max_size else _TOUCHES_PER_WRITE)
             if inserts:
@@ -333,7 +327,7 @@ class SqlMemo(SqlBackend[SessionT]):
     def ledger_rows(self) -> list[tuple[str, float, int, int, int]]:
         """(client, epsilon, answers, noised, refused) rows of the ledger (see lucid.access.ledger)."""
         with self._guard(), self._lock, self._session() as db:
-            return ledger_of(db, self._name)
+            return ledger_rows(db, self._name)
 
     def lookup(self, key: bytes) -> int | None:
         """The stored label of one key, without touching its LRU position (for inspection/tests)."""

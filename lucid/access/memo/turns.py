@@ -1,8 +1,11 @@
-"""A large memo call answered in turns: `lucid serve` passes its decision gate as `turn`, and a call
-of more than TURN_ROWS distinct inputs does its database work TURN_ROWS inputs at a time, one
-transaction per turn, so that a single-row request waits for at most one short turn rather than a
-whole 10 000-row batch (lucid/access/server.py). The memo's algorithm (store.py) hands this module
-its one step, so that the turns need nothing of it but the backend's transactions.
+"""A large memo call answered in turns, and the gate that orders the turns of concurrent calls.
+
+`lucid serve` hands its gate (`SizeOrderedGate`, defined here so that the service only hands it
+down) to the memo as `turn`, and a call of more than TURN_ROWS distinct inputs does its database
+work TURN_ROWS inputs at a time, one transaction per turn, so that a single-row request waits for at
+most one short turn rather than a whole 10 000-row batch (lucid/access/server.py). The memo's
+algorithm (store.py) hands this module its one step, so that the turns need nothing of it but the
+backend's transactions.
 
 The call's budgets are still decided once, for the whole call, before its first turn: its worst
 case is reserved (lucid/access/memo/budget.py), each turn moves what it really charges from the
@@ -15,8 +18,12 @@ after a crash, and the call raises.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from contextlib import AbstractContextManager
+import heapq
+import itertools
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 import numpy as np
@@ -35,6 +42,52 @@ Turn = Callable[[int], AbstractContextManager[Any]]
 # One step of the memo's algorithm: a batch answered into `out` in one transaction (or read-only),
 # under the call's reservation (None: its budgets are checked in that transaction).
 Step = Callable[[Batch, str | None, np.ndarray], None]
+
+
+# What a row is taken to cost when turns queue at the gate (SizeOrderedGate): a batch takes its turns
+# a piece of its body (lucid/access/guard.py) or TURN_ROWS inputs at a time, and a
+# single row that arrives while such a turn waits goes first unless the turn has waited rows x this
+# (about 50 ms for 128 rows); far above the 10-30 us a row really costs, so that single rows pass
+# queued turns, while a batch still gets a turn every 50 ms however many single rows arrive.
+ROW_COST_S = 400e-6
+
+
+class SizeOrderedGate:
+    """A lock for the classifier's decisions (`lucid serve` hands its `hold` down as `turn`), handed to
+    the waiter with the smallest key: its arrival time plus `row_cost` per row. A single row that
+    arrives while a 10 000-row batch waits goes first (unless the batch has waited rows x row_cost),
+    so it waits for at most the decision under way; a plain lock would make it wait behind every
+    batch queued before it. Batches do not starve: requests that arrive later than rows x row_cost
+    after a batch queue behind it."""
+
+    def __init__(self, row_cost: float = ROW_COST_S) -> None:
+        self.row_cost = row_cost
+        self._cond = threading.Condition()
+        self._busy = False
+        self._waiting: list[tuple[float, int]] = []
+        self._tickets = itertools.count()
+
+    @contextmanager
+    def hold(self, rows: int) -> Iterator[None]:
+        with self._cond:
+            key = (time.monotonic() + rows * self.row_cost, next(self._tickets))
+            heapq.heappush(self._waiting, key)
+            try:
+                while self._busy or self._waiting[0] != key:
+                    self._cond.wait()
+            except BaseException:  # a waiter that leaves must not block the queue behind it
+                self._waiting.remove(key)
+                heapq.heapify(self._waiting)
+                self._cond.notify_all()
+                raise
+            heapq.heappop(self._waiting)
+            self._busy = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._busy = False
+                self._cond.notify_all()
 
 
 def answer_in_turns(memo: SqlBackend, step: Step, batch: Batch, turn: Turn, out: np.ndarray) -> None:
