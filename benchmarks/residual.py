@@ -6,6 +6,8 @@
   python benchmarks/residual.py --workloads breast_cancer-2x10,elsewhere-2x10 --ms auto --time-limit 120
   python benchmarks/residual.py --workloads adult4k-2x50 --ms 32 --time-limit 1200   # the issue's loose-level workload
   python benchmarks/residual.py --workloads adult800-2x20 --ms 32,auto --time-limit 120  # a 600-row tabular set
+  python benchmarks/residual.py --workloads adult-growth-1000,adult-growth-2000,adult-growth-4000,adult-growth-8000,\
+      adult-growth-12000 --ms auto --time-limit 600       # the growth curve: benchmarks/results/residual_growth.md
   python benchmarks/residual.py --report-only
   python benchmarks/residual.py --refresh                         # measure the verified runs again
 
@@ -67,9 +69,9 @@ SINGLE_SAMPLES = 2000
 def prepare(name: str) -> Path:
     """The workload's run directory (trained or imported once)."""
     if name in ADULT_SUBSETS:
-        return _adult_subset(name, *ADULT_SUBSETS[name])
+        return _adult_run(name, *ADULT_SUBSETS[name])
     if name in GROWTH:
-        return _adult_growth(name, GROWTH[name])
+        return _adult_run(name, GROWTH[name], "2x50", test_rows=GROWTH_TEST_ROWS)
     if name != "elsewhere-2x10":
         return region_bench.prepare(name) / "run"
     import loo_training_elsewhere as elsewhere  # noqa: PLC0415 (torch: only for this workload)
@@ -88,28 +90,12 @@ def prepare(name: str) -> Path:
     return run
 
 
-def _adult_subset(name: str, rows: int, arch: str) -> Path:
-    """`rows` rows of the shared Adult file (numpy.random.default_rng(7).permutation), trained as a
-    user would: three quarters for training, a quarter as the test split (no public split: auto
-    chooses on the test split)."""
-    work = RUNS / name
-    run = work / "run"
-    if (run / "run.json").exists():
-        return run
-    work.mkdir(parents=True, exist_ok=True)
-    with np.load(region_bench.DATA / "adult" / "adult.npz") as f:
-        X, y = f["X"], f["y"]
-    chosen = np.random.default_rng(7).permutation(len(X))[:rows]
-    np.savez(work / "rows.npz", X=np.clip(X[chosen], 0, 1), y=y[chosen])
-    subprocess.run([sys.executable, "-m", "lucid", "train", str(work / "rows.npz"), "--arch", arch, "--epochs", "50",
-                    "--batch-size", "100", "--lr", "0.1", "--test-fraction", "0.25", "--seed", "0", "--out", str(run),
-                    "--no-progress"], check=True)
-    return run
-
-
-def _adult_growth(name: str, rows: int) -> Path:
-    """`rows` training rows after the fixed test split in the same permutation, trained with the
-    adult4k settings against that test split (`--test-data`)."""
+def _adult_run(name: str, rows: int, arch: str, test_rows: int = 0) -> Path:
+    """A run on rows of the shared Adult file, in the order of numpy.random.default_rng(7).permutation,
+    trained as a user would (50 epochs, batch 100, lr 0.1). Without `test_rows`: the first `rows`
+    rows, a quarter held out by `--test-fraction 0.25` (no public split: auto chooses on the test
+    split). With them: the first `test_rows` rows are a fixed test split (`--test-data`) and the
+    next `rows` the training set (the growth workloads: nested training sets, one test split)."""
     work = RUNS / name
     run = work / "run"
     if (run / "run.json").exists():
@@ -118,15 +104,18 @@ def _adult_growth(name: str, rows: int) -> Path:
     with np.load(region_bench.DATA / "adult" / "adult.npz") as f:
         X, y = np.clip(f["X"], 0, 1), f["y"]
     order = np.random.default_rng(7).permutation(len(X))
-    test, train = order[:GROWTH_TEST_ROWS], order[GROWTH_TEST_ROWS : GROWTH_TEST_ROWS + rows]
+    train = order[test_rows : test_rows + rows]
     if len(train) < rows:
-        raise SystemExit(f"{name}: the Adult file has {len(X) - GROWTH_TEST_ROWS} rows beside the test split")
-    np.savez(work / "test.npz", X=X[test], y=y[test])
+        raise SystemExit(f"{name}: the Adult file has {len(X) - test_rows} rows beside the test split")
     np.savez(work / "rows.npz", X=X[train], y=y[train])
+    split = ["--test-fraction", "0.25"]
+    if test_rows:
+        np.savez(work / "test.npz", X=X[order[:test_rows]], y=y[order[:test_rows]])
+        split = ["--test-data", str(work / "test.npz")]
     t0 = time.monotonic()
-    subprocess.run([sys.executable, "-m", "lucid", "train", str(work / "rows.npz"), "--test-data", str(work / "test.npz"),
-                    "--arch", "2x50", "--epochs", "50", "--batch-size", "100", "--lr", "0.1", "--seed", "0",
-                    "--out", str(run), "--no-progress"], check=True)
+    subprocess.run([sys.executable, "-m", "lucid", "train", str(work / "rows.npz"), *split, "--arch", arch,
+                    "--epochs", "50", "--batch-size", "100", "--lr", "0.1", "--seed", "0", "--out", str(run),
+                    "--no-progress"], check=True)
     (work / "train_seconds.txt").write_text(f"{time.monotonic() - t0:.1f}\n")
     return run
 
