@@ -53,7 +53,6 @@ class AnytimeBounds:
         self.settings = settings
         self.invocation = invocation
         self.leaks = leaks  # every network's own leaks (--residual M)
-        self._backed_off: dict[int, float] = {}  # --residual M: class -> its level when it backed off
 
     def tolerance(self, cs: ClassState) -> float:
         """How far above the best lower bound a bound may stay (0: exact); with a class target, up
@@ -81,7 +80,7 @@ class AnytimeBounds:
             leak, _ = leak_outside(cs, cs.residual)
             if leak is not None:
                 question = max(question, leak + max(self.settings.gap, self.settings.rel_gap * abs(leak)))
-            scale = self._backed_off.get(cs.cls)
+            scale = cs.backed_off
             if (
                 scale is not None
                 and math.isfinite(question)
@@ -94,8 +93,8 @@ class AnytimeBounds:
     def back_off(self, cs: ClassState) -> None:
         """--residual M: a singleton of the class was not proved below its question in its time;
         the class's questions lie halfway up to the level from now on (`cutoff`)."""
-        if cs.residual_size is not None and cs.cls not in self._backed_off and math.isfinite(cs.level):
-            self._backed_off[cs.cls] = abs(cs.level)
+        if cs.residual_size is not None and cs.backed_off is None and math.isfinite(cs.level):
+            cs.backed_off = abs(cs.level)
             self.invocation.emit("question_backed_off", cs.cls, level=cs.level, share=QUESTION_SHARE)
 
     def can_close(self, cs: ClassState, node: Node) -> bool:

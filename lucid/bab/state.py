@@ -50,6 +50,9 @@ class ClassState:
     residual: np.ndarray | None = None
     network_bound: np.ndarray | None = None
     network_leak: np.ndarray | None = None
+    # --residual M: |level| when a singleton first failed its question (`AnytimeBounds.back_off`);
+    # from then on the class asks halfway up to the level. Checkpointed: a resume asks as it did.
+    backed_off: float | None = None
 
     @property
     def level(self) -> float:
@@ -97,6 +100,7 @@ class ClassState:
                         )
                     ],
                     "network_leak": _sparse(self.network_leak, -INF),
+                    **({} if self.backed_off is None else {"backed_off": self.backed_off}),
                 }
             ),
         }
@@ -127,6 +131,7 @@ class ClassState:
             if len(cs.network_bound) != int(obj["networks"]):
                 raise ValueError("network_bound has the wrong length")
             cs.network_leak = _dense(obj["network_leak"], int(obj["networks"]), -INF)
+            cs.backed_off = None if obj.get("backed_off") is None else float(obj["backed_off"])
         for raw in obj["nodes"]:
             node = Node.from_json(raw)
             if node.state == RUNNING:  # its MILP was lost with the killed process: redo it

@@ -293,7 +293,7 @@ def test_the_level_is_the_exact_order_statistic_of_the_networks_bounds(tmp_path,
 
         def update_and_back_off(self, cs):
             update(self, cs)
-            if cs.cls not in self._backed_off and math.isfinite(cs.upper):
+            if cs.backed_off is None and math.isfinite(cs.upper):
                 self.back_off(cs)
                 backed_off.append(cs.cls)
 
@@ -517,3 +517,27 @@ def test_with_residual_sets_the_screen_refines_only_when_the_level_reaches_unref
     screening.refine(cs, everything)
     assert len(asked) == 2 and len(asked[1]) == networks - 1 - RESIDUAL_REFINE_BATCH
     assert cs.refined[1:].all()
+
+
+def test_a_resumed_class_keeps_asking_halfway_after_its_back_off():
+    """The back-off is part of the class state: after a checkpoint round trip (a resume, with a
+    fresh `AnytimeBounds`), the class's question is the same halfway one, not the leak again."""
+    from lucid.bab.anytime import AnytimeBounds
+    from lucid.bab.invocation import Invocation
+    from lucid.bab.state import ClassState
+    from lucid.settings import VerifySettings
+
+    settings = VerifySettings(residual=1)
+    cs = ClassState(cls=0, residual_size=1, lower=0.1, upper=0.9)
+    cs.network_bound = np.array([-np.inf, 0.9, 0.9, 0.95])
+    cs.network_leak = np.array([-np.inf, 0.1, 0.2, 0.3])
+    cs.residual = np.array([3])
+    anytime = AnytimeBounds(settings, Invocation())
+    asked_at_leak = anytime.cutoff(cs)
+    anytime.back_off(cs)
+    halfway = anytime.cutoff(cs)
+    assert asked_at_leak == pytest.approx(0.2) and halfway == pytest.approx(0.2 + 0.5 * (0.9 - 0.2))
+    resumed = ClassState.from_json(0, json.loads(json.dumps(cs.to_json())))
+    resumed.residual = cs.residual
+    assert resumed.backed_off == cs.backed_off == 0.9
+    assert AnytimeBounds(settings, Invocation()).cutoff(resumed) == halfway
