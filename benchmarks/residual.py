@@ -319,6 +319,9 @@ def run_one(name: str, m: int | str, args: argparse.Namespace) -> None:
     subprocess.run(cmd, check=True)
     wall = time.monotonic() - t0
     record = measure(name, m, path, wall, args)
+    trained = RUNS / name / "train_seconds.txt"  # written where this script trained the run
+    if trained.exists():
+        record["train_s"] = float(trained.read_text())
     RESULTS.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=1) + "\n")
     print(f"{name} {label}: noised {record['noised']}, {wall:.0f} s", file=sys.stderr)
@@ -475,11 +478,10 @@ def growth_report() -> None:
     for r in rows:
         nz, mem, choice = r["noised"], r["memory"], r.get("choice") or {}
         target = _target(nz["naive_idp"])
-        train = RUNS / r["workload"] / "train_seconds.txt"
         served = mem.get("residual_networks", 0)
         levels = "; ".join(f"{_fmt(r['levels'].get(c))} / {_fmt(leak)}" for c, leak in sorted(r["leaks_outside"].items()))
         lines.append(
-            f"| {r['networks']} | {_seconds(float(train.read_text())) if train.exists() else '-'} | "
+            f"| {r['networks']} | {_seconds(r.get('train_s'))} | "
             f"{r['verify_wall_s']:.0f} s ({r['time_limit']:.0f} s) | {_seconds(r.get('seconds_to_final_upper'))} | "
             f"{choice.get('size', '-')} | {pct(nz['rule'])} / {pct(nz['naive_idp'])} / {pct(target)} "
             f"{'met' if nz['rule'] <= target + 1e-12 else 'missed'} | {served} ({pct(served / r['networks'])}) | "
@@ -501,7 +503,7 @@ def growth_report() -> None:
         for name, ys in series.items():
             b, log_a = np.polyfit(np.log(sizes), np.log(np.asarray(ys, dtype=float)), 1)
             at = float(np.exp(log_a) * 36000**b)
-            shown = pct(at) if "share" in name else f"{at:.3g}"
+            shown = (pct(min(at, 1.0)) + (" (the fit passes 100 %)" if at > 1 else "")) if "share" in name else f"{at:.3g}"
             lines.append(f"| {name} | {b:.2f} | {shown} |")
     lines += ["", f"Machine: {rows[-1]['machine']}; last row {rows[-1]['date']}."]
     GROWTH_REPORT.write_text("\n".join(lines) + "\n")
