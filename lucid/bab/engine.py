@@ -36,7 +36,7 @@ from lucid.bab.hooks import EngineHooks
 from lucid.bab.invocation import Invocation
 from lucid.bab.levels import ResidualProgress
 from lucid.bab.node import FINAL, OPEN, PENDING, RUNNING, SETTLED, SPLIT, STUCK, Node
-from lucid.bab.order_statistic import relevant, set_aside, track_networks
+from lucid.bab.order_statistic import network_bounds, ranked, relevant, set_aside, track_networks
 from lucid.bab.partition import PEEL_ROOT_ABOVE, peel_top, preload_kmeans, split_node
 from lucid.bab.schedule import Scheduler
 from lucid.bab.screening import ScreenBounds
@@ -256,6 +256,10 @@ class Engine:
         node.state = SPLIT
         cs.nodes.pop(node.id, None)
         self.screening.refine(cs, node.positions)  # peeling follows the best bounds
+        if cs.residual_size is not None:
+            # the set as the refined bounds rank it, so that a child in it is set aside as it is
+            # made, not only when it is submitted (the level follows at the next update)
+            cs.residual = ranked(network_bounds(cs), cs.residual_size)[0]
         positions = self.anytime.prune(cs, node.positions, node.upper)
         if len(positions) == 0:
             self.invocation.emit(
@@ -352,6 +356,25 @@ class Engine:
             heapq.heappop(cs.open_heap)
             self._split(cs, top)
 
+    def _split_until_work(self) -> None:
+        """Submitting may have closed the last pending node (its networks pruned by a lower bound)
+        or set it aside (--residual M), leaving open nodes that only a split turns into work: split
+        them until one round makes work or no new node. A round can make only nodes that are set
+        aside again (the top of a peeled node that ranks among the M largest bounds: with M = 256
+        and two workers, 128 rounds before the first singleton outside the set), and every split
+        makes a node smaller, so this ends."""
+        while not self.invocation.past():  # (past it, the main loop finishes the classes)
+            made = sum(cs.next_id for cs in self.states.values())
+            for cs in self.states.values():
+                if not cs.done:
+                    self._advance(cs)
+            self.scheduler.submit_ready()
+            if self.executor.in_flight or self._pending() or all(cs.done for cs in self.states.values()):
+                return
+            if sum(cs.next_id for cs in self.states.values()) == made:
+                # No work anywhere, no class finished, nothing left to split: should not happen.
+                raise RuntimeError("branch-and-bound stalled with open classes and no work")
+
     # --- main loop ---------------------------------------------------------------------------------
     def run(self, poll: float = 0.25) -> dict[int, ClassState]:
         """Verify every class until each is done or the deadline; `poll`: the longest wait for a
@@ -392,21 +415,7 @@ class Engine:
                     break
                 self.scheduler.submit_ready()
                 if self.executor.in_flight == 0 and not self._pending():
-                    # Submitting may have closed the last pending node (its networks pruned by a lower
-                    # bound) or set it aside (--residual M), leaving open nodes that only a split
-                    # turns into work: split them first (twice: a split's children may go the same way).
-                    for _ in range(2):
-                        for cs in self.states.values():
-                            if not cs.done:
-                                self._advance(cs)
-                        self.scheduler.submit_ready()
-                    if (
-                        self.executor.in_flight == 0
-                        and not self._pending()
-                        and not all(cs.done for cs in self.states.values())
-                    ):
-                        # No work anywhere and no class finished: should not happen; fail loudly.
-                        raise RuntimeError("branch-and-bound stalled with open classes and no work")
+                    self._split_until_work()
                 wait = poll
                 left = self.invocation.deadline.left()
                 if left is not None:

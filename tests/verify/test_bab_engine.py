@@ -685,3 +685,44 @@ def test_a_resumed_class_whose_pending_node_is_pruned_splits_its_open_node_inste
                     log=EventLog(tmp_path / "log.jsonl"))
     states = engine.run()
     assert states[0].complete and states[0].upper == pytest.approx(0.9)
+
+
+def test_a_peeled_node_whose_top_networks_are_all_in_the_residual_set_is_split_until_work(tmp_path, monkeypatch):
+    """--residual M with M far above the workers: each split of a peeled node makes `capacity`
+    singletons that rank among the M largest bounds, each set aside unanalysed, so the first work
+    (a singleton outside the set) takes many splits. Adult 8k 2x50, M = 256 on two workers once
+    ended in "branch-and-bound stalled" after two rounds of splits: each split's screen refinement
+    lowered the networks at the top, so its children, the new top, were checked against the set
+    ranked before it and set aside only when submitted, after `_advance` had stopped splitting."""
+    import lucid.bab.screening
+    from lucid.bab.hooks import EngineHooks
+    from lucid.bab.node import OPEN, PENDING, STUCK, Node
+
+    networks, size = 60, 12
+    monkeypatch.setattr(lucid.bab.screening, "RESIDUAL_REFINE_BATCH", size)
+    bounds = np.concatenate([[-np.inf], np.linspace(1.0, 2.0, networks)])
+    refined = []
+
+    def refine(c, positions, level, deadline=None):  # lowers what it refines below every other network
+        refined.append(len(positions))
+        return bounds[positions] - 1.5
+
+    executor = RecordingExecutor(2)
+    hooks = EngineHooks(screen=lambda c, positions, deadline=None: bounds[positions], refine=refine)
+    engine = Engine(executor, [0], len(bounds), VerifySettings(time_limit=300.0, node_time_limit=1.0, residual=size),
+                    params=np.zeros((len(bounds), 2)), hooks=hooks, log=EventLog(tmp_path / "log.jsonl"))
+    engine.invocation.start()
+    cs = engine.states[0]
+    cs.lower = -2.0  # (a leak far below: nothing is pruned)
+    engine.anytime.update(cs)
+    cs.nodes[0] = Node(id=0, parent=None, positions=np.arange(1, len(bounds)), upper=2.0, state=OPEN, peel=True)
+    cs.next_id = 1
+    heapq.heappush(cs.open_heap, (-2.0, 0))
+    engine._split_until_work()
+    assert len(refined) > 2  # the ranking changed at more than two splits
+    started = [positions[0] for _, positions, _, _ in executor.sent]
+    top = set(np.argsort(-np.minimum(cs.screen, cs.network_bound))[:size].tolist())
+    assert started and all(p not in top for p in started)  # work outside the set, none of its members
+    aside = {int(n.positions[0]) for n in cs.nodes.values() if n.is_singleton and n.state == STUCK}
+    assert top <= aside
+    assert not any(n.state == PENDING and int(n.positions[0]) in top for n in cs.nodes.values() if n.is_singleton)
