@@ -62,6 +62,7 @@ ADULT_SUBSETS = {"adult4k-2x50": (4000, "2x50"), "adult800-2x20": (800, "2x20")}
 GROWTH = {f"adult-growth-{n}": n for n in (1000, 2000, 4000, 8000, 12000)}
 GROWTH_TEST_ROWS = 4000
 GROWTH_REPORT = REPO / "benchmarks" / "results" / "residual_growth.md"
+NOTES_MARKER = "<!-- notes: kept when the tables are written again -->\n"
 WORKLOADS = [*region_bench.WORKLOADS, "elsewhere-2x10", *ADULT_SUBSETS, *GROWTH]
 SINGLE_SAMPLES = 2000
 
@@ -506,7 +507,10 @@ def growth_report() -> None:
             shown = (pct(min(at, 1.0)) + (" (the fit passes 100 %)" if at > 1 else "")) if "share" in name else f"{at:.3g}"
             lines.append(f"| {name} | {b:.2f} | {shown} |")
     lines += ["", f"Machine: {rows[-1]['machine']}; last row {rows[-1]['date']}."]
-    GROWTH_REPORT.write_text("\n".join(lines) + "\n")
+    notes = ""  # the hand-written reading of the figures below the marker is kept
+    if GROWTH_REPORT.exists() and NOTES_MARKER in GROWTH_REPORT.read_text():
+        notes = GROWTH_REPORT.read_text().split(NOTES_MARKER, 1)[1]
+    GROWTH_REPORT.write_text("\n".join(lines) + "\n\n" + NOTES_MARKER + notes)
     print(GROWTH_REPORT.read_text())
 
 
