@@ -176,9 +176,13 @@ def time_to_target(run: Path, x: np.ndarray, target: float) -> float | None:
     events = [json.loads(line) for line in (run / "verify.log.jsonl").read_text().splitlines()]
     if any(e["event"] == "region" for e in events):
         return None
-    scores = load_networks(run).forward(x)  # [K, B, C]; position 0 is N
-    cls, conf, rows = scores[0].argmax(axis=1), confidence(scores[0]), np.arange(len(x))
-    disagree = scores.argmax(axis=2) != cls  # [K, B]
+    stack = load_networks(run)
+    n_scores = stack.select(slice(0, 1)).forward(x)[0]  # position 0 is N
+    cls, conf, rows = n_scores.argmax(axis=1), confidence(n_scores), np.arange(len(x))
+    disagree = np.zeros((len(stack), len(x)), dtype=bool)  # [K, B], by chunks of networks (8 000 x 4 000 rows
+    for start in range(0, len(stack), 256):  # of 2x50 activations at once need 26 GB)
+        part = slice(start, min(len(stack), start + 256))
+        disagree[part] = stack.select(part).forward(x).argmax(axis=2) != cls
     sets = {e["class"]: np.asarray(e["positions"], dtype=np.int64) for e in events if e["event"] == "residual"}
     levels: dict[int, float] = {}
     for e in events:
