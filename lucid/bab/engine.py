@@ -36,7 +36,7 @@ from lucid.bab.hooks import EngineHooks
 from lucid.bab.invocation import Invocation
 from lucid.bab.levels import ResidualProgress
 from lucid.bab.node import FINAL, OPEN, PENDING, RUNNING, SETTLED, SPLIT, STUCK, Node
-from lucid.bab.order_statistic import network_bounds, ranked, relevant, set_aside, track_networks
+from lucid.bab.order_statistic import relevant, set_aside, track_networks
 from lucid.bab.partition import PEEL_ROOT_ABOVE, peel_top, preload_kmeans, split_node
 from lucid.bab.schedule import Scheduler
 from lucid.bab.screening import ScreenBounds
@@ -255,11 +255,7 @@ class Engine:
         """Replace `node` by its children: peeled singletons, or k-means clusters of its networks."""
         node.state = SPLIT
         cs.nodes.pop(node.id, None)
-        self.screening.refine(cs, node.positions)  # peeling follows the best bounds
-        if cs.residual_size is not None:
-            # the set as the refined bounds rank it, so that a child in it is set aside as it is
-            # made, not only when it is submitted (the level follows at the next update)
-            cs.residual = ranked(network_bounds(cs), cs.residual_size)[0]
+        self.screening.refine(cs, node.positions)  # peeling follows the best bounds (and the set)
         positions = self.anytime.prune(cs, node.positions, node.upper)
         if len(positions) == 0:
             self.invocation.emit(

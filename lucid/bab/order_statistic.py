@@ -119,9 +119,9 @@ class SizeChooser:
         self.last: SizeChoice | None = None
 
     def choose(self, states: dict[int, ClassState]) -> int:
-        tracked = [cs for cs in states.values() if cs.residual_size is not None]
-        current = min((cs.residual_size for cs in tracked if cs.residual_size is not None), default=self.cap)
-        self.last = choose_size(self.inputs, {cs.cls: network_bounds(cs) for cs in tracked}, self.cap, current)
+        sizes = {c: cs.residual_size for c, cs in states.items() if cs.residual_size is not None}
+        current = min(sizes.values(), default=self.cap)
+        self.last = choose_size(self.inputs, {c: network_bounds(states[c]) for c in sizes}, self.cap, current)
         return self.last.size
 
     def record(self, section: dict | None) -> dict:

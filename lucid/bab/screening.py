@@ -14,6 +14,7 @@ import numpy as np
 
 from lucid.bab.anytime import AnytimeBounds
 from lucid.bab.invocation import Invocation
+from lucid.bab.order_statistic import network_bounds, ranked
 from lucid.bab.state import INF, ClassState
 from lucid.settings import VerifySettings
 
@@ -94,6 +95,10 @@ class ScreenBounds:
                 self._refine(cs.cls, todo, level, deadline=self.invocation.deadline.end), dtype=np.float64
             )
         cs.screen[todo] = np.minimum(cs.screen[todo], tighter)
+        if cs.residual_size is not None:
+            # the set as the tighter bounds rank it, so that a node made next is set aside if it is in
+            # it (the level follows at the next `AnytimeBounds.update`)
+            cs.residual = ranked(network_bounds(cs), cs.residual_size)[0]
         todo = todo[tighter < INF]
         cs.refined[todo] = True
         if len(todo):

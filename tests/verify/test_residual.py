@@ -500,6 +500,7 @@ def test_with_residual_sets_the_screen_refines_only_when_the_level_reaches_unref
     screening = ScreenBounds(networks, settings, AnytimeBounds(settings, invocation), invocation,
                              screen=lambda c, p, deadline=None: np.zeros(len(p)), refine=refine)
     cs = ClassState(cls=0, residual_size=4, lower=0.0)
+    cs.network_bound, cs.network_leak = np.full(networks, np.inf), np.full(networks, -np.inf)  # (as the engine tracks them)
     cs.screen = np.concatenate([[-np.inf], np.linspace(1.0, 2.0, networks - 1)])
     everything = np.arange(1, networks)
     cs.upper = 5.0  # no network reaches the level: nothing to refine
