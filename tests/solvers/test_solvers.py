@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 import scipy.sparse as sp
+from milp_models import market_split, model
 from scipy.optimize import linprog
 
 from lucid.milp.model import MilpModel
@@ -28,19 +29,6 @@ from lucid.solvers.solution_check import replay_solution
 
 INF = np.inf
 INSTALLED = [name for name, ok in available_solvers().items() if ok]
-
-
-def model(A, rl, ru, cl, cu, integ, obj, offset=0.0) -> MilpModel:
-    return MilpModel(
-        A=sp.csr_matrix(np.asarray(A, dtype=float)),
-        row_lower=np.asarray(rl, dtype=float),
-        row_upper=np.asarray(ru, dtype=float),
-        col_lower=np.asarray(cl, dtype=float),
-        col_upper=np.asarray(cu, dtype=float),
-        integrality=np.asarray(integ, dtype=bool),
-        objective=np.asarray(obj, dtype=float),
-        objective_offset=offset,
-    )
 
 
 def knapsack() -> MilpModel:
@@ -180,18 +168,6 @@ def test_unbounded_mip_reports_nothing_proved(backend):
     r = solve(mdl, backend, SolverOptions(time_limit=20))
     assert r.status == ERROR, r
     assert r.upper_bound == math.inf
-
-
-def market_split(seed: int, m: int = 4, n: int = 30) -> MilpModel:
-    """Cornuejols-Dawande market split with a planted solution: optimum 0, hard for B&B."""
-    rng = np.random.default_rng(seed)
-    a = rng.integers(0, 100, size=(m, n)).astype(float)
-    planted = rng.integers(0, 2, size=n).astype(float)
-    d = a @ planted
-    # a x + s+ - s- = d; maximise -(s+ + s-)
-    A = np.hstack([a, np.eye(m), -np.eye(m)])
-    return model(A, d, d, np.zeros(n + 2 * m), np.concatenate([np.ones(n), np.full(2 * m, INF)]),
-                 np.arange(n + 2 * m) < n, np.concatenate([np.zeros(n), -np.ones(2 * m)]))
 
 
 def test_time_limit_keeps_a_sound_dual_bound(backend):

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 from bruteforce import exact_for, tiny_stack
-from test_solvers import market_split
+from milp_models import market_split
 
 import lucid.solvers.gurobi_backend as gurobi_backend
 from lucid.bab.workers import Executor, ProcessExecutor, ThreadExecutor
