@@ -29,7 +29,7 @@ from lucid.analysis.time_shares import NodeTimeShares
 from lucid.bounds.split_options import SplitLimits, SplitOptions
 from lucid.rundir import decode_float, encode_float
 from lucid.settings import EncodingOptions, VerifySettings, split_space_for
-from lucid.solvers.base import INFEASIBLE, OPTIMAL, SolverOptions
+from lucid.solvers.base import INFEASIBLE, OPTIMAL, TIME_LIMIT, SolverOptions
 from lucid.witness.replay import LeakQuery, LeakWitness
 from lucid.witness.search import search_node_witness
 
@@ -55,11 +55,16 @@ class NodeRequest:
     attempt is a plain bound-focused MILP (see `GroupBound`); later ones add bound tightening.
 
     `keep_trees`: a singleton retry that stops at its time limit keeps its solver tree in this
-    process, and the next retry of the same node continues it (`lucid.analysis.kept_trees`)."""
+    process, and the next retry of the same node continues it (`lucid.analysis.kept_trees`).
+
+    `split_only`: a singleton under a cutoff gets the whole time limit for its splitting tier, which
+    does not give up, and no MILP: its result is the split's bound (a `--residual M` class whose
+    MILPs stopped beating their split, `lucid.bab.milp_worth`)."""
 
     cutoff: float = -math.inf
     attempt: int = 1
     keep_trees: bool = False
+    split_only: bool = False
 
 
 @dataclass(frozen=True, eq=False)
@@ -104,6 +109,8 @@ def analyse_node(
     # A node given more than one thread (the last work, beside idle workers) races on them as well:
     # the split on one core and the MILP on the others, rather than HiGHS's branch and bound, which
     # gains little from a second thread, on both.
+    if _splits_first(settings, positions, cutoff) and request.split_only:
+        return _profiled(_split_alone(node, times))
     if _splits_first(settings, positions, cutoff) and (settings.split_race or solver_options.threads > 1):
         return _profiled(_raced(node, solver_options, times))
     split = None
@@ -159,6 +166,21 @@ def _split_proved(split: SplitResult, split_stats: dict, t0: float) -> NodeOutco
     return NodeOutcome(
         split.bound, None, None, None, INFEASIBLE, time.perf_counter() - t0, {"networks": 1, **split_stats}
     )
+
+
+def _split_alone(node: _Node, times: NodeTimeShares) -> NodeOutcome:
+    """A singleton's splitting tier with the attempt's whole limit and no give-up, and no MILP
+    (`NodeRequest.split_only`): its bound and leak are the node's, TIME_LIMIT when unproved."""
+    split_stats: dict = {}
+    seconds = times.time_limit if times.time_limit is not None else times.split_time
+    split = _split_singleton(node, SplitLimits(seconds, give_up=False, leak_deadline=times.monotonic_end), split_stats)
+    _release_kept_tree(node.problem, node.keep_key)
+    if split.proved:
+        return _split_proved(split, split_stats, times.start)
+    outcome = NodeOutcome(
+        split.bound, None, None, None, TIME_LIMIT, time.perf_counter() - times.start, {"networks": 1, **split_stats}
+    )
+    return with_leak(outcome, split.witness, node.cls)
 
 
 def _raced(node: _Node, solver_options: SolverOptions, times: NodeTimeShares) -> NodeOutcome:

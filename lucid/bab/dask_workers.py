@@ -43,7 +43,7 @@ class DaskExecutor(Executor):
     def _idle_workers(self) -> set[int]:
         return set()  # tasks go wherever Dask sends them: no kept trees (settings.keep_trees is off)
 
-    def submit(self, key, cls, positions, time_limit, cutoff, attempt=1, threads=1):
+    def submit(self, key, cls, positions, time_limit, cutoff, attempt=1, threads=1, split_only=False):
         fut = self._client.submit(
             _analyse_on_dask,
             self._problem,
@@ -54,6 +54,7 @@ class DaskExecutor(Executor):
             cutoff,
             attempt,
             threads,
+            split_only,
             pure=False,
         )
         self._watch(key, fut)
@@ -93,10 +94,13 @@ def _analyse_on_dask(
     cutoff: float,
     attempt: int,
     threads: int,
+    split_only: bool = False,
 ):
     from lucid.worker_inputs import held_value
 
-    return analyse_with(held_value(problem_name), settings, cls, positions, time_limit, cutoff, attempt, threads)
+    return analyse_with(
+        held_value(problem_name), settings, cls, positions, time_limit, cutoff, attempt, threads, split_only
+    )
 
 
 def _is_lost_cluster(exc: BaseException) -> bool:

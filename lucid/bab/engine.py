@@ -229,6 +229,7 @@ class Engine:
         node.stats = dict(getattr(outcome, "stats", {}) or {})
         if outcome.lower is not None and math.isfinite(outcome.lower):
             node.lower = float(outcome.lower)
+        self.scheduler.analysed(cs, node)
         self.invocation.emit(
             "solved",
             c,

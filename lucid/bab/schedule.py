@@ -17,6 +17,7 @@ import math
 from lucid.analysis.time_shares import attempt_time_limit, node_limit
 from lucid.bab.anytime import AnytimeBounds
 from lucid.bab.invocation import Invocation
+from lucid.bab.milp_worth import MilpWorth
 from lucid.bab.node import FINAL, OPEN, PENDING, RUNNING, SETTLED, STUCK, Node
 from lucid.bab.order_statistic import known_member, relevant, set_aside
 from lucid.bab.screening import ScreenBounds
@@ -47,10 +48,29 @@ class Scheduler:
         self.screening = screening
         self.invocation = invocation
         self.running: dict[tuple[int, int], float] = {}  # (class, node id) -> when it started
+        self.milp_worth: dict[int, MilpWorth] = {}  # --residual M classes' singleton MILPs
 
     def finished(self, key: tuple[int, int]) -> None:
         """The node `key` has reported (or was lost): its worker is free."""
         self.running.pop(key, None)
+
+    def analysed(self, cs: ClassState, node: Node) -> None:
+        """A singleton of a --residual M class reported (`node.stats`, `node.status`): count whether
+        its MILP helped (`lucid.bab.milp_worth`), saying so when the class stops running them."""
+        if cs.residual_size is None or not node.is_singleton:
+            return
+        worth = self.milp_worth.setdefault(cs.cls, MilpWorth())
+        wanting = worth.wanting
+        worth.record(node.stats, node.status)
+        if worth.wanting != wanting:
+            self.invocation.emit("singleton_milps", cs.cls, kept=not worth.wanting, runs=worth.runs, wins=worth.wins)
+
+    def _split_only(self, cs: ClassState, node: Node, seek: bool, threads: int) -> bool:
+        """Whether `node` gets its split alone: a singleton of a --residual M class whose MILPs
+        were found no help, asked about a cutoff on one thread."""
+        if cs.residual_size is None or not node.is_singleton or seek or threads > 1 or self.settings.naive:
+            return False
+        return self.milp_worth.setdefault(cs.cls, MilpWorth()).split_only()
 
     def last_work(self, node: Node) -> bool:
         """Whether no other work can ever wait for `node`'s worker: it is a singleton and every other
@@ -151,9 +171,12 @@ class Scheduler:
         # The last work may use the idle workers' cores: nothing else can ever need them.
         threads = max(1, self.executor.capacity - self.executor.in_flight) if last_work else 1
         self.running[(cs.cls, node.id)] = self.invocation.elapsed()
+        split_only = self._split_only(cs, node, seek, threads)
         extra = {"seek": True} if seek else {}
         if threads > 1:
             extra["threads"] = threads
+        if split_only:
+            extra["split_only"] = True
         self.invocation.emit(
             "started",
             cs.cls,
@@ -162,7 +185,9 @@ class Scheduler:
             attempt=node.attempts + 1,
             **extra,
         )
-        self.executor.submit((cs.cls, node.id), cs.cls, node.positions, limit, cutoff, node.attempts + 1, threads)
+        self.executor.submit(
+            (cs.cls, node.id), cs.cls, node.positions, limit, cutoff, node.attempts + 1, threads, split_only
+        )
 
     def _preferred_retry(self) -> tuple[ClassState, Node] | None:
         """A singleton retry to start before the best-first choice, or None.

@@ -71,8 +71,10 @@ class Executor:
         cutoff: float,
         attempt: int = 1,
         threads: int = 1,
+        split_only: bool = False,
     ) -> None:
-        """`threads`: solver threads for this node (the engine gives > 1 only to the last work)."""
+        """`threads`: solver threads for this node (the engine gives > 1 only to the last work);
+        `split_only`: a singleton's split gets the whole limit, and no MILP runs (`NodeRequest`)."""
         raise NotImplementedError
 
     def _idle_workers(self) -> set[int]:
@@ -158,14 +160,17 @@ class ThreadExecutor(Executor):
         self.capacity = workers
         self._analyse = analyse
         self._takes_threads = _accepts(analyse, "threads")  # custom analysers take five arguments
+        self._takes_split_only = _accepts(analyse, "split_only")
         self._pool = cf.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="lucid-node")
 
     def _idle_workers(self) -> set[int]:
         # threads of one process share its kept trees: every slot can continue any of them
         return {0} if self.in_flight < self.capacity else set()
 
-    def submit(self, key, cls, positions, time_limit, cutoff, attempt=1, threads=1):
-        extra = {"threads": threads} if threads > 1 and self._takes_threads else {}
+    def submit(self, key, cls, positions, time_limit, cutoff, attempt=1, threads=1, split_only=False):
+        extra: dict[str, Any] = {"threads": threads} if threads > 1 and self._takes_threads else {}
+        if split_only and self._takes_split_only:
+            extra["split_only"] = True
         self._watch(key, self._pool.submit(self._analyse, cls, positions, time_limit, cutoff, attempt, **extra))
 
     def _rebind_workers(self, problem: Any) -> None:
@@ -258,6 +263,7 @@ def analyse_with(
     cutoff: float = -float("inf"),
     attempt: int = 1,
     threads: int = 1,
+    split_only: bool = False,
 ):
     """One node analysis (runs in a worker), all of it within `time_limit` seconds: a small node
     keeps a reserve of them for the targeted search after its MILP (`targeted_search_reserve`)."""
@@ -274,7 +280,7 @@ def analyse_with(
         positions,
         settings=settings,
         solver_options=settings.solver_options(limit, threads),
-        request=NodeRequest(cutoff, attempt, settings.keep_trees),
+        request=NodeRequest(cutoff, attempt, settings.keep_trees, split_only),
     )
     if targeted and wants_targeted_search(outcome, positions):
         outcome = with_targeted_search(problem, cls, positions, outcome, deadline=end)
@@ -287,10 +293,24 @@ def _rebind_worker(problem: Any) -> None:
 
 
 def _analyse_in_process(
-    cls: int, positions: np.ndarray, time_limit: float | None, cutoff: float, attempt: int, threads: int = 1
+    cls: int,
+    positions: np.ndarray,
+    time_limit: float | None,
+    cutoff: float,
+    attempt: int,
+    threads: int = 1,
+    split_only: bool = False,
 ):
     return analyse_with(
-        _WORKER_STATE["problem"], _WORKER_STATE["settings"], cls, positions, time_limit, cutoff, attempt, threads
+        _WORKER_STATE["problem"],
+        _WORKER_STATE["settings"],
+        cls,
+        positions,
+        time_limit,
+        cutoff,
+        attempt,
+        threads,
+        split_only,
     )
 
 
@@ -319,7 +339,7 @@ class ProcessExecutor(Executor):
             _stop_pool(self._pools[w])
             self._pools[w] = self._new_pool(None)
 
-    def submit(self, key, cls, positions, time_limit, cutoff, attempt=1, threads=1):
+    def submit(self, key, cls, positions, time_limit, cutoff, attempt=1, threads=1, split_only=False):
         idle = self._idle_workers()
         home = self._kept.get(key)
         if home in idle:
@@ -328,7 +348,9 @@ class ProcessExecutor(Executor):
             worker = min(idle)
         else:  # the engine submits only below capacity; should that change, queue on the least loaded
             worker = min(range(self.capacity), key=list(self._where.values()).count)
-        future = self._pools[worker].submit(_analyse_in_process, cls, positions, time_limit, cutoff, attempt, threads)
+        future = self._pools[worker].submit(
+            _analyse_in_process, cls, positions, time_limit, cutoff, attempt, threads, split_only
+        )
         self._watch(key, future, worker)
 
     def _rebind_workers(self, problem: Any) -> None:

@@ -547,9 +547,11 @@ class RecordingExecutor(Executor):
         super().__init__()
         self.capacity = capacity
         self.sent = []
+        self.split_only = []  # per submission
 
-    def submit(self, key, cls, positions, time_limit, cutoff, attempt=1, threads=1):
+    def submit(self, key, cls, positions, time_limit, cutoff, attempt=1, threads=1, split_only=False):
         self.sent.append((key, tuple(int(p) for p in positions), time_limit, threads))
+        self.split_only.append(split_only)
         self._watch(key, cf.Future(), worker=len(self._where))
 
 

@@ -147,7 +147,7 @@ def test_the_process_executor_sends_a_retry_to_the_worker_that_kept_its_tree():
     executor.submit("c", 0, np.array([3]), 1.0, 0.0)  # both idle: c takes the first
     assert sent[-1][0] == 0 and executor.continuable() == ["b"]
     executor.submit("b", 0, np.array([2]), 4.0, 0.0, 2, 2)  # worker 0 is busy, b goes home to 1
-    assert sent[-1][0] == 1 and sent[-1][1][-1] == 2  # with the threads it was given
+    assert sent[-1][0] == 1 and sent[-1][1][-2:] == (2, False)  # with the threads it was given (and its MILP)
     executor._pools[1].pending.set_result(_Outcome(kept=False))
     executor.completed(1.0)
     assert executor.continuable() == []  # proved: nothing kept any more
