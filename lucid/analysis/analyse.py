@@ -106,11 +106,11 @@ def analyse_node(
     times = NodeTimeShares.for_attempt(settings, encoding, solver_options.time_limit, attempt, start=t0)
     keep_key = _kept_tree_key(cls, positions) if request.keep_trees and attempt > 1 else None
     node = _Node(problem, cls, positions, request, settings, encoding, keep_key)
+    if _splits_first(settings, positions, cutoff) and request.split_only:
+        return _profiled(_split_alone(node, times))
     # A node given more than one thread (the last work, beside idle workers) races on them as well:
     # the split on one core and the MILP on the others, rather than HiGHS's branch and bound, which
     # gains little from a second thread, on both.
-    if _splits_first(settings, positions, cutoff) and request.split_only:
-        return _profiled(_split_alone(node, times))
     if _splits_first(settings, positions, cutoff) and (settings.split_race or solver_options.threads > 1):
         return _profiled(_raced(node, solver_options, times))
     split = None
