@@ -117,7 +117,7 @@ def test_a_split_only_analysis_runs_no_milp_and_its_bound_is_sound(seed, hidden,
                 continue
             for cutoff in (exact - 0.05, exact + 0.05):
                 out = analyse_node(problem, cls, np.array([position]), settings=settings,
-                                   solver_options=settings.solver_options(1.0),
+                                   solver_options=settings.solver_options(0.5),
                                    request=NodeRequest(cutoff=cutoff, split_only=True))
                 assert "solves" not in out.stats and out.stats["split"]["space"] in ("relu", "input")
                 assert out.upper >= exact - 1e-9  # sound, proved or not
