@@ -68,7 +68,7 @@ class Scheduler:
     def _split_only(self, cs: ClassState, node: Node, seek: bool, threads: int) -> bool:
         """Whether `node` gets its split alone: a singleton of a --residual M class whose MILPs
         were found no help, asked about a cutoff on one thread."""
-        if cs.residual_size is None or not node.is_singleton or seek or threads > 1 or self.settings.naive:
+        if cs.residual_size is None or not node.is_singleton or seek or threads > 1:  # (--naive refuses --residual)
             return False
         return self.milp_worth.setdefault(cs.cls, MilpWorth()).split_only()
 
